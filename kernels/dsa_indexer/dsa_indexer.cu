@@ -1,0 +1,519 @@
+// DSA lightning indexer with fused exact top-k (DeepSeek V3.2 / V4 sparse attention).
+//
+// For each decode query token t (row = b * next_n + j) and each key position s < len(t):
+//   I[t, s] = k_scale[s] * sum_h w[t, h] * ReLU(q[t, h] . k[s])        (64 heads x 128 dims, fp8 e4m3)
+// then the exact top-k positions of I[t, 0:len(t)] as int32 (rows with len <= k: 0..len-1, then -1).
+//
+// Inputs (all contiguous, device memory):
+//   q            fp8 e4m3 [B, next_n, 64, 128]   (q's own scale is folded into the weights, as DeepGEMM)
+//   weights      fp32 [B * next_n, 64]
+//   kv           uint8 [num_blocks, 64 * 132]    per 64-token block: 64 x 128 fp8 keys, then 64 fp32 scales
+//   ctx          int32 [B] (ctx_mode 0) or [B, next_n] (ctx_mode 1)
+//                mode 0 follows DeepGEMM's causal rule: token j of request b sees
+//                len = ctx[b] - next_n + 1 + j keys (the last query token sees all ctx[b] keys).
+//   block_table  int32 [B, max_blocks]; only entries below ceil(max_j len / 64) are ever read.
+// Outputs: out int32 [B * next_n, topk] (unordered set for rows longer than topk);
+//          scores fp32 [B * next_n, len_stride]: the logits, written at s < len only.
+//
+// Two launches, cost proportional to the actual lengths:
+//   dsa_score_*: grid (chunks, B). One CTA scores chunk_pages pages of one request for all next_n
+//     tokens (keys read once), writes the fp32 scores, and adds a 4096-bin histogram of each score's
+//     top 12 order-preserving bits into a per-row global histogram.
+//   dsa_select: grid (len_stride / 4096, rows). Each CTA finds the threshold bin T from the row's
+//     histogram, emits its positions above T straight into the output, appends positions in bin T to
+//     a candidate list with a second-level histogram (next 10 bits); the last CTA of the row resolves
+//     the remaining slots exactly on the last 10 bits and resets the row's histograms and counters
+//     (so the workspace stays zero between calls without a memset launch).
+// Scores equal to the k-th score bit-for-bit are taken in arbitrary order.
+//
+// sm_90a: wgmma (QGMMA) with keys as the 64-row A operand and q as B, both in 128B-swizzled smem.
+// other targets (sm_120a): mma.sync m16n8k32 e4m3 with ldmatrix from the same smem layout.
+#include <cstdint>
+
+namespace {
+
+constexpr int kHeads = 64;
+constexpr int kDim = 128;
+constexpr int kPage = 64;
+constexpr int kTileBytes = kPage * kDim;           // 8192 key bytes per page
+constexpr int kBlockBytes = kPage * (kDim + 4);    // 8448 bytes per page in the cache
+constexpr int kStages = 4;                         // pages in flight per CTA
+constexpr int kScoreThreads = 128;                 // one warpgroup
+constexpr int kSelectThreads = 256;
+constexpr int kSelectChunk = 4096;                 // scores per select CTA
+constexpr int kBins1 = 4096;                       // top 12 bits
+constexpr int kBins2 = 1024;                       // next 10 bits
+constexpr int kBins3 = 1024;                       // last 10 bits
+
+}  // namespace
+
+struct DsaParams {
+  const uint8_t* q;
+  const float* weights;
+  const uint8_t* kv;
+  const int* ctx;
+  const int* block_table;
+  float* scores;     // [rows, len_stride]
+  uint2* cand;       // [rows, len_stride] (key bits, position)
+  int* ghist;        // [rows, 4096], zero between calls
+  int* ghist2;       // [rows, 1024], zero between calls
+  int* ctr;          // [rows, 4]: sure count, candidate count, CTAs done; zero between calls
+  int* out;          // [rows, topk]
+  int batch;
+  int next_n;
+  int ctx_mode;
+  int max_blocks;
+  int topk;
+  int chunk_pages;
+  int len_stride;    // multiple of kSelectChunk, >= every length
+  int pad_;
+};
+
+namespace {
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ uint32_t ord_key(float x) {
+  const uint32_t u = __float_as_uint(x);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+__device__ __forceinline__ int row_len(const DsaParams& p, int b, int j) {
+  const int cap = min(p.len_stride, p.max_blocks * kPage);
+  const int l = p.ctx_mode ? p.ctx[b * p.next_n + j] : p.ctx[b] - p.next_n + 1 + j;
+  return max(0, min(l, cap));
+}
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Row r of a 128-byte-row tile, 16-byte chunk c, with the 128B swizzle wgmma expects
+// (address bits [4:6] ^= bits [7:9]); also keeps ldmatrix free of bank conflicts.
+__device__ __forceinline__ uint32_t swz(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
+
+// ---------------------------------------------------------------------------------------------
+// Tensor-core paths. Both leave, for warp w and lane (g = lane / 4, t = lane % 4), in acc[4n + i]:
+//   i=0,1: D[key 16w + g][head col 8n + 2t + i];  i=2,3: D[key 16w + g + 8][...]
+// where head col 64j + h is head h of query token j.
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define DSA_HAS_WGMMA 1
+__device__ __forceinline__ void wgmma_m64n64k32(float (&d)[32], uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+
+__device__ __forceinline__ void wgmma_m64n128k32(float (&d)[64], uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+
+__device__ __forceinline__ uint64_t sw128_desc(uint32_t addr) {
+  uint64_t d = 0;
+  d |= static_cast<uint64_t>((addr & 0x3FFFF) >> 4);
+  d |= static_cast<uint64_t>(1) << 16;             // leading byte offset: unused for swizzled K-major
+  d |= static_cast<uint64_t>(1024 >> 4) << 32;     // stride byte offset: 8 rows x 128 B
+  d |= static_cast<uint64_t>(1) << 62;             // 128B swizzle
+  return d;
+}
+
+template <int NN>
+__device__ __forceinline__ void page_dots_wgmma(float (&acc)[NN * 32], uint32_t tile, uint32_t qtile) {
+#pragma unroll
+  for (int i = 0; i < NN * 32; ++i) asm volatile("" : "+f"(acc[i])::"memory");
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+  const uint64_t da = sw128_desc(tile), db = sw128_desc(qtile);
+#pragma unroll
+  for (int k = 0; k < kDim / 32; ++k) {
+    if constexpr (NN == 1) wgmma_m64n64k32(acc, da + 2 * k, db + 2 * k, k);
+    else wgmma_m64n128k32(acc, da + 2 * k, db + 2 * k, k);
+  }
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#pragma unroll
+  for (int i = 0; i < NN * 32; ++i) asm volatile("" : "+f"(acc[i])::"memory");
+}
+#endif
+
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+
+__device__ __forceinline__ void mma_e4m3(float* d, const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 890)
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+template <int NN>
+__device__ __forceinline__ void page_dots_mma(float (&acc)[NN * 32], uint32_t tile, uint32_t qtile, int warp,
+                                              int lane) {
+#pragma unroll
+  for (int i = 0; i < NN * 32; ++i) acc[i] = 0.f;
+  const int mat = lane >> 3;
+#pragma unroll
+  for (int kk = 0; kk < kDim / 32; ++kk) {
+    uint32_t a[4];
+    {
+      const int r = warp * 16 + (lane & 7) + ((mat & 1) << 3);
+      ldsm_x4(tile + swz(r, 2 * kk + (mat >> 1)), a[0], a[1], a[2], a[3]);
+    }
+#pragma unroll
+    for (int nb = 0; nb < NN * 8; nb += 2) {
+      const int h = 8 * (nb + (mat >> 1)) + (lane & 7);
+      uint32_t b0, b1, b2, b3;
+      ldsm_x4(qtile + swz(h, 2 * kk + (mat & 1)), b0, b1, b2, b3);
+      mma_e4m3(&acc[4 * nb], a, b0, b1);
+      mma_e4m3(&acc[4 * (nb + 1)], a, b2, b3);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+template <int NN, bool kWgmma>
+__device__ __forceinline__ void score_body(const DsaParams& p) {
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw = smem_u32(smem_raw);
+  uint8_t* sm = smem_raw + (((raw + 1023u) & ~1023u) - raw);   // swizzle atoms need 1024 B alignment
+  uint8_t* q_s = sm;                                             // NN * 8192
+  uint8_t* k_s = sm + NN * kTileBytes;                           // kStages * 8192
+  float* sc_s = reinterpret_cast<float*>(k_s + kStages * kTileBytes);   // kStages * 64
+  int* hist_s = reinterpret_cast<int*>(sc_s + kStages * kPage);        // NN * 4096
+
+  const int b = blockIdx.y;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+
+  int len[NN];
+  int maxlen = 0;
+#pragma unroll
+  for (int j = 0; j < NN; ++j) {
+    len[j] = row_len(p, b, j);
+    maxlen = max(maxlen, len[j]);
+  }
+  const int n_pages = (maxlen + kPage - 1) / kPage;
+  const int pg0 = blockIdx.x * p.chunk_pages;
+  if (pg0 >= n_pages) return;   // cost follows the actual length: empty CTAs leave at once
+  const int npg = min(pg0 + p.chunk_pages, n_pages) - pg0;
+  const int* bt = p.block_table + static_cast<size_t>(b) * p.max_blocks + pg0;
+
+  {
+    const uint8_t* qg = p.q + static_cast<size_t>(b) * NN * kHeads * kDim;
+    const uint32_t qd = smem_u32(q_s);
+#pragma unroll
+    for (int u = 0; u < NN * 4; ++u) {
+      const int c = tid + u * kScoreThreads;
+      cp_async16(qd + swz(c >> 3, c & 7), qg + c * 16);
+    }
+  }
+  for (int i = tid; i < NN * kBins1; i += kScoreThreads) hist_s[i] = 0;
+
+  auto load_page = [&](int i, int slot) {
+    const uint8_t* blk = p.kv + static_cast<long long>(bt[i]) * kBlockBytes;
+    const uint32_t dst = smem_u32(k_s + slot * kTileBytes);
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int c = tid + u * kScoreThreads;
+      cp_async16(dst + swz(c >> 3, c & 7), blk + c * 16);
+    }
+    if (tid < 16) cp_async16(smem_u32(sc_s + slot * kPage) + tid * 16, blk + kTileBytes + tid * 16);
+  };
+#pragma unroll
+  for (int st = 0; st < kStages - 1; ++st) {
+    if (st < npg) load_page(st, st);
+    cp_async_commit();
+  }
+
+  float wr[NN][8][2];
+#pragma unroll
+  for (int j = 0; j < NN; ++j) {
+    const float* wrow = p.weights + static_cast<size_t>(b * NN + j) * kHeads;
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+      const float2 w2 = *reinterpret_cast<const float2*>(wrow + 8 * n + 2 * t4);
+      wr[j][n][0] = w2.x;
+      wr[j][n][1] = w2.y;
+    }
+  }
+  bool want_hist[NN];
+  float* srow[NN];
+#pragma unroll
+  for (int j = 0; j < NN; ++j) {
+    want_hist[j] = len[j] > p.topk;
+    srow[j] = p.scores + static_cast<size_t>(b * NN + j) * p.len_stride;
+  }
+
+  float acc[NN * 32];
+#pragma unroll
+  for (int i = 0; i < NN * 32; ++i) acc[i] = 0.f;
+
+  for (int i = 0; i < npg; ++i) {
+    cp_async_wait<kStages - 2>();
+    // cp.async fills smem through the generic proxy; wgmma reads it through the async proxy.
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();   // page i visible to all; everyone is done with the slot refilled below
+    {
+      const int nx = i + kStages - 1;
+      if (nx < npg) load_page(nx, nx % kStages);
+      cp_async_commit();
+    }
+    const int slot = i % kStages;
+    const uint32_t tile = smem_u32(k_s + slot * kTileBytes);
+#if defined(DSA_HAS_WGMMA)
+    if constexpr (kWgmma) page_dots_wgmma<NN>(acc, tile, smem_u32(q_s));
+    else page_dots_mma<NN>(acc, tile, smem_u32(q_s), warp, lane);
+#else
+    page_dots_mma<NN>(acc, tile, smem_u32(q_s), warp, lane);
+#endif
+    const int kl = warp * 16 + g + t4 * 8;   // local key this lane stores (lanes t4 = 0, 1)
+    const int s = (pg0 + i) * kPage + kl;
+    const float scale = sc_s[slot * kPage + (kl & 63)];
+#pragma unroll
+    for (int j = 0; j < NN; ++j) {
+      float p0 = 0.f, p1 = 0.f;
+#pragma unroll
+      for (int n = 0; n < 8; ++n) {
+        const float* a = &acc[4 * (8 * j + n)];
+        p0 = fmaf(wr[j][n][0], fmaxf(a[0], 0.f), p0);
+        p0 = fmaf(wr[j][n][1], fmaxf(a[1], 0.f), p0);
+        p1 = fmaf(wr[j][n][0], fmaxf(a[2], 0.f), p1);
+        p1 = fmaf(wr[j][n][1], fmaxf(a[3], 0.f), p1);
+      }
+      p0 += __shfl_xor_sync(0xffffffffu, p0, 1);
+      p1 += __shfl_xor_sync(0xffffffffu, p1, 1);
+      p0 += __shfl_xor_sync(0xffffffffu, p0, 2);
+      p1 += __shfl_xor_sync(0xffffffffu, p1, 2);
+      if (t4 < 2 && s < len[j]) {
+        const float v = (t4 == 0 ? p0 : p1) * scale;
+        srow[j][s] = v;
+        if (want_hist[j]) atomicAdd(&hist_s[j * kBins1 + (ord_key(v) >> 20)], 1);
+      }
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+#pragma unroll
+  for (int j = 0; j < NN; ++j) {
+    if (!want_hist[j]) continue;
+    int* gh = p.ghist + static_cast<size_t>(b * NN + j) * kBins1;
+    for (int i = tid; i < kBins1; i += kScoreThreads) {
+      const int c = hist_s[j * kBins1 + i];
+      if (c) atomicAdd(&gh[i], c);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+__device__ __forceinline__ int block_excl_scan(int v, int* s_warp) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int x = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(0xffffffffu, x, o);
+    if (lane >= o) x += y;
+  }
+  if (lane == 31) s_warp[warp] = x;
+  __syncthreads();
+  int base = 0;
+  for (int w = 0; w < warp; ++w) base += s_warp[w];
+  __syncthreads();
+  return base + x - v;
+}
+
+// Bins are scanned from the top; thread t holds counts of bins top - PER*t - i in c[i].
+// Finds T with count(bin > T) < need <= count(bin >= T); s_res = {T, count(bin > T)}.
+template <int PER>
+__device__ __forceinline__ void find_threshold(const int (&c)[PER], int nbins, int need, int* s_warp, int* s_res) {
+  int local = 0;
+#pragma unroll
+  for (int i = 0; i < PER; ++i) local += c[i];
+  const int excl = block_excl_scan(local, s_warp);
+  if (excl < need && excl + local >= need) {
+    int acc = excl;
+    bool found = false;
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+      if (!found && acc + c[i] >= need) {
+        s_res[0] = nbins - 1 - PER * static_cast<int>(threadIdx.x) - i;
+        s_res[1] = acc;
+        found = true;
+      }
+      acc += c[i];
+    }
+  }
+  __syncthreads();
+}
+
+__device__ __forceinline__ void warp_append(bool pred, int* counter, int* dst_base, int value) {
+  const unsigned m = __ballot_sync(0xffffffffu, pred);
+  if (!m) return;
+  const int lane = threadIdx.x & 31;
+  const int leader = __ffs(m) - 1;
+  int base = 0;
+  if (lane == leader) base = atomicAdd(counter, __popc(m));
+  base = __shfl_sync(0xffffffffu, base, leader);
+  if (pred) dst_base[base + __popc(m & ((1u << lane) - 1u))] = value;
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(kScoreThreads) dsa_score_wgmma_n1(const __grid_constant__ DsaParams p) {
+  score_body<1, true>(p);
+}
+extern "C" __global__ void __launch_bounds__(kScoreThreads) dsa_score_wgmma_n2(const __grid_constant__ DsaParams p) {
+  score_body<2, true>(p);
+}
+extern "C" __global__ void __launch_bounds__(kScoreThreads) dsa_score_mma_n1(const __grid_constant__ DsaParams p) {
+  score_body<1, false>(p);
+}
+extern "C" __global__ void __launch_bounds__(kScoreThreads) dsa_score_mma_n2(const __grid_constant__ DsaParams p) {
+  score_body<2, false>(p);
+}
+
+extern "C" __global__ void __launch_bounds__(kSelectThreads) dsa_select(const __grid_constant__ DsaParams p) {
+  __shared__ int s_hist[kBins2];
+  __shared__ int s_warp[kSelectThreads / 32];
+  __shared__ int s_res[2];
+  __shared__ int s_misc[4];
+
+  const int row = blockIdx.y;
+  const int b = row / p.next_n, j = row - b * p.next_n;
+  const int len = row_len(p, b, j);
+  const int K = p.topk;
+  const int tid = threadIdx.x;
+  int* out = p.out + static_cast<size_t>(row) * K;
+
+  if (len <= K) {   // every position is selected: 0..len-1, then -1 padding
+    const int per = (K + gridDim.x - 1) / gridDim.x;
+    const int lo = blockIdx.x * per, hi = min(K, lo + per);
+    for (int i = lo + tid; i < hi; i += kSelectThreads) out[i] = i < len ? i : -1;
+    return;
+  }
+
+  int* ctr = p.ctr + static_cast<size_t>(row) * 4;
+  int* gh1 = p.ghist + static_cast<size_t>(row) * kBins1;
+  int* gh2 = p.ghist2 + static_cast<size_t>(row) * kBins2;
+  uint2* cand = p.cand + static_cast<size_t>(row) * p.len_stride;
+  const float* srow = p.scores + static_cast<size_t>(row) * p.len_stride;
+
+  for (int i = tid; i < kBins2; i += kSelectThreads) s_hist[i] = 0;
+  {
+    constexpr int PER = kBins1 / kSelectThreads;
+    int c[PER];
+#pragma unroll
+    for (int i = 0; i < PER; ++i) c[i] = gh1[kBins1 - 1 - PER * tid - i];
+    find_threshold<PER>(c, kBins1, K, s_warp, s_res);
+  }
+  const uint32_t T1 = static_cast<uint32_t>(s_res[0]);
+  const int above1 = s_res[1];
+
+  const int s_begin = blockIdx.x * kSelectChunk;
+  if (s_begin < len) {
+#pragma unroll
+    for (int it = 0; it < kSelectChunk / (4 * kSelectThreads); ++it) {
+      const int s4 = s_begin + (it * kSelectThreads + tid) * 4;
+      float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (s4 < len) v = *reinterpret_cast<const float4*>(srow + s4);
+      const float vv[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int s = s4 + e;
+        const bool valid = s < len;
+        const uint32_t key = ord_key(vv[e]);
+        const uint32_t bin = key >> 20;
+        warp_append(valid && bin > T1, &ctr[0], out, s);
+        const bool tie = valid && bin == T1;
+        const unsigned m = __ballot_sync(0xffffffffu, tie);
+        if (m) {
+          const int lane = tid & 31, leader = __ffs(m) - 1;
+          int base = 0;
+          if (lane == leader) base = atomicAdd(&ctr[1], __popc(m));
+          base = __shfl_sync(0xffffffffu, base, leader);
+          if (tie) {
+            cand[base + __popc(m & ((1u << lane) - 1u))] = make_uint2(key, static_cast<uint32_t>(s));
+            atomicAdd(&s_hist[(key >> 10) & (kBins2 - 1)], 1);
+          }
+        }
+      }
+    }
+  }
+  __syncthreads();
+  for (int i = tid; i < kBins2; i += kSelectThreads) {
+    const int c = s_hist[i];
+    if (c) atomicAdd(&gh2[i], c);
+  }
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) s_misc[0] = (atomicAdd(&ctr[2], 1) == static_cast<int>(gridDim.x) - 1);
+  __syncthreads();
+  if (!s_misc[0]) return;
+  __threadfence();
+
+  // Last CTA of the row: resolve the threshold bin exactly.
+  const int need1 = K - above1;
+  {
+    constexpr int PER = kBins2 / kSelectThreads;
+    int c[PER];
+#pragma unroll
+    for (int i = 0; i < PER; ++i) c[i] = __ldcg(&gh2[kBins2 - 1 - PER * tid - i]);
+    find_threshold<PER>(c, kBins2, need1, s_warp, s_res);
+  }
+  const uint32_t T2 = static_cast<uint32_t>(s_res[0]);
+  const int above2 = s_res[1];
+  const int n_tie = __ldcg(&ctr[1]);
+  for (int i = tid; i < kBins3; i += kSelectThreads) s_hist[i] = 0;
+  if (tid == 0) {
+    s_misc[1] = 0;   // output slots used after above1
+    s_misc[2] = 0;   // exact-tie slots taken
+  }
+  __syncthreads();
+  for (int i = tid; i < n_tie; i += kSelectThreads) {
+    const uint2 e = __ldcg(&cand[i]);
+    const uint32_t b2 = (e.x >> 10) & (kBins2 - 1);
+    if (b2 > T2) out[above1 + atomicAdd(&s_misc[1], 1)] = static_cast<int>(e.y);
+    else if (b2 == T2) atomicAdd(&s_hist[e.x & (kBins3 - 1)], 1);
+  }
+  __syncthreads();
+  const int need2 = need1 - above2;
+  {
+    constexpr int PER = kBins3 / kSelectThreads;
+    int c[PER];
+#pragma unroll
+    for (int i = 0; i < PER; ++i) c[i] = s_hist[kBins3 - 1 - PER * tid - i];
+    find_threshold<PER>(c, kBins3, need2, s_warp, s_res);
+  }
+  const uint32_t T3 = static_cast<uint32_t>(s_res[0]);
+  const int need3 = need2 - s_res[1];
+  for (int i = tid; i < n_tie; i += kSelectThreads) {
+    const uint2 e = __ldcg(&cand[i]);
+    if (((e.x >> 10) & (kBins2 - 1)) != T2) continue;
+    const uint32_t low = e.x & (kBins3 - 1);
+    if (low > T3 || (low == T3 && atomicAdd(&s_misc[2], 1) < need3))
+      out[above1 + atomicAdd(&s_misc[1], 1)] = static_cast<int>(e.y);
+  }
+  // Leave the row's workspace zeroed for the next call.
+  for (int i = tid; i < kBins1; i += kSelectThreads) gh1[i] = 0;
+  for (int i = tid; i < kBins2; i += kSelectThreads) gh2[i] = 0;
+  if (tid < 4) ctr[tid] = 0;
+}

@@ -1,0 +1,107 @@
+"""Thin ctypes binding of the few CUDA driver calls the launchers need (libcuda.so.1, stable C ABI)."""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+
+CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+
+
+class CudaDriverError(RuntimeError):
+    pass
+
+
+class _Lib:
+    _instance: "_Lib | None" = None
+    _lock = threading.Lock()
+
+    def __init__(self) -> None:
+        try:
+            self.cu = ctypes.CDLL("libcuda.so.1")
+        except OSError as exc:  # no NVIDIA driver on this machine
+            raise CudaDriverError(f"cannot load libcuda.so.1 (NVIDIA driver): {exc}") from exc
+        cu = self.cu
+        vp, ui, i = ctypes.c_void_p, ctypes.c_uint, ctypes.c_int
+        cu.cuInit.argtypes = [ui]
+        cu.cuGetErrorString.argtypes = [i, ctypes.POINTER(ctypes.c_char_p)]
+        cu.cuDeviceGet.argtypes = [ctypes.POINTER(i), i]
+        cu.cuDevicePrimaryCtxRetain.argtypes = [ctypes.POINTER(vp), i]
+        cu.cuCtxGetCurrent.argtypes = [ctypes.POINTER(vp)]
+        cu.cuCtxPushCurrent.argtypes = [vp]
+        cu.cuCtxPopCurrent.argtypes = [ctypes.POINTER(vp)]
+        cu.cuModuleLoadData.argtypes = [ctypes.POINTER(vp), ctypes.c_char_p]
+        cu.cuModuleGetFunction.argtypes = [ctypes.POINTER(vp), vp, ctypes.c_char_p]
+        cu.cuFuncSetAttribute.argtypes = [vp, i, i]
+        cu.cuLaunchKernel.argtypes = [vp, ui, ui, ui, ui, ui, ui, ui, vp, vp, vp]
+        self.check(cu.cuInit(0), "cuInit")
+
+    @classmethod
+    def get(cls) -> "_Lib":
+        with cls._lock:
+            if cls._instance is None:
+                cls._instance = cls()
+            return cls._instance
+
+    def check(self, res: int, what: str) -> None:
+        if res != 0:
+            msg = ctypes.c_char_p()
+            self.cu.cuGetErrorString(res, ctypes.byref(msg))
+            text = msg.value.decode() if msg.value else "unknown error"
+            raise CudaDriverError(f"{what} failed: CUDA error {res} ({text})")
+
+
+class Module:
+    """A fatbin loaded into the primary context of one device, with its kernels looked up by name."""
+
+    def __init__(self, image: bytes, device_index: int, kernels: dict[str, int]) -> None:
+        lib = _Lib.get()
+        self._lib = lib
+        dev = ctypes.c_int()
+        lib.check(lib.cu.cuDeviceGet(ctypes.byref(dev), device_index), "cuDeviceGet")
+        self.ctx = ctypes.c_void_p()
+        # torch uses the primary context too, so modules and torch's streams share one context.
+        lib.check(lib.cu.cuDevicePrimaryCtxRetain(ctypes.byref(self.ctx), dev), "cuDevicePrimaryCtxRetain")
+        self._image = image  # keep the bytes alive for the module's lifetime
+        with self.current():
+            self.mod = ctypes.c_void_p()
+            lib.check(lib.cu.cuModuleLoadData(ctypes.byref(self.mod), image), "cuModuleLoadData")
+            self.fn: dict[str, ctypes.c_void_p] = {}
+            for name, dyn_smem in kernels.items():
+                f = ctypes.c_void_p()
+                lib.check(lib.cu.cuModuleGetFunction(ctypes.byref(f), self.mod, name.encode()),
+                          f"cuModuleGetFunction({name})")
+                if dyn_smem > 48 * 1024:
+                    lib.check(lib.cu.cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                                        dyn_smem), f"cuFuncSetAttribute({name})")
+                self.fn[name] = f
+
+    class _Current:
+        def __init__(self, m: "Module") -> None:
+            self.m, self.pushed = m, False
+
+        def __enter__(self):
+            cur = ctypes.c_void_p()
+            self.m._lib.check(self.m._lib.cu.cuCtxGetCurrent(ctypes.byref(cur)), "cuCtxGetCurrent")
+            if cur.value != self.m.ctx.value:
+                self.m._lib.check(self.m._lib.cu.cuCtxPushCurrent(self.m.ctx), "cuCtxPushCurrent")
+                self.pushed = True
+            return self
+
+        def __exit__(self, *exc):
+            if self.pushed:
+                old = ctypes.c_void_p()
+                self.m._lib.check(self.m._lib.cu.cuCtxPopCurrent(ctypes.byref(old)), "cuCtxPopCurrent")
+
+    def current(self) -> "Module._Current":
+        return Module._Current(self)
+
+    def launch(self, name: str, grid: tuple[int, int, int], block: int, smem: int, stream: int,
+               params: ctypes.Structure) -> None:
+        """Launch kernel `name` whose single parameter is the struct `params` (passed by value)."""
+        argv = (ctypes.c_void_p * 1)(ctypes.addressof(params))
+        with self.current():
+            self._lib.check(
+                self._lib.cu.cuLaunchKernel(self.fn[name], grid[0], grid[1], grid[2], block, 1, 1, smem,
+                                            ctypes.c_void_p(stream), argv, None),
+                f"cuLaunchKernel({name})")

@@ -1,0 +1,233 @@
+"""Launcher for the DSA lightning indexer + exact top-k kernel (kernels/dsa_indexer/dsa_indexer.cu).
+
+Conventions (the same as DeepGEMM's ``fp8_paged_mqa_logits`` so callers can swap them):
+
+* ``q``: fp8 e4m3 ``[B, next_n, 64, 128]`` (``torch.float8_e4m3fn``, or ``uint8`` holding those bytes);
+  q's per-vector scale is folded into ``weights``.
+* ``weights``: fp32 ``[B * next_n, 64]``.
+* ``kv_cache``: uint8 (or fp8) paged index-key cache, ``[num_blocks, 64, 1, 132]``, ``[num_blocks, 64, 132]``
+  or ``[num_blocks, 8448]``; each 64-token block holds 64 x 128 fp8 keys first, then 64 fp32 scales.
+* ``context_lens``: int32 ``[B]`` or ``[B, next_n]``. With ``[B]``, token ``j`` of request ``b`` sees
+  ``context_lens[b] - next_n + 1 + j`` keys (the last query token sees all of them; DeepGEMM's causal
+  rule). With ``[B, next_n]`` each token's length is given explicitly.
+* ``block_table``: int32 ``[B, max_blocks]``; entries past ``ceil(len / 64)`` are never read.
+
+Returns int32 ``[B * next_n, topk]``: positions (0-based, within the request) of the ``topk`` largest
+scores ``k_scale[s] * sum_h w[h] * relu(q[h] . k[s])``. Rows longer than ``topk`` hold an unordered set;
+scores equal to the k-th one bit-for-bit are chosen arbitrarily. Rows of length ``n <= topk`` hold
+``0..n-1`` then ``-1``.
+
+``max_len`` is a host-side upper bound on every length (e.g. the scheduler's longest request); the
+workspace (8 B per position) and the grids are sized from it, never from the block table's width. If
+omitted it is read from ``context_lens`` (one device-to-host sync). Lengths above ``max_len`` are clamped
+to it: passing a wrong bound gives wrong results, not memory errors.
+
+The per-device workspace (histograms and counters) is left zeroed by each call; calls on different
+streams of one device must not overlap (use one ``DsaIndexer`` per stream).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import pathlib
+import threading
+
+from ._driver import Module
+
+HEADS = 64
+DIM = 128
+PAGE = 64
+BLOCK_BYTES = PAGE * (DIM + 4)  # 8448
+SELECT_CHUNK = 4096
+STAGES = 4
+SCORE_THREADS = 128
+SELECT_THREADS = 256
+BINS1, BINS2 = 4096, 1024
+
+
+class _Params(ctypes.Structure):
+    # Mirrors struct DsaParams in dsa_indexer.cu (pointers first, then ints: 120 bytes).
+    _fields_ = [
+        ("q", ctypes.c_void_p), ("weights", ctypes.c_void_p), ("kv", ctypes.c_void_p),
+        ("ctx", ctypes.c_void_p), ("block_table", ctypes.c_void_p), ("scores", ctypes.c_void_p),
+        ("cand", ctypes.c_void_p), ("ghist", ctypes.c_void_p), ("ghist2", ctypes.c_void_p),
+        ("ctr", ctypes.c_void_p), ("out", ctypes.c_void_p),
+        ("batch", ctypes.c_int), ("next_n", ctypes.c_int), ("ctx_mode", ctypes.c_int),
+        ("max_blocks", ctypes.c_int), ("topk", ctypes.c_int), ("chunk_pages", ctypes.c_int),
+        ("len_stride", ctypes.c_int), ("pad_", ctypes.c_int),
+    ]
+
+
+def score_smem_bytes(next_n: int) -> int:
+    # 1024 alignment slack + q tile + key stages + scale stages + histograms (see score_body).
+    return 1024 + next_n * PAGE * DIM + STAGES * PAGE * DIM + STAGES * PAGE * 4 + next_n * BINS1 * 4
+
+
+def find_fatbin() -> pathlib.Path:
+    env = os.environ.get("PDSERVE_KERNELS_FATBIN")
+    here = pathlib.Path(__file__).resolve().parent
+    candidates = [pathlib.Path(env)] if env else []
+    candidates += [here / "dsa_indexer.fatbin", here.parent.parent / "build" / "dsa_indexer.fatbin"]
+    for c in candidates:
+        if c.is_file():
+            return c
+    raise FileNotFoundError(
+        "dsa_indexer.fatbin not found (looked in: " + ", ".join(str(c) for c in candidates)
+        + "); build it with kernels/build.sh or set PDSERVE_KERNELS_FATBIN")
+
+
+def _round_up(x: int, m: int) -> int:
+    return (x + m - 1) // m * m
+
+
+class DsaIndexer:
+    """Holds the loaded module and the zero-kept workspace for one device; call it like the function."""
+
+    _KERNELS = {
+        "dsa_score_wgmma_n1": score_smem_bytes(1), "dsa_score_wgmma_n2": score_smem_bytes(2),
+        "dsa_score_mma_n1": score_smem_bytes(1), "dsa_score_mma_n2": score_smem_bytes(2),
+        "dsa_select": 0,
+    }
+
+    def __init__(self, device=None, fatbin: str | os.PathLike | None = None) -> None:
+        import torch
+
+        self.torch = torch
+        self.device = torch.device("cuda", torch.cuda.current_device() if device is None
+                                   else torch.device(device).index or 0)
+        torch.cuda.init()
+        # Make torch create its primary context on this device before the driver calls use it.
+        torch.empty(1, device=self.device)
+        path = pathlib.Path(fatbin) if fatbin else find_fatbin()
+        self.module = Module(path.read_bytes(), self.device.index, self._KERNELS)
+        props = torch.cuda.get_device_properties(self.device)
+        self.num_sms = props.multi_processor_count
+        self.capability = (props.major, props.minor)
+        self._rows_cap = 0
+        self._lock = threading.Lock()
+
+    def _workspace(self, rows: int):
+        torch = self.torch
+        if rows > self._rows_cap:
+            cap = max(rows, 2 * self._rows_cap, 64)
+            self._ghist = torch.zeros(cap * BINS1, dtype=torch.int32, device=self.device)
+            self._ghist2 = torch.zeros(cap * BINS2, dtype=torch.int32, device=self.device)
+            self._ctr = torch.zeros(cap * 4, dtype=torch.int32, device=self.device)
+            self._rows_cap = cap
+        return self._ghist, self._ghist2, self._ctr
+
+    def reset_workspace(self) -> None:
+        """Zero the workspace (only needed after a launch that did not finish, e.g. a device error)."""
+        if self._rows_cap:
+            self._ghist.zero_()
+            self._ghist2.zero_()
+            self._ctr.zero_()
+
+    def default_chunk_pages(self, batch: int, max_len: int, next_n: int) -> int:
+        # Enough pages per CTA to amortise its setup, few enough that every SM gets work at small batch.
+        ctas_per_sm = 3 if next_n == 1 else 2
+        pages = batch * ((max_len + PAGE - 1) // PAGE)
+        per_cta = -(-pages // (self.num_sms * ctas_per_sm))
+        return max(2, min(32, per_cta))
+
+    def __call__(self, q, weights, kv_cache, context_lens, block_table, topk: int, *, max_len: int | None = None,
+                 out=None, scores=None, return_scores: bool = False, impl: str | None = None,
+                 chunk_pages: int | None = None):
+        torch = self.torch
+        _check_inputs(torch, self.device, q, weights, kv_cache, context_lens, block_table, topk)
+        B, next_n = q.shape[0], q.shape[1]
+        rows = B * next_n
+        max_blocks = block_table.shape[1]
+        ctx_mode = 0 if context_lens.dim() == 1 else 1
+        if max_len is None:
+            max_len = int(context_lens.max().item()) if context_lens.numel() else 0
+        max_len = max(1, min(int(max_len), max_blocks * PAGE))
+        len_stride = _round_up(max_len, SELECT_CHUNK)
+        if scores is None:
+            scores = torch.empty((rows, len_stride), dtype=torch.float32, device=self.device)
+        elif (scores.dtype != torch.float32 or tuple(scores.shape) != (rows, len_stride)
+              or not scores.is_contiguous() or scores.device != self.device):
+            raise ValueError(f"scores must be a contiguous float32 tensor of shape {(rows, len_stride)} on "
+                             f"{self.device}, got {scores.dtype} {tuple(scores.shape)} on {scores.device}")
+        if out is None:
+            out = torch.empty((rows, topk), dtype=torch.int32, device=self.device)
+        elif (out.dtype != torch.int32 or tuple(out.shape) != (rows, topk) or not out.is_contiguous()
+              or out.device != self.device):
+            raise ValueError(f"out must be a contiguous int32 tensor of shape {(rows, topk)} on {self.device}, "
+                             f"got {out.dtype} {tuple(out.shape)} on {out.device}")
+        cand = torch.empty((rows, len_stride, 2), dtype=torch.int32, device=self.device)
+        if impl is None:
+            impl = "wgmma" if self.capability == (9, 0) else "mma"
+        if impl not in ("wgmma", "mma"):
+            raise ValueError(f"impl must be 'wgmma' or 'mma', got {impl!r}")
+        if impl == "wgmma" and self.capability != (9, 0):
+            raise ValueError(f"impl='wgmma' needs an sm_90 GPU, this one is sm_{self.capability[0]}{self.capability[1]}")
+        if chunk_pages is None:
+            chunk_pages = self.default_chunk_pages(B, max_len, next_n)
+        if chunk_pages < 1:
+            raise ValueError(f"chunk_pages must be >= 1, got {chunk_pages}")
+
+        with self._lock:
+            ghist, ghist2, ctr = self._workspace(rows)
+            p = _Params(
+                q=q.data_ptr(), weights=weights.data_ptr(), kv=kv_cache.data_ptr(), ctx=context_lens.data_ptr(),
+                block_table=block_table.data_ptr(), scores=scores.data_ptr(), cand=cand.data_ptr(),
+                ghist=ghist.data_ptr(), ghist2=ghist2.data_ptr(), ctr=ctr.data_ptr(), out=out.data_ptr(),
+                batch=B, next_n=next_n, ctx_mode=ctx_mode, max_blocks=max_blocks, topk=topk,
+                chunk_pages=chunk_pages, len_stride=len_stride, pad_=0)
+            stream = torch.cuda.current_stream(self.device).cuda_stream
+            n_chunks = -(-((max_len + PAGE - 1) // PAGE) // chunk_pages)
+            self.module.launch(f"dsa_score_{impl}_n{next_n}", (n_chunks, B, 1), SCORE_THREADS,
+                               score_smem_bytes(next_n), stream, p)
+            self.module.launch("dsa_select", (len_stride // SELECT_CHUNK, rows, 1), SELECT_THREADS, 0, stream, p)
+        if return_scores:
+            return out, scores
+        return out
+
+
+def _check_inputs(torch, device, q, weights, kv_cache, context_lens, block_table, topk) -> None:
+    def need(cond: bool, msg: str) -> None:
+        if not cond:
+            raise ValueError(msg)
+
+    fp8 = getattr(torch, "float8_e4m3fn", None)
+    for name, t in (("q", q), ("weights", weights), ("kv_cache", kv_cache), ("context_lens", context_lens),
+                    ("block_table", block_table)):
+        need(isinstance(t, torch.Tensor), f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        need(t.device == device, f"{name} is on {t.device}, expected {device}")
+        need(t.is_contiguous(), f"{name} must be contiguous (call .contiguous())")
+    need(q.dim() == 4 and q.shape[1] in (1, 2) and tuple(q.shape[2:]) == (HEADS, DIM),
+         f"q must have shape [B, next_n in (1, 2), {HEADS}, {DIM}], got {tuple(q.shape)}")
+    need(q.dtype in (fp8, torch.uint8), f"q must be float8_e4m3fn (or uint8 bytes of it), got {q.dtype}")
+    B, next_n = q.shape[0], q.shape[1]
+    need(B >= 1, "batch must be >= 1")
+    need(weights.dtype == torch.float32 and tuple(weights.shape) == (B * next_n, HEADS),
+         f"weights must be float32 [{B * next_n}, {HEADS}], got {weights.dtype} {tuple(weights.shape)}")
+    need(kv_cache.dtype in (fp8, torch.uint8), f"kv_cache must be uint8 or float8_e4m3fn, got {kv_cache.dtype}")
+    shape = tuple(kv_cache.shape)
+    need(shape[1:] in ((PAGE, 1, DIM + 4), (PAGE, DIM + 4), (BLOCK_BYTES,)),
+         f"kv_cache must be [num_blocks, 64, 1, 132], [num_blocks, 64, 132] or [num_blocks, 8448], got {shape}")
+    need(kv_cache.data_ptr() % 16 == 0, "kv_cache must be 16-byte aligned")
+    need(q.data_ptr() % 16 == 0, "q must be 16-byte aligned")
+    need(context_lens.dtype == torch.int32, f"context_lens must be int32, got {context_lens.dtype}")
+    need(tuple(context_lens.shape) in ((B,), (B, next_n)),
+         f"context_lens must have shape [{B}] or [{B}, {next_n}], got {tuple(context_lens.shape)}")
+    need(block_table.dtype == torch.int32 and block_table.dim() == 2 and block_table.shape[0] == B
+         and block_table.shape[1] >= 1,
+         f"block_table must be int32 [{B}, max_blocks >= 1], got {block_table.dtype} {tuple(block_table.shape)}")
+    need(isinstance(topk, int) and topk >= 1, f"topk must be a positive int, got {topk!r}")
+
+
+_default: dict[int, DsaIndexer] = {}
+_default_lock = threading.Lock()
+
+
+def dsa_indexer_topk(q, weights, kv_cache, context_lens, block_table, topk: int, **kw):
+    """Functional form: uses one cached DsaIndexer per device. See the module docstring for conventions."""
+    idx = q.device.index if q.device.index is not None else 0
+    with _default_lock:
+        if idx not in _default:
+            _default[idx] = DsaIndexer(q.device)
+        ind = _default[idx]
+    return ind(q, weights, kv_cache, context_lens, block_table, topk, **kw)

@@ -1,0 +1,95 @@
+"""Check rendered command lines with the real parsers of the pinned SGLang and sglang-router.
+
+The parsers run in the SGLang Python (a separate environment from pdserve's own), in one subprocess
+with a deadline. A flag the pinned version does not know becomes a problem that names the flag and the
+field it came from; parsers that cannot be imported become a stated skip, not a pass.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from dataclasses import dataclass
+from importlib import resources
+
+from pdserve.commands import router_args, server_args
+from pdserve.config import Deployment, Role
+from pdserve.problems import Problem
+
+PARSE_TIMEOUT_SEC = 180.0
+
+_FLAG = re.compile(r"(--[A-Za-z0-9][A-Za-z0-9-]*)")
+
+
+@dataclass(frozen=True)
+class ParserReport:
+    problems: list[Problem]
+    checked: list[str]   # roles whose argv the real parser accepted or rejected
+    skipped: list[str]   # reasons a role could not be checked
+
+
+def requests_for(dep: Deployment) -> list[dict]:
+    items = [{"role": role, "program": "server", "args": server_args(dep, role)} for role in ("prefill", "decode", "fallback")]
+    items.append({"role": "router", "program": "router", "args": router_args(dep)})
+    return items
+
+
+def _extra_args(dep: Deployment, role: Role) -> list[str]:
+    if role == "router":
+        return dep.router.extra_args
+    return (dep.fallback if role == "fallback" else dep.worker(role)).extra_args
+
+
+def problem_for(dep: Deployment, role: Role, detail: str) -> Problem:
+    """Turn a parser's error into a problem that points at the field the bad flag came from."""
+    extra = _extra_args(dep, role)
+    extra_flags = {arg.split("=", 1)[0] for arg in extra}
+    flags = [f for f in _FLAG.findall(detail) if f in extra_flags]
+    program = "sglang-router 0.3.2" if role == "router" else "sglang 0.5.23"
+    if flags:
+        return Problem(
+            f"{role}.extra_args",
+            flags[0],
+            f"rejected by the {program} parser: {detail}",
+            f"remove {flags[0]} or replace it with the flag {program} uses (see its --help)",
+        )
+    return Problem(
+        f"{role} (rendered command)",
+        None,
+        f"rejected by the {program} parser: {detail}",
+        "this is a pdserve rendering bug or a version mismatch; check `pdserve plan` and the pinned versions",
+    )
+
+
+def check_with_parsers(dep: Deployment, sglang_python: str, timeout: float = PARSE_TIMEOUT_SEC) -> ParserReport:
+    script = str(resources.files("pdserve.launchers").joinpath("parse_check.py"))
+    items = requests_for(dep)
+    try:
+        done = subprocess.run(
+            [sglang_python, script],
+            input=json.dumps(items),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except FileNotFoundError:
+        return ParserReport([], [], [f"parser check skipped: {sglang_python} does not exist"])
+    except subprocess.TimeoutExpired:
+        return ParserReport([], [], [f"parser check skipped: {sglang_python} did not answer within {timeout:.0f} s"])
+    try:
+        results = json.loads(done.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return ParserReport([], [], [f"parser check skipped: {sglang_python} failed: {tail}"])
+    problems, checked, skipped = [], [], []
+    for result in results:
+        role = result["role"]
+        if result["status"] == "unavailable":
+            skipped.append(f"{role}: parser not importable in {sglang_python} ({result['detail']})")
+            continue
+        checked.append(role)
+        if result["status"] == "error":
+            problems.append(problem_for(dep, role, result["detail"]))
+    return ParserReport(problems, checked, skipped)

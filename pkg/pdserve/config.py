@@ -1,0 +1,256 @@
+"""The deployment schema: one pydantic model that every part of pdserve reads.
+
+Field rules that need only one field live here (types, ranges, parser names, path shapes); rules that
+relate several fields (disjoint GPUs, distinct ports, ...) live in `pdserve.rules`, so each rule is
+reported with every other problem rather than stopping at the first.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import PurePosixPath
+from typing import Annotated, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    PositiveInt,
+    field_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from pdserve import pins
+
+Role = Literal["prefill", "decode", "router", "fallback"]
+WORKER_ROLES: tuple[Role, ...] = ("prefill", "decode")
+
+
+def _invalid(message: str, fix: str) -> PydanticCustomError:
+    # The fix travels in the error's context, so the loader can print it beside the message.
+    return PydanticCustomError("pdserve", message, {"fix": fix})
+
+
+def _absolute_path(value: str) -> str:
+    if not PurePosixPath(value).is_absolute():
+        raise _invalid("must be an absolute path", f"write the full path, e.g. /var/lib/pdserve/{value.lstrip('./~')}")
+    return value
+
+
+AbsolutePath = Annotated[str, AfterValidator(_absolute_path)]
+Port = Annotated[int, Field(ge=1, le=65535, description="TCP port, 1-65535")]
+Fraction = Annotated[
+    float,
+    Field(gt=0, lt=1, description="fraction of each GPU's memory, strictly between 0 and 1"),
+]
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SECRET_NAME = re.compile(r"(API_?KEY|TOKEN|SECRET|PASSWORD)", re.IGNORECASE)
+_UNIT_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,40}$")
+
+
+def _environment(value: dict[str, str]) -> dict[str, str]:
+    for name in value:
+        if not _ENV_NAME.match(name):
+            raise _invalid(f"{name!r} is not a valid environment variable name", "use letters, digits and _")
+        if _SECRET_NAME.search(name):
+            raise _invalid(
+                f"{name} looks like a secret, and environment values end up in unit files and the Nix store",
+                "put the secret in a file and point router.api_key_file at it (LoadCredential=)",
+            )
+    return value
+
+
+Environment = Annotated[dict[str, str], AfterValidator(_environment)]
+
+
+def _extra_args(value: list[str]) -> list[str]:
+    for arg in value:
+        if arg.split("=", 1)[0] == "--api-key":
+            raise _invalid(
+                "an API key on a command line is visible to every user through ps",
+                "remove it and set router.api_key_file to a file holding the key",
+            )
+    return value
+
+
+ExtraArgs = Annotated[list[str], AfterValidator(_extra_args)]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSpec(_Section):
+    """What is served. Parsers go on both SGLang servers, never on the router."""
+
+    path: str = Field(description="Model directory (absolute) or a Hugging Face repository id")
+    served_name: str | None = Field(None, description="Name clients send as `model`; defaults to the path")
+    reasoning_parser: str | None = Field(None, description="SGLang --reasoning-parser, e.g. deepseek-v4")
+    tool_call_parser: str | None = Field(None, description="SGLang --tool-call-parser, e.g. deepseekv4")
+    chat_template: str | None = Field(None, description="SGLang --chat-template (a name or an absolute path)")
+    context_length: PositiveInt | None = Field(None, description="--context-length; unset keeps the model's own")
+    kv_cache_dtype: str = Field("auto", description="--kv-cache-dtype")
+    trust_remote_code: bool = False
+
+    @field_validator("path")
+    @classmethod
+    def _path_not_relative(cls, value: str) -> str:
+        if value.startswith((".", "~")):
+            raise _invalid(
+                "a relative model path resolves against the unit's working directory (/)",
+                "write the absolute path of the model directory",
+            )
+        return value
+
+    @field_validator("reasoning_parser")
+    @classmethod
+    def _known_reasoning_parser(cls, value: str | None) -> str | None:
+        return _known(value, pins.REASONING_PARSERS, "reasoning parser")
+
+    @field_validator("tool_call_parser")
+    @classmethod
+    def _known_tool_call_parser(cls, value: str | None) -> str | None:
+        return _known(value, pins.TOOL_CALL_PARSERS, "tool-call parser")
+
+
+def _known(value: str | None, names: frozenset[str], what: str) -> str | None:
+    if value is None or value in names:
+        return value
+    near = [n for n in sorted(names) if n.replace("-", "") == value.replace("-", "")]
+    hint = f"did you mean {near[0]!r}? " if near else ""
+    raise _invalid(
+        f"not a {what} of sglang {pins.SGLANG_VERSION}",
+        f"{hint}use one of: {', '.join(sorted(names))}",
+    )
+
+
+class ServerSpec(_Section):
+    """Settings shared by every SGLang server pdserve launches (prefill, decode, fallback)."""
+
+    gpus: list[NonNegativeInt] = Field(min_length=1, description="GPU indices (PCI bus order)")
+    numa_node: NonNegativeInt | None = Field(
+        None, description="Bind CPUs and memory to this NUMA node with numactl; unset means no binding"
+    )
+    tp_size: PositiveInt | None = Field(None, description="Tensor parallel size; must equal len(gpus)")
+    mem_fraction_static: Fraction = 0.85
+    chunked_prefill_size: PositiveInt | None = None
+    max_running_requests: PositiveInt | None = None
+    extra_args: ExtraArgs = Field(default_factory=list, description="Further SGLang flags, verbatim")
+    env: Environment = Field(default_factory=dict, description="Environment for this server only")
+
+    @property
+    def tensor_parallel(self) -> int:
+        return self.tp_size or len(self.gpus)
+
+
+class WorkerSpec(ServerSpec):
+    """A prefill or decode server. Workers listen on loopback: only the router is public."""
+
+    host: str = "127.0.0.1"
+    port: Port
+    allow_non_loopback: bool = Field(
+        False, description="Permit a non-loopback host (workers then bypass the router's API key)"
+    )
+
+
+class FallbackSpec(ServerSpec):
+    """The single-server layout, installed disabled; it takes the router's place when cut over."""
+
+    host: str | None = Field(None, description="Listen address; defaults to router.host")
+    port: Port | None = Field(None, description="Listen port; defaults to router.port")
+
+
+class TransferSpec(_Section):
+    """How KV moves from prefill to decode."""
+
+    backend: Literal["nixl", "mooncake", "mooncake_tcp", "mori", "ascend"] = "nixl"
+    bootstrap_port: Port = Field(8998, description="Bound by the prefill server; distinct per deployment")
+    ib_devices: list[str] = Field(default_factory=list, description="--disaggregation-ib-device entries")
+
+
+Policy = Literal["random", "round_robin", "cache_aware", "power_of_two", "manual"]
+
+
+class RouterSpec(_Section):
+    """sglang-router in PD mode: the only public endpoint."""
+
+    host: str = "127.0.0.1"
+    port: Port = 30001
+    prometheus_host: str = "127.0.0.1"
+    prometheus_port: Port = 29000
+    policy: Policy | None = Field(None, description="--policy for both roles; unset keeps the router's default")
+    prefill_policy: Policy | None = None
+    decode_policy: Policy | None = None
+    health_check_timeout_secs: PositiveInt = Field(
+        30, description="A loaded worker's /health can take 20 s; the router's own default (5 s) is too short"
+    )
+    worker_startup_timeout_secs: PositiveInt = 1800
+    request_timeout_secs: PositiveInt = 1800
+    api_key_file: AbsolutePath | None = Field(
+        None, description="File holding the API key clients must send; passed with LoadCredential="
+    )
+    extra_args: ExtraArgs = Field(default_factory=list, description="Further router flags, verbatim")
+    env: Environment = Field(default_factory=dict)
+
+
+class SystemdSpec(_Section):
+    """How the units behave. Large models load for many minutes, hence the long start timeout."""
+
+    start_timeout_sec: PositiveInt = Field(1800, description="TimeoutStartSec: launch until ready")
+    stop_timeout_sec: PositiveInt = Field(120, description="TimeoutStopSec: SIGTERM until SIGKILL")
+    restart_sec: PositiveInt = Field(10, description="RestartSec after a failure")
+    start_limit_burst: PositiveInt = Field(5, description="Failed starts allowed within the interval")
+    start_limit_interval_sec: PositiveInt = Field(3600, description="StartLimitIntervalSec")
+    user: str = "pdserve"
+    group: str = "pdserve"
+    supplementary_groups: list[str] = Field(default_factory=list)
+    wanted_by: str = "multi-user.target"
+
+
+class ToolPaths(_Section):
+    """Executables the units call. Unset: found on PATH when rendering (NixOS passes store paths)."""
+
+    sglang_python: AbsolutePath | None = Field(None, description="Python with sglang and sglang-router")
+    numactl: AbsolutePath | None = None
+    pdserve: AbsolutePath | None = None
+
+
+class Deployment(_Section):
+    """One PD deployment: prefill + decode + router, and the single-server fallback."""
+
+    name: str = Field(description="Unit names derive from it: sglang-<name>-prefill, ...")
+    model: ModelSpec
+    prefill: WorkerSpec
+    decode: WorkerSpec
+    transfer: TransferSpec = Field(default_factory=TransferSpec)
+    router: RouterSpec = Field(default_factory=RouterSpec)
+    environment: Environment = Field(
+        default_factory=dict, description="Pinned environment of every SGLang server (CUDA, NCCL, UCX, SGLANG_*)"
+    )
+    fallback: FallbackSpec
+    systemd: SystemdSpec = Field(default_factory=SystemdSpec)
+    tools: ToolPaths = Field(default_factory=ToolPaths)
+
+    @field_validator("name")
+    @classmethod
+    def _unit_safe_name(cls, value: str) -> str:
+        if not _UNIT_NAME.match(value):
+            raise _invalid(
+                "must be lowercase letters, digits and dashes (it becomes part of unit names)",
+                "e.g. name = \"dsv4\"",
+            )
+        return value
+
+    def worker(self, role: Role) -> WorkerSpec:
+        return {"prefill": self.prefill, "decode": self.decode}[role]
+
+    @property
+    def fallback_host(self) -> str:
+        return self.fallback.host or self.router.host
+
+    @property
+    def fallback_port(self) -> int:
+        return self.fallback.port or self.router.port

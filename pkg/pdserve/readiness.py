@@ -1,0 +1,99 @@
+"""What "ready" means for each role, and a bounded wait for it.
+
+A worker is ready when /health answers 200 and /model_info reports the disaggregation mode the role
+expects (so a decode server on the prefill's port is not mistaken for it). The router is ready when
+/readiness answers 200 with every expected worker healthy. Each probe has its own timeout; the wait
+has a deadline and ends with the last state it saw.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+
+from pdserve.commands import disaggregation_mode, role_url
+from pdserve.config import Deployment, Role
+
+PD_WORKER_COUNT = 2  # one prefill, one decode per deployment
+
+
+@dataclass(frozen=True)
+class Observation:
+    ready: bool
+    state: str
+
+
+Probe = Callable[[], Observation]
+
+
+def _get_json(client: httpx.Client, url: str) -> tuple[int, object | None]:
+    response = client.get(url)
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    return response.status_code, body
+
+
+def worker_observation(client: httpx.Client, base_url: str, expected_mode: str) -> Observation:
+    try:
+        status, _ = _get_json(client, f"{base_url}/health")
+        if status != 200:
+            return Observation(False, f"GET {base_url}/health answered {status}")
+        status, info = _get_json(client, f"{base_url}/model_info")
+    except httpx.HTTPError as exc:
+        return Observation(False, f"{base_url} unreachable: {type(exc).__name__}: {exc}")
+    if status != 200 or not isinstance(info, dict):
+        return Observation(False, f"GET {base_url}/model_info answered {status}")
+    mode = str(info.get("disaggregation_mode"))
+    if mode != expected_mode:
+        return Observation(False, f"{base_url}/model_info reports disaggregation_mode={mode}, expected {expected_mode}")
+    return Observation(True, f"{base_url} healthy, disaggregation_mode={mode}")
+
+
+def router_observation(client: httpx.Client, base_url: str, expected_workers: int) -> Observation:
+    try:
+        status, body = _get_json(client, f"{base_url}/readiness")
+    except httpx.HTTPError as exc:
+        return Observation(False, f"{base_url} unreachable: {type(exc).__name__}: {exc}")
+    counts = body if isinstance(body, dict) else {}
+    healthy, total = counts.get("healthy_workers"), counts.get("total_workers")
+    if status == 200 and healthy == total == expected_workers:
+        return Observation(True, f"{base_url}/readiness: {healthy}/{total} workers healthy")
+    return Observation(
+        False,
+        f"{base_url}/readiness answered {status} with {healthy}/{total} workers healthy, expected {expected_workers}",
+    )
+
+
+def probe_for(dep: Deployment, role: Role, client: httpx.Client) -> Probe:
+    url = role_url(dep, role)
+    if role == "router":
+        return lambda: router_observation(client, url, PD_WORKER_COUNT)
+    mode = disaggregation_mode(role)
+    return lambda: worker_observation(client, url, mode)
+
+
+def wait_until_ready(
+    probe: Probe,
+    timeout: float,
+    interval: float = 2.0,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    on_change: Callable[[Observation], None] | None = None,
+) -> Observation:
+    """Probe until ready or until `timeout` seconds have passed; return the last observation."""
+    deadline = clock() + timeout
+    last: Observation | None = None
+    while True:
+        observation = probe()
+        if on_change and (last is None or observation.state != last.state):
+            on_change(observation)
+        last = observation
+        remaining = deadline - clock()
+        if observation.ready or remaining <= 0:
+            return observation
+        sleep(min(interval, remaining))

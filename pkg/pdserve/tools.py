@@ -1,0 +1,72 @@
+"""Finding the executables the units run: the deployment's tools section, then flags, then PATH."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+from pdserve.commands import Toolchain
+from pdserve.config import Deployment
+from pdserve.problems import ConfigError, Problem
+
+# tool field -> (command looked up on PATH, what it is)
+_TOOLS = {
+    "sglang_python": ("python3", "the Python that has sglang and sglang-router installed"),
+    "numactl": ("numactl", "numactl (CPU/memory NUMA binding)"),
+    "pdserve": ("pdserve", "the pdserve executable (readiness gates)"),
+}
+
+
+def _which(command: str) -> str | None:
+    found = shutil.which(command)
+    return str(Path(found).absolute()) if found else None
+
+
+def _own_executable() -> str | None:
+    candidate = Path(sys.argv[0])
+    return str(candidate.absolute()) if candidate.name == "pdserve" and candidate.exists() else None
+
+
+def resolve_toolchain(dep: Deployment, overrides: dict[str, str | None] | None = None) -> Toolchain:
+    """Flags beat the deployment's tools section, which beats PATH. Missing tools are one error each."""
+    toolchain, problems = _resolve(dep, overrides or {})
+    if problems:
+        raise ConfigError(problems, "tools")
+    return toolchain
+
+
+def preview_toolchain(dep: Deployment, overrides: dict[str, str | None] | None = None) -> tuple[Toolchain, list[str]]:
+    """For showing a plan on a machine that lacks the tools: missing ones appear as their bare
+    command name, and each such substitution is returned as a note to print."""
+    toolchain, problems = _resolve(dep, overrides or {}, lenient=True)
+    notes = [f"{p.field}: {p.message}; shown as its bare command name" for p in problems]
+    return toolchain, notes
+
+
+def _resolve(dep: Deployment, overrides: dict[str, str | None], lenient: bool = False) -> tuple[Toolchain, list[Problem]]:
+    resolved: dict[str, str] = {}
+    problems = []
+    for field, (command, what) in _TOOLS.items():
+        path = overrides.get(field) or getattr(dep.tools, field)
+        if path is None:
+            path = _which(command) or (_own_executable() if field == "pdserve" else None)
+        if path is None:
+            problems.append(
+                Problem(
+                    f"tools.{field}",
+                    None,
+                    f"{what} was not given and `{command}` is not on PATH",
+                    f"install it, or set tools.{field} (or pass --{field.replace('_', '-')}) to its absolute path",
+                )
+            )
+            if lenient:
+                resolved[field] = command
+            continue
+        if not Path(path).is_absolute():
+            problems.append(Problem(f"tools.{field}", path, "must be an absolute path", "give the full path"))
+            if lenient:
+                resolved[field] = path
+            continue
+        resolved[field] = path
+    return Toolchain(**resolved) if len(resolved) == len(_TOOLS) else None, problems

@@ -1,0 +1,165 @@
+"""systemd unit files for a deployment. Pure: a deployment and a toolchain in, unit texts out.
+
+Contract (ARCHITECTURE.md): After= means ready, so every unit gates its start on `pdserve wait-ready`
+in ExecStartPost (SGLang and the router never notify systemd); the router Requires= and is After= both
+workers; the fallback Conflicts= with every PD unit; the API key arrives through LoadCredential=.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pdserve.commands import Launch, Toolchain, launches, unit_name
+from pdserve.config import Deployment, Role
+
+# The router starts once both workers answer, so it needs minutes at most, not a model load.
+ROUTER_START_TIMEOUT_SEC = 300
+# wait-ready gives up this much before systemd would kill it, so its own message reaches the journal.
+READY_MARGIN_SEC = 10
+
+Section = list[tuple[str, str]]
+
+
+@dataclass(frozen=True)
+class Unit:
+    name: str  # without ".service"
+    text: str
+
+    @property
+    def filename(self) -> str:
+        return f"{self.name}.service"
+
+
+def quote_arg(arg: str) -> str:
+    """Quote one argv element for ExecStart=: no variable or specifier expansion, spaces kept."""
+    escaped = arg.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%").replace("$", "$$")
+    if escaped and escaped == arg and not any(c.isspace() or c in "'\";" for c in arg):
+        return arg
+    return f'"{escaped}"'
+
+
+def command_line(argv: tuple[str, ...] | list[str]) -> str:
+    return " ".join(quote_arg(arg) for arg in argv)
+
+
+def environment_line(name: str, value: str, *, specifiers: bool = False) -> str:
+    """One Environment= assignment. Values from the deployment are literal (`%` escaped); pdserve's
+    own paths may use systemd specifiers such as %S (state directory)."""
+    escaped = f"{name}={value}".replace("\\", "\\\\").replace('"', '\\"')
+    if not specifiers:
+        escaped = escaped.replace("%", "%%")
+    return f'"{escaped}"'
+
+
+def render_ini(sections: list[tuple[str, Section]], header: str) -> str:
+    lines = [f"# {line}" if line else "#" for line in header.splitlines()]
+    for title, entries in sections:
+        lines.append("")
+        lines.append(f"[{title}]")
+        lines.extend(f"{key}={value}" for key, value in entries)
+    return "\n".join(lines) + "\n"
+
+
+def _service(name: str) -> str:
+    return f"{name}.service"
+
+
+def _gpus(gpus: list[int]) -> str:
+    return ",".join(str(g) for g in gpus)
+
+
+def _describe(dep: Deployment, launch: Launch) -> str:
+    role = launch.role
+    if role == "router":
+        return f"pdserve {dep.name}: sglang-router (PD) on {launch.url}"
+    server = dep.fallback if role == "fallback" else dep.worker(role)
+    numa = f", NUMA node {server.numa_node}" if server.numa_node is not None else ""
+    what = "single SGLang server (fallback)" if role == "fallback" else f"SGLang {role} server"
+    return f"pdserve {dep.name}: {what} on GPUs {_gpus(server.gpus)}{numa}, {launch.url}"
+
+
+def _unit_section(dep: Deployment, role: Role, description: str) -> Section:
+    pd_units = [_service(unit_name(dep, r)) for r in ("prefill", "decode", "router")]
+    fallback = _service(unit_name(dep, "fallback"))
+    entries: Section = [
+        ("Description", description),
+        ("Wants", "network-online.target"),
+    ]
+    if role == "router":
+        workers = " ".join(pd_units[:2])
+        # Requires= pulls both workers in; After= holds the router until both are *ready*, because a
+        # worker's start only completes when its wait-ready gate has passed.
+        entries += [("Requires", workers), ("After", f"network-online.target {workers}")]
+    else:
+        entries.append(("After", "network-online.target"))
+    # The two layouts share GPUs and the public port: starting one stops the other.
+    conflicts = " ".join(pd_units) if role == "fallback" else fallback
+    entries.append(("Conflicts", conflicts))
+    entries += [
+        ("StartLimitIntervalSec", str(dep.systemd.start_limit_interval_sec)),
+        ("StartLimitBurst", str(dep.systemd.start_limit_burst)),
+    ]
+    return entries
+
+
+def _service_section(dep: Deployment, launch: Launch, config_path: str, tools: Toolchain) -> Section:
+    sd = dep.systemd
+    start_timeout = ROUTER_START_TIMEOUT_SEC if launch.role == "router" else sd.start_timeout_sec
+    state = f"pdserve/{dep.name}"
+    entries: Section = [
+        # Type=exec: the unit fails at once if the binary cannot be executed; readiness is ExecStartPost's job.
+        ("Type", "exec"),
+        ("User", sd.user),
+        ("Group", sd.group),
+    ]
+    if sd.supplementary_groups:
+        entries.append(("SupplementaryGroups", " ".join(sd.supplementary_groups)))
+    entries += [
+        ("StateDirectory", state),
+        ("CacheDirectory", state),
+        ("WorkingDirectory", f"%S/{state}"),
+        # Triton, torch and Hugging Face caches land under HOME and XDG_CACHE_HOME.
+        ("Environment", environment_line("HOME", f"%S/{state}", specifiers=True)),
+        ("Environment", environment_line("XDG_CACHE_HOME", f"%C/{state}", specifiers=True)),
+    ]
+    entries += [("Environment", environment_line(k, v)) for k, v in sorted(launch.env.items())]
+    entries += [("LoadCredential", f"{name}:{path}") for name, path in sorted(launch.credentials.items())]
+    ready = [tools.pdserve, "wait-ready", launch.role, "--config", config_path,
+             "--timeout", str(max(start_timeout - READY_MARGIN_SEC, 1))]
+    entries += [
+        ("ExecStart", command_line(launch.argv)),
+        ("ExecStartPost", command_line(ready)),
+        ("Restart", "on-failure"),
+        ("RestartSec", str(sd.restart_sec)),
+        ("TimeoutStartSec", str(start_timeout)),
+        ("TimeoutStopSec", str(sd.stop_timeout_sec)),
+        # SIGTERM to the main process lets SGLang stop its scheduler processes itself; whatever is
+        # left when it exits (or after TimeoutStopSec) gets SIGKILL.
+        ("KillMode", "mixed"),
+        ("KillSignal", "SIGTERM"),
+        ("LimitNOFILE", "1048576"),
+        # NIXL/UCX and RDMA register (pin) large host buffers.
+        ("LimitMEMLOCK", "infinity"),
+        ("NoNewPrivileges", "yes"),
+        ("ProtectSystem", "full"),
+        ("ProtectHome", "read-only"),
+        ("PrivateTmp", "yes"),
+    ]
+    return entries
+
+
+def render_unit(dep: Deployment, launch: Launch, config_path: str, tools: Toolchain) -> Unit:
+    header = (
+        f"Rendered by pdserve from deployment {dep.name!r}. Do not edit: change the deployment and\n"
+        "render again (NixOS: override with systemd.services.<name>.* drop-ins)."
+    )
+    sections = [
+        ("Unit", _unit_section(dep, launch.role, _describe(dep, launch))),
+        ("Service", _service_section(dep, launch, config_path, tools)),
+        ("Install", [("WantedBy", dep.systemd.wanted_by)]),
+    ]
+    return Unit(launch.unit, render_ini(sections, header))
+
+
+def render_units(dep: Deployment, tools: Toolchain, config_path: str) -> list[Unit]:
+    return [render_unit(dep, launch, config_path, tools) for launch in launches(dep, tools).values()]

@@ -1,0 +1,37 @@
+"""CPU-only: two builds of the kernels' fatbin in different directories must be bit-identical."""
+
+import hashlib
+import os
+import pathlib
+import shutil
+import subprocess
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _nvcc() -> str | None:
+    return shutil.which("nvcc") or (
+        "/usr/local/cuda/bin/nvcc" if os.access("/usr/local/cuda/bin/nvcc", os.X_OK) else None)
+
+
+def _build_copy(root: pathlib.Path, nvcc: str) -> str:
+    # Copy the sources too, so the two builds differ in source path, work dir and output dir.
+    src = root / "src"
+    shutil.copytree(REPO / "kernels" / "dsa_indexer", src / "dsa_indexer")
+    shutil.copy2(REPO / "kernels" / "build.sh", src / "build.sh")
+    out = root / "out"
+    env = dict(os.environ, NVCC=nvcc)
+    subprocess.run(["bash", str(src / "build.sh"), str(out)], cwd=root, env=env, check=True,
+                   capture_output=True, text=True, timeout=600)
+    return hashlib.sha256((out / "dsa_indexer.fatbin").read_bytes()).hexdigest()
+
+
+def test_fatbin_is_bit_identical_across_build_dirs(tmp_path):
+    nvcc = _nvcc()
+    if nvcc is None:
+        pytest.skip("nvcc not found on PATH or at /usr/local/cuda/bin/nvcc: cannot build the kernels")
+    first = _build_copy(tmp_path / "a", nvcc)
+    second = _build_copy(tmp_path / "b" / "deeper", nvcc)
+    assert first == second, "kernels/build.sh output differs between two build directories"

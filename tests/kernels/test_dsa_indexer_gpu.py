@@ -1,0 +1,156 @@
+"""GPU tests of the DSA indexer kernel against the PyTorch reference (marker `gpu`).
+
+Fresh random inputs every run. Checks, per row:
+* logits: max |ours - ref| <= 1e-3 * max |ref| against an fp64 reference (FP8 inputs are exact; the
+  error is the tensor cores' fp32 accumulation);
+* top-k exactness on our own fp32 scores: every selected score >= every unselected one;
+* top-k against the reference, tie rule: a position may be swapped only with one whose reference
+  score lies within the measured score error (2x max |ours - ref|) of the reference k-th score;
+* rows with len <= k return 0..len-1 then -1; outputs are poisoned first, so every slot must be written;
+* keys and scales beyond each length, spare blocks and unused block-table targets hold NaN: no NaN may
+  reach a score or change a selection.
+"""
+
+import math
+import os
+import pathlib
+import shutil
+import subprocess
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed: GPU kernel tests need it")
+
+pytestmark = pytest.mark.gpu
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+POISON = -7
+
+
+@pytest.fixture(scope="module")
+def indexer(tmp_path_factory):
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU visible to torch")
+    from pdserve_kernels.dsa_indexer import DsaIndexer
+
+    fatbin = os.environ.get("PDSERVE_KERNELS_FATBIN")
+    if not fatbin:
+        built = REPO / "kernels" / "build" / "dsa_indexer.fatbin"
+        if built.is_file():
+            fatbin = str(built)
+        else:
+            nvcc = shutil.which("nvcc")
+            if nvcc is None:
+                pytest.skip("no built fatbin and no nvcc to build one")
+            out = tmp_path_factory.mktemp("fatbin")
+            subprocess.run(["bash", str(REPO / "kernels" / "build.sh"), str(out)], check=True, timeout=600)
+            fatbin = str(out / "dsa_indexer.fatbin")
+    return DsaIndexer(fatbin=fatbin)
+
+
+def impls(ind):
+    return ["wgmma", "mma"] if ind.capability == (9, 0) else ["mma"]
+
+
+def run_and_check(ind, B, next_n, lens, topk, impl, *, explicit=False, max_blocks=None, chunk_pages=None,
+                  zero_weights=False):
+    from pdserve_kernels.reference import make_inputs, reference_scores
+
+    inp = make_inputs(B, next_n, lens, max_blocks=max_blocks, explicit_lens=explicit)
+    if zero_weights:
+        inp["weights"].zero_()
+    rows = B * next_n
+    max_len = max(lens)
+    stride = max(1, math.ceil(max_len / 4096)) * 4096
+    out = torch.full((rows, topk), POISON, dtype=torch.int32, device="cuda")
+    scores = torch.full((rows, stride), float("nan"), dtype=torch.float32, device="cuda")
+    ind(**inp, topk=topk, out=out, scores=scores, impl=impl, max_len=max_len, chunk_pages=chunk_pages)
+    torch.cuda.synchronize()
+    refs = reference_scores(inp["q"], inp["weights"], inp["kv_cache"], inp["context_lens"], inp["block_table"])
+    assert not (out == POISON).any(), "some output slots were never written"
+    for r, ref in enumerate(refs):
+        L = ref.numel()
+        sel = out[r].long()
+        if L <= topk:
+            want = torch.cat([torch.arange(L, device="cuda"), torch.full((topk - L,), -1, device="cuda")])
+            assert torch.equal(sel, want), f"row {r} (len {L} <= k {topk}): expected 0..{L - 1} then -1"
+            if L == 0:
+                continue
+        got = scores[r, :L].double()
+        assert torch.isfinite(got).all(), f"row {r}: non-finite score (NaN leaked from outside the length?)"
+        err = (got - ref).abs().max().item()
+        scale = ref.abs().max().item()
+        assert err <= 1e-3 * scale + 1e-12, f"row {r} len {L}: max |ours-ref| {err:.3g} vs max |ref| {scale:.3g}"
+        if L <= topk:
+            continue
+        assert bool(((sel >= 0) & (sel < L)).all()), f"row {r}: index outside [0, {L})"
+        assert torch.unique(sel).numel() == topk, f"row {r}: duplicate indices"
+        mask = torch.zeros(L, dtype=torch.bool, device="cuda")
+        mask[sel] = True
+        assert got[mask].min() >= got[~mask].max(), f"row {r}: not the exact top-{topk} of its own scores"
+        kth = torch.topk(ref, topk).values[-1]
+        tol = 2 * err + 1e-12
+        assert ref[mask].min() >= kth - tol, f"row {r}: selected a score below the k-th beyond tolerance"
+        assert ref[~mask].max() <= kth + tol, f"row {r}: missed a score above the k-th beyond tolerance"
+    return out
+
+
+LEN_512 = [1, 511, 512, 513, 63, 64, 65, 127, 128, 129, 4097, 20000]
+LEN_2048 = [1, 2047, 2048, 2049, 6000, 8191, 70001]
+
+
+@pytest.mark.parametrize("topk,lens", [(512, LEN_512), (2048, LEN_2048)])
+def test_mixed_lengths_next_n1(indexer, topk, lens):
+    for impl in impls(indexer):
+        run_and_check(indexer, len(lens), 1, lens, topk, impl)
+
+
+@pytest.mark.parametrize("explicit", [False, True])
+@pytest.mark.parametrize("topk", [512, 2048])
+def test_next_n2_causal_rule(indexer, explicit, topk):
+    lens = [1, 2, 513, 2049, 4096, 33333]
+    for impl in impls(indexer):
+        run_and_check(indexer, len(lens), 2, lens, topk, impl, explicit=explicit)
+
+
+@pytest.mark.parametrize("topk", [512, 2048])
+def test_single_long_row_split_across_ctas(indexer, topk):
+    for impl in impls(indexer):
+        run_and_check(indexer, 1, 1, [200_003], topk, impl)
+
+
+@pytest.mark.parametrize("chunk_pages", [1, 3, 64])
+def test_chunk_sizes_and_wide_block_table(indexer, chunk_pages):
+    # max_blocks far beyond the lengths (max_context 1M): unused entries point at a NaN block.
+    lens = [65, 5000, 12345, 64 * 40]
+    run_and_check(indexer, len(lens), 1, lens, 2048, impls(indexer)[0], max_blocks=(1 << 20) // 64,
+                  chunk_pages=chunk_pages)
+
+
+def test_all_scores_equal_takes_any_k(indexer):
+    # weights 0: every score is 0, the whole row ties at the threshold (exact-tie path).
+    run_and_check(indexer, 2, 1, [3000, 9000], 512, impls(indexer)[0], zero_weights=True)
+
+
+def test_workspace_is_clean_between_calls(indexer):
+    for _ in range(3):
+        run_and_check(indexer, 3, 1, [5000, 100, 30000], 2048, impls(indexer)[0])
+
+
+def test_input_checks_raise_clear_errors(indexer):
+    from pdserve_kernels.reference import make_inputs
+
+    inp = make_inputs(2, 1, [100, 200])
+    bad = [
+        (dict(q=inp["q"].float()), "q must be float8_e4m3fn"),
+        (dict(q=inp["q"][:, :, :32]), "q must have shape"),
+        (dict(weights=inp["weights"].double()), "weights must be float32"),
+        (dict(context_lens=inp["context_lens"].long()), "context_lens must be int32"),
+        (dict(block_table=inp["block_table"].t()), "block_table"),
+        (dict(kv_cache=inp["kv_cache"].cpu()), "kv_cache is on cpu"),
+        (dict(weights=inp["weights"].t().contiguous().t()), "weights must be contiguous"),
+    ]
+    for override, msg in bad:
+        args = dict(inp, **override)
+        with pytest.raises(ValueError, match=msg):
+            indexer(**args, topk=512)
