@@ -143,7 +143,7 @@ def test_input_checks_raise_clear_errors(indexer):
     inp = make_inputs(2, 1, [100, 200])
     bad = [
         (dict(q=inp["q"].float()), "q must be float8_e4m3fn"),
-        (dict(q=inp["q"][:, :, :32]), "q must have shape"),
+        (dict(q=inp["q"][:, :, :32].contiguous()), "q must have shape"),
         (dict(weights=inp["weights"].double()), "weights must be float32"),
         (dict(context_lens=inp["context_lens"].long()), "context_lens must be int32"),
         (dict(block_table=inp["block_table"].t()), "block_table"),

@@ -133,7 +133,7 @@ class DsaIndexer:
 
     def __call__(self, q, weights, kv_cache, context_lens, block_table, topk: int, *, max_len: int | None = None,
                  out=None, scores=None, return_scores: bool = False, impl: str | None = None,
-                 chunk_pages: int | None = None):
+                 chunk_pages: int | None = None, _select: bool = True):
         torch = self.torch
         _check_inputs(torch, self.device, q, weights, kv_cache, context_lens, block_table, topk)
         B, next_n = q.shape[0], q.shape[1]
@@ -180,7 +180,9 @@ class DsaIndexer:
             n_chunks = -(-((max_len + PAGE - 1) // PAGE) // chunk_pages)
             self.module.launch(f"dsa_score_{impl}_n{next_n}", (n_chunks, B, 1), SCORE_THREADS,
                                score_smem_bytes(next_n), stream, p)
-            self.module.launch("dsa_select", (len_stride // SELECT_CHUNK, rows, 1), SELECT_THREADS, 0, stream, p)
+            if _select:  # False only to time the scoring pass alone (benchmark breakdown)
+                self.module.launch("dsa_select", (len_stride // SELECT_CHUNK, rows, 1), SELECT_THREADS, 0,
+                                   stream, p)
         if return_scores:
             return out, scores
         return out

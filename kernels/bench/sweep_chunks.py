@@ -1,0 +1,38 @@
+#!/usr/bin/env python3
+"""Tuning aid (not the benchmark): time vs chunk_pages, and the scoring pass alone, on a few shapes."""
+
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "python"))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+
+from bench_dsa_indexer import Timer, make_pool  # noqa: E402
+from pdserve_kernels.dsa_indexer import DsaIndexer  # noqa: E402
+
+gen = torch.Generator(device="cuda")
+gen.manual_seed(1)
+timer = Timer()
+ind = DsaIndexer()
+shapes = [(1, 131072), (1, 524288), (8, 32768), (64, 32768), (64, 131072), (128, 131072)]
+pool_blocks = max(b * l for b, l in shapes) // 64
+kv = make_pool(pool_blocks, gen)
+impls = sys.argv[1].split(",") if len(sys.argv) > 1 else ["wgmma"]
+for impl in impls:
+    for B, L in shapes:
+        used = torch.randperm(pool_blocks, device="cuda", generator=gen)[:B * L // 64].int().view(B, L // 64)
+        q = torch.randn((B, 1, 64, 128), device="cuda", generator=gen).to(torch.float8_e4m3fn)
+        w = torch.randn((B, 64), device="cuda", generator=gen) / 8
+        ctx = torch.full((B,), L, dtype=torch.int32, device="cuda")
+        floor = B * L * 132 / 4.25e12 * 1e6
+        default = ind.default_chunk_pages(B, L, 1)
+        res = []
+        for cp in (2, 3, 4, 6, 8, 12, 16, 24, 32, 64):
+            t = timer.median_us(lambda: ind(q, w, kv, ctx, used, 2048, max_len=L, chunk_pages=cp, impl=impl), 30)
+            ts = timer.median_us(lambda: ind(q, w, kv, ctx, used, 2048, max_len=L, chunk_pages=cp, impl=impl,
+                                             _select=False), 30)
+            res.append(f"{cp}:{t:.1f}/{ts:.1f}")
+        print(f"{impl} B={B} L={L} floor~{floor:.1f}us default_cp={default} total/score-only us: " + " ".join(res),
+              flush=True)
