@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import tomllib
 from dataclasses import dataclass
@@ -68,11 +69,33 @@ def problems_from_validation(exc: ValidationError) -> list[Problem]:
     return problems
 
 
+def _without(data: dict[str, Any], locations: list[tuple[Any, ...]]) -> dict[str, Any]:
+    """A copy of `data` with the values at `locations` removed (a bad list item removes its list)."""
+    pruned = copy.deepcopy(data)
+    for loc in locations:
+        loc = loc[: next((i for i, part in enumerate(loc) if isinstance(part, int)), len(loc))]
+        parent = pruned
+        for part in loc[:-1]:
+            parent = parent.get(part) if isinstance(parent, dict) else None
+        if isinstance(parent, dict) and loc:
+            parent.pop(loc[-1], None)
+    return pruned
+
+
 def deployment_from_data(data: dict[str, Any], source: str) -> Loaded:
     try:
         deployment = Deployment.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(problems_from_validation(exc), source) from None
+        problems = problems_from_validation(exc)
+        # Report the cross-field rules too, so a user fixes everything in one pass: drop the bad
+        # values (defaults take their place) and run the rules on what is left, if that validates.
+        try:
+            rest = Deployment.model_validate(_without(data, [e["loc"] for e in exc.errors()]))
+        except ValidationError:
+            raise ConfigError(problems, source) from None
+        bad = {p.field for p in problems}
+        problems += [p for p in validate(rest) if p.field not in bad]
+        raise ConfigError(problems, source) from None
     problems = validate(deployment)
     if errors(problems):
         raise ConfigError(problems, source)

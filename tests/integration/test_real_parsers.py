@@ -1,0 +1,51 @@
+"""The rendered command lines against the real parsers of sglang 0.5.23 and sglang-router 0.3.2."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from pdserve.argcheck import check_with_parsers
+from pdserve.cli import main
+from pdserve.loading import deployment_from_data
+from tests.conftest import require_or_skip
+
+
+@pytest.fixture(scope="module")
+def parsers_available():
+    have = importlib.util.find_spec("sglang") is not None and importlib.util.find_spec("sglang_router") is not None
+    require_or_skip(have, "sglang and sglang-router are not installed in this Python", "PDSERVE_REQUIRE_PARSERS")
+
+
+def test_reference_argv_accepted_by_both_real_parsers(parsers_available, reference):
+    report = check_with_parsers(reference, sys.executable)
+    assert report.skipped == []
+    assert sorted(report.checked) == ["decode", "fallback", "prefill", "router"]
+    assert report.problems == []
+
+
+def test_stale_flag_is_rejected_and_named(parsers_available, reference_data):
+    reference_data["decode"]["extra_args"] = ["--cuda-graph-max-bs", "64"]
+    reference_data["router"]["extra_args"] = ["--tool-call-parser-typo", "x"]
+    dep = deployment_from_data(reference_data, "t").deployment
+    problems = {p.field: p for p in check_with_parsers(dep, sys.executable).problems}
+    assert set(problems) == {"decode.extra_args", "router.extra_args"}
+    assert problems["decode.extra_args"].value == "--cuda-graph-max-bs"
+    assert "ambiguous option: --cuda-graph-max-bs" in problems["decode.extra_args"].message
+    assert problems["router.extra_args"].value == "--tool-call-parser-typo"
+    assert "unrecognized arguments" in problems["router.extra_args"].message
+
+
+def test_check_command_runs_the_parsers(parsers_available):
+    result = CliRunner().invoke(main, ["check", "--no-host", "--json", "--sglang-python", sys.executable])
+    assert result.exit_code == 0, result.output
+    assert "router argv accepted by the real parser" in result.output
+
+
+def test_missing_sglang_python_is_a_stated_skip(reference):
+    report = check_with_parsers(reference, "/nonexistent/python")
+    assert report.problems == [] and report.checked == []
+    assert report.skipped == ["parser check skipped: /nonexistent/python does not exist"]

@@ -1,0 +1,133 @@
+"""What counts as ready, and the bounded wait for it."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+import pytest
+from click.testing import CliRunner
+
+from pdserve.cli import main
+from pdserve.readiness import Observation, router_observation, wait_until_ready, worker_observation
+
+
+def client_for(routes: dict[str, tuple[int, object]]) -> httpx.Client:
+    def handler(request: httpx.Request) -> httpx.Response:
+        status, body = routes.get(request.url.path, (404, {"detail": "not found"}))
+        return httpx.Response(status, json=body)
+
+    return httpx.Client(transport=httpx.MockTransport(handler))
+
+
+def test_worker_ready_needs_health_and_the_expected_mode():
+    ok = client_for({"/health": (200, {}), "/model_info": (200, {"disaggregation_mode": "prefill"})})
+    assert worker_observation(ok, "http://w", "prefill").ready
+    wrong = client_for({"/health": (200, {}), "/model_info": (200, {"disaggregation_mode": "decode"})})
+    observation = worker_observation(wrong, "http://w", "prefill")
+    assert not observation.ready
+    assert "disaggregation_mode=decode, expected prefill" in observation.state
+    starting = client_for({"/health": (503, {})})
+    assert "answered 503" in worker_observation(starting, "http://w", "prefill").state
+
+
+def test_fallback_expects_no_disaggregation():
+    ok = client_for({"/health": (200, {}), "/model_info": (200, {"disaggregation_mode": "null"})})
+    assert worker_observation(ok, "http://w", "null").ready
+
+
+def test_router_ready_needs_every_worker_healthy():
+    ready = client_for({"/readiness": (200, {"healthy_workers": 2, "total_workers": 2})})
+    assert router_observation(ready, "http://r", 2).ready
+    # The router keeps running with zero workers when they were late: /readiness says so.
+    empty = client_for({"/readiness": (503, {"healthy_workers": 0, "total_workers": 0})})
+    observation = router_observation(empty, "http://r", 2)
+    assert not observation.ready and "0/0 workers healthy, expected 2" in observation.state
+
+
+def test_unreachable_is_not_ready():
+    def refuse(request):
+        raise httpx.ConnectError("connection refused", request=request)
+
+    client = httpx.Client(transport=httpx.MockTransport(refuse))
+    assert "unreachable" in worker_observation(client, "http://w", "decode").state
+
+
+def test_wait_gives_up_at_the_deadline_with_the_last_state():
+    now = [0.0]
+    probes = []
+
+    def probe():
+        probes.append(now[0])
+        return Observation(False, f"still starting at {now[0]:g}")
+
+    result = wait_until_ready(probe, timeout=10, interval=3, clock=lambda: now[0],
+                              sleep=lambda s: now.__setitem__(0, now[0] + s))
+    assert not result.ready
+    assert probes == [0, 3, 6, 9, 10]
+    assert result.state == "still starting at 10"
+
+
+def test_wait_returns_as_soon_as_ready():
+    answers = iter([Observation(False, "a"), Observation(True, "b")])
+    result = wait_until_ready(lambda: next(answers), timeout=60, interval=0, sleep=lambda s: None)
+    assert result == Observation(True, "b")
+
+
+@pytest.fixture
+def worker_server():
+    state = {"healthy": False}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            if self.path == "/health":
+                status, body = (200, {}) if state["healthy"] else (503, {})
+            elif self.path == "/model_info":
+                status, body = 200, {"disaggregation_mode": "decode"}
+            else:
+                status, body = 404, {}
+            payload = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server.server_address[1], state
+    server.shutdown()
+    server.server_close()
+    thread.join(timeout=5)
+
+
+def deployment_with_decode_port(tmp_path, port):
+    import tomllib
+
+    from pdserve.loading import default_profile_text
+
+    data = tomllib.loads(default_profile_text())
+    data["decode"]["port"] = port
+    path = tmp_path / "dep.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_wait_ready_command_against_a_live_server(worker_server, tmp_path):
+    port, state = worker_server
+    config = deployment_with_decode_port(tmp_path, port)
+    runner = CliRunner()
+    late = runner.invoke(main, ["wait-ready", "decode", "-c", str(config), "--timeout", "0.3", "--interval", "0.1"])
+    assert late.exit_code == 1
+    assert "not ready after 0.3 s; last state: GET http://127.0.0.1:" in late.output
+    assert "journalctl -u sglang-dsv4-decode" in late.output
+    state["healthy"] = True
+    ready = runner.invoke(main, ["wait-ready", "decode", "-c", str(config), "--timeout", "5", "--interval", "0.1"])
+    assert ready.exit_code == 0, ready.output
+    assert "sglang-dsv4-decode ready" in ready.output

@@ -1,0 +1,114 @@
+"""Rendered unit files, parsed back and asserted property by property."""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+
+from pdserve.loading import deployment_from_data
+from pdserve.units import command_line, render_units
+
+CONFIG = "/etc/pdserve/dsv4.json"
+
+
+def parse_unit(text: str) -> dict[str, dict[str, list[str]]]:
+    """INI with repeated keys (Environment=, After=), as systemd reads it."""
+    sections: dict[str, dict[str, list[str]]] = {}
+    current = None
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("["):
+            current = sections.setdefault(line.strip("[]"), {})
+            continue
+        key, value = line.split("=", 1)
+        current.setdefault(key, []).append(value)
+    return sections
+
+
+@pytest.fixture
+def units(reference, tools):
+    return {u.name: parse_unit(u.text) for u in render_units(reference, tools, CONFIG)}
+
+
+def test_four_units_with_the_contract_names(units):
+    assert sorted(units) == ["sglang-dsv4", "sglang-dsv4-decode", "sglang-dsv4-prefill", "sglang-dsv4-router"]
+
+
+def test_router_requires_and_follows_both_workers(units):
+    unit = units["sglang-dsv4-router"]["Unit"]
+    assert unit["Requires"] == ["sglang-dsv4-prefill.service sglang-dsv4-decode.service"]
+    after = unit["After"][0].split()
+    assert {"sglang-dsv4-prefill.service", "sglang-dsv4-decode.service"} <= set(after)
+
+
+def test_after_means_ready_through_a_bounded_gate(units, tools):
+    for name, role in [("sglang-dsv4-prefill", "prefill"), ("sglang-dsv4-decode", "decode"),
+                       ("sglang-dsv4-router", "router"), ("sglang-dsv4", "fallback")]:
+        service = units[name]["Service"]
+        gate = shlex.split(service["ExecStartPost"][0])
+        assert gate[:3] == [tools.pdserve, "wait-ready", role]
+        assert gate[gate.index("--config") + 1] == CONFIG
+        start_timeout = int(service["TimeoutStartSec"][0])
+        assert 0 < int(gate[gate.index("--timeout") + 1]) < start_timeout
+    assert units["sglang-dsv4-prefill"]["Service"]["TimeoutStartSec"] == ["1800"]
+
+
+def test_fallback_conflicts_with_every_pd_unit(units):
+    conflicts = units["sglang-dsv4"]["Unit"]["Conflicts"][0].split()
+    assert sorted(conflicts) == ["sglang-dsv4-decode.service", "sglang-dsv4-prefill.service", "sglang-dsv4-router.service"]
+    for name in ("sglang-dsv4-prefill", "sglang-dsv4-decode", "sglang-dsv4-router"):
+        assert units[name]["Unit"]["Conflicts"] == ["sglang-dsv4.service"]
+
+
+def test_restart_policy_is_bounded(units):
+    for unit in units.values():
+        assert unit["Service"]["Restart"] == ["on-failure"]
+        assert unit["Service"]["RestartSec"] == ["10"]
+        assert unit["Unit"]["StartLimitBurst"] == ["5"]
+        assert unit["Unit"]["StartLimitIntervalSec"] == ["3600"]
+
+
+def test_graceful_stop(units):
+    for unit in units.values():
+        assert unit["Service"]["KillMode"] == ["mixed"]
+        assert unit["Service"]["KillSignal"] == ["SIGTERM"]
+        assert unit["Service"]["TimeoutStopSec"] == ["120"]
+
+
+def test_exec_start_is_the_rendered_argv(reference, tools, units):
+    from pdserve.commands import launch
+
+    for name, role in [("sglang-dsv4-prefill", "prefill"), ("sglang-dsv4-router", "router")]:
+        assert units[name]["Service"]["ExecStart"] == [command_line(launch(reference, role, tools).argv)]
+
+
+def test_pinned_environment_in_worker_units(units):
+    env = units["sglang-dsv4-decode"]["Service"]["Environment"]
+    assert '"UCX_TLS=cuda_copy,cuda_ipc,tcp"' in env
+    assert '"CUDA_DEVICE_ORDER=PCI_BUS_ID"' in env
+    assert '"HOME=%S/pdserve/dsv4"' in env  # a specifier systemd expands
+
+
+def test_installed_for_boot(units):
+    for unit in units.values():
+        assert unit["Install"]["WantedBy"] == ["multi-user.target"]
+
+
+def test_api_key_only_as_a_credential(reference_data, tools):
+    reference_data["router"]["api_key_file"] = "/etc/pdserve/router.key"
+    dep = deployment_from_data(reference_data, "t").deployment
+    rendered = {u.name: u for u in render_units(dep, tools, CONFIG)}
+    router = parse_unit(rendered["sglang-dsv4-router"].text)["Service"]
+    assert router["LoadCredential"] == ["api-key:/etc/pdserve/router.key"]
+    assert "LoadCredential" not in parse_unit(rendered["sglang-dsv4-prefill"].text)["Service"]
+
+
+def test_values_are_escaped_for_systemd(reference_data, tools):
+    reference_data["environment"]["SGLANG_NOTE"] = 'a "b" 100% $HOME'
+    reference_data["model"]["path"] = "/models/my model"
+    dep = deployment_from_data(reference_data, "t").deployment
+    text = {u.name: u.text for u in render_units(dep, tools, CONFIG)}["sglang-dsv4-prefill"]
+    assert 'Environment="SGLANG_NOTE=a \\"b\\" 100%% $HOME"' in text
+    assert '--model-path "/models/my model"' in text
