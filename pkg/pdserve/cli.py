@@ -17,9 +17,8 @@ from rich.console import Console
 from pdserve import __version__
 from pdserve.config import Deployment
 from pdserve.loading import Loaded, json_schema, load
-from pdserve.problems import ConfigError, Problem, errors
+from pdserve.problems import ConfigError, Problem
 
-SCHEMA_VERSION = 1
 EXIT_INVALID = 1
 
 config_option = click.option(
@@ -88,57 +87,17 @@ def plan(config_path: Path | None, sglang_python: str | None, numactl: str | Non
 def check(config_path: Path | None, as_json: bool, no_host: bool, no_parsers: bool,
           sglang_python: str | None, numactl: str | None, pdserve: str | None) -> None:
     """Validate a deployment; exit 0 valid, 1 invalid, 2 usage."""
-    from pdserve.argcheck import check_with_parsers
-    from pdserve.hostcheck import check_host
-    from pdserve.tools import preview_toolchain
+    from pdserve.checking import run_check
 
-    source = str(config_path) if config_path else "<default profile>"
-    problems: list[Problem] = []
-    checked: list[str] = []
-    skipped: list[str] = []
-    try:
-        loaded = load(config_path)
-    except ConfigError as exc:
-        problems = exc.problems
-        loaded = None
-    if loaded is not None:
-        dep = loaded.deployment
-        problems += loaded.warnings
-        checked.append("schema and field rules")
-        tools, tool_notes = preview_toolchain(dep, _overrides(sglang_python, numactl, pdserve))
-        if no_parsers:
-            skipped.append("parsers: --no-parsers")
-        else:
-            report = check_with_parsers(dep, tools.sglang_python)
-            problems += report.problems
-            checked += [f"{role} argv accepted by the real parser" for role in report.checked
-                        if not any(p.field.startswith(role) for p in report.problems)]
-            skipped += report.skipped
-        if no_host:
-            skipped.append("host: --no-host")
-        else:
-            host = check_host(dep, tools)
-            problems += host.problems
-            checked += host.passed
-            skipped += host.skipped
-            skipped += tool_notes
-    valid = not errors(problems)
+    report = run_check(config_path, _overrides(sglang_python, numactl, pdserve), parsers=not no_parsers, host=not no_host)
     if as_json:
-        click.echo(json.dumps({
-            "schema_version": SCHEMA_VERSION,
-            "source": source,
-            "valid": valid,
-            "problems": [p.as_dict() for p in problems],
-            "checked": checked,
-            "skipped": skipped,
-        }, indent=2, default=str))
+        click.echo(json.dumps(report.as_dict(), indent=2, default=str))
     else:
-        _print_problems(problems)
-        for reason in skipped:
+        _print_problems(report.problems)
+        for reason in report.skipped:
             click.echo(f"skipped: {reason}", err=True)
-        click.echo(f"{source}: {'valid' if valid else 'invalid'} ({len(errors(problems))} error(s), "
-                   f"{len(problems) - len(errors(problems))} warning(s); checked: {', '.join(checked) or 'nothing'})")
-    raise SystemExit(0 if valid else EXIT_INVALID)
+        click.echo(report.summary())
+    raise SystemExit(0 if report.valid else EXIT_INVALID)
 
 
 def default_config_path(dep: Deployment, out: Path) -> str:

@@ -113,12 +113,16 @@ def check_numa_nodes(dep: Deployment, host: HostView, report: HostReport) -> Non
 
 
 def check_files(dep: Deployment, tools: Toolchain, report: HostReport) -> None:
-    for name in ("sglang_python", "numactl", "pdserve"):
-        path = getattr(tools, name)
-        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
-            report.problems.append(Problem(f"tools.{name}", path, "is not an executable file on this host",
-                                           f"install it or point tools.{name} at the right path"))
-    report.passed.append("tool executables checked")
+    needed = ["sglang_python", "pdserve"]
+    if any(server.numa_node is not None for _, server in _servers(dep)):
+        needed.append("numactl")
+    missing = [name for name in needed
+               if not (os.path.isfile(getattr(tools, name)) and os.access(getattr(tools, name), os.X_OK))]
+    for name in missing:
+        report.problems.append(Problem(f"tools.{name}", getattr(tools, name), "is not an executable file on this host",
+                                       f"install it or point tools.{name} at the right path"))
+    if not missing:
+        report.passed.append(f"tool executables exist ({', '.join(needed)})")
     model = dep.model.path
     if model.startswith("/"):
         if not Path(model).is_dir():
