@@ -29,10 +29,14 @@ for impl in impls:
         floor = B * L * 132 / 4.25e12 * 1e6
         default = ind.default_chunk_pages(B, L, 1)
         res = []
-        for cp in (2, 3, 4, 6, 8, 12, 16, 24, 32, 64):
+        for cp in (2, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128):
             t = timer.median_us(lambda: ind(q, w, kv, ctx, used, 2048, max_len=L, chunk_pages=cp, impl=impl), 30)
             ts = timer.median_us(lambda: ind(q, w, kv, ctx, used, 2048, max_len=L, chunk_pages=cp, impl=impl,
                                              _select=False), 30)
             res.append(f"{cp}:{t:.1f}/{ts:.1f}")
+        if B == 1:
+            for pdl in (False, True):
+                t = timer.median_us(lambda: ind(q, w, kv, ctx, used, 2048, max_len=L, impl=impl, pdl=pdl), 30)
+                res.append(f"pdl={pdl}:{t:.1f}")
         print(f"{impl} B={B} L={L} floor~{floor:.1f}us default_cp={default} total/score-only us: " + " ".join(res),
               flush=True)

@@ -37,7 +37,7 @@ constexpr int kDim = 128;
 constexpr int kPage = 64;
 constexpr int kTileBytes = kPage * kDim;           // 8192 key bytes per page
 constexpr int kBlockBytes = kPage * (kDim + 4);    // 8448 bytes per page in the cache
-constexpr int kStages = 4;                         // pages in flight per CTA
+constexpr int kStages = 6;                         // page buffers per CTA (5 pages in flight)
 constexpr int kScoreThreads = 128;                 // one warpgroup
 constexpr int kSelectThreads = 256;
 constexpr int kSelectChunk = 4096;                 // scores per select CTA
@@ -88,6 +88,28 @@ __device__ __forceinline__ int row_len(const DsaParams& p, int b, int j) {
 
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+// Keys are read once: mark them evict-first so the scores written next stay in L2 for the select pass.
+__device__ __forceinline__ uint64_t evict_first_policy() {
+  uint64_t pol;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
+  return pol;
+}
+__device__ __forceinline__ void cp_async16_hint(uint32_t dst, const void* src, uint64_t pol) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "l"(pol)
+               : "memory");
+}
+// Programmatic dependent launch: the select grid may start while the scoring grid drains, and waits
+// here until the scoring grid's memory is visible. Both are no-ops without the launch attribute.
+__device__ __forceinline__ void griddep_launch_dependents() {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void griddep_wait() {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
@@ -200,8 +222,10 @@ __device__ __forceinline__ void score_body(const DsaParams& p) {
   uint8_t* q_s = sm;                                             // NN * 8192
   uint8_t* k_s = sm + NN * kTileBytes;                           // kStages * 8192
   float* sc_s = reinterpret_cast<float*>(k_s + kStages * kTileBytes);   // kStages * 64
-  int* hist_s = reinterpret_cast<int*>(sc_s + kStages * kPage);        // NN * 4096
+  // 16-bit counters, two bins per word (a CTA scores at most 65535 keys: chunk_pages <= 1023).
+  uint32_t* hist_s = reinterpret_cast<uint32_t*>(sc_s + kStages * kPage);   // NN * 2048 words
 
+  griddep_launch_dependents();
   const int b = blockIdx.y;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
 
@@ -227,7 +251,8 @@ __device__ __forceinline__ void score_body(const DsaParams& p) {
       cp_async16(qd + swz(c >> 3, c & 7), qg + c * 16);
     }
   }
-  for (int i = tid; i < NN * kBins1; i += kScoreThreads) hist_s[i] = 0;
+  for (int i = tid; i < NN * kBins1 / 2; i += kScoreThreads) hist_s[i] = 0;
+  const uint64_t pol = evict_first_policy();
 
   auto load_page = [&](int i, int slot) {
     const uint8_t* blk = p.kv + static_cast<long long>(bt[i]) * kBlockBytes;
@@ -235,9 +260,9 @@ __device__ __forceinline__ void score_body(const DsaParams& p) {
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       const int c = tid + u * kScoreThreads;
-      cp_async16(dst + swz(c >> 3, c & 7), blk + c * 16);
+      cp_async16_hint(dst + swz(c >> 3, c & 7), blk + c * 16, pol);
     }
-    if (tid < 16) cp_async16(smem_u32(sc_s + slot * kPage) + tid * 16, blk + kTileBytes + tid * 16);
+    if (tid < 16) cp_async16_hint(smem_u32(sc_s + slot * kPage) + tid * 16, blk + kTileBytes + tid * 16, pol);
   };
 #pragma unroll
   for (int st = 0; st < kStages - 1; ++st) {
@@ -307,7 +332,10 @@ __device__ __forceinline__ void score_body(const DsaParams& p) {
       if (t4 < 2 && s < len[j]) {
         const float v = (t4 == 0 ? p0 : p1) * scale;
         srow[j][s] = v;
-        if (want_hist[j]) atomicAdd(&hist_s[j * kBins1 + (ord_key(v) >> 20)], 1);
+        if (want_hist[j]) {
+          const uint32_t bin = ord_key(v) >> 20;
+          atomicAdd(&hist_s[j * (kBins1 / 2) + (bin >> 1)], (bin & 1) ? 0x10000u : 1u);
+        }
       }
     }
   }
@@ -317,15 +345,16 @@ __device__ __forceinline__ void score_body(const DsaParams& p) {
   for (int j = 0; j < NN; ++j) {
     if (!want_hist[j]) continue;
     int* gh = p.ghist + static_cast<size_t>(b * NN + j) * kBins1;
-    for (int i = tid; i < kBins1; i += kScoreThreads) {
-      const int c = hist_s[j * kBins1 + i];
-      if (c) atomicAdd(&gh[i], c);
+    for (int i = tid; i < kBins1 / 2; i += kScoreThreads) {
+      const uint32_t c = hist_s[j * (kBins1 / 2) + i];
+      if (c & 0xFFFFu) atomicAdd(&gh[2 * i], static_cast<int>(c & 0xFFFFu));
+      if (c >> 16) atomicAdd(&gh[2 * i + 1], static_cast<int>(c >> 16));
     }
   }
 }
 
 // ---------------------------------------------------------------------------------------------
-__device__ __forceinline__ int block_excl_scan(int v, int* s_warp) {
+__device__ __forceinline__ int block_excl_scan(int v, int* s_warp, int* total = nullptr) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   int x = v;
 #pragma unroll
@@ -335,8 +364,13 @@ __device__ __forceinline__ int block_excl_scan(int v, int* s_warp) {
   }
   if (lane == 31) s_warp[warp] = x;
   __syncthreads();
-  int base = 0;
-  for (int w = 0; w < warp; ++w) base += s_warp[w];
+  int base = 0, all = 0;
+#pragma unroll
+  for (int w = 0; w < kSelectThreads / 32; ++w) {
+    if (w < warp) base += s_warp[w];
+    all += s_warp[w];
+  }
+  if (total) *total = all;
   __syncthreads();
   return base + x - v;
 }
@@ -365,16 +399,6 @@ __device__ __forceinline__ void find_threshold(const int (&c)[PER], int nbins, i
   __syncthreads();
 }
 
-__device__ __forceinline__ void warp_append(bool pred, int* counter, int* dst_base, int value) {
-  const unsigned m = __ballot_sync(0xffffffffu, pred);
-  if (!m) return;
-  const int lane = threadIdx.x & 31;
-  const int leader = __ffs(m) - 1;
-  int base = 0;
-  if (lane == leader) base = atomicAdd(counter, __popc(m));
-  base = __shfl_sync(0xffffffffu, base, leader);
-  if (pred) dst_base[base + __popc(m & ((1u << lane) - 1u))] = value;
-}
 
 }  // namespace
 
@@ -391,12 +415,18 @@ extern "C" __global__ void __launch_bounds__(kScoreThreads) dsa_score_mma_n2(con
   score_body<2, false>(p);
 }
 
+static __device__ __forceinline__ float f4get(const float4& v, int e) {
+  return e == 0 ? v.x : (e == 1 ? v.y : (e == 2 ? v.z : v.w));
+}
+
 extern "C" __global__ void __launch_bounds__(kSelectThreads) dsa_select(const __grid_constant__ DsaParams p) {
+  constexpr int kPerThread = kSelectChunk / kSelectThreads;   // 16 scores, as 4 float4
   __shared__ int s_hist[kBins2];
   __shared__ int s_warp[kSelectThreads / 32];
   __shared__ int s_res[2];
   __shared__ int s_misc[4];
 
+  griddep_wait();   // everything below reads what the scoring grid wrote
   const int row = blockIdx.y;
   const int b = row / p.next_n, j = row - b * p.next_n;
   const int len = row_len(p, b, j);
@@ -417,44 +447,65 @@ extern "C" __global__ void __launch_bounds__(kSelectThreads) dsa_select(const __
   uint2* cand = p.cand + static_cast<size_t>(row) * p.len_stride;
   const float* srow = p.scores + static_cast<size_t>(row) * p.len_stride;
 
+  // Issue this chunk's score loads first; their latency overlaps the threshold search.
+  const int s_begin = blockIdx.x * kSelectChunk;
+  float4 v[kPerThread / 4];
+#pragma unroll
+  for (int it = 0; it < kPerThread / 4; ++it) {
+    const int s4 = s_begin + (it * kSelectThreads + tid) * 4;
+    v[it] = s4 < len ? __ldcg(reinterpret_cast<const float4*>(srow + s4)) : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
   for (int i = tid; i < kBins2; i += kSelectThreads) s_hist[i] = 0;
   {
-    constexpr int PER = kBins1 / kSelectThreads;
+    constexpr int PER = kBins1 / kSelectThreads;   // 16 bins: thread t holds bins 4095-16t down to 4080-16t
     int c[PER];
+    const int4* src = reinterpret_cast<const int4*>(gh1 + kBins1 - PER * (tid + 1));
 #pragma unroll
-    for (int i = 0; i < PER; ++i) c[i] = gh1[kBins1 - 1 - PER * tid - i];
+    for (int u = 0; u < PER / 4; ++u) {
+      const int4 x = __ldcg(src + u);
+      c[PER - 1 - 4 * u] = x.x;
+      c[PER - 2 - 4 * u] = x.y;
+      c[PER - 3 - 4 * u] = x.z;
+      c[PER - 4 - 4 * u] = x.w;
+    }
     find_threshold<PER>(c, kBins1, K, s_warp, s_res);
   }
   const uint32_t T1 = static_cast<uint32_t>(s_res[0]);
   const int above1 = s_res[1];
 
-  const int s_begin = blockIdx.x * kSelectChunk;
-  if (s_begin < len) {
+  // Classify, then one global atomic per CTA and counter (a per-warp atomic chain was the bottleneck).
+  uint32_t sure = 0, tie = 0;
 #pragma unroll
-    for (int it = 0; it < kSelectChunk / (4 * kSelectThreads); ++it) {
-      const int s4 = s_begin + (it * kSelectThreads + tid) * 4;
-      float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (s4 < len) v = *reinterpret_cast<const float4*>(srow + s4);
-      const float vv[4] = {v.x, v.y, v.z, v.w};
+  for (int it = 0; it < kPerThread / 4; ++it) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int s = s4 + e;
-        const bool valid = s < len;
-        const uint32_t key = ord_key(vv[e]);
-        const uint32_t bin = key >> 20;
-        warp_append(valid && bin > T1, &ctr[0], out, s);
-        const bool tie = valid && bin == T1;
-        const unsigned m = __ballot_sync(0xffffffffu, tie);
-        if (m) {
-          const int lane = tid & 31, leader = __ffs(m) - 1;
-          int base = 0;
-          if (lane == leader) base = atomicAdd(&ctr[1], __popc(m));
-          base = __shfl_sync(0xffffffffu, base, leader);
-          if (tie) {
-            cand[base + __popc(m & ((1u << lane) - 1u))] = make_uint2(key, static_cast<uint32_t>(s));
-            atomicAdd(&s_hist[(key >> 10) & (kBins2 - 1)], 1);
-          }
-        }
+    for (int e = 0; e < 4; ++e) {
+      const int s = s_begin + (it * kSelectThreads + tid) * 4 + e;
+      const uint32_t bin = ord_key(f4get(v[it], e)) >> 20;
+      if (s < len) {
+        if (bin > T1) sure |= 1u << (it * 4 + e);
+        if (bin == T1) tie |= 1u << (it * 4 + e);
+      }
+    }
+  }
+  int total = 0;
+  const int excl = block_excl_scan(__popc(sure) | (__popc(tie) << 16), s_warp, &total);
+  if (tid == 0) {
+    s_misc[0] = (total & 0xFFFF) ? atomicAdd(&ctr[0], total & 0xFFFF) : 0;
+    s_misc[1] = (total >> 16) ? atomicAdd(&ctr[1], total >> 16) : 0;
+  }
+  __syncthreads();
+  int ps = s_misc[0] + (excl & 0xFFFF), pt = s_misc[1] + (excl >> 16);
+#pragma unroll
+  for (int it = 0; it < kPerThread / 4; ++it) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int bit = it * 4 + e;
+      const int s = s_begin + (it * kSelectThreads + tid) * 4 + e;
+      if ((sure >> bit) & 1u) out[ps++] = s;
+      if ((tie >> bit) & 1u) {
+        const uint32_t key = ord_key(f4get(v[it], e));
+        cand[pt++] = make_uint2(key, static_cast<uint32_t>(s));
+        atomicAdd(&s_hist[(key >> 10) & (kBins2 - 1)], 1);
       }
     }
   }
@@ -465,18 +516,18 @@ extern "C" __global__ void __launch_bounds__(kSelectThreads) dsa_select(const __
   }
   __threadfence();
   __syncthreads();
-  if (tid == 0) s_misc[0] = (atomicAdd(&ctr[2], 1) == static_cast<int>(gridDim.x) - 1);
+  if (tid == 0) s_misc[2] = (atomicAdd(&ctr[2], 1) == static_cast<int>(gridDim.x) - 1);
   __syncthreads();
-  if (!s_misc[0]) return;
+  if (!s_misc[2]) return;
   __threadfence();
 
-  // Last CTA of the row: resolve the threshold bin exactly.
+  // Last CTA of the row: resolve the threshold bin exactly on the remaining 20 bits.
   const int need1 = K - above1;
   {
     constexpr int PER = kBins2 / kSelectThreads;
     int c[PER];
-#pragma unroll
-    for (int i = 0; i < PER; ++i) c[i] = __ldcg(&gh2[kBins2 - 1 - PER * tid - i]);
+    const int4 x = __ldcg(reinterpret_cast<const int4*>(gh2 + kBins2 - PER * (tid + 1)));
+    c[0] = x.w; c[1] = x.z; c[2] = x.y; c[3] = x.x;
     find_threshold<PER>(c, kBins2, need1, s_warp, s_res);
   }
   const uint32_t T2 = static_cast<uint32_t>(s_res[0]);
@@ -484,15 +535,25 @@ extern "C" __global__ void __launch_bounds__(kSelectThreads) dsa_select(const __
   const int n_tie = __ldcg(&ctr[1]);
   for (int i = tid; i < kBins3; i += kSelectThreads) s_hist[i] = 0;
   if (tid == 0) {
-    s_misc[1] = 0;   // output slots used after above1
-    s_misc[2] = 0;   // exact-tie slots taken
+    s_misc[0] = 0;   // output slots used after above1
+    s_misc[1] = 0;   // exact-tie slots taken
   }
   __syncthreads();
-  for (int i = tid; i < n_tie; i += kSelectThreads) {
-    const uint2 e = __ldcg(&cand[i]);
-    const uint32_t b2 = (e.x >> 10) & (kBins2 - 1);
-    if (b2 > T2) out[above1 + atomicAdd(&s_misc[1], 1)] = static_cast<int>(e.y);
-    else if (b2 == T2) atomicAdd(&s_hist[e.x & (kBins3 - 1)], 1);
+  constexpr int kUnroll = 8;   // candidate loads in flight per thread
+  for (int base = 0; base < n_tie; base += kSelectThreads * kUnroll) {
+    uint2 e[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int i = base + u * kSelectThreads + tid;
+      e[u] = i < n_tie ? __ldcg(&cand[i]) : make_uint2(0u, 0u);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (base + u * kSelectThreads + tid >= n_tie) continue;
+      const uint32_t b2 = (e[u].x >> 10) & (kBins2 - 1);
+      if (b2 > T2) out[above1 + atomicAdd(&s_misc[0], 1)] = static_cast<int>(e[u].y);
+      else if (b2 == T2) atomicAdd(&s_hist[e[u].x & (kBins3 - 1)], 1);
+    }
   }
   __syncthreads();
   const int need2 = need1 - above2;
@@ -505,12 +566,21 @@ extern "C" __global__ void __launch_bounds__(kSelectThreads) dsa_select(const __
   }
   const uint32_t T3 = static_cast<uint32_t>(s_res[0]);
   const int need3 = need2 - s_res[1];
-  for (int i = tid; i < n_tie; i += kSelectThreads) {
-    const uint2 e = __ldcg(&cand[i]);
-    if (((e.x >> 10) & (kBins2 - 1)) != T2) continue;
-    const uint32_t low = e.x & (kBins3 - 1);
-    if (low > T3 || (low == T3 && atomicAdd(&s_misc[2], 1) < need3))
-      out[above1 + atomicAdd(&s_misc[1], 1)] = static_cast<int>(e.y);
+  for (int base = 0; base < n_tie; base += kSelectThreads * kUnroll) {
+    uint2 e[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int i = base + u * kSelectThreads + tid;
+      e[u] = i < n_tie ? __ldcg(&cand[i]) : make_uint2(0u, 0u);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (base + u * kSelectThreads + tid >= n_tie) continue;
+      if (((e[u].x >> 10) & (kBins2 - 1)) != T2) continue;
+      const uint32_t low = e[u].x & (kBins3 - 1);
+      if (low > T3 || (low == T3 && atomicAdd(&s_misc[1], 1) < need3))
+        out[above1 + atomicAdd(&s_misc[0], 1)] = static_cast<int>(e[u].y);
+    }
   }
   // Leave the row's workspace zeroed for the next call.
   for (int i = tid; i < kBins1; i += kSelectThreads) gh1[i] = 0;

@@ -1,8 +1,9 @@
 """GPU tests of the DSA indexer kernel against the PyTorch reference (marker `gpu`).
 
 Fresh random inputs every run. Checks, per row:
-* logits: max |ours - ref| <= 1e-3 * max |ref| against an fp64 reference (FP8 inputs are exact; the
-  error is the tensor cores' fp32 accumulation);
+* logits: |ours - ref| <= 1e-3 * mag elementwise against an fp64 reference, where
+  mag = k_scale * sum_h |w_h| * sum_d |q_hd k_d| is the size of the summed terms (FP8 inputs are exact;
+  the error is the tensor cores' fp32 accumulation, and a score can cancel to far below its terms);
 * top-k exactness on our own fp32 scores: every selected score >= every unselected one;
 * top-k against the reference, tie rule: a position may be swapped only with one whose reference
   score lies within the measured score error (2x max |ours - ref|) of the reference k-th score;
@@ -66,7 +67,8 @@ def run_and_check(ind, B, next_n, lens, topk, impl, *, explicit=False, max_block
     scores = torch.full((rows, stride), float("nan"), dtype=torch.float32, device="cuda")
     ind(**inp, topk=topk, out=out, scores=scores, impl=impl, max_len=max_len, chunk_pages=chunk_pages)
     torch.cuda.synchronize()
-    refs = reference_scores(inp["q"], inp["weights"], inp["kv_cache"], inp["context_lens"], inp["block_table"])
+    refs, mags = reference_scores(inp["q"], inp["weights"], inp["kv_cache"], inp["context_lens"],
+                                  inp["block_table"], with_magnitude=True)
     assert not (out == POISON).any(), "some output slots were never written"
     for r, ref in enumerate(refs):
         L = ref.numel()
@@ -78,9 +80,11 @@ def run_and_check(ind, B, next_n, lens, topk, impl, *, explicit=False, max_block
                 continue
         got = scores[r, :L].double()
         assert torch.isfinite(got).all(), f"row {r}: non-finite score (NaN leaked from outside the length?)"
-        err = (got - ref).abs().max().item()
-        scale = ref.abs().max().item()
-        assert err <= 1e-3 * scale + 1e-12, f"row {r} len {L}: max |ours-ref| {err:.3g} vs max |ref| {scale:.3g}"
+        diff = (got - ref).abs()
+        err = diff.max().item()
+        worst = (diff / (mags[r] + 1e-30)).max().item()
+        assert bool((diff <= 1e-3 * mags[r] + 1e-12).all()), (
+            f"row {r} len {L}: |ours-ref| reaches {worst:.3g} x the terms' magnitude (limit 1e-3)")
         if L <= topk:
             continue
         assert bool(((sel >= 0) & (sel < L)).all()), f"row {r}: index outside [0, {L})"

@@ -6,6 +6,22 @@ import ctypes
 import threading
 
 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+
+
+class _LaunchAttrValue(ctypes.Union):
+    _fields_ = [("pad", ctypes.c_char * 64), ("i", ctypes.c_int), ("p", ctypes.c_void_p)]
+
+
+class _LaunchAttr(ctypes.Structure):  # CUlaunchAttribute: id, pad to 8, 64-byte value union
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", _LaunchAttrValue)]
+
+
+class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
+    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(_LaunchAttr)), ("numAttrs", ctypes.c_uint)]
 
 
 class CudaDriverError(RuntimeError):
@@ -34,6 +50,9 @@ class _Lib:
         cu.cuModuleGetFunction.argtypes = [ctypes.POINTER(vp), vp, ctypes.c_char_p]
         cu.cuFuncSetAttribute.argtypes = [vp, i, i]
         cu.cuLaunchKernel.argtypes = [vp, ui, ui, ui, ui, ui, ui, ui, vp, vp, vp]
+        self.has_launch_ex = hasattr(cu, "cuLaunchKernelEx")
+        if self.has_launch_ex:
+            cu.cuLaunchKernelEx.argtypes = [ctypes.POINTER(_LaunchConfig), vp, vp, vp]
         self.check(cu.cuInit(0), "cuInit")
 
     @classmethod
@@ -97,9 +116,21 @@ class Module:
         return Module._Current(self)
 
     def launch(self, name: str, grid: tuple[int, int, int], block: int, smem: int, stream: int,
-               params: ctypes.Structure) -> None:
-        """Launch kernel `name` whose single parameter is the struct `params` (passed by value)."""
+               params: ctypes.Structure, programmatic: bool = False) -> None:
+        """Launch kernel `name` whose single parameter is the struct `params` (passed by value).
+
+        `programmatic` allows the launch to overlap the previous kernel in the stream (the kernel must
+        call griddepcontrol.wait before reading that kernel's results).
+        """
         argv = (ctypes.c_void_p * 1)(ctypes.addressof(params))
+        if programmatic and self._lib.has_launch_ex:
+            attr = _LaunchAttr(id=CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
+            attr.value.i = 1
+            cfg = _LaunchConfig(grid[0], grid[1], grid[2], block, 1, 1, smem, stream, ctypes.pointer(attr), 1)
+            with self.current():
+                self._lib.check(self._lib.cu.cuLaunchKernelEx(ctypes.byref(cfg), self.fn[name], argv, None),
+                                f"cuLaunchKernelEx({name})")
+            return
         with self.current():
             self._lib.check(
                 self._lib.cu.cuLaunchKernel(self.fn[name], grid[0], grid[1], grid[2], block, 1, 1, smem,

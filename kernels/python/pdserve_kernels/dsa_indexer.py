@@ -40,7 +40,8 @@ DIM = 128
 PAGE = 64
 BLOCK_BYTES = PAGE * (DIM + 4)  # 8448
 SELECT_CHUNK = 4096
-STAGES = 4
+STAGES = 6
+MAX_CHUNK_PAGES = 1023  # the scoring CTA's histogram counts are 16-bit
 SCORE_THREADS = 128
 SELECT_THREADS = 256
 BINS1, BINS2 = 4096, 1024
@@ -60,8 +61,8 @@ class _Params(ctypes.Structure):
 
 
 def score_smem_bytes(next_n: int) -> int:
-    # 1024 alignment slack + q tile + key stages + scale stages + histograms (see score_body).
-    return 1024 + next_n * PAGE * DIM + STAGES * PAGE * DIM + STAGES * PAGE * 4 + next_n * BINS1 * 4
+    # 1024 alignment slack + q tile + key stages + scale stages + 16-bit histograms (see score_body).
+    return 1024 + next_n * PAGE * DIM + STAGES * PAGE * DIM + STAGES * PAGE * 4 + next_n * BINS1 * 2
 
 
 def find_fatbin() -> pathlib.Path:
@@ -133,7 +134,7 @@ class DsaIndexer:
 
     def __call__(self, q, weights, kv_cache, context_lens, block_table, topk: int, *, max_len: int | None = None,
                  out=None, scores=None, return_scores: bool = False, impl: str | None = None,
-                 chunk_pages: int | None = None, _select: bool = True):
+                 chunk_pages: int | None = None, pdl: bool | None = None, _select: bool = True):
         torch = self.torch
         _check_inputs(torch, self.device, q, weights, kv_cache, context_lens, block_table, topk)
         B, next_n = q.shape[0], q.shape[1]
@@ -165,8 +166,8 @@ class DsaIndexer:
             raise ValueError(f"impl='wgmma' needs an sm_90 GPU, this one is sm_{self.capability[0]}{self.capability[1]}")
         if chunk_pages is None:
             chunk_pages = self.default_chunk_pages(B, max_len, next_n)
-        if chunk_pages < 1:
-            raise ValueError(f"chunk_pages must be >= 1, got {chunk_pages}")
+        if not 1 <= chunk_pages <= MAX_CHUNK_PAGES:
+            raise ValueError(f"chunk_pages must be in [1, {MAX_CHUNK_PAGES}], got {chunk_pages}")
 
         with self._lock:
             ghist, ghist2, ctr = self._workspace(rows)
@@ -181,8 +182,11 @@ class DsaIndexer:
             self.module.launch(f"dsa_score_{impl}_n{next_n}", (n_chunks, B, 1), SCORE_THREADS,
                                score_smem_bytes(next_n), stream, p)
             if _select:  # False only to time the scoring pass alone (benchmark breakdown)
+                # Programmatic dependent launch (sm_90+): the select grid is scheduled while the scoring
+                # grid drains and waits in-kernel (griddepcontrol.wait) for its results.
+                use_pdl = self.capability[0] >= 9 if pdl is None else pdl
                 self.module.launch("dsa_select", (len_stride // SELECT_CHUNK, rows, 1), SELECT_THREADS, 0,
-                                   stream, p)
+                                   stream, p, programmatic=use_pdl)
         if return_scores:
             return out, scores
         return out

@@ -27,8 +27,12 @@ def _blocks(torch, kv_cache):
     return kv_cache.view(torch.uint8).reshape(-1, BLOCK_BYTES)
 
 
-def reference_scores(q, weights, kv_cache, context_lens, block_table, dtype=None):
-    """Per row (b * next_n + j) a 1-D tensor of the len(row) scores, computed in `dtype` (default fp64)."""
+def reference_scores(q, weights, kv_cache, context_lens, block_table, dtype=None, with_magnitude=False):
+    """Per row (b * next_n + j) a 1-D tensor of the len(row) scores, computed in `dtype` (default fp64).
+
+    With `with_magnitude`, also per row k_scale[s] * sum_h |w[h]| * sum_d |q[h, d] k[s, d]|: the size of
+    the terms summed, which bounds rounding error (a score can cancel to far below it).
+    """
     import torch
 
     dtype = dtype or torch.float64
@@ -37,7 +41,7 @@ def reference_scores(q, weights, kv_cache, context_lens, block_table, dtype=None
     blocks = _blocks(torch, kv_cache)
     qf = q.view(torch.float8_e4m3fn).to(dtype)
     w = weights.to(dtype).view(B, next_n, HEADS)
-    out = []
+    out, mags = [], []
     for b in range(B):
         maxlen = max(lens[b])
         n = math.ceil(maxlen / PAGE)
@@ -50,7 +54,10 @@ def reference_scores(q, weights, kv_cache, context_lens, block_table, dtype=None
             dots = qf[b, j] @ keys[:L].T                       # [64, L]
             s = (w[b, j][:, None] * dots.relu()).sum(0) * scale[:L]
             out.append(s)
-    return out
+            if with_magnitude:
+                absdots = qf[b, j].abs() @ keys[:L].abs().T
+                mags.append((w[b, j].abs()[:, None] * absdots).sum(0) * scale[:L])
+    return (out, mags) if with_magnitude else out
 
 
 def reference_topk_naive(q, weights, kv_cache, context_lens, block_table, topk: int, max_context: int):
