@@ -186,5 +186,11 @@ def wait_ready(role: str, config_path: Path | None, timeout: float, interval: fl
     raise SystemExit(EXIT_INVALID)
 
 
+# issue 4: `pdserve cutover pd|single` (pkg/pdserve/cutover/).
+from pdserve.cutover.command import cutover_command  # noqa: E402
+
+main.add_command(cutover_command)
+
+
 if __name__ == "__main__":
     main(sys.argv[1:])

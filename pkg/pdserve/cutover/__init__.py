@@ -1,0 +1,1 @@
+"""`pdserve cutover`: move a deployment between the single-server layout and PD, with a way back."""

@@ -1,0 +1,133 @@
+"""The real edge of a cutover: systemctl, the smoke test through the public port, NVML, the clock."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from pdserve.config import Deployment
+from pdserve.cutover.machine import Check, GpuProcess, GpuUnknown, Layout, Plan
+from pdserve.cutover.systemd import Systemctl, UnitState
+
+SMOKE_TIMEOUT_SEC = 60.0
+
+_UNIT_IN_CGROUP = re.compile(r"[^/]+\.(service|scope)$")
+
+
+def unit_of_pid(pid: int, proc: Path = Path("/proc")) -> str | None:
+    """The systemd unit whose cgroup holds `pid` (from /proc/PID/cgroup), or None."""
+    try:
+        text = (proc / str(pid) / "cgroup").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        path = line.split(":", 2)[-1]
+        for part in reversed(path.split("/")):
+            if _UNIT_IN_CGROUP.fullmatch(part):
+                return part
+    return None
+
+
+def nvml_gpu_processes(gpus: Sequence[int]) -> list[GpuProcess]:
+    try:
+        import pynvml  # nvidia-ml-py
+    except ImportError:
+        raise GpuUnknown("nvidia-ml-py is not installed") from None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        raise GpuUnknown(f"NVML cannot start ({exc}); no NVIDIA driver on this host?") from None
+    try:
+        count = pynvml.nvmlDeviceGetCount()
+        found = []
+        for gpu in gpus:
+            if gpu >= count:
+                raise GpuUnknown(f"GPU {gpu} does not exist (NVML sees {count})")
+            handle = pynvml.nvmlDeviceGetHandleByIndex(gpu)
+            for process in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                found.append(GpuProcess(gpu, process.pid, unit_of_pid(process.pid)))
+        return found
+    except pynvml.NVMLError as exc:
+        raise GpuUnknown(f"NVML query failed: {exc}") from None
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def read_api_key(dep: Deployment) -> tuple[str | None, str | None]:
+    """(key, problem): the router's key from its credential file when one is configured."""
+    path = dep.router.api_key_file
+    if path is None:
+        return None, None
+    try:
+        key = Path(path).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        return None, f"cannot read router.api_key_file {path}: {exc.strerror} (run the cutover as root)"
+    return (key, None) if key else (None, f"router.api_key_file {path} is empty")
+
+
+def smoke_chat(dep: Deployment, url: str, timeout: float = SMOKE_TIMEOUT_SEC) -> Check:
+    """One short chat completion through `url` with the official client: the smallest end-to-end proof."""
+    from openai import OpenAI, OpenAIError
+
+    key, problem = read_api_key(dep)
+    if problem:
+        return Check(False, problem)
+    model = dep.model.served_name or dep.model.path
+    client = OpenAI(base_url=f"{url}/v1", api_key=key or "none", timeout=timeout, max_retries=0)
+    began = time.monotonic()
+    try:
+        response = client.chat.completions.create(
+            model=model, max_tokens=16, temperature=0,
+            messages=[{"role": "user", "content": "Reply with the single word: ready"}],
+        )
+    except OpenAIError as exc:
+        return Check(False, f"chat completion through {url} failed: {type(exc).__name__}: {exc}")
+    finally:
+        client.close()
+    took = time.monotonic() - began
+    message = response.choices[0].message if response.choices else None
+    text = (message.content or getattr(message, "reasoning_content", None) or "") if message else ""
+    if not text:
+        return Check(False, f"chat completion through {url} returned no text ({took:.2f} s)")
+    return Check(True, f"chat completion through {url}: {text.strip()[:40]!r} in {took:.2f} s")
+
+
+class HostEdge:
+    """What `Cutover` needs from this host, for one deployment."""
+
+    def __init__(self, dep: Deployment, plan: Plan, systemctl: Systemctl | None = None):
+        self.dep = dep
+        self.plan = plan
+        self.systemctl = systemctl or Systemctl()
+
+    def show(self, units: Sequence[str]) -> dict[str, UnitState]:
+        return self.systemctl.show(units)
+
+    def start(self, units: Sequence[str]) -> None:
+        self.systemctl.start(units)
+
+    def stop(self, units: Sequence[str], timeout: float) -> None:
+        self.systemctl.stop(units, timeout)
+
+    def enable(self, units: Sequence[str]) -> None:
+        self.systemctl.enable(units)
+
+    def disable(self, units: Sequence[str]) -> None:
+        self.systemctl.disable(units)
+
+    def reset_failed(self, units: Sequence[str]) -> None:
+        self.systemctl.reset_failed(units)
+
+    def smoke(self, layout: Layout) -> Check:
+        return smoke_chat(self.dep, self.plan.public_url[layout])
+
+    def gpu_processes(self, gpus: Sequence[int]) -> list[GpuProcess]:
+        return nvml_gpu_processes(gpus)
+
+    def clock(self) -> float:
+        return time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)

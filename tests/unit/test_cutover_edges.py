@@ -1,0 +1,163 @@
+"""The cutover's edges: `systemctl show` parsing, the systemctl wrapper, refusal windows, cgroup ->
+unit, and the command line's exit codes."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from pdserve.cli import main
+from pdserve.cutover.host import unit_of_pid
+from pdserve.cutover.refusals import PortProber, Sample, refusal_windows, summarize
+from pdserve.cutover.systemd import Systemctl, SystemctlError, parse_show
+
+SHOW = """\
+MainPID=4711
+Result=success
+NRestarts=2
+ExecMainStartTimestampMonotonic=769423417
+ExecMainStatus=0
+Id=sglang-t-prefill.service
+LoadState=loaded
+ActiveState=activating
+SubState=start-post
+UnitFileState=enabled
+InactiveExitTimestampMonotonic=769423479
+ActiveEnterTimestampMonotonic=0
+
+MainPID=0
+Result=exit-code
+NRestarts=0
+ExecMainStartTimestampMonotonic=0
+ExecMainStatus=1
+Id=nothere.service
+LoadState=not-found
+ActiveState=failed
+SubState=failed
+UnitFileState=
+InactiveExitTimestampMonotonic=0
+ActiveEnterTimestampMonotonic=0
+"""
+
+
+def test_parse_show_reads_each_block_by_id():
+    states = parse_show(SHOW)
+    prefill, missing = states["sglang-t-prefill.service"], states["nothere.service"]
+    assert (prefill.active_state, prefill.sub_state, prefill.main_pid, prefill.n_restarts) == ("activating", "start-post", 4711, 2)
+    assert prefill.installed and prefill.enabled and prefill.running
+    assert prefill.inactive_exit_us == 769423479 and prefill.active_enter_us == 0
+    assert not missing.installed and not missing.enabled and not missing.running
+    assert "result=exit-code" in missing.describe() and "exit status 1" in missing.describe()
+
+
+def test_systemctl_show_asks_for_services_and_fills_in_missing_blocks():
+    seen = []
+
+    def runner(argv, **kw):
+        seen.append(argv)
+        return subprocess.CompletedProcess(argv, 0, SHOW, "")
+
+    states = Systemctl(["nsenter", "-t", "1", "systemctl"], runner=runner).show(["sglang-t-prefill", "other"])
+    assert seen[0][:5] == ["nsenter", "-t", "1", "systemctl", "show"]
+    assert seen[0][-2:] == ["sglang-t-prefill.service", "other.service"]
+    assert states["other.service"].load_state == "not-found"
+
+
+def test_systemctl_errors_carry_the_verb_and_stderr():
+    def runner(argv, **kw):
+        return subprocess.CompletedProcess(argv, 1, "", "Job for x.service failed.\nSee journalctl.\n")
+
+    with pytest.raises(SystemctlError, match="systemctl start failed: Job for x.service failed. / See journalctl."):
+        Systemctl(runner=runner).start(["x"])
+
+    def slow(argv, timeout, **kw):
+        raise subprocess.TimeoutExpired(argv, timeout)
+
+    with pytest.raises(SystemctlError, match="no answer within 7 s"):
+        Systemctl(runner=slow).stop(["x"], timeout=7)
+
+
+def test_refusal_windows_run_from_first_refusal_to_next_accept():
+    samples = [Sample(0.0, True), Sample(0.1, False), Sample(0.2, False), Sample(0.3, True),
+               Sample(0.4, True), Sample(0.5, False), Sample(0.6, False)]
+    assert refusal_windows(samples, end=0.9) == [(0.1, 0.3), (0.5, 0.9)]
+    summary = summarize("127.0.0.1:1", samples, end=0.9)
+    assert summary.refused_seconds == pytest.approx(0.6)
+    assert summary.refused_samples == 4 and summary.samples == 7
+    assert summarize("a", [Sample(0, True)], 1.0).refused_seconds == 0
+
+
+def test_prober_measures_a_real_closed_then_open_port():
+    """A real socket: refused until a listener appears 0.5 s in; the window must show it."""
+    import socket
+
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    port = holder.getsockname()[1]
+    holder.close()  # nothing listens: connections are refused
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+
+    def open_later():
+        listener.bind(("127.0.0.1", port))
+        listener.listen(64)
+
+    timer = threading.Timer(0.5, open_later)
+    prober = PortProber("127.0.0.1", port, interval=0.05).start()
+    timer.start()
+    try:
+        threading.Event().wait(1.0)
+    finally:
+        summary = prober.stop()
+        timer.cancel()
+        listener.close()
+    assert 0.35 <= summary.refused_seconds <= 0.75, summary
+    assert summary.windows[0][0] < 0.1
+    assert summary.samples >= 10
+
+
+def test_unit_of_pid_reads_the_cgroup(tmp_path: Path):
+    (tmp_path / "42").mkdir()
+    (tmp_path / "42" / "cgroup").write_text("0::/system.slice/sglang-dsv4-prefill.service\n")
+    (tmp_path / "43").mkdir()
+    (tmp_path / "43" / "cgroup").write_text("0::/user.slice/user-0.slice/session-3.scope\n")
+    (tmp_path / "44").mkdir()
+    (tmp_path / "44" / "cgroup").write_text("0::/\n")
+    assert unit_of_pid(42, tmp_path) == "sglang-dsv4-prefill.service"
+    assert unit_of_pid(43, tmp_path) == "session-3.scope"
+    assert unit_of_pid(44, tmp_path) is None
+    assert unit_of_pid(45, tmp_path) is None
+
+
+def test_cli_usage_and_invalid_config_exit_2(tmp_path: Path):
+    runner = CliRunner()
+    assert runner.invoke(main, ["cutover", "sideways"]).exit_code == 2
+    bad = tmp_path / "bad.toml"
+    bad.write_text('name = "BAD NAME"\n')
+    assert runner.invoke(main, ["cutover", "pd", "-c", str(bad)]).exit_code == 2
+
+
+def test_cli_without_systemd_refuses_with_exit_1_and_json(tmp_path: Path):
+    fake = tmp_path / "systemctl"
+    fake.write_text("#!/bin/sh\necho 'Failed to connect to bus: Host is down' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    result = CliRunner().invoke(main, ["cutover", "pd", "--json", "--systemctl", str(fake)])
+    import json
+
+    report = json.loads(result.output)
+    assert result.exit_code == 1
+    assert report["schema_version"] == 1 and report["outcome"] == "refused-by-preflight"
+    assert "Host is down" in report["steps"][0]["detail"]
+
+
+def test_cli_dry_run_exits_0_and_names_the_units(tmp_path: Path):
+    fake = tmp_path / "systemctl"
+    fake.write_text("#!/bin/sh\nexit 1\n")
+    fake.chmod(0o755)
+    result = CliRunner().invoke(main, ["cutover", "single", "--dry-run", "--systemctl", str(fake)])
+    assert result.exit_code == 0, result.output
+    assert "sglang-dsv4.service" in result.output and "nothing was changed" in result.output
