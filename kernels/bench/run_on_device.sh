@@ -14,7 +14,7 @@ if command -v cuobjdump >/dev/null; then
   echo "QGMMA: $(grep -c QGMMA "$OUT/sass.txt")  HMMA: $(grep -c HMMA "$OUT/sass.txt")  LDL/STL: $(grep -cE 'LDL|STL' "$OUT/sass.txt")"
 fi
 if [[ "${TESTS:-1}" == 1 ]]; then
-  timeout "${TEST_TIMEOUT:-240}" python3 -m pytest tests/kernels -m gpu -x -q -p no:cacheprovider 2>&1 | tee "$OUT/tests.log"
+  timeout "${TEST_TIMEOUT:-240}" python3 -m pytest tests/kernels -m gpu -x -q -p no:cacheprovider --confcutdir=tests/kernels 2>&1 | tee "$OUT/tests.log"
 fi
 if [[ "${SWEEP:-1}" == 1 ]]; then
   timeout "${SWEEP_TIMEOUT:-120}" python3 kernels/bench/sweep_chunks.py "${SWEEP_IMPLS:-wgmma}" 2>&1 | tee "$OUT/sweep.log"

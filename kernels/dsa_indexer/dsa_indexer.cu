@@ -44,6 +44,8 @@ constexpr int kSelectChunk = 4096;                 // scores per select CTA
 constexpr int kBins1 = 4096;                       // top 12 bits
 constexpr int kBins2 = 1024;                       // next 10 bits
 constexpr int kBins3 = 1024;                       // last 10 bits
+constexpr int kCtr = 8;                            // ints per row in DsaParams::ctr
+constexpr int kMaxSubs = 8;                        // keeps a select CTA's counts below 2^15
 
 }  // namespace
 
@@ -57,7 +59,8 @@ struct DsaParams {
   uint2* cand;       // [rows, len_stride] (key bits, position)
   int* ghist;        // [rows, 4096], zero between calls
   int* ghist2;       // [rows, 1024], zero between calls
-  int* ctr;          // [rows, 4]: sure count, candidate count, CTAs done; zero between calls
+  int* ctr;          // [rows, 8]: sure count, candidate count, select CTAs done, scoring CTAs done,
+                     //            T1, count above T1; zero between calls
   int* out;          // [rows, topk]
   int batch;
   int next_n;
@@ -66,7 +69,7 @@ struct DsaParams {
   int topk;
   int chunk_pages;
   int len_stride;    // multiple of kSelectChunk, >= every length
-  int pad_;
+  int select_subs;   // 4096-score sub-chunks per select CTA, 1..kMaxSubs
 };
 
 namespace {
@@ -214,6 +217,55 @@ __device__ __forceinline__ void page_dots_mma(float (&acc)[NN * 32], uint32_t ti
 }
 
 // ---------------------------------------------------------------------------------------------
+template <int NT>
+__device__ __forceinline__ int block_excl_scan(int v, int* s_warp, int* total = nullptr) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int x = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(0xffffffffu, x, o);
+    if (lane >= o) x += y;
+  }
+  if (lane == 31) s_warp[warp] = x;
+  __syncthreads();
+  int base = 0, all = 0;
+#pragma unroll
+  for (int w = 0; w < NT / 32; ++w) {
+    if (w < warp) base += s_warp[w];
+    all += s_warp[w];
+  }
+  if (total) *total = all;
+  __syncthreads();
+  return base + x - v;
+}
+
+// Bins are scanned from the top; thread t holds counts of bins top - PER*t - i in c[i].
+// Finds T with count(bin > T) < need <= count(bin >= T); s_res = {T, count(bin > T)}.
+template <int PER, int NT>
+__device__ __forceinline__ void find_threshold(const int (&c)[PER], int nbins, int need, int* s_warp, int* s_res) {
+  int local = 0;
+#pragma unroll
+  for (int i = 0; i < PER; ++i) local += c[i];
+  const int excl = block_excl_scan<NT>(local, s_warp);
+  if (excl < need && excl + local >= need) {
+    int acc = excl;
+    bool found = false;
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+      if (!found && acc + c[i] >= need) {
+        s_res[0] = nbins - 1 - PER * static_cast<int>(threadIdx.x) - i;
+        s_res[1] = acc;
+        found = true;
+      }
+      acc += c[i];
+    }
+  }
+  __syncthreads();
+}
+
+
+
+// ---------------------------------------------------------------------------------------------
 template <int NN, bool kWgmma>
 __device__ __forceinline__ void score_body(const DsaParams& p) {
   extern __shared__ uint8_t smem_raw[];
@@ -341,9 +393,11 @@ __device__ __forceinline__ void score_body(const DsaParams& p) {
   }
   cp_async_wait<0>();
   __syncthreads();
+  bool any_hist = false;
 #pragma unroll
   for (int j = 0; j < NN; ++j) {
     if (!want_hist[j]) continue;
+    any_hist = true;
     int* gh = p.ghist + static_cast<size_t>(b * NN + j) * kBins1;
     for (int i = tid; i < kBins1 / 2; i += kScoreThreads) {
       const uint32_t c = hist_s[j * (kBins1 / 2) + i];
@@ -351,55 +405,47 @@ __device__ __forceinline__ void score_body(const DsaParams& p) {
       if (c >> 16) atomicAdd(&gh[2 * i + 1], static_cast<int>(c >> 16));
     }
   }
+  if (!any_hist) return;
+  // The last scoring CTA of this request finds each row's threshold bin T1 once, so the select CTAs
+  // read two ints instead of scanning the histogram each.
+  __shared__ int s_warp[kScoreThreads / 32];
+  __shared__ int s_res[2];
+  __shared__ int s_last;
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) {
+    int* done = p.ctr + static_cast<size_t>(b * NN) * kCtr + 3;
+    const int n_ctas = (n_pages + p.chunk_pages - 1) / p.chunk_pages;
+    s_last = atomicAdd(done, 1) == n_ctas - 1;
+    if (s_last) *done = 0;   // every other CTA of the request has counted already
+  }
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+#pragma unroll
+  for (int j = 0; j < NN; ++j) {
+    if (!want_hist[j]) continue;
+    const int row = b * NN + j;
+    constexpr int PER = kBins1 / kScoreThreads;   // 32 bins: thread t holds 4095-32t down to 4064-32t
+    int c[PER];
+    const int4* src = reinterpret_cast<const int4*>(p.ghist + static_cast<size_t>(row) * kBins1 + kBins1 - PER * (tid + 1));
+#pragma unroll
+    for (int u = 0; u < PER / 4; ++u) {
+      const int4 x = __ldcg(src + u);
+      c[PER - 1 - 4 * u] = x.x;
+      c[PER - 2 - 4 * u] = x.y;
+      c[PER - 3 - 4 * u] = x.z;
+      c[PER - 4 - 4 * u] = x.w;
+    }
+    find_threshold<PER, kScoreThreads>(c, kBins1, p.topk, s_warp, s_res);
+    if (tid == 0) {
+      p.ctr[static_cast<size_t>(row) * kCtr + 4] = s_res[0];
+      p.ctr[static_cast<size_t>(row) * kCtr + 5] = s_res[1];
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
-__device__ __forceinline__ int block_excl_scan(int v, int* s_warp, int* total = nullptr) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  int x = v;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int y = __shfl_up_sync(0xffffffffu, x, o);
-    if (lane >= o) x += y;
-  }
-  if (lane == 31) s_warp[warp] = x;
-  __syncthreads();
-  int base = 0, all = 0;
-#pragma unroll
-  for (int w = 0; w < kSelectThreads / 32; ++w) {
-    if (w < warp) base += s_warp[w];
-    all += s_warp[w];
-  }
-  if (total) *total = all;
-  __syncthreads();
-  return base + x - v;
-}
-
-// Bins are scanned from the top; thread t holds counts of bins top - PER*t - i in c[i].
-// Finds T with count(bin > T) < need <= count(bin >= T); s_res = {T, count(bin > T)}.
-template <int PER>
-__device__ __forceinline__ void find_threshold(const int (&c)[PER], int nbins, int need, int* s_warp, int* s_res) {
-  int local = 0;
-#pragma unroll
-  for (int i = 0; i < PER; ++i) local += c[i];
-  const int excl = block_excl_scan(local, s_warp);
-  if (excl < need && excl + local >= need) {
-    int acc = excl;
-    bool found = false;
-#pragma unroll
-    for (int i = 0; i < PER; ++i) {
-      if (!found && acc + c[i] >= need) {
-        s_res[0] = nbins - 1 - PER * static_cast<int>(threadIdx.x) - i;
-        s_res[1] = acc;
-        found = true;
-      }
-      acc += c[i];
-    }
-  }
-  __syncthreads();
-}
-
-
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(kScoreThreads) dsa_score_wgmma_n1(const __grid_constant__ DsaParams p) {
@@ -422,6 +468,7 @@ static __device__ __forceinline__ float f4get(const float4& v, int e) {
 extern "C" __global__ void __launch_bounds__(kSelectThreads) dsa_select(const __grid_constant__ DsaParams p) {
   constexpr int kPerThread = kSelectChunk / kSelectThreads;   // 16 scores, as 4 float4
   __shared__ int s_hist[kBins2];
+  __shared__ uint32_t s_mask[kMaxSubs][kSelectThreads];   // per sub-chunk: sure bits | tie bits << 16
   __shared__ int s_warp[kSelectThreads / 32];
   __shared__ int s_res[2];
   __shared__ int s_misc[4];
@@ -441,71 +488,76 @@ extern "C" __global__ void __launch_bounds__(kSelectThreads) dsa_select(const __
     return;
   }
 
-  int* ctr = p.ctr + static_cast<size_t>(row) * 4;
+  int* ctr = p.ctr + static_cast<size_t>(row) * kCtr;
   int* gh1 = p.ghist + static_cast<size_t>(row) * kBins1;
   int* gh2 = p.ghist2 + static_cast<size_t>(row) * kBins2;
   uint2* cand = p.cand + static_cast<size_t>(row) * p.len_stride;
   const float* srow = p.scores + static_cast<size_t>(row) * p.len_stride;
 
-  // Issue this chunk's score loads first; their latency overlaps the threshold search.
-  const int s_begin = blockIdx.x * kSelectChunk;
-  float4 v[kPerThread / 4];
+  // This CTA covers select_subs sub-chunks of 4096 scores. Pass 1 classifies them against T1 into
+  // bit masks (loads for the next sub-chunk in flight); one block scan and one global atomic per
+  // counter then place every output; pass 2 writes them.
+  const int n_sub = p.select_subs;
+  const int span = blockIdx.x * n_sub * kSelectChunk;
+  auto load = [&](float4 (&v)[kPerThread / 4], int base) {
 #pragma unroll
-  for (int it = 0; it < kPerThread / 4; ++it) {
-    const int s4 = s_begin + (it * kSelectThreads + tid) * 4;
-    v[it] = s4 < len ? __ldcg(reinterpret_cast<const float4*>(srow + s4)) : make_float4(0.f, 0.f, 0.f, 0.f);
-  }
-  for (int i = tid; i < kBins2; i += kSelectThreads) s_hist[i] = 0;
-  {
-    constexpr int PER = kBins1 / kSelectThreads;   // 16 bins: thread t holds bins 4095-16t down to 4080-16t
-    int c[PER];
-    const int4* src = reinterpret_cast<const int4*>(gh1 + kBins1 - PER * (tid + 1));
-#pragma unroll
-    for (int u = 0; u < PER / 4; ++u) {
-      const int4 x = __ldcg(src + u);
-      c[PER - 1 - 4 * u] = x.x;
-      c[PER - 2 - 4 * u] = x.y;
-      c[PER - 3 - 4 * u] = x.z;
-      c[PER - 4 - 4 * u] = x.w;
+    for (int it = 0; it < kPerThread / 4; ++it) {
+      const int s4 = base + (it * kSelectThreads + tid) * 4;
+      v[it] = s4 < len ? __ldcg(reinterpret_cast<const float4*>(srow + s4)) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
-    find_threshold<PER>(c, kBins1, K, s_warp, s_res);
-  }
-  const uint32_t T1 = static_cast<uint32_t>(s_res[0]);
-  const int above1 = s_res[1];
-
-  // Classify, then one global atomic per CTA and counter (a per-warp atomic chain was the bottleneck).
-  uint32_t sure = 0, tie = 0;
+  };
+  float4 v[kPerThread / 4], vn[kPerThread / 4];
+  load(v, span);
+  const uint32_t T1 = static_cast<uint32_t>(__ldcg(&ctr[4]));
+  const int above1 = __ldcg(&ctr[5]);
+  for (int i = tid; i < kBins2; i += kSelectThreads) s_hist[i] = 0;
+  int n_sure = 0, n_tie_mine = 0;
+  for (int sub = 0; sub < n_sub; ++sub) {
+    const int base = span + sub * kSelectChunk;
+    if (sub + 1 < n_sub) load(vn, base + kSelectChunk);
+    uint32_t m = 0;
 #pragma unroll
-  for (int it = 0; it < kPerThread / 4; ++it) {
+    for (int it = 0; it < kPerThread / 4; ++it) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int s = s_begin + (it * kSelectThreads + tid) * 4 + e;
-      const uint32_t bin = ord_key(f4get(v[it], e)) >> 20;
-      if (s < len) {
-        if (bin > T1) sure |= 1u << (it * 4 + e);
-        if (bin == T1) tie |= 1u << (it * 4 + e);
+      for (int e = 0; e < 4; ++e) {
+        const int s = base + (it * kSelectThreads + tid) * 4 + e;
+        const uint32_t bin = ord_key(f4get(v[it], e)) >> 20;
+        if (s < len) {
+          if (bin > T1) m |= 1u << (it * 4 + e);
+          if (bin == T1) m |= 1u << (16 + it * 4 + e);
+        }
       }
     }
+    s_mask[sub][tid] = m;
+    n_sure += __popc(m & 0xFFFFu);
+    n_tie_mine += __popc(m >> 16);
+#pragma unroll
+    for (int it = 0; it < kPerThread / 4; ++it) v[it] = vn[it];
   }
   int total = 0;
-  const int excl = block_excl_scan(__popc(sure) | (__popc(tie) << 16), s_warp, &total);
+  const int excl = block_excl_scan<kSelectThreads>(n_sure | (n_tie_mine << 16), s_warp, &total);
   if (tid == 0) {
     s_misc[0] = (total & 0xFFFF) ? atomicAdd(&ctr[0], total & 0xFFFF) : 0;
     s_misc[1] = (total >> 16) ? atomicAdd(&ctr[1], total >> 16) : 0;
   }
   __syncthreads();
   int ps = s_misc[0] + (excl & 0xFFFF), pt = s_misc[1] + (excl >> 16);
+  for (int sub = 0; sub < n_sub; ++sub) {
+    const uint32_t m = s_mask[sub][tid];
+    if (!m) continue;
+    const int base = span + sub * kSelectChunk;
 #pragma unroll
-  for (int it = 0; it < kPerThread / 4; ++it) {
+    for (int it = 0; it < kPerThread / 4; ++it) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int bit = it * 4 + e;
-      const int s = s_begin + (it * kSelectThreads + tid) * 4 + e;
-      if ((sure >> bit) & 1u) out[ps++] = s;
-      if ((tie >> bit) & 1u) {
-        const uint32_t key = ord_key(f4get(v[it], e));
-        cand[pt++] = make_uint2(key, static_cast<uint32_t>(s));
-        atomicAdd(&s_hist[(key >> 10) & (kBins2 - 1)], 1);
+      for (int e = 0; e < 4; ++e) {
+        const int bit = it * 4 + e;
+        const int s = base + (it * kSelectThreads + tid) * 4 + e;
+        if ((m >> bit) & 1u) out[ps++] = s;
+        if ((m >> (16 + bit)) & 1u) {   // rare: re-read the score from L2 for its low bits
+          const uint32_t key = ord_key(__ldcg(srow + s));
+          cand[pt++] = make_uint2(key, static_cast<uint32_t>(s));
+          atomicAdd(&s_hist[(key >> 10) & (kBins2 - 1)], 1);
+        }
       }
     }
   }
@@ -528,7 +580,7 @@ extern "C" __global__ void __launch_bounds__(kSelectThreads) dsa_select(const __
     int c[PER];
     const int4 x = __ldcg(reinterpret_cast<const int4*>(gh2 + kBins2 - PER * (tid + 1)));
     c[0] = x.w; c[1] = x.z; c[2] = x.y; c[3] = x.x;
-    find_threshold<PER>(c, kBins2, need1, s_warp, s_res);
+    find_threshold<PER, kSelectThreads>(c, kBins2, need1, s_warp, s_res);
   }
   const uint32_t T2 = static_cast<uint32_t>(s_res[0]);
   const int above2 = s_res[1];
@@ -562,7 +614,7 @@ extern "C" __global__ void __launch_bounds__(kSelectThreads) dsa_select(const __
     int c[PER];
 #pragma unroll
     for (int i = 0; i < PER; ++i) c[i] = s_hist[kBins3 - 1 - PER * tid - i];
-    find_threshold<PER>(c, kBins3, need2, s_warp, s_res);
+    find_threshold<PER, kSelectThreads>(c, kBins3, need2, s_warp, s_res);
   }
   const uint32_t T3 = static_cast<uint32_t>(s_res[0]);
   const int need3 = need2 - s_res[1];
@@ -585,5 +637,5 @@ extern "C" __global__ void __launch_bounds__(kSelectThreads) dsa_select(const __
   // Leave the row's workspace zeroed for the next call.
   for (int i = tid; i < kBins1; i += kSelectThreads) gh1[i] = 0;
   for (int i = tid; i < kBins2; i += kSelectThreads) gh2[i] = 0;
-  if (tid < 4) ctr[tid] = 0;
+  if (tid < kCtr) ctr[tid] = 0;
 }

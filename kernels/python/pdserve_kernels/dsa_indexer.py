@@ -45,6 +45,8 @@ MAX_CHUNK_PAGES = 1023  # the scoring CTA's histogram counts are 16-bit
 SCORE_THREADS = 128
 SELECT_THREADS = 256
 BINS1, BINS2 = 4096, 1024
+CTR = 8            # ints per row of the counters workspace (kCtr)
+MAX_SUBS = 8       # kMaxSubs
 
 
 class _Params(ctypes.Structure):
@@ -56,7 +58,7 @@ class _Params(ctypes.Structure):
         ("ctr", ctypes.c_void_p), ("out", ctypes.c_void_p),
         ("batch", ctypes.c_int), ("next_n", ctypes.c_int), ("ctx_mode", ctypes.c_int),
         ("max_blocks", ctypes.c_int), ("topk", ctypes.c_int), ("chunk_pages", ctypes.c_int),
-        ("len_stride", ctypes.c_int), ("pad_", ctypes.c_int),
+        ("len_stride", ctypes.c_int), ("select_subs", ctypes.c_int),
     ]
 
 
@@ -114,7 +116,7 @@ class DsaIndexer:
             cap = max(rows, 2 * self._rows_cap, 64)
             self._ghist = torch.zeros(cap * BINS1, dtype=torch.int32, device=self.device)
             self._ghist2 = torch.zeros(cap * BINS2, dtype=torch.int32, device=self.device)
-            self._ctr = torch.zeros(cap * 4, dtype=torch.int32, device=self.device)
+            self._ctr = torch.zeros(cap * CTR, dtype=torch.int32, device=self.device)
             self._rows_cap = cap
         return self._ghist, self._ghist2, self._ctr
 
@@ -169,6 +171,9 @@ class DsaIndexer:
         if not 1 <= chunk_pages <= MAX_CHUNK_PAGES:
             raise ValueError(f"chunk_pages must be in [1, {MAX_CHUNK_PAGES}], got {chunk_pages}")
 
+        # Select CTAs: one wave of ~3 per SM, each covering `subs` runs of 4096 scores.
+        runs = len_stride // SELECT_CHUNK
+        subs = max(1, min(MAX_SUBS, -(-rows * runs // (3 * self.num_sms))))
         with self._lock:
             ghist, ghist2, ctr = self._workspace(rows)
             p = _Params(
@@ -176,7 +181,7 @@ class DsaIndexer:
                 block_table=block_table.data_ptr(), scores=scores.data_ptr(), cand=cand.data_ptr(),
                 ghist=ghist.data_ptr(), ghist2=ghist2.data_ptr(), ctr=ctr.data_ptr(), out=out.data_ptr(),
                 batch=B, next_n=next_n, ctx_mode=ctx_mode, max_blocks=max_blocks, topk=topk,
-                chunk_pages=chunk_pages, len_stride=len_stride, pad_=0)
+                chunk_pages=chunk_pages, len_stride=len_stride, select_subs=subs)
             stream = torch.cuda.current_stream(self.device).cuda_stream
             n_chunks = -(-((max_len + PAGE - 1) // PAGE) // chunk_pages)
             self.module.launch(f"dsa_score_{impl}_n{next_n}", (n_chunks, B, 1), SCORE_THREADS,
@@ -185,7 +190,7 @@ class DsaIndexer:
                 # Programmatic dependent launch (sm_90+): the select grid is scheduled while the scoring
                 # grid drains and waits in-kernel (griddepcontrol.wait) for its results.
                 use_pdl = self.capability[0] >= 9 if pdl is None else pdl
-                self.module.launch("dsa_select", (len_stride // SELECT_CHUNK, rows, 1), SELECT_THREADS, 0,
+                self.module.launch("dsa_select", (-(-runs // subs), rows, 1), SELECT_THREADS, 0,
                                    stream, p, programmatic=use_pdl)
         if return_scores:
             return out, scores
