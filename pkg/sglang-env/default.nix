@@ -1,0 +1,101 @@
+# SGLang's serving environment, built with uv2nix from ./uv.lock (only wheels: the lock has no
+# sdist-only package). The flake calls this with its pinned inputs; the result's `env` is
+# packages.sglang-env, whose bin/python the units run.
+{
+  lib,
+  pkgs,
+  python,
+  pyproject-nix,
+  uv2nix,
+  pyproject-build-systems,
+  # Overlays shared with pdserve's own Python set (e.g. the NVML library lookup).
+  extraOverlays ? [ ],
+}:
+let
+  workspace = uv2nix.lib.workspace.loadWorkspace { workspaceRoot = ./.; };
+
+  lockedNames = map (package: package.name) (lib.importTOML ./uv.lock).package;
+
+  # Wheels that ship shared libraries other wheels link against: NVIDIA's CUDA libraries and torch
+  # (sglang-kernel and NIXL's torch plugin link libtorch and libc10).
+  isLibraryWheel = name: lib.hasPrefix "nvidia-" name || name == "torch";
+
+  # pyproject.nix patches every wheel with autoPatchelfHook, which only searches the package itself
+  # and its buildInputs. The CUDA wheels find each other through RUNPATHs relative to one shared
+  # site-packages, which separate store paths do not have, so each wheel gets the library wheels of
+  # its (transitive, locked) dependencies as buildInputs, and the driver's directory as a runpath.
+  cudaWheels =
+    final: prev:
+    let
+      passthruOf = name: (prev.${name} or { passthru = { }; }).passthru;
+      # A dependency is a name with the extras asked of it; an extra's own dependencies come from
+      # the package's optional-dependencies (torch reaches the CUDA libraries through cuda-toolkit's
+      # extras).
+      dependenciesOf =
+        { name, extras, ... }:
+        let
+          passthru = passthruOf name;
+          asItems = lib.mapAttrsToList (
+            dep: depExtras: {
+              key = "${dep}[${lib.concatStringsSep "," depExtras}]";
+              name = dep;
+              extras = depExtras;
+            }
+          );
+        in
+        asItems (passthru.dependencies or { })
+        ++ lib.concatMap (extra: asItems (passthru.optional-dependencies.${extra} or { })) extras;
+      closure =
+        name:
+        lib.unique (
+          map (item: item.name) (
+            builtins.genericClosure {
+              startSet = dependenciesOf {
+                inherit name;
+                extras = [ ];
+              };
+              operator = dependenciesOf;
+            }
+          )
+        );
+      libraryDependencies = name: lib.filter (dep: isLibraryWheel dep && prev ? ${dep}) (closure name);
+      needsCuda = name: isLibraryWheel name || libraryDependencies name != [ ];
+      fixup =
+        name:
+        prev.${name}.overrideAttrs (old: {
+          nativeBuildInputs = (old.nativeBuildInputs or [ ]) ++ [ pkgs.autoAddDriverRunpath ];
+          buildInputs = (old.buildInputs or [ ]) ++ map (dep: final.${dep}) (libraryDependencies name);
+          # The driver's libraries are not in any wheel; they come from
+          # /run/opengl-driver/lib at run time (the runpath autoAddDriverRunpath adds).
+          autoPatchelfIgnoreMissingDeps = (old.autoPatchelfIgnoreMissingDeps or [ ]) ++ [
+            "libcuda.so.1"
+            "libnvidia-ml.so.1"
+          ];
+        });
+    in
+    lib.genAttrs (lib.filter (name: prev ? ${name} && needsCuda name) lockedNames) fixup;
+
+  pythonSet =
+    (pkgs.callPackage pyproject-nix.build.packages {
+      inherit python;
+    }).overrideScope
+      (
+        lib.composeManyExtensions (
+          [
+            pyproject-build-systems.overlays.wheel
+            (workspace.mkPyprojectOverlay { sourcePreference = "wheel"; })
+            cudaWheels
+          ]
+          ++ extraOverlays
+        )
+      );
+in
+{
+  inherit pythonSet workspace;
+
+  # pdserve-sglang-env is a virtual project: its default dependencies are the whole serving stack.
+  env = pythonSet.mkVirtualEnv "pdserve-sglang-env" workspace.deps.default;
+
+  # Only the router and its dependencies (no torch): the VM test pairs it with the stand-in worker.
+  routerEnv = pythonSet.mkVirtualEnv "pdserve-sglang-router-env" { sglang-router = [ ]; };
+}
