@@ -192,5 +192,11 @@ from pdserve.cutover.command import cutover_command  # noqa: E402
 main.add_command(cutover_command)
 
 
+# pdserve verify (issue 3): prove a running deployment works.
+from pdserve.verify.command import verify as verify_command  # noqa: E402
+
+main.add_command(verify_command)
+
+
 if __name__ == "__main__":
     main(sys.argv[1:])

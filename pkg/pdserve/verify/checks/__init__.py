@@ -1,0 +1,1 @@
+"""Pure check logic: observations and expectations in, a CheckResult out. No I/O here."""

@@ -1,0 +1,109 @@
+"""End to end through the router, judged on what the official openai client returned."""
+
+from __future__ import annotations
+
+import json
+
+from pdserve.verify.expect import Expectations
+from pdserve.verify.observations import ChatObs, StreamObs
+from pdserve.verify.result import CheckResult, failed, passed, skipped
+
+THINK_MARKERS = ("</think>", "<think>")
+DSML_MARKER = "｜DSML｜"
+
+
+def _request_failed(cid: str, obs: ChatObs | StreamObs, expected: str, exp: Expectations) -> CheckResult:
+    status = getattr(obs, "status", None)
+    hint = ("the router refused the API key: check router.api_key_file and run the verifier as a user that can "
+            "read it" if status == 401 else
+            f"read `journalctl -u {exp.router_unit}` and of both workers; a 5xx from the router means a worker "
+            "failed the request (KV transfer, bootstrap port, or a crash)")
+    return failed(cid, f"request failed: {obs.error}", expected, hint)
+
+
+def _short(text: str | None, n: int = 80) -> str:
+    if text is None:
+        return "None"
+    text = text.replace("\n", " ")
+    return repr(text if len(text) <= n else text[:n] + "...")
+
+
+def check_chat(exp: Expectations, obs: ChatObs) -> CheckResult:
+    cid = "e2e.chat"
+    expected = "a non-empty assistant reply"
+    if obs.error:
+        return _request_failed(cid, obs, expected, exp)
+    observed = f"content {_short(obs.content)}, finish_reason={obs.finish_reason}"
+    if not (obs.content or "").strip():
+        return failed(cid, observed, expected, "the decode server answered with no text: check its journal")
+    return passed(cid, observed, expected)
+
+
+def check_reasoning(exp: Expectations, obs: ChatObs) -> CheckResult:
+    cid = "e2e.reasoning"
+    expected = "with chat_template_kwargs thinking=true: reasoning in reasoning_content, none in content"
+    if exp.reasoning_parser is None:
+        return skipped(cid, "model.reasoning_parser is not set, so no separated reasoning is expected",
+                       expected, "set model.reasoning_parser (e.g. deepseek-v4) to have SGLang separate reasoning")
+    if obs.error:
+        return _request_failed(cid, obs, expected, exp)
+    observed = f"reasoning_content {_short(obs.reasoning_content)}, content {_short(obs.content)}"
+    leaked = any(m in (obs.content or "") for m in THINK_MARKERS)
+    if not (obs.reasoning_content or "").strip() or leaked:
+        return failed(cid, observed, expected,
+                      f"pass --reasoning-parser {exp.reasoning_parser} to BOTH SGLang servers (model.reasoning_parser; "
+                      "the router does not parse in PD mode) and restart them; if it is set, the parser does not "
+                      "match the model's output format")
+    return passed(cid, observed, expected)
+
+
+def check_tools(exp: Expectations, obs: ChatObs) -> CheckResult:
+    cid = "e2e.tools"
+    expected = "2 parsed tool_calls, each with a name and JSON-object arguments"
+    if exp.tool_call_parser is None:
+        return skipped(cid, "model.tool_call_parser is not set, so no parsed tool calls are expected",
+                       expected, "set model.tool_call_parser (e.g. deepseekv4) to have SGLang parse tool calls")
+    if obs.error:
+        return _request_failed(cid, obs, expected, exp)
+    problems = []
+    for i, call in enumerate(obs.tool_calls):
+        try:
+            args = json.loads(call.arguments or "")
+        except ValueError as exc:
+            problems.append(f"call {i} ({call.name}) arguments are not JSON: {exc}")
+            continue
+        if not isinstance(args, dict):
+            problems.append(f"call {i} ({call.name}) arguments are {type(args).__name__}, not an object")
+        if not call.name:
+            problems.append(f"call {i} has no function name")
+    calls = ", ".join(f"{c.name}({c.arguments})" for c in obs.tool_calls) or "none"
+    observed = f"{len(obs.tool_calls)} tool_calls: {calls}; finish_reason={obs.finish_reason}; content {_short(obs.content)}"
+    if DSML_MARKER in (obs.content or "") or len(obs.tool_calls) != 2 or problems:
+        return failed(cid, observed, expected,
+                      f"pass --tool-call-parser {exp.tool_call_parser} to BOTH SGLang servers (model.tool_call_parser; "
+                      "the router does not parse in PD mode); raw tool-call markup in content means no parser ran",
+                      problems)
+    return passed(cid, observed, expected)
+
+
+def check_stream(exp: Expectations, obs: StreamObs) -> CheckResult:
+    cid = "e2e.stream"
+    expected = "several content chunks, a finish_reason, and a usage chunk (stream_options.include_usage)"
+    if obs.error:
+        return _request_failed(cid, obs, expected, exp)
+    usage = obs.usage or {}
+    observed = (f"{obs.chunks} chunks ({obs.content_chunks} with content), finish_reason={obs.finish_reason}, "
+                f"usage={ {k: usage.get(k) for k in ('prompt_tokens', 'completion_tokens')} if obs.usage else None}")
+    problems = []
+    if obs.content_chunks < 2:
+        problems.append("the reply did not arrive incrementally (fewer than 2 content chunks)")
+    if not obs.finish_reason:
+        problems.append("no chunk carried a finish_reason")
+    if not obs.usage or not usage.get("completion_tokens"):
+        problems.append("no usage chunk with completion_tokens")
+    if problems:
+        return failed(cid, observed, expected,
+                      "something between client and decode server buffers or rewrites the stream (a proxy, or a "
+                      "router/server version mismatch): check versions.* and any proxy in front of the router",
+                      problems)
+    return passed(cid, observed, expected)

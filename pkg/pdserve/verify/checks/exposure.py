@@ -1,0 +1,62 @@
+"""Workers reachable only on loopback; the router's API key enforced when one is configured."""
+
+from __future__ import annotations
+
+from pdserve.verify.expect import Expectations
+from pdserve.verify.observations import AuthObs, PortProbe
+from pdserve.verify.result import CheckResult, failed, passed, skipped, warned
+
+LOOPBACK = {"127.0.0.1", "::1", "localhost"}
+
+
+def check_ports(exp: Expectations, addresses: list[str], probes: list[PortProbe]) -> CheckResult:
+    cid = "exposure.ports"
+    expected = "worker and bootstrap ports refuse connections on every non-loopback address"
+    if not addresses:
+        return skipped(cid, "this host has no non-loopback address to test from", expected)
+    open_ = [p for p in probes if p.reachable]
+    observed = (f"tried {len(probes)} address:port pairs on {', '.join(addresses)}; "
+                + (", ".join(f"{p.what} open on {p.address}:{p.port}" for p in open_) or "none reachable"))
+    if not open_:
+        return passed(cid, observed, expected)
+    allowed = {w.port for w in exp.workers.values() if w.allow_non_loopback}
+    if exp.workers["prefill"].allow_non_loopback:
+        allowed.add(exp.bootstrap_port)
+    unexpected = [p for p in open_ if p.port not in allowed]
+    if unexpected:
+        return failed(cid, observed, expected,
+                      "workers bypass the router's API key and must listen on 127.0.0.1: set prefill.host/decode.host "
+                      "to 127.0.0.1, re-render and restart the workers; firewall the ports meanwhile",
+                      [f"{p.what} {p.port} reachable at {p.address}" for p in unexpected])
+    return warned(cid, observed, expected,
+                  "allow_non_loopback is set: anyone who reaches these ports bypasses the router's API key; "
+                  "restrict them with a firewall")
+
+
+def check_auth(exp: Expectations, obs: AuthObs | None, key_error: str | None = None) -> CheckResult:
+    cid = "exposure.auth"
+    if exp.api_key_file is None:
+        expected = "no API key configured"
+        if exp.router_host in LOOPBACK:
+            return skipped(cid, "router.api_key_file is not set and the router listens on loopback only", expected)
+        return warned(cid, f"router listens on {exp.router_host} without an API key", "an API key on a public router",
+                      "set router.api_key_file to a file holding a key (delivered with LoadCredential=)")
+    expected = "without the key: 401; with it: 200"
+    if key_error:
+        return failed(cid, key_error, expected,
+                      f"run the verifier as a user that can read {exp.api_key_file} (e.g. root), or pass --api-key-file")
+    assert obs is not None
+    if obs.error:
+        return failed(cid, f"request failed: {obs.error}", expected,
+                      f"the router did not answer: `journalctl -u {exp.router_unit}`")
+    observed = f"without the key: {obs.without_key}; with it: {obs.with_key}"
+    if obs.without_key != 401:
+        return failed(cid, observed, expected,
+                      "the router serves clients without the key: it was started without --api-key; start it through "
+                      f"pdserve's keyed launcher (the rendered unit does, with LoadCredential=) and restart "
+                      f"{exp.router_unit}")
+    if obs.with_key != 200:
+        return failed(cid, observed, expected,
+                      f"the router rejects the key in {exp.api_key_file}: the file changed since the router started; "
+                      f"`systemctl restart {exp.router_unit}`")
+    return passed(cid, observed, expected)

@@ -1,0 +1,94 @@
+"""GPU memory per GPU against each role's mem-fraction-static, and who runs on which GPU (NVML)."""
+
+from __future__ import annotations
+
+from pdserve.verify.expect import Expectations
+from pdserve.verify.observations import GpuObs
+from pdserve.verify.result import CheckResult, failed, passed, warned
+
+GIB = 2**30
+# mem_fraction_static covers weights + KV pool; activations, CUDA graphs and NCCL buffers come on top.
+BELOW = 0.10  # used/total this far under the fraction: the server is not (fully) on this GPU
+ABOVE = 0.12  # this far over it: close to out-of-memory under load
+IDLE = 0.05  # a GPU outside every role may hold the driver's reservation, not a model
+
+
+def _owners(exp: Expectations) -> dict[int, str]:
+    return {gpu: role for role, w in exp.workers.items() for gpu in w.gpus}
+
+
+def _line(g: GpuObs, role: str | None) -> str:
+    ratio = g.memory_used / g.memory_total if g.memory_total else 0.0
+    who = role or "no role"
+    return f"GPU {g.index} ({g.name}): {g.memory_used / GIB:.1f}/{g.memory_total / GIB:.1f} GiB ({ratio:.2f}), {who}"
+
+
+def check_memory(exp: Expectations, gpus: list[GpuObs]) -> CheckResult:
+    cid = "gpu.memory"
+    owners = _owners(exp)
+    expected = "; ".join(
+        f"{role} GPUs {','.join(map(str, w.gpus))} at {w.mem_fraction_static:g} "
+        f"(-{BELOW:g}/+{ABOVE:g}) of total" for role, w in exp.workers.items()
+    ) + f"; other GPUs below {IDLE:g} used"
+    by_index = {g.index: g for g in gpus}
+    problems, warnings, lines = [], [], []
+    for gpu in sorted(owners.keys() - by_index.keys()):
+        problems.append(f"GPU {gpu} ({owners[gpu]}) is not present on this host (NVML sees {len(gpus)} GPUs)")
+    for g in gpus:
+        role = owners.get(g.index)
+        lines.append(_line(g, role))
+        ratio = g.memory_used / g.memory_total if g.memory_total else 0.0
+        if role is None:
+            if ratio > IDLE:
+                problems.append(f"GPU {g.index} belongs to no role but {ratio:.2f} of it is used")
+            continue
+        fraction = exp.workers[role].mem_fraction_static
+        if ratio < fraction - BELOW:
+            problems.append(f"GPU {g.index} ({role}) uses {ratio:.2f}, expected about {fraction:g}")
+        elif ratio > min(0.995, fraction + ABOVE):
+            warnings.append(f"GPU {g.index} ({role}) uses {ratio:.2f}, well above mem_fraction_static {fraction:g}")
+    observed = "; ".join(lines) or "NVML reports no GPUs"
+    if problems:
+        return failed(cid, observed, expected,
+                      "a role's GPU barely used means its server is down or on other GPUs (check "
+                      "CUDA_DEVICE_ORDER=PCI_BUS_ID and --base-gpu-id); memory on a GPU outside every role means "
+                      "a stray process: find it with `nvidia-smi` and stop it", problems + warnings)
+    if warnings:
+        return warned(cid, observed, expected,
+                      "lower mem_fraction_static or the CUDA graph batch sizes to keep headroom", warnings)
+    return passed(cid, observed, expected, lines)
+
+
+def check_processes(exp: Expectations, gpus: list[GpuObs], owner_of: dict[int, tuple[str | None, str]]) -> CheckResult:
+    """owner_of: pid -> (role whose unit/process tree holds it, or None; description for the report)."""
+    cid = "gpu.processes"
+    owners = _owners(exp)
+    expected = "; ".join(f"GPUs {','.join(map(str, w.gpus))}: only processes of {w.unit}"
+                         for w in exp.workers.values()) + "; other GPUs: none"
+    problems, warnings, lines = [], [], []
+    for g in gpus:
+        role = owners.get(g.index)
+        described = [f"{pid} {owner_of.get(pid, (None, 'unknown'))[1]}" for pid in g.pids]
+        lines.append(f"GPU {g.index}: " + (", ".join(described) or "no processes"))
+        if role is None:
+            if g.pids:
+                problems.append(f"GPU {g.index} belongs to no role but runs {', '.join(described)}")
+            continue
+        if not g.pids:
+            problems.append(f"GPU {g.index} ({role}) runs no process; {exp.workers[role].unit} should hold it")
+        for pid in g.pids:
+            got, desc = owner_of.get(pid, (None, "unknown"))
+            if got is None:
+                warnings.append(f"GPU {g.index}: pid {pid} ({desc}) could not be traced to a unit")
+            elif got != role:
+                problems.append(f"GPU {g.index} belongs to {role} but pid {pid} is {desc}")
+    observed = "; ".join(lines)
+    if problems:
+        return failed(cid, observed, expected,
+                      "a role's server runs on another role's GPUs (check gpus/--base-gpu-id and "
+                      "CUDA_DEVICE_ORDER=PCI_BUS_ID) or a stray process holds a GPU: stop it", problems + warnings)
+    if warnings:
+        return warned(cid, observed, expected,
+                      "run the verifier as root (or in the host's PID namespace) so every GPU process can be traced",
+                      warnings)
+    return passed(cid, observed, expected)

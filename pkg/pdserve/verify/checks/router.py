@@ -1,0 +1,80 @@
+"""The router: ready with every worker healthy, and registered with exactly the configured workers."""
+
+from __future__ import annotations
+
+from pdserve.verify.expect import Expectations
+from pdserve.verify.observations import HttpObs
+from pdserve.verify.result import CheckResult, failed, passed
+
+PD_WORKERS = 2
+
+
+def _counts(body) -> tuple[object, object]:
+    body = body if isinstance(body, dict) else {}
+    return body.get("healthy_workers"), body.get("total_workers")
+
+
+def check_readiness(exp: Expectations, readiness: HttpObs, workers_health: dict[str, HttpObs]) -> CheckResult:
+    cid = "router.readiness"
+    expected = f"{exp.router_url}/readiness: 200 with {PD_WORKERS}/{PD_WORKERS} workers healthy"
+    if readiness.status is None:
+        return failed(cid, readiness.describe(), expected,
+                      f"the router is not listening: `systemctl status {exp.router_unit}`; "
+                      f"`journalctl -u {exp.router_unit} -n 100`")
+    healthy, total = _counts(readiness.body)
+    observed = f"/readiness {readiness.status}, {healthy}/{total} workers healthy"
+    if readiness.status == 200 and healthy == total == PD_WORKERS:
+        return passed(cid, observed, expected)
+    down = {role: obs for role, obs in workers_health.items() if not obs.ok}
+    details = [f"{role} /health: {obs.describe()}" for role, obs in workers_health.items()]
+    if down:
+        why = "; ".join(f"{role} {obs.describe()}" for role, obs in down.items())
+        return failed(cid, f"{observed}; not healthy: {why}", expected,
+                      "the router waits for its workers: " + "; ".join(
+                          f"check `journalctl -u {exp.workers[r].unit}` (a model load takes minutes; 503 means "
+                          f"still starting)" for r in down),
+                      details)
+    return failed(cid, f"{observed}, although both workers answer /health 200", expected,
+                  f"the router did not (yet) register its workers: sglang-router 0.3.2 gives up after "
+                  f"--worker-startup-timeout-secs and never picks them up later; "
+                  f"`systemctl restart {exp.router_unit}` now that the workers are ready", details)
+
+
+def check_workers(exp: Expectations, workers: HttpObs) -> CheckResult:
+    cid = "router.workers"
+    want = {
+        exp.workers["prefill"].url: ("prefill", exp.bootstrap_port),
+        exp.workers["decode"].url: ("decode", None),
+    }
+    expected = "; ".join(f"{kind} {url}" + (f" bootstrap {port}" if port else "")
+                         for url, (kind, port) in want.items())
+    if not workers.ok or not isinstance(workers.body, dict):
+        return failed(cid, workers.describe(), expected,
+                      f"the router's /workers did not answer; `journalctl -u {exp.router_unit} -n 100`")
+    listed = workers.body.get("workers") or []
+    seen: dict[str, tuple[str, int | None, bool]] = {}
+    for w in listed:
+        if isinstance(w, dict):
+            seen[str(w.get("url", "")).rstrip("/")] = (str(w.get("worker_type")), w.get("bootstrap_port"),
+                                                       bool(w.get("is_healthy", False)))
+    observed = "; ".join(f"{kind} {url}" + (f" bootstrap {port}" if port else "") + ("" if ok else " (unhealthy)")
+                         for url, (kind, port, ok) in sorted(seen.items())) or "no workers"
+    problems = []
+    for url, (kind, port) in want.items():
+        if url not in seen:
+            problems.append(f"{kind} {url} is not registered")
+            continue
+        got_kind, got_port, healthy = seen[url]
+        if got_kind != kind:
+            problems.append(f"{url} is registered as {got_kind}, configured as {kind}")
+        if port is not None and got_port != port:
+            problems.append(f"prefill {url} has bootstrap port {got_port}, configured {port}")
+        if not healthy:
+            problems.append(f"{kind} {url} is marked unhealthy by the router")
+    for url in seen.keys() - want.keys():
+        problems.append(f"{url} is registered but not in the deployment")
+    if problems:
+        return failed(cid, observed, expected,
+                      "the router's flags disagree with the deployment: re-render the units "
+                      f"(`pdserve render`) and `systemctl restart {exp.router_unit}`", problems)
+    return passed(cid, observed, expected)

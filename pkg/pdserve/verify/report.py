@@ -1,0 +1,120 @@
+"""The report: a rich table for people, stable JSON (schema_version) for machines.
+
+The JSON's schema is the pydantic model below (`pdserve verify --schema` prints it); bump
+SCHEMA_VERSION on any change that is not a pure addition.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from pdserve.verify.result import CheckResult, Status
+
+SCHEMA_VERSION = 1
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_BROKEN = 0, 1, 2, 3
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CheckRecord(_Strict):
+    id: str = Field(description="Stable check id, e.g. kv.decode")
+    status: Literal["pass", "fail", "warn", "skip"]
+    observed: str = Field(description="What was measured (for skip: why the check did not run)")
+    expected: str
+    duration_ms: int = Field(ge=0)
+    remediation: str = Field(description="What to do when the status is fail or warn; empty on pass")
+    details: list[str] = Field(description="Per-item findings: journal lines, per-GPU values, ...")
+    attempts: int = Field(ge=1, description="How often it ran (--wait retries failing checks)")
+
+
+class Summary(_Strict):
+    pass_: int = Field(alias="pass", ge=0)
+    fail: int = Field(ge=0)
+    warn: int = Field(ge=0)
+    skip: int = Field(ge=0)
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class Report(_Strict):
+    schema_version: Literal[1]
+    deployment: str
+    source: str
+    ok: bool = Field(description="No check failed and the verifier did not break")
+    exit_code: Literal[0, 1, 3]
+    duration_ms: int = Field(ge=0)
+    summary: Summary
+    verifier_errors: list[str] = Field(description="Checks the verifier could not run because of its own bug")
+    checks: list[CheckRecord]
+
+
+def exit_code(results: list[CheckResult], broken: list[str]) -> int:
+    if broken:
+        return EXIT_BROKEN
+    return EXIT_FAILED if any(r.status is Status.FAIL for r in results) else EXIT_OK
+
+
+def build(deployment: str, source: str, results: list[CheckResult], broken: list[str], duration_ms: int) -> dict:
+    counts = {s.value: sum(r.status is s for r in results) for s in Status}
+    code = exit_code(results, broken)
+    data = {
+        "schema_version": SCHEMA_VERSION,
+        "deployment": deployment,
+        "source": source,
+        "ok": code == EXIT_OK,
+        "exit_code": code,
+        "duration_ms": duration_ms,
+        "summary": counts,
+        "verifier_errors": broken,
+        "checks": [r.as_dict() for r in results],
+    }
+    Report.model_validate(data)  # the JSON we print always matches the published schema
+    return data
+
+
+def to_json(data: dict) -> str:
+    return json.dumps(data, indent=2, ensure_ascii=False)
+
+
+def json_schema() -> dict:
+    schema = Report.model_json_schema(by_alias=True)
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "pdserve verify report"
+    return schema
+
+
+_STYLE = {"pass": "green", "fail": "bold red", "warn": "yellow", "skip": "dim"}
+
+
+def print_table(console: Console, data: dict) -> None:
+    table = Table(title=f"pdserve verify: {data['deployment']} ({data['source']})", show_lines=False,
+                  expand=True)
+    table.add_column("check", no_wrap=True)
+    table.add_column("status", no_wrap=True)
+    table.add_column("observed", ratio=3)
+    table.add_column("expected", ratio=2)
+    table.add_column("ms", justify="right", no_wrap=True)
+    for check in data["checks"]:
+        observed = Text(check["observed"])
+        for line in check["details"][:12]:
+            observed.append(f"\n  {line}", style="dim")
+        if check["remediation"] and check["status"] in ("fail", "warn"):
+            observed.append(f"\n→ {check['remediation']}", style=_STYLE[check["status"]])
+        table.add_row(check["id"], Text(check["status"], style=_STYLE[check["status"]]), observed,
+                      check["expected"], str(check["duration_ms"]))
+    console.print(table)
+    s = data["summary"]
+    verdict = "OK" if data["ok"] else ("VERIFIER ERROR" if data["exit_code"] == EXIT_BROKEN else "FAILED")
+    console.print(f"{verdict}: {s['pass']} pass, {s['fail']} fail, {s['warn']} warn, {s['skip']} skip "
+                  f"in {data['duration_ms'] / 1000:.1f} s", style=_STYLE["pass" if data["ok"] else "fail"])
+    for error in data["verifier_errors"]:
+        console.print(f"verifier error: {error}", style="bold red")
