@@ -1,0 +1,253 @@
+"""What can be checked of the Nix side without nixpkgs: every .nix file parses, builtins-only
+evaluation agrees with pdserve, flake.lock matches flake.nix and pins only GitHub revisions, and the
+uv lock files are current.
+
+nixpkgs cannot be fetched here, so the flake's outputs, the module and the VM test are evaluated by
+`nix flake check` on a networked host (README, "Nix"). PDSERVE_REQUIRE_NIX=1 / PDSERVE_REQUIRE_UV=1
+(CI) turn the skips for a missing nix-instantiate / uv into failures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pdserve.config import Deployment
+from pdserve.loading import load, parse_document
+from tests.conftest import require_or_skip
+
+REPO = Path(__file__).resolve().parents[2]
+DEPLOYMENT = REPO / "hosts" / "gpu-host" / "deployment.toml"
+MODULE = REPO / "nixos-modules" / "pdserve.nix"
+SKIP_DIRS = {".git", ".venv", "node_modules", "result"}
+HEX40 = re.compile(r"^[0-9a-f]{40}$")
+SRI_SHA256 = re.compile(r"^sha256-[A-Za-z0-9+/]{43}=$")
+TIMEOUT = 60
+
+
+def nix_instantiate() -> str:
+    found = shutil.which("nix-instantiate")
+    require_or_skip(found is not None, "nix-instantiate is not installed (Debian: apt-get install nix-bin)",
+                    "PDSERVE_REQUIRE_NIX")
+    assert found is not None
+    return found
+
+
+def nix_eval(expression: str) -> Any:
+    """Evaluate a builtins-only expression strictly and return it as JSON data."""
+    result = subprocess.run(
+        [nix_instantiate(), "--eval", "--strict", "--json", "-E", expression],
+        capture_output=True, text=True, timeout=TIMEOUT, cwd=REPO,
+    )
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def nix_files() -> list[Path]:
+    files = []
+    for path in REPO.rglob("*.nix"):
+        if not SKIP_DIRS.intersection(path.relative_to(REPO).parts):
+            files.append(path)
+    return sorted(files)
+
+
+def test_the_nix_files_this_project_needs_exist() -> None:
+    present = {p.relative_to(REPO).as_posix() for p in nix_files()}
+    for required in ("flake.nix", "nixos-modules/pdserve.nix", "hosts/gpu-host/configuration.nix",
+                     "hosts/gpu-host/hardware-configuration.nix", "pkg/sglang-env/default.nix",
+                     "tests/nix/vm-test.nix"):
+        assert required in present, f"{required} is missing"
+
+
+@pytest.mark.parametrize("path", nix_files(), ids=lambda p: p.relative_to(REPO).as_posix())
+def test_nix_file_parses(path: Path) -> None:
+    result = subprocess.run([nix_instantiate(), "--parse", str(path)],
+                            capture_output=True, text=True, timeout=TIMEOUT)
+    assert result.returncode == 0, f"{path.relative_to(REPO)} does not parse:\n{result.stderr}"
+
+
+# --- builtins-only evaluation against pdserve ----------------------------------------------------
+
+def nix_reads_deployment() -> dict[str, Any]:
+    return nix_eval(f"builtins.fromTOML (builtins.readFile {DEPLOYMENT})")
+
+
+def test_nix_reads_the_host_deployment_exactly_as_pdserve_does() -> None:
+    from_nix = nix_reads_deployment()
+    from_pdserve = parse_document(DEPLOYMENT.read_text(encoding="utf-8"), "toml", str(DEPLOYMENT))
+    assert from_nix == from_pdserve
+
+
+def module_writes(tmp_path: Path) -> Path:
+    """The JSON the module hands pdserve for the gpu-host: the TOML as Nix reads it, plus the keys the
+    module types and fills in (see module_defaults_match_pdserve below for why those agree)."""
+    expression = f"""
+      let
+        settings = builtins.fromTOML (builtins.readFile {DEPLOYMENT});
+        systemd = settings.systemd or {{ }};
+      in
+      settings // {{
+        name = settings.name or "dsv4";
+        router = {{ host = "127.0.0.1"; port = 30001; }} // (settings.router or {{ }});
+        systemd = {{ user = "pdserve"; group = "pdserve"; wanted_by = "multi-user.target"; }} // systemd;
+      }}
+    """
+    path = tmp_path / "pdserve-dsv4.json"
+    path.write_text(json.dumps(nix_eval(expression)), encoding="utf-8")
+    return path
+
+
+def test_the_settings_the_module_writes_pass_pdserve_check(tmp_path: Path) -> None:
+    path = module_writes(tmp_path)
+    result = subprocess.run(
+        [sys.executable, "-m", "pdserve.cli", "check", "--no-host", "--no-parsers", "-c", str(path)],
+        capture_output=True, text=True, timeout=TIMEOUT, cwd=REPO,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_settings_the_module_writes_load_as_the_same_deployment(tmp_path: Path) -> None:
+    assert load(module_writes(tmp_path)).deployment == load(DEPLOYMENT).deployment
+
+
+def module_default(option_path: str) -> str:
+    """The literal `default = ...;` of an option declared as `<last segment> = mkOption {` in the
+    module, found inside the block that follows `<parent> = {` (or at top level of settings)."""
+    text = MODULE.read_text(encoding="utf-8")
+    *parents, leaf = option_path.split(".")
+    start = 0
+    for parent in parents:
+        found = re.search(rf"\b{re.escape(parent)} = \{{", text[start:])
+        assert found, f"{parent} block not found in {MODULE.name}"
+        start += found.end()
+    option = re.search(rf"\b{re.escape(leaf)} = mkOption \{{(.*?)\n\s*\}};", text[start:], re.S)
+    assert option, f"option {option_path} not found in {MODULE.name}"
+    default = re.search(r"\bdefault = (.+?);", option.group(1))
+    assert default, f"option {option_path} has no default in {MODULE.name}"
+    return default.group(1).strip()
+
+
+@pytest.mark.parametrize(("option", "section", "field"), [
+    ("router.host", "router", "host"),
+    ("router.port", "router", "port"),
+    ("systemd.user", "systemd", "user"),
+    ("systemd.group", "systemd", "group"),
+    ("systemd.wanted_by", "systemd", "wanted_by"),
+])
+def test_module_defaults_match_pdserve(option: str, section: str, field: str) -> None:
+    """The module types a few keys and gives them defaults; those must be pdserve's defaults, or a
+    deployment that leaves them out would mean one thing to the module and another to pdserve."""
+    expected = Deployment.model_fields[section].default_factory().__getattribute__(field)  # type: ignore[misc]
+    assert module_default(option) == json.dumps(expected)
+
+
+# --- flake.lock -----------------------------------------------------------------------------------
+
+def flake_inputs() -> dict[str, Any]:
+    # flake.nix is a plain attribute set; its `inputs` need no nixpkgs to evaluate.
+    return nix_eval(f"(import {REPO / 'flake.nix'}).inputs")
+
+
+def lock() -> dict[str, Any]:
+    return json.loads((REPO / "flake.lock").read_text(encoding="utf-8"))
+
+
+def test_flake_lock_is_well_formed_json_of_version_7() -> None:
+    data = lock()
+    assert data["version"] == 7
+    assert data["root"] == "root"
+    assert "root" in data["nodes"]
+
+
+def test_flake_lock_pins_only_github_revisions() -> None:
+    for name, node in lock()["nodes"].items():
+        if name == "root":
+            continue
+        locked, original = node["locked"], node["original"]
+        assert locked["type"] == "github" == original["type"], f"{name}: {locked['type']} input"
+        assert "path" not in json.dumps(node).replace('"narHash"', ""), f"{name} records a path input"
+        assert HEX40.match(locked["rev"]), f"{name}: rev {locked['rev']!r}"
+        assert SRI_SHA256.match(locked["narHash"]), f"{name}: narHash {locked['narHash']!r}"
+        assert isinstance(locked["lastModified"], int) and locked["lastModified"] > 1_700_000_000, name
+
+
+def github_url(owner: str, repo: str, ref: str | None = None) -> str:
+    return f"github:{owner}/{repo}" + (f"/{ref}" if ref else "")
+
+
+def test_flake_lock_matches_the_inputs_of_flake_nix() -> None:
+    inputs = flake_inputs()
+    data = lock()
+    nodes = data["nodes"]
+    root_inputs = nodes["root"]["inputs"]
+    assert set(root_inputs) == set(inputs), "flake.lock's root inputs differ from flake.nix's inputs"
+    for name, spec in inputs.items():
+        node = nodes[root_inputs[name]]
+        original = node["original"]
+        url = github_url(original["owner"], original["repo"], original.get("ref"))
+        assert url.lower() == spec["url"].lower(), f"{name}: flake.nix says {spec['url']}, flake.lock {url}"
+        follows = {k: v["follows"] for k, v in spec.get("inputs", {}).items()}
+        locked_inputs = node.get("inputs", {})
+        for sub, target in follows.items():
+            assert locked_inputs.get(sub) == target.split("/"), f"{name}.inputs.{sub} should follow {target}"
+        assert set(locked_inputs) == set(follows), f"{name}: flake.lock has inputs flake.nix does not follow"
+
+
+def test_every_input_follows_the_one_nixpkgs() -> None:
+    inputs = flake_inputs()
+    for name, spec in inputs.items():
+        if name == "nixpkgs":
+            continue
+        assert spec.get("inputs", {}).get("nixpkgs", {}).get("follows") == "nixpkgs", (
+            f"{name} does not follow nixpkgs: write {name}.inputs.nixpkgs.follows = \"nixpkgs\";")
+
+
+# --- uv lock files ----------------------------------------------------------------------------------
+
+def uv() -> str:
+    found = shutil.which("uv") or (str(Path(sys.executable).parent / "uv")
+                                   if (Path(sys.executable).parent / "uv").exists() else None)
+    require_or_skip(found is not None, "uv is not installed (pip install uv)", "PDSERVE_REQUIRE_UV")
+    assert found is not None
+    return found
+
+
+@pytest.mark.parametrize("project", [".", "pkg/sglang-env"])
+def test_uv_lock_is_current(project: str, tmp_path: Path) -> None:
+    """`uv lock --check` against the committed lock, offline and with an empty cache: the lock alone
+    must satisfy pyproject.toml (no network, nothing remembered from earlier runs)."""
+    env = {**os.environ, "UV_CACHE_DIR": str(tmp_path / "uv-cache"), "UV_OFFLINE": "1",
+           "UV_PYTHON_DOWNLOADS": "never"}
+    result = subprocess.run(
+        [uv(), "lock", "--check", "--python", sys.executable],
+        capture_output=True, text=True, timeout=TIMEOUT, cwd=REPO / project, env=env,
+    )
+    assert result.returncode == 0, f"{project}/uv.lock is stale; run `uv lock` there:\n{result.stderr}"
+
+
+def test_sglang_env_pins_what_pdserve_is_pinned_to() -> None:
+    from pdserve import pins
+
+    pyproject = tomllib.loads((REPO / "pkg" / "sglang-env" / "pyproject.toml").read_text(encoding="utf-8"))
+    assert set(pyproject["project"]["dependencies"]) == {
+        f"sglang=={pins.SGLANG_VERSION}",
+        f"sglang-router=={pins.SGLANG_ROUTER_VERSION}",
+        f"nixl-cu13=={pins.NIXL_VERSION}",
+    }
+    locked = {p["name"]: p["version"] for p in
+              tomllib.loads((REPO / "pkg" / "sglang-env" / "uv.lock").read_text(encoding="utf-8"))["package"]}
+    assert locked["sglang"] == pins.SGLANG_VERSION
+    assert locked["sglang-router"] == pins.SGLANG_ROUTER_VERSION
+    assert locked["nixl-cu13"] == pins.NIXL_VERSION
+    assert "torch" not in {p["name"] for p in
+                           tomllib.loads((REPO / "uv.lock").read_text(encoding="utf-8"))["package"]}, (
+        "torch entered pdserve's own lock: the orchestrator's closure must stay free of it")
