@@ -92,16 +92,6 @@ __device__ __forceinline__ int row_len(const DsaParams& p, int b, int j) {
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
 }
-// Keys are read once: mark them evict-first so the scores written next stay in L2 for the select pass.
-__device__ __forceinline__ uint64_t evict_first_policy() {
-  uint64_t pol;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
-  return pol;
-}
-__device__ __forceinline__ void cp_async16_hint(uint32_t dst, const void* src, uint64_t pol) {
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "l"(pol)
-               : "memory");
-}
 // Programmatic dependent launch: the select grid may start while the scoring grid drains, and waits
 // here until the scoring grid's memory is visible. Both are no-ops without the launch attribute.
 __device__ __forceinline__ void griddep_launch_dependents() {
@@ -304,7 +294,6 @@ __device__ __forceinline__ void score_body(const DsaParams& p) {
     }
   }
   for (int i = tid; i < NN * kBins1 / 2; i += kScoreThreads) hist_s[i] = 0;
-  const uint64_t pol = evict_first_policy();
 
   auto load_page = [&](int i, int slot) {
     const uint8_t* blk = p.kv + static_cast<long long>(bt[i]) * kBlockBytes;
@@ -312,9 +301,9 @@ __device__ __forceinline__ void score_body(const DsaParams& p) {
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       const int c = tid + u * kScoreThreads;
-      cp_async16_hint(dst + swz(c >> 3, c & 7), blk + c * 16, pol);
+      cp_async16(dst + swz(c >> 3, c & 7), blk + c * 16);
     }
-    if (tid < 16) cp_async16_hint(smem_u32(sc_s + slot * kPage) + tid * 16, blk + kTileBytes + tid * 16, pol);
+    if (tid < 16) cp_async16(smem_u32(sc_s + slot * kPage) + tid * 16, blk + kTileBytes + tid * 16);
   };
 #pragma unroll
   for (int st = 0; st < kStages - 1; ++st) {
