@@ -298,6 +298,7 @@
 
         vm-test = import ./tests/nix/vm-test.nix {
           inherit pkgs lib;
+          inherit (pkgs) pdserve;
           routerEnv = sglang.routerEnv;
         };
       };

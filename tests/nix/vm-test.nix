@@ -5,7 +5,8 @@
 {
   pkgs,
   lib,
-  # A Python environment holding sglang-router and its dependencies (no torch).
+  # pdserve itself, and a Python environment holding sglang-router and its dependencies (no torch).
+  pdserve,
   routerEnv,
 }:
 let
@@ -59,6 +60,7 @@ pkgs.testers.runNixOSTest {
 
     services.pdserve = {
       enable = true;
+      package = pdserve;
       sglangPackage = standinSglang;
       deployments.dsv4 = {
         inherit settings;
