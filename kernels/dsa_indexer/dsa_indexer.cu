@@ -45,7 +45,8 @@ constexpr int kBins1 = 4096;                       // top 12 bits
 constexpr int kBins2 = 1024;                       // next 10 bits
 constexpr int kBins3 = 1024;                       // last 10 bits
 constexpr int kCtr = 8;                            // ints per row in DsaParams::ctr
-constexpr int kMaxSubs = 8;                        // keeps a select CTA's counts below 2^15
+constexpr int kMaxSubs = 8;
+constexpr int kSelectRing = 3;                     // sub-chunks of scores in flight per select CTA                        // keeps a select CTA's counts below 2^15
 
 }  // namespace
 
@@ -59,8 +60,7 @@ struct DsaParams {
   uint2* cand;       // [rows, len_stride] (key bits, position)
   int* ghist;        // [rows, 4096], zero between calls
   int* ghist2;       // [rows, 1024], zero between calls
-  int* ctr;          // [rows, 8]: sure count, candidate count, select CTAs done, scoring CTAs done,
-                     //            T1, count above T1; zero between calls
+  int* ctr;          // [rows, 8]: sure count, candidate count, select CTAs done; zero between calls
   int* out;          // [rows, topk]
   int batch;
   int next_n;
@@ -382,54 +382,14 @@ __device__ __forceinline__ void score_body(const DsaParams& p) {
   }
   cp_async_wait<0>();
   __syncthreads();
-  bool any_hist = false;
 #pragma unroll
   for (int j = 0; j < NN; ++j) {
     if (!want_hist[j]) continue;
-    any_hist = true;
     int* gh = p.ghist + static_cast<size_t>(b * NN + j) * kBins1;
     for (int i = tid; i < kBins1 / 2; i += kScoreThreads) {
       const uint32_t c = hist_s[j * (kBins1 / 2) + i];
       if (c & 0xFFFFu) atomicAdd(&gh[2 * i], static_cast<int>(c & 0xFFFFu));
       if (c >> 16) atomicAdd(&gh[2 * i + 1], static_cast<int>(c >> 16));
-    }
-  }
-  if (!any_hist) return;
-  // The last scoring CTA of this request finds each row's threshold bin T1 once, so the select CTAs
-  // read two ints instead of scanning the histogram each.
-  __shared__ int s_warp[kScoreThreads / 32];
-  __shared__ int s_res[2];
-  __shared__ int s_last;
-  __threadfence();
-  __syncthreads();
-  if (tid == 0) {
-    int* done = p.ctr + static_cast<size_t>(b * NN) * kCtr + 3;
-    const int n_ctas = (n_pages + p.chunk_pages - 1) / p.chunk_pages;
-    s_last = atomicAdd(done, 1) == n_ctas - 1;
-    if (s_last) *done = 0;   // every other CTA of the request has counted already
-  }
-  __syncthreads();
-  if (!s_last) return;
-  __threadfence();
-#pragma unroll
-  for (int j = 0; j < NN; ++j) {
-    if (!want_hist[j]) continue;
-    const int row = b * NN + j;
-    constexpr int PER = kBins1 / kScoreThreads;   // 32 bins: thread t holds 4095-32t down to 4064-32t
-    int c[PER];
-    const int4* src = reinterpret_cast<const int4*>(p.ghist + static_cast<size_t>(row) * kBins1 + kBins1 - PER * (tid + 1));
-#pragma unroll
-    for (int u = 0; u < PER / 4; ++u) {
-      const int4 x = __ldcg(src + u);
-      c[PER - 1 - 4 * u] = x.x;
-      c[PER - 2 - 4 * u] = x.y;
-      c[PER - 3 - 4 * u] = x.z;
-      c[PER - 4 - 4 * u] = x.w;
-    }
-    find_threshold<PER, kScoreThreads>(c, kBins1, p.topk, s_warp, s_res);
-    if (tid == 0) {
-      p.ctr[static_cast<size_t>(row) * kCtr + 4] = s_res[0];
-      p.ctr[static_cast<size_t>(row) * kCtr + 5] = s_res[1];
     }
   }
 }
@@ -458,6 +418,7 @@ extern "C" __global__ void __launch_bounds__(kSelectThreads) dsa_select(const __
   constexpr int kPerThread = kSelectChunk / kSelectThreads;   // 16 scores, as 4 float4
   __shared__ int s_hist[kBins2];
   __shared__ uint32_t s_mask[kMaxSubs][kSelectThreads];   // per sub-chunk: sure bits | tie bits << 16
+  extern __shared__ float4 s_ring[];   // kSelectRing x 4 x 256 float4: this thread's scores, in flight
   __shared__ int s_warp[kSelectThreads / 32];
   __shared__ int s_res[2];
   __shared__ int s_misc[4];
@@ -483,34 +444,60 @@ extern "C" __global__ void __launch_bounds__(kSelectThreads) dsa_select(const __
   uint2* cand = p.cand + static_cast<size_t>(row) * p.len_stride;
   const float* srow = p.scores + static_cast<size_t>(row) * p.len_stride;
 
-  // This CTA covers select_subs sub-chunks of 4096 scores. Pass 1 classifies them against T1 into
-  // bit masks (loads for the next sub-chunk in flight); one block scan and one global atomic per
-  // counter then place every output; pass 2 writes them.
+  // This CTA covers select_subs sub-chunks of 4096 scores, streamed through a cp.async ring (each
+  // thread reads back only what it loaded, so no barrier is needed). Pass 1 classifies them against
+  // T1 into bit masks; one block scan and one global atomic per counter place every output; pass 2
+  // writes them.
   const int n_sub = p.select_subs;
   const int span = blockIdx.x * n_sub * kSelectChunk;
-  auto load = [&](float4 (&v)[kPerThread / 4], int base) {
+  auto issue = [&](int sub) {
+    if (sub < n_sub) {
+      const int base = span + sub * kSelectChunk;
+      float4* slot = s_ring + (sub % kSelectRing) * (kPerThread / 4) * kSelectThreads;
 #pragma unroll
-    for (int it = 0; it < kPerThread / 4; ++it) {
-      const int s4 = base + (it * kSelectThreads + tid) * 4;
-      v[it] = s4 < len ? __ldcg(reinterpret_cast<const float4*>(srow + s4)) : make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int it = 0; it < kPerThread / 4; ++it) {
+        const int s4 = base + (it * kSelectThreads + tid) * 4;
+        if (s4 < len) cp_async16(smem_u32(slot + it * kSelectThreads + tid), srow + s4);
+      }
     }
+    cp_async_commit();
   };
-  float4 v[kPerThread / 4], vn[kPerThread / 4];
-  load(v, span);
-  const uint32_t T1 = static_cast<uint32_t>(__ldcg(&ctr[4]));
-  const int above1 = __ldcg(&ctr[5]);
+#pragma unroll
+  for (int k = 0; k < kSelectRing - 1; ++k) issue(k);
+
+  // Threshold bin T1 of the row (every CTA of the row finds the same one) while the scores stream in.
   for (int i = tid; i < kBins2; i += kSelectThreads) s_hist[i] = 0;
+  {
+    constexpr int PER = kBins1 / kSelectThreads;   // 16 bins: thread t holds bins 4095-16t down to 4080-16t
+    int c[PER];
+    const int4* src = reinterpret_cast<const int4*>(gh1 + kBins1 - PER * (tid + 1));
+#pragma unroll
+    for (int u = 0; u < PER / 4; ++u) {
+      const int4 x = __ldcg(src + u);
+      c[PER - 1 - 4 * u] = x.x;
+      c[PER - 2 - 4 * u] = x.y;
+      c[PER - 3 - 4 * u] = x.z;
+      c[PER - 4 - 4 * u] = x.w;
+    }
+    find_threshold<PER, kSelectThreads>(c, kBins1, K, s_warp, s_res);
+  }
+  const uint32_t T1 = static_cast<uint32_t>(s_res[0]);
+  const int above1 = s_res[1];
+
   int n_sure = 0, n_tie_mine = 0;
   for (int sub = 0; sub < n_sub; ++sub) {
+    issue(sub + kSelectRing - 1);
+    cp_async_wait<kSelectRing - 1>();
     const int base = span + sub * kSelectChunk;
-    if (sub + 1 < n_sub) load(vn, base + kSelectChunk);
+    const float4* slot = s_ring + (sub % kSelectRing) * (kPerThread / 4) * kSelectThreads;
     uint32_t m = 0;
 #pragma unroll
     for (int it = 0; it < kPerThread / 4; ++it) {
+      const float4 v = slot[it * kSelectThreads + tid];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int s = base + (it * kSelectThreads + tid) * 4 + e;
-        const uint32_t bin = ord_key(f4get(v[it], e)) >> 20;
+        const uint32_t bin = ord_key(f4get(v, e)) >> 20;
         if (s < len) {
           if (bin > T1) m |= 1u << (it * 4 + e);
           if (bin == T1) m |= 1u << (16 + it * 4 + e);
@@ -520,8 +507,6 @@ extern "C" __global__ void __launch_bounds__(kSelectThreads) dsa_select(const __
     s_mask[sub][tid] = m;
     n_sure += __popc(m & 0xFFFFu);
     n_tie_mine += __popc(m >> 16);
-#pragma unroll
-    for (int it = 0; it < kPerThread / 4; ++it) v[it] = vn[it];
   }
   int total = 0;
   const int excl = block_excl_scan<kSelectThreads>(n_sure | (n_tie_mine << 16), s_warp, &total);

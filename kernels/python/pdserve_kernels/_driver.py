@@ -90,7 +90,7 @@ class Module:
                 f = ctypes.c_void_p()
                 lib.check(lib.cu.cuModuleGetFunction(ctypes.byref(f), self.mod, name.encode()),
                           f"cuModuleGetFunction({name})")
-                if dyn_smem > 48 * 1024:
+                if dyn_smem > 0:  # static + dynamic above 48 KB needs the opt-in
                     lib.check(lib.cu.cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                                         dyn_smem), f"cuFuncSetAttribute({name})")
                 self.fn[name] = f

@@ -47,6 +47,7 @@ SELECT_THREADS = 256
 BINS1, BINS2 = 4096, 1024
 CTR = 8            # ints per row of the counters workspace (kCtr)
 MAX_SUBS = 8       # kMaxSubs
+SELECT_SMEM = 3 * SELECT_CHUNK * 4   # kSelectRing sub-chunks of fp32 scores
 
 
 class _Params(ctypes.Structure):
@@ -90,7 +91,7 @@ class DsaIndexer:
     _KERNELS = {
         "dsa_score_wgmma_n1": score_smem_bytes(1), "dsa_score_wgmma_n2": score_smem_bytes(2),
         "dsa_score_mma_n1": score_smem_bytes(1), "dsa_score_mma_n2": score_smem_bytes(2),
-        "dsa_select": 0,
+        "dsa_select": SELECT_SMEM,
     }
 
     def __init__(self, device=None, fatbin: str | os.PathLike | None = None) -> None:
@@ -190,7 +191,7 @@ class DsaIndexer:
                 # Programmatic dependent launch (sm_90+): the select grid is scheduled while the scoring
                 # grid drains and waits in-kernel (griddepcontrol.wait) for its results.
                 use_pdl = self.capability[0] >= 9 if pdl is None else pdl
-                self.module.launch("dsa_select", (-(-runs // subs), rows, 1), SELECT_THREADS, 0,
+                self.module.launch("dsa_select", (-(-runs // subs), rows, 1), SELECT_THREADS, SELECT_SMEM,
                                    stream, p, programmatic=use_pdl)
         if return_scores:
             return out, scores
