@@ -21,6 +21,14 @@ for B, L in shapes:
     w = torch.randn((B, 64), device="cuda", generator=gen) / 8
     ctx = torch.full((B,), L, dtype=torch.int32, device="cuda")
     for _ in range(2):
-        ind(q, w, kv, ctx, used, 2048, max_len=L)
+        out, sc = ind(q, w, kv, ctx, used, 2048, max_len=L, return_scores=True)
     torch.cuda.synchronize()
-    print("done", B, L, flush=True)
+    # Candidate counts the select pass sees: positions in the threshold bin (top 12 bits), and in the
+    # second-level bin (next 10 bits).
+    u = sc[:, :L].contiguous().view(torch.int32).long() & 0xFFFFFFFF
+    key = torch.where(u >= 0x80000000, 0xFFFFFFFF - u, u | 0x80000000)
+    kth = torch.topk(key, 2048, dim=1).values[:, -1:]
+    t1 = (key >> 20) == (kth >> 20)
+    t2 = t1 & (((key >> 10) & 1023) == ((kth >> 10) & 1023))
+    print("done", B, L, "ties per row: bin1 mean %.0f max %d, bin2 mean %.0f" % (
+        t1.sum(1).float().mean(), t1.sum(1).max(), t2.sum(1).float().mean()), flush=True)

@@ -45,8 +45,8 @@ constexpr int kBins1 = 4096;                       // top 12 bits
 constexpr int kBins2 = 1024;                       // next 10 bits
 constexpr int kBins3 = 1024;                       // last 10 bits
 constexpr int kCtr = 8;                            // ints per row in DsaParams::ctr
-constexpr int kMaxSubs = 8;
-constexpr int kSelectRing = 3;                     // sub-chunks of scores in flight per select CTA                        // keeps a select CTA's counts below 2^15
+constexpr int kMaxSubs = 16;                       // 4096-score sub-chunks per select CTA, at most
+constexpr int kSelectRing = 3;                     // sub-chunks of scores in flight per select CTA
 
 }  // namespace
 
@@ -78,9 +78,10 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// Order-preserving uint32 of a float: flip all bits of negatives, only the sign bit of positives.
 __device__ __forceinline__ uint32_t ord_key(float x) {
   const uint32_t u = __float_as_uint(x);
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  return u ^ (static_cast<uint32_t>(static_cast<int32_t>(u) >> 31) | 0x80000000u);
 }
 
 __device__ __forceinline__ int row_len(const DsaParams& p, int b, int j) {
@@ -207,18 +208,18 @@ __device__ __forceinline__ void page_dots_mma(float (&acc)[NN * 32], uint32_t ti
 }
 
 // ---------------------------------------------------------------------------------------------
-template <int NT>
-__device__ __forceinline__ int block_excl_scan(int v, int* s_warp, int* total = nullptr) {
+template <int NT, typename T = int>
+__device__ __forceinline__ T block_excl_scan(T v, T* s_warp, T* total = nullptr) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  int x = v;
+  T x = v;
 #pragma unroll
   for (int o = 1; o < 32; o <<= 1) {
-    const int y = __shfl_up_sync(0xffffffffu, x, o);
+    const T y = __shfl_up_sync(0xffffffffu, x, o);
     if (lane >= o) x += y;
   }
   if (lane == 31) s_warp[warp] = x;
   __syncthreads();
-  int base = 0, all = 0;
+  T base = 0, all = 0;
 #pragma unroll
   for (int w = 0; w < NT / 32; ++w) {
     if (w < warp) base += s_warp[w];
@@ -422,6 +423,7 @@ extern "C" __global__ void __launch_bounds__(kSelectThreads) dsa_select(const __
   __shared__ int s_warp[kSelectThreads / 32];
   __shared__ int s_res[2];
   __shared__ int s_misc[4];
+  __shared__ unsigned long long s_warp64[kSelectThreads / 32];
 
   griddep_wait();   // everything below reads what the scoring grid wrote
   const int row = blockIdx.y;
@@ -483,6 +485,7 @@ extern "C" __global__ void __launch_bounds__(kSelectThreads) dsa_select(const __
   }
   const uint32_t T1 = static_cast<uint32_t>(s_res[0]);
   const int above1 = s_res[1];
+  const uint32_t lo1 = T1 << 20;
 
   int n_sure = 0, n_tie_mine = 0;
   for (int sub = 0; sub < n_sub; ++sub) {
@@ -491,47 +494,47 @@ extern "C" __global__ void __launch_bounds__(kSelectThreads) dsa_select(const __
     const int base = span + sub * kSelectChunk;
     const float4* slot = s_ring + (sub % kSelectRing) * (kPerThread / 4) * kSelectThreads;
     uint32_t m = 0;
+    const bool full = base + kSelectChunk <= len;   // uniform: skip the per-element length test
 #pragma unroll
     for (int it = 0; it < kPerThread / 4; ++it) {
       const float4 v = slot[it * kSelectThreads + tid];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int s = base + (it * kSelectThreads + tid) * 4 + e;
-        const uint32_t bin = ord_key(f4get(v, e)) >> 20;
-        if (s < len) {
-          if (bin > T1) m |= 1u << (it * 4 + e);
-          if (bin == T1) m |= 1u << (16 + it * 4 + e);
-        }
+        const uint32_t d = ord_key(f4get(v, e)) - lo1;   // bin > T1 <=> d >= 2^20 (no wrap: lo1 <= key)
+        const bool valid = full || base + (it * kSelectThreads + tid) * 4 + e < len;
+        const bool ge = ord_key(f4get(v, e)) >= lo1;
+        m |= static_cast<uint32_t>(valid && ge && d >= (1u << 20)) << (it * 4 + e);
+        m |= static_cast<uint32_t>(valid && ge && d < (1u << 20)) << (16 + it * 4 + e);
       }
     }
     s_mask[sub][tid] = m;
     n_sure += __popc(m & 0xFFFFu);
     n_tie_mine += __popc(m >> 16);
   }
-  int total = 0;
-  const int excl = block_excl_scan<kSelectThreads>(n_sure | (n_tie_mine << 16), s_warp, &total);
+  unsigned long long total = 0;
+  const unsigned long long excl = block_excl_scan<kSelectThreads, unsigned long long>(
+      static_cast<unsigned long long>(n_sure) | (static_cast<unsigned long long>(n_tie_mine) << 32), s_warp64, &total);
   if (tid == 0) {
-    s_misc[0] = (total & 0xFFFF) ? atomicAdd(&ctr[0], total & 0xFFFF) : 0;
-    s_misc[1] = (total >> 16) ? atomicAdd(&ctr[1], total >> 16) : 0;
+    const int ts = static_cast<int>(total & 0xFFFFFFFFull), tt = static_cast<int>(total >> 32);
+    s_misc[0] = ts ? atomicAdd(&ctr[0], ts) : 0;
+    s_misc[1] = tt ? atomicAdd(&ctr[1], tt) : 0;
   }
   __syncthreads();
-  int ps = s_misc[0] + (excl & 0xFFFF), pt = s_misc[1] + (excl >> 16);
+  int ps = s_misc[0] + static_cast<int>(excl & 0xFFFFFFFFull), pt = s_misc[1] + static_cast<int>(excl >> 32);
   for (int sub = 0; sub < n_sub; ++sub) {
-    const uint32_t m = s_mask[sub][tid];
-    if (!m) continue;
+    uint32_t m = s_mask[sub][tid];
     const int base = span + sub * kSelectChunk;
-#pragma unroll
-    for (int it = 0; it < kPerThread / 4; ++it) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int bit = it * 4 + e;
-        const int s = base + (it * kSelectThreads + tid) * 4 + e;
-        if ((m >> bit) & 1u) out[ps++] = s;
-        if ((m >> (16 + bit)) & 1u) {   // rare: re-read the score from L2 for its low bits
-          const uint32_t key = ord_key(__ldcg(srow + s));
-          cand[pt++] = make_uint2(key, static_cast<uint32_t>(s));
-          atomicAdd(&s_hist[(key >> 10) & (kBins2 - 1)], 1);
-        }
+    while (m) {
+      const int bit = __ffs(m) - 1;
+      m &= m - 1;
+      const int eb = bit & 15;
+      const int s = base + ((eb >> 2) * kSelectThreads + tid) * 4 + (eb & 3);
+      if (bit < 16) {
+        out[ps++] = s;
+      } else {   // rare: re-read the score from L2 for its low bits
+        const uint32_t key = ord_key(__ldcg(srow + s));
+        cand[pt++] = make_uint2(key, static_cast<uint32_t>(s));
+        atomicAdd(&s_hist[(key >> 10) & (kBins2 - 1)], 1);
       }
     }
   }

@@ -46,7 +46,7 @@ SCORE_THREADS = 128
 SELECT_THREADS = 256
 BINS1, BINS2 = 4096, 1024
 CTR = 8            # ints per row of the counters workspace (kCtr)
-MAX_SUBS = 8       # kMaxSubs
+MAX_SUBS = 16      # kMaxSubs
 SELECT_SMEM = 3 * SELECT_CHUNK * 4   # kSelectRing sub-chunks of fp32 scores
 
 
@@ -129,10 +129,10 @@ class DsaIndexer:
             self._ctr.zero_()
 
     def default_chunk_pages(self, batch: int, max_len: int, next_n: int) -> int:
-        # Enough pages per CTA to amortise its setup, few enough that every SM gets work at small batch.
-        ctas_per_sm = 3 if next_n == 1 else 2
+        # Enough pages per CTA to amortise its setup, few enough that every SM gets work at small batch
+        # (about two CTAs per SM; measured best on H200 within 10% at B=1..128, kernels/NOTES.md).
         pages = batch * ((max_len + PAGE - 1) // PAGE)
-        per_cta = -(-pages // (self.num_sms * ctas_per_sm))
+        per_cta = -(-pages // (self.num_sms * 2))
         return max(2, min(32, per_cta))
 
     def __call__(self, q, weights, kv_cache, context_lens, block_table, topk: int, *, max_len: int | None = None,
