@@ -15,15 +15,18 @@
 // Outputs: out int32 [B * next_n, topk] (unordered set for rows longer than topk);
 //          scores fp32 [B * next_n, len_stride]: the logits, written at s < len only.
 //
-// Two launches, cost proportional to the actual lengths:
+// Two launches, cost proportional to the actual lengths (CTAs past a row's length exit at once):
 //   dsa_score_*: grid (chunks, B). One CTA scores chunk_pages pages of one request for all next_n
-//     tokens (keys read once), writes the fp32 scores, and adds a 4096-bin histogram of each score's
-//     top 12 order-preserving bits into a per-row global histogram.
-//   dsa_select: grid (len_stride / 4096, rows). Each CTA finds the threshold bin T from the row's
-//     histogram, emits its positions above T straight into the output, appends positions in bin T to
-//     a candidate list with a second-level histogram (next 10 bits); the last CTA of the row resolves
-//     the remaining slots exactly on the last 10 bits and resets the row's histograms and counters
-//     (so the workspace stays zero between calls without a memset launch).
+//     tokens (keys read once, 6-stage cp.async ring), writes the fp32 scores, and adds a 4096-bin
+//     histogram of each score's top 12 order-preserving bits into the row's global histogram.
+//   dsa_select: grid (CTAs per row, rows), one wave, launched with programmatic dependent launch.
+//     Each CTA finds the threshold bin T1 (count above T1 < k <= count at or above) from the row's
+//     histogram while its scores stream in (select_subs x 4096 through a cp.async ring), classifies
+//     them, places its outputs with one block scan and one global atomic per counter, writes the
+//     positions above T1 straight into the output and those in bin T1 to a candidate list with a
+//     second-level histogram (next 10 bits). The last CTA of the row resolves the remaining slots
+//     exactly on the last 20 bits and resets the row's histograms and counters, so the workspace
+//     stays zero between calls without a memset launch.
 // Scores equal to the k-th score bit-for-bit are taken in arbitrary order.
 //
 // sm_90a: wgmma (QGMMA) with keys as the 64-row A operand and q as B, both in 128B-swizzled smem.

@@ -1,0 +1,58 @@
+# pdserve's CUDA kernels: the fatbin (sm_90a + sm_120a cubins) built with exactly the flags of
+# kernels/build.sh (the build script is what runs here), plus the ctypes launcher package with the
+# fatbin installed next to it, where the launcher looks first.
+#
+#   packages.kernels = pkgs.callPackage ./kernels { };
+#
+# Builds need no GPU. The output is bit-identical for a given nvcc (tests/kernels checks two build
+# directories against each other); sm_120a needs CUDA >= 12.8, the flags were checked with nvcc 13.0.
+{
+  lib,
+  cudaPackages,
+}:
+
+cudaPackages.backendStdenv.mkDerivation {
+  pname = "pdserve-kernels";
+  version = "0.1.0";
+
+  src = lib.fileset.toSource {
+    root = ./.;
+    fileset = lib.fileset.unions [
+      ./build.sh
+      ./dsa_indexer
+      ./python
+    ];
+  };
+
+  # nvcc drives the host compiler of backendStdenv (a gcc version nvcc supports) for preprocessing.
+  nativeBuildInputs = [ cudaPackages.cuda_nvcc ];
+  buildInputs = [
+    cudaPackages.cuda_cudart # cuda_runtime.h, which nvcc includes implicitly
+    cudaPackages.cuda_cccl
+  ];
+
+  dontConfigure = true;
+
+  buildPhase = ''
+    runHook preBuild
+    NVCC=nvcc bash ./build.sh "$PWD/out"
+    runHook postBuild
+  '';
+
+  installPhase = ''
+    runHook preInstall
+    install -Dm444 out/dsa_indexer.fatbin "$out/share/pdserve-kernels/dsa_indexer.fatbin"
+    mkdir -p "$out/lib/pdserve-kernels"
+    cp -r python/pdserve_kernels "$out/lib/pdserve-kernels/"
+    install -m444 out/dsa_indexer.fatbin "$out/lib/pdserve-kernels/pdserve_kernels/dsa_indexer.fatbin"
+    runHook postInstall
+  '';
+
+  passthru.pythonPath = "lib/pdserve-kernels";
+
+  meta = {
+    description = "DSA lightning indexer with fused exact top-k (sm_90a, sm_120a), with a ctypes launcher";
+    license = lib.licenses.mit;
+    platforms = [ "x86_64-linux" ];
+  };
+}
