@@ -94,6 +94,34 @@ def smoke_chat(dep: Deployment, url: str, timeout: float = SMOKE_TIMEOUT_SEC) ->
     return Check(True, f"chat completion through {url}: {text.strip()[:40]!r} in {took:.2f} s")
 
 
+# The smoke subset of `pdserve verify` run through the router after a cutover to PD: the router sees
+# both workers, lists exactly the configured ones, and answers a chat through the official client.
+PD_SMOKE_CHECKS = ("router.readiness", "router.workers", "e2e.chat")
+
+
+def smoke_verify(dep: Deployment, checks: Sequence[str] = PD_SMOKE_CHECKS,
+                 probe_timeout: float = 10.0, chat_timeout: float = SMOKE_TIMEOUT_SEC) -> Check:
+    """Run a subset of the verifier's checks; pass when none fails (a skip names its reason)."""
+    import httpx
+
+    from pdserve.verify.expect import expectations
+    from pdserve.verify.result import Status
+    from pdserve.verify.runner import CHECKS, Context, Options, run, select
+
+    plan = select(list(CHECKS), list(checks), [])
+    options = Options(probe_timeout=probe_timeout, chat_timeout=chat_timeout)
+    with httpx.Client(timeout=probe_timeout) as client:
+        results, errors = run(Context(dep, expectations(dep), options, client), plan)
+    chosen = [r for r in results if plan[r.id] is None]
+    bad = [r for r in chosen if r.status is Status.FAIL]
+    summary = "; ".join(f"{r.id} {r.status}: {r.observed}" for r in chosen)
+    if bad or errors:
+        fixes = "; ".join(f"{r.id}: {r.remediation}" for r in bad if r.remediation)
+        return Check(False, f"pdserve verify --only {','.join(checks)}: {summary}" + (f"; fix: {fixes}" if fixes else "")
+                     + (f"; verifier errors: {'; '.join(errors)}" if errors else ""))
+    return Check(True, f"pdserve verify --only {','.join(checks)}: {summary}")
+
+
 class HostEdge:
     """What `Cutover` needs from this host, for one deployment."""
 
@@ -121,6 +149,9 @@ class HostEdge:
         self.systemctl.reset_failed(units)
 
     def smoke(self, layout: Layout) -> Check:
+        if layout == "pd":
+            return smoke_verify(self.dep)
+        # The verifier's checks describe the PD layout; the fallback gets one chat through its own address.
         return smoke_chat(self.dep, self.plan.public_url[layout])
 
     def gpu_processes(self, gpus: Sequence[int]) -> list[GpuProcess]:

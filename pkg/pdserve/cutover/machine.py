@@ -310,7 +310,8 @@ class Cutover:
         if plan.fronts[t]:
             names.append(("start router", f"{', '.join(plan.fronts[t])} (<= {plan.front_deadline:g} s)"))
         names += [
-            ("smoke test", f"chat completion through {plan.public_url[t]}"),
+            ("smoke test", (f"pdserve verify --only router.readiness,router.workers,e2e.chat through {plan.public_url[t]}"
+                            if t == "pd" else f"chat completion through {plan.public_url[t]}")),
             ("enable at boot", f"enable {', '.join(plan.units(t))}; disable {', '.join(plan.units(plan.other))}"),
             ("on failure: roll back", f"stop {', '.join(plan.units(t))}; start {', '.join(stop) or 'nothing'}; smoke test"),
         ]

@@ -1,0 +1,274 @@
+"""A real systemd in a container, for the systemd test tier (facts/testing.md, "systemd").
+
+debootstrap builds a minimal Debian rootfs once (cached under $PDSERVE_ROOTFS_CACHE when set, so
+later runs copy it instead of downloading it again); `systemd-nspawn --boot` boots it sharing the
+host's network, with the test's Python environment bind-mounted read-only at the same absolute paths;
+`nsenter -t <PID 1 of the container> -a` runs commands in it. Every wait is bounded and the container
+is powered off (then killed, if it does not go) by `Container.shutdown`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pdserve.cutover.systemd import Systemctl
+
+SUITE = "bookworm"
+BASE_PACKAGES = ("systemd", "systemd-sysv", "dbus", "numactl", "procps")
+DEFAULT_MIRROR = "http://deb.debian.org/debian"
+DEBOOTSTRAP_TIMEOUT = 900
+BOOT_TIMEOUT = 90
+POWEROFF_TIMEOUT = 60
+CONTAINER_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+class ContainerError(RuntimeError):
+    pass
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.5) -> object:
+    """Poll until `predicate` returns something truthy; fail after `timeout` seconds saying `what`."""
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while True:
+        last = predicate()
+        if last:
+            return last
+        if time.monotonic() >= deadline:
+            raise ContainerError(f"timed out after {timeout:g} s waiting for {what} (last: {last!r})")
+        time.sleep(interval)
+
+
+@dataclass(frozen=True)
+class PythonEnv:
+    """The interpreter running the tests, and what must be visible inside the container for it to run
+    there at the same path: the virtual environment, its base interpreter, the editable sources."""
+
+    python: str
+    prefix: str
+    base_prefix: str
+    binds: tuple[str, ...]
+    rootfs_packages: tuple[str, ...]
+
+    @classmethod
+    def current(cls, repo: Path) -> PythonEnv:
+        prefix, base = sys.prefix, sys.base_prefix
+        if prefix == base:
+            raise ContainerError("the tests must run from a virtual environment (python -m venv), so that it can "
+                                 "be bind-mounted into the container without the host's /usr")
+        binds = [prefix, str(repo)]
+        packages: list[str] = []
+        if Path(base).resolve().is_relative_to("/usr"):
+            # Debian's own python3 (CI's `python3 -m venv`): the venv's bin/python links to /usr/bin/python3.X,
+            # which the rootfs provides when it has the same Debian python package.
+            version = sysconfig.get_python_version()
+            packages.append(f"python{version}")
+        else:
+            # pyenv, uv or a hand-built Python: the venv's bin/python is a symlink into the base prefix,
+            # and the stdlib lives there too.
+            binds.append(str(Path(base).resolve()))
+        binds = sorted(set(binds))
+        # A bind inside another bind is already visible.
+        binds = [b for b in binds if not any(b != o and Path(b).is_relative_to(o) for o in binds)]
+        return cls(str(Path(prefix) / "bin" / "python"), prefix, base, tuple(binds), tuple(packages))
+
+    def executable(self, name: str) -> str:
+        return str(Path(self.prefix) / "bin" / name)
+
+
+def rootfs_key(packages: tuple[str, ...]) -> str:
+    text = f"{SUITE} {' '.join(sorted(packages))} v1"
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def build_rootfs(target: Path, packages: tuple[str, ...], log: Path) -> None:
+    """debootstrap a minbase rootfs into `target` (about 60 s with a nearby mirror)."""
+    mirror = os.environ.get("PDSERVE_DEBIAN_MIRROR", DEFAULT_MIRROR)
+    partial = target.with_name(target.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    argv = ["debootstrap", "--variant=minbase", f"--include={','.join(packages)}", SUITE, str(partial), mirror]
+    with log.open("ab") as out:
+        try:
+            done = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, timeout=DEBOOTSTRAP_TIMEOUT, check=False)
+        except subprocess.TimeoutExpired:
+            raise ContainerError(f"debootstrap did not finish within {DEBOOTSTRAP_TIMEOUT} s; see {log}") from None
+    if done.returncode != 0:
+        raise ContainerError(f"debootstrap failed (exit {done.returncode}); see {log}")
+    partial.rename(target)
+
+
+def prepared_rootfs(work: Path, packages: tuple[str, ...]) -> Path:
+    """A fresh rootfs for this session: a copy of the cached one, built first when the cache lacks it."""
+    cache_dir = Path(os.environ.get("PDSERVE_ROOTFS_CACHE") or work / "cache")
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    cached = cache_dir / f"rootfs-{SUITE}-{rootfs_key(packages)}"
+    if not (cached / "usr/lib/systemd/systemd").exists():
+        shutil.rmtree(cached, ignore_errors=True)
+        build_rootfs(cached, packages, work / "debootstrap.log")
+    root = work / "rootfs"
+    if root.exists():
+        shutil.rmtree(root)
+    subprocess.run(["cp", "-a", "--reflink=auto", str(cached), str(root)], check=True, timeout=300)
+    return root
+
+
+def customize(root: Path, env: PythonEnv, user: str) -> None:
+    """Make the rootfs ready for the units: the service user, traversable bind paths, no console login."""
+    def chroot(*argv: str) -> None:
+        subprocess.run(["chroot", str(root), *argv], check=True, timeout=60, capture_output=True)
+
+    if subprocess.run(["chroot", str(root), "id", "-u", user], capture_output=True, timeout=30).returncode != 0:
+        chroot("useradd", "--system", "--user-group", "--no-create-home", "--home-dir", "/nonexistent",
+               "--shell", "/usr/sbin/nologin", user)
+    # The service user must reach the bind-mounted interpreter, e.g. under /root (mode 0700 in Debian).
+    for bind in env.binds:
+        for parent in [*reversed(Path(bind).parents)][1:]:
+            inside = root / parent.relative_to("/")
+            if inside.is_dir() and not inside.is_symlink():
+                inside.chmod(inside.stat().st_mode | 0o055)
+    # No getty on the console: the container's console is a log, nobody logs in.
+    (root / "etc/systemd/system/console-getty.service").unlink(missing_ok=True)
+    (root / "etc/systemd/system/console-getty.service").symlink_to("/dev/null")
+    (root / "etc/pdserve").mkdir(mode=0o755, exist_ok=True)
+
+
+def _children(pid: int) -> list[tuple[int, str]]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        comm = stat[stat.index("(") + 1: stat.rindex(")")]
+        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+        if ppid == pid:
+            found.append((int(entry.name), comm))
+    return found
+
+
+@dataclass
+class Container:
+    root: Path
+    env: PythonEnv
+    log: Path
+    proc: subprocess.Popen | None = None
+    pid: int = 0
+    boots: int = 0
+    _console: object = field(default=None, repr=False)
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    def boot(self) -> None:
+        argv = ["systemd-nspawn", "-D", str(self.root), "--boot", "--register=no", "--keep-unit",
+                "--console=read-only", f"--machine=pdserve-test-{os.getpid()}",
+                *[f"--bind-ro={b}" for b in self.env.binds]]
+        self.boots += 1
+        self._console = self.log.open("ab")
+        self._console.write(f"\n=== boot {self.boots}: {' '.join(argv)}\n".encode())
+        self._console.flush()
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._console, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        try:
+            self.pid = int(wait_for(self._init_pid, 30, "the container's systemd (PID 1) to appear", 0.2))
+            state = wait_for(self._booted, BOOT_TIMEOUT, "the container to finish booting", 0.5)
+        except ContainerError:
+            self.shutdown()
+            raise
+        if state not in {"running", "degraded"}:
+            raise ContainerError(f"the container booted into state {state!r}; failed units: "
+                                 + self.sh("systemctl --failed --no-legend", check=False).stdout)
+
+    def _init_pid(self) -> int | None:
+        if self.proc is None or self.proc.poll() is not None:
+            raise ContainerError(f"systemd-nspawn exited with {self.proc and self.proc.returncode}; see {self.log}")
+        for pid, comm in _children(self.proc.pid):
+            if comm == "systemd":
+                return pid
+        return None
+
+    def _booted(self) -> str | None:
+        done = self.run(["systemctl", "is-system-running"], timeout=10, check=False)
+        state = done.stdout.strip()
+        return state if state in {"running", "degraded", "maintenance"} else None
+
+    def shutdown(self) -> int | None:
+        """Power off, bounded; terminate and then kill nspawn if it does not go. Returns its exit status."""
+        if self.proc is None:
+            return None
+        proc, self.proc = self.proc, None
+        if proc.poll() is None and self.pid:
+            self.run(["systemctl", "poweroff", "--no-block"], timeout=15, check=False)
+        for sig, wait in ((None, POWEROFF_TIMEOUT), (signal.SIGTERM, 20), (signal.SIGKILL, 10)):
+            if sig is not None and proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, sig)
+                except ProcessLookupError:
+                    pass
+            try:
+                proc.wait(timeout=wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        if self._console is not None:
+            self._console.close()  # type: ignore[attr-defined]
+            self._console = None
+        self.pid = 0
+        return proc.returncode
+
+    def reboot(self) -> None:
+        """A real reboot: systemd inside shuts down (nspawn exits 133), then the same rootfs boots again."""
+        assert self.proc is not None
+        proc = self.proc
+        self.run(["systemctl", "reboot", "--no-block"], timeout=15)
+        try:
+            proc.wait(timeout=POWEROFF_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            raise ContainerError(f"the container did not shut down for the reboot within {POWEROFF_TIMEOUT} s") from None
+        if proc.returncode != 133:
+            raise ContainerError(f"systemd-nspawn exited with {proc.returncode}, not 133 (reboot); see {self.log}")
+        self.proc = None
+        if self._console is not None:
+            self._console.close()  # type: ignore[attr-defined]
+        self.boot()
+
+    # -- commands inside --------------------------------------------------------------------------
+
+    def run(self, argv: list[str], timeout: float = 60, check: bool = True,
+            input: str | None = None) -> subprocess.CompletedProcess:
+        full = ["nsenter", "-t", str(self.pid), "-a", "/usr/bin/env", "-i", CONTAINER_PATH, "LANG=C.UTF-8", *argv]
+        try:
+            done = subprocess.run(full, capture_output=True, text=True, timeout=timeout, input=input, check=False)
+        except subprocess.TimeoutExpired as exc:
+            raise ContainerError(f"`{' '.join(argv)}` in the container took over {timeout:g} s") from exc
+        if check and done.returncode != 0:
+            raise ContainerError(f"`{' '.join(argv)}` in the container exited {done.returncode}: "
+                                 f"{done.stderr.strip() or done.stdout.strip()}")
+        return done
+
+    def sh(self, script: str, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess:
+        return self.run(["/bin/sh", "-c", script], timeout=timeout, check=check)
+
+    @property
+    def systemctl(self) -> Systemctl:
+        """pdserve's own systemctl edge, pointed into the container."""
+        return Systemctl(["nsenter", "-t", str(self.pid), "-a", "systemctl"], timeout=120)
+
+    def journal(self, unit: str, lines: int = 40) -> str:
+        return self.run(["journalctl", "--no-pager", "-o", "short-monotonic", "-n", str(lines), "-u", unit],
+                        check=False).stdout
+
+    def path(self, inside: str) -> Path:
+        """The host path of a file inside the container (its root is a plain directory)."""
+        return self.root / inside.lstrip("/")
