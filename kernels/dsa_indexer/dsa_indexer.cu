@@ -23,10 +23,10 @@
 //     Each CTA finds the threshold bin T1 (count above T1 < k <= count at or above) from the row's
 //     histogram while its scores stream in (select_subs x 4096 through a cp.async ring), classifies
 //     them, places its outputs with one block scan and one global atomic per counter, writes the
-//     positions above T1 straight into the output and those in bin T1 to a candidate list with a
-//     second-level histogram (next 10 bits). The last CTA of the row resolves the remaining slots
-//     exactly on the last 20 bits and resets the row's histograms and counters, so the workspace
-//     stays zero between calls without a memset launch.
+//     positions above T1 straight into the output and those in bin T1 (key, position) to a candidate
+//     list. The last CTA of the row resolves the remaining slots exactly on the last 20 bits (two
+//     10-bit radix rounds, in shared memory when the candidates fit) and resets the row's histogram
+//     and counters, so the workspace stays zero between calls without a memset launch.
 // Scores equal to the k-th score bit-for-bit are taken in arbitrary order.
 //
 // sm_90a: wgmma (QGMMA) with keys as the 64-row A operand and q as B, both in 128B-swizzled smem.
@@ -50,6 +50,7 @@ constexpr int kBins3 = 1024;                       // last 10 bits
 constexpr int kCtr = 8;                            // ints per row in DsaParams::ctr
 constexpr int kMaxSubs = 16;                       // 4096-score sub-chunks per select CTA, at most
 constexpr int kSelectRing = 3;                     // sub-chunks of scores in flight per select CTA
+constexpr int kResolveCap = kSelectRing * kSelectChunk / 2;   // candidates the ring's smem holds as uint2
 
 }  // namespace
 
@@ -62,7 +63,6 @@ struct DsaParams {
   float* scores;     // [rows, len_stride]
   uint2* cand;       // [rows, len_stride] (key bits, position)
   int* ghist;        // [rows, 4096], zero between calls
-  int* ghist2;       // [rows, 1024], zero between calls
   int* ctr;          // [rows, 8]: sure count, candidate count, select CTAs done; zero between calls
   int* out;          // [rows, topk]
   int batch;
@@ -445,7 +445,6 @@ extern "C" __global__ void __launch_bounds__(kSelectThreads) dsa_select(const __
 
   int* ctr = p.ctr + static_cast<size_t>(row) * kCtr;
   int* gh1 = p.ghist + static_cast<size_t>(row) * kBins1;
-  int* gh2 = p.ghist2 + static_cast<size_t>(row) * kBins2;
   uint2* cand = p.cand + static_cast<size_t>(row) * p.len_stride;
   const float* srow = p.scores + static_cast<size_t>(row) * p.len_stride;
 
@@ -471,7 +470,6 @@ extern "C" __global__ void __launch_bounds__(kSelectThreads) dsa_select(const __
   for (int k = 0; k < kSelectRing - 1; ++k) issue(k);
 
   // Threshold bin T1 of the row (every CTA of the row finds the same one) while the scores stream in.
-  for (int i = tid; i < kBins2; i += kSelectThreads) s_hist[i] = 0;
   {
     constexpr int PER = kBins1 / kSelectThreads;   // 16 bins: thread t holds bins 4095-16t down to 4080-16t
     int c[PER];
@@ -537,14 +535,8 @@ extern "C" __global__ void __launch_bounds__(kSelectThreads) dsa_select(const __
       } else {   // rare: re-read the score from L2 for its low bits
         const uint32_t key = ord_key(__ldcg(srow + s));
         cand[pt++] = make_uint2(key, static_cast<uint32_t>(s));
-        atomicAdd(&s_hist[(key >> 10) & (kBins2 - 1)], 1);
       }
     }
-  }
-  __syncthreads();
-  for (int i = tid; i < kBins2; i += kSelectThreads) {
-    const int c = s_hist[i];
-    if (c) atomicAdd(&gh2[i], c);
   }
   __threadfence();
   __syncthreads();
@@ -553,42 +545,60 @@ extern "C" __global__ void __launch_bounds__(kSelectThreads) dsa_select(const __
   if (!s_misc[2]) return;
   __threadfence();
 
-  // Last CTA of the row: resolve the threshold bin exactly on the remaining 20 bits.
+  // Last CTA of the row: resolve the threshold bin exactly on the remaining 20 bits (10 + 10), from
+  // shared memory when the candidates fit (the usual case: ~1% of the row), else from global memory.
   const int need1 = K - above1;
-  {
-    constexpr int PER = kBins2 / kSelectThreads;
-    int c[PER];
-    const int4 x = __ldcg(reinterpret_cast<const int4*>(gh2 + kBins2 - PER * (tid + 1)));
-    c[0] = x.w; c[1] = x.z; c[2] = x.y; c[3] = x.x;
-    find_threshold<PER, kSelectThreads>(c, kBins2, need1, s_warp, s_res);
-  }
-  const uint32_t T2 = static_cast<uint32_t>(s_res[0]);
-  const int above2 = s_res[1];
   const int n_tie = __ldcg(&ctr[1]);
-  for (int i = tid; i < kBins3; i += kSelectThreads) s_hist[i] = 0;
+  cp_async_wait<0>();
+  __syncthreads();   // the score ring is idle: reuse it for the candidates
+  uint2* s_cand = reinterpret_cast<uint2*>(s_ring);
+  const bool in_smem = n_tie <= kResolveCap;
+  if (in_smem) {
+    for (int i = tid; i < n_tie; i += kSelectThreads) s_cand[i] = __ldcg(&cand[i]);
+  }
+  auto each = [&](auto&& fn) {
+    if (in_smem) {
+      for (int i = tid; i < n_tie; i += kSelectThreads) fn(s_cand[i]);
+    } else {
+      constexpr int kUnroll = 8;   // candidate loads in flight per thread
+      for (int base = 0; base < n_tie; base += kSelectThreads * kUnroll) {
+        uint2 e[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          const int i = base + u * kSelectThreads + tid;
+          e[u] = i < n_tie ? __ldcg(&cand[i]) : make_uint2(0u, 0u);
+        }
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u)
+          if (base + u * kSelectThreads + tid < n_tie) fn(e[u]);
+      }
+    }
+  };
+  for (int i = tid; i < kBins2; i += kSelectThreads) s_hist[i] = 0;
   if (tid == 0) {
     s_misc[0] = 0;   // output slots used after above1
     s_misc[1] = 0;   // exact-tie slots taken
   }
   __syncthreads();
-  constexpr int kUnroll = 8;   // candidate loads in flight per thread
-  for (int base = 0; base < n_tie; base += kSelectThreads * kUnroll) {
-    uint2 e[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int i = base + u * kSelectThreads + tid;
-      e[u] = i < n_tie ? __ldcg(&cand[i]) : make_uint2(0u, 0u);
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      if (base + u * kSelectThreads + tid >= n_tie) continue;
-      const uint32_t b2 = (e[u].x >> 10) & (kBins2 - 1);
-      if (b2 > T2) out[above1 + atomicAdd(&s_misc[0], 1)] = static_cast<int>(e[u].y);
-      else if (b2 == T2) atomicAdd(&s_hist[e[u].x & (kBins3 - 1)], 1);
-    }
-  }
+  each([&](uint2 e) { atomicAdd(&s_hist[(e.x >> 10) & (kBins2 - 1)], 1); });
   __syncthreads();
-  const int need2 = need1 - above2;
+  {
+    constexpr int PER = kBins2 / kSelectThreads;
+    int c[PER];
+#pragma unroll
+    for (int i = 0; i < PER; ++i) c[i] = s_hist[kBins2 - 1 - PER * tid - i];
+    find_threshold<PER, kSelectThreads>(c, kBins2, need1, s_warp, s_res);
+  }
+  const uint32_t T2 = static_cast<uint32_t>(s_res[0]);
+  const int need2 = need1 - s_res[1];
+  for (int i = tid; i < kBins3; i += kSelectThreads) s_hist[i] = 0;
+  __syncthreads();
+  each([&](uint2 e) {
+    const uint32_t b2 = (e.x >> 10) & (kBins2 - 1);
+    if (b2 > T2) out[above1 + atomicAdd(&s_misc[0], 1)] = static_cast<int>(e.y);
+    else if (b2 == T2) atomicAdd(&s_hist[e.x & (kBins3 - 1)], 1);
+  });
+  __syncthreads();
   {
     constexpr int PER = kBins3 / kSelectThreads;
     int c[PER];
@@ -598,24 +608,13 @@ extern "C" __global__ void __launch_bounds__(kSelectThreads) dsa_select(const __
   }
   const uint32_t T3 = static_cast<uint32_t>(s_res[0]);
   const int need3 = need2 - s_res[1];
-  for (int base = 0; base < n_tie; base += kSelectThreads * kUnroll) {
-    uint2 e[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int i = base + u * kSelectThreads + tid;
-      e[u] = i < n_tie ? __ldcg(&cand[i]) : make_uint2(0u, 0u);
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      if (base + u * kSelectThreads + tid >= n_tie) continue;
-      if (((e[u].x >> 10) & (kBins2 - 1)) != T2) continue;
-      const uint32_t low = e[u].x & (kBins3 - 1);
-      if (low > T3 || (low == T3 && atomicAdd(&s_misc[1], 1) < need3))
-        out[above1 + atomicAdd(&s_misc[0], 1)] = static_cast<int>(e[u].y);
-    }
-  }
+  each([&](uint2 e) {
+    if (((e.x >> 10) & (kBins2 - 1)) != T2) return;
+    const uint32_t low = e.x & (kBins3 - 1);
+    if (low > T3 || (low == T3 && atomicAdd(&s_misc[1], 1) < need3))
+      out[above1 + atomicAdd(&s_misc[0], 1)] = static_cast<int>(e.y);
+  });
   // Leave the row's workspace zeroed for the next call.
   for (int i = tid; i < kBins1; i += kSelectThreads) gh1[i] = 0;
-  for (int i = tid; i < kBins2; i += kSelectThreads) gh2[i] = 0;
   if (tid < kCtr) ctr[tid] = 0;
 }

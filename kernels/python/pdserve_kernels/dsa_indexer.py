@@ -18,7 +18,7 @@ scores equal to the k-th one bit-for-bit are chosen arbitrarily. Rows of length 
 ``0..n-1`` then ``-1``.
 
 ``max_len`` is a host-side upper bound on every length (e.g. the scheduler's longest request); the
-workspace (8 B per position) and the grids are sized from it, never from the block table's width. If
+workspace (12 B per position: fp32 scores and a candidate list) and the grids are sized from it, never from the block table's width. If
 omitted it is read from ``context_lens`` (one device-to-host sync). Lengths above ``max_len`` are clamped
 to it: passing a wrong bound gives wrong results, not memory errors.
 
@@ -44,19 +44,19 @@ STAGES = 6
 MAX_CHUNK_PAGES = 1023  # the scoring CTA's histogram counts are 16-bit
 SCORE_THREADS = 128
 SELECT_THREADS = 256
-BINS1, BINS2 = 4096, 1024
+BINS1 = 4096
 CTR = 8            # ints per row of the counters workspace (kCtr)
 MAX_SUBS = 16      # kMaxSubs
 SELECT_SMEM = 3 * SELECT_CHUNK * 4   # kSelectRing sub-chunks of fp32 scores
 
 
 class _Params(ctypes.Structure):
-    # Mirrors struct DsaParams in dsa_indexer.cu (pointers first, then ints: 120 bytes).
+    # Mirrors struct DsaParams in dsa_indexer.cu (pointers first, then ints: 112 bytes).
     _fields_ = [
         ("q", ctypes.c_void_p), ("weights", ctypes.c_void_p), ("kv", ctypes.c_void_p),
         ("ctx", ctypes.c_void_p), ("block_table", ctypes.c_void_p), ("scores", ctypes.c_void_p),
-        ("cand", ctypes.c_void_p), ("ghist", ctypes.c_void_p), ("ghist2", ctypes.c_void_p),
-        ("ctr", ctypes.c_void_p), ("out", ctypes.c_void_p),
+        ("cand", ctypes.c_void_p), ("ghist", ctypes.c_void_p), ("ctr", ctypes.c_void_p),
+        ("out", ctypes.c_void_p),
         ("batch", ctypes.c_int), ("next_n", ctypes.c_int), ("ctx_mode", ctypes.c_int),
         ("max_blocks", ctypes.c_int), ("topk", ctypes.c_int), ("chunk_pages", ctypes.c_int),
         ("len_stride", ctypes.c_int), ("select_subs", ctypes.c_int),
@@ -116,16 +116,14 @@ class DsaIndexer:
         if rows > self._rows_cap:
             cap = max(rows, 2 * self._rows_cap, 64)
             self._ghist = torch.zeros(cap * BINS1, dtype=torch.int32, device=self.device)
-            self._ghist2 = torch.zeros(cap * BINS2, dtype=torch.int32, device=self.device)
             self._ctr = torch.zeros(cap * CTR, dtype=torch.int32, device=self.device)
             self._rows_cap = cap
-        return self._ghist, self._ghist2, self._ctr
+        return self._ghist, self._ctr
 
     def reset_workspace(self) -> None:
         """Zero the workspace (only needed after a launch that did not finish, e.g. a device error)."""
         if self._rows_cap:
             self._ghist.zero_()
-            self._ghist2.zero_()
             self._ctr.zero_()
 
     def default_chunk_pages(self, batch: int, max_len: int, next_n: int) -> int:
@@ -176,11 +174,11 @@ class DsaIndexer:
         runs = len_stride // SELECT_CHUNK
         subs = max(1, min(MAX_SUBS, -(-rows * runs // (3 * self.num_sms))))
         with self._lock:
-            ghist, ghist2, ctr = self._workspace(rows)
+            ghist, ctr = self._workspace(rows)
             p = _Params(
                 q=q.data_ptr(), weights=weights.data_ptr(), kv=kv_cache.data_ptr(), ctx=context_lens.data_ptr(),
                 block_table=block_table.data_ptr(), scores=scores.data_ptr(), cand=cand.data_ptr(),
-                ghist=ghist.data_ptr(), ghist2=ghist2.data_ptr(), ctr=ctr.data_ptr(), out=out.data_ptr(),
+                ghist=ghist.data_ptr(), ctr=ctr.data_ptr(), out=out.data_ptr(),
                 batch=B, next_n=next_n, ctx_mode=ctx_mode, max_blocks=max_blocks, topk=topk,
                 chunk_pages=chunk_pages, len_stride=len_stride, select_subs=subs)
             stream = torch.cuda.current_stream(self.device).cuda_stream
