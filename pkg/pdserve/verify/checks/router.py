@@ -22,7 +22,11 @@ def check_readiness(exp: Expectations, readiness: HttpObs, workers_health: dict[
                       f"the router is not listening: `systemctl status {exp.router_unit}`; "
                       f"`journalctl -u {exp.router_unit} -n 100`")
     healthy, total = _counts(readiness.body)
-    observed = f"/readiness {readiness.status}, {healthy}/{total} workers healthy"
+    if healthy is None and isinstance(readiness.body, dict):
+        # 0.3.2 answers 503 with {"status": "not ready", "reason": ...} and no counts.
+        observed = f"/readiness {readiness.status}: {readiness.body.get('reason') or readiness.body.get('status')}"
+    else:
+        observed = f"/readiness {readiness.status}, {healthy}/{total} workers healthy"
     if readiness.status == 200 and healthy == total == PD_WORKERS:
         return passed(cid, observed, expected)
     down = {role: obs for role, obs in workers_health.items() if not obs.ok}
@@ -31,8 +35,10 @@ def check_readiness(exp: Expectations, readiness: HttpObs, workers_health: dict[
         why = "; ".join(f"{role} {obs.describe()}" for role, obs in down.items())
         return failed(cid, f"{observed}; not healthy: {why}", expected,
                       "the router waits for its workers: " + "; ".join(
-                          f"check `journalctl -u {exp.workers[r].unit}` (a model load takes minutes; 503 means "
-                          f"still starting)" for r in down),
+                          f"check `journalctl -u {exp.workers[r].unit}` (a model load takes minutes: a refused "
+                          f"connection or 503 means still starting)" for r in down) +
+                      "; sglang-router 0.3.2 stops trying to register workers after --worker-startup-timeout-secs: "
+                      f"if they come up later, `systemctl restart {exp.router_unit}`",
                       details)
     return failed(cid, f"{observed}, although both workers answer /health 200", expected,
                   f"the router did not (yet) register its workers: sglang-router 0.3.2 gives up after "

@@ -1,0 +1,109 @@
+"""GPU memory/processes and NUMA binding, judged on recorded NVML and /proc observations."""
+
+from pdserve.loading import load
+from pdserve.verify.checks import gpu, numa
+from pdserve.verify.expect import expectations
+from pdserve.verify.observations import GpuObs, ProcNuma
+
+EXP = expectations(load().deployment)  # prefill GPUs 0-3, decode 4-7, both at 0.85
+GIB = 2**30
+TOTAL = 140 * GIB
+
+
+def gpus(used: dict[int, float], pids: dict[int, tuple[int, ...]] | None = None) -> list[GpuObs]:
+    pids = pids or {}
+    return [GpuObs(i, "NVIDIA H200", int(used.get(i, 0.0) * TOTAL), TOTAL, pids.get(i, ())) for i in range(8)]
+
+
+HEALTHY = {i: 0.89 for i in range(8)}
+
+
+def test_memory_near_each_fraction_passes():
+    result = gpu.check_memory(EXP, gpus(HEALTHY))
+    assert result.status == "pass"
+    assert "GPU 0 (NVIDIA H200): 124.6/140.0 GiB (0.89), prefill" in result.observed
+
+
+def test_memory_barely_used_fails_and_names_the_gpu():
+    result = gpu.check_memory(EXP, gpus({**HEALTHY, 5: 0.02}))
+    assert result.status == "fail" and "GPU 5 (decode) uses 0.02, expected about 0.85" in result.details
+
+
+def test_memory_outside_every_role_must_be_idle():
+    exp = expectations(load().deployment.model_copy(update={
+        "decode": load().deployment.decode.model_copy(update={"gpus": [4, 5, 6]})}))
+    result = gpu.check_memory(exp, gpus(HEALTHY))
+    assert result.status == "fail" and "GPU 7 belongs to no role but 0.89 of it is used" in result.details
+
+
+def test_memory_far_above_fraction_warns():
+    assert gpu.check_memory(EXP, gpus({**HEALTHY, 0: 0.995})).status == "warn"
+
+
+def test_missing_gpu_fails():
+    result = gpu.check_memory(EXP, gpus(HEALTHY)[:6])
+    assert result.status == "fail" and any("GPU 7 (decode) is not present on this host" in d for d in result.details)
+
+
+OWNERS = {100: ("prefill", "sglang-dsv4-prefill"), 200: ("decode", "sglang-dsv4-decode")}
+
+
+def test_processes_on_their_roles_gpus_pass():
+    pids = {i: (100,) if i < 4 else (200,) for i in range(8)}
+    assert gpu.check_processes(EXP, gpus(HEALTHY, pids), OWNERS).status == "pass"
+
+
+def test_decode_process_on_a_prefill_gpu_fails():
+    pids = {i: (100,) if i < 4 else (200,) for i in range(8)}
+    pids[2] = (100, 200)
+    result = gpu.check_processes(EXP, gpus(HEALTHY, pids), OWNERS)
+    assert result.status == "fail"
+    assert "GPU 2 belongs to prefill but pid 200 is sglang-dsv4-decode" in result.details
+
+
+def test_untraceable_process_warns():
+    pids = {i: (100,) if i < 4 else (200,) for i in range(8)}
+    pids[7] = (200, 999)
+    result = gpu.check_processes(EXP, gpus(HEALTHY, pids), {**OWNERS, 999: (None, "python stray.py")})
+    assert result.status == "warn" and "pid 999 (python stray.py)" in result.details[0]
+
+
+def test_kernel_list_format_round_trips():
+    assert numa.parse_list("0-3,8-11,15\n") == frozenset({0, 1, 2, 3, 8, 9, 10, 11, 15})
+    assert numa.ranges({0, 1, 2, 3, 8, 9, 10, 11, 15}) == "0-3,8-11,15"
+
+
+NODE1 = numa.parse_list("32-63,96-127")
+
+
+def proc(pid, cpus="32-63,96-127", mems="0-1", pages=None):
+    return ProcNuma(pid, "python3", numa.parse_list(cpus), numa.parse_list(mems),
+                    pages if pages is not None else {1: 990, 0: 10})
+
+
+def test_numa_bound_processes_pass():
+    result = numa.check_numa(EXP.workers["decode"], NODE1, [proc(1), proc(2)])
+    assert result.status == "pass" and "99% of pages on node 1" in result.observed
+
+
+def test_numa_cpus_outside_node_fail():
+    result = numa.check_numa(EXP.workers["decode"], NODE1, [proc(1, cpus="0-127")])
+    assert result.status == "fail" and "pid 1 may run on CPUs 0-31,64-95 outside node 1" in result.details
+    assert "numactl --cpunodebind=1 --membind=1" in result.remediation
+
+
+def test_numa_memory_on_the_other_node_fails():
+    result = numa.check_numa(EXP.workers["decode"], NODE1, [proc(1, pages={0: 700, 1: 300})])
+    assert result.status == "fail" and "pid 1 has only 30% of its pages on node 1" in result.details
+
+
+def test_numa_unknown_node_or_unset_skips():
+    assert numa.check_numa(EXP.workers["decode"], None, []).status == "skip"
+    unset = expectations(load().deployment.model_copy(update={
+        "decode": load().deployment.decode.model_copy(update={"numa_node": None})}))
+    result = numa.check_numa(unset.workers["decode"], NODE1, [proc(1)])
+    assert result.status == "skip" and "numa_node is not set" in result.observed
+
+
+def test_numa_no_processes_fails():
+    assert numa.check_numa(EXP.workers["decode"], NODE1, []).status == "fail"
