@@ -52,7 +52,10 @@ def failing(report: dict) -> set[str]:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("pd")
-    c = PDCluster(write_deployment(workdir), workdir)
+    # Fast runtime health checks, so a worker that turns unhealthy is noticed within seconds.
+    fast_health = ["--health-check-interval-secs", "1", "--health-failure-threshold", "1",
+                   "--health-success-threshold", "1"]
+    c = PDCluster(write_deployment(workdir, router_extra_args=fast_health), workdir)
     try:
         c.start_worker("prefill")
         c.start_worker("decode")
@@ -67,6 +70,7 @@ def cluster(tmp_path_factory):
 @pytest.fixture
 def healthy(cluster):
     cluster.reset_faults()
+    cluster.wait_router_ready(30)
     yield cluster
     cluster.reset_faults()
 
@@ -122,6 +126,19 @@ def test_each_fault_fails_exactly_its_check(healthy, role, knobs, check_id, reme
     assert failing(report) == {check_id}, [(c["id"], c["observed"]) for c in report["checks"] if c["status"] == "fail"]
     check = by_id(report)[check_id]
     assert remedy in check["remediation"] or remedy in check["observed"], check
+
+
+def test_worker_that_turns_unhealthy_fails_the_router_checks(healthy):
+    """A decode whose /health answers 503: the router drops it; the verifier says which worker and why."""
+    healthy.set_faults("decode", never_ready=True)
+    code, report = verify_in_process(healthy.config, "--only", "router,kv", "--wait", "15", "--interval", "0.5")
+    checks = by_id(report)
+    assert code == 1
+    readiness = checks["router.readiness"]
+    assert readiness["status"] == "fail" and "not healthy: decode" in readiness["observed"], readiness
+    assert "HTTP 503" in readiness["observed"] and "journalctl -u sglang-itest-decode" in readiness["remediation"]
+    assert "decode http://127.0.0.1" in " ".join(checks["router.workers"]["details"])
+    assert checks["kv.decode"]["status"] == "pass"  # the server still answers /server_info
 
 
 def test_unknown_check_id_is_a_usage_error(healthy):

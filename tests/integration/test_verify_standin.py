@@ -123,3 +123,20 @@ def test_standin_shim_and_keyed_launcher_enforce_api_key(tmp_path):
         assert "argv parsed by: sglang" in (tmp_path / "keyed.log").read_text()
     finally:
         stop(proc)
+
+
+def test_standin_crashes_on_request_and_rejects_unknown_faults(tmp_path):
+    """PDSERVE_STANDIN_CRASH_AFTER makes it exit 1 (what Restart=on-failure reacts to); an unknown fault exits 2."""
+    (port,) = free_ports(1)
+    crashing = start_standin(_args(port, "null"), tmp_path / "crash.log", knobs={"PDSERVE_STANDIN_CRASH_AFTER": "1"})
+    try:
+        assert crashing.wait(timeout=START_TIMEOUT) == 1
+        assert "crashing on purpose" in (tmp_path / "crash.log").read_text()
+    finally:
+        stop(crashing)
+    bad = start_standin(_args(port, "null"), tmp_path / "bad.log", knobs={"PDSERVE_STANDIN_FAULTS": "no_such_fault"})
+    try:
+        assert bad.wait(timeout=START_TIMEOUT) == 2
+        assert "unknown fault(s) ['no_such_fault']" in (tmp_path / "bad.log").read_text()
+    finally:
+        stop(bad)

@@ -89,5 +89,7 @@ def _verify(loaded, plan, as_json, wait, interval, probe_timeout, chat_timeout, 
     if as_json:
         click.echo(report.to_json(data))
     else:
-        report.print_table(Console(file=sys.stdout), data)
+        # Piped output gets a wide table rather than rich's 80-column default.
+        console = Console(file=sys.stdout) if sys.stdout.isatty() else Console(file=sys.stdout, width=160)
+        report.print_table(console, data)
     return data["exit_code"]

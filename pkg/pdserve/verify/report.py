@@ -95,26 +95,37 @@ def json_schema() -> dict:
 _STYLE = {"pass": "green", "fail": "bold red", "warn": "yellow", "skip": "dim"}
 
 
+def _deselected(check: dict) -> bool:
+    return check["status"] == "skip" and check["observed"].startswith(("skipped: not selected", "skipped: excluded"))
+
+
 def print_table(console: Console, data: dict) -> None:
-    table = Table(title=f"pdserve verify: {data['deployment']} ({data['source']})", show_lines=False,
-                  expand=True)
+    table = Table(title=f"pdserve verify: {data['deployment']} ({data['source']})", expand=True)
     table.add_column("check", no_wrap=True)
     table.add_column("status", no_wrap=True)
     table.add_column("observed", ratio=3)
     table.add_column("expected", ratio=2)
     table.add_column("ms", justify="right", no_wrap=True)
+    hidden = [c["id"] for c in data["checks"] if _deselected(c)]
     for check in data["checks"]:
+        if _deselected(check):
+            continue
         observed = Text(check["observed"])
         for line in check["details"][:12]:
             observed.append(f"\n  {line}", style="dim")
-        if check["remediation"] and check["status"] in ("fail", "warn"):
-            observed.append(f"\n→ {check['remediation']}", style=_STYLE[check["status"]])
         table.add_row(check["id"], Text(check["status"], style=_STYLE[check["status"]]), observed,
                       check["expected"], str(check["duration_ms"]))
     console.print(table)
+    if hidden:
+        console.print(f"not run (--only/--skip): {', '.join(hidden)}", style="dim", soft_wrap=True)
+    # Remediations below the table, one unwrapped line each, so they can be copied.
+    for check in data["checks"]:
+        if check["status"] in ("fail", "warn") and check["remediation"]:
+            console.print(Text(f"{check['status']} {check['id']}: ", style=_STYLE[check["status"]])
+                          + Text(check["remediation"]), soft_wrap=True)
     s = data["summary"]
     verdict = "OK" if data["ok"] else ("VERIFIER ERROR" if data["exit_code"] == EXIT_BROKEN else "FAILED")
     console.print(f"{verdict}: {s['pass']} pass, {s['fail']} fail, {s['warn']} warn, {s['skip']} skip "
                   f"in {data['duration_ms'] / 1000:.1f} s", style=_STYLE["pass" if data["ok"] else "fail"])
     for error in data["verifier_errors"]:
-        console.print(f"verifier error: {error}", style="bold red")
+        console.print(f"verifier error: {error}", style="bold red", soft_wrap=True)

@@ -47,15 +47,15 @@ def journal(unit: str, lines: int, timeout: float) -> list[str]:
 
 
 def grep_journal(unit: str, needle: str, timeout: float, lines: int = 20000) -> list[str]:
-    """Lines of the unit's journal that contain `needle` (the KV capacity fallback)."""
+    """Lines of the unit's recent journal that contain `needle` (the KV capacity fallback). Filtered here
+    rather than with `journalctl --grep`, which needs a journalctl built with PCRE2."""
     if shutil.which("journalctl") is None:
         return []
     try:
-        out = _run(["journalctl", "-u", f"{unit}.service", "-n", str(lines), "-o", "cat", "--no-pager",
-                    "--grep", needle], timeout)
+        out = _run(["journalctl", "-u", f"{unit}.service", "-n", str(lines), "-o", "cat", "--no-pager"], timeout)
     except Unavailable:
         return []
-    return out.splitlines()
+    return [line for line in out.splitlines() if needle in line]
 
 
 def cgroup_pids(control_group: str) -> list[int]:

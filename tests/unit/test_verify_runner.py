@@ -1,0 +1,122 @@
+"""Selection, retries, exit codes and the JSON report of `pdserve verify`, without any host probe."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from pdserve.cli import main
+from pdserve.verify import report, runner
+from pdserve.verify.result import Unavailable, failed, passed
+
+IDS = list(runner.CHECKS)
+
+
+def test_selection_by_prefix_and_reasons():
+    plan = runner.select(IDS, [], ["units", "gpu.memory"])
+    assert plan["units.fallback"] == "excluded by --skip units"
+    assert plan["gpu.memory"] == "excluded by --skip gpu.memory" and plan["gpu.processes"] is None
+    only = runner.select(IDS, ["e2e"], [])
+    assert only["e2e.tools"] is None and only["kv.decode"] == "not selected by --only e2e"
+
+
+def test_unknown_selection_is_refused():
+    with pytest.raises(runner.SelectionError, match="'e3' matches no check"):
+        runner.select(IDS, ["e3"], [])
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.now += seconds
+
+
+def _run(checks, wait=0.0):
+    clock = FakeClock()
+    plan = {i: None for i in checks}
+    return runner.run(None, plan, wait=wait, interval=1.0, checks=checks, clock=clock, sleep=clock.sleep)
+
+
+def test_wait_retries_failing_checks_until_they_pass():
+    calls = {"n": 0}
+
+    def flaky(_ctx):
+        calls["n"] += 1
+        return passed("a", "ok", "ok") if calls["n"] >= 3 else failed("a", "not yet", "ok", "wait")
+
+    results, broken = _run({"a": flaky, "b": lambda _ctx: passed("b", "ok", "ok")}, wait=10)
+    assert [r.status for r in results] == ["pass", "pass"] and not broken
+    assert results[0].attempts == 3 and results[1].attempts == 1
+
+
+def test_wait_gives_up_at_the_deadline():
+    results, _ = _run({"a": lambda _ctx: failed("a", "never", "ok", "fix it")}, wait=3)
+    assert results[0].status == "fail" and results[0].attempts == 4  # t=0,1,2,3
+
+
+def test_unavailable_probe_skips_and_a_crash_is_a_verifier_error():
+    def no_nvml(_ctx):
+        raise Unavailable("NVML is not available on this host")
+
+    def buggy(_ctx):
+        raise KeyError("oops")
+
+    results, broken = _run({"gpu": no_nvml, "bug": buggy})
+    assert results[0].status == "skip" and results[0].observed == "skipped: NVML is not available on this host"
+    assert results[1].status == "fail" and len(broken) == 1 and "KeyError" in broken[0]
+    assert report.exit_code(results, broken) == report.EXIT_BROKEN
+
+
+def test_report_matches_its_schema_and_exit_codes():
+    ok = report.build("d", "src", [passed("a", "x", "y")], [], 5)
+    assert ok["exit_code"] == 0 and ok["summary"] == {"pass": 1, "fail": 0, "warn": 0, "skip": 0}
+    bad = report.build("d", "src", [failed("a", "x", "y", "z")], [], 5)
+    assert bad["exit_code"] == 1 and not bad["ok"]
+    report.Report.model_validate_json(report.to_json(bad))
+    with pytest.raises(ValueError):
+        report.Report.model_validate({**bad, "checks": [{**bad["checks"][0], "status": "maybe"}]})
+    schema = report.json_schema()
+    assert schema["properties"]["schema_version"]["const"] == 1
+    assert "checks" in schema["required"]
+
+
+def test_cli_schema_and_list():
+    cli = CliRunner()
+    schema = json.loads(cli.invoke(main, ["verify", "--schema"]).output)
+    assert schema["title"] == "pdserve verify report"
+    assert "e2e.tools" in cli.invoke(main, ["verify", "--list"]).output.split()
+
+
+def test_cli_usage_errors_exit_2(tmp_path):
+    cli = CliRunner()
+    result = cli.invoke(main, ["verify", "--only", "nonsense"])
+    assert result.exit_code == 2 and "matches no check" in result.output
+    bad = tmp_path / "d.toml"
+    bad.write_text('name = "x"\n[model]\npath = "/m"\n[prefill]\ngpus = [0]\nport = 70000\n')
+    result = cli.invoke(main, ["verify", "-c", str(bad)])
+    assert result.exit_code == 2 and "prefill.port" in result.output and "Traceback" not in result.output
+
+
+def test_cli_exit_1_on_failure_and_3_when_a_check_crashes(monkeypatch):
+    monkeypatch.setitem(runner.CHECKS, "kv.decode", lambda _ctx: failed("kv.decode", "1024 tokens", ">= 131072",
+                                                                          "raise decode.mem_fraction_static"))
+    cli = CliRunner()
+    result = cli.invoke(main, ["verify", "--json", "--only", "kv.decode"])
+    assert result.exit_code == 1
+    data = report.Report.model_validate_json(result.stdout)
+    assert [c.status for c in data.checks if c.id == "kv.decode"] == ["fail"]
+    table = cli.invoke(main, ["verify", "--only", "kv.decode"])
+    assert table.exit_code == 1 and "raise decode.mem_fraction_static" in table.output
+
+    def crash(_ctx):
+        raise ZeroDivisionError("division by zero")
+
+    monkeypatch.setitem(runner.CHECKS, "kv.decode", crash)
+    result = cli.invoke(main, ["verify", "--json", "--only", "kv.decode"])
+    assert result.exit_code == 3
+    assert "ZeroDivisionError" in json.loads(result.stdout)["verifier_errors"][0]
