@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 
-from pd_cluster import PDCluster, wait_until, write_deployment  # noqa: E402
+from pd_cluster import PDCluster, write_deployment  # noqa: E402
 from standin_sglang.launch import wait_http  # noqa: E402
 
 from pdserve.cli import main  # noqa: E402
@@ -131,9 +131,11 @@ def test_each_fault_fails_exactly_its_check(healthy, role, knobs, check_id, reme
 def test_worker_that_turns_unhealthy_fails_the_router_checks(healthy):
     """A decode whose /health answers 503: the router drops it; the verifier says which worker and why."""
     healthy.set_faults("decode", never_ready=True)
-    code, report = verify_in_process(healthy.config, "--only", "router,kv", "--wait", "15", "--interval", "0.5")
+    # The router notices at its next health check (every second here); --wait only re-runs failing checks.
+    assert wait_http(f"{healthy.url('router')}/readiness", 30, expect=503) == 503
+    code, report = verify_in_process(healthy.config, "--only", "router,kv")
     checks = by_id(report)
-    assert code == 1
+    assert code == 1, report
     readiness = checks["router.readiness"]
     assert readiness["status"] == "fail" and "not healthy: decode" in readiness["observed"], readiness
     assert "HTTP 503" in readiness["observed"] and "journalctl -u sglang-itest-decode" in readiness["remediation"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
@@ -67,12 +67,3 @@ class Unavailable(Exception):
 
     def __str__(self) -> str:
         return self.reason
-
-
-@dataclass
-class Findings:
-    """Collects per-item problems inside one check so it reports all of them, not the first."""
-
-    problems: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)

@@ -2,39 +2,12 @@
 
 from __future__ import annotations
 
+from pdserve.verify.cpulist import parse_list, ranges  # noqa: F401 (parse_list: re-exported)
 from pdserve.verify.expect import WorkerExpectation
 from pdserve.verify.observations import ProcNuma
 from pdserve.verify.result import CheckResult, failed, passed, skipped, warned
 
 LOCAL_SHARE = 0.90  # of a process's resident pages on its node; a few shared-library pages live elsewhere
-
-
-def ranges(cpus: frozenset[int] | set[int]) -> str:
-    """{0,1,2,5} -> "0-2,5" (the kernel's list format)."""
-    out, items = [], sorted(cpus)
-    start = prev = None
-    for c in items:
-        if start is None:
-            start = prev = c
-        elif c == prev + 1:
-            prev = c
-        else:
-            out.append(f"{start}-{prev}" if start != prev else str(start))
-            start = prev = c
-    if start is not None:
-        out.append(f"{start}-{prev}" if start != prev else str(start))
-    return ",".join(out)
-
-
-def parse_list(text: str) -> frozenset[int]:
-    """The kernel's list format ("0-3,8-11") as a set."""
-    result: set[int] = set()
-    for part in text.strip().split(","):
-        if not part:
-            continue
-        lo, _, hi = part.partition("-")
-        result.update(range(int(lo), int(hi or lo) + 1))
-    return frozenset(result)
 
 
 def check_numa(w: WorkerExpectation, node_cpus: frozenset[int] | None, procs: list[ProcNuma]) -> CheckResult:

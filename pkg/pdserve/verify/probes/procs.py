@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 
-from pdserve.verify.checks.numa import parse_list
+from pdserve.verify.cpulist import parse_list
 from pdserve.verify.observations import ProcNuma
 
 _SERVICE = re.compile(r"/([^/]+)\.service(?:/|$)")
