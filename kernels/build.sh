@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build the kernels' fatbin (sm_90a + sm_120a cubins, no PTX) into OUTDIR (default: kernels/build).
+# Build the kernels' fatbins (sm_90a + sm_120a cubins, no PTX; one per kernel) into OUTDIR (default: kernels/build).
 # The flags are the contract: kernels/default.nix uses the same ones, and
 # tests/kernels/test_build_reproducible.py checks two builds are bit-identical.
 # Deliberately absent: -G, -lineinfo and host -g, which embed the build directory.
@@ -16,5 +16,7 @@ FLAGS=(
 )
 # Report registers/spills when asked (VERBOSE=1); the output bytes do not change.
 if [[ "${VERBOSE:-0}" == 1 ]]; then FLAGS+=(-Xptxas -v); fi
-"$NVCC" "${FLAGS[@]}" "$here/dsa_indexer/dsa_indexer.cu" -o "$out/dsa_indexer.fatbin"
-echo "$out/dsa_indexer.fatbin"
+for k in dsa_indexer sparse_mla_decode; do
+  "$NVCC" "${FLAGS[@]}" "$here/$k/$k.cu" -o "$out/$k.fatbin"
+  echo "$out/$k.fatbin"
+done

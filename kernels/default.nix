@@ -1,4 +1,4 @@
-# pdserve's CUDA kernels: the fatbin (sm_90a + sm_120a cubins) built with exactly the flags of
+# pdserve's CUDA kernels: one fatbin per kernel (sm_90a + sm_120a cubins) built with exactly the flags of
 # kernels/build.sh (the build script is what runs here), plus the ctypes launcher package with the
 # fatbin installed next to it, where the launcher looks first.
 #
@@ -20,6 +20,7 @@ cudaPackages.backendStdenv.mkDerivation {
     fileset = lib.fileset.unions [
       ./build.sh
       ./dsa_indexer
+      ./sparse_mla_decode
       ./python
     ];
   };
@@ -41,17 +42,19 @@ cudaPackages.backendStdenv.mkDerivation {
 
   installPhase = ''
     runHook preInstall
-    install -Dm444 out/dsa_indexer.fatbin "$out/share/pdserve-kernels/dsa_indexer.fatbin"
     mkdir -p "$out/lib/pdserve-kernels"
     cp -r python/pdserve_kernels "$out/lib/pdserve-kernels/"
-    install -m444 out/dsa_indexer.fatbin "$out/lib/pdserve-kernels/pdserve_kernels/dsa_indexer.fatbin"
+    for k in dsa_indexer sparse_mla_decode; do
+      install -Dm444 out/$k.fatbin "$out/share/pdserve-kernels/$k.fatbin"
+      install -m444 out/$k.fatbin "$out/lib/pdserve-kernels/pdserve_kernels/$k.fatbin"
+    done
     runHook postInstall
   '';
 
   passthru.pythonPath = "lib/pdserve-kernels";
 
   meta = {
-    description = "DSA lightning indexer with fused exact top-k (sm_90a, sm_120a), with a ctypes launcher";
+    description = "DSA lightning indexer with fused exact top-k and sparse MLA decode (sm_90a, sm_120a), with a ctypes launcher";
     license = lib.licenses.mit;
     platforms = [ "x86_64-linux" ];
   };

@@ -1,4 +1,4 @@
-"""CPU-only: two builds of the kernels' fatbin in different directories must be bit-identical."""
+"""CPU-only: two builds of the kernels' fatbins in different directories must be bit-identical."""
 
 import hashlib
 import os
@@ -16,16 +16,20 @@ def _nvcc() -> str | None:
         "/usr/local/cuda/bin/nvcc" if os.access("/usr/local/cuda/bin/nvcc", os.X_OK) else None)
 
 
-def _build_copy(root: pathlib.Path, nvcc: str) -> str:
+KERNELS = ("dsa_indexer", "sparse_mla_decode")
+
+
+def _build_copy(root: pathlib.Path, nvcc: str) -> dict[str, str]:
     # Copy the sources too, so the two builds differ in source path, work dir and output dir.
     src = root / "src"
-    shutil.copytree(REPO / "kernels" / "dsa_indexer", src / "dsa_indexer")
+    for k in KERNELS:
+        shutil.copytree(REPO / "kernels" / k, src / k)
     shutil.copy2(REPO / "kernels" / "build.sh", src / "build.sh")
     out = root / "out"
     env = dict(os.environ, NVCC=nvcc)
     subprocess.run(["bash", str(src / "build.sh"), str(out)], cwd=root, env=env, check=True,
                    capture_output=True, text=True, timeout=600)
-    return hashlib.sha256((out / "dsa_indexer.fatbin").read_bytes()).hexdigest()
+    return {k: hashlib.sha256((out / f"{k}.fatbin").read_bytes()).hexdigest() for k in KERNELS}
 
 
 def test_fatbin_is_bit_identical_across_build_dirs(tmp_path):
@@ -34,4 +38,6 @@ def test_fatbin_is_bit_identical_across_build_dirs(tmp_path):
         pytest.skip("nvcc not found on PATH or at /usr/local/cuda/bin/nvcc: cannot build the kernels")
     first = _build_copy(tmp_path / "a", nvcc)
     second = _build_copy(tmp_path / "b" / "deeper", nvcc)
-    assert first == second, "kernels/build.sh output differs between two build directories"
+    assert set(first) == set(KERNELS)
+    for k in KERNELS:
+        assert first[k] == second[k], f"kernels/build.sh: {k}.fatbin differs between two build directories"

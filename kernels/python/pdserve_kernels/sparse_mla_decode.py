@@ -1,0 +1,267 @@
+"""Launcher for the sparse MLA decode kernel (kernels/sparse_mla_decode/sparse_mla_decode.cu).
+
+Conventions (FlashMLA's sparse decode, so callers can swap them):
+
+* ``q``: bf16 ``[B, next_n, h, d_qk]`` (or ``[B, h, d_qk]`` for next_n = 1); d_qk = 512 ("v4") or 576 ("v32").
+  Each of the B * next_n query rows has its own indices. Any h >= 1 (16-head blocks; h = 8 uses half of
+  one 16-row MMA tile).
+* ``kv``: uint8 / float8_e4m3fn ``[num_blocks, page, 1, bytes_per_entry]`` (or ``[num_blocks, page, bytes]``)
+  in FlashMLA's layout (see ``sparse_mla_reference``); dims after the first contiguous, any block stride
+  (FlashMLA pads blocks). page must be a power of two.
+* ``indices``: int32 ``[B, next_n, topk]`` (or ``[B, topk]``): ``physical_block * page + offset``; -1 (or any
+  index outside the cache) is skipped.
+* optional ``extra_kv`` + ``extra_indices`` ``[B, next_n, topk_extra]``: a second source in the same layout
+  (V4's sliding-window cache), attended together with the first.
+* ``sm_scale``: softmax scale; ``sinks``: fp32 ``[h]`` or None.
+
+Returns ``(out bf16 [B, next_n, h, 512], lse fp32 [B, next_n, h])``; lse is the natural-log sum over the
+valid entries, without the sink; a row with no valid entry gets out = 0, lse = +inf.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import pathlib
+import threading
+
+from ._driver import Module
+from .sparse_mla_reference import LAYOUTS
+
+DV = 512
+
+
+class _Params(ctypes.Structure):
+    # Mirrors struct MlaParams in sparse_mla_decode.cu.
+    _fields_ = [
+        ("q", ctypes.c_void_p), ("kv", ctypes.c_void_p), ("kv_extra", ctypes.c_void_p),
+        ("indices", ctypes.c_void_p), ("indices_extra", ctypes.c_void_p), ("sinks", ctypes.c_void_p),
+        ("out", ctypes.c_void_p), ("lse", ctypes.c_void_p), ("o_part", ctypes.c_void_p),
+        ("lse_part", ctypes.c_void_p),
+        ("block_stride", ctypes.c_longlong), ("block_stride_extra", ctypes.c_longlong),
+        ("num_entries", ctypes.c_int), ("num_entries_extra", ctypes.c_int), ("page_shift", ctypes.c_int),
+        ("rows", ctypes.c_int), ("h", ctypes.c_int), ("topk", ctypes.c_int), ("topk_extra", ctypes.c_int),
+        ("splits", ctypes.c_int), ("per_split", ctypes.c_int), ("scale_log2", ctypes.c_float),
+    ]
+
+
+# name -> (layout, heads per CTA, tile T, warp groups G, raw stages): mirrors MLA_KERNEL(...) lines.
+KERNELS = {
+    "sparse_mla_v4_h16_t64": ("v4", 16, 64, 8, 3),
+    "sparse_mla_v4_h32_t64": ("v4", 32, 64, 8, 2),
+    "sparse_mla_v4_h64_t64": ("v4", 64, 64, 4, 2),
+    "sparse_mla_v4_h16_t32": ("v4", 16, 32, 4, 2),
+    "sparse_mla_v32_h16_t64": ("v32", 16, 64, 8, 2),
+    "sparse_mla_v32_h32_t64": ("v32", 32, 64, 8, 2),
+    "sparse_mla_v32_h64_t32": ("v32", 64, 32, 4, 3),
+    "sparse_mla_v32_h16_t32": ("v32", 16, 32, 4, 2),
+}
+_REC = {"v4": 592, "v32": 656}
+
+
+def smem_bytes(name: str, per_split: int) -> int:
+    layout, hb, T, G, nst = KERNELS[name]
+    rowb = LAYOUTS[layout].dqk * 2
+    return nst * T * _REC[layout] + T * rowb + hb * rowb + hb * T * 2 + 2 * G * hb * 4 + 4 * per_split
+
+
+def threads(name: str) -> int:
+    _, hb, _, G, _ = KERNELS[name]
+    return 32 * (hb // 16) * G
+
+
+def find_fatbin() -> pathlib.Path:
+    env = os.environ.get("PDSERVE_SPARSE_MLA_FATBIN")
+    here = pathlib.Path(__file__).resolve().parent
+    candidates = [pathlib.Path(env)] if env else []
+    candidates += [here / "sparse_mla_decode.fatbin", here.parent.parent / "build" / "sparse_mla_decode.fatbin"]
+    for c in candidates:
+        if c.is_file():
+            return c
+    raise FileNotFoundError(
+        "sparse_mla_decode.fatbin not found (looked in: " + ", ".join(str(c) for c in candidates)
+        + "); build it with kernels/build.sh or set PDSERVE_SPARSE_MLA_FATBIN")
+
+
+class SparseMlaDecode:
+    """The loaded module for one device; call it like the function (see the module docstring)."""
+
+    def __init__(self, device=None, fatbin: str | os.PathLike | None = None) -> None:
+        import torch
+
+        self.torch = torch
+        self.device = torch.device("cuda", torch.cuda.current_device() if device is None
+                                   else torch.device(device).index or 0)
+        torch.cuda.init()
+        torch.empty(1, device=self.device)   # torch's primary context first
+        props = torch.cuda.get_device_properties(self.device)
+        self.num_sms = props.multi_processor_count
+        self.capability = (props.major, props.minor)
+        self.smem_limit = int(getattr(props, "shared_memory_per_block_optin", 0) or 232448)
+        path = pathlib.Path(fatbin) if fatbin else find_fatbin()
+        kernels = {n: self.smem_limit for n in KERNELS}
+        kernels["sparse_mla_combine"] = 0
+        self.module = Module(path.read_bytes(), self.device.index, kernels)
+        self._lock = threading.Lock()
+
+    def pick_kernel(self, layout: str, h: int, small: bool | None = None) -> str:
+        """Heads per CTA = the smallest of 16/32/64 covering h (h > 64: blocks of 64); `small` (default on
+        GPUs with < 200 KB of shared memory per block, e.g. sm_120) takes the 16-head, 32-entry variant."""
+        if small is None:
+            small = self.smem_limit < 200 * 1024
+        if small:
+            return f"sparse_mla_{layout}_h16_t32"
+        if h <= 16:
+            return f"sparse_mla_{layout}_h16_t{64}"
+        if h <= 32:
+            return f"sparse_mla_{layout}_h32_t64"
+        return "sparse_mla_v4_h64_t64" if layout == "v4" else "sparse_mla_v32_h64_t32"
+
+    def plan(self, name: str, rows: int, h: int, ntot: int, splits: int | None = None) -> tuple[int, int]:
+        """(splits, per_split): split each row's entries when rows x head blocks would not fill the GPU."""
+        _, hb, T, _, _ = KERNELS[name]
+        ctas = rows * -(-h // hb)
+        tiles = max(1, -(-ntot // T))
+        if splits is None:
+            splits = max(1, min(self.num_sms // ctas, tiles, 64)) if ctas < self.num_sms else 1
+        splits = max(1, min(int(splits), tiles))
+        per_split = -(-tiles // splits) * T
+        splits = max(1, -(-ntot // per_split))
+        while smem_bytes(name, per_split) > self.smem_limit and per_split > T:
+            per_split -= T
+            splits = -(-ntot // per_split)
+        if smem_bytes(name, per_split) > self.smem_limit:
+            raise ValueError(f"{name} needs {smem_bytes(name, per_split)} B of shared memory, this GPU allows "
+                             f"{self.smem_limit}")
+        return splits, per_split
+
+    def __call__(self, q, kv, indices, sm_scale: float, *, layout: str = "v4", sinks=None, extra_kv=None,
+                 extra_indices=None, out=None, lse=None, splits: int | None = None, kernel: str | None = None,
+                 small: bool | None = None):
+        torch = self.torch
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {sorted(LAYOUTS)}, got {layout!r}")
+        lay = LAYOUTS[layout]
+        q4 = q if q.dim() == 4 else q.unsqueeze(1) if q.dim() == 3 else q
+        ind3 = indices if indices.dim() == 3 else indices.unsqueeze(1) if indices.dim() == 2 else indices
+        _check(torch, self.device, lay, q4, ind3, kv, "kv", "indices")
+        B, next_n, h, _ = q4.shape
+        rows = B * next_n
+        page, stride, n_entries = _cache_geometry(torch, lay, kv, "kv")
+        topk = ind3.shape[2]
+        if extra_kv is not None or extra_indices is not None:
+            if extra_kv is None or extra_indices is None:
+                raise ValueError("extra_kv and extra_indices go together")
+            e3 = extra_indices if extra_indices.dim() == 3 else extra_indices.unsqueeze(1)
+            _check(torch, self.device, lay, q4, e3, extra_kv, "extra_kv", "extra_indices")
+            epage, estride, en = _cache_geometry(torch, lay, extra_kv, "extra_kv")
+            if epage != page:
+                raise ValueError(f"extra_kv's page ({epage}) must equal kv's page ({page})")
+            topk_extra = e3.shape[2]
+        else:
+            e3, estride, en, topk_extra = ind3, stride, n_entries, 0
+            extra_kv = kv
+        if sinks is not None and (sinks.dtype != torch.float32 or tuple(sinks.shape) != (h,)
+                                  or sinks.device != self.device or not sinks.is_contiguous()):
+            raise ValueError(f"sinks must be a contiguous float32 tensor [{h}] on {self.device}")
+        if not math.isfinite(sm_scale) or sm_scale <= 0:
+            raise ValueError(f"sm_scale must be a positive finite float, got {sm_scale!r}")
+        ntot = topk + topk_extra
+        if ntot < 1:
+            raise ValueError("at least one index per row is needed (topk + topk_extra >= 1)")
+
+        name = kernel or self.pick_kernel(layout, h, small)
+        if name not in KERNELS or KERNELS[name][0] != layout:
+            raise ValueError(f"kernel {name!r} is not a {layout} kernel ({sorted(KERNELS)})")
+        n_splits, per_split = self.plan(name, rows, h, ntot, splits)
+        if out is None:
+            out = torch.empty((B, next_n, h, DV), dtype=torch.bfloat16, device=self.device)
+        elif out.dtype != torch.bfloat16 or out.numel() != rows * h * DV or not out.is_contiguous():
+            raise ValueError(f"out must be a contiguous bf16 tensor with {rows}x{h}x{DV} elements")
+        if lse is None:
+            lse = torch.empty((B, next_n, h), dtype=torch.float32, device=self.device)
+        elif lse.dtype != torch.float32 or lse.numel() != rows * h or not lse.is_contiguous():
+            raise ValueError(f"lse must be a contiguous float32 tensor with {rows}x{h} elements")
+        if n_splits > 1:
+            o_part = torch.empty((rows, n_splits, h, DV), dtype=torch.float32, device=self.device)
+            lse_part = torch.empty((rows, n_splits, h), dtype=torch.float32, device=self.device)
+        else:
+            o_part = lse_part = None
+        _, hb, _, _, _ = KERNELS[name]
+        p = _Params(
+            q=q4.data_ptr(), kv=kv.data_ptr(), kv_extra=extra_kv.data_ptr(), indices=ind3.data_ptr(),
+            indices_extra=e3.data_ptr(), sinks=sinks.data_ptr() if sinks is not None else None,
+            out=out.data_ptr(), lse=lse.data_ptr(),
+            o_part=o_part.data_ptr() if o_part is not None else None,
+            lse_part=lse_part.data_ptr() if lse_part is not None else None,
+            block_stride=stride, block_stride_extra=estride, num_entries=n_entries, num_entries_extra=en,
+            page_shift=page.bit_length() - 1, rows=rows, h=h, topk=topk, topk_extra=topk_extra,
+            splits=n_splits, per_split=per_split, scale_log2=sm_scale * math.log2(math.e))
+        stream = torch.cuda.current_stream(self.device).cuda_stream
+        with self._lock:
+            self.module.launch(name, (n_splits, -(-h // hb), rows), threads(name), smem_bytes(name, per_split),
+                               stream, p)
+            if n_splits > 1:
+                self.module.launch("sparse_mla_combine", (h, rows, 1), 128, 0, stream, p)
+        # Keep the workspace alive until the launches are queued (the caching allocator reuses it safely
+        # on the same stream afterwards).
+        del o_part, lse_part
+        return out, lse
+
+
+def _cache_geometry(torch, lay, kv, name):
+    page = kv.shape[1]
+    if page < 1 or page & (page - 1):
+        raise ValueError(f"{name}: page size (dim 1) must be a power of two, got {page}")
+    elem = kv.element_size()
+    stride = kv.stride(0) * elem
+    if stride % 16:
+        raise ValueError(f"{name}: block stride must be a multiple of 16 bytes, got {stride}")
+    if stride < page * lay.entry_bytes:
+        raise ValueError(f"{name}: block stride {stride} B is less than page x {lay.entry_bytes} B")
+    n_entries = kv.shape[0] * page
+    if n_entries >= 1 << 30:
+        raise ValueError(f"{name}: at most 2^30 entries per cache, got {n_entries}")
+    return page, stride, n_entries
+
+
+def _check(torch, device, lay, q, ind, kv, kv_name, ind_name) -> None:
+    def need(cond: bool, msg: str) -> None:
+        if not cond:
+            raise ValueError(msg)
+
+    for name, t in (("q", q), (ind_name, ind), (kv_name, kv)):
+        need(isinstance(t, torch.Tensor), f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        need(t.device == device, f"{name} is on {t.device}, expected {device}")
+    need(q.dim() == 4 and q.shape[3] == lay.dqk,
+         f"q must be [B, next_n, h, {lay.dqk}] or [B, h, {lay.dqk}] for layout {lay.name}, got {tuple(q.shape)}")
+    need(q.dtype == torch.bfloat16, f"q must be bfloat16, got {q.dtype}")
+    need(q.is_contiguous(), "q must be contiguous (call .contiguous())")
+    need(q.data_ptr() % 16 == 0, "q must be 16-byte aligned")
+    need(ind.dtype == torch.int32, f"{ind_name} must be int32, got {ind.dtype}")
+    need(ind.dim() == 3 and tuple(ind.shape[:2]) == tuple(q.shape[:2]),
+         f"{ind_name} must be [B, next_n, topk] matching q's [B, next_n] = {tuple(q.shape[:2])}, got {tuple(ind.shape)}")
+    need(ind.is_contiguous(), f"{ind_name} must be contiguous")
+    fp8 = getattr(torch, "float8_e4m3fn", None)
+    need(kv.dtype in (torch.uint8, fp8), f"{kv_name} must be uint8 or float8_e4m3fn bytes, got {kv.dtype}")
+    need(kv.dim() in (3, 4) and kv.shape[-1] == lay.entry_bytes and (kv.dim() == 3 or kv.shape[2] == 1),
+         f"{kv_name} must be [num_blocks, page, 1, {lay.entry_bytes}] or [num_blocks, page, {lay.entry_bytes}] "
+         f"for layout {lay.name}, got {tuple(kv.shape)}")
+    need(kv.shape[0] >= 1 and kv[0].is_contiguous(),
+         f"{kv_name}: dims after the first must be contiguous (one block = page x {lay.entry_bytes} bytes)")
+    need(kv.data_ptr() % 16 == 0, f"{kv_name} must be 16-byte aligned")
+
+
+_default: dict[int, SparseMlaDecode] = {}
+_default_lock = threading.Lock()
+
+
+def sparse_mla_decode(q, kv, indices, sm_scale: float, **kw):
+    """Functional form with one cached SparseMlaDecode per device. See the module docstring."""
+    idx = q.device.index if q.device.index is not None else 0
+    with _default_lock:
+        if idx not in _default:
+            _default[idx] = SparseMlaDecode(q.device)
+        mod = _default[idx]
+    return mod(q, kv, indices, sm_scale, **kw)
