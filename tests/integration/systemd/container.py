@@ -66,7 +66,7 @@ class PythonEnv:
         if prefix == base:
             raise ContainerError("the tests must run from a virtual environment (python -m venv), so that it can "
                                  "be bind-mounted into the container without the host's /usr")
-        binds = [prefix, str(repo)]
+        binds = [prefix, str(Path(prefix).resolve()), str(repo)]
         packages: list[str] = []
         if Path(base).resolve().is_relative_to("/usr"):
             # Debian's own python3 (CI's `python3 -m venv`): the venv's bin/python links to /usr/bin/python3.X,
@@ -76,7 +76,8 @@ class PythonEnv:
         else:
             # pyenv, uv or a hand-built Python: the venv's bin/python is a symlink into the base prefix,
             # and the stdlib lives there too.
-            binds.append(str(Path(base).resolve()))
+            # Both spellings: the venv's symlink names the base as it was given, which may pass through a link.
+            binds += [base, str(Path(base).resolve())]
         binds = sorted(set(binds))
         # A bind inside another bind is already visible.
         binds = [b for b in binds if not any(b != o and Path(b).is_relative_to(o) for o in binds)]
@@ -91,9 +92,34 @@ def rootfs_key(packages: tuple[str, ...]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
+def host_mirror(sources: tuple[Path, ...] = (Path("/etc/apt/sources.list"), Path("/etc/apt/sources.list.d"))) -> str | None:
+    """The Debian mirror this host's apt uses for the suite (CI may only reach that one)."""
+    files: list[Path] = []
+    for path in sources:
+        files += sorted(path.glob("*.sources")) + sorted(path.glob("*.list")) if path.is_dir() else [path]
+    for path in files:
+        try:
+            text = path.read_text()
+        except OSError:
+            continue
+        if path.suffix == ".sources":  # deb822: stanzas of "Key: value"
+            for stanza in text.split("\n\n"):
+                fields = dict(line.split(":", 1) for line in stanza.splitlines()
+                              if ":" in line and not line.startswith(("#", " ")))
+                suites = fields.get("Suites", "").split()
+                if "deb" in fields.get("Types", "").split() and SUITE in suites and "main" in fields.get("Components", ""):
+                    return fields.get("URIs", "").split()[0] if fields.get("URIs", "").split() else None
+        else:
+            for line in text.splitlines():
+                words = [w for w in line.split() if not w.startswith("[")]
+                if len(words) >= 4 and words[0] == "deb" and words[2] == SUITE and "main" in words[3:]:
+                    return words[1]
+    return None
+
+
 def build_rootfs(target: Path, packages: tuple[str, ...], log: Path) -> None:
     """debootstrap a minbase rootfs into `target` (about 60 s with a nearby mirror)."""
-    mirror = os.environ.get("PDSERVE_DEBIAN_MIRROR", DEFAULT_MIRROR)
+    mirror = os.environ.get("PDSERVE_DEBIAN_MIRROR") or host_mirror() or DEFAULT_MIRROR
     partial = target.with_name(target.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     argv = ["debootstrap", "--variant=minbase", f"--include={','.join(packages)}", SUITE, str(partial), mirror]

@@ -34,6 +34,8 @@ MODEL = "standin-model"
 # Short enough to keep the tier quick, long enough for a 20 s startup delay plus the stand-in's own
 # start (importing SGLang's argument parser takes ~5 s on an idle core, more on CI's two busy ones).
 START_TIMEOUT_SEC = 45
+# For deployments with a worker that is meant never to become ready: the failure comes sooner.
+SHORT_START_TIMEOUT_SEC = 30
 
 
 def base_deployment(ports: dict[str, int], numa_node: int | None) -> dict[str, Any]:
@@ -74,9 +76,11 @@ class Lab:
     # -- deployments ------------------------------------------------------------------------------
 
     def variant(self, *, prefill_env: dict[str, str] | None = None, decode_env: dict[str, str] | None = None,
-                fallback_env: dict[str, str] | None = None, api_key: bool = False) -> dict[str, Any]:
+                fallback_env: dict[str, str] | None = None, api_key: bool = False,
+                start_timeout: int = START_TIMEOUT_SEC) -> dict[str, Any]:
         numa = 0 if Path("/sys/devices/system/node/node0").is_dir() else None
         data = copy.deepcopy(base_deployment(self.ports, numa))
+        data["systemd"]["start_timeout_sec"] = start_timeout
         data["prefill"]["env"] = prefill_env or {}
         data["decode"]["env"] = decode_env or {}
         data["fallback"]["env"] = fallback_env or {}

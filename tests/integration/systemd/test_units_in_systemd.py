@@ -16,7 +16,7 @@ import pytest
 
 from pdserve.cutover.refusals import tcp_accepts
 from tests.integration.systemd.container import wait_for
-from tests.integration.systemd.lab import CONFIG_PATH, START_TIMEOUT_SEC
+from tests.integration.systemd.lab import CONFIG_PATH, SHORT_START_TIMEOUT_SEC, START_TIMEOUT_SEC
 
 pytestmark = pytest.mark.integration
 
@@ -64,13 +64,13 @@ def test_router_start_pulls_in_both_workers_and_waits_until_both_are_ready(lab):
 
 
 def test_a_worker_that_never_becomes_ready_fails_the_start_and_the_router_never_starts(lab):
-    lab.install(lab.variant(decode_env={NEVER: "1"}))
+    lab.install(lab.variant(decode_env={NEVER: "1"}, start_timeout=SHORT_START_TIMEOUT_SEC))
     router_before = lab.states()[lab.unit("router")]
     done, took = start(lab, "router")
     assert done.returncode != 0
     assert "dependency" in done.stderr or lab.unit("router") in done.stderr, done.stderr
-    # wait-ready gives up 10 s before TimeoutStartSec; allow the stand-in's start and systemd's bookkeeping.
-    assert took <= START_TIMEOUT_SEC + 20, f"the failed start took {took:.0f} s"
+    # wait-ready gives up 10 s before TimeoutStartSec, and systemd would kill the start at TimeoutStartSec.
+    assert took <= SHORT_START_TIMEOUT_SEC + 5, f"the failed start took {took:.0f} s"
     states = lab.states()
     decode, router = states[lab.unit("decode")], states[lab.unit("router")]
     assert router.active_state != "active" and not router.running
@@ -118,13 +118,13 @@ def test_the_fallback_and_the_pd_units_never_run_together(lab):
     # The fallback took over the public port (its host/port default to the router's).
     assert lab.wait_serving().status_code == 200
 
-    done, _ = start(lab, "router")
+    # Any one PD unit is enough to push the fallback out.
+    done, _ = start(lab, "prefill")
     assert done.returncode == 0, done.stderr + lab.diagnostics()
-    assert lab.running() == pd, "starting PD must stop the fallback"
-    assert lab.wait_serving().status_code == 200
+    assert lab.running() == {lab.unit("prefill")}, "starting a PD unit must stop the fallback"
 
 
-def test_cutover_pd_from_a_running_fallback_ends_with_pd_serving(lab, capsys):
+def test_cutover_pd_from_a_running_fallback_ends_with_pd_serving_and_back(lab, capsys):
     lab.install(lab.variant())
     lab.container.run(["systemctl", "enable", "--now", lab.unit("fallback")], timeout=120)
     lab.wait_serving()
@@ -152,9 +152,21 @@ def test_cutover_pd_from_a_running_fallback_ends_with_pd_serving(lab, capsys):
             print(f"  {check['status']:<5} {check['id']}: {check['observed']}")
     assert verified.returncode == 0, verified.stdout[-3000:] + verified.stderr[-2000:]
 
+    # And back: `cutover single` from the PD layout it just built.
+    back = lab.pdserve("cutover", "single", "-c", CONFIG_PATH, "--json")
+    report = json.loads(back.stdout)
+    print_timeline(capsys, "cutover single (healthy)", report)
+    assert back.returncode == 0, back.stdout + back.stderr + lab.diagnostics()
+    assert report["outcome"] == "success" and report["previous"] == "pd"
+    assert lab.running() == {lab.unit("fallback")}
+    states = lab.states()
+    assert states[lab.unit("fallback")].enabled and not any(states[u].enabled for u in pd)
+    assert report["refused"][0]["refused_seconds"] > 0
+    assert lab.wait_serving().status_code == 200
+
 
 def test_cutover_pd_with_a_decode_that_never_becomes_ready_rolls_back_to_the_fallback(lab, capsys):
-    lab.install(lab.variant(decode_env={NEVER: "1"}))
+    lab.install(lab.variant(decode_env={NEVER: "1"}, start_timeout=SHORT_START_TIMEOUT_SEC))
     lab.container.run(["systemctl", "enable", "--now", lab.unit("fallback")], timeout=120)
     lab.wait_serving()
 
@@ -202,7 +214,7 @@ def test_the_api_key_reaches_the_router_through_loadcredential_only(lab):
 def test_a_keyed_fallback_takes_the_key_through_loadcredential_too(lab):
     key = "sk-pdserve-" + secrets.token_hex(16)
     lab.write_key(key)
-    lab.install(lab.variant(api_key=True))
+    lab.install(lab.variant(api_key=True, start_timeout=SHORT_START_TIMEOUT_SEC))
     box = lab.container
     done, _ = start(lab, "fallback")
     assert done.returncode == 0, done.stderr + lab.diagnostics()
@@ -211,17 +223,21 @@ def test_a_keyed_fallback_takes_the_key_through_loadcredential_too(lab):
     assert key not in box.run(["ps", "-eo", "args"]).stdout
 
 
-def test_enabled_units_come_back_after_the_container_reboots(lab, capsys):
+def test_enabled_units_come_back_after_the_container_reboots(lab):
     lab.install(lab.variant())
-    lab.container.run(["systemctl", "start", lab.unit("fallback")], timeout=120)
-    done = lab.pdserve("cutover", "pd", "-c", CONFIG_PATH, "--json")
-    assert done.returncode == 0, done.stdout + done.stderr
-    print_timeline(capsys, "cutover pd (before the reboot)", json.loads(done.stdout))
+    pd = {lab.unit(r) for r in ("prefill", "decode", "router")}
+    # What `pdserve cutover pd` leaves behind (its test checks that): PD enabled, the fallback disabled.
+    lab.container.run(["systemctl", "enable", *sorted(pd)], timeout=60)
+    done, _ = start(lab, "router")
+    assert done.returncode == 0, done.stderr + lab.diagnostics()
     boots = lab.container.boots
+    # systemd's monotonic timestamps are the host's CLOCK_MONOTONIC: a container does not have its own.
+    rebooted_at_us = time.monotonic_ns() // 1000
 
     lab.container.reboot()
     assert lab.container.boots == boots + 1
-    pd = {lab.unit(r) for r in ("prefill", "decode", "router")}
     wait_for(lambda: lab.active() >= pd, START_TIMEOUT_SEC + 60, "the enabled PD units to be active after the reboot")
-    assert lab.unit("fallback") not in lab.running()
+    states = lab.states()
+    assert all(states[u].active_enter_us > rebooted_at_us for u in pd), "not started by the new boot"
+    assert not states[lab.unit("fallback")].running and not states[lab.unit("fallback")].enabled
     assert lab.wait_serving().status_code == 200
