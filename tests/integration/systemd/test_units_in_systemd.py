@@ -100,9 +100,11 @@ def test_killing_the_prefill_main_process_restarts_it_and_the_router_serves_agai
     wait_for(lambda: lab.unit("router") in lab.active(), START_TIMEOUT_SEC, "the router to be active again")
     assert lab.wait_serving(timeout=90).status_code == 200
     router_after = lab.states()[lab.unit("router")]
+    systemd_lines = [line for line in lab.container.journal(lab.unit("router"), 2000).splitlines() if " systemd[1]: " in line]
     with capsys.disabled():
         print(f"\nprefill killed: restarted ({before.main_pid} -> {lab.states()[lab.unit('prefill')].main_pid}); "
-              f"router main PID {router_before.main_pid} -> {router_after.main_pid}")
+              f"router main PID {router_before.main_pid} -> {router_after.main_pid}; the router's systemd journal:")
+        print("\n".join(systemd_lines[-8:]))
 
 
 def test_the_fallback_and_the_pd_units_never_run_together(lab):
