@@ -346,3 +346,4 @@ def test_dry_run_changes_nothing_and_lists_the_rollback(dep):
     assert fake.calls == []
     assert report.steps[-1].name == "on failure: roll back"
     assert fake.role["fallback"] in report.steps[2].detail  # it says what it would stop
+    assert f"start {fake.role['fallback']}" in report.steps[-1].detail  # and what it would bring back

@@ -297,9 +297,10 @@ class Cutover:
 
     # -- the cutover ------------------------------------------------------------------------------
 
-    def steps_preview(self, running: Sequence[str]) -> list[Step]:
+    def steps_preview(self, running: Sequence[str], serving: Sequence[str] = ()) -> list[Step]:
         plan, t = self.plan, self.plan.target
         stop = [u for u in plan.all_units if u in running]
+        restore = [u for u in plan.all_units if u in serving]
         names = [
             ("preflight: units installed", ", ".join(plan.all_units)),
             ("preflight: target GPUs free", f"GPUs {list(plan.gpus[t])} free or held by {', '.join(stop) or 'nothing'}"),
@@ -313,7 +314,7 @@ class Cutover:
             ("smoke test", (f"pdserve verify --only router.readiness,router.workers,e2e.chat through {plan.public_url[t]}"
                             if t == "pd" else f"chat completion through {plan.public_url[t]}")),
             ("enable at boot", f"enable {', '.join(plan.units(t))}; disable {', '.join(plan.units(plan.other))}"),
-            ("on failure: roll back", f"stop {', '.join(plan.units(t))}; start {', '.join(stop) or 'nothing'}; smoke test"),
+            ("on failure: roll back", f"stop {', '.join(plan.units(t))}; start {', '.join(restore) or 'nothing'}; smoke test"),
         ]
         return [Step(n, 0.0, 0.0, "planned", d) for n, d in names]
 
@@ -325,9 +326,9 @@ class Cutover:
             self.report.previous = layout_of(serving, self.plan)
             self.report.previously_running = serving
         except SystemctlError as exc:
-            running = []
+            running = serving = []
             self.report.previous = f"unknown ({exc})"
-        self.report.steps = self.steps_preview(running)
+        self.report.steps = self.steps_preview(running, serving)
         return self._finish(Outcome.DRY_RUN)
 
     def run(self) -> Report:
