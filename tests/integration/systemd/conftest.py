@@ -31,6 +31,12 @@ def _prerequisites() -> None:
                     REQUIRE)
     require_or_skip(sys.prefix != sys.base_prefix,
                     "run the tests from a virtual environment: it is bind-mounted into the container", REQUIRE)
+    # The units run with PrivateTmp=yes: a checkout or venv under a temporary directory is invisible to them.
+    hidden = [p for p in {str(REPO), sys.prefix, sys.base_prefix}
+              if Path(p).resolve().is_relative_to("/tmp") or Path(p).resolve().is_relative_to("/var/tmp")
+              or Path(p).resolve().is_relative_to("/dev/shm")]
+    require_or_skip(not hidden, f"{', '.join(sorted(hidden))} is under a temporary directory, which services with "
+                    "PrivateTmp= cannot see; run from a checkout and venv elsewhere (.ci/run copies itself)", REQUIRE)
 
 
 @pytest.fixture(scope="session")
