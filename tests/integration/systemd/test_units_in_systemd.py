@@ -209,10 +209,6 @@ def test_the_api_key_reaches_the_router_through_loadcredential_only(lab):
     assert key not in box.run(["systemctl", "show", *lab.units()]).stdout
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known bug outside this tier: `pdserve wait-ready fallback` probes /model_info without the key, and a keyed "
-    "SGLang server answers it 401 (only /health*, /ready, /metrics bypass --api-key), so a keyed fallback never "
-    "becomes ready. Fix: wait-ready sends `Authorization: Bearer` read from $CREDENTIALS_DIRECTORY/api-key."))
 def test_a_keyed_fallback_takes_the_key_through_loadcredential_too(lab):
     key = "sk-pdserve-" + secrets.token_hex(16)
     lab.write_key(key)
