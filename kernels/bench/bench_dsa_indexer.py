@@ -38,8 +38,9 @@ def sh(cmd: str) -> str:
 
 
 class Timer:
-    def __init__(self, flush_bytes: int = 512 << 20):
+    def __init__(self, flush_bytes: int = 512 << 20, head_start_cycles: int = 40_000):
         self.buf = torch.ones(flush_bytes, dtype=torch.uint8, device="cuda")
+        self.head_start = head_start_cycles
 
     def median_us(self, fn, reps: int) -> float:
         return self.medians_us([fn], reps)[0]
@@ -57,7 +58,7 @@ class Timer:
                 # Evict the previous repeat's data from L2 (50 MB) by reading 512 MB: a read leaves clean
                 # lines, so the timed kernels do not pay for writing back the flush's own dirty lines.
                 self.buf.view(torch.int64).sum()
-                torch.cuda._sleep(40_000)     # ~20 us head start so the host's launches are queued in time
+                torch.cuda._sleep(self.head_start)   # default ~20 us head start so the host's launches are queued in time
                 s.record()
                 fn()
                 e.record()

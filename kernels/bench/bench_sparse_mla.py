@@ -4,7 +4,8 @@
 Shapes: h in {16, 32, 64, 128}, B in {1, 8, 64, 128}, one query token per request, page 64:
   v4-csa: V4-Flash CSA layer, 512 selected compressed entries + 128 window entries (second cache), 584 B;
   v4-hca: V4-Flash HCA layer at L = 128K: all 1024 compressed entries (128:1) + 128 window entries;
-  v32:    V3.2 top-2048, FP8 656 B.
+  v32:    V3.2 top-2048, FP8 656 B;
+  *-bf16: the same with bf16 KV (V4: 1024 B/entry, K = V; V3.2: 1152 B/entry, V = first 512 dims).
 Per case: median time of our kernel (CUDA events, L2 evicted before every repeat by the indexer
 benchmark's Timer, >= 30 repeats), GB/s on unique bytes (distinct selected entries x entry bytes + q +
 out + lse + indices), TFLOP/s on useful FLOPs (2 h N (d_qk + 512) per row, N = valid entries), the floor
@@ -38,6 +39,9 @@ CASES = {  # name -> (layout, selected from the main cache, window entries from 
     "v4-csa": ("v4", 512, 128),
     "v4-hca": ("v4", 1024, 128),
     "v32": ("v32", 2048, 0),
+    "v4-csa-bf16": ("v4_bf16", 512, 128),
+    "v4-hca-bf16": ("v4_bf16", 1024, 128),
+    "v32-bf16": ("v32_bf16", 2048, 0),
 }
 
 
@@ -57,7 +61,11 @@ def random_pool(layout, n_entries: int, gen):
     for lo in range(0, nb, step):
         hi = min(nb, lo + step)
         n = hi - lo
-        if layout.name == "v4":
+        if layout.bf16:
+            eb = layout.entry_bytes
+            buf[lo:hi, :PAGE * eb].view(n, PAGE, eb)[:] = torch.randn(
+                (n, PAGE, layout.dqk), device="cuda", generator=gen).to(torch.bfloat16).view(torch.uint8)
+        elif layout.name == "v4":
             data = buf[lo:hi, :PAGE * 576].view(n, PAGE, 576)
             data[:, :, :448] = torch.randn((n, PAGE, 448), device="cuda", generator=gen).to(
                 torch.float8_e4m3fn).view(torch.uint8)
@@ -89,12 +97,16 @@ def main() -> int:
     ap.add_argument("--ref-reps", type=int, default=30)
     ap.add_argument("--json", default=None)
     ap.add_argument("--sweep-splits", action="store_true", help="also time fixed split counts at B=64")
+    ap.add_argument("--compare-variants", action="store_true",
+                    help="fp8 cases: also time the first-version kernels (OPT 0) with the same splits")
     args = ap.parse_args()
     assert args.reps >= 30 and args.ref_reps >= 30, "the benchmark contract is >= 30 repeats"
 
     gen = torch.Generator(device="cuda")
     gen.manual_seed(int(datetime.datetime.now().timestamp()))
-    timer = Timer()
+    # ~100 us head start (the indexer benchmark's 20 us was shorter than this launcher's Python overhead with
+    # a split + combine, which then landed inside the timed region: the small-B noise of the earlier table).
+    timer = Timer(head_start_cycles=200_000)
     mla = SparseMlaDecode()
     props = torch.cuda.get_device_properties(0)
     env = {
@@ -122,9 +134,9 @@ def main() -> int:
         buf, kv = pools[layout_name]
         win_buf = win = None
         if k_win:
-            if "win" not in pools:
-                pools["win"] = random_pool(lay, 1 << 17, gen)
-            win_buf, win = pools["win"]
+            if "win-" + layout_name not in pools:
+                pools["win-" + layout_name] = random_pool(lay, 1 << 17, gen)
+            win_buf, win = pools["win-" + layout_name]
         sm_scale = lay.dqk ** -0.5
         for B in Bs:
             ind_all = distinct_indices(B, k_main, kv.shape[0] * PAGE, gen).view(B, 1, k_main)
@@ -164,13 +176,27 @@ def main() -> int:
                                                  sinks, extra_cache=win_buf, extra_page=PAGE,
                                                  extra_indices=win_ind.view(B, -1) if k_win else None),
                         args.ref_reps)
+                if args.compare_variants and not lay.bf16:
+                    # Every other fp8 variant of this shape, same splits, timed round-robin.
+                    from pdserve_kernels.sparse_mla_decode import VARIANT_OPT
+                    alts = [v for v in VARIANT_OPT
+                            if mla.pick_kernel(layout_name, h, variant=v) in KERNELS
+                            ]
+
+                    def variant_fn(v):
+                        return lambda: mla(q, kv, ind_all, sm_scale, layout=layout_name, sinks=sinks, variant=v,
+                                           **extra)
+
+                    ts = timer.medians_us([variant_fn(v) for v in alts], args.reps)
+                    row["variants"] = {mla.pick_kernel(layout_name, h, variant=v).replace("sparse_mla_", ""):
+                                       round(x, 1) for v, x in zip(alts, ts)}
                 if args.sweep_splits and B == 64:
                     alts = [s for s in (1, 2, 3, 4) if s != splits]
                     ts = timer.medians_us([ours(s) for s in alts], args.reps)
                     row["splits_sweep"] = {str(s): round(x, 2) for s, x in zip(alts, ts)}
                 if args.sweep_splits and B in (64, 128):
                     # The 16-head, 32-entry kernel (97-108 KB of smem: two CTAs per SM) at 1x and 2x the splits.
-                    small = f"sparse_mla_{layout_name}_h16_t32"
+                    small = mla.pick_kernel(layout_name, h, small=True)
                     s1, _ = mla.plan(small, B, h, n_valid)
 
                     def small_fn(s):
@@ -194,7 +220,7 @@ def print_table(env, rows) -> None:
           f"copy {env['copy_GBps']} GB/s | bf16 matmul {env['matmul_TFLOPs']} TFLOP/s")
     print(f"# command: {env['command']}")
     hdr = ("| case | B | h | kernel (splits) | ours us | GB/s | TFLOP/s | floor us | % of floor | rel err | "
-           "PyTorch ref us | ours vs ref |")
+           "PyTorch ref us | ours vs ref | other fp8 variants us |")
     print(hdr)
     print("|" + "---|" * (hdr.count("|") - 1))
     for r in rows:
@@ -202,7 +228,8 @@ def print_table(env, rows) -> None:
         cells = [r["case"], str(r["B"]), str(r["h"]), f"{r['kernel'].replace('sparse_mla_', '')} ({r['splits']})",
                  f"{r['us']:.1f}", f"{r['GBps']:.0f}", f"{r['TFLOPs']:.0f}", f"{r['floor_us']:.1f}",
                  f"{r['pct_floor']:.1f}%", f"{r['rel_err']:.1e}",
-                 "" if ref is None else f"{ref:.0f}", "" if ref is None else f"{ref / r['us']:.0f}x"]
+                 "" if ref is None else f"{ref:.0f}", "" if ref is None else f"{ref / r['us']:.0f}x",
+                 ", ".join(f"{k} {v:.1f}" for k, v in r.get("variants", {}).items())]
         print("| " + " | ".join(cells) + " |")
 
 

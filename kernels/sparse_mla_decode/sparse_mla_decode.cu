@@ -65,6 +65,7 @@ constexpr int kDv = 512;
 constexpr int kExtraBit = 1 << 30;   // marks an index of the extra source in the CTA's index list
 
 struct LayoutV4 {
+  static constexpr bool kBf16 = false;
   static constexpr int kDqk = 512, kNope = 448, kRec = 592, kChunks = 37, kTok = 576;
   static constexpr int kRopeRaw = 448;   // RoPE bytes within the record
   static constexpr int kRopeChunk = 56;  // first bf16 16-byte chunk of the RoPE dims in a tile row
@@ -76,9 +77,16 @@ struct LayoutV4 {
     const uint32_t e = rec[576 + (c16 >> 2)];                   // UE8M0: 2^(e - 127)
     return __uint_as_float(e << 23);
   }
+  // scale * 2^112 as bf16 bits when that is exact and normal (e <= 142), else `ok` = false.
+  __device__ static uint32_t scale_bf16_112(const uint8_t* rec, int c16, bool& ok) {
+    const uint32_t e = rec[576 + (c16 >> 2)];
+    ok = e <= 142u;
+    return (e + 112u) << 7;
+  }
 };
 
 struct LayoutV32 {
+  static constexpr bool kBf16 = false;
   static constexpr int kDqk = 576, kNope = 512, kRec = 656, kChunks = 41, kTok = 656;
   static constexpr int kRopeRaw = 528;
   static constexpr int kRopeChunk = 64;
@@ -88,6 +96,21 @@ struct LayoutV32 {
   __device__ static float scale(const uint8_t* rec, int c16) {
     return *reinterpret_cast<const float*>(rec + 512 + 4 * (c16 >> 3));
   }
+  __device__ static uint32_t scale_bf16_112(const uint8_t* rec, int c16, bool& ok) {
+    const uint32_t b = __float_as_uint(scale(rec, c16) * 0x1p112f);
+    ok = (b & 0xffffu) == 0 && ((b >> 23) & 0xffu) - 1u < 254u;   // exact in bf16, normal, finite
+    return b >> 16;
+  }
+};
+
+// bf16 KV (FlashMLA's bf16 sparse layout): each entry is d_qk contiguous bf16 values, no scales.
+struct LayoutV4B {   // V4-Flash: 512 dims (448 NoPE + 64 RoPE), K = V
+  static constexpr bool kBf16 = true;
+  static constexpr int kDqk = 512, kTok = 1024, kChunks = 64, kRec = kTok;
+};
+struct LayoutV32B {  // V3.2: 576 dims (512 latent + 64 RoPE), V = the first 512
+  static constexpr bool kBf16 = true;
+  static constexpr int kDqk = 576, kTok = 1152, kChunks = 72, kRec = kTok;
 };
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -95,6 +118,11 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 }
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(dst)), "l"(src) : "memory");
+}
+// 16 bytes, or 16 zero bytes when src_size = 0 (nothing is read then).
+__device__ __forceinline__ void cp_async16_zfill(void* dst, const void* src, int src_size) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(src_size)
+               : "memory");
 }
 __device__ __forceinline__ void cp_async8(void* dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(smem_u32(dst)), "l"(src) : "memory");
@@ -141,15 +169,131 @@ __device__ __forceinline__ uint32_t pack_bf16(float a, float b) {
   __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
   return *reinterpret_cast<uint32_t*>(&v);
 }
+}  // namespace
+
+namespace mla_detail {
 // Two e4m3 (low byte first) times a power-of-two scale, as bf16x2: exact unless the product leaves
 // bf16's normal range.
 __device__ __forceinline__ uint32_t fp8x2_to_bf16x2(uint32_t two, float sc) {
   __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
   const float2 f = __half22float2(*reinterpret_cast<__half2*>(&h));
-  return pack_bf16(f.x * sc, f.y * sc);
+  __nv_bfloat162 v = __floats2bfloat162_rn(f.x * sc, f.y * sc);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+}  // namespace mla_detail
+
+// The fp32 path for one 16-value chunk, out of line (rare: keeps the fast loop's registers down). Outside
+// the anonymous namespace: a non-inlined function there gets a name hashed from the source path, which
+// breaks bit-identical rebuilds across directories.
+__device__ __noinline__ void pdserve_mla_dequant16_slow(uint4 w, float sc, uint4& lo, uint4& hi) {
+  lo.x = mla_detail::fp8x2_to_bf16x2(w.x & 0xffff, sc);
+  lo.y = mla_detail::fp8x2_to_bf16x2(w.x >> 16, sc);
+  lo.z = mla_detail::fp8x2_to_bf16x2(w.y & 0xffff, sc);
+  lo.w = mla_detail::fp8x2_to_bf16x2(w.y >> 16, sc);
+  hi.x = mla_detail::fp8x2_to_bf16x2(w.z & 0xffff, sc);
+  hi.y = mla_detail::fp8x2_to_bf16x2(w.z >> 16, sc);
+  hi.z = mla_detail::fp8x2_to_bf16x2(w.w & 0xffff, sc);
+  hi.w = mla_detail::fp8x2_to_bf16x2(w.w >> 16, sc);
 }
 
-template <class L, int MT, int T, int G, int NST>
+
+namespace {
+using mla_detail::fp8x2_to_bf16x2;
+
+// Two e4m3 -> bf16x2 times scale, with sc2 = (scale * 2^112) as bf16x2 (exact and normal; see
+// scale_bf16_112): cvt to f16x2 (exact), then f16 bits -> bf16 bits by moving the exponent/mantissa field
+// down 3 places (value * 2^-112, still a normal bf16), then one bf16x2 multiply. 5 instructions per pair
+// instead of 6 (cvt, 2 f16->f32, 2 fmul, pack).
+__device__ __forceinline__ uint32_t fp8x2_to_bf16x2_fast(uint32_t two, uint32_t sc2) {
+  const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
+  const uint32_t h = static_cast<uint32_t>(hr.x) | (static_cast<uint32_t>(hr.y) << 16);
+  const uint32_t z = ((h & 0x7fff7fffu) >> 3) | (h & 0x80008000u);
+  const __nv_bfloat162 r = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&z),
+                                   *reinterpret_cast<const __nv_bfloat162*>(&sc2));
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+
+// Dequantize one fp8 tile: raw records -> bf16 [T x d_qk] (swizzled); rows of invalid or past-the-end
+// entries zeroed.
+template <class L, int T, int NTHR, int ROWB, int OPT>
+__device__ __forceinline__ void dequant(const uint8_t* rb, uint8_t* tile, const int* sidx, int j0, int n_local,
+                                        int tid, int warp, int lane) {
+  constexpr int NCH = L::kNope / 16;   // 16-dim fp8 chunks per entry
+  if constexpr (!(OPT & 2)) {
+    for (int i = tid; i < T * NCH; i += NTHR) {
+      const int e = i / NCH, c = i - e * NCH;
+      const int j = j0 + e;
+      uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
+      if (j < n_local && sidx[j] >= 0) {
+        const uint8_t* rec = rb + e * L::kRec;
+        const uint4 w = *reinterpret_cast<const uint4*>(rec + c * 16);
+        const float sc = L::scale(rec, c);
+        lo.x = fp8x2_to_bf16x2(w.x & 0xffff, sc);
+        lo.y = fp8x2_to_bf16x2(w.x >> 16, sc);
+        lo.z = fp8x2_to_bf16x2(w.y & 0xffff, sc);
+        lo.w = fp8x2_to_bf16x2(w.y >> 16, sc);
+        hi.x = fp8x2_to_bf16x2(w.z & 0xffff, sc);
+        hi.y = fp8x2_to_bf16x2(w.z >> 16, sc);
+        hi.z = fp8x2_to_bf16x2(w.w & 0xffff, sc);
+        hi.w = fp8x2_to_bf16x2(w.w >> 16, sc);
+      }
+      *reinterpret_cast<uint4*>(tile + swz<ROWB>(e, 2 * c)) = lo;
+      *reinterpret_cast<uint4*>(tile + swz<ROWB>(e, 2 * c + 1)) = hi;
+    }
+    for (int i = tid; i < T * 8; i += NTHR) {
+      const int e = i >> 3, c = i & 7;
+      const int j = j0 + e;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (j < n_local && sidx[j] >= 0) v = *reinterpret_cast<const uint4*>(rb + e * L::kRec + L::kRopeRaw + c * 16);
+      *reinterpret_cast<uint4*>(tile + swz<ROWB>(e, L::kRopeChunk + c)) = v;
+    }
+  } else {
+    // One entry per warp iteration; lane c < NCH converts fp8 chunk c, the next 8 lanes copy the RoPE chunks.
+    constexpr int NW = NTHR / 32;
+    for (int e = warp; e < T; e += NW) {
+      const int j = j0 + e;
+      const bool ok = j < n_local && sidx[j] >= 0;   // uniform across the warp
+      const uint8_t* rec = rb + e * L::kRec;
+#pragma unroll
+      for (int c = lane; c < NCH + 8; c += 32) {
+        if (c < NCH) {
+          uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
+          if (ok) {
+            const uint4 w = *reinterpret_cast<const uint4*>(rec + c * 16);
+            bool fast;
+            const uint32_t sb = L::scale_bf16_112(rec, c, fast);
+            if (fast) {
+              const uint32_t s2 = sb | (sb << 16);
+              lo.x = fp8x2_to_bf16x2_fast(w.x & 0xffff, s2);
+              lo.y = fp8x2_to_bf16x2_fast(w.x >> 16, s2);
+              lo.z = fp8x2_to_bf16x2_fast(w.y & 0xffff, s2);
+              lo.w = fp8x2_to_bf16x2_fast(w.y >> 16, s2);
+              hi.x = fp8x2_to_bf16x2_fast(w.z & 0xffff, s2);
+              hi.y = fp8x2_to_bf16x2_fast(w.z >> 16, s2);
+              hi.z = fp8x2_to_bf16x2_fast(w.w & 0xffff, s2);
+              hi.w = fp8x2_to_bf16x2_fast(w.w >> 16, s2);
+            } else {   // a scale outside bf16's exact range (never in practice): the fp32 path
+              pdserve_mla_dequant16_slow(w, L::scale(rec, c), lo, hi);
+            }
+          }
+          *reinterpret_cast<uint4*>(tile + swz<ROWB>(e, 2 * c)) = lo;
+          *reinterpret_cast<uint4*>(tile + swz<ROWB>(e, 2 * c + 1)) = hi;
+        } else {
+          const int rc = c - NCH;
+          uint4 v = make_uint4(0, 0, 0, 0);
+          if (ok) v = *reinterpret_cast<const uint4*>(rec + L::kRopeRaw + rc * 16);
+          *reinterpret_cast<uint4*>(tile + swz<ROWB>(e, L::kRopeChunk + rc)) = v;
+        }
+      }
+    }
+  }
+}
+
+// OPT (fp8 layouts), a bit mask: 0 = first version (gather and dequant loops over (entry, chunk) items,
+// index decoded per item); bit 0 = per-warp gather (one entry per warp iteration, its index and source
+// addresses computed once, lanes = chunks); bit 1 = per-warp dequant with the 5-instruction conversion.
+// Kernel suffixes: "" = 0, "_og" = 1, "_od" = 2, "_o1" = 3. bf16 layouts always use the per-warp gather.
+template <class L, int MT, int T, int G, int NST, int OPT>
 __device__ __forceinline__ void mla_body(const MlaParams& p, uint8_t* smem) {
   constexpr int HB = 16 * MT;           // heads per CTA
   constexpr int NW = MT * G;            // warps
@@ -159,13 +303,15 @@ __device__ __forceinline__ void mla_body(const MlaParams& p, uint8_t* smem) {
   constexpr int DPW = kDv / G;          // output dims per warp in PV
   constexpr int NTV = DPW / 8;          // PV n-tiles per warp
   constexpr int ROWB = L::kDqk * 2;     // bf16 tile row bytes
-  constexpr int NCH = L::kNope / 16;    // 16-dim fp8 chunks per entry
+  constexpr bool BF = L::kBf16;
   static_assert(NTQ == 1 || NTQ == 2, "a QK warp covers 8 or 16 entries");
   static_assert(NTV % 2 == 0 && T % 16 == 0, "tile shape");
+  // fp8: NST raw-record stages + one bf16 tile; bf16: NST bf16 tile stages (the gather writes the tile).
+  constexpr int RAWB = BF ? T * ROWB : T * L::kRec;   // bytes per ring stage
 
   uint8_t* raw = smem;
-  uint8_t* tile = raw + NST * T * L::kRec;
-  uint8_t* qs = tile + T * ROWB;
+  uint8_t* tile = raw + NST * RAWB;
+  uint8_t* qs = BF ? tile : tile + T * ROWB;
   uint8_t* ps = qs + HB * ROWB;
   float* red_max = reinterpret_cast<float*>(ps + HB * T * 2);
   float* red_sum = red_max + G * HB;
@@ -195,27 +341,71 @@ __device__ __forceinline__ void mla_body(const MlaParams& p, uint8_t* smem) {
   __syncthreads();
 
   const int page_mask = (1 << p.page_shift) - 1;
-  auto issue = [&](int ti) {
+  // Block base of a validated index.
+  auto block_of = [&](int v) -> const uint8_t* {
+    const bool extra = v & kExtraBit;
+    const int idx = v & (kExtraBit - 1);
+    return (extra ? p.kv_extra : p.kv) +
+           static_cast<long long>(idx >> p.page_shift) * (extra ? p.block_stride_extra : p.block_stride);
+  };
+  // OPT 0 (fp8): one (entry, chunk) item per thread iteration.
+  auto issue_items = [&](int ti) {
     if (ti < ntiles) {
-      uint8_t* dst0 = raw + (ti % NST) * (T * L::kRec);
+      uint8_t* dst0 = raw + (ti % NST) * RAWB;
       for (int i = tid; i < T * L::kChunks; i += NTHR) {
         const int e = i / L::kChunks, c = i - e * L::kChunks;
         const int j = ti * T + e;
         if (j >= n_local) continue;
         const int v = sidx[j];
         if (v < 0) continue;
-        const bool extra = v & kExtraBit;
-        const int idx = v & (kExtraBit - 1);
-        const uint8_t* blk = (extra ? p.kv_extra : p.kv) +
-                             static_cast<long long>(idx >> p.page_shift) *
-                                 (extra ? p.block_stride_extra : p.block_stride);
-        const uint8_t* s = L::src(blk, idx & page_mask, p.page_shift, c);
-        uint8_t* d = dst0 + e * L::kRec + c * 16;
-        if (L::kChunks == 37 && c == 36) cp_async8(d, s);
-        else cp_async16(d, s);
+        if constexpr (!BF) {
+          const uint8_t* s = L::src(block_of(v), v & page_mask, p.page_shift, c);
+          uint8_t* d = dst0 + e * L::kRec + c * 16;
+          if (L::kChunks == 37 && c == 36) cp_async8(d, s);
+          else cp_async16(d, s);
+        }
       }
     }
     cp_async_commit();
+  };
+  // Per-warp gather: warp w takes entries w, w + NW, ...; the entry's addresses are computed once (the
+  // index is uniform across the warp) and the lanes copy its 16-byte chunks. bf16: straight into the
+  // swizzled tile, invalid or past-the-end entries zero-filled (so 0 x garbage never reaches PV).
+  auto issue_warp = [&](int ti) {
+    if (ti < ntiles) {
+      uint8_t* dst0 = raw + (ti % NST) * RAWB;
+      for (int e = warp; e < T; e += NW) {
+        const int j = ti * T + e;
+        const int v = j < n_local ? sidx[j] : -1;
+        if constexpr (BF) {
+          const uint8_t* src = p.kv;
+          int sz = 0;
+          if (v >= 0) {
+            src = block_of(v) + static_cast<long long>(v & page_mask) * L::kTok;
+            sz = 16;
+          }
+#pragma unroll
+          for (int c = lane; c < L::kChunks; c += 32)
+            cp_async16_zfill(dst0 + swz<ROWB>(e, c), src + (sz ? c * 16 : 0), sz);
+        } else {
+          if (v < 0) continue;
+          const uint8_t* blk = block_of(v);
+          const int off = v & page_mask;
+          uint8_t* d = dst0 + e * L::kRec;
+#pragma unroll
+          for (int c = lane; c < L::kChunks; c += 32) {
+            const uint8_t* s = L::src(blk, off, p.page_shift, c);
+            if (L::kChunks == 37 && c == 36) cp_async8(d + c * 16, s);
+            else cp_async16(d + c * 16, s);
+          }
+        }
+      }
+    }
+    cp_async_commit();
+  };
+  auto issue = [&](int ti) {
+    if constexpr (BF || (OPT & 1)) issue_warp(ti);
+    else issue_items(ti);
   };
 
   for (int s = 0; s < NST - 1; ++s) issue(s);
@@ -240,40 +430,20 @@ __device__ __forceinline__ void mla_body(const MlaParams& p, uint8_t* smem) {
   const int qrow = mt * 16 + g;   // this thread's first head row within the block (second: +8)
 
   for (int it = 0; it < ntiles; ++it) {
-    issue(it + NST - 1);   // into the buffer tile it-1 used; every thread passed its dequant (S1)
-    cp_async_wait<NST - 1>();
-    __syncthreads();   // S0: tile `it` landed; the previous PV is done with the bf16 tile
-
-    // Dequantize into the bf16 tile.
-    const uint8_t* rb = raw + (it % NST) * (T * L::kRec);
-    for (int i = tid; i < T * NCH; i += NTHR) {
-      const int e = i / NCH, c = i - e * NCH;
-      const int j = it * T + e;
-      uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
-      if (j < n_local && sidx[j] >= 0) {
-        const uint8_t* rec = rb + e * L::kRec;
-        const uint4 w = *reinterpret_cast<const uint4*>(rec + c * 16);
-        const float sc = L::scale(rec, c);
-        lo.x = fp8x2_to_bf16x2(w.x & 0xffff, sc);
-        lo.y = fp8x2_to_bf16x2(w.x >> 16, sc);
-        lo.z = fp8x2_to_bf16x2(w.y & 0xffff, sc);
-        lo.w = fp8x2_to_bf16x2(w.y >> 16, sc);
-        hi.x = fp8x2_to_bf16x2(w.z & 0xffff, sc);
-        hi.y = fp8x2_to_bf16x2(w.z >> 16, sc);
-        hi.z = fp8x2_to_bf16x2(w.w & 0xffff, sc);
-        hi.w = fp8x2_to_bf16x2(w.w >> 16, sc);
-      }
-      *reinterpret_cast<uint4*>(tile + swz<ROWB>(e, 2 * c)) = lo;
-      *reinterpret_cast<uint4*>(tile + swz<ROWB>(e, 2 * c + 1)) = hi;
+    const uint8_t* kt;   // this tile's bf16 [T x d_qk] (swizzled)
+    if constexpr (BF) {
+      cp_async_wait<NST - 2>();
+      __syncthreads();   // S0: tile `it` landed; every warp is done with tile it-1 (its ring slot is reused next)
+      issue(it + NST - 1);
+      kt = raw + (it % NST) * RAWB;
+    } else {
+      issue(it + NST - 1);   // into the buffer tile it-1 used; every thread passed its dequant (S1)
+      cp_async_wait<NST - 1>();
+      __syncthreads();   // S0: tile `it` landed; the previous PV is done with the bf16 tile
+      kt = tile;
+      dequant<L, T, NTHR, ROWB, OPT>(raw + (it % NST) * RAWB, tile, sidx, it * T, n_local, tid, warp, lane);
+      __syncthreads();   // S1: bf16 tile complete; raw buffer free
     }
-    for (int i = tid; i < T * 8; i += NTHR) {
-      const int e = i >> 3, c = i & 7;
-      const int j = it * T + e;
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (j < n_local && sidx[j] >= 0) v = *reinterpret_cast<const uint4*>(rb + e * L::kRec + L::kRopeRaw + c * 16);
-      *reinterpret_cast<uint4*>(tile + swz<ROWB>(e, L::kRopeChunk + c)) = v;
-    }
-    __syncthreads();   // S1: bf16 tile complete; raw buffer free
 
     // S = Q K^T for 16 heads x EPW entries, in 4 independent accumulator chains (a single chain of
     // 32-36 dependent HMMAs per warp was the QK phase's latency).
@@ -289,13 +459,13 @@ __device__ __forceinline__ void mla_body(const MlaParams& p, uint8_t* smem) {
       ldsm_x4(a1, qs + swz<ROWB>(mt * 16 + (lane & 15), 2 * ks + 2 + (lane >> 4)));
       if constexpr (NTQ == 1) {
         uint32_t b[4];
-        ldsm_x4(b, tile + swz<ROWB>(e0 + (lane & 7), 2 * ks + (lane >> 3)));
+        ldsm_x4(b, kt + swz<ROWB>(e0 + (lane & 7), 2 * ks + (lane >> 3)));
         mma_bf16(s4[c][0], a0, b[0], b[1]);
         mma_bf16(s4[c + 1][0], a1, b[2], b[3]);
       } else {
         uint32_t b0[4], b1[4];
-        ldsm_x4(b0, tile + swz<ROWB>(e0 + (lane & 7) + ((lane >> 4) << 3), 2 * ks + ((lane >> 3) & 1)));
-        ldsm_x4(b1, tile + swz<ROWB>(e0 + (lane & 7) + ((lane >> 4) << 3), 2 * ks + 2 + ((lane >> 3) & 1)));
+        ldsm_x4(b0, kt + swz<ROWB>(e0 + (lane & 7) + ((lane >> 4) << 3), 2 * ks + ((lane >> 3) & 1)));
+        ldsm_x4(b1, kt + swz<ROWB>(e0 + (lane & 7) + ((lane >> 4) << 3), 2 * ks + 2 + ((lane >> 3) & 1)));
         mma_bf16(s4[c][0], a0, b0[0], b0[1]);
         mma_bf16(s4[c][1], a0, b0[2], b0[3]);
         mma_bf16(s4[c + 1][0], a1, b1[0], b1[1]);
@@ -392,7 +562,7 @@ __device__ __forceinline__ void mla_body(const MlaParams& p, uint8_t* smem) {
 #pragma unroll
       for (int jn = 0; jn < NTV / 2; ++jn) {
         uint32_t b[4];
-        ldsm_x4_t(b, tile + swz<ROWB>(16 * kk + (lane & 7) + (((lane >> 3) & 1) << 3), d0 / 8 + 2 * jn + (lane >> 4)));
+        ldsm_x4_t(b, kt + swz<ROWB>(16 * kk + (lane & 7) + (((lane >> 3) & 1) << 3), d0 / 8 + 2 * jn + (lane >> 4)));
         mma_bf16(oacc[2 * jn], a, b[0], b[1]);
         mma_bf16(oacc[2 * jn + 1], a, b[2], b[3]);
       }
@@ -432,21 +602,45 @@ __device__ __forceinline__ void mla_body(const MlaParams& p, uint8_t* smem) {
 
 }  // namespace
 
-// Kernel names: sparse_mla_<layout>_h<heads per CTA>_t<tile>. Threads = 32 * MT * G.
-#define MLA_KERNEL(NAME, LAYOUT, MT, T, G, NST)                                                     \
+// Kernel names: sparse_mla_<layout>_h<heads per CTA>_t<tile>[_o<OPT>]. Threads = 32 * MT * G.
+// Layouts: v4 / v32 (fp8), v4b / v32b (bf16 KV).
+#define MLA_KERNEL(NAME, LAYOUT, MT, T, G, NST, OPT)                                                \
   extern "C" __global__ void __launch_bounds__(32 * MT * G, 1) NAME(const __grid_constant__ MlaParams p) { \
     extern __shared__ __align__(128) uint8_t smem[];                                                \
-    mla_body<LAYOUT, MT, T, G, NST>(p, smem);                                                       \
+    mla_body<LAYOUT, MT, T, G, NST, OPT>(p, smem);                                                  \
   }
 
-MLA_KERNEL(sparse_mla_v4_h16_t64, LayoutV4, 1, 64, 8, 3)
-MLA_KERNEL(sparse_mla_v4_h32_t64, LayoutV4, 2, 64, 8, 2)
-MLA_KERNEL(sparse_mla_v4_h64_t64, LayoutV4, 4, 64, 4, 2)
-MLA_KERNEL(sparse_mla_v4_h16_t32, LayoutV4, 1, 32, 4, 2)     // small smem (sm_120: 99 KB per block)
-MLA_KERNEL(sparse_mla_v32_h16_t64, LayoutV32, 1, 64, 8, 2)
-MLA_KERNEL(sparse_mla_v32_h32_t64, LayoutV32, 2, 64, 8, 2)
-MLA_KERNEL(sparse_mla_v32_h64_t32, LayoutV32, 4, 32, 4, 3)
-MLA_KERNEL(sparse_mla_v32_h16_t32, LayoutV32, 1, 32, 4, 2)   // small smem (sm_120)
+MLA_KERNEL(sparse_mla_v4_h16_t64, LayoutV4, 1, 64, 8, 3, 0)
+MLA_KERNEL(sparse_mla_v4_h32_t64, LayoutV4, 2, 64, 8, 2, 0)
+MLA_KERNEL(sparse_mla_v4_h64_t64, LayoutV4, 4, 64, 4, 2, 0)
+MLA_KERNEL(sparse_mla_v4_h16_t32, LayoutV4, 1, 32, 4, 2, 0)     // small smem (sm_120: 99 KB per block)
+MLA_KERNEL(sparse_mla_v32_h16_t64, LayoutV32, 1, 64, 8, 2, 0)
+MLA_KERNEL(sparse_mla_v32_h32_t64, LayoutV32, 2, 64, 8, 2, 0)
+MLA_KERNEL(sparse_mla_v32_h64_t32, LayoutV32, 4, 32, 4, 3, 0)
+MLA_KERNEL(sparse_mla_v32_h16_t32, LayoutV32, 1, 32, 4, 2, 0)   // small smem (sm_120)
+// _o1 (OPT 3): per-warp gather and dequant, 5-instruction conversion.
+MLA_KERNEL(sparse_mla_v4_h16_t64_o1, LayoutV4, 1, 64, 8, 3, 3)
+MLA_KERNEL(sparse_mla_v4_h32_t64_o1, LayoutV4, 2, 64, 8, 2, 3)
+MLA_KERNEL(sparse_mla_v4_h64_t64_o1, LayoutV4, 4, 64, 4, 2, 3)
+MLA_KERNEL(sparse_mla_v4_h16_t32_o1, LayoutV4, 1, 32, 4, 2, 3)
+MLA_KERNEL(sparse_mla_v32_h16_t64_o1, LayoutV32, 1, 64, 8, 2, 3)
+MLA_KERNEL(sparse_mla_v32_h32_t64_o1, LayoutV32, 2, 64, 8, 2, 3)
+MLA_KERNEL(sparse_mla_v32_h64_t32_o1, LayoutV32, 4, 32, 4, 3, 3)
+MLA_KERNEL(sparse_mla_v32_h16_t32_o1, LayoutV32, 1, 32, 4, 2, 3)
+// The two halves of _o1 alone (which one cost the time), 16-head 64-entry shapes only.
+MLA_KERNEL(sparse_mla_v4_h16_t64_og, LayoutV4, 1, 64, 8, 3, 1)
+MLA_KERNEL(sparse_mla_v4_h16_t64_od, LayoutV4, 1, 64, 8, 3, 2)
+MLA_KERNEL(sparse_mla_v32_h16_t64_og, LayoutV32, 1, 64, 8, 2, 1)
+MLA_KERNEL(sparse_mla_v32_h16_t64_od, LayoutV32, 1, 64, 8, 2, 2)
+// bf16 KV: NST stages of the bf16 tile itself.
+MLA_KERNEL(sparse_mla_v4b_h16_t64, LayoutV4B, 1, 64, 8, 3, 1)
+MLA_KERNEL(sparse_mla_v4b_h32_t64, LayoutV4B, 2, 64, 8, 2, 1)
+MLA_KERNEL(sparse_mla_v4b_h64_t64, LayoutV4B, 4, 64, 4, 2, 1)
+MLA_KERNEL(sparse_mla_v4b_h16_t32, LayoutV4B, 1, 32, 4, 2, 1)    // small smem (sm_120)
+MLA_KERNEL(sparse_mla_v32b_h16_t64, LayoutV32B, 1, 64, 8, 2, 1)
+MLA_KERNEL(sparse_mla_v32b_h32_t64, LayoutV32B, 2, 64, 8, 2, 1)
+MLA_KERNEL(sparse_mla_v32b_h64_t32, LayoutV32B, 4, 32, 4, 3, 1)
+MLA_KERNEL(sparse_mla_v32b_h16_t32, LayoutV32B, 1, 32, 4, 2, 1)  // small smem (sm_120)
 
 // Merge the splits of one (row, head): lse = log sum_s exp(lse_s); o = sum_s exp(lse_s - lse) o_s,
 // times the sink factor; lse = +inf and o = 0 when no split saw a valid entry. grid (h, rows), 128 threads.

@@ -51,17 +51,17 @@ def gen():
 
 
 def run_and_check(mla, gen, layout, B, next_n, h, topk, *, topk_extra=0, empty_rows=(), invalid_frac=0.1,
-                  sinks=True, sm_scale=None, **kw):
+                  sinks=True, sm_scale=None, call_layout=None, scale_factor=1.0, **kw):
     from pdserve_kernels.sparse_mla_reference import LAYOUTS, make_inputs, reference_from_inputs
 
     inp = make_inputs(layout, B, next_n, h, topk, topk_extra=topk_extra, empty_rows=empty_rows,
-                      invalid_frac=invalid_frac, sinks=sinks, generator=gen)
+                      invalid_frac=invalid_frac, sinks=sinks, generator=gen, scale_factor=scale_factor)
     sm_scale = sm_scale or LAYOUTS[layout].dqk ** -0.5
     out = torch.full((B, next_n, h, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
     lse = torch.full((B, next_n, h), float("nan"), dtype=torch.float32, device="cuda")
     extra = dict(extra_kv=inp["extra_kv"], extra_indices=inp["extra_indices"]) if topk_extra else {}
-    mla(inp["q"], inp["kv"], inp["indices"], sm_scale, layout=layout, sinks=inp["sinks"], out=out, lse=lse,
-        **extra, **kw)
+    mla(inp["q"], inp["kv"], inp["indices"], sm_scale, layout=call_layout or layout, sinks=inp["sinks"], out=out,
+        lse=lse, **extra, **kw)
     torch.cuda.synchronize()
     ref_o, ref_lse = reference_from_inputs(inp, sm_scale)
     o = out.float()
@@ -124,6 +124,80 @@ def test_small_smem_variant(mla, gen, layout):
     # The 16-head, 32-entry kernels are what sm_120 (99 KB of shared memory per block) runs; check them here.
     run_and_check(mla, gen, layout, 3, 1, 64, 512 if layout == "v4" else 2048,
                   topk_extra=128 if layout == "v4" else 0, empty_rows=(1,), small=True)
+
+
+# ---- fp8: the first-version kernels (OPT 0) stay selectable and correct next to the default (OPT 1) ----
+
+@pytest.mark.parametrize("variant", ["", "_o1"])
+def test_fp8_variants(mla, gen, variant):
+    run_and_check(mla, gen, "v4", 3, 1, 16, 512, topk_extra=128, empty_rows=(1,), variant=variant)
+    run_and_check(mla, gen, "v4", 2, 1, 64, 100, topk_extra=33, variant=variant)
+    run_and_check(mla, gen, "v32", 2, 1, 32, 2047, empty_rows=(0,), variant=variant, splits=3)
+    run_and_check(mla, gen, "v32", 2, 1, 128, 333, variant=variant)
+    run_and_check(mla, gen, "v4", 3, 1, 64, 512, topk_extra=128, empty_rows=(1,), small=True, variant=variant)
+
+
+@pytest.mark.parametrize("variant", ["_og", "_od"])
+def test_fp8_half_variants_h16(mla, gen, variant):
+    # The two halves of _o1 alone (16-head 64-entry kernels only).
+    run_and_check(mla, gen, "v4", 3, 1, 16, 512, topk_extra=128, empty_rows=(1,), variant=variant)
+    run_and_check(mla, gen, "v4", 2, 1, 8, 100, topk_extra=33, variant=variant, splits=2)
+    run_and_check(mla, gen, "v32", 2, 1, 16, 2047, empty_rows=(0,), variant=variant, splits=3)
+    run_and_check(mla, gen, "v32", 2, 1, 16, 333, variant=variant, invalid_frac=0.9)
+
+
+def test_v32_scales_not_powers_of_two(mla, gen):
+    # fp32 scales x (1 + 2^-20): not exact in bf16, so OPT 1 takes its fp32 fallback conversion.
+    run_and_check(mla, gen, "v32", 2, 1, 16, 2048, empty_rows=(1,), scale_factor=1 + 2 ** -20, variant="_o1")
+    run_and_check(mla, gen, "v32", 2, 1, 64, 300, scale_factor=1 + 2 ** -20, variant="_o1")
+    run_and_check(mla, gen, "v32", 2, 1, 64, 300, scale_factor=1 + 2 ** -20, variant="")
+
+
+# ---- bf16 KV (V4: 512-dim entry, K = V incl. RoPE; V3.2: 576-dim key, V = first 512) ----
+
+@pytest.mark.parametrize("h", [8, 16, 32, 64, 128])
+def test_bf16_v4_csa_window_plus_selected(mla, gen, h):
+    # layout "v4" with a bf16 cache: the launcher dispatches to the bf16 kernels by dtype.
+    run_and_check(mla, gen, "v4_bf16", 3, 1, h, 512, topk_extra=128, empty_rows=(1,), call_layout="v4")
+
+
+@pytest.mark.parametrize("h", [16, 32, 64, 128])
+def test_bf16_v32_top2048(mla, gen, h):
+    run_and_check(mla, gen, "v32_bf16", 2, 1, h, 2048, empty_rows=(1,))
+
+
+@pytest.mark.parametrize("layout,topk,extra", [("v4_bf16", 1, 0), ("v4_bf16", 31, 7), ("v4_bf16", 1025, 0),
+                                               ("v32_bf16", 33, 0), ("v32_bf16", 2047, 0)])
+def test_bf16_lengths_not_multiple_of_tile(mla, gen, layout, topk, extra):
+    run_and_check(mla, gen, layout, 2, 1, 16, topk, topk_extra=extra)
+    run_and_check(mla, gen, layout, 2, 1, 64, topk, topk_extra=extra)
+
+
+@pytest.mark.parametrize("splits", [1, 3, 16])
+def test_bf16_split_kv_empty_rows_mostly_invalid(mla, gen, splits):
+    run_and_check(mla, gen, "v4_bf16", 4, 1, 16, 512, topk_extra=128, empty_rows=(0, 2), splits=splits)
+    run_and_check(mla, gen, "v32_bf16", 3, 1, 32, 2048, empty_rows=(2,), splits=splits, invalid_frac=0.9)
+
+
+def test_bf16_next_n_2_no_sinks_and_small_smem(mla, gen):
+    run_and_check(mla, gen, "v4_bf16", 2, 2, 64, 512, topk_extra=128, sinks=False, sm_scale=0.13523)
+    run_and_check(mla, gen, "v32_bf16", 2, 2, 16, 2048, sinks=False, sm_scale=0.13523)
+    run_and_check(mla, gen, "v4_bf16", 3, 1, 64, 512, topk_extra=128, empty_rows=(1,), small=True)
+    run_and_check(mla, gen, "v32_bf16", 3, 1, 32, 2048, empty_rows=(1,), small=True)
+
+
+def test_bf16_input_checks(mla, gen):
+    from pdserve_kernels.sparse_mla_reference import make_inputs
+
+    inp = make_inputs("v4_bf16", 2, 1, 16, 64, generator=gen)
+    fp8 = make_inputs("v4", 2, 1, 16, 64, generator=gen)
+    with pytest.raises(ValueError, match="must be bfloat16"):
+        mla(inp["q"], fp8["kv"], inp["indices"], 0.1, layout="v4_bf16")
+    with pytest.raises(ValueError, match="v32_bf16"):   # a 512-dim bf16 cache is not a V3.2 (576) cache
+        mla(inp["q"], inp["kv"], inp["indices"], 0.1, layout="v32")
+    with pytest.raises(ValueError, match="extra_kv must be bfloat16"):   # sources of one call share a dtype
+        mla(inp["q"], inp["kv"], inp["indices"], 0.1, layout="v4", extra_kv=fp8["kv"],
+            extra_indices=inp["indices"])
 
 
 def test_input_checks_raise_clear_errors(mla, gen):

@@ -7,7 +7,9 @@ Conventions (FlashMLA's sparse decode, so callers can swap them):
   one 16-row MMA tile).
 * ``kv``: uint8 / float8_e4m3fn ``[num_blocks, page, 1, bytes_per_entry]`` (or ``[num_blocks, page, bytes]``)
   in FlashMLA's layout (see ``sparse_mla_reference``); dims after the first contiguous, any block stride
-  (FlashMLA pads blocks). page must be a power of two.
+  (FlashMLA pads blocks). page must be a power of two. bf16 KV: a bfloat16 ``[num_blocks, page, 1, d_qk]``
+  (or ``[num_blocks, page, d_qk]``) tensor selects the bf16 kernels (layout "v4" or "v32" as for fp8, or
+  "v4_bf16" / "v32_bf16" explicitly); V4: K = V = the 512-dim entry, V3.2: V = its first 512 dims.
 * ``indices``: int32 ``[B, next_n, topk]`` (or ``[B, topk]``): ``physical_block * page + offset``; -1 (or any
   index outside the cache) is skipped.
 * optional ``extra_kv`` + ``extra_indices`` ``[B, next_n, topk_extra]``: a second source in the same layout
@@ -46,28 +48,39 @@ class _Params(ctypes.Structure):
     ]
 
 
-# name -> (layout, heads per CTA, tile T, warp groups G, raw stages): mirrors MLA_KERNEL(...) lines.
-KERNELS = {
-    "sparse_mla_v4_h16_t64": ("v4", 16, 64, 8, 3),
-    "sparse_mla_v4_h32_t64": ("v4", 32, 64, 8, 2),
-    "sparse_mla_v4_h64_t64": ("v4", 64, 64, 4, 2),
-    "sparse_mla_v4_h16_t32": ("v4", 16, 32, 4, 2),
-    "sparse_mla_v32_h16_t64": ("v32", 16, 64, 8, 2),
-    "sparse_mla_v32_h32_t64": ("v32", 32, 64, 8, 2),
-    "sparse_mla_v32_h64_t32": ("v32", 64, 32, 4, 3),
-    "sparse_mla_v32_h16_t32": ("v32", 16, 32, 4, 2),
+# (heads per CTA, tile T, warp groups G, stages) per kernel shape: mirrors the MLA_KERNEL(...) lines.
+_SHAPES = {
+    "v4": [(16, 64, 8, 3), (32, 64, 8, 2), (64, 64, 4, 2), (16, 32, 4, 2)],
+    "v32": [(16, 64, 8, 2), (32, 64, 8, 2), (64, 32, 4, 3), (16, 32, 4, 2)],
 }
+_PREFIX = {"v4": "v4", "v32": "v32", "v4_bf16": "v4b", "v32_bf16": "v32b"}
+# name -> (layout key, heads per CTA, tile T, warp groups G, stages, OPT bit mask). fp8 kernels: suffix "" =
+# OPT 0 (first version), "_o1" = OPT 3 (per-warp gather and per-warp dequant with the cheaper conversion),
+# and for the 16-head 64-entry shapes "_og" = OPT 1 (per-warp gather only), "_od" = OPT 2 (dequant only).
+# bf16 kernels have no dequant (per-warp gather straight into the tile).
+VARIANT_OPT = {"": 0, "_og": 1, "_od": 2, "_o1": 3}
+KERNELS = {}
+for _lay, _shapes in _SHAPES.items():
+    for _hb, _T, _G, _nst in _shapes:
+        for _suf in ("", "_o1") + (("_og", "_od") if (_hb, _T) == (16, 64) else ()):
+            KERNELS[f"sparse_mla_{_lay}_h{_hb}_t{_T}{_suf}"] = (_lay, _hb, _T, _G, _nst, VARIANT_OPT[_suf])
+        KERNELS[f"sparse_mla_{_PREFIX[_lay + '_bf16']}_h{_hb}_t{_T}"] = (_lay + "_bf16", _hb, _T, _G, _nst, 1)
 _REC = {"v4": 592, "v32": 656}
+# The fp8 variant the launcher picks by default: "" (OPT 0), measured fastest (NOTES.md, run 3);
+# PDSERVE_SPARSE_MLA_FP8_OPT (e.g. "_o1") overrides.
+FP8_VARIANT = os.environ.get("PDSERVE_SPARSE_MLA_FP8_OPT", "")
 
 
 def smem_bytes(name: str, per_split: int) -> int:
-    layout, hb, T, G, nst = KERNELS[name]
-    rowb = LAYOUTS[layout].dqk * 2
-    return nst * T * _REC[layout] + T * rowb + hb * rowb + hb * T * 2 + 2 * G * hb * 4 + 4 * per_split
+    layout, hb, T, G, nst, _ = KERNELS[name]
+    lay = LAYOUTS[layout]
+    rowb = lay.dqk * 2
+    ring = nst * T * rowb if lay.bf16 else nst * T * _REC[layout] + T * rowb
+    return ring + hb * rowb + hb * T * 2 + 2 * G * hb * 4 + 4 * per_split
 
 
 def threads(name: str) -> int:
-    _, hb, _, G, _ = KERNELS[name]
+    _, hb, _, G, _, _ = KERNELS[name]
     return 32 * (hb // 16) * G
 
 
@@ -105,22 +118,27 @@ class SparseMlaDecode:
         self.module = Module(path.read_bytes(), self.device.index, kernels)
         self._lock = threading.Lock()
 
-    def pick_kernel(self, layout: str, h: int, small: bool | None = None) -> str:
+    def pick_kernel(self, layout: str, h: int, small: bool | None = None, variant: str | None = None) -> str:
         """Heads per CTA = the smallest of 16/32/64 covering h (h > 64: blocks of 64); `small` (default on
-        GPUs with < 200 KB of shared memory per block, e.g. sm_120) takes the 16-head, 32-entry variant."""
+        GPUs with < 200 KB of shared memory per block, e.g. sm_120) takes the 16-head, 32-entry variant.
+        layout: "v4", "v32", "v4_bf16", "v32_bf16"; variant (fp8 only): "" or "_o1" (default FP8_VARIANT)."""
         if small is None:
             small = self.smem_limit < 200 * 1024
+        base = layout.split("_")[0]
+        suffix = "" if LAYOUTS[layout].bf16 else (FP8_VARIANT if variant is None else variant)
         if small:
-            return f"sparse_mla_{layout}_h16_t32"
-        if h <= 16:
-            return f"sparse_mla_{layout}_h16_t{64}"
-        if h <= 32:
-            return f"sparse_mla_{layout}_h32_t64"
-        return "sparse_mla_v4_h64_t64" if layout == "v4" else "sparse_mla_v32_h64_t32"
+            shape = "h16_t32"
+        elif h <= 16:
+            shape = "h16_t64"
+        elif h <= 32:
+            shape = "h32_t64"
+        else:
+            shape = "h64_t64" if base == "v4" else "h64_t32"
+        return f"sparse_mla_{_PREFIX[layout]}_{shape}{suffix}"
 
     def plan(self, name: str, rows: int, h: int, ntot: int, splits: int | None = None) -> tuple[int, int]:
         """(splits, per_split): split each row's entries when rows x head blocks would not fill the GPU."""
-        _, hb, T, _, _ = KERNELS[name]
+        _, hb, T, _, _, _ = KERNELS[name]
         ctas = rows * -(-h // hb)
         tiles = max(1, -(-ntot // T))
         if splits is None:
@@ -138,10 +156,12 @@ class SparseMlaDecode:
 
     def __call__(self, q, kv, indices, sm_scale: float, *, layout: str = "v4", sinks=None, extra_kv=None,
                  extra_indices=None, out=None, lse=None, splits: int | None = None, kernel: str | None = None,
-                 small: bool | None = None):
+                 small: bool | None = None, variant: str | None = None):
         torch = self.torch
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {sorted(LAYOUTS)}, got {layout!r}")
+        if isinstance(kv, torch.Tensor) and kv.dtype == torch.bfloat16 and not LAYOUTS[layout].bf16:
+            layout = layout + "_bf16"   # bf16 KV selects the bf16 kernels
         lay = LAYOUTS[layout]
         q4 = q if q.dim() == 4 else q.unsqueeze(1) if q.dim() == 3 else q
         ind3 = indices if indices.dim() == 3 else indices.unsqueeze(1) if indices.dim() == 2 else indices
@@ -171,7 +191,7 @@ class SparseMlaDecode:
         if ntot < 1:
             raise ValueError("at least one index per row is needed (topk + topk_extra >= 1)")
 
-        name = kernel or self.pick_kernel(layout, h, small)
+        name = kernel or self.pick_kernel(layout, h, small, variant)
         if name not in KERNELS or KERNELS[name][0] != layout:
             raise ValueError(f"kernel {name!r} is not a {layout} kernel ({sorted(KERNELS)})")
         n_splits, per_split = self.plan(name, rows, h, ntot, splits)
@@ -188,7 +208,7 @@ class SparseMlaDecode:
             lse_part = torch.empty((rows, n_splits, h), dtype=torch.float32, device=self.device)
         else:
             o_part = lse_part = None
-        _, hb, _, _, _ = KERNELS[name]
+        _, hb, _, _, _, _ = KERNELS[name]
         p = _Params(
             q=q4.data_ptr(), kv=kv.data_ptr(), kv_extra=extra_kv.data_ptr(), indices=ind3.data_ptr(),
             indices_extra=e3.data_ptr(), sinks=sinks.data_ptr() if sinks is not None else None,
@@ -243,10 +263,16 @@ def _check(torch, device, lay, q, ind, kv, kv_name, ind_name) -> None:
     need(ind.dim() == 3 and tuple(ind.shape[:2]) == tuple(q.shape[:2]),
          f"{ind_name} must be [B, next_n, topk] matching q's [B, next_n] = {tuple(q.shape[:2])}, got {tuple(ind.shape)}")
     need(ind.is_contiguous(), f"{ind_name} must be contiguous")
-    fp8 = getattr(torch, "float8_e4m3fn", None)
-    need(kv.dtype in (torch.uint8, fp8), f"{kv_name} must be uint8 or float8_e4m3fn bytes, got {kv.dtype}")
-    need(kv.dim() in (3, 4) and kv.shape[-1] == lay.entry_bytes and (kv.dim() == 3 or kv.shape[2] == 1),
-         f"{kv_name} must be [num_blocks, page, 1, {lay.entry_bytes}] or [num_blocks, page, {lay.entry_bytes}] "
+    if lay.bf16:
+        need(kv.dtype == torch.bfloat16, f"{kv_name} must be bfloat16 for layout {lay.name}, got {kv.dtype}")
+        last = lay.dqk
+    else:
+        fp8 = getattr(torch, "float8_e4m3fn", None)
+        need(kv.dtype in (torch.uint8, fp8), f"{kv_name} must be uint8 or float8_e4m3fn bytes (or bfloat16 for "
+             f"bf16 KV), got {kv.dtype}")
+        last = lay.entry_bytes
+    need(kv.dim() in (3, 4) and kv.shape[-1] == last and (kv.dim() == 3 or kv.shape[2] == 1),
+         f"{kv_name} must be [num_blocks, page, 1, {last}] or [num_blocks, page, {last}] "
          f"for layout {lay.name}, got {tuple(kv.shape)}")
     need(kv.shape[0] >= 1 and kv[0].is_contiguous(),
          f"{kv_name}: dims after the first must be contiguous (one block = page x {lay.entry_bytes} bytes)")

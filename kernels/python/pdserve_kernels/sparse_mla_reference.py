@@ -12,6 +12,8 @@ Layouts (FlashMLA's, so callers can swap kernels):
   page x [7 UE8M0 scales | 1 pad] (8 B); block stride padded to a multiple of 576 B.
 * "v32" (V32_FP8Sparse, 656 B/entry): per entry [512 e4m3 | 4 fp32 scales | 64 bf16 RoPE]; block stride
   (page + 1) x 656 B.
+* "v4_bf16" / "v32_bf16" (bf16 KV): per entry d_qk contiguous bf16 values (1024 / 1152 B), no scales; the
+  test caches pad each block by one entry so the block stride differs from page x entry bytes.
 """
 
 from __future__ import annotations
@@ -30,12 +32,15 @@ class Layout:
     nope: int         # e4m3 dims
     group: int        # dims per scale
     entry_bytes: int  # bytes per entry counted as traffic (data + scales)
+    bf16: bool = False  # bf16 KV (no quantization)
 
     @property
     def groups(self) -> int:
         return self.nope // self.group
 
     def block_stride(self, page: int) -> int:
+        if self.bf16:
+            return (page + 1) * self.entry_bytes
         if self.name == "v4":
             return math.ceil(page * self.entry_bytes / 576) * 576
         return (page + 1) * self.entry_bytes
@@ -44,6 +49,8 @@ class Layout:
 LAYOUTS = {
     "v4": Layout("v4", dqk=512, nope=448, group=64, entry_bytes=584),
     "v32": Layout("v32", dqk=576, nope=512, group=128, entry_bytes=656),
+    "v4_bf16": Layout("v4_bf16", dqk=512, nope=448, group=64, entry_bytes=1024, bf16=True),
+    "v32_bf16": Layout("v32_bf16", dqk=576, nope=512, group=128, entry_bytes=1152, bf16=True),
 }
 
 
@@ -61,12 +68,20 @@ def quantize(torch, layout: Layout, values):
     return q8, exp.to(torch.int32), rope
 
 
-def write_entries(torch, layout: Layout, cache, page: int, idx, values) -> None:
-    """Quantize `values` [n, dqk] and store them at entry indices `idx` [n] (int64) of `cache` [nb, stride]."""
-    q8, exp, rope = quantize(torch, layout, values)
+def write_entries(torch, layout: Layout, cache, page: int, idx, values, scale_factor: float = 1.0) -> None:
+    """Quantize `values` [n, dqk] and store them at entry indices `idx` [n] (int64) of `cache` [nb, stride].
+
+    scale_factor (v32 only) multiplies the stored fp32 scales (1 + 2^-20 makes them non-powers of two, which
+    the kernel's fast conversion does not take: the tests use it to reach the fallback path)."""
     blk, off = idx // page, idx % page
     n = idx.numel()
     u8 = cache
+    if layout.bf16:
+        data = values.to(torch.bfloat16).contiguous().view(torch.uint8)
+        cols = torch.arange(layout.entry_bytes, device=cache.device)
+        u8[blk[:, None], (off * layout.entry_bytes)[:, None] + cols[None, :]] = data
+        return
+    q8, exp, rope = quantize(torch, layout, values)
     if layout.name == "v4":
         data = torch.empty((n, 576), dtype=torch.uint8, device=cache.device)
         data[:, :448] = q8.view(torch.uint8)
@@ -80,7 +95,7 @@ def write_entries(torch, layout: Layout, cache, page: int, idx, values) -> None:
     else:
         data = torch.empty((n, 656), dtype=torch.uint8, device=cache.device)
         data[:, :512] = q8.view(torch.uint8)
-        data[:, 512:528] = torch.exp2(exp.float()).contiguous().view(torch.uint8)
+        data[:, 512:528] = (torch.exp2(exp.float()) * scale_factor).contiguous().view(torch.uint8)
         data[:, 528:] = rope.contiguous().view(torch.uint8)
         cols = torch.arange(656, device=cache.device)
         u8[blk[:, None], (off * 656)[:, None] + cols[None, :]] = data
@@ -89,6 +104,10 @@ def write_entries(torch, layout: Layout, cache, page: int, idx, values) -> None:
 def read_entries(torch, layout: Layout, cache, page: int, idx):
     """Dequantize entries `idx` [n] (int64, all valid) of `cache` [nb, stride] to fp32 [n, dqk], from the bytes."""
     blk, off = idx // page, idx % page
+    if layout.bf16:
+        cols = torch.arange(layout.entry_bytes, device=cache.device)
+        data = cache[blk[:, None], (off * layout.entry_bytes)[:, None] + cols[None, :]]
+        return data.contiguous().view(torch.bfloat16).float()
     if layout.name == "v4":
         cols = torch.arange(576, device=cache.device)
         data = cache[blk[:, None], (off * 576)[:, None] + cols[None, :]]
@@ -147,6 +166,10 @@ def make_cache(torch, layout: Layout, num_blocks: int, page: int, device):
     """A cache of NaN bytes, [num_blocks, block_stride] uint8, plus its kernel-facing 4-D view."""
     stride = layout.block_stride(page)
     buf = torch.full((num_blocks, stride), NAN_BYTE, dtype=torch.uint8, device=device)
+    if layout.bf16:
+        view = buf.view(torch.bfloat16).as_strided((num_blocks, page, 1, layout.dqk),
+                                                   (stride // 2, layout.dqk, layout.dqk, 1))
+        return buf, view
     view = buf.as_strided((num_blocks, page, 1, layout.entry_bytes), (stride, layout.entry_bytes,
                                                                        layout.entry_bytes, 1))
     return buf, view
@@ -166,7 +189,8 @@ def random_indices(torch, rows: int, topk: int, pool: int, *, invalid_frac: floa
     return out
 
 
-def fill_selected(torch, layout: Layout, cache, page: int, indices, *, device, generator=None):
+def fill_selected(torch, layout: Layout, cache, page: int, indices, *, device, generator=None,
+                  scale_factor: float = 1.0):
     """Write random quantized entries at every index some row selects; all other entries stay NaN."""
     sel = torch.unique(indices[indices >= 0].long())
     if sel.numel() == 0:
@@ -176,12 +200,12 @@ def fill_selected(torch, layout: Layout, cache, page: int, indices, *, device, g
     mag = torch.exp2(torch.randint(-3, 4, (sel.numel(), layout.groups), device=device, generator=generator).float())
     vals[:, :layout.nope] = (vals[:, :layout.nope].view(-1, layout.groups, layout.group) * mag[..., None]).view(
         -1, layout.nope)
-    write_entries(torch, layout, cache, page, sel, vals.to(torch.bfloat16))
+    write_entries(torch, layout, cache, page, sel, vals.to(torch.bfloat16), scale_factor)
 
 
 def make_inputs(layout_name: str, B: int, next_n: int, h: int, topk: int, *, topk_extra: int = 0, page: int = 64,
                 pool_entries: int | None = None, invalid_frac: float = 0.1, empty_rows=(), sinks: bool = True,
-                device="cuda", generator=None):
+                device="cuda", generator=None, scale_factor: float = 1.0):
     """Random inputs in the kernel's layout, NaN in every cache entry no row selects.
 
     Returns dict(q [B, next_n, h, dqk] bf16, kv, indices [B, next_n, topk], sinks, and for topk_extra > 0
@@ -196,7 +220,7 @@ def make_inputs(layout_name: str, B: int, next_n: int, h: int, topk: int, *, top
     buf, view = make_cache(torch, layout, nb, page, device)
     ind = random_indices(torch, rows, topk, nb * page, invalid_frac=invalid_frac, device=device,
                          generator=generator, empty_rows=empty_rows)
-    fill_selected(torch, layout, buf, page, ind, device=device, generator=generator)
+    fill_selected(torch, layout, buf, page, ind, device=device, generator=generator, scale_factor=scale_factor)
     out = dict(layout=layout_name, kv=view, kv_buf=buf, page=page,
                indices=ind.view(B, next_n, topk))
     if topk_extra > 0:
@@ -205,7 +229,8 @@ def make_inputs(layout_name: str, B: int, next_n: int, h: int, topk: int, *, top
         ebuf, eview = make_cache(torch, layout, enb, page, device)
         eind = random_indices(torch, rows, topk_extra, enb * page, invalid_frac=invalid_frac, device=device,
                               generator=generator, empty_rows=empty_rows)
-        fill_selected(torch, layout, ebuf, page, eind, device=device, generator=generator)
+        fill_selected(torch, layout, ebuf, page, eind, device=device, generator=generator,
+                      scale_factor=scale_factor)
         out.update(extra_kv=eview, extra_buf=ebuf, extra_indices=eind.view(B, next_n, topk_extra))
     out["q"] = torch.randn((B, next_n, h, layout.dqk), device=device, generator=generator).to(torch.bfloat16)
     out["sinks"] = (torch.randn((h,), device=device, generator=generator) * 2) if sinks else None
