@@ -172,14 +172,8 @@ def wait_ready(role: str, config_path: Path | None, timeout: float, interval: fl
     from pdserve.commands import unit_name
     from pdserve.readiness import probe_for, wait_until_ready
 
-    from pdserve.credentials import api_key_from_credentials
-
     dep = _load_or_exit(config_path).deployment
-    # A keyed SGLang server answers /model_info only with the key; ExecStartPost= shares the unit's
-    # credentials, so the gate sends the key the server was started with.
-    key = api_key_from_credentials()
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    with httpx.Client(timeout=probe_timeout, headers=headers) as client:
+    with httpx.Client(timeout=probe_timeout) as client:
         result = wait_until_ready(
             probe_for(dep, role, client), timeout, interval,
             on_change=lambda o: click.echo(f"{role}: {o.state}", err=True),

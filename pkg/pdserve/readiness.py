@@ -8,6 +8,7 @@ has a deadline and ends with the last state it saw.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,12 +39,36 @@ def _get_json(client: httpx.Client, url: str) -> tuple[int, object | None]:
     return response.status_code, body
 
 
+_ENGINE_TYPE = re.compile(r'^sglang:[^{\s]*\{[^}]*engine_type="([^"]+)"', re.MULTILINE)
+
+
+def engine_type_for(mode: str) -> str:
+    """The `engine_type` label SGLang puts on its metrics for a disaggregation mode."""
+    return {"prefill": "prefill", "decode": "decode"}.get(mode, "unified")
+
+
+def _mode_from_metrics(client: httpx.Client, base_url: str, expected_mode: str) -> Observation:
+    """A server started with an API key answers /model_info only with the key, which the gate does
+    not hold (systemd 252 gives ExecStartPost= no readable credential). /metrics stays open and its
+    series carry the engine_type label, which names the same mode."""
+    response = client.get(f"{base_url}/metrics")
+    types = set(_ENGINE_TYPE.findall(response.text)) if response.status_code == 200 else set()
+    expected = engine_type_for(expected_mode)
+    if types == {expected}:
+        return Observation(True, f"{base_url} healthy, /metrics engine_type={expected}")
+    seen = ",".join(sorted(types)) or "none"
+    return Observation(False, f"{base_url}/model_info needs the API key and /metrics shows engine_type={seen}, "
+                              f"expected {expected}")
+
+
 def worker_observation(client: httpx.Client, base_url: str, expected_mode: str) -> Observation:
     try:
         status, _ = _get_json(client, f"{base_url}/health")
         if status != 200:
             return Observation(False, f"GET {base_url}/health answered {status}")
         status, info = _get_json(client, f"{base_url}/model_info")
+        if status == 401:
+            return _mode_from_metrics(client, base_url, expected_mode)
     except httpx.HTTPError as exc:
         return Observation(False, f"{base_url} unreachable: {type(exc).__name__}: {exc}")
     if status != 200 or not isinstance(info, dict):

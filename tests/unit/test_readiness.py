@@ -133,47 +133,16 @@ def test_wait_ready_command_against_a_live_server(worker_server, tmp_path):
     assert "sglang-dsv4-decode ready" in ready.output
 
 
-def test_wait_ready_sends_the_units_api_key(tmp_path, monkeypatch):
-    """A keyed fallback answers /model_info only with the key its unit got through LoadCredential=."""
-    import tomllib
 
-    from pdserve.loading import default_profile_text
-
-    seen = {}
-
-    class KeyedHandler(BaseHTTPRequestHandler):
-        def do_GET(self):
-            seen[self.path] = self.headers.get("Authorization")
-            authorized = self.path == "/health" or self.headers.get("Authorization") == "Bearer sk-unit"
-            body = json.dumps({"disaggregation_mode": "null"} if authorized else {"error": "Unauthorized"}).encode()
-            self.send_response(200 if authorized else 401)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), KeyedHandler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        data = tomllib.loads(default_profile_text())
-        data["fallback"]["port"] = server.server_address[1]
-        data["router"]["api_key_file"] = "/etc/pdserve/router.key"
-        config = tmp_path / "dep.json"
-        config.write_text(json.dumps(data))
-        args = ["wait-ready", "fallback", "-c", str(config), "--timeout", "0.5", "--interval", "0.1"]
-        unkeyed = CliRunner().invoke(main, args)
-        assert unkeyed.exit_code == 1 and "/model_info answered 401" in unkeyed.output
-        credentials = tmp_path / "credentials"
-        credentials.mkdir()
-        (credentials / "api-key").write_text("sk-unit\n")
-        monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(credentials))
-        keyed = CliRunner().invoke(main, args)
-        assert keyed.exit_code == 0, keyed.output
-        assert seen["/model_info"] == "Bearer sk-unit"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+def test_keyed_server_mode_comes_from_open_metrics():
+    """A keyed fallback answers /model_info 401; its mode is read from /metrics' engine_type label."""
+    metrics = 'sglang:max_total_num_tokens{model_name="m",engine_type="unified",tp_rank="0"} 1000\n'
+    keyed = httpx.Client(transport=httpx.MockTransport(lambda request: {
+        "/health": httpx.Response(200),
+        "/model_info": httpx.Response(401, json={"error": "Unauthorized"}),
+        "/metrics": httpx.Response(200, text=metrics),
+    }[request.url.path]))
+    assert worker_observation(keyed, "http://w", "null").ready
+    observation = worker_observation(keyed, "http://w", "decode")
+    assert not observation.ready
+    assert "engine_type=unified, expected decode" in observation.state

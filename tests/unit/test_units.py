@@ -105,6 +105,7 @@ def test_api_key_only_as_a_credential(reference_data, tools):
     assert "LoadCredential" not in parse_unit(rendered["sglang-dsv4-prefill"].text)["Service"]
 
 
+
 def test_values_are_escaped_for_systemd(reference_data, tools):
     reference_data["environment"]["SGLANG_NOTE"] = 'a "b" 100% $HOME'
     reference_data["model"]["path"] = "/models/my model"
