@@ -31,28 +31,18 @@ def unit_of_pid(pid: int, proc: Path = Path("/proc")) -> str | None:
 
 
 def nvml_gpu_processes(gpus: Sequence[int]) -> list[GpuProcess]:
+    """The compute processes on `gpus` and the unit each belongs to, through the verifier's NVML probe."""
+    from pdserve.verify.probes.nvml import read_gpus
+    from pdserve.verify.result import Unavailable
+
     try:
-        import pynvml  # nvidia-ml-py
-    except ImportError:
-        raise GpuUnknown("nvidia-ml-py is not installed") from None
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as exc:
-        raise GpuUnknown(f"NVML cannot start ({exc}); no NVIDIA driver on this host?") from None
-    try:
-        count = pynvml.nvmlDeviceGetCount()
-        found = []
-        for gpu in gpus:
-            if gpu >= count:
-                raise GpuUnknown(f"GPU {gpu} does not exist (NVML sees {count})")
-            handle = pynvml.nvmlDeviceGetHandleByIndex(gpu)
-            for process in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
-                found.append(GpuProcess(gpu, process.pid, unit_of_pid(process.pid)))
-        return found
-    except pynvml.NVMLError as exc:
-        raise GpuUnknown(f"NVML query failed: {exc}") from None
-    finally:
-        pynvml.nvmlShutdown()
+        seen = {gpu.index: gpu for gpu in read_gpus()}
+    except Unavailable as exc:
+        raise GpuUnknown(str(exc)) from None
+    missing = [gpu for gpu in gpus if gpu not in seen]
+    if missing:
+        raise GpuUnknown(f"GPU(s) {missing} do not exist (NVML sees {len(seen)})")
+    return [GpuProcess(gpu, pid, unit_of_pid(pid)) for gpu in gpus for pid in seen[gpu].pids]
 
 
 def read_api_key(dep: Deployment) -> tuple[str | None, str | None]:
