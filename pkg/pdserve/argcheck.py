@@ -83,13 +83,16 @@ def check_with_parsers(dep: Deployment, sglang_python: str, timeout: float = PAR
     except (IndexError, json.JSONDecodeError):
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
         return ParserReport([], [], [f"parser check skipped: {sglang_python} failed: {tail}"])
-    problems, checked, skipped = [], [], []
+    problems, checked = [], []
+    unavailable: dict[str, list[str]] = {}  # reason -> roles, so one missing package is one line
     for result in results:
         role = result["role"]
         if result["status"] == "unavailable":
-            skipped.append(f"{role}: parser not importable in {sglang_python} ({result['detail']})")
+            unavailable.setdefault(result["detail"], []).append(role)
             continue
         checked.append(role)
         if result["status"] == "error":
             problems.append(problem_for(dep, role, result["detail"]))
+    skipped = [f"{', '.join(roles)}: parser not importable in {sglang_python} ({reason})"
+               for reason, roles in unavailable.items()]
     return ParserReport(problems, checked, skipped)

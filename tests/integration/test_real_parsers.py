@@ -49,3 +49,15 @@ def test_missing_sglang_python_is_a_stated_skip(reference):
     report = check_with_parsers(reference, "/nonexistent/python")
     assert report.problems == [] and report.checked == []
     assert report.skipped == ["parser check skipped: /nonexistent/python does not exist"]
+
+
+def test_python_without_sglang_is_one_stated_skip_per_missing_package(reference, tmp_path):
+    import venv
+
+    bare = tmp_path / "bare"
+    venv.create(bare, with_pip=False)
+    report = check_with_parsers(reference, str(bare / "bin" / "python"))
+    assert report.problems == [] and report.checked == []
+    assert len(report.skipped) == 2  # sglang for the three servers, sglang_router for the router
+    assert report.skipped[0].startswith("prefill, decode, fallback: parser not importable")
+    assert "No module named 'sglang_router'" in report.skipped[1]
