@@ -186,13 +186,13 @@ def wait_ready(role: str, config_path: Path | None, timeout: float, interval: fl
     raise SystemExit(EXIT_INVALID)
 
 
-# issue 4: `pdserve cutover pd|single` (pkg/pdserve/cutover/).
+# `pdserve cutover pd|single` (pkg/pdserve/cutover/).
 from pdserve.cutover.command import cutover_command  # noqa: E402
 
 main.add_command(cutover_command)
 
 
-# pdserve verify (issue 3): prove a running deployment works.
+# `pdserve verify`: prove a running deployment works (pkg/pdserve/verify/).
 from pdserve.verify.command import verify as verify_command  # noqa: E402
 
 main.add_command(verify_command)

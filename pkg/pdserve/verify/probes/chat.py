@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import httpx
-import openai
+
+if TYPE_CHECKING:
+    import openai
 
 from pdserve.verify.observations import AuthObs, ChatObs, StreamObs, ToolCallObs
 
@@ -20,9 +24,17 @@ TOOLS = [
 ]
 
 
+def _openai():
+    # The client library takes most of a second to import; only the end-to-end checks need it, so
+    # every other pdserve command (the units' readiness gates among them) starts without it.
+    import openai
+
+    return openai
+
+
 def client(base_url: str, api_key: str | None, timeout: float) -> openai.OpenAI:
     # The client needs some key; a router without --api-key ignores it.
-    return openai.OpenAI(base_url=f"{base_url}/v1", api_key=api_key or "none", timeout=timeout, max_retries=0)
+    return _openai().OpenAI(base_url=f"{base_url}/v1", api_key=api_key or "none", timeout=timeout, max_retries=0)
 
 
 def _failure(exc: Exception) -> tuple[str, int | None]:
@@ -33,7 +45,7 @@ def _failure(exc: Exception) -> tuple[str, int | None]:
 def _chat(c: openai.OpenAI, model: str, messages, **kwargs) -> ChatObs:
     try:
         response = c.chat.completions.create(model=model, messages=messages, **kwargs)
-    except openai.OpenAIError as exc:
+    except _openai().OpenAIError as exc:
         error, status = _failure(exc)
         return ChatObs(error=error, status=status)
     choice = response.choices[0]
@@ -80,7 +92,7 @@ def stream(c: openai.OpenAI, model: str) -> StreamObs:
                     reasoning_chunks += 1
                 if choice.finish_reason:
                     finish = choice.finish_reason
-    except openai.OpenAIError as exc:
+    except _openai().OpenAIError as exc:
         error, _ = _failure(exc)
         return StreamObs(chunks, content_chunks, text, reasoning_chunks, usage, finish, error)
     return StreamObs(chunks, content_chunks, text, reasoning_chunks, usage, finish)
