@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call: build, SASS check, GPU tests, tuning sweep, benchmarks; logs under $OUT.
 # Stages are picked with env vars (default all): BUILD=0 (use fatbins already in kernels/build, e.g.
-# carried from a CPU build: the bytes are identical), TESTS=0 SWEEP=0 BENCH=0 for the indexer,
+# carried from a CPU build: the bytes are identical), TESTS=0 SWEEP=0 PATHS=0 BENCH=0 for the indexer
+# (PATHS: bench_paths.py, split vs fused single launch),
 # MLA_TESTS=0 MLA_BENCH=0 for sparse MLA decode; BENCH_ARGS / MLA_BENCH_ARGS to pass on.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -29,6 +30,9 @@ if [[ "${MLA_TESTS:-1}" == 1 ]]; then
 fi
 if [[ "${SWEEP:-1}" == 1 ]]; then
   timeout "${SWEEP_TIMEOUT:-120}" python3 kernels/bench/sweep_chunks.py "${SWEEP_IMPLS:-wgmma}" 2>&1 | tee "$OUT/sweep.log"
+fi
+if [[ "${PATHS:-1}" == 1 ]]; then
+  timeout "${PATHS_TIMEOUT:-240}" python3 kernels/bench/bench_paths.py --json "$OUT/paths.json" ${PATHS_ARGS:-} 2>&1 | tee "$OUT/paths.log"
 fi
 if [[ "${BENCH:-1}" == 1 ]]; then
   timeout "${BENCH_TIMEOUT:-300}" python3 kernels/bench/bench_dsa_indexer.py --json "$OUT/bench.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"

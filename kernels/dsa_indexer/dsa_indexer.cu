@@ -259,8 +259,200 @@ __device__ __forceinline__ void find_threshold(const int (&c)[PER], int nbins, i
 
 
 
+
+// Resolve the threshold bin T1 of one row exactly on the remaining 20 bits (two 10-bit radix rounds):
+// n_tie candidates (order key, position) in `cand` (global), need1 = slots left after the above1 sure
+// ones. From shared memory (s_cand, kResolveCap entries) when they fit, else straight from global.
+// s_hist holds kBins2 ints. Called by all NT threads of one CTA; ends without a trailing barrier.
+template <int NT>
+__device__ __forceinline__ void resolve_ties(int* out, const uint2* cand, int n_tie, int need1, int above1,
+                                             uint2* s_cand, int* s_hist, int* s_warp, int* s_res, int* s_misc) {
+  const int tid = threadIdx.x;
+  const bool in_smem = n_tie <= kResolveCap;
+  if (in_smem) {
+    for (int i = tid; i < n_tie; i += NT) s_cand[i] = __ldcg(&cand[i]);
+  }
+  auto each = [&](auto&& fn) {
+    if (in_smem) {
+      for (int i = tid; i < n_tie; i += NT) fn(s_cand[i]);
+    } else {
+      constexpr int kUnroll = 8;   // candidate loads in flight per thread
+      for (int base = 0; base < n_tie; base += NT * kUnroll) {
+        uint2 e[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          const int i = base + u * NT + tid;
+          e[u] = i < n_tie ? __ldcg(&cand[i]) : make_uint2(0u, 0u);
+        }
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u)
+          if (base + u * NT + tid < n_tie) fn(e[u]);
+      }
+    }
+  };
+  for (int i = tid; i < kBins2; i += NT) s_hist[i] = 0;
+  if (tid == 0) {
+    s_misc[0] = 0;   // output slots used after above1
+    s_misc[1] = 0;   // exact-tie slots taken
+  }
+  __syncthreads();
+  each([&](uint2 e) { atomicAdd(&s_hist[(e.x >> 10) & (kBins2 - 1)], 1); });
+  __syncthreads();
+  {
+    constexpr int PER = kBins2 / NT;
+    int c[PER];
+#pragma unroll
+    for (int i = 0; i < PER; ++i) c[i] = s_hist[kBins2 - 1 - PER * tid - i];
+    find_threshold<PER, NT>(c, kBins2, need1, s_warp, s_res);
+  }
+  const uint32_t T2 = static_cast<uint32_t>(s_res[0]);
+  const int need2 = need1 - s_res[1];
+  for (int i = tid; i < kBins3; i += NT) s_hist[i] = 0;
+  __syncthreads();
+  each([&](uint2 e) {
+    const uint32_t b2 = (e.x >> 10) & (kBins2 - 1);
+    if (b2 > T2) out[above1 + atomicAdd(&s_misc[0], 1)] = static_cast<int>(e.y);
+    else if (b2 == T2) atomicAdd(&s_hist[e.x & (kBins3 - 1)], 1);
+  });
+  __syncthreads();
+  {
+    constexpr int PER = kBins3 / NT;
+    int c[PER];
+#pragma unroll
+    for (int i = 0; i < PER; ++i) c[i] = s_hist[kBins3 - 1 - PER * tid - i];
+    find_threshold<PER, NT>(c, kBins3, need2, s_warp, s_res);
+  }
+  const uint32_t T3 = static_cast<uint32_t>(s_res[0]);
+  const int need3 = need2 - s_res[1];
+  each([&](uint2 e) {
+    if (((e.x >> 10) & (kBins2 - 1)) != T2) return;
+    const uint32_t low = e.x & (kBins3 - 1);
+    if (low > T3 || (low == T3 && atomicAdd(&s_misc[1], 1) < need3))
+      out[above1 + atomicAdd(&s_misc[0], 1)] = static_cast<int>(e.y);
+  });
+}
+
+__device__ __forceinline__ int ld_acquire_gpu(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+
 // ---------------------------------------------------------------------------------------------
-template <int NN, bool kWgmma>
+// Small-batch single launch: the selection runs at the tail of scoring, in the same grid. The launcher
+// uses it only when the whole grid is co-resident (cooperative launch), so the request-wide barrier
+// below cannot deadlock. Per request b with a row longer than topk:
+//   1. every CTA with work (n_parts of them) publishes its histogram and scores (fence, then one
+//      arrival atomic) and waits (acquire) until all n_parts have arrived;
+//   2. each CTA finds T1 from the complete row histogram, classifies ITS OWN scores, kept in shared
+//      memory (loc_s), reserves output space with one block scan + one atomic per counter, writes the
+//      positions above T1 and appends the tied ones (bin == T1) to the candidate list;
+//   3. the last CTA to finish (fence + done counter) resolves the ties of each row and leaves the
+//      request's histograms and counters zeroed.
+// Counters: ctr[row][0] sure, [1] ties (per row); ctr[b * NN][3] arrivals, [4] done (per request).
+template <int NN>
+__device__ __forceinline__ void fused_select(const DsaParams& p, int b, const int (&len)[NN], int pg0, int npg,
+                                             int n_parts, const float* loc_s, int* s_hist, uint2* s_cand) {
+  __shared__ int s_warp[kScoreThreads / 32];
+  __shared__ unsigned long long s_warp64[kScoreThreads / 32];
+  __shared__ int s_res[2];
+  __shared__ int s_misc[4];
+  const int K = p.topk;
+  const int tid = threadIdx.x;
+  bool any_long = false;
+#pragma unroll
+  for (int j = 0; j < NN; ++j) any_long |= len[j] > K;
+  if (!any_long) return;   // outputs already written at the start
+  int* bctr = p.ctr + static_cast<size_t>(b * NN) * kCtr;
+
+  __threadfence();   // this thread's scores, candidates-to-be and histogram atomics, before the arrival
+  __syncthreads();
+  if (tid == 0) {
+    atomicAdd(&bctr[3], 1);
+    while (ld_acquire_gpu(&bctr[3]) < n_parts) {
+    }
+    __threadfence();
+  }
+  __syncthreads();
+
+  int above[NN];
+#pragma unroll
+  for (int j = 0; j < NN; ++j) {
+    above[j] = 0;
+    if (len[j] <= K) continue;
+    const int row = b * NN + j;
+    int* ctr = p.ctr + static_cast<size_t>(row) * kCtr;
+    const int* gh1 = p.ghist + static_cast<size_t>(row) * kBins1;
+    {
+      constexpr int PER = kBins1 / kScoreThreads;   // 32 bins: thread t holds bins 4095-32t down to 4064-32t
+      int c[PER];
+      const int4* src = reinterpret_cast<const int4*>(gh1 + kBins1 - PER * (tid + 1));
+#pragma unroll
+      for (int u = 0; u < PER / 4; ++u) {
+        const int4 x = __ldcg(src + u);
+        c[PER - 1 - 4 * u] = x.x;
+        c[PER - 2 - 4 * u] = x.y;
+        c[PER - 3 - 4 * u] = x.z;
+        c[PER - 4 - 4 * u] = x.w;
+      }
+      find_threshold<PER, kScoreThreads>(c, kBins1, K, s_warp, s_res);
+    }
+    const uint32_t T1 = static_cast<uint32_t>(s_res[0]);
+    above[j] = s_res[1];
+    const float* sl = loc_s + j * p.chunk_pages * kPage;
+    const int n_loc = max(0, min(npg * kPage, len[j] - pg0 * kPage));
+    int n_sure = 0, n_tie = 0;
+    for (int i = tid; i < n_loc; i += kScoreThreads) {
+      const uint32_t bin = ord_key(sl[i]) >> 20;
+      n_sure += bin > T1;
+      n_tie += bin == T1;
+    }
+    unsigned long long total = 0;
+    const unsigned long long excl = block_excl_scan<kScoreThreads, unsigned long long>(
+        static_cast<unsigned long long>(n_sure) | (static_cast<unsigned long long>(n_tie) << 32), s_warp64, &total);
+    if (tid == 0) {
+      const int ts = static_cast<int>(total & 0xFFFFFFFFull), tt = static_cast<int>(total >> 32);
+      s_misc[0] = ts ? atomicAdd(&ctr[0], ts) : 0;
+      s_misc[1] = tt ? atomicAdd(&ctr[1], tt) : 0;
+    }
+    __syncthreads();
+    int ps = s_misc[0] + static_cast<int>(excl & 0xFFFFFFFFull), pt = s_misc[1] + static_cast<int>(excl >> 32);
+    int* out = p.out + static_cast<size_t>(row) * K;
+    uint2* cand = p.cand + static_cast<size_t>(row) * p.len_stride;
+    for (int i = tid; i < n_loc; i += kScoreThreads) {
+      const uint32_t key = ord_key(sl[i]);
+      const uint32_t bin = key >> 20;
+      const int s = pg0 * kPage + i;
+      if (bin > T1) out[ps++] = s;
+      else if (bin == T1) cand[pt++] = make_uint2(key, static_cast<uint32_t>(s));
+    }
+  }
+
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) s_misc[2] = (atomicAdd(&bctr[4], 1) == n_parts - 1);
+  __syncthreads();
+  if (!s_misc[2]) return;
+  __threadfence();
+
+  // Last CTA of the request: resolve each long row's ties, then zero the request's workspace.
+#pragma unroll
+  for (int j = 0; j < NN; ++j) {
+    if (len[j] <= K) continue;
+    const int row = b * NN + j;
+    resolve_ties<kScoreThreads>(p.out + static_cast<size_t>(row) * K, p.cand + static_cast<size_t>(row) * p.len_stride,
+                                __ldcg(&p.ctr[static_cast<size_t>(row) * kCtr + 1]), K - above[j], above[j], s_cand,
+                                s_hist, s_warp, s_res, s_misc);
+    __syncthreads();   // s_hist, s_misc and s_cand are reused by the next row
+    int* gh1 = p.ghist + static_cast<size_t>(row) * kBins1;
+    for (int i = tid; i < kBins1; i += kScoreThreads) gh1[i] = 0;
+  }
+  if (tid < NN * kCtr) bctr[tid] = 0;   // both rows' counters (rows b*NN .. b*NN+NN-1 are contiguous)
+}
+
+// ---------------------------------------------------------------------------------------------
+template <int NN, bool kWgmma, bool kFused>
 __device__ __forceinline__ void score_body(const DsaParams& p) {
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
@@ -270,6 +462,8 @@ __device__ __forceinline__ void score_body(const DsaParams& p) {
   float* sc_s = reinterpret_cast<float*>(k_s + kStages * kTileBytes);   // kStages * 64
   // 16-bit counters, two bins per word (a CTA scores at most 65535 keys: chunk_pages <= 1023).
   uint32_t* hist_s = reinterpret_cast<uint32_t*>(sc_s + kStages * kPage);   // NN * 2048 words
+  // Fused path only: this CTA's own scores, NN x chunk_pages x 64 fp32, kept for the selection.
+  float* loc_s = reinterpret_cast<float*>(hist_s + NN * kBins1 / 2);
 
   griddep_launch_dependents();
   const int b = blockIdx.y;
@@ -284,6 +478,21 @@ __device__ __forceinline__ void score_body(const DsaParams& p) {
   }
   const int n_pages = (maxlen + kPage - 1) / kPage;
   const int pg0 = blockIdx.x * p.chunk_pages;
+  // Fused path: the CTAs with work for request b (at least one, so that empty rows get their -1s).
+  const int n_parts = max(1, (n_pages + p.chunk_pages - 1) / p.chunk_pages);
+  if constexpr (kFused) {
+    // Rows of length <= topk: 0..len-1 then -1, the slots shared among the request's CTAs.
+    if (static_cast<int>(blockIdx.x) < n_parts) {
+      const int per = (p.topk + n_parts - 1) / n_parts;
+      const int lo = blockIdx.x * per, hi = min(p.topk, lo + per);
+#pragma unroll
+      for (int j = 0; j < NN; ++j) {
+        if (len[j] > p.topk) continue;
+        int* o = p.out + static_cast<size_t>(b * NN + j) * p.topk;
+        for (int i = lo + tid; i < hi; i += kScoreThreads) o[i] = i < len[j] ? i : -1;
+      }
+    }
+  }
   if (pg0 >= n_pages) return;   // cost follows the actual length: empty CTAs leave at once
   const int npg = min(pg0 + p.chunk_pages, n_pages) - pg0;
   const int* bt = p.block_table + static_cast<size_t>(b) * p.max_blocks + pg0;
@@ -377,6 +586,7 @@ __device__ __forceinline__ void score_body(const DsaParams& p) {
       if (t4 < 2 && s < len[j]) {
         const float v = (t4 == 0 ? p0 : p1) * scale;
         srow[j][s] = v;
+        if constexpr (kFused) loc_s[j * p.chunk_pages * kPage + i * kPage + kl] = v;
         if (want_hist[j]) {
           const uint32_t bin = ord_key(v) >> 20;
           atomicAdd(&hist_s[j * (kBins1 / 2) + (bin >> 1)], (bin & 1) ? 0x10000u : 1u);
@@ -396,22 +606,39 @@ __device__ __forceinline__ void score_body(const DsaParams& p) {
       if (c >> 16) atomicAdd(&gh[2 * i + 1], static_cast<int>(c >> 16));
     }
   }
+  if constexpr (kFused) {
+    fused_select<NN>(p, b, len, pg0, npg, n_parts, loc_s, reinterpret_cast<int*>(hist_s),
+                     reinterpret_cast<uint2*>(k_s));
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(kScoreThreads) dsa_score_wgmma_n1(const __grid_constant__ DsaParams p) {
-  score_body<1, true>(p);
+  score_body<1, true, false>(p);
 }
 extern "C" __global__ void __launch_bounds__(kScoreThreads) dsa_score_wgmma_n2(const __grid_constant__ DsaParams p) {
-  score_body<2, true>(p);
+  score_body<2, true, false>(p);
 }
 extern "C" __global__ void __launch_bounds__(kScoreThreads) dsa_score_mma_n1(const __grid_constant__ DsaParams p) {
-  score_body<1, false>(p);
+  score_body<1, false, false>(p);
 }
 extern "C" __global__ void __launch_bounds__(kScoreThreads) dsa_score_mma_n2(const __grid_constant__ DsaParams p) {
-  score_body<2, false>(p);
+  score_body<2, false, false>(p);
+}
+// Single launch (scoring + selection) for grids that fit on the GPU at once: see fused_select.
+extern "C" __global__ void __launch_bounds__(kScoreThreads) dsa_fused_wgmma_n1(const __grid_constant__ DsaParams p) {
+  score_body<1, true, true>(p);
+}
+extern "C" __global__ void __launch_bounds__(kScoreThreads) dsa_fused_wgmma_n2(const __grid_constant__ DsaParams p) {
+  score_body<2, true, true>(p);
+}
+extern "C" __global__ void __launch_bounds__(kScoreThreads) dsa_fused_mma_n1(const __grid_constant__ DsaParams p) {
+  score_body<1, false, true>(p);
+}
+extern "C" __global__ void __launch_bounds__(kScoreThreads) dsa_fused_mma_n2(const __grid_constant__ DsaParams p) {
+  score_body<2, false, true>(p);
 }
 
 static __device__ __forceinline__ float f4get(const float4& v, int e) {
@@ -547,73 +774,10 @@ extern "C" __global__ void __launch_bounds__(kSelectThreads) dsa_select(const __
 
   // Last CTA of the row: resolve the threshold bin exactly on the remaining 20 bits (10 + 10), from
   // shared memory when the candidates fit (the usual case: ~1% of the row), else from global memory.
-  const int need1 = K - above1;
-  const int n_tie = __ldcg(&ctr[1]);
   cp_async_wait<0>();
   __syncthreads();   // the score ring is idle: reuse it for the candidates
-  uint2* s_cand = reinterpret_cast<uint2*>(s_ring);
-  const bool in_smem = n_tie <= kResolveCap;
-  if (in_smem) {
-    for (int i = tid; i < n_tie; i += kSelectThreads) s_cand[i] = __ldcg(&cand[i]);
-  }
-  auto each = [&](auto&& fn) {
-    if (in_smem) {
-      for (int i = tid; i < n_tie; i += kSelectThreads) fn(s_cand[i]);
-    } else {
-      constexpr int kUnroll = 8;   // candidate loads in flight per thread
-      for (int base = 0; base < n_tie; base += kSelectThreads * kUnroll) {
-        uint2 e[kUnroll];
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-          const int i = base + u * kSelectThreads + tid;
-          e[u] = i < n_tie ? __ldcg(&cand[i]) : make_uint2(0u, 0u);
-        }
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u)
-          if (base + u * kSelectThreads + tid < n_tie) fn(e[u]);
-      }
-    }
-  };
-  for (int i = tid; i < kBins2; i += kSelectThreads) s_hist[i] = 0;
-  if (tid == 0) {
-    s_misc[0] = 0;   // output slots used after above1
-    s_misc[1] = 0;   // exact-tie slots taken
-  }
-  __syncthreads();
-  each([&](uint2 e) { atomicAdd(&s_hist[(e.x >> 10) & (kBins2 - 1)], 1); });
-  __syncthreads();
-  {
-    constexpr int PER = kBins2 / kSelectThreads;
-    int c[PER];
-#pragma unroll
-    for (int i = 0; i < PER; ++i) c[i] = s_hist[kBins2 - 1 - PER * tid - i];
-    find_threshold<PER, kSelectThreads>(c, kBins2, need1, s_warp, s_res);
-  }
-  const uint32_t T2 = static_cast<uint32_t>(s_res[0]);
-  const int need2 = need1 - s_res[1];
-  for (int i = tid; i < kBins3; i += kSelectThreads) s_hist[i] = 0;
-  __syncthreads();
-  each([&](uint2 e) {
-    const uint32_t b2 = (e.x >> 10) & (kBins2 - 1);
-    if (b2 > T2) out[above1 + atomicAdd(&s_misc[0], 1)] = static_cast<int>(e.y);
-    else if (b2 == T2) atomicAdd(&s_hist[e.x & (kBins3 - 1)], 1);
-  });
-  __syncthreads();
-  {
-    constexpr int PER = kBins3 / kSelectThreads;
-    int c[PER];
-#pragma unroll
-    for (int i = 0; i < PER; ++i) c[i] = s_hist[kBins3 - 1 - PER * tid - i];
-    find_threshold<PER, kSelectThreads>(c, kBins3, need2, s_warp, s_res);
-  }
-  const uint32_t T3 = static_cast<uint32_t>(s_res[0]);
-  const int need3 = need2 - s_res[1];
-  each([&](uint2 e) {
-    if (((e.x >> 10) & (kBins2 - 1)) != T2) return;
-    const uint32_t low = e.x & (kBins3 - 1);
-    if (low > T3 || (low == T3 && atomicAdd(&s_misc[1], 1) < need3))
-      out[above1 + atomicAdd(&s_misc[0], 1)] = static_cast<int>(e.y);
-  });
+  resolve_ties<kSelectThreads>(out, cand, __ldcg(&ctr[1]), K - above1, above1, reinterpret_cast<uint2*>(s_ring),
+                               s_hist, s_warp, s_res, s_misc);
   // Leave the row's workspace zeroed for the next call.
   for (int i = tid; i < kBins1; i += kSelectThreads) gh1[i] = 0;
   if (tid < kCtr) ctr[tid] = 0;

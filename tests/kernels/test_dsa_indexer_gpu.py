@@ -10,6 +10,8 @@ Fresh random inputs every run. Checks, per row:
 * rows with len <= k return 0..len-1 then -1; outputs are poisoned first, so every slot must be written;
 * keys and scales beyond each length, spare blocks and unused block-table targets hold NaN: no NaN may
   reach a score or change a selection.
+Every kernel test runs on both paths (`path` fixture): "split" (scoring grid + selection grid) and
+"fused" (one cooperative launch, selection at the tail of scoring).
 """
 
 import math
@@ -49,12 +51,17 @@ def indexer(tmp_path_factory):
     return DsaIndexer(fatbin=fatbin)
 
 
+@pytest.fixture(params=["split", "fused"])
+def path(request):
+    return request.param
+
+
 def impls(ind):
     return ["wgmma", "mma"] if ind.capability == (9, 0) else ["mma"]
 
 
 def run_and_check(ind, B, next_n, lens, topk, impl, *, explicit=False, max_blocks=None, chunk_pages=None,
-                  zero_weights=False):
+                  zero_weights=False, path=None):
     from pdserve_kernels.reference import make_inputs, reference_scores
 
     inp = make_inputs(B, next_n, lens, max_blocks=max_blocks, explicit_lens=explicit)
@@ -65,8 +72,10 @@ def run_and_check(ind, B, next_n, lens, topk, impl, *, explicit=False, max_block
     stride = max(1, math.ceil(max_len / 4096)) * 4096
     out = torch.full((rows, topk), POISON, dtype=torch.int32, device="cuda")
     scores = torch.full((rows, stride), float("nan"), dtype=torch.float32, device="cuda")
-    ind(**inp, topk=topk, out=out, scores=scores, impl=impl, max_len=max_len, chunk_pages=chunk_pages)
+    ind(**inp, topk=topk, out=out, scores=scores, impl=impl, max_len=max_len, chunk_pages=chunk_pages, path=path)
     torch.cuda.synchronize()
+    if path is not None:
+        assert ind.last_path[0] == path
     refs, mags = reference_scores(inp["q"], inp["weights"], inp["kv_cache"], inp["context_lens"],
                                   inp["block_table"], with_magnitude=True)
     assert not (out == POISON).any(), "some output slots were never written"
@@ -104,41 +113,72 @@ LEN_2048 = [1, 2047, 2048, 2049, 6000, 8191, 70001]
 
 
 @pytest.mark.parametrize("topk,lens", [(512, LEN_512), (2048, LEN_2048)])
-def test_mixed_lengths_next_n1(indexer, topk, lens):
+def test_mixed_lengths_next_n1(indexer, topk, lens, path):
     for impl in impls(indexer):
-        run_and_check(indexer, len(lens), 1, lens, topk, impl)
+        run_and_check(indexer, len(lens), 1, lens, topk, impl, path=path)
 
 
 @pytest.mark.parametrize("explicit", [False, True])
 @pytest.mark.parametrize("topk", [512, 2048])
-def test_next_n2_causal_rule(indexer, explicit, topk):
+def test_next_n2_causal_rule(indexer, explicit, topk, path):
     lens = [1, 2, 513, 2049, 4096, 33333]
     for impl in impls(indexer):
-        run_and_check(indexer, len(lens), 2, lens, topk, impl, explicit=explicit)
+        run_and_check(indexer, len(lens), 2, lens, topk, impl, explicit=explicit, path=path)
 
 
 @pytest.mark.parametrize("topk", [512, 2048])
-def test_single_long_row_split_across_ctas(indexer, topk):
+def test_single_long_row_split_across_ctas(indexer, topk, path):
     for impl in impls(indexer):
-        run_and_check(indexer, 1, 1, [200_003], topk, impl)
+        run_and_check(indexer, 1, 1, [200_003], topk, impl, path=path)
 
 
 @pytest.mark.parametrize("chunk_pages", [1, 3, 64])
-def test_chunk_sizes_and_wide_block_table(indexer, chunk_pages):
+def test_chunk_sizes_and_wide_block_table(indexer, chunk_pages, path):
     # max_blocks far beyond the lengths (max_context 1M): unused entries point at a NaN block.
     lens = [65, 5000, 12345, 64 * 40]
-    run_and_check(indexer, len(lens), 1, lens, 2048, impls(indexer)[0], max_blocks=(1 << 20) // 64,
-                  chunk_pages=chunk_pages)
+    impl = impls(indexer)[0]
+    if path == "fused" and indexer.fused_chunk_pages(len(lens), max(lens), 1, impl, chunk_pages, grow=False) is None:
+        # This chunk size gives more CTAs than fit on the GPU at once: the fused path must refuse it.
+        from pdserve_kernels.reference import make_inputs
+
+        with pytest.raises(ValueError, match="path='fused' needs the whole grid resident"):
+            indexer(**make_inputs(len(lens), 1, lens), topk=2048, impl=impl, chunk_pages=chunk_pages, path=path)
+        return
+    run_and_check(indexer, len(lens), 1, lens, 2048, impl, max_blocks=(1 << 20) // 64,
+                  chunk_pages=chunk_pages, path=path)
 
 
-def test_all_scores_equal_takes_any_k(indexer):
-    # weights 0: every score is 0, the whole row ties at the threshold (exact-tie path).
-    run_and_check(indexer, 2, 1, [3000, 9000], 512, impls(indexer)[0], zero_weights=True)
+def test_all_scores_equal_takes_any_k(indexer, path):
+    # weights 0: every score is 0, the whole row ties at the threshold (exact-tie path; 9000 tied
+    # candidates exceed the shared-memory resolve's capacity, so the global fallback runs too).
+    run_and_check(indexer, 2, 1, [3000, 9000], 512, impls(indexer)[0], zero_weights=True, path=path)
 
 
-def test_workspace_is_clean_between_calls(indexer):
+def test_workspace_is_clean_between_calls(indexer, path):
     for _ in range(3):
-        run_and_check(indexer, 3, 1, [5000, 100, 30000], 2048, impls(indexer)[0])
+        run_and_check(indexer, 3, 1, [5000, 100, 30000], 2048, impls(indexer)[0], path=path)
+
+
+def test_paths_alternate_on_one_workspace(indexer):
+    # Each path leaves the shared histograms and counters zeroed for the other.
+    for path in ("fused", "split", "fused", "fused", "split"):
+        run_and_check(indexer, 2, 2, [40000, 3000], 2048, impls(indexer)[0], path=path)
+
+
+def test_default_path_choice(indexer):
+    from pdserve_kernels.reference import make_inputs
+
+    impl = impls(indexer)[0]
+    # The fused path is opt-in (it measured slower on H200, kernels/NOTES.md): the default is "split",
+    # even where the fused grid would fit.
+    assert indexer.fused_chunk_pages(1, 131072, 1, impl, grow=False) is not None
+    indexer(**make_inputs(1, 1, [20000]), topk=2048)
+    assert indexer.last_path[0] == "split"
+    # A large batch of long rows never fits on the GPU at once, even with the largest fused chunk.
+    assert indexer.fused_chunk_pages(128, 131072, 1, impl, grow=False) is None
+    assert indexer.fused_chunk_pages(128, 131072, 1, impl, grow=True) is None
+    with pytest.raises(ValueError, match="path must be"):
+        indexer(**make_inputs(1, 1, [100]), topk=2048, path="bogus")
 
 
 def test_input_checks_raise_clear_errors(indexer):

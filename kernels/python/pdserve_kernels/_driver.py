@@ -6,6 +6,7 @@ import ctypes
 import threading
 
 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+CU_LAUNCH_ATTRIBUTE_COOPERATIVE = 2
 CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 
 
@@ -50,6 +51,7 @@ class _Lib:
         cu.cuModuleGetFunction.argtypes = [ctypes.POINTER(vp), vp, ctypes.c_char_p]
         cu.cuFuncSetAttribute.argtypes = [vp, i, i]
         cu.cuLaunchKernel.argtypes = [vp, ui, ui, ui, ui, ui, ui, ui, vp, vp, vp]
+        cu.cuOccupancyMaxActiveBlocksPerMultiprocessor.argtypes = [ctypes.POINTER(i), vp, i, ctypes.c_size_t]
         self.has_launch_ex = hasattr(cu, "cuLaunchKernelEx")
         if self.has_launch_ex:
             cu.cuLaunchKernelEx.argtypes = [ctypes.POINTER(_LaunchConfig), vp, vp, vp]
@@ -115,16 +117,28 @@ class Module:
     def current(self) -> "Module._Current":
         return Module._Current(self)
 
+    def max_active_blocks(self, name: str, block: int, smem: int) -> int:
+        """CTAs of kernel `name` that fit on one SM at once with `block` threads and `smem` dynamic bytes."""
+        n = ctypes.c_int()
+        with self.current():
+            self._lib.check(self._lib.cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                ctypes.byref(n), self.fn[name], block, smem), f"cuOccupancyMaxActiveBlocksPerMultiprocessor({name})")
+        return n.value
+
     def launch(self, name: str, grid: tuple[int, int, int], block: int, smem: int, stream: int,
-               params: ctypes.Structure, programmatic: bool = False) -> None:
+               params: ctypes.Structure, programmatic: bool = False, cooperative: bool = False) -> None:
         """Launch kernel `name` whose single parameter is the struct `params` (passed by value).
 
         `programmatic` allows the launch to overlap the previous kernel in the stream (the kernel must
-        call griddepcontrol.wait before reading that kernel's results).
+        call griddepcontrol.wait before reading that kernel's results). `cooperative` makes the driver
+        guarantee that all CTAs are resident at once (or fail the launch), for grid-wide waits.
         """
         argv = (ctypes.c_void_p * 1)(ctypes.addressof(params))
-        if programmatic and self._lib.has_launch_ex:
-            attr = _LaunchAttr(id=CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
+        if cooperative and not self._lib.has_launch_ex:
+            raise CudaDriverError("a cooperative launch needs cuLaunchKernelEx (CUDA driver >= 12.0)")
+        if (programmatic or cooperative) and self._lib.has_launch_ex:
+            attr = _LaunchAttr(id=CU_LAUNCH_ATTRIBUTE_COOPERATIVE if cooperative
+                               else CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
             attr.value.i = 1
             cfg = _LaunchConfig(grid[0], grid[1], grid[2], block, 1, 1, smem, stream, ctypes.pointer(attr), 1)
             with self.current():

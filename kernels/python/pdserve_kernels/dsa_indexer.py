@@ -24,6 +24,13 @@ to it: passing a wrong bound gives wrong results, not memory errors.
 
 The per-device workspace (histograms and counters) is left zeroed by each call; calls on different
 streams of one device must not overlap (use one ``DsaIndexer`` per stream).
+
+Two paths compute the same thing (``path=``): ``"split"`` launches the scoring grid, then the selection
+grid (PDL); ``"fused"`` is one cooperative launch whose CTAs, once every CTA of the request has scored
+its chunk, select from their own scores in shared memory (the last one resolves the ties). ``"fused"``
+needs the whole grid resident at once, so it is for small batches (ValueError when it does not fit).
+``None`` (default) is ``"split"``: on H200 the fused path measured slower than the split one at B=1
+(28.0 vs 21.8 us at L=128K; kernels/NOTES.md, "Fused single launch"), so it is opt-in only.
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ BINS1 = 4096
 CTR = 8            # ints per row of the counters workspace (kCtr)
 MAX_SUBS = 16      # kMaxSubs
 SELECT_SMEM = 3 * SELECT_CHUNK * 4   # kSelectRing sub-chunks of fp32 scores
+FUSED_MAX_CHUNK_PAGES = 64           # the fused path keeps a CTA's scores in smem: next_n * 16 KB at most
 
 
 class _Params(ctypes.Structure):
@@ -66,6 +74,11 @@ class _Params(ctypes.Structure):
 def score_smem_bytes(next_n: int) -> int:
     # 1024 alignment slack + q tile + key stages + scale stages + 16-bit histograms (see score_body).
     return 1024 + next_n * PAGE * DIM + STAGES * PAGE * DIM + STAGES * PAGE * 4 + next_n * BINS1 * 2
+
+
+def fused_smem_bytes(next_n: int, chunk_pages: int) -> int:
+    # score_body's layout plus this CTA's own fp32 scores (loc_s) for the selection at its tail.
+    return score_smem_bytes(next_n) + next_n * chunk_pages * PAGE * 4
 
 
 def find_fatbin() -> pathlib.Path:
@@ -92,6 +105,10 @@ class DsaIndexer:
         "dsa_score_wgmma_n1": score_smem_bytes(1), "dsa_score_wgmma_n2": score_smem_bytes(2),
         "dsa_score_mma_n1": score_smem_bytes(1), "dsa_score_mma_n2": score_smem_bytes(2),
         "dsa_select": SELECT_SMEM,
+        "dsa_fused_wgmma_n1": fused_smem_bytes(1, FUSED_MAX_CHUNK_PAGES),
+        "dsa_fused_wgmma_n2": fused_smem_bytes(2, FUSED_MAX_CHUNK_PAGES),
+        "dsa_fused_mma_n1": fused_smem_bytes(1, FUSED_MAX_CHUNK_PAGES),
+        "dsa_fused_mma_n2": fused_smem_bytes(2, FUSED_MAX_CHUNK_PAGES),
     }
 
     def __init__(self, device=None, fatbin: str | os.PathLike | None = None) -> None:
@@ -109,6 +126,7 @@ class DsaIndexer:
         self.num_sms = props.multi_processor_count
         self.capability = (props.major, props.minor)
         self._rows_cap = 0
+        self._occ: dict[tuple[str, int], int] = {}
         self._lock = threading.Lock()
 
     def _workspace(self, rows: int):
@@ -133,9 +151,32 @@ class DsaIndexer:
         per_cta = -(-pages // (self.num_sms * 2))
         return max(2, min(32, per_cta))
 
+    def fused_chunk_pages(self, batch: int, max_len: int, next_n: int, impl: str,
+                          chunk_pages: int | None = None, grow: bool = True) -> int | None:
+        """Chunk size for the fused path whose whole grid is resident at once, or None if there is none.
+
+        Starts from `chunk_pages` (default: default_chunk_pages); with `grow`, tries larger chunks (up to
+        FUSED_MAX_CHUNK_PAGES) until ceil(pages / chunk) * batch CTAs fit on the GPU.
+        """
+        name = f"dsa_fused_{impl}_n{next_n}"
+        pages = max(1, (max_len + PAGE - 1) // PAGE)
+        c = chunk_pages if chunk_pages is not None else self.default_chunk_pages(batch, max_len, next_n)
+        while c <= FUSED_MAX_CHUNK_PAGES:
+            smem = fused_smem_bytes(next_n, c)
+            key = (name, smem)
+            if key not in self._occ:
+                self._occ[key] = self.module.max_active_blocks(name, SCORE_THREADS, smem)
+            if -(-pages // c) * batch <= self._occ[key] * self.num_sms:
+                return c
+            if not grow:
+                return None
+            c += 1
+        return None
+
     def __call__(self, q, weights, kv_cache, context_lens, block_table, topk: int, *, max_len: int | None = None,
                  out=None, scores=None, return_scores: bool = False, impl: str | None = None,
-                 chunk_pages: int | None = None, pdl: bool | None = None, _select: bool = True):
+                 chunk_pages: int | None = None, pdl: bool | None = None, path: str | None = None,
+                 _select: bool = True, _cooperative: bool = True):
         torch = self.torch
         _check_inputs(torch, self.device, q, weights, kv_cache, context_lens, block_table, topk)
         B, next_n = q.shape[0], q.shape[1]
@@ -165,7 +206,21 @@ class DsaIndexer:
             raise ValueError(f"impl must be 'wgmma' or 'mma', got {impl!r}")
         if impl == "wgmma" and self.capability != (9, 0):
             raise ValueError(f"impl='wgmma' needs an sm_90 GPU, this one is sm_{self.capability[0]}{self.capability[1]}")
-        if chunk_pages is None:
+        if path not in (None, "fused", "split"):
+            raise ValueError(f"path must be None, 'fused' or 'split', got {path!r}")
+        fused_chunk = None
+        if path == "fused" and _select:
+            # Fused single launch: its grid must fit on the GPU at once; without an explicit chunk size
+            # the chunk grows from the default until it does.
+            fused_chunk = self.fused_chunk_pages(B, max_len, next_n, impl, chunk_pages, grow=chunk_pages is None)
+            if fused_chunk is None:
+                raise ValueError(
+                    f"path='fused' needs the whole grid resident at once: B={B}, max_len={max_len}"
+                    + (f", chunk_pages={chunk_pages}" if chunk_pages is not None else "")
+                    + f" does not fit with chunks of <= {FUSED_MAX_CHUNK_PAGES} pages; use path='split'")
+        if fused_chunk is not None:
+            chunk_pages = fused_chunk
+        elif chunk_pages is None:
             chunk_pages = self.default_chunk_pages(B, max_len, next_n)
         if not 1 <= chunk_pages <= MAX_CHUNK_PAGES:
             raise ValueError(f"chunk_pages must be in [1, {MAX_CHUNK_PAGES}], got {chunk_pages}")
@@ -183,9 +238,17 @@ class DsaIndexer:
                 chunk_pages=chunk_pages, len_stride=len_stride, select_subs=subs)
             stream = torch.cuda.current_stream(self.device).cuda_stream
             n_chunks = -(-((max_len + PAGE - 1) // PAGE) // chunk_pages)
-            self.module.launch(f"dsa_score_{impl}_n{next_n}", (n_chunks, B, 1), SCORE_THREADS,
-                               score_smem_bytes(next_n), stream, p)
-            if _select:  # False only to time the scoring pass alone (benchmark breakdown)
+            if fused_chunk is not None:
+                # One launch; the kernel waits for all CTAs of a request, so all must be resident.
+                self.module.launch(f"dsa_fused_{impl}_n{next_n}", (n_chunks, B, 1), SCORE_THREADS,
+                                   fused_smem_bytes(next_n, chunk_pages), stream, p,
+                                   cooperative=_cooperative)  # False: tuning experiments only
+                self.last_path = ("fused", chunk_pages)
+            else:
+                self.module.launch(f"dsa_score_{impl}_n{next_n}", (n_chunks, B, 1), SCORE_THREADS,
+                                   score_smem_bytes(next_n), stream, p)
+                self.last_path = ("split", chunk_pages)
+            if _select and fused_chunk is None:  # False only to time the scoring pass alone (benchmark breakdown)
                 # Programmatic dependent launch (sm_90+): the select grid is scheduled while the scoring
                 # grid drains and waits in-kernel (griddepcontrol.wait) for its results.
                 use_pdl = self.capability[0] >= 9 if pdl is None else pdl

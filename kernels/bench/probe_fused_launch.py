@@ -1,0 +1,31 @@
+#!/usr/bin/env python3
+"""Tuning aid: split vs fused (cooperative launch) vs fused (plain launch, same resident grid), round-robin,
+same Timer as bench_dsa_indexer.py. Not the benchmark."""
+import json
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "python"))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import torch  # noqa: E402
+
+from bench_dsa_indexer import Timer, make_pool  # noqa: E402
+from pdserve_kernels.dsa_indexer import DsaIndexer  # noqa: E402
+
+gen = torch.Generator(device="cuda")
+gen.manual_seed(1)
+timer, ind = Timer(), DsaIndexer()
+kv = make_pool(8 * 131072 // 64, gen)
+for B, L in [(1, 8192), (1, 32768), (1, 131072), (1, 524288), (8, 131072)]:
+    pages = L // 64
+    bt = torch.randperm(kv.shape[0], device="cuda", generator=gen)[:B * pages].int().view(B, pages).contiguous()
+    q = torch.randn((B, 1, 64, 128), device="cuda", generator=gen).to(torch.float8_e4m3fn)
+    w = torch.randn((B, 64), device="cuda", generator=gen) / 8
+    ctx = torch.full((B,), L, dtype=torch.int32, device="cuda")
+    fns = [lambda: ind(q, w, kv, ctx, bt, 2048, max_len=L, path="split"),
+           lambda: ind(q, w, kv, ctx, bt, 2048, max_len=L, path="fused"),
+           lambda: ind(q, w, kv, ctx, bt, 2048, max_len=L, path="fused", _cooperative=False),
+           lambda: ind(q, w, kv, ctx, bt, 2048, max_len=L, path="split", _select=False)]
+    t = timer.medians_us(fns, 50)
+    print(json.dumps(dict(B=B, L=L, split=round(t[0], 1), fused_coop=round(t[1], 1), fused_plain=round(t[2], 1),
+                          score_only=round(t[3], 1), fused_chunk=ind.fused_chunk_pages(B, L, 1, "wgmma"))), flush=True)
