@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ctypes
+import os
+import pathlib
 import threading
 
 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
@@ -150,3 +152,17 @@ class Module:
                 self._lib.cu.cuLaunchKernel(self.fn[name], grid[0], grid[1], grid[2], block, 1, 1, smem,
                                             ctypes.c_void_p(stream), argv, None),
                 f"cuLaunchKernel({name})")
+
+
+def locate_fatbin(stem: str, env_var: str) -> pathlib.Path:
+    """The built `<stem>.fatbin`: $env_var if set, else beside this package (an install), else kernels/build/."""
+    here = pathlib.Path(__file__).resolve().parent
+    env = os.environ.get(env_var)
+    candidates = [pathlib.Path(env)] if env else []
+    candidates += [here / f"{stem}.fatbin", here.parent.parent / "build" / f"{stem}.fatbin"]
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(
+        f"{stem}.fatbin not found (looked in: " + ", ".join(str(c) for c in candidates)
+        + f"); build it with kernels/build.sh or set {env_var}")

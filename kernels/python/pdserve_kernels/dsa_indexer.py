@@ -40,7 +40,7 @@ import os
 import pathlib
 import threading
 
-from ._driver import Module
+from ._driver import Module, locate_fatbin
 
 HEADS = 64
 DIM = 128
@@ -82,16 +82,7 @@ def fused_smem_bytes(next_n: int, chunk_pages: int) -> int:
 
 
 def find_fatbin() -> pathlib.Path:
-    env = os.environ.get("PDSERVE_KERNELS_FATBIN")
-    here = pathlib.Path(__file__).resolve().parent
-    candidates = [pathlib.Path(env)] if env else []
-    candidates += [here / "dsa_indexer.fatbin", here.parent.parent / "build" / "dsa_indexer.fatbin"]
-    for c in candidates:
-        if c.is_file():
-            return c
-    raise FileNotFoundError(
-        "dsa_indexer.fatbin not found (looked in: " + ", ".join(str(c) for c in candidates)
-        + "); build it with kernels/build.sh or set PDSERVE_KERNELS_FATBIN")
+    return locate_fatbin("dsa_indexer", "PDSERVE_KERNELS_FATBIN")
 
 
 def _round_up(x: int, m: int) -> int:

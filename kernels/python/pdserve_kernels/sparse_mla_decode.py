@@ -28,7 +28,7 @@ import os
 import pathlib
 import threading
 
-from ._driver import Module
+from ._driver import Module, locate_fatbin
 from .sparse_mla_reference import LAYOUTS
 
 DV = 512
@@ -85,16 +85,7 @@ def threads(name: str) -> int:
 
 
 def find_fatbin() -> pathlib.Path:
-    env = os.environ.get("PDSERVE_SPARSE_MLA_FATBIN")
-    here = pathlib.Path(__file__).resolve().parent
-    candidates = [pathlib.Path(env)] if env else []
-    candidates += [here / "sparse_mla_decode.fatbin", here.parent.parent / "build" / "sparse_mla_decode.fatbin"]
-    for c in candidates:
-        if c.is_file():
-            return c
-    raise FileNotFoundError(
-        "sparse_mla_decode.fatbin not found (looked in: " + ", ".join(str(c) for c in candidates)
-        + "); build it with kernels/build.sh or set PDSERVE_SPARSE_MLA_FATBIN")
+    return locate_fatbin("sparse_mla_decode", "PDSERVE_SPARSE_MLA_FATBIN")
 
 
 class SparseMlaDecode:
