@@ -1,0 +1,90 @@
+"""The GPU tier: real SGLang servers on real GPUs, skipped with a reason where either is missing.
+
+PDSERVE_REQUIRE_GPU_SGLANG=1 turns a missing prerequisite into a failure (for runs on a GPU machine
+that must not silently skip). PDSERVE_GPU_REPORT names a JSON file the run's measurements go to.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pdserve.commands import Toolchain
+from tests.conftest import require_or_skip
+from tests.gpu.pd_run import PDRun, numactl_path, pdserve_executable, write_deployment
+from tests.gpu.tiny_model import make_tiny_model
+
+REQUIRE = "PDSERVE_REQUIRE_GPU_SGLANG"
+
+
+def gpu_count() -> int:
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
+def _free_ports(count: int) -> list[int]:
+    import socket
+
+    socks = [socket.socket() for _ in range(count)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _node0_exists() -> bool:
+    return Path("/sys/devices/system/node/node0").exists()
+
+
+@pytest.fixture(scope="session")
+def report() -> dict:
+    """Measurements of this run, written to $PDSERVE_GPU_REPORT at the end (for the docs)."""
+    data: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    yield data
+    target = os.environ.get("PDSERVE_GPU_REPORT")
+    if target:
+        Path(target).write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+
+
+@pytest.fixture(scope="session")
+def pd(tmp_path_factory, report) -> PDRun:
+    have_sglang = all(importlib.util.find_spec(m) is not None for m in ("sglang", "sglang_router"))
+    require_or_skip(have_sglang, "SGLang and sglang-router are not installed in this Python", REQUIRE)
+    gpus = gpu_count()
+    require_or_skip(gpus >= 2, f"needs 2 NVIDIA GPUs (prefill and decode on disjoint GPUs); found {gpus}",
+                    REQUIRE)
+    workdir = tmp_path_factory.mktemp("gpu-pd")
+    model = make_tiny_model(workdir / "tiny-llama")
+    numactl = numactl_path()
+    numa_node = 0 if numactl and _node0_exists() else None
+    ports = dict(zip(("prefill", "decode", "router", "bootstrap", "prometheus"), _free_ports(5)))
+    config = write_deployment(workdir, model, ports, numa_node=numa_node)
+    tools = Toolchain(sglang_python=sys.executable, numactl=numactl or "/usr/bin/numactl",
+                      pdserve=pdserve_executable(workdir))
+    run = PDRun(config, workdir, tools)
+    report["deployment"] = config.read_text()
+    report["argv"] = {role: list(launch.argv) for role, launch in run.launch.items() if role != "fallback"}
+    report["numa_node"] = numa_node
+    try:
+        run.up()
+        report["ready_after_s"] = {role: round(s, 1) for role, s in run.ready_after.items()}
+        yield run
+    finally:
+        run.stop()
+        report["logs_tail"] = {role: run.tail(role, 25) for role in ("prefill", "decode", "router")}

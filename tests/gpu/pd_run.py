@@ -1,0 +1,185 @@
+"""Bring up a real PD deployment on this machine's GPUs from pdserve's rendered commands, and take it down.
+
+Every process gets exactly the argv and environment `pdserve.commands.launches` renders (what the
+systemd units run), and the readiness gate between workers and router is `pdserve wait-ready ROLE`,
+the units' ExecStartPost=. Processes run in their own sessions so `stop` takes their children too,
+and every wait has a deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pdserve.commands import Launch, Toolchain, launches
+from pdserve.config import Deployment
+from pdserve.loading import load
+
+SERVED_NAME = "tiny"
+CONTEXT_LENGTH = 4096
+# Flags for a tiny model with dummy weights on Hopper without FA3's library (see wheelhouse.py):
+# triton attention and torch sampling are SGLang's own portable backends.
+TEST_SERVER_FLAGS = ["--load-format", "dummy", "--attention-backend", "triton", "--sampling-backend", "pytorch"]
+READY_TIMEOUT = 600.0
+STOP_TIMEOUT = 30.0
+
+
+def write_deployment(directory: Path, model_dir: Path, ports: dict[str, int], *, numa_node: int | None,
+                     transfer_backend: str = "nixl") -> Path:
+    """A two-GPU deployment of the tiny model: prefill on GPU 0, decode on GPU 1, router in front."""
+    numa = f"numa_node = {numa_node}\n" if numa_node is not None else ""
+    flags = json.dumps(TEST_SERVER_FLAGS)
+    text = f"""name = "gputest"
+
+[model]
+path = "{model_dir}"
+served_name = "{SERVED_NAME}"
+context_length = {CONTEXT_LENGTH}
+
+[prefill]
+gpus = [0]
+{numa}port = {ports['prefill']}
+mem_fraction_static = 0.5
+extra_args = {flags}
+
+[decode]
+gpus = [1]
+{numa}port = {ports['decode']}
+mem_fraction_static = 0.5
+extra_args = {flags}
+
+[transfer]
+backend = "{transfer_backend}"
+bootstrap_port = {ports['bootstrap']}
+
+[router]
+host = "127.0.0.1"
+port = {ports['router']}
+prometheus_host = "127.0.0.1"
+prometheus_port = {ports['prometheus']}
+health_check_timeout_secs = 30
+worker_startup_timeout_secs = 600
+
+[environment]
+CUDA_DEVICE_ORDER = "PCI_BUS_ID"
+UCX_TLS = "cuda_copy,cuda_ipc,tcp"
+PYTHONUNBUFFERED = "1"
+
+[fallback]
+gpus = [0, 1]
+mem_fraction_static = 0.5
+extra_args = {flags}
+"""
+    path = directory / "deployment.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def pdserve_executable(directory: Path) -> str:
+    """The installed `pdserve` console script, or an equivalent one for this Python (same entry point)."""
+    beside = Path(sys.executable).with_name("pdserve")
+    if beside.exists():
+        return str(beside)
+    shim = directory / "pdserve"
+    shim.write_text(f"#!{sys.executable}\nfrom pdserve.cli import main\nmain()\n", encoding="utf-8")
+    shim.chmod(0o755)
+    return str(shim)
+
+
+@dataclass
+class PDRun:
+    config: Path
+    workdir: Path
+    tools: Toolchain
+    deployment: Deployment = field(init=False)
+    launch: dict[str, Launch] = field(init=False)
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    started: dict[str, float] = field(default_factory=dict)
+    ready_after: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.deployment = load(self.config).deployment  # raises ConfigError on any error
+        self.launch = launches(self.deployment, self.tools)
+
+    def url(self, role: str) -> str:
+        return self.launch[role].url
+
+    def log(self, role: str) -> Path:
+        return self.workdir / f"{role}.log"
+
+    def start(self, role: str) -> None:
+        launch = self.launch[role]
+        assert not launch.credentials, "the GPU tier runs without an API key"
+        env = {**os.environ, **launch.env}
+        with open(self.log(role), "ab") as log:
+            self.procs[role] = subprocess.Popen(list(launch.argv), stdout=log, stderr=subprocess.STDOUT, env=env,
+                                                start_new_session=True)
+        self.started[role] = time.monotonic()
+
+    def gate(self, roles: list[str], timeout: float = READY_TIMEOUT) -> None:
+        """Run the units' readiness gate for `roles` at once; record each role's time to ready."""
+        gates = {
+            role: subprocess.Popen([self.tools.pdserve, "wait-ready", role, "--config", str(self.config),
+                                    "--timeout", str(timeout), "--interval", "1"],
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for role in roles
+        }
+        failures = []
+        for role, gate in gates.items():
+            try:
+                out, _ = gate.communicate(timeout=timeout + 30)
+            except subprocess.TimeoutExpired:
+                gate.kill()
+                out, _ = gate.communicate()
+            if gate.returncode == 0:
+                self.ready_after[role] = time.monotonic() - self.started[role]
+            else:
+                failures.append(f"{role}: gate exit {gate.returncode}: {out.strip()}\n--- {role} log ---\n"
+                                f"{self.tail(role)}")
+        assert not failures, "\n".join(failures)
+
+    def up(self) -> None:
+        self.start("prefill")
+        self.start("decode")
+        self.gate(["prefill", "decode"])
+        self.start("router")
+        self.gate(["router"], timeout=120)
+
+    def stop(self) -> None:
+        """SIGTERM each process group (router first), SIGKILL what is left after STOP_TIMEOUT."""
+        for role in ("router", "decode", "prefill"):
+            proc = self.procs.pop(role, None)
+            if proc is None or proc.poll() is not None:
+                continue
+            _signal_group(proc, signal.SIGTERM)
+            try:
+                proc.wait(STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                _signal_group(proc, signal.SIGKILL)
+                proc.wait(STOP_TIMEOUT)
+            # Scheduler and detokenizer children share the group; make sure none outlive the leader.
+            _signal_group(proc, signal.SIGKILL)
+
+    def tail(self, role: str, lines: int = 60) -> str:
+        try:
+            return "\n".join(self.log(role).read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def numactl_path() -> str | None:
+    return shutil.which("numactl")

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Runs the GPU tier on a GPU machine that has torch but no SGLang and no network (the H200 test
+# machines). The wheel chunks made by tests/gpu/wheelhouse.py arrive one device call at a time:
+#   bash tests/gpu/run_on_device.sh stage   # with .whl/cN carried: keep its wheels for the next call
+#   bash tests/gpu/run_on_device.sh run     # with the last chunk carried: install all, run the tier
+# Logs and the run's measurements go to $OUT (or ./gpu-out).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+out=${OUT:-$PWD/gpu-out}
+mkdir -p "$out"
+staged=/var/tmp/pdserve-wheels
+mkdir -p "$staged"
+for chunk in .whl/c*/; do
+  [ -d "$chunk" ] && cp -n "$chunk"*.whl "$staged"/ 2>/dev/null
+done
+echo "staged: $(ls "$staged" | wc -l) wheels, $(du -sh "$staged" | cut -f1)"
+[ "${1:-run}" = stage ] && exit 0
+
+site=/tmp/pdserve-site
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "$staged"/*.whl \
+  || { echo "wheel install failed"; exit 1; }
+export PYTHONPATH="$site:$PWD/pkg:$PWD"
+# Keep NVLink multicast off on shared hosts (the machine's own policy); SGLang inherits these.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+{
+  nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader
+  python3 -c 'import importlib.metadata as m, sys; print(sys.version.split()[0], *[f"{p} {m.version(p)}" for p in ("torch", "sglang", "sglang-router", "sglang-kernel", "nixl-cu13", "flashinfer-python", "transformers")], sep="; ")'
+  command -v numactl && numactl -H | head -3
+} 2>&1 | tee "$out/machine.txt"
+PDSERVE_REQUIRE_GPU_SGLANG=1 PDSERVE_GPU_REPORT="$out/gpu-report.json" \
+  timeout "${GPU_TIER_TIMEOUT:-480}" python3 -m pytest tests/gpu -v -p no:cacheprovider --basetemp=/tmp/gpu-tier \
+  2>&1 | tee "$out/pytest.log"
+rc=${PIPESTATUS[0]}
+for log in /tmp/gpu-tier/gpu-pd*/*.log; do [ -f "$log" ] && cp "$log" "$out/"; done
+exit "$rc"

@@ -1,0 +1,117 @@
+"""Build the wheel set the GPU tier needs on a machine that has torch but no SGLang and no network.
+
+The H200 test machines have Python 3.12 and torch 2.11.0+cu130 and nothing can be fetched there, so
+everything else travels as wheels, and one device call carries at most 64 MiB. This script downloads
+the pinned set in `wheelhouse.txt` for that Python (on a machine with PyPI), drops the members a PD
+run on Hopper never loads (FA3's 1.1 GB library, SM100 builds, static libraries, torch-2.12+ NIXL-EP
+builds), rewrites each trimmed wheel's RECORD so pip installs it as usual, and packs the result into
+chunk directories small enough to travel one per call.
+
+    python3 tests/gpu/wheelhouse.py --out .whl          # .whl is git-ignored
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import fnmatch
+import hashlib
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+PINS = HERE / "wheelhouse.txt"
+PLATFORMS = ["manylinux_2_34_x86_64", "manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_26_x86_64",
+             "manylinux_2_24_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux2010_x86_64",
+             "manylinux_2_5_x86_64", "manylinux1_x86_64", "any"]
+
+# distribution (as in the wheel's file name) -> members never loaded in a PD run on Hopper.
+TRIM = {
+    # flash_ops is FA3 (the run uses the triton backend); SM100 builds and optional extensions.
+    "sglang_kernel": ["sgl_kernel/flash_ops.*.so", "sgl_kernel/sm100/*", "sgl_kernel/infllm_ops*.so",
+                      "sgl_kernel/flashmla_ops.*.so"],
+    # NIXL-EP is built for torch 2.12-2.14 only; headers and pkg-config files are for building against NIXL.
+    "nixl_cu13": ["nixl_ep_cu13/*", "*.data/headers/*", "*.data/data/include/*", "*.data/data/pkgconfig/*"],
+    "xgrammar": ["xgrammar/lib/*.a"],
+}
+
+
+def download(out: Path) -> None:
+    platform_args = [arg for p in PLATFORMS for arg in ("--platform", p)]
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+                    "--python-version", "3.12", "--implementation", "cp", *platform_args,
+                    "-d", str(out), "-r", str(PINS)], check=True, timeout=1800)
+
+
+def _record_line(name: str, data: bytes) -> str:
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return f"{name},sha256={digest},{len(data)}"
+
+
+def trim(wheel: Path, patterns: list[str]) -> Path:
+    """Rewrite `wheel` without the members matching `patterns`; RECORD lists exactly what remains."""
+    trimmed = wheel.with_name(wheel.name + ".tmp")
+    with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(trimmed, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as dst:
+        record_name = next(n for n in src.namelist() if n.endswith(".dist-info/RECORD"))
+        lines = []
+        for info in src.infolist():
+            if info.filename == record_name or any(fnmatch.fnmatch(info.filename, p) for p in patterns):
+                continue
+            data = src.read(info)
+            dst.writestr(info, data, compress_type=zipfile.ZIP_DEFLATED, compresslevel=9)
+            lines.append(_record_line(info.filename, data))
+        lines.append(f"{record_name},,")
+        dst.writestr(record_name, "\n".join(lines) + "\n")
+    trimmed.replace(wheel)
+    return wheel
+
+
+def chunk(wheels: list[Path], limit: int) -> list[list[Path]]:
+    """First-fit decreasing into bins of at most `limit` bytes (a wheel larger than that gets its own)."""
+    bins: list[tuple[int, list[Path]]] = []
+    for wheel in sorted(wheels, key=lambda w: w.stat().st_size, reverse=True):
+        size = wheel.stat().st_size
+        for i, (used, members) in enumerate(bins):
+            if used + size <= limit:
+                bins[i] = (used + size, members + [wheel])
+                break
+        else:
+            bins.append((size, [wheel]))
+    return [members for _, members in bins]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path(".whl"))
+    parser.add_argument("--chunk-mib", type=int, default=54, help="largest chunk (the call limit is 64 MiB in all)")
+    parser.add_argument("--no-download", action="store_true", help="only trim and chunk what --out/all holds")
+    args = parser.parse_args()
+    pool = args.out / "all"
+    pool.mkdir(parents=True, exist_ok=True)
+    if not args.no_download:
+        download(pool)
+    wheels = sorted(pool.glob("*.whl"))
+    for wheel in wheels:
+        patterns = TRIM.get(wheel.name.split("-", 1)[0])
+        if patterns:
+            before = wheel.stat().st_size
+            trim(wheel, patterns)
+            print(f"trimmed {wheel.name}: {before / 2**20:.1f} -> {wheel.stat().st_size / 2**20:.1f} MiB")
+    for old in args.out.glob("c[0-9]*"):
+        for f in old.iterdir():
+            f.unlink()
+        old.rmdir()
+    for i, members in enumerate(chunk(wheels, args.chunk_mib * 2**20), start=1):
+        directory = args.out / f"c{i}"
+        directory.mkdir()
+        for wheel in members:
+            (directory / wheel.name).hardlink_to(wheel)
+        total = sum(w.stat().st_size for w in members)
+        print(f"{directory}: {len(members)} wheels, {total / 2**20:.1f} MiB")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
