@@ -1,8 +1,9 @@
 """What "ready" means for each role, and a bounded wait for it.
 
-A worker is ready when /health answers 200 and /model_info reports the disaggregation mode the role
-expects (so a decode server on the prefill's port is not mistaken for it). The router is ready when
-/readiness answers 200 with every expected worker healthy. Each probe has its own timeout; the wait
+A worker is ready when /health answers 200 and /model_info (or, in SGLang releases whose /model_info
+lacks it, /server_info) reports the disaggregation mode the role expects, so a decode server on the
+prefill's port is not mistaken for it. The router is ready when /readiness answers 200 with every
+expected worker healthy. Each probe has its own timeout; the wait
 has a deadline and ends with the last state it saw.
 """
 
@@ -66,16 +67,22 @@ def worker_observation(client: httpx.Client, base_url: str, expected_mode: str) 
         status, _ = _get_json(client, f"{base_url}/health")
         if status != 200:
             return Observation(False, f"GET {base_url}/health answered {status}")
-        status, info = _get_json(client, f"{base_url}/model_info")
+        source = "model_info"
+        status, info = _get_json(client, f"{base_url}/{source}")
         if status == 401:
             return _mode_from_metrics(client, base_url, expected_mode)
+        if status == 200 and isinstance(info, dict) and "disaggregation_mode" not in info:
+            # SGLang before 0.5.23 (0.5.17 on the GPU test machines) leaves the mode out of /model_info;
+            # /server_info, the server's arguments, has it in every release.
+            source = "server_info"
+            status, info = _get_json(client, f"{base_url}/{source}")
     except httpx.HTTPError as exc:
         return Observation(False, f"{base_url} unreachable: {type(exc).__name__}: {exc}")
     if status != 200 or not isinstance(info, dict):
-        return Observation(False, f"GET {base_url}/model_info answered {status}")
+        return Observation(False, f"GET {base_url}/{source} answered {status}")
     mode = str(info.get("disaggregation_mode"))
     if mode != expected_mode:
-        return Observation(False, f"{base_url}/model_info reports disaggregation_mode={mode}, expected {expected_mode}")
+        return Observation(False, f"{base_url}/{source} reports disaggregation_mode={mode}, expected {expected_mode}")
     return Observation(True, f"{base_url} healthy, disaggregation_mode={mode}")
 
 

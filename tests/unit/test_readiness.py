@@ -33,6 +33,22 @@ def test_worker_ready_needs_health_and_the_expected_mode():
     assert "answered 503" in worker_observation(starting, "http://w", "prefill").state
 
 
+def test_mode_from_server_info_when_model_info_lacks_it():
+    """SGLang 0.5.17's /model_info has no disaggregation_mode (seen on H200 with the GPU tier); the gate
+    reads /server_info then, and still tells a decode server from a prefill one."""
+    model_info_0517 = {"model_path": "/m", "is_generation": True, "model_type": "llama"}
+    ok = client_for({"/health": (200, {}), "/model_info": (200, model_info_0517),
+                     "/server_info": (200, {"disaggregation_mode": "prefill", "tp_size": 1})})
+    observation = worker_observation(ok, "http://w", "prefill")
+    assert observation.ready and "disaggregation_mode=prefill" in observation.state
+    wrong = client_for({"/health": (200, {}), "/model_info": (200, model_info_0517),
+                        "/server_info": (200, {"disaggregation_mode": "decode"})})
+    observation = worker_observation(wrong, "http://w", "prefill")
+    assert not observation.ready and "/server_info reports disaggregation_mode=decode" in observation.state
+    gone = client_for({"/health": (200, {}), "/model_info": (200, model_info_0517), "/server_info": (500, {})})
+    assert "GET http://w/server_info answered 500" in worker_observation(gone, "http://w", "prefill").state
+
+
 def test_fallback_expects_no_disaggregation():
     ok = client_for({"/health": (200, {}), "/model_info": (200, {"disaggregation_mode": "null"})})
     assert worker_observation(ok, "http://w", "null").ready
