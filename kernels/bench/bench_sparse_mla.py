@@ -153,7 +153,7 @@ def main() -> int:
                                        **extra)
 
                 t = timer.median_us(ours(), args.reps)
-                name = mla.pick_kernel(layout_name, h)
+                name = mla.pick_kernel(layout_name, h, rows=B)
                 splits, _ = mla.plan(name, B, h, n_valid)
                 bytes_ = uniq * lay.entry_bytes + B * h * (lay.dqk * 2 + 512 * 2 + 4) + B * n_valid * 4
                 flops = 2 * B * h * n_valid * (lay.dqk + 512)

@@ -51,11 +51,13 @@ def gen():
 
 
 def run_and_check(mla, gen, layout, B, next_n, h, topk, *, topk_extra=0, empty_rows=(), invalid_frac=0.1,
-                  sinks=True, sm_scale=None, call_layout=None, scale_factor=1.0, **kw):
+                  sinks=True, sm_scale=None, call_layout=None, scale_factor=1.0, page=64, q_scale=1.0, **kw):
     from pdserve_kernels.sparse_mla_reference import LAYOUTS, make_inputs, reference_from_inputs
 
     inp = make_inputs(layout, B, next_n, h, topk, topk_extra=topk_extra, empty_rows=empty_rows,
-                      invalid_frac=invalid_frac, sinks=sinks, generator=gen, scale_factor=scale_factor)
+                      invalid_frac=invalid_frac, sinks=sinks, generator=gen, scale_factor=scale_factor, page=page)
+    if q_scale != 1.0:   # a power of two: exact in bf16
+        inp["q"] = (inp["q"].float() * q_scale).to(torch.bfloat16)
     sm_scale = sm_scale or LAYOUTS[layout].dqk ** -0.5
     out = torch.full((B, next_n, h, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
     lse = torch.full((B, next_n, h), float("nan"), dtype=torch.float32, device="cuda")
@@ -151,6 +153,79 @@ def test_v32_scales_not_powers_of_two(mla, gen):
     run_and_check(mla, gen, "v32", 2, 1, 16, 2048, empty_rows=(1,), scale_factor=1 + 2 ** -20, variant="_o1")
     run_and_check(mla, gen, "v32", 2, 1, 64, 300, scale_factor=1 + 2 ** -20, variant="_o1")
     run_and_check(mla, gen, "v32", 2, 1, 64, 300, scale_factor=1 + 2 ** -20, variant="")
+
+
+# ---- ds kernels (fp8; warps split the head dim, e4m3 converted inside the MMA operands, f16 PV) ----
+
+@pytest.mark.parametrize("h", [8, 16, 32, 64, 128])
+def test_ds_v4_csa_window_plus_selected(mla, gen, h):
+    run_and_check(mla, gen, "v4", 3, 1, h, 512, topk_extra=128, empty_rows=(1,), variant="ds")
+
+
+@pytest.mark.parametrize("h", [16, 32, 128])
+def test_ds_v32_top2048(mla, gen, h):
+    run_and_check(mla, gen, "v32", 2, 1, h, 2048, empty_rows=(1,), variant="ds")
+
+
+@pytest.mark.parametrize("layout,topk,extra", [("v4", 1, 0), ("v4", 31, 7), ("v4", 100, 33), ("v4", 1025, 0),
+                                               ("v32", 33, 0), ("v32", 333, 0), ("v32", 2047, 0)])
+def test_ds_lengths_not_multiple_of_tile(mla, gen, layout, topk, extra):
+    run_and_check(mla, gen, layout, 2, 1, 16, topk, topk_extra=extra, variant="ds")
+    run_and_check(mla, gen, layout, 2, 1, 64, topk, topk_extra=extra, variant="ds")
+
+
+@pytest.mark.parametrize("fuse", [False, True])
+@pytest.mark.parametrize("splits", [1, 3, 16])
+def test_ds_split_kv_empty_rows_mostly_invalid(mla, gen, splits, fuse):
+    # fuse: the last split CTA merges the splits (no combine launch); twice in a row, so the counters it
+    # leaves behind must be zero again.
+    for _ in range(2 if fuse else 1):
+        run_and_check(mla, gen, "v4", 4, 1, 16, 512, topk_extra=128, empty_rows=(0, 2), splits=splits,
+                      variant="ds", fuse_combine=fuse)
+        run_and_check(mla, gen, "v32", 3, 1, 32, 2048, empty_rows=(2,), splits=splits, variant="ds",
+                      fuse_combine=fuse)
+    run_and_check(mla, gen, "v4", 2, 1, 32, 512, topk_extra=128, invalid_frac=0.9, splits=splits, variant="ds",
+                  fuse_combine=fuse)
+    run_and_check(mla, gen, "v32", 2, 1, 16, 2048, invalid_frac=0.95, splits=splits, variant="ds",
+                  fuse_combine=fuse)
+    run_and_check(mla, gen, "v4", 3, 2, 48, 512, topk_extra=128, empty_rows=(1,), splits=splits, variant="ds",
+                  fuse_combine=fuse, sinks=False)
+
+
+def test_ds_next_n_2_no_sinks_pages_q_range(mla, gen):
+    run_and_check(mla, gen, "v4", 2, 2, 64, 512, topk_extra=128, sinks=False, sm_scale=0.13523, variant="ds")
+    run_and_check(mla, gen, "v32", 2, 2, 32, 2048, sinks=False, sm_scale=0.13523, variant="ds")
+    # page 1 and 2: the V4 scale record is the first or second half of the 16-byte pair the kernel copies
+    run_and_check(mla, gen, "v4", 2, 1, 16, 300, topk_extra=40, page=1, variant="ds")
+    run_and_check(mla, gen, "v4", 2, 1, 16, 300, topk_extra=40, page=2, variant="ds")
+    # q far outside f16's range (and tiny): the per-head power-of-two rescale keeps QK exact
+    run_and_check(mla, gen, "v4", 2, 1, 16, 512, topk_extra=128, q_scale=2.0 ** 20, sm_scale=2.0 ** -26,
+                  variant="ds")
+    run_and_check(mla, gen, "v32", 2, 1, 32, 1000, q_scale=2.0 ** -20, sm_scale=2.0 ** 14, variant="ds")
+    # fp32 scales that are not powers of two (V3.2): rounded to f16 for PV only
+    run_and_check(mla, gen, "v32", 2, 1, 16, 2048, empty_rows=(1,), scale_factor=1 + 2 ** -20, variant="ds")
+
+
+@pytest.mark.parametrize("layout,topk,extra", [("v4", 512, 128), ("v32", 2048, 0)])
+def test_default_kernel_at_64_rows(mla, gen, layout, topk, extra):
+    # rows >= 64: the default ("auto") takes the ds kernels with their own split planning
+    run_and_check(mla, gen, layout, 64, 1, 16, topk, topk_extra=extra, empty_rows=(5,))
+    run_and_check(mla, gen, layout, 32, 2, 64, topk, topk_extra=extra, invalid_frac=0.3)
+
+
+def test_ds_every_kernel(mla, gen):
+    from pdserve_kernels.sparse_mla_decode import DS_KERNELS
+
+    for name, (layout, hb, _T, _nst, _cv) in DS_KERNELS.items():
+        h = 8 if hb == 16 else 48   # half-used head blocks too
+        if layout == "v4":
+            run_and_check(mla, gen, "v4", 3, 1, h, 512, topk_extra=128, empty_rows=(1,), kernel=name)
+            run_and_check(mla, gen, "v4", 2, 1, hb, 100, topk_extra=33, kernel=name, splits=3)
+            run_and_check(mla, gen, "v4", 2, 1, hb, 512, topk_extra=128, kernel=name, fuse_combine=True)
+        else:
+            run_and_check(mla, gen, "v32", 2, 1, h, 2047, empty_rows=(0,), kernel=name, splits=3)
+            run_and_check(mla, gen, "v32", 2, 1, hb, 333, kernel=name, invalid_frac=0.5)
+            run_and_check(mla, gen, "v32", 2, 1, hb, 2048, kernel=name, fuse_combine=True)
 
 
 # ---- bf16 KV (V4: 512-dim entry, K = V incl. RoPE; V3.2: 576-dim key, V = first 512) ----

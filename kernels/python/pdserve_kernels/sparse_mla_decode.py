@@ -18,6 +18,13 @@ Conventions (FlashMLA's sparse decode, so callers can swap them):
 
 Returns ``(out bf16 [B, next_n, h, 512], lse fp32 [B, next_n, h])``; lse is the natural-log sum over the
 valid entries, without the sink; a row with no valid entry gets out = 0, lse = +inf.
+
+Kernel choice (fp8): by default ("auto", ``auto_fp8_kernel``) the fastest kernel measured on H200 for the
+layout, head count and number of query rows: the "ds" kernels (warps split the head dimension, e4m3 converted
+inside the MMA operands) or the first-version kernels. ``variant=`` / ``kernel=`` force one. The ds kernels
+without ``_c4`` multiply V by its scale in f16: |dequantized V| must stay below 65504 (true for scales up to
+2^7). ``fuse_combine=True`` (ds kernels with splits) merges the splits in the main kernel instead of a second
+launch: correct, but measured slower (NOTES.md).
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ class _Params(ctypes.Structure):
         ("num_entries", ctypes.c_int), ("num_entries_extra", ctypes.c_int), ("page_shift", ctypes.c_int),
         ("rows", ctypes.c_int), ("h", ctypes.c_int), ("topk", ctypes.c_int), ("topk_extra", ctypes.c_int),
         ("splits", ctypes.c_int), ("per_split", ctypes.c_int), ("scale_log2", ctypes.c_float),
+        ("counters", ctypes.c_void_p),
     ]
 
 
@@ -66,12 +74,66 @@ for _lay, _shapes in _SHAPES.items():
             KERNELS[f"sparse_mla_{_lay}_h{_hb}_t{_T}{_suf}"] = (_lay, _hb, _T, _G, _nst, VARIANT_OPT[_suf])
         KERNELS[f"sparse_mla_{_PREFIX[_lay + '_bf16']}_h{_hb}_t{_T}"] = (_lay + "_bf16", _hb, _T, _G, _nst, 1)
 _REC = {"v4": 592, "v32": 656}
-# The fp8 variant the launcher picks by default: "" (OPT 0), measured fastest (NOTES.md, run 3);
-# PDSERVE_SPARSE_MLA_FP8_OPT (e.g. "_o1") overrides.
-FP8_VARIANT = os.environ.get("PDSERVE_SPARSE_MLA_FP8_OPT", "")
+# "ds" kernels (fp8 only, 256 threads): warps split the head dimension and convert e4m3 inside the MMA
+# operands (sparse_mla_decode.cu, section "ds kernels"). name -> (layout, heads per CTA, tile T, ring stages,
+# CV mask: 4 = scale into P relative to a running maximum, no f16 range limit on V); mirrors DS_KERNEL(...).
+DS_KERNELS = {}
+for _lay in ("v4", "v32"):
+    for _hb, _T, _nst, _cv in ((16, 64, 3, 0), (16, 64, 2, 0), (16, 32, 4, 0), (32, 64, 2, 0), (32, 64, 3, 0),
+                               (16, 64, 3, 4), (32, 64, 3, 4), (16, 32, 4, 4)):
+        _suf = f"_c{_cv}" if _cv else ""
+        DS_KERNELS[f"sparse_mla_ds_{_lay}_h{_hb}_t{_T}_s{_nst}{_suf}"] = (_lay, _hb, _T, _nst, _cv)
+# The fp8 kernel choice: "auto" (default) = auto_fp8_kernel below, the fastest kernel measured on H200 per
+# (layout, heads, rows) (NOTES.md, "ds kernels"); "" = the first-version kernels (OPT 0), "_o1" / "_og" /
+# "_od" their variants, "ds" = the ds kernels for every shape. PDSERVE_SPARSE_MLA_FP8_OPT overrides.
+FP8_VARIANT = os.environ.get("PDSERVE_SPARSE_MLA_FP8_OPT", "auto")
+# Rows (B * next_n) from which the ds kernels are picked where they won only at large batch (measured at
+# B = 1, 8, 64, 128: first-version kernels faster or equal at 8, ds faster at 64 and 128).
+DS_MIN_ROWS = 64
+
+
+def ds_kernel_name(layout: str, h: int, rows: int | None) -> str:
+    """The ds kernel for fp8 `layout` ("v4" / "v32"), h heads and `rows` query rows (None: few)."""
+    many = rows is not None and rows >= DS_MIN_ROWS
+    if h <= 16:   # 32-entry tiles fit two CTAs per SM: better once the GPU is full, worse for short rows
+        return f"sparse_mla_ds_{layout}_h16_t32_s4" if many else f"sparse_mla_ds_{layout}_h16_t64_s2"
+    return f"sparse_mla_ds_{layout}_h32_t64_s2"
+
+
+def auto_fp8_kernel(layout: str, h: int, rows: int | None, num_sms: int) -> str | None:
+    """The default fp8 kernel: a ds kernel name, or None for the first-version kernel of that shape.
+
+    From the 2026-11-29 H200 table (bench_mla_variants.py; V4 CSA 640 entries, V3.2 2048; B = 1/8/64/128):
+    V3.2 takes the ds kernels everywhere except 17-32 heads with few rows; V4 only with >= 64 rows, and for
+    h > 32 only while its 32-head blocks fit in one wave (they gather every entry once per head block).
+    """
+    many = rows is not None and rows >= DS_MIN_ROWS
+    if layout == "v32":
+        return ds_kernel_name(layout, h, rows) if (h <= 16 or h > 32 or many) else None
+    if not many:
+        return None
+    if h <= 32 or rows * -(-h // 32) <= num_sms:
+        return ds_kernel_name(layout, h, rows)
+    return None
+# ds kernels with splits: the last split CTA merges the splits itself instead of a second (combine) launch.
+FUSE_COMBINE = os.environ.get("PDSERVE_SPARSE_MLA_FUSE_COMBINE", "0") == "1"
+
+
+def ds_smem_bytes(name: str, per_split: int) -> int:
+    """Mirror of DsSmem<...> in sparse_mla_decode.cu (plus 4 bytes per entry of the split's index list)."""
+    layout, hb, T, nst, _ = DS_KERNELS[name]
+    v4 = layout == "v4"
+    npart = 8 if v4 else 9
+    raw = nst * T * _REC[layout]
+    part = npart * hb * (T + 8) * 4
+    p_tiles = hb * T * 2 * (2 if v4 else 1)
+    small = 4 * hb * 4 + -(-(nst * 8) // 16) * 16
+    return raw + part + p_tiles + small + 4 * per_split
 
 
 def smem_bytes(name: str, per_split: int) -> int:
+    if name in DS_KERNELS:
+        return ds_smem_bytes(name, per_split)
     layout, hb, T, G, nst, _ = KERNELS[name]
     lay = LAYOUTS[layout]
     rowb = lay.dqk * 2
@@ -80,8 +142,19 @@ def smem_bytes(name: str, per_split: int) -> int:
 
 
 def threads(name: str) -> int:
+    if name in DS_KERNELS:
+        return 256
     _, hb, _, G, _, _ = KERNELS[name]
     return 32 * (hb // 16) * G
+
+
+def kernel_shape(name: str) -> tuple[str, int, int]:
+    """(layout, heads per CTA, tile) of any kernel of the module."""
+    if name in DS_KERNELS:
+        layout, hb, T, _, _ = DS_KERNELS[name]
+        return layout, hb, T
+    layout, hb, T, _, _, _ = KERNELS[name]
+    return layout, hb, T
 
 
 def find_fatbin() -> pathlib.Path:
@@ -104,19 +177,45 @@ class SparseMlaDecode:
         self.capability = (props.major, props.minor)
         self.smem_limit = int(getattr(props, "shared_memory_per_block_optin", 0) or 232448)
         path = pathlib.Path(fatbin) if fatbin else find_fatbin()
-        kernels = {n: self.smem_limit for n in KERNELS}
+        kernels = {n: self.smem_limit for n in (*KERNELS, *DS_KERNELS)}
         kernels["sparse_mla_combine"] = 0
         self.module = Module(path.read_bytes(), self.device.index, kernels)
         self._lock = threading.Lock()
+        self._occ: dict[tuple[str, int], int] = {}
+        self._counter_bufs: dict[int, object] = {}
 
-    def pick_kernel(self, layout: str, h: int, small: bool | None = None, variant: str | None = None) -> str:
-        """Heads per CTA = the smallest of 16/32/64 covering h (h > 64: blocks of 64); `small` (default on
-        GPUs with < 200 KB of shared memory per block, e.g. sm_120) takes the 16-head, 32-entry variant.
-        layout: "v4", "v32", "v4_bf16", "v32_bf16"; variant (fp8 only): "" or "_o1" (default FP8_VARIANT)."""
+    def _counters(self, n: int):
+        """Zeroed int32 arrival counters (>= n) for the fused combine, kept per stream: every launch leaves
+        them at zero again, so reuse on the same stream is ordered; a new stream gets its own buffer."""
+        torch = self.torch
+        stream = torch.cuda.current_stream(self.device)
+        key = stream.cuda_stream
+        buf = self._counter_bufs.get(key)
+        if buf is None or buf.numel() < n:
+            buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=self.device)
+            self._counter_bufs[key] = buf
+        return buf
+
+    def pick_kernel(self, layout: str, h: int, small: bool | None = None, variant: str | None = None,
+                    rows: int | None = None) -> str:
+        """The kernel for `layout` ("v4", "v32", "v4_bf16", "v32_bf16"), h heads and `rows` query rows.
+
+        First-version kernels: heads per CTA = the smallest of 16/32/64 covering h (h > 64: blocks of 64);
+        `small` (default on GPUs with < 200 KB of shared memory per block, e.g. sm_120) takes the 16-head,
+        32-entry variant. fp8 `variant` (default FP8_VARIANT): "auto" (auto_fp8_kernel), "" / "_o1" / ...
+        (first version), "ds" (ds_kernel_name). The ds kernels need > 99 KB of shared memory: never `small`."""
         if small is None:
             small = self.smem_limit < 200 * 1024
         base = layout.split("_")[0]
         suffix = "" if LAYOUTS[layout].bf16 else (FP8_VARIANT if variant is None else variant)
+        if suffix in ("auto", "ds"):
+            name = None
+            if not small:
+                name = (ds_kernel_name(base, h, rows) if suffix == "ds"
+                        else auto_fp8_kernel(base, h, rows, self.num_sms))
+            if name is not None:
+                return name
+            suffix = ""
         if small:
             shape = "h16_t32"
         elif h <= 16:
@@ -127,13 +226,22 @@ class SparseMlaDecode:
             shape = "h64_t64" if base == "v4" else "h64_t32"
         return f"sparse_mla_{_PREFIX[layout]}_{shape}{suffix}"
 
+    def ctas_per_sm(self, name: str, per_split: int) -> int:
+        """CTAs of `name` that fit on one SM with this split's shared memory (driver occupancy query)."""
+        key = (name, per_split)
+        if key not in self._occ:
+            self._occ[key] = max(1, self.module.max_active_blocks(name, threads(name), smem_bytes(name, per_split)))
+        return self._occ[key]
+
     def plan(self, name: str, rows: int, h: int, ntot: int, splits: int | None = None) -> tuple[int, int]:
-        """(splits, per_split): split each row's entries when rows x head blocks would not fill the GPU."""
-        _, hb, T, _, _, _ = KERNELS[name]
+        """(splits, per_split): split each row's entries when rows x head blocks would not fill the GPU
+        (the ds kernels: fill every CTA slot the occupancy allows, e.g. two per SM for the 32-entry ones)."""
+        _, hb, T = kernel_shape(name)
         ctas = rows * -(-h // hb)
         tiles = max(1, -(-ntot // T))
+        slots = self.num_sms * (self.ctas_per_sm(name, T) if name in DS_KERNELS else 1)
         if splits is None:
-            splits = max(1, min(self.num_sms // ctas, tiles, 64)) if ctas < self.num_sms else 1
+            splits = max(1, min(slots // ctas, tiles, 64)) if ctas < slots else 1
         splits = max(1, min(int(splits), tiles))
         per_split = -(-tiles // splits) * T
         splits = max(1, -(-ntot // per_split))
@@ -147,7 +255,7 @@ class SparseMlaDecode:
 
     def __call__(self, q, kv, indices, sm_scale: float, *, layout: str = "v4", sinks=None, extra_kv=None,
                  extra_indices=None, out=None, lse=None, splits: int | None = None, kernel: str | None = None,
-                 small: bool | None = None, variant: str | None = None):
+                 small: bool | None = None, variant: str | None = None, fuse_combine: bool | None = None):
         torch = self.torch
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {sorted(LAYOUTS)}, got {layout!r}")
@@ -182,9 +290,14 @@ class SparseMlaDecode:
         if ntot < 1:
             raise ValueError("at least one index per row is needed (topk + topk_extra >= 1)")
 
-        name = kernel or self.pick_kernel(layout, h, small, variant)
-        if name not in KERNELS or KERNELS[name][0] != layout:
-            raise ValueError(f"kernel {name!r} is not a {layout} kernel ({sorted(KERNELS)})")
+        name = kernel or self.pick_kernel(layout, h, small, variant, rows)
+        if name in DS_KERNELS and layout == "v4" and page == 1 and not (
+                _covers(kv, stride, 592) and (topk_extra == 0 or _covers(extra_kv, estride, 592))):
+            # The ds kernels copy V4's scale record as the 16-byte aligned pair holding it: with page 1 that
+            # reads 8 bytes past the entry, which must still be inside the tensor's storage.
+            name = self.pick_kernel(layout, h, small, "")
+        if (name not in KERNELS and name not in DS_KERNELS) or kernel_shape(name)[0] != layout:
+            raise ValueError(f"kernel {name!r} is not a {layout} kernel ({sorted(KERNELS) + sorted(DS_KERNELS)})")
         n_splits, per_split = self.plan(name, rows, h, ntot, splits)
         if out is None:
             out = torch.empty((B, next_n, h, DV), dtype=torch.bfloat16, device=self.device)
@@ -199,7 +312,9 @@ class SparseMlaDecode:
             lse_part = torch.empty((rows, n_splits, h), dtype=torch.float32, device=self.device)
         else:
             o_part = lse_part = None
-        _, hb, _, _, _, _ = KERNELS[name]
+        _, hb, _ = kernel_shape(name)
+        fuse = (FUSE_COMBINE if fuse_combine is None else fuse_combine) and name in DS_KERNELS and n_splits > 1
+        counters = self._counters(rows * -(-h // hb)) if fuse else None
         p = _Params(
             q=q4.data_ptr(), kv=kv.data_ptr(), kv_extra=extra_kv.data_ptr(), indices=ind3.data_ptr(),
             indices_extra=e3.data_ptr(), sinks=sinks.data_ptr() if sinks is not None else None,
@@ -208,17 +323,24 @@ class SparseMlaDecode:
             lse_part=lse_part.data_ptr() if lse_part is not None else None,
             block_stride=stride, block_stride_extra=estride, num_entries=n_entries, num_entries_extra=en,
             page_shift=page.bit_length() - 1, rows=rows, h=h, topk=topk, topk_extra=topk_extra,
-            splits=n_splits, per_split=per_split, scale_log2=sm_scale * math.log2(math.e))
+            splits=n_splits, per_split=per_split, scale_log2=sm_scale * math.log2(math.e),
+            counters=counters.data_ptr() if counters is not None else None)
         stream = torch.cuda.current_stream(self.device).cuda_stream
         with self._lock:
             self.module.launch(name, (n_splits, -(-h // hb), rows), threads(name), smem_bytes(name, per_split),
                                stream, p)
-            if n_splits > 1:
+            if n_splits > 1 and not fuse:
                 self.module.launch("sparse_mla_combine", (h, rows, 1), 128, 0, stream, p)
         # Keep the workspace alive until the launches are queued (the caching allocator reuses it safely
         # on the same stream afterwards).
         del o_part, lse_part
         return out, lse
+
+
+def _covers(kv, stride: int, need: int) -> bool:
+    """kv's storage holds `need` bytes from the start of its last block (block stride `stride` bytes)."""
+    start = kv.storage_offset() * kv.element_size()
+    return start + (kv.shape[0] - 1) * stride + need <= kv.untyped_storage().nbytes()
 
 
 def _cache_geometry(torch, lay, kv, name):
