@@ -172,16 +172,18 @@ class PDRun:
         """SIGTERM each process group (router first), SIGKILL what is left after STOP_TIMEOUT."""
         for role in ("router", "decode", "prefill"):
             proc = self.procs.pop(role, None)
-            if proc is None or proc.poll() is not None:
+            if proc is None:
                 continue
-            _signal_group(proc, signal.SIGTERM)
-            try:
-                proc.wait(STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                _signal_group(proc, signal.SIGKILL)
-                proc.wait(STOP_TIMEOUT)
-            # Scheduler and detokenizer children share the group; make sure none outlive the leader.
+            if proc.poll() is None:
+                _signal_group(proc, signal.SIGTERM)
+                try:
+                    proc.wait(STOP_TIMEOUT)
+                except subprocess.TimeoutExpired:
+                    pass
+            # Scheduler and detokenizer children share the group and can outlive a leader that crashed
+            # or stopped: none of them may keep holding a GPU.
             _signal_group(proc, signal.SIGKILL)
+            proc.wait(STOP_TIMEOUT)
 
     def tail(self, role: str, lines: int = 60) -> str:
         try:
