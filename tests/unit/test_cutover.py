@@ -5,6 +5,8 @@ the machine sleeps."""
 
 from __future__ import annotations
 
+import os
+import signal
 from dataclasses import dataclass, replace
 
 import pytest
@@ -20,6 +22,7 @@ from pdserve.cutover.machine import (
     Outcome,
     plan_for,
 )
+from pdserve.cutover.command import termination_interrupts
 from pdserve.cutover.systemd import SystemctlError, UnitState
 
 NEVER = float("inf")
@@ -210,6 +213,30 @@ def test_never_ready_decode_rolls_back_to_the_fallback(dep):
     assert fake.units[fake.role["fallback"]].state.unit_file_state == "enabled"
     assert "enable" not in fake.verbs()
     assert not any(s.name == "start router" for s in report.steps)
+
+
+def test_sigterm_during_the_cutover_rolls_back_instead_of_leaving_it_half_done(dep):
+    fake = FakeSystemd(dep)
+    fake.serve("single")
+    start = fake.start
+    signalled = []
+
+    def start_then_terminated(units):
+        start(units)
+        if not signalled:  # one SIGTERM, while the PD workers are starting
+            signalled.append(units)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    fake.start = start_then_terminated
+    before = signal.getsignal(signal.SIGTERM)
+    with termination_interrupts():
+        report = run(dep, fake)
+    assert signal.getsignal(signal.SIGTERM) is before
+    assert report.outcome is Outcome.ROLLED_BACK and report.exit_code == EXIT_FAILED
+    workers = step(report, "start workers")
+    assert workers.result == "failed" and workers.detail == "interrupted (SIGTERM)"
+    assert fake.active() == {fake.role["fallback"]}
+    assert step(report, "rollback: smoke test").result == "ok"
 
 
 def test_failed_smoke_rolls_back(dep):

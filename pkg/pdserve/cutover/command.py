@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import json
 import shlex
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -20,6 +23,23 @@ from pdserve.loading import load
 from pdserve.problems import ConfigError
 
 SCHEMA_VERSION = 1
+
+
+@contextmanager
+def termination_interrupts(signals: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGHUP)) -> Iterator[None]:
+    """Make SIGTERM and SIGHUP (systemd, `timeout`, a closed terminal, an operator's kill) interrupt the
+    cutover the way Ctrl-C does: the step in flight fails and the rollback runs, instead of the process
+    dying with the host half switched."""
+
+    def interrupt(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def probers(plan: Plan) -> list[PortProber]:
@@ -75,7 +95,8 @@ def cutover_command(target: str, config_path: Path | None, as_json: bool, dry_ru
     plan = plan_for(dep, target, [p.line() for p in loaded.warnings])  # type: ignore[arg-type]
     edge = HostEdge(dep, plan, Systemctl(shlex.split(systemctl_command)))
     machine = Cutover(plan, edge, probers(plan))
-    report = machine.dry_run() if dry_run else machine.run()
+    with termination_interrupts():
+        report = machine.dry_run() if dry_run else machine.run()
     if as_json:
         click.echo(json.dumps({"schema_version": SCHEMA_VERSION, **report.as_dict()}, indent=2))
     else:

@@ -212,8 +212,9 @@ class Cutover:
             step.result, step.detail = "skipped", str(skip)
         except (StepFailed, SystemctlError) as exc:
             step.result, step.detail = "failed", str(exc)
-        except KeyboardInterrupt:
-            step.result, step.detail = "failed", "interrupted (Ctrl-C)"
+        except KeyboardInterrupt as exc:
+            # Ctrl-C, or SIGTERM/SIGHUP turned into the same by the command: fail the step, roll back.
+            step.result, step.detail = "failed", f"interrupted ({exc.args[0] if exc.args else 'Ctrl-C'})"
         step.duration_s = self.edge.clock() - began
         return step
 
