@@ -11,8 +11,10 @@ benchmark's Timer, >= 30 repeats), GB/s on unique bytes (distinct selected entri
 out + lse + indices), TFLOP/s on useful FLOPs (2 h N (d_qk + 512) per row, N = valid entries), the floor
 = max(bytes / copy bandwidth, FLOPs / bf16 matmul rate), both measured at the start of this run, and the
 relative error of our output against the fp32 reference on the first rows. The PyTorch reference
-(`reference_decode`: gather, dequantize, einsum) is timed on a subset. FlashMLA is not built here; see
-BENCHMARKS.md for its figures from facts/kernels.md (an earlier run on the same machine type).
+(`reference_decode`: gather, dequantize, einsum) is timed on a subset. When `flash_mla` is importable
+(built from .ext/flashmla, see flashmla_adapter.py), the fp8 cases also time FlashMLA's sparse decode on the
+same inputs, round-robin with ours (same timer, flush and repeats), and check its output against the same
+reference; FlashMLA takes only 64 or 128 heads, so h = 16 / 32 run it zero-padded to 64.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ sys.path.insert(0, str(HERE))
 import torch  # noqa: E402
 
 from bench_dsa_indexer import Timer, copy_bandwidth, sh  # noqa: E402
+from flashmla_adapter import FLASHMLA_COMMIT, FlashMlaDecode  # noqa: E402
+from flashmla_adapter import load as load_flashmla  # noqa: E402
 from pdserve_kernels.sparse_mla_decode import KERNELS, SparseMlaDecode  # noqa: E402
 from pdserve_kernels.sparse_mla_reference import LAYOUTS, make_cache, reference_decode  # noqa: E402
 
@@ -116,6 +120,11 @@ def main() -> int:
         "torch": torch.__version__, "nvcc": sh("nvcc --version | tail -2 | head -1"),
         "python": platform.python_version(), "command": " ".join(sys.argv),
     }
+    fm, fm_why = load_flashmla()
+    env["flash_mla"] = f"importable (adapter written for {FLASHMLA_COMMIT[:8]})" if fm else "not importable"
+    if fm is None:
+        print(f"flash_mla not importable ({fm_why}): the FlashMLA columns stay empty", flush=True)
+    fm_failed = set()   # cases whose FlashMLA error was printed already
     env["copy_GBps"] = round(copy_bandwidth(timer), 1)
     env["matmul_TFLOPs"] = round(matmul_tflops(timer), 1)
     print(json.dumps(env), flush=True)
@@ -152,7 +161,17 @@ def main() -> int:
                     return lambda: mla(q, kv, ind_all, sm_scale, layout=layout_name, sinks=sinks, splits=splits,
                                        **extra)
 
-                t = timer.median_us(ours(), args.reps)
+                fm_call = fm_err = None
+                if fm is not None and not lay.bf16:   # FlashMLA's sparse decode is fp8-only
+                    try:   # its first call (which builds its tile schedule) runs here, outside the timing
+                        fm_call = FlashMlaDecode(fm, q, kv, ind_all, sm_scale, sinks, **extra)
+                    except Exception as e:
+                        fm_err = f"{type(e).__name__}: {e}"
+                        if case not in fm_failed:
+                            fm_failed.add(case)
+                            print(f"FlashMLA failed on {case} (B={B}, h={h}): {fm_err}", flush=True)
+                ts = timer.medians_us([ours()] + ([fm_call] if fm_call else []), args.reps)
+                t = ts[0]
                 name = mla.pick_kernel(layout_name, h, rows=B)
                 splits, _ = mla.plan(name, B, h, n_valid)
                 bytes_ = uniq * lay.entry_bytes + B * h * (lay.dqk * 2 + 512 * 2 + 4) + B * n_valid * 4
@@ -170,6 +189,12 @@ def main() -> int:
                 o = out[:r].view(r, h, 512).float()
                 row["rel_err"] = ((o - ro).norm() / ro.norm()).item()
                 row["lse_err"] = (lse[:r].view(r, h) - rl).abs().max().item()
+                if fm_call is not None:
+                    fo = fm_call.first[:r].reshape(r, h, 512).float()
+                    row.update(flashmla_us=ts[1], ours_over_flashmla=t / ts[1], flashmla_heads=fm_call.heads,
+                               flashmla_rel_err=((fo - ro).norm() / ro.norm()).item())
+                elif fm_err is not None:
+                    row["flashmla_error"] = fm_err[:300]
                 if B in (1, 8, 64) and h in (16, 64):
                     row["ref_us"] = timer.median_us(
                         lambda: reference_decode(lay, q.view(B, h, lay.dqk), buf, PAGE, ind_all.view(B, -1), sm_scale,
@@ -217,20 +242,30 @@ def main() -> int:
 def print_table(env, rows) -> None:
     print()
     print(f"# {env['date']} | {env['gpu']} | driver {env['driver']} | torch {env['torch']} | {env['nvcc']} | "
-          f"copy {env['copy_GBps']} GB/s | bf16 matmul {env['matmul_TFLOPs']} TFLOP/s")
+          f"copy {env['copy_GBps']} GB/s | bf16 matmul {env['matmul_TFLOPs']} TFLOP/s | "
+          f"FlashMLA: {env.get('flash_mla', 'not importable')}")
     print(f"# command: {env['command']}")
     hdr = ("| case | B | h | kernel (splits) | ours us | GB/s | TFLOP/s | floor us | % of floor | rel err | "
-           "PyTorch ref us | ours vs ref | other fp8 variants us |")
+           "PyTorch ref us | ours vs ref | FlashMLA us | ours / FlashMLA | FlashMLA rel err | "
+           "other fp8 variants us |")
     print(hdr)
     print("|" + "---|" * (hdr.count("|") - 1))
     for r in rows:
-        ref = r.get("ref_us")
+        ref, fmu = r.get("ref_us"), r.get("flashmla_us")
+        fm_cell = "" if fmu is None else f"{fmu:.1f}" + (f" (h {r['flashmla_heads']})"
+                                                         if r["flashmla_heads"] != r["h"] else "")
         cells = [r["case"], str(r["B"]), str(r["h"]), f"{r['kernel'].replace('sparse_mla_', '')} ({r['splits']})",
                  f"{r['us']:.1f}", f"{r['GBps']:.0f}", f"{r['TFLOPs']:.0f}", f"{r['floor_us']:.1f}",
                  f"{r['pct_floor']:.1f}%", f"{r['rel_err']:.1e}",
                  "" if ref is None else f"{ref:.0f}", "" if ref is None else f"{ref / r['us']:.0f}x",
+                 fm_cell if "flashmla_error" not in r else "error",
+                 "" if fmu is None else f"{r['us'] / fmu:.2f}",
+                 "" if fmu is None else f"{r['flashmla_rel_err']:.1e}",
                  ", ".join(f"{k} {v:.1f}" for k, v in r.get("variants", {}).items())]
         print("| " + " | ".join(cells) + " |")
+    if any("flashmla_us" in r for r in rows):
+        print("ours / FlashMLA: ours us / FlashMLA us (below 1: ours is faster). FlashMLA takes only 64 or 128 "
+              "heads: \"(h 64)\" marks rows it ran with q zero-padded to 64 heads, padded heads' work included.")
 
 
 if __name__ == "__main__":
