@@ -1293,6 +1293,422 @@ __device__ __forceinline__ void ds_body(const MlaParams& p, uint8_t* smem) {
   }
 }
 
+// ---- "wg" kernels (sm_90a only): wgmma, 64 heads per CTA, one producer and two consumer warpgroups ----
+//
+// Why: at 64-128 heads the mma.sync kernels above stall at ~130 TFLOP/s (every warp re-reads its operands
+// through ldmatrix, and the tile is converted once per 16/32-head block). Here one CTA serves 64 heads of a
+// row, the tile is converted once for all of them, and the tensor cores read both operands of QK and the V
+// operand of PV straight from shared memory (wgmma):
+//   * warpgroup 2 (producer): one lane per entry issues the bulk copy of the record into an NST-stage ring
+//     (mbarrier transaction counts); all 128 threads convert the tile into a bf16 [T x d_qk] tile (two
+//     buffers; 128B-swizzled 64-dim column blocks, the canonical wgmma layout; invalid entries zeroed);
+//   * warpgroup 0: S = Q K^T (m64n32k16, Q and the tile from shared memory), masking, online softmax in
+//     registers (a thread holds 2 heads x 8 entries, so row maxima need only quad shuffles), P as the A
+//     operand from registers for O[:, 0:256] += P V (m64n256k16, V = the same tile read MN-major); it hands
+//     P and the rescale factors to warpgroup 1 through shared memory;
+//   * warpgroup 1: O[:, 256:512] += P V with warpgroup 0's P.
+// Hand-offs are named barriers (tile full / tile free per buffer, P full / P free per buffer), so the
+// producer converts tile i+1 and warpgroup 1 multiplies tile i while warpgroup 0 computes QK of tile i+1.
+// Same equations, outputs and split protocol as the kernels above.
+constexpr int kWgT = 32;        // entries per tile
+constexpr int kWgThreads = 384;
+
+// Shared-memory layout of a wg kernel (bytes from a 1024-aligned base); launcher mirror:
+// sparse_mla_decode.wg_smem_bytes.
+template <class L, int NST>
+struct WgSmem {
+  static constexpr int kQ = 0;                                      // bf16 Q [d_qk/64][64 heads][128 B]
+  static constexpr int kTileBytes = kWgT * L::kDqk * 2;             // bf16 tile [d_qk/64][T][128 B]
+  static constexpr int kTile = kQ + 64 * L::kDqk * 2;               // two tile buffers
+  static constexpr int kRaw = kTile + 2 * kTileBytes;               // NST x T raw records
+  static constexpr int kP = kRaw + NST * kWgT * L::kRec;            // 2 x (128 x 32 B of P, 128 x float2 alpha)
+  static constexpr int kPBytes = 128 * 32 + 128 * 8;
+  static constexpr int kFin = kP + 2 * kPBytes;                     // 128 x float4 (m0, m1, l0, l1)
+  static constexpr int kBar = kFin + 128 * 16;                      // NST mbarriers
+  static constexpr int kSidx = kBar + ((NST * 8 + 15) / 16) * 16;   // + 4 B per entry of the split
+};
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define MLA_HAS_WGMMA 1
+// Named barrier ids (0 is __syncthreads).
+constexpr int kBarFull = 1, kBarFree = 3, kBarPFull = 5, kBarPFree = 7, kBarProd = 9, kBarFin = 10;
+
+__device__ __forceinline__ void bar_sync(int id, int n) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+__device__ __forceinline__ void bar_arrive(int id, int n) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+// wgmma shared-memory descriptor, 128-byte swizzle; lbo / sbo in bytes.
+__device__ __forceinline__ uint64_t wg_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return static_cast<uint64_t>((addr & 0x3FFFFu) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) |
+         (static_cast<uint64_t>(sbo >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
+}
+// Byte offset of 16-byte chunk c (8 dims) of row r in a [d/64][R rows][128 B] swizzled tile.
+template <int R>
+__device__ __forceinline__ int wg_swz(int r, int c) {
+  return (c >> 3) * (R * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4);
+}
+
+__device__ __forceinline__ void wgmma_m64n32k16_ss(float (&d)[16], uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+// A (P) from registers, B (V) MN-major ("transposed") from shared memory; accumulates into d.
+__device__ __forceinline__ void wgmma_m64n256k16_rs(float (&d)[128], const uint32_t (&a)[4], uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
+      "{%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit_wait() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void reg_fence(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// 16 e4m3 values (one 16-byte chunk, already loaded) times the chunk's scale -> 16 bf16. The fp32 path (scales outside bf16's exact range: not in
+// practice) is inline, so the hot loop has no call.
+template <class L>
+__device__ __forceinline__ void wg_convert16_regs(const uint4 w, const uint8_t* srec, int c16, uint4& lo, uint4& hi) {
+  bool fast;
+  const uint32_t sb = L::scale_bf16_112(srec, c16, fast);
+  if (fast) {
+    const uint32_t s2 = sb | (sb << 16);
+    lo.x = fp8x2_to_bf16x2_fast(w.x & 0xffff, s2);
+    lo.y = fp8x2_to_bf16x2_fast(w.x >> 16, s2);
+    lo.z = fp8x2_to_bf16x2_fast(w.y & 0xffff, s2);
+    lo.w = fp8x2_to_bf16x2_fast(w.y >> 16, s2);
+    hi.x = fp8x2_to_bf16x2_fast(w.z & 0xffff, s2);
+    hi.y = fp8x2_to_bf16x2_fast(w.z >> 16, s2);
+    hi.z = fp8x2_to_bf16x2_fast(w.w & 0xffff, s2);
+    hi.w = fp8x2_to_bf16x2_fast(w.w >> 16, s2);
+  } else {
+    const float sc = L::scale(srec, c16);
+    lo.x = fp8x2_to_bf16x2(w.x & 0xffff, sc);
+    lo.y = fp8x2_to_bf16x2(w.x >> 16, sc);
+    lo.z = fp8x2_to_bf16x2(w.y & 0xffff, sc);
+    lo.w = fp8x2_to_bf16x2(w.y >> 16, sc);
+    hi.x = fp8x2_to_bf16x2(w.z & 0xffff, sc);
+    hi.y = fp8x2_to_bf16x2(w.z >> 16, sc);
+    hi.z = fp8x2_to_bf16x2(w.w & 0xffff, sc);
+    hi.w = fp8x2_to_bf16x2(w.w >> 16, sc);
+  }
+}
+
+// PROBE (tuning only): bit 0 = the producer skips the conversion, bit 1 = the consumers skip the wgmma
+// instructions (results wrong; timings say which side bounds a tile).
+template <class L, int NST, int PROBE>
+__device__ __forceinline__ void wg_body(const MlaParams& p, uint8_t* smem_raw) {
+  using S = WgSmem<L, NST>;
+  constexpr int T = kWgT;
+  constexpr int DQK = L::kDqk;
+  constexpr int REC = L::kRec;
+  constexpr bool V4 = DQK == 512;
+  constexpr int NCH = L::kNope / 16;   // fp8 chunks of 16 values per entry
+  static_assert(NST >= 2, "the ring needs a slot in flight while one is converted");
+  static_assert(L::kNope % 64 == 0 && kWgT == 32, "4 threads per entry, whole 64-dim column blocks");
+  static_assert(REC % 16 == 0, "records are whole 16-byte chunks");
+  const uint32_t base_u = smem_u32(smem_raw);
+  uint8_t* smem = smem_raw + (((base_u + 1023u) & ~1023u) - base_u);   // swizzle atoms need 1024 B alignment
+
+  uint8_t* qs = smem + S::kQ;
+  uint8_t* tiles = smem + S::kTile;
+  uint8_t* raw = smem + S::kRaw;
+  uint8_t* pbuf = smem + S::kP;
+  float4* fin = reinterpret_cast<float4*>(smem + S::kFin);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + S::kBar);
+  int* sidx = reinterpret_cast<int*>(smem + S::kSidx);
+
+  const int split = blockIdx.x, hblk = blockIdx.y, row = blockIdx.z;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int wg = warp >> 2;
+  const int ntot = p.topk + p.topk_extra;
+  const int start = split * p.per_split;
+  const int n_local = max(0, min(p.per_split, ntot - start));
+  const int ntiles = (n_local + T - 1) / T;
+  const int page_mask = (1 << p.page_shift) - 1;
+
+  // Index list, validated once: -1 for invalid entries and the padding up to the last tile's end.
+  for (int j = tid; j < ntiles * T; j += kWgThreads) {
+    int v = -1;
+    if (j < n_local) {
+      const int pos = start + j;
+      if (pos < p.topk) {
+        const int i = __ldg(p.indices + static_cast<size_t>(row) * p.topk + pos);
+        v = (i >= 0 && i < p.num_entries) ? i : -1;
+      } else {
+        const int i = __ldg(p.indices_extra + static_cast<size_t>(row) * p.topk_extra + (pos - p.topk));
+        v = (i >= 0 && i < p.num_entries_extra) ? (i | kExtraBit) : -1;
+      }
+    }
+    sidx[j] = v;
+  }
+  // Q block (heads past h are zero), bf16 into the swizzled layout.
+  for (int i = tid; i < 64 * (DQK / 8); i += kWgThreads) {
+    const int r = i / (DQK / 8), c = i - r * (DQK / 8);
+    const int head = hblk * 64 + r;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (head < p.h)
+      v = __ldg(reinterpret_cast<const uint4*>(p.q + (static_cast<size_t>(row) * p.h + head) * DQK) + c);
+    *reinterpret_cast<uint4*>(qs + wg_swz<64>(r, c)) = v;
+  }
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < NST; ++s) mbar_init(full + s, 4);   // one arrival (with its bytes) per producer warp
+    mbar_fence_init();
+  }
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // Q: generic stores -> wgmma reads
+  __syncthreads();
+
+  if (wg == 2) {
+    // ---------------- producer ----------------
+    // Registers: the producer needs few, the consumers hold 128 fp32 accumulators each (ptxas allocates each
+    // role within these limits).
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 64;\n" ::: "memory");
+    const int pw = warp - 8;                // producer warp 0..3
+    auto block_of = [&](int v) -> const uint8_t* {
+      const bool extra = v & kExtraBit;
+      const int idx = v & (kExtraBit - 1);
+      return (extra ? p.kv_extra : p.kv) +
+             static_cast<long long>(idx >> p.page_shift) * (extra ? p.block_stride_extra : p.block_stride);
+    };
+    // Producer warp pw copies entries 8 pw .. 8 pw + 7 of tile ti into ring slot ti % NST (lane = entry; the
+    // bulk copy takes uniform operands, so a warp's copies run one after another: 8 per warp, not 32) and
+    // arrives on the slot's barrier with its byte count.
+    auto issue = [&](int ti) {
+      if (ti >= ntiles) return;
+      const int slot = ti % NST;
+      const int e = 8 * pw + lane;
+      const int v = lane < 8 ? sidx[ti * T + e] : -1;
+      const uint32_t bytes = __reduce_add_sync(0xffffffffu, v >= 0 ? static_cast<uint32_t>(REC) : 0u);
+      if (lane == 0) mbar_arrive_expect_tx(full + slot, bytes);
+      __syncwarp();
+      if (v >= 0) {
+        uint8_t* d = raw + (slot * T + e) * REC;
+        const uint8_t* blk = block_of(v);
+        const long long off = v & page_mask;
+        if constexpr (V4) {
+          bulk_g2s(d, blk + off * 576, 576, full + slot);
+          // The 8-byte scale record sits in the 16-byte aligned pair starting at (off & ~1) * 8.
+          bulk_g2s(d + 576, blk + (576ll << p.page_shift) + (off >> 1) * 16, 16, full + slot);
+        } else {
+          bulk_g2s(d, blk + off * 656, 656, full + slot);
+        }
+      }
+    };
+    for (int s = 0; s < NST - 1; ++s) issue(s);
+    // Conversion: 4 threads per entry (e = ptid / 4, j = ptid % 4). Thread j converts the fp8 chunks j + 4 k
+    // (16 values each: column block k of the tile for V3.2 / k of the scale groups for V4, so the 4 threads of
+    // an entry fill whole 128-byte rows and a warp's 8 entries whole 1024-byte atoms) and copies RoPE chunks
+    // j and j + 4. All loads of a thread's batch are issued before any conversion (independent chains).
+    const int ptid = tid - 256, e = ptid >> 2, j = ptid & 3;
+    constexpr int KCH = NCH / 4;            // fp8 chunks per thread (8 for V3.2, 7 for V4)
+    for (int it = 0; it < ntiles; ++it) {
+      const int b = it & 1;
+      issue(it + NST - 1);                  // into the slot tile it-1 used (freed by kBarProd below)
+      const int v = sidx[it * T + e];
+      mbar_wait(full + it % NST, (it / NST) & 1);
+      if (it >= 2) bar_sync(kBarFree + b, kWgThreads);   // both consumers are done with tile it-2
+      const uint8_t* rec = raw + ((it % NST) * T + e) * REC;
+      uint8_t* tile = tiles + b * S::kTileBytes;
+      if constexpr (!(PROBE & 1)) {
+        const uint8_t* srec = V4 ? rec + 8 * (v & page_mask & 1) : rec;   // V4: this entry's half of the pair
+        uint4 w[KCH];
+#pragma unroll
+        for (int k = 0; k < KCH; ++k)
+          w[k] = v >= 0 ? *reinterpret_cast<const uint4*>(rec + (j + 4 * k) * 16) : make_uint4(0, 0, 0, 0);
+        uint4 r0 = make_uint4(0, 0, 0, 0), r1 = r0;
+        if (v >= 0) {
+          r0 = *reinterpret_cast<const uint4*>(rec + L::kRopeRaw + j * 16);
+          r1 = *reinterpret_cast<const uint4*>(rec + L::kRopeRaw + (j + 4) * 16);
+        }
+#pragma unroll
+        for (int k = 0; k < KCH; ++k) {
+          const int c16 = j + 4 * k;
+          uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;   // invalid entry: zeros (its raw scale is garbage)
+          if (v >= 0) wg_convert16_regs<L>(w[k], srec, c16, lo, hi);
+          *reinterpret_cast<uint4*>(tile + wg_swz<T>(e, 2 * c16)) = lo;
+          *reinterpret_cast<uint4*>(tile + wg_swz<T>(e, 2 * c16 + 1)) = hi;
+        }
+        *reinterpret_cast<uint4*>(tile + wg_swz<T>(e, L::kRopeChunk + j)) = r0;
+        *reinterpret_cast<uint4*>(tile + wg_swz<T>(e, L::kRopeChunk + j + 4)) = r1;
+      }
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // tile: generic stores -> wgmma reads
+      bar_arrive(kBarFull + b, kWgThreads);
+      bar_sync(kBarProd, 128);   // every producer thread is done with ring slot it % NST
+    }
+    return;
+  }
+
+  // ---------------- consumers ----------------
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
+  const int ctid = tid & 127;             // thread within the warpgroup
+  const int r0 = (warp & 3) * 16 + g;     // this thread's head rows r0, r0 + 8 within the block
+  float o[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) o[i] = 0.f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+  const uint32_t q_u = smem_u32(qs), tiles_u = smem_u32(tiles);
+  // V read MN-major: leading byte offset = between 64-dim column blocks, stride byte offset = between 8-entry
+  // groups (the other assignment was measured wrong, NOTES.md).
+  constexpr uint32_t kVLbo = T * 128u, kVSbo = 1024u;
+
+  for (int it = 0; it < ntiles; ++it) {
+    const int b = it & 1;
+    const uint32_t tile_u = tiles_u + b * S::kTileBytes;
+    uint4* pq = reinterpret_cast<uint4*>(pbuf + b * S::kPBytes) + 2 * ctid;
+    float2* pal = reinterpret_cast<float2*>(pbuf + b * S::kPBytes + 128 * 32) + ctid;
+    uint32_t a[2][4];
+    float alpha[2];
+    bar_sync(kBarFull + b, kWgThreads);   // tile it converted
+    if (wg == 0) {
+      float s[16];
+#pragma unroll
+      for (int i = 0; i < 16; ++i) s[i] = 0.f;
+      wg_fence();
+#pragma unroll
+      for (int k = 0; k < (PROBE & 2 ? 0 : DQK / 16); ++k) {
+        const uint32_t ko = (k & 3) * 32u;   // k-step within the 128-byte row
+        wgmma_m64n32k16_ss(s, wg_desc(q_u + (k >> 2) * (64 * 128) + ko, 16, 1024),
+                           wg_desc(tile_u + (k >> 2) * (T * 128) + ko, 16, 1024), k);
+      }
+      wg_commit_wait();
+      reg_fence(s);
+      // s[4 j + q]: head r0 (q < 2) or r0 + 8, entry 8 j + 2 t + (q & 1).
+      float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const bool ok = sidx[it * T + 8 * j + 2 * t + (q & 1)] >= 0;
+          s[4 * j + q] = ok ? s[4 * j + q] * p.scale_log2 : -INFINITY;
+          mx[q >> 1] = fmaxf(mx[q >> 1], s[4 * j + q]);
+        }
+      float m_use[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        const float m_new = fmaxf(m_run[r], mx[r]);
+        m_use[r] = m_new == -INFINITY ? 0.f : m_new;   // nothing valid yet: exp2(-inf - 0) = 0, never NaN
+        alpha[r] = exp2f(m_run[r] - m_use[r]);
+        m_run[r] = m_new;
+      }
+      float sum[2] = {0.f, 0.f};
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          s[4 * j + q] = exp2f(s[4 * j + q] - m_use[q >> 1]);
+          sum[q >> 1] += s[4 * j + q];
+        }
+      // The quad's partial sums are combined once at the end (alpha is the same across the quad).
+      l_run[0] = l_run[0] * alpha[0] + sum[0];
+      l_run[1] = l_run[1] * alpha[1] + sum[1];
+      // P as the A operand of k-step kk (entries 16 kk .. 16 kk + 15).
+#pragma unroll
+      for (int kk = 0; kk < 2; ++kk) {
+        a[kk][0] = pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
+        a[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
+        a[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
+        a[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
+      }
+      if (it >= 2) bar_sync(kBarPFree + b, 256);   // warpgroup 1 has read this buffer's P of tile it-2
+      pq[0] = make_uint4(a[0][0], a[0][1], a[0][2], a[0][3]);
+      pq[1] = make_uint4(a[1][0], a[1][1], a[1][2], a[1][3]);
+      *pal = make_float2(alpha[0], alpha[1]);
+      bar_arrive(kBarPFull + b, 256);
+    } else {
+      bar_sync(kBarPFull + b, 256);
+      const uint4 x0 = pq[0], x1 = pq[1];
+      const float2 al = *pal;
+      if (it + 2 < ntiles) bar_arrive(kBarPFree + b, 256);
+      a[0][0] = x0.x; a[0][1] = x0.y; a[0][2] = x0.z; a[0][3] = x0.w;
+      a[1][0] = x1.x; a[1][1] = x1.y; a[1][2] = x1.z; a[1][3] = x1.w;
+      alpha[0] = al.x;
+      alpha[1] = al.y;
+    }
+#pragma unroll
+    for (int i = 0; i < 128; ++i) o[i] *= alpha[(i >> 1) & 1];
+    // O[:, 256 wg .. + 256] += P V: V = the tile read MN-major, dims 256 wg.. (four 64-dim column blocks).
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < (PROBE & 2 ? 0 : 2); ++kk)
+      wgmma_m64n256k16_rs(o, a[kk], wg_desc(tile_u + wg * 4 * (T * 128) + kk * 16 * 128, kVLbo, kVSbo));
+    wg_commit_wait();
+    reg_fence(o);
+    if (it + 2 < ntiles) bar_arrive(kBarFree + b, kWgThreads);
+  }
+
+  // Epilogue. Warpgroup 0 completes the sums and hands (m, l) of its rows to warpgroup 1.
+  if (wg == 0) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
+      l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
+    }
+    fin[ctid] = make_float4(m_run[0], m_run[1], l_run[0], l_run[1]);
+    bar_arrive(kBarFin, 256);
+  } else {
+    bar_sync(kBarFin, 256);
+    const float4 f4 = fin[ctid];
+    m_run[0] = f4.x; m_run[1] = f4.y; l_run[0] = f4.z; l_run[1] = f4.w;
+  }
+  const int d0 = wg * 256 + 2 * t;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int head = hblk * 64 + r0 + 8 * r;
+    if (head >= p.h) continue;
+    const float l = l_run[r];
+    const float lse = l > 0.f ? (m_run[r] + log2f(l)) * 0.69314718055994531f : -INFINITY;
+    if (p.splits == 1) {
+      float f = 0.f;
+      if (l > 0.f) {
+        f = 1.f / l;
+        if (p.sinks) f *= 1.f / (1.f + expf(p.sinks[head] - lse));
+      }
+      __nv_bfloat16* dst = p.out + (static_cast<size_t>(row) * p.h + head) * kDv + d0;
+#pragma unroll
+      for (int j = 0; j < 32; ++j)
+        *reinterpret_cast<uint32_t*>(dst + 8 * j) = pack_bf16(o[4 * j + 2 * r] * f, o[4 * j + 2 * r + 1] * f);
+      if (wg == 0 && t == 0) p.lse[static_cast<size_t>(row) * p.h + head] = l > 0.f ? lse : INFINITY;
+    } else {
+      const float f = l > 0.f ? 1.f / l : 0.f;
+      const size_t base = (static_cast<size_t>(row) * p.splits + split) * p.h + head;
+      float* dst = p.o_part + base * kDv + d0;
+#pragma unroll
+      for (int j = 0; j < 32; ++j)
+        *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[4 * j + 2 * r] * f, o[4 * j + 2 * r + 1] * f);
+      if (wg == 0 && t == 0) p.lse_part[base] = lse;
+    }
+  }
+}
+#endif  // sm_90a
+
+// Kernel entry: the wg kernels exist for sm_90a only (the sm_120a build gets a trap; the launcher never
+// picks them there).
+template <class L, int NST, int PROBE>
+__device__ __forceinline__ void wg_entry(const MlaParams& p, uint8_t* smem) {
+#ifdef MLA_HAS_WGMMA
+  wg_body<L, NST, PROBE>(p, smem);
+#else
+  __trap();
+#endif
+}
+
 }  // namespace
 
 // Kernel names: sparse_mla_<layout>_h<heads per CTA>_t<tile>[_o<OPT>]. Threads = 32 * MT * G.
@@ -1359,6 +1775,20 @@ DS_KERNEL(sparse_mla_ds_v32_h16_t64_s2, LayoutV32, 1, 64, 2, 0)
 DS_KERNEL(sparse_mla_ds_v32_h16_t32_s4, LayoutV32, 1, 32, 4, 0)
 DS_KERNEL(sparse_mla_ds_v32_h32_t64_s2, LayoutV32, 2, 64, 2, 0)
 DS_KERNEL(sparse_mla_ds_v32_h32_t64_s3, LayoutV32, 2, 64, 3, 0)
+
+// wg kernels (sm_90a; 384 threads, 64 heads per CTA, 32-entry tiles): sparse_mla_wg_<layout>_s<ring stages>
+// [_x<PROBE>] (probes: tuning only, wrong results).
+#define WG_KERNEL(NAME, LAYOUT, NST, PROBE)                                                                \
+  extern "C" __global__ void __launch_bounds__(kWgThreads, 1) NAME(const __grid_constant__ MlaParams p) { \
+    extern __shared__ __align__(128) uint8_t smem[];                                                      \
+    wg_entry<LAYOUT, NST, PROBE>(p, smem);                                                                \
+  }
+
+WG_KERNEL(sparse_mla_wg_v4_s3, LayoutV4, 3, 0)
+WG_KERNEL(sparse_mla_wg_v32_s3, LayoutV32, 3, 0)
+WG_KERNEL(sparse_mla_wg_v32_s3_x1, LayoutV32, 3, 1)
+WG_KERNEL(sparse_mla_wg_v32_s3_x2, LayoutV32, 3, 2)
+WG_KERNEL(sparse_mla_wg_v32_s3_x3, LayoutV32, 3, 3)
 
 // Merge the splits of one (row, head): lse = log sum_s exp(lse_s); o = sum_s exp(lse_s - lse) o_s,
 // times the sink factor; lse = +inf and o = 0 when no split saw a valid entry. grid (h, rows), 128 threads.

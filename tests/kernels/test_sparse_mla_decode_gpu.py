@@ -228,6 +228,48 @@ def test_ds_every_kernel(mla, gen):
             run_and_check(mla, gen, "v32", 2, 1, hb, 2048, kernel=name, fuse_combine=True)
 
 
+
+# ---- wg kernels (sm_90a: wgmma, 64 heads per CTA, producer + two consumer warpgroups) ----
+
+@pytest.fixture()
+def sm90(mla):
+    if mla.capability[0] != 9:
+        pytest.skip(f"the wg kernels need sm_90a; this GPU is sm_{mla.capability[0]}{mla.capability[1]}")
+
+
+@pytest.mark.parametrize("h", [64, 96, 128])
+def test_wg_v4_csa_window_plus_selected(mla, gen, sm90, h):
+    run_and_check(mla, gen, "v4", 3, 1, h, 512, topk_extra=128, empty_rows=(1,), variant="wg")
+
+
+@pytest.mark.parametrize("h", [64, 128])
+def test_wg_v32_top2048(mla, gen, sm90, h):
+    run_and_check(mla, gen, "v32", 2, 1, h, 2048, empty_rows=(1,), variant="wg")
+
+
+@pytest.mark.parametrize("layout,topk,extra", [("v4", 1, 0), ("v4", 31, 7), ("v4", 100, 33), ("v4", 1025, 0),
+                                               ("v32", 33, 0), ("v32", 333, 0), ("v32", 2047, 0)])
+def test_wg_lengths_not_multiple_of_tile(mla, gen, sm90, layout, topk, extra):
+    run_and_check(mla, gen, layout, 2, 1, 64, topk, topk_extra=extra, variant="wg")
+
+
+@pytest.mark.parametrize("splits", [1, 3, 16])
+def test_wg_split_kv_empty_rows_mostly_invalid(mla, gen, sm90, splits):
+    run_and_check(mla, gen, "v4", 3, 1, 64, 512, topk_extra=128, empty_rows=(1,), splits=splits, variant="wg")
+    run_and_check(mla, gen, "v32", 3, 1, 128, 2048, empty_rows=(2,), splits=splits, variant="wg")
+    run_and_check(mla, gen, "v4", 2, 1, 64, 512, topk_extra=128, invalid_frac=0.9, splits=splits, variant="wg")
+    run_and_check(mla, gen, "v32", 2, 1, 64, 2048, invalid_frac=0.95, splits=splits, variant="wg")
+
+
+def test_wg_next_n_2_no_sinks_pages_scales(mla, gen, sm90):
+    run_and_check(mla, gen, "v4", 2, 2, 64, 512, topk_extra=128, sinks=False, sm_scale=0.13523, variant="wg")
+    run_and_check(mla, gen, "v32", 2, 2, 128, 2048, sinks=False, sm_scale=0.13523, variant="wg")
+    run_and_check(mla, gen, "v4", 2, 1, 64, 300, topk_extra=40, page=1, variant="wg")
+    run_and_check(mla, gen, "v4", 2, 1, 64, 300, topk_extra=40, page=2, variant="wg")
+    # fp32 scales that are not powers of two (V3.2): the conversion's fp32 path
+    run_and_check(mla, gen, "v32", 2, 1, 64, 2048, empty_rows=(1,), scale_factor=1 + 2 ** -20, variant="wg")
+    run_and_check(mla, gen, "v32", 2, 1, 64, 1000, q_scale=2.0 ** -20, sm_scale=2.0 ** 14, variant="wg")
+
 # ---- bf16 KV (V4: 512-dim entry, K = V incl. RoPE; V3.2: 576-dim key, V = first 512) ----
 
 @pytest.mark.parametrize("h", [8, 16, 32, 64, 128])

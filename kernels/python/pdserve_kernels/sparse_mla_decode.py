@@ -20,8 +20,10 @@ Returns ``(out bf16 [B, next_n, h, 512], lse fp32 [B, next_n, h])``; lse is the 
 valid entries, without the sink; a row with no valid entry gets out = 0, lse = +inf.
 
 Kernel choice (fp8): by default ("auto", ``auto_fp8_kernel``) the fastest kernel measured on H200 for the
-layout, head count and number of query rows: the "ds" kernels (warps split the head dimension, e4m3 converted
-inside the MMA operands) or the first-version kernels. ``variant=`` / ``kernel=`` force one. The ds kernels
+layout, head count and number of query rows: on sm_90a with h >= 64 and >= 8 rows the "wg" kernels (wgmma,
+64 heads per CTA, a producer warpgroup converting each tile once), else the "ds" kernels (warps split the head
+dimension, e4m3 converted inside the MMA operands) or the first-version kernels. ``variant=`` ("wg", "ds",
+"" ...) / ``kernel=`` force one. The ds kernels
 without ``_c4`` multiply V by its scale in f16: |dequantized V| must stay below 65504 (true for scales up to
 2^7). ``fuse_combine=True`` (ds kernels with splits) merges the splits in the main kernel instead of a second
 launch: correct, but measured slower (NOTES.md).
@@ -100,13 +102,17 @@ def ds_kernel_name(layout: str, h: int, rows: int | None) -> str:
     return f"sparse_mla_ds_{layout}_h32_t64_s2"
 
 
-def auto_fp8_kernel(layout: str, h: int, rows: int | None, num_sms: int) -> str | None:
-    """The default fp8 kernel: a ds kernel name, or None for the first-version kernel of that shape.
+def auto_fp8_kernel(layout: str, h: int, rows: int | None, num_sms: int, sm90: bool = False) -> str | None:
+    """The default fp8 kernel: a wg or ds kernel name, or None for the first-version kernel of that shape.
 
-    From the 2026-11-29 H200 table (bench_mla_variants.py; V4 CSA 640 entries, V3.2 2048; B = 1/8/64/128):
-    V3.2 takes the ds kernels everywhere except 17-32 heads with few rows; V4 only with >= 64 rows, and for
-    h > 32 only while its 32-head blocks fit in one wave (they gather every entry once per head block).
+    On sm_90a with h >= 64 and >= 8 rows, the wg kernels (2026-11-30 H200 table, bench_wg.py: 1.03-1.75x
+    faster there, 0.82-0.98x at one row). Otherwise from the 2026-11-29 H200 table (bench_mla_variants.py; V4
+    CSA 640 entries, V3.2 2048; B = 1/8/64/128): V3.2 takes the ds kernels everywhere except 17-32 heads with
+    few rows; V4 only with >= 64 rows, and for h > 32 only while its 32-head blocks fit in one wave (they
+    gather every entry once per head block).
     """
+    if sm90 and h >= WG_MIN_HEADS and rows is not None and rows >= WG_MIN_ROWS:
+        return wg_kernel_name(layout)
     many = rows is not None and rows >= DS_MIN_ROWS
     if layout == "v32":
         return ds_kernel_name(layout, h, rows) if (h <= 16 or h > 32 or many) else None
@@ -115,6 +121,35 @@ def auto_fp8_kernel(layout: str, h: int, rows: int | None, num_sms: int) -> str 
     if h <= 32 or rows * -(-h // 32) <= num_sms:
         return ds_kernel_name(layout, h, rows)
     return None
+# "wg" kernels (fp8, sm_90a only; 384 threads: a producer warpgroup converting each 32-entry tile once into
+# bf16, two consumer warpgroups on wgmma, 64 heads per CTA; sparse_mla_decode.cu, section "wg kernels").
+# name -> (layout, ring stages, probe bits); mirrors WG_KERNEL(...). Suffix "_x<bits>":
+# tuning probes with parts of the work skipped (wrong results, never picked).
+WG_TILE = 32
+WG_KERNELS = {f"sparse_mla_wg_{_lay}_s3": (_lay, 3, 0) for _lay in ("v4", "v32")}
+WG_KERNELS.update({f"sparse_mla_wg_v32_s3_x{_x}": ("v32", 3, _x) for _x in (1, 2, 3)})
+# Where the default takes them (measured: faster from 8 rows at h = 64 and 128; 33-63 heads not measured).
+WG_MIN_HEADS, WG_MIN_ROWS = 64, 8
+
+
+def wg_kernel_name(layout: str) -> str:
+    return f"sparse_mla_wg_{layout}_s3"
+
+
+def wg_smem_bytes(name: str, per_split: int) -> int:
+    """Mirror of WgSmem<...> in sparse_mla_decode.cu, + 4 B per entry of the split's index list, + 1024 B
+    so the kernel can align its base for the swizzle atoms."""
+    layout, nst, _ = WG_KERNELS[name]
+    dqk = LAYOUTS[layout].dqk
+    q = 64 * dqk * 2
+    tiles = 2 * WG_TILE * dqk * 2
+    raw = nst * WG_TILE * _REC[layout]
+    p_bufs = 2 * (128 * 32 + 128 * 8)
+    fin = 128 * 16
+    bars = -(-(nst * 8) // 16) * 16
+    return q + tiles + raw + p_bufs + fin + bars + 4 * per_split + 1024
+
+
 # ds kernels with splits: the last split CTA merges the splits itself instead of a second (combine) launch.
 FUSE_COMBINE = os.environ.get("PDSERVE_SPARSE_MLA_FUSE_COMBINE", "0") == "1"
 
@@ -132,6 +167,8 @@ def ds_smem_bytes(name: str, per_split: int) -> int:
 
 
 def smem_bytes(name: str, per_split: int) -> int:
+    if name in WG_KERNELS:
+        return wg_smem_bytes(name, per_split)
     if name in DS_KERNELS:
         return ds_smem_bytes(name, per_split)
     layout, hb, T, G, nst, _ = KERNELS[name]
@@ -142,6 +179,8 @@ def smem_bytes(name: str, per_split: int) -> int:
 
 
 def threads(name: str) -> int:
+    if name in WG_KERNELS:
+        return 384
     if name in DS_KERNELS:
         return 256
     _, hb, _, G, _, _ = KERNELS[name]
@@ -150,6 +189,8 @@ def threads(name: str) -> int:
 
 def kernel_shape(name: str) -> tuple[str, int, int]:
     """(layout, heads per CTA, tile) of any kernel of the module."""
+    if name in WG_KERNELS:
+        return WG_KERNELS[name][0], 64, WG_TILE
     if name in DS_KERNELS:
         layout, hb, T, _, _ = DS_KERNELS[name]
         return layout, hb, T
@@ -177,7 +218,7 @@ class SparseMlaDecode:
         self.capability = (props.major, props.minor)
         self.smem_limit = int(getattr(props, "shared_memory_per_block_optin", 0) or 232448)
         path = pathlib.Path(fatbin) if fatbin else find_fatbin()
-        kernels = {n: self.smem_limit for n in (*KERNELS, *DS_KERNELS)}
+        kernels = {n: self.smem_limit for n in (*KERNELS, *DS_KERNELS, *WG_KERNELS)}
         kernels["sparse_mla_combine"] = 0
         self.module = Module(path.read_bytes(), self.device.index, kernels)
         self._lock = threading.Lock()
@@ -203,16 +244,21 @@ class SparseMlaDecode:
         First-version kernels: heads per CTA = the smallest of 16/32/64 covering h (h > 64: blocks of 64);
         `small` (default on GPUs with < 200 KB of shared memory per block, e.g. sm_120) takes the 16-head,
         32-entry variant. fp8 `variant` (default FP8_VARIANT): "auto" (auto_fp8_kernel), "" / "_o1" / ...
-        (first version), "ds" (ds_kernel_name). The ds kernels need > 99 KB of shared memory: never `small`."""
+        (first version), "ds" (ds_kernel_name), "wg" (sm_90a only, else "auto"). The ds and wg kernels need
+        > 99 KB of shared memory: never `small`."""
         if small is None:
             small = self.smem_limit < 200 * 1024
         base = layout.split("_")[0]
         suffix = "" if LAYOUTS[layout].bf16 else (FP8_VARIANT if variant is None else variant)
+        if suffix == "wg":   # sm_90a only (wgmma); elsewhere the default choice
+            if self.capability[0] == 9 and not small:
+                return wg_kernel_name(base)
+            suffix = "auto"
         if suffix in ("auto", "ds"):
             name = None
             if not small:
                 name = (ds_kernel_name(base, h, rows) if suffix == "ds"
-                        else auto_fp8_kernel(base, h, rows, self.num_sms))
+                        else auto_fp8_kernel(base, h, rows, self.num_sms, self.capability[0] == 9))
             if name is not None:
                 return name
             suffix = ""
@@ -291,13 +337,16 @@ class SparseMlaDecode:
             raise ValueError("at least one index per row is needed (topk + topk_extra >= 1)")
 
         name = kernel or self.pick_kernel(layout, h, small, variant, rows)
-        if name in DS_KERNELS and layout == "v4" and page == 1 and not (
+        if (name in DS_KERNELS or name in WG_KERNELS) and layout == "v4" and page == 1 and not (
                 _covers(kv, stride, 592) and (topk_extra == 0 or _covers(extra_kv, estride, 592))):
             # The ds kernels copy V4's scale record as the 16-byte aligned pair holding it: with page 1 that
             # reads 8 bytes past the entry, which must still be inside the tensor's storage.
             name = self.pick_kernel(layout, h, small, "")
-        if (name not in KERNELS and name not in DS_KERNELS) or kernel_shape(name)[0] != layout:
-            raise ValueError(f"kernel {name!r} is not a {layout} kernel ({sorted(KERNELS) + sorted(DS_KERNELS)})")
+        known = (*KERNELS, *DS_KERNELS, *WG_KERNELS)
+        if name not in known or kernel_shape(name)[0] != layout:
+            raise ValueError(f"kernel {name!r} is not a {layout} kernel ({sorted(known)})")
+        if name in WG_KERNELS and self.capability[0] != 9:
+            raise ValueError(f"kernel {name!r} needs an sm_90a GPU (wgmma); this one is sm_{self.capability[0]}{self.capability[1]}")
         n_splits, per_split = self.plan(name, rows, h, ntot, splits)
         if out is None:
             out = torch.empty((B, next_n, h, DV), dtype=torch.bfloat16, device=self.device)

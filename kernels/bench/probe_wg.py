@@ -1,0 +1,68 @@
+"""One-off probe for the wg kernels (tuning aid, not a test): runs each wg kernel, including the "_x"
+variants whose V descriptor has its two byte offsets exchanged, on small V4 and V3.2 inputs and prints the
+relative error against the fp32 reference, so one run says which MN-major descriptor convention is right.
+Run from the repo root with PYTHONPATH=kernels/python on an sm_90a GPU."""
+
+import time
+
+import torch
+
+from pdserve_kernels.sparse_mla_decode import WG_KERNELS, SparseMlaDecode
+from pdserve_kernels.sparse_mla_reference import LAYOUTS, make_inputs, reference_from_inputs
+
+
+def main() -> None:
+    mla = SparseMlaDecode()
+    g = torch.Generator(device="cuda")
+    g.manual_seed(time.time_ns() % (1 << 31))
+    for name, (layout, *_rest) in sorted(WG_KERNELS.items()):
+        for h, topk, extra in ((64, 512, 128 if layout == "v4" else 0), (128, 100, 0)):
+            inp = make_inputs(layout, 2, 1, h, topk, topk_extra=extra, generator=g)
+            sm = LAYOUTS[layout].dqk ** -0.5
+            kw = dict(extra_kv=inp["extra_kv"], extra_indices=inp["extra_indices"]) if extra else {}
+            try:
+                out, lse = mla(inp["q"], inp["kv"], inp["indices"], sm, layout=layout, sinks=inp["sinks"],
+                               kernel=name, **kw)
+                torch.cuda.synchronize()
+            except Exception as e:   # a probe: report and go on
+                print(f"{name} h={h}: {type(e).__name__}: {e}")
+                continue
+            ro, rl = reference_from_inputs(inp, sm)
+            rel = ((out.float() - ro).norm() / ro.norm()).item()
+            dl = (lse - rl).abs().max().item()
+            print(f"{name} h={h} topk={topk}+{extra}: rel err {rel:.3e}, max |dlse| {dl:.3e}, "
+                  f"nan {torch.isnan(out.float()).any().item()}")
+
+
+if __name__ == "__main__" and "--time" not in __import__("sys").argv:
+    main()
+
+
+def time_probes() -> None:
+    """Median us of each wg kernel (probes included: their results are wrong by design) on V3.2 top-2048."""
+    import sys
+    import pathlib
+
+    here = pathlib.Path(__file__).resolve().parent
+    sys.path.insert(0, str(here))
+    from bench_dsa_indexer import Timer
+    from bench_sparse_mla import PAGE, distinct_indices, random_pool
+
+    mla = SparseMlaDecode()
+    g = torch.Generator(device="cuda")
+    g.manual_seed(3)
+    lay = LAYOUTS["v32"]
+    _, kv = random_pool(lay, 1 << 20, g)
+    timer = Timer(head_start_cycles=200_000)
+    names = sorted(n for n, v in WG_KERNELS.items() if v[0] == "v32")
+    print("| B | h | " + " | ".join(names) + " |")
+    for B, h in ((64, 128), (128, 64), (8, 128), (1, 128)):
+        ind = distinct_indices(B, 2048, kv.shape[0] * PAGE, g).view(B, 1, 2048)
+        q = torch.randn((B, 1, h, 576), device="cuda", generator=g).to(torch.bfloat16)
+        fns = [lambda n=n: mla(q, kv, ind, 576 ** -0.5, layout="v32", kernel=n) for n in names]
+        ts = timer.medians_us(fns, 20)
+        print(f"| {B} | {h} | " + " | ".join(f"{t:.1f}" for t in ts) + " |", flush=True)
+
+
+if __name__ == "__main__" and "--time" in __import__("sys").argv:
+    time_probes()
