@@ -1368,6 +1368,34 @@ __device__ __forceinline__ void wgmma_m64n256k16_rs(float (&d)[128], const uint3
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
+__device__ __forceinline__ void wgmma_m64n32k16_ss_h(float (&d)[16], uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+// The same with f16 operands.
+__device__ __forceinline__ void wgmma_m64n256k16_rs_h(float (&d)[128], const uint32_t (&a)[4], uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
+      "{%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+template <bool H>
+__device__ __forceinline__ void wgmma_qk(float (&d)[16], uint64_t da, uint64_t db, int scale_d) {
+  if constexpr (H) wgmma_m64n32k16_ss_h(d, da, db, scale_d);
+  else wgmma_m64n32k16_ss(d, da, db, scale_d);
+}
+template <bool H>
+__device__ __forceinline__ void wgmma_pv(float (&d)[128], const uint32_t (&a)[4], uint64_t db) {
+  if constexpr (H) wgmma_m64n256k16_rs_h(d, a, db);
+  else wgmma_m64n256k16_rs(d, a, db);
+}
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit_wait() {
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
@@ -1408,9 +1436,48 @@ __device__ __forceinline__ void wg_convert16_regs(const uint4 w, const uint8_t* 
   }
 }
 
+// f16 tile (H): 16 e4m3 values times the chunk's scale -> 16 f16 (cvt.rn.f16x2.e4m3x2, exact, then one f16x2
+// multiply by the scale when it is a power of two that is a normal f16, 2^-14 .. 2^15: exact while the product
+// is a normal f16). Other scales: through fp32, rounded to f16.
+template <class L>
+__device__ __forceinline__ void wg_convert16_f16(const uint4 w, const uint8_t* srec, int c16, uint4& lo, uint4& hi) {
+  const uint32_t b = __float_as_uint(L::scale(srec, c16));
+  const int e = static_cast<int>((b >> 23) & 0xffu) - 127;
+  const uint32_t x[4] = {w.x, w.y, w.z, w.w};
+  uint32_t h[8];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) cvt_e4m3x4(x[i], h[2 * i], h[2 * i + 1]);
+  if ((b & 0x7fffffu) == 0 && e >= -14 && e <= 15) {
+    const uint32_t s1 = static_cast<uint32_t>(e + 15) << 10, s2 = s1 | (s1 << 16);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) h[i] = hmul2(h[i], s2);
+  } else {
+    const float sc = __uint_as_float(b);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h[i]));
+      h[i] = pack_f16(f.x * sc, f.y * sc);
+    }
+  }
+  lo = make_uint4(h[0], h[1], h[2], h[3]);
+  hi = make_uint4(h[4], h[5], h[6], h[7]);
+}
+// Eight bf16 (RoPE dims) -> eight f16 (exact for magnitudes 2^-14 .. 65504).
+__device__ __forceinline__ uint4 bf16x8_to_f16(uint4 v) {
+  const uint32_t x[4] = {v.x, v.y, v.z, v.w};
+  uint32_t y[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) y[i] = pack_f16(__uint_as_float(x[i] << 16), __uint_as_float(x[i] & 0xffff0000u));
+  return make_uint4(y[0], y[1], y[2], y[3]);
+}
+
 // PROBE (tuning only): bit 0 = the producer skips the conversion, bit 1 = the consumers skip the wgmma
 // instructions (results wrong; timings say which side bounds a tile).
-template <class L, int NST, int PROBE>
+// H: the tile, Q and P in f16 instead of bf16 (2 instructions per converted pair instead of ~6; range limit:
+// |e4m3 x scale| and |RoPE| must stay below 65504, exact for power-of-two scales 2^-15 .. 2^7 (V3.2's
+// non-power-of-two scales are rounded, as in the bf16 path); Q is scaled per head by a power of two into
+// [2^14, 2^15) and S scaled back).
+template <class L, int NST, int PROBE, bool H>
 __device__ __forceinline__ void wg_body(const MlaParams& p, uint8_t* smem_raw) {
   using S = WgSmem<L, NST>;
   constexpr int T = kWgT;
@@ -1456,13 +1523,43 @@ __device__ __forceinline__ void wg_body(const MlaParams& p, uint8_t* smem_raw) {
     }
     sidx[j] = v;
   }
-  // Q block (heads past h are zero), bf16 into the swizzled layout.
+  // H: per-head power-of-two exponent k that puts max |q| into [2^14, 2^15) (warp w: heads w, w + 12, ...).
+  int* qexp = reinterpret_cast<int*>(fin);   // fin is not used before the epilogue
+  if constexpr (H) {
+    for (int r = warp; r < 64; r += kWgThreads / 32) {
+      const int head = hblk * 64 + r;
+      uint32_t m = 0;
+      if (head < p.h) {
+        const uint4* qh = reinterpret_cast<const uint4*>(p.q + (static_cast<size_t>(row) * p.h + head) * DQK);
+        for (int c = lane; c < DQK / 8; c += 32) {
+          const uint4 v = __ldg(qh + c);
+          const uint32_t x[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+          for (int i = 0; i < 4; ++i) m = max(m, max(x[i] & 0x7fffu, (x[i] >> 16) & 0x7fffu));
+        }
+      }
+#pragma unroll
+      for (int o = 16; o; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+      if (lane == 0) qexp[r] = q_shift(m << 16);
+    }
+    __syncthreads();
+  }
+  // Q block (heads past h are zero) into the swizzled layout: bf16, or (H) f16 times 2^k of its head.
   for (int i = tid; i < 64 * (DQK / 8); i += kWgThreads) {
     const int r = i / (DQK / 8), c = i - r * (DQK / 8);
     const int head = hblk * 64 + r;
     uint4 v = make_uint4(0, 0, 0, 0);
     if (head < p.h)
       v = __ldg(reinterpret_cast<const uint4*>(p.q + (static_cast<size_t>(row) * p.h + head) * DQK) + c);
+    if constexpr (H) {
+      const float f = exp2i(qexp[r]);
+      const uint32_t x[4] = {v.x, v.y, v.z, v.w};
+      uint32_t y[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        y[k] = pack_f16(__uint_as_float(x[k] << 16) * f, __uint_as_float(x[k] & 0xffff0000u) * f);
+      v = make_uint4(y[0], y[1], y[2], y[3]);
+    }
     *reinterpret_cast<uint4*>(qs + wg_swz<64>(r, c)) = v;
   }
   if (tid == 0) {
@@ -1477,7 +1574,12 @@ __device__ __forceinline__ void wg_body(const MlaParams& p, uint8_t* smem_raw) {
     // ---------------- producer ----------------
     // Registers: the producer needs few, the consumers hold 128 fp32 accumulators each (ptxas allocates each
     // role within these limits).
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 64;\n" ::: "memory");
+    // The pool is the launch allocation (168 per thread): the consumers' increase must fit in what the
+    // producer releases, 128 (168 - 64) >= 256 (216 - 168), or setmaxnreg.inc waits forever (measured: 96 / 200
+    // and 112 / 192 run no faster).
+    // (H: 96 / 200, the f16 conversion keeps more values live.)
+    if constexpr (H) asm volatile("setmaxnreg.dec.sync.aligned.u32 96;\n" ::: "memory");
+    else asm volatile("setmaxnreg.dec.sync.aligned.u32 64;\n" ::: "memory");
     const int pw = warp - 8;                // producer warp 0..3
     auto block_of = [&](int v) -> const uint8_t* {
       const bool extra = v & kExtraBit;
@@ -1539,9 +1641,16 @@ __device__ __forceinline__ void wg_body(const MlaParams& p, uint8_t* smem_raw) {
         for (int k = 0; k < KCH; ++k) {
           const int c16 = j + 4 * k;
           uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;   // invalid entry: zeros (its raw scale is garbage)
-          if (v >= 0) wg_convert16_regs<L>(w[k], srec, c16, lo, hi);
+          if (v >= 0) {
+            if constexpr (H) wg_convert16_f16<L>(w[k], srec, c16, lo, hi);
+            else wg_convert16_regs<L>(w[k], srec, c16, lo, hi);
+          }
           *reinterpret_cast<uint4*>(tile + wg_swz<T>(e, 2 * c16)) = lo;
           *reinterpret_cast<uint4*>(tile + wg_swz<T>(e, 2 * c16 + 1)) = hi;
+        }
+        if constexpr (H) {
+          r0 = bf16x8_to_f16(r0);
+          r1 = bf16x8_to_f16(r1);
         }
         *reinterpret_cast<uint4*>(tile + wg_swz<T>(e, L::kRopeChunk + j)) = r0;
         *reinterpret_cast<uint4*>(tile + wg_swz<T>(e, L::kRopeChunk + j + 4)) = r1;
@@ -1554,7 +1663,8 @@ __device__ __forceinline__ void wg_body(const MlaParams& p, uint8_t* smem_raw) {
   }
 
   // ---------------- consumers ----------------
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
+  if constexpr (H) asm volatile("setmaxnreg.inc.sync.aligned.u32 200;\n" ::: "memory");
+  else asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
   const int ctid = tid & 127;             // thread within the warpgroup
   const int r0 = (warp & 3) * 16 + g;     // this thread's head rows r0, r0 + 8 within the block
   float o[128];
@@ -1562,6 +1672,12 @@ __device__ __forceinline__ void wg_body(const MlaParams& p, uint8_t* smem_raw) {
   for (int i = 0; i < 128; ++i) o[i] = 0.f;
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
   const uint32_t q_u = smem_u32(qs), tiles_u = smem_u32(tiles);
+  // S to log2 units: sm_scale * log2(e), and (H) 2^-k of the head's Q scaling.
+  float srow[2] = {p.scale_log2, p.scale_log2};
+  if constexpr (H) {
+    srow[0] *= exp2i(-qexp[r0]);
+    srow[1] *= exp2i(-qexp[r0 + 8]);
+  }
   // V read MN-major: leading byte offset = between 64-dim column blocks, stride byte offset = between 8-entry
   // groups (the other assignment was measured wrong, NOTES.md).
   constexpr uint32_t kVLbo = T * 128u, kVSbo = 1024u;
@@ -1582,7 +1698,7 @@ __device__ __forceinline__ void wg_body(const MlaParams& p, uint8_t* smem_raw) {
 #pragma unroll
       for (int k = 0; k < (PROBE & 2 ? 0 : DQK / 16); ++k) {
         const uint32_t ko = (k & 3) * 32u;   // k-step within the 128-byte row
-        wgmma_m64n32k16_ss(s, wg_desc(q_u + (k >> 2) * (64 * 128) + ko, 16, 1024),
+        wgmma_qk<H>(s, wg_desc(q_u + (k >> 2) * (64 * 128) + ko, 16, 1024),
                            wg_desc(tile_u + (k >> 2) * (T * 128) + ko, 16, 1024), k);
       }
       wg_commit_wait();
@@ -1594,7 +1710,7 @@ __device__ __forceinline__ void wg_body(const MlaParams& p, uint8_t* smem_raw) {
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           const bool ok = sidx[it * T + 8 * j + 2 * t + (q & 1)] >= 0;
-          s[4 * j + q] = ok ? s[4 * j + q] * p.scale_log2 : -INFINITY;
+          s[4 * j + q] = ok ? s[4 * j + q] * srow[q >> 1] : -INFINITY;
           mx[q >> 1] = fmaxf(mx[q >> 1], s[4 * j + q]);
         }
       float m_use[2];
@@ -1621,10 +1737,11 @@ __device__ __forceinline__ void wg_body(const MlaParams& p, uint8_t* smem_raw) {
       // P as the A operand of k-step kk (entries 16 kk .. 16 kk + 15).
 #pragma unroll
       for (int kk = 0; kk < 2; ++kk) {
-        a[kk][0] = pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
-        a[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
-        a[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
-        a[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
+        auto pk = [](float x, float y) { return H ? pack_f16(x, y) : pack_bf16(x, y); };
+        a[kk][0] = pk(s[8 * kk + 0], s[8 * kk + 1]);
+        a[kk][1] = pk(s[8 * kk + 2], s[8 * kk + 3]);
+        a[kk][2] = pk(s[8 * kk + 4], s[8 * kk + 5]);
+        a[kk][3] = pk(s[8 * kk + 6], s[8 * kk + 7]);
       }
       if (it >= 2) bar_sync(kBarPFree + b, 256);   // warpgroup 1 has read this buffer's P of tile it-2
       pq[0] = make_uint4(a[0][0], a[0][1], a[0][2], a[0][3]);
@@ -1647,7 +1764,7 @@ __device__ __forceinline__ void wg_body(const MlaParams& p, uint8_t* smem_raw) {
     wg_fence();
 #pragma unroll
     for (int kk = 0; kk < (PROBE & 2 ? 0 : 2); ++kk)
-      wgmma_m64n256k16_rs(o, a[kk], wg_desc(tile_u + wg * 4 * (T * 128) + kk * 16 * 128, kVLbo, kVSbo));
+      wgmma_pv<H>(o, a[kk], wg_desc(tile_u + wg * 4 * (T * 128) + kk * 16 * 128, kVLbo, kVSbo));
     wg_commit_wait();
     reg_fence(o);
     if (it + 2 < ntiles) bar_arrive(kBarFree + b, kWgThreads);
@@ -1700,10 +1817,10 @@ __device__ __forceinline__ void wg_body(const MlaParams& p, uint8_t* smem_raw) {
 
 // Kernel entry: the wg kernels exist for sm_90a only (the sm_120a build gets a trap; the launcher never
 // picks them there).
-template <class L, int NST, int PROBE>
+template <class L, int NST, int PROBE, bool H>
 __device__ __forceinline__ void wg_entry(const MlaParams& p, uint8_t* smem) {
 #ifdef MLA_HAS_WGMMA
-  wg_body<L, NST, PROBE>(p, smem);
+  wg_body<L, NST, PROBE, H>(p, smem);
 #else
   __trap();
 #endif
@@ -1778,17 +1895,19 @@ DS_KERNEL(sparse_mla_ds_v32_h32_t64_s3, LayoutV32, 2, 64, 3, 0)
 
 // wg kernels (sm_90a; 384 threads, 64 heads per CTA, 32-entry tiles): sparse_mla_wg_<layout>_s<ring stages>
 // [_x<PROBE>] (probes: tuning only, wrong results).
-#define WG_KERNEL(NAME, LAYOUT, NST, PROBE)                                                                \
+#define WG_KERNEL(NAME, LAYOUT, NST, PROBE, H)                                                             \
   extern "C" __global__ void __launch_bounds__(kWgThreads, 1) NAME(const __grid_constant__ MlaParams p) { \
     extern __shared__ __align__(128) uint8_t smem[];                                                      \
-    wg_entry<LAYOUT, NST, PROBE>(p, smem);                                                                \
+    wg_entry<LAYOUT, NST, PROBE, H>(p, smem);                                                             \
   }
 
-WG_KERNEL(sparse_mla_wg_v4_s3, LayoutV4, 3, 0)
-WG_KERNEL(sparse_mla_wg_v32_s3, LayoutV32, 3, 0)
-WG_KERNEL(sparse_mla_wg_v32_s3_x1, LayoutV32, 3, 1)
-WG_KERNEL(sparse_mla_wg_v32_s3_x2, LayoutV32, 3, 2)
-WG_KERNEL(sparse_mla_wg_v32_s3_x3, LayoutV32, 3, 3)
+WG_KERNEL(sparse_mla_wg_v4_s3, LayoutV4, 3, 0, false)
+WG_KERNEL(sparse_mla_wg_v32_s3, LayoutV32, 3, 0, false)
+WG_KERNEL(sparse_mla_wg_v4_s3_h, LayoutV4, 3, 0, true)
+WG_KERNEL(sparse_mla_wg_v32_s3_h, LayoutV32, 3, 0, true)
+WG_KERNEL(sparse_mla_wg_v32_s3_x1, LayoutV32, 3, 1, false)
+WG_KERNEL(sparse_mla_wg_v32_s3_x2, LayoutV32, 3, 2, false)
+WG_KERNEL(sparse_mla_wg_v32_s3_x3, LayoutV32, 3, 3, false)
 
 // Merge the splits of one (row, head): lse = log sum_s exp(lse_s); o = sum_s exp(lse_s - lse) o_s,
 // times the sink factor; lse = +inf and o = 0 when no split saw a valid entry. grid (h, rows), 128 threads.

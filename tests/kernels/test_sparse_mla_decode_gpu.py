@@ -261,6 +261,23 @@ def test_wg_split_kv_empty_rows_mostly_invalid(mla, gen, sm90, splits):
     run_and_check(mla, gen, "v32", 2, 1, 64, 2048, invalid_frac=0.95, splits=splits, variant="wg")
 
 
+@pytest.mark.parametrize("layout", ["v4", "v32"])
+def test_wg_f16_kernels(mla, gen, sm90, layout):
+    # the f16-tile variant (_h): same cases as the bf16 one, plus the inputs its range handling is for
+    name = f"sparse_mla_wg_{layout}_s3_h"
+    extra = 128 if layout == "v4" else 0
+    run_and_check(mla, gen, layout, 3, 1, 64, 512, topk_extra=extra, empty_rows=(1,), kernel=name)
+    run_and_check(mla, gen, layout, 2, 1, 128, 2048 if layout == "v32" else 1025, invalid_frac=0.9, kernel=name,
+                  splits=3)
+    run_and_check(mla, gen, layout, 2, 1, 96, 33, topk_extra=extra // 4, kernel=name)
+    run_and_check(mla, gen, layout, 2, 2, 64, 512, topk_extra=extra, sinks=False, sm_scale=0.13523, kernel=name)
+    run_and_check(mla, gen, layout, 2, 1, 64, 1000, q_scale=2.0 ** -20, sm_scale=2.0 ** 14, kernel=name)
+    if layout == "v4":
+        run_and_check(mla, gen, "v4", 2, 1, 64, 300, topk_extra=40, page=1, kernel=name)
+    else:   # fp32 scales that are not powers of two: the conversion's fp32 path
+        run_and_check(mla, gen, "v32", 2, 1, 64, 2048, empty_rows=(1,), scale_factor=1 + 2 ** -20, kernel=name)
+
+
 def test_wg_next_n_2_no_sinks_pages_scales(mla, gen, sm90):
     run_and_check(mla, gen, "v4", 2, 2, 64, 512, topk_extra=128, sinks=False, sm_scale=0.13523, variant="wg")
     run_and_check(mla, gen, "v32", 2, 2, 128, 2048, sinks=False, sm_scale=0.13523, variant="wg")
