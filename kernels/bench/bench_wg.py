@@ -22,7 +22,7 @@ import torch  # noqa: E402
 
 from bench_dsa_indexer import Timer, sh  # noqa: E402
 from bench_sparse_mla import CASES, PAGE, distinct_indices, random_pool  # noqa: E402
-from pdserve_kernels.sparse_mla_decode import SparseMlaDecode, wg_kernel_name  # noqa: E402
+from pdserve_kernels.sparse_mla_decode import WG_KERNELS, SparseMlaDecode, wg_kernel_name  # noqa: E402
 from pdserve_kernels.sparse_mla_reference import LAYOUTS, reference_decode  # noqa: E402
 
 
@@ -73,6 +73,10 @@ def main() -> int:
                 auto = mla.pick_kernel(layout, h, variant="auto", rows=B)
                 wg = wg_kernel_name(layout)
                 cands = [("auto", auto, None), ("wg", wg, None)] + [(f"wg {s} splits", wg, s) for s in split_list]
+                # every other (non-probe) wg kernel of the layout, by its suffix
+                cands += [("wg" + (n[len(f"sparse_mla_wg_{layout}_s3"):] or "_plain"), n, None)
+                          for n, (lay, _nst, probe) in sorted(WG_KERNELS.items())
+                          if lay == layout and not probe and n != wg]
                 fns, labels, info = [], [], {}
                 for label, name, s in cands:
                     call = (lambda name=name, s=s: mla(q, kv, ind, sm_scale, layout=layout, sinks=sinks, kernel=name,
@@ -90,11 +94,11 @@ def main() -> int:
     print(f"# {env['date']} | {env['gpu']} | driver {env['driver']} | torch {env['torch']}")
     print(f"# command: {env['command']}")
     print("| case | B | h | auto kernel (splits) | auto us | wg kernel | wg us (splits) | auto / wg | "
-          "wg at other splits us | max rel err |")
+          "other wg kernels / splits us | max rel err |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for row in rows_out:
         us, info = row["us"], row["info"]
-        other = ", ".join(f"{k.split()[1]}: {v:.1f}" for k, v in us.items() if k.startswith("wg ") and "splits" in k)
+        other = ", ".join(f"{k}: {v:.1f}" for k, v in us.items() if k not in ("auto", "wg"))
         cells = [row["case"], str(row["B"]), str(row["h"]),
                  f"{info['auto']['kernel'].replace('sparse_mla_', '')} ({info['auto']['splits']})",
                  f"{us['auto']:.1f}", info["wg"]["kernel"].replace("sparse_mla_", ""),

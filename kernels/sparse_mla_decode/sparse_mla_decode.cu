@@ -1324,8 +1324,8 @@ struct WgSmem {
   static constexpr int kP = kRaw + NST * kWgT * L::kRec;            // 2 x (128 x 32 B of P, 128 x float2 alpha)
   static constexpr int kPBytes = 128 * 32 + 128 * 8;
   static constexpr int kFin = kP + 2 * kPBytes;                     // 128 x float4 (m0, m1, l0, l1)
-  static constexpr int kBar = kFin + 128 * 16;                      // NST mbarriers
-  static constexpr int kSidx = kBar + ((NST * 8 + 15) / 16) * 16;   // + 4 B per entry of the split
+  static constexpr int kBar = kFin + 128 * 16;                      // NST ring mbarriers (full), NST (SC: free)
+  static constexpr int kSidx = kBar + ((2 * NST * 8 + 15) / 16) * 16;   // + 4 B per entry of the split
 };
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -1395,6 +1395,9 @@ template <bool H>
 __device__ __forceinline__ void wgmma_pv(float (&d)[128], const uint32_t (&a)[4], uint64_t db) {
   if constexpr (H) wgmma_m64n256k16_rs_h(d, a, db);
   else wgmma_m64n256k16_rs(d, a, db);
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
 }
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit_wait() {
@@ -1477,7 +1480,11 @@ __device__ __forceinline__ uint4 bf16x8_to_f16(uint4 v) {
 // |e4m3 x scale| and |RoPE| must stay below 65504, exact for power-of-two scales 2^-15 .. 2^7 (V3.2's
 // non-power-of-two scales are rounded, as in the bf16 path); Q is scaled per head by a power of two into
 // [2^14, 2^15) and S scaled back).
-template <class L, int NST, int PROBE, bool H>
+// SC (split conversion): warpgroup 1, idle while warpgroup 0 computes QK and the softmax, converts the second
+// half of each tile's entries (after its PV of the tile two back), the producer the first half; the producer
+// re-fills a ring slot only after warpgroup 1 has converted from it (mbarrier raw_free[slot]: a named barrier
+// could let warpgroup 1's two prologue arrivals complete one phase without the producer).
+template <class L, int NST, int PROBE, bool H, bool SC>
 __device__ __forceinline__ void wg_body(const MlaParams& p, uint8_t* smem_raw) {
   using S = WgSmem<L, NST>;
   constexpr int T = kWgT;
@@ -1497,6 +1504,7 @@ __device__ __forceinline__ void wg_body(const MlaParams& p, uint8_t* smem_raw) {
   uint8_t* pbuf = smem + S::kP;
   float4* fin = reinterpret_cast<float4*>(smem + S::kFin);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + S::kBar);
+  uint64_t* raw_free = full + NST;         // SC: [NST], one arrival per warp of warpgroup 1
   int* sidx = reinterpret_cast<int*>(smem + S::kSidx);
 
   const int split = blockIdx.x, hblk = blockIdx.y, row = blockIdx.z;
@@ -1565,10 +1573,45 @@ __device__ __forceinline__ void wg_body(const MlaParams& p, uint8_t* smem_raw) {
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < NST; ++s) mbar_init(full + s, 4);   // one arrival (with its bytes) per producer warp
+    if constexpr (SC)
+      for (int s = 0; s < NST; ++s) mbar_init(raw_free + s, 4);
     mbar_fence_init();
   }
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // Q: generic stores -> wgmma reads
   __syncthreads();
+
+  // SC: convert entries 16 half .. 16 half + 15 of tile x (ring slot x % NST) into tile buffer x & 1, with the
+  // 128 threads of one warpgroup (ltid): 8 threads per entry, thread j taking the fp8 chunks j + 8 k and RoPE
+  // chunk j.
+  auto convert_half = [&](int x, int half, int ltid) {
+    const int e = 16 * half + (ltid >> 3), j = ltid & 7;
+    const int v = sidx[x * T + e];
+    const uint8_t* rec = raw + ((x % NST) * T + e) * REC;
+    uint8_t* tile = tiles + (x & 1) * S::kTileBytes;
+    constexpr int K8 = (NCH + 7) / 8;
+    const uint8_t* srec = V4 ? rec + 8 * (v & page_mask & 1) : rec;
+    uint4 w[K8];
+#pragma unroll
+    for (int k = 0; k < K8; ++k)
+      w[k] = (v >= 0 && j + 8 * k < NCH) ? *reinterpret_cast<const uint4*>(rec + (j + 8 * k) * 16)
+                                          : make_uint4(0, 0, 0, 0);
+    uint4 r = v >= 0 ? *reinterpret_cast<const uint4*>(rec + L::kRopeRaw + j * 16) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int k = 0; k < K8; ++k) {
+      const int c16 = j + 8 * k;
+      if (c16 >= NCH) continue;
+      uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
+      if (v >= 0) {
+        if constexpr (H) wg_convert16_f16<L>(w[k], srec, c16, lo, hi);
+        else wg_convert16_regs<L>(w[k], srec, c16, lo, hi);
+      }
+      *reinterpret_cast<uint4*>(tile + wg_swz<T>(e, 2 * c16)) = lo;
+      *reinterpret_cast<uint4*>(tile + wg_swz<T>(e, 2 * c16 + 1)) = hi;
+    }
+    if constexpr (H) r = bf16x8_to_f16(r);
+    *reinterpret_cast<uint4*>(tile + wg_swz<T>(e, L::kRopeChunk + j)) = r;
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // tile: generic stores -> wgmma reads
+  };
 
   if (wg == 2) {
     // ---------------- producer ----------------
@@ -1620,10 +1663,18 @@ __device__ __forceinline__ void wg_body(const MlaParams& p, uint8_t* smem_raw) {
     constexpr int KCH = NCH / 4;            // fp8 chunks per thread (8 for V3.2, 7 for V4)
     for (int it = 0; it < ntiles; ++it) {
       const int b = it & 1;
+      // SC: warpgroup 1 has converted its half of tile it-1 out of the slot about to be refilled.
+      if (SC && it >= 1 && it + NST - 1 < ntiles) mbar_wait(raw_free + (it - 1) % NST, ((it - 1) / NST) & 1);
       issue(it + NST - 1);                  // into the slot tile it-1 used (freed by kBarProd below)
       const int v = sidx[it * T + e];
       mbar_wait(full + it % NST, (it / NST) & 1);
       if (it >= 2) bar_sync(kBarFree + b, kWgThreads);   // both consumers are done with tile it-2
+      if constexpr (SC) {
+        convert_half(it, 0, ptid);
+        bar_arrive(kBarFull + b, kWgThreads);
+        bar_sync(kBarProd, 128);
+        continue;
+      }
       const uint8_t* rec = raw + ((it % NST) * T + e) * REC;
       uint8_t* tile = tiles + b * S::kTileBytes;
       if constexpr (!(PROBE & 1)) {
@@ -1682,6 +1733,22 @@ __device__ __forceinline__ void wg_body(const MlaParams& p, uint8_t* smem_raw) {
   // groups (the other assignment was measured wrong, NOTES.md).
   constexpr uint32_t kVLbo = T * 128u, kVSbo = 1024u;
 
+  // SC: warpgroup 1 converts its half of tile x (the raw entries have landed) and hands it over.
+  auto wg1_convert = [&](int x) {
+    mbar_wait(full + x % NST, (x / NST) & 1);
+    convert_half(x, 1, ctid);
+    bar_arrive(kBarFull + (x & 1), kWgThreads);
+    if (x + NST < ntiles) {   // the producer may refill slot x % NST
+      __syncwarp();
+      if (lane == 0) mbar_arrive(raw_free + x % NST);
+    }
+  };
+  if constexpr (SC) {
+    if (wg == 1) {
+      if (ntiles > 0) wg1_convert(0);
+      if (ntiles > 1) wg1_convert(1);
+    }
+  }
   for (int it = 0; it < ntiles; ++it) {
     const int b = it & 1;
     const uint32_t tile_u = tiles_u + b * S::kTileBytes;
@@ -1689,7 +1756,7 @@ __device__ __forceinline__ void wg_body(const MlaParams& p, uint8_t* smem_raw) {
     float2* pal = reinterpret_cast<float2*>(pbuf + b * S::kPBytes + 128 * 32) + ctid;
     uint32_t a[2][4];
     float alpha[2];
-    bar_sync(kBarFull + b, kWgThreads);   // tile it converted
+    if (!SC || wg == 0) bar_sync(kBarFull + b, kWgThreads);   // tile it converted (SC: wg 1 sees it through P)
     if (wg == 0) {
       float s[16];
 #pragma unroll
@@ -1767,7 +1834,14 @@ __device__ __forceinline__ void wg_body(const MlaParams& p, uint8_t* smem_raw) {
       wgmma_pv<H>(o, a[kk], wg_desc(tile_u + wg * 4 * (T * 128) + kk * 16 * 128, kVLbo, kVSbo));
     wg_commit_wait();
     reg_fence(o);
-    if (it + 2 < ntiles) bar_arrive(kBarFree + b, kWgThreads);
+    if (it + 2 < ntiles) {
+      if (SC && wg == 1) {
+        bar_sync(kBarFree + b, kWgThreads);   // warpgroup 0 is done with tile it too: refill this buffer
+        wg1_convert(it + 2);
+      } else {
+        bar_arrive(kBarFree + b, kWgThreads);
+      }
+    }
   }
 
   // Epilogue. Warpgroup 0 completes the sums and hands (m, l) of its rows to warpgroup 1.
@@ -1817,10 +1891,10 @@ __device__ __forceinline__ void wg_body(const MlaParams& p, uint8_t* smem_raw) {
 
 // Kernel entry: the wg kernels exist for sm_90a only (the sm_120a build gets a trap; the launcher never
 // picks them there).
-template <class L, int NST, int PROBE, bool H>
+template <class L, int NST, int PROBE, bool H, bool SC>
 __device__ __forceinline__ void wg_entry(const MlaParams& p, uint8_t* smem) {
 #ifdef MLA_HAS_WGMMA
-  wg_body<L, NST, PROBE, H>(p, smem);
+  wg_body<L, NST, PROBE, H, SC>(p, smem);
 #else
   __trap();
 #endif
@@ -1895,19 +1969,21 @@ DS_KERNEL(sparse_mla_ds_v32_h32_t64_s3, LayoutV32, 2, 64, 3, 0)
 
 // wg kernels (sm_90a; 384 threads, 64 heads per CTA, 32-entry tiles): sparse_mla_wg_<layout>_s<ring stages>
 // [_x<PROBE>] (probes: tuning only, wrong results).
-#define WG_KERNEL(NAME, LAYOUT, NST, PROBE, H)                                                             \
+#define WG_KERNEL(NAME, LAYOUT, NST, PROBE, H, SC)                                                         \
   extern "C" __global__ void __launch_bounds__(kWgThreads, 1) NAME(const __grid_constant__ MlaParams p) { \
     extern __shared__ __align__(128) uint8_t smem[];                                                      \
-    wg_entry<LAYOUT, NST, PROBE, H>(p, smem);                                                             \
+    wg_entry<LAYOUT, NST, PROBE, H, SC>(p, smem);                                                         \
   }
 
-WG_KERNEL(sparse_mla_wg_v4_s3, LayoutV4, 3, 0, false)
-WG_KERNEL(sparse_mla_wg_v32_s3, LayoutV32, 3, 0, false)
-WG_KERNEL(sparse_mla_wg_v4_s3_h, LayoutV4, 3, 0, true)
-WG_KERNEL(sparse_mla_wg_v32_s3_h, LayoutV32, 3, 0, true)
-WG_KERNEL(sparse_mla_wg_v32_s3_x1, LayoutV32, 3, 1, false)
-WG_KERNEL(sparse_mla_wg_v32_s3_x2, LayoutV32, 3, 2, false)
-WG_KERNEL(sparse_mla_wg_v32_s3_x3, LayoutV32, 3, 3, false)
+WG_KERNEL(sparse_mla_wg_v4_s3, LayoutV4, 3, 0, false, false)
+WG_KERNEL(sparse_mla_wg_v32_s3, LayoutV32, 3, 0, false, false)
+WG_KERNEL(sparse_mla_wg_v4_s3_h, LayoutV4, 3, 0, true, false)
+WG_KERNEL(sparse_mla_wg_v32_s3_h, LayoutV32, 3, 0, true, false)
+WG_KERNEL(sparse_mla_wg_v4_s3_c2, LayoutV4, 3, 0, false, true)
+WG_KERNEL(sparse_mla_wg_v32_s3_c2, LayoutV32, 3, 0, false, true)
+WG_KERNEL(sparse_mla_wg_v32_s3_x1, LayoutV32, 3, 1, false, false)
+WG_KERNEL(sparse_mla_wg_v32_s3_x2, LayoutV32, 3, 2, false, false)
+WG_KERNEL(sparse_mla_wg_v32_s3_x3, LayoutV32, 3, 3, false, false)
 
 // Merge the splits of one (row, head): lse = log sum_s exp(lse_s); o = sum_s exp(lse_s - lse) o_s,
 // times the sink factor; lse = +inf and o = 0 when no split saw a valid entry. grid (h, rows), 128 threads.

@@ -261,10 +261,14 @@ def test_wg_split_kv_empty_rows_mostly_invalid(mla, gen, sm90, splits):
     run_and_check(mla, gen, "v32", 2, 1, 64, 2048, invalid_frac=0.95, splits=splits, variant="wg")
 
 
+@pytest.mark.parametrize("suffix", ["_h", "_c2"])
 @pytest.mark.parametrize("layout", ["v4", "v32"])
-def test_wg_f16_kernels(mla, gen, sm90, layout):
-    # the f16-tile variant (_h): same cases as the bf16 one, plus the inputs its range handling is for
-    name = f"sparse_mla_wg_{layout}_s3_h"
+def test_wg_variant_kernels(mla, gen, sm90, layout, suffix):
+    # _h (f16 tile) and _c2 (warpgroup 1 converts half of each tile): the bf16 kernel's cases, the inputs the
+    # f16 range handling is for, and tile counts around the ring depth (1 to 5 tiles and many)
+    name = f"sparse_mla_wg_{layout}_s3{suffix}"
+    for topk in (1, 32, 33, 64, 65, 96, 97, 130, 161):
+        run_and_check(mla, gen, layout, 2, 1, 64, topk, kernel=name)
     extra = 128 if layout == "v4" else 0
     run_and_check(mla, gen, layout, 3, 1, 64, 512, topk_extra=extra, empty_rows=(1,), kernel=name)
     run_and_check(mla, gen, layout, 2, 1, 128, 2048 if layout == "v32" else 1025, invalid_frac=0.9, kernel=name,

@@ -27,7 +27,7 @@ def test_kernel_registry_matches_the_source():
     first = set(re.findall(r"^MLA_KERNEL\((\w+),", src, re.M))
     assert first == set(mla_mod.KERNELS), "KERNELS must list exactly the MLA_KERNEL(...) lines"
     wg = {m[0]: (m[1].lower(), int(m[2]), int(m[3])) for m in
-          re.findall(r"^WG_KERNEL\((\w+), Layout(V4|V32), (\d), (\d), (?:true|false)\)", src, re.M)}
+          re.findall(r"^WG_KERNEL\((\w+), Layout(V4|V32), (\d), (\d), (?:true|false), (?:true|false)\)", src, re.M)}
     assert wg == mla_mod.WG_KERNELS, "WG_KERNELS must list exactly the WG_KERNEL(...) lines"
 
 
@@ -47,12 +47,12 @@ MEASURED_DEFAULT = {
     ("v4", 16, 64): "sparse_mla_ds_v4_h16_t32_s4", ("v4", 16, 128): "sparse_mla_ds_v4_h16_t32_s4",
     ("v4", 32, 8): "sparse_mla_v4_h32_t64", ("v4", 32, 64): "sparse_mla_ds_v4_h32_t64_s2",
     ("v4", 64, 1): "sparse_mla_v4_h64_t64", ("v4", 128, 1): "sparse_mla_v4_h64_t64",
-    ("v4", 64, 8): "sparse_mla_wg_v4_s3", ("v4", 64, 64): "sparse_mla_wg_v4_s3",
-    ("v4", 64, 128): "sparse_mla_wg_v4_s3", ("v4", 128, 64): "sparse_mla_wg_v4_s3",
+    ("v4", 64, 8): "sparse_mla_wg_v4_s3_c2", ("v4", 64, 64): "sparse_mla_wg_v4_s3_c2",
+    ("v4", 64, 128): "sparse_mla_wg_v4_s3_c2", ("v4", 128, 64): "sparse_mla_wg_v4_s3_c2",
     ("v32", 16, 1): "sparse_mla_ds_v32_h16_t64_s2", ("v32", 16, 64): "sparse_mla_ds_v32_h16_t32_s4",
     ("v32", 32, 8): "sparse_mla_v32_h32_t64", ("v32", 32, 64): "sparse_mla_ds_v32_h32_t64_s2",
     ("v32", 64, 1): "sparse_mla_ds_v32_h32_t64_s2", ("v32", 128, 1): "sparse_mla_ds_v32_h32_t64_s2",
-    ("v32", 64, 8): "sparse_mla_wg_v32_s3", ("v32", 128, 128): "sparse_mla_wg_v32_s3",
+    ("v32", 64, 8): "sparse_mla_wg_v32_s3_c2", ("v32", 128, 128): "sparse_mla_wg_v32_s3_c2",
 }
 
 
@@ -76,7 +76,7 @@ def test_explicit_variants_and_small_smem_gpus(monkeypatch):
     assert big.pick_kernel("v4_bf16", 16, rows=128) == "sparse_mla_v4b_h16_t64"
     # the wg kernels (wgmma) exist for sm_90a only: elsewhere the default choice, forced or not
     sm100 = _launcher(capability=(10, 0))
-    assert big.pick_kernel("v32", 128, variant="wg", rows=1) == "sparse_mla_wg_v32_s3"
+    assert big.pick_kernel("v32", 128, variant="wg", rows=1) == "sparse_mla_wg_v32_s3_c2"
     assert big.pick_kernel("v4", 64, variant="wgh", rows=64) == "sparse_mla_wg_v4_s3_h"
     assert sm100.pick_kernel("v32", 128, variant="wg", rows=128) == sm100.pick_kernel("v32", 128, rows=128)
     assert sm100.pick_kernel("v32", 128, rows=128) == "sparse_mla_ds_v32_h32_t64_s2"
