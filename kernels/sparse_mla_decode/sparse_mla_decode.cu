@@ -1309,7 +1309,10 @@ __device__ __forceinline__ void ds_body(const MlaParams& p, uint8_t* smem) {
 //   * warpgroup 1: O[:, 256:512] += P V with warpgroup 0's P.
 // Hand-offs are named barriers (tile full / tile free per buffer, P full / P free per buffer), so the
 // producer converts tile i+1 and warpgroup 1 multiplies tile i while warpgroup 0 computes QK of tile i+1.
-// Same equations, outputs and split protocol as the kernels above.
+// Same equations, outputs and split protocol as the kernels above. Variants: _c2 (SC: warpgroup 1 converts
+// half of every tile), _h (H: f16 tile, range-limited), _x<bits> (PROBE: tuning only, wrong results).
+// Measured on H200 (NOTES.md, "wg kernels"): 1.2-1.9x faster than the kernels above from 8 rows at h >= 64;
+// still producer-bound (conversion + gather issue on one warp per SM sub-partition), not tensor-bound.
 constexpr int kWgT = 32;        // entries per tile
 constexpr int kWgThreads = 384;
 

@@ -139,9 +139,10 @@ WG_MIN_HEADS, WG_MIN_ROWS = 64, 8
 
 
 def wg_kernel_name(layout: str) -> str:
-    """The default wg kernel: "_c2" (warpgroup 1 converts half of each tile; 8% faster than the plain one at
-    V3.2 h=128 B=64, equal at B=8, 2026-11-30 H200)."""
-    return f"sparse_mla_wg_{layout}_s3_c2"
+    """The default wg kernel (2026-11-30 H200, bench_wg.py): V3.2 "_c2" (warpgroup 1 converts half of each tile:
+    5-8% faster than the plain kernel at B >= 64, equal at B = 8); V4 the plain one (_c2 was 0-8% slower there:
+    a V4 entry is cheaper to convert, so the extra hand-off costs more than it saves)."""
+    return f"sparse_mla_wg_{layout}_s3_c2" if layout == "v32" else f"sparse_mla_wg_{layout}_s3"
 
 
 def wg_smem_bytes(name: str, per_split: int) -> int:
