@@ -1,6 +1,7 @@
-"""One-off probe for the wg kernels (tuning aid, not a test): runs each wg kernel, including the "_x"
-variants whose V descriptor has its two byte offsets exchanged, on small V4 and V3.2 inputs and prints the
-relative error against the fp32 reference, so one run says which MN-major descriptor convention is right.
+"""Tuning aid for the wg kernels (not a test). Default: runs every wg kernel on small V4 and V3.2 inputs and
+prints its relative error against the fp32 reference (how the MN-major V descriptor convention was settled:
+NOTES.md "wg kernels"; the _x probes print ~1.0 by design). `--time`: median us of every V3.2 wg kernel,
+probes included (no conversion / no wgmma / neither), at four shapes: which side bounds a tile.
 Run from the repo root with PYTHONPATH=kernels/python on an sm_90a GPU."""
 
 import time
