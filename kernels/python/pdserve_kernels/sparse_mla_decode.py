@@ -121,6 +121,8 @@ def auto_fp8_kernel(layout: str, h: int, rows: int | None, num_sms: int, sm90: b
     if h <= 32 or rows * -(-h // 32) <= num_sms:
         return ds_kernel_name(layout, h, rows)
     return None
+
+
 # "wg" kernels (fp8, sm_90a only; 384 threads: a producer warpgroup converting each 32-entry tile once into
 # bf16, two consumer warpgroups on wgmma, 64 heads per CTA; sparse_mla_decode.cu, section "wg kernels").
 # name -> (layout, ring stages, probe bits); mirrors WG_KERNEL(...). Suffix "_x<bits>":
