@@ -225,6 +225,11 @@ class Deployment(_Section):
     model: ModelSpec
     prefill: WorkerSpec
     decode: WorkerSpec
+    allow_shared_gpus: bool = Field(
+        False,
+        description="Permit prefill and decode on the same GPU(s), for small test rigs; their "
+        "mem_fraction_static values must then add up to at most 0.9. Production layouts keep them disjoint",
+    )
     transfer: TransferSpec = Field(default_factory=TransferSpec)
     router: RouterSpec = Field(default_factory=RouterSpec)
     environment: Environment = Field(

@@ -67,14 +67,45 @@ def _servers(dep: Deployment) -> Iterator[tuple[str, ServerSpec]]:
     yield "fallback", dep.fallback
 
 
+# Prefill and decode on one GPU (allow_shared_gpus) each size their static pool (weights + KV) as a fraction
+# of the memory free when they start, and both may measure before either allocates; the rest of the GPU
+# must then hold both processes' CUDA contexts, CUDA graphs and activations. SGLang keeps 10 GiB or more
+# outside the pool for one server on a large GPU (server_args' reserved_mem); 0.1 of an H200 is 14 GiB.
+SHARED_GPU_FRACTION_LIMIT = 0.9
+
+
 def disjoint_gpus(dep: Deployment) -> Iterator[Problem]:
     shared = sorted(set(dep.prefill.gpus) & set(dep.decode.gpus))
-    if shared:
+    if shared and not dep.allow_shared_gpus:
         yield Problem(
             "decode.gpus",
             dep.decode.gpus,
             f"shares GPU(s) {shared} with prefill.gpus {dep.prefill.gpus}",
-            "give prefill and decode disjoint GPU sets, e.g. prefill [0,1,2,3] and decode [4,5,6,7]",
+            "give prefill and decode disjoint GPU sets, e.g. prefill [0,1,2,3] and decode [4,5,6,7] "
+            f"(on a small test rig: set allow_shared_gpus = true, with memory fractions adding up to at most "
+            f"{SHARED_GPU_FRACTION_LIMIT:g})",
+        )
+    elif shared:
+        prefill, decode = dep.prefill.mem_fraction_static, dep.decode.mem_fraction_static
+        total = prefill + decode
+        if total > SHARED_GPU_FRACTION_LIMIT + 1e-9:
+            half = int(SHARED_GPU_FRACTION_LIMIT * 100 / 2) / 100
+            yield Problem(
+                "decode.mem_fraction_static",
+                decode,
+                f"with prefill.mem_fraction_static {prefill:g} on the same GPU(s) {shared} the two servers' "
+                f"static pools take {total:g} of its memory, leaving too little for their CUDA graphs and "
+                "activations",
+                f"lower prefill.mem_fraction_static and decode.mem_fraction_static so that they add up to at "
+                f"most {SHARED_GPU_FRACTION_LIMIT:g}, e.g. {half:g} each",
+            )
+    elif dep.allow_shared_gpus:
+        yield Problem(
+            "allow_shared_gpus",
+            True,
+            f"is set but prefill.gpus {dep.prefill.gpus} and decode.gpus {dep.decode.gpus} share no GPU",
+            "remove allow_shared_gpus (it only permits sharing; disjoint GPUs need no flag)",
+            Severity.WARNING,
         )
 
 
