@@ -14,11 +14,47 @@
 let
   workspace = uv2nix.lib.workspace.loadWorkspace { workspaceRoot = ./.; };
 
-  lockedNames = map (package: package.name) (lib.importTOML ./uv.lock).package;
+  lockedPackages = (lib.importTOML ./uv.lock).package;
+  lockedNames = lib.unique (map (package: package.name) lockedPackages);
+  # The lock's own dependency lists (a name may be locked twice, for different markers: either
+  # entry names the same wheels as far as which libraries are needed).
+  lockedByName = lib.listToAttrs (map (package: lib.nameValuePair package.name package) lockedPackages);
 
   # Wheels that ship shared libraries other wheels link against: NVIDIA's CUDA libraries and torch
   # (sglang-kernel and NIXL's torch plugin link libtorch and libc10).
   isLibraryWheel = name: lib.hasPrefix "nvidia-" name || name == "torch";
+
+  # A dependency is a name with the extras asked of it; an extra's own dependencies come from the
+  # package's optional-dependencies (torch reaches the CUDA libraries through cuda-toolkit's extras).
+  # Read from uv.lock, not from the packages' passthru: the overlay below decides its attribute
+  # names from this closure, and names that depend on the package set's values recurse forever
+  # (evaluation showed it: uv2nix's overlay builds every package with `final.callPackage`).
+  dependenciesOf =
+    { name, extras, ... }:
+    let
+      locked = lockedByName.${name} or { };
+      asItems = map (dep: {
+        key = "${dep.name}[${lib.concatStringsSep "," (dep.extra or [ ])}]";
+        inherit (dep) name;
+        extras = dep.extra or [ ];
+      });
+    in
+    asItems (locked.dependencies or [ ])
+    ++ lib.concatMap (extra: asItems (locked.optional-dependencies.${extra} or [ ])) extras;
+
+  closure =
+    name:
+    lib.unique (
+      map (item: item.name) (
+        builtins.genericClosure {
+          startSet = dependenciesOf {
+            inherit name;
+            extras = [ ];
+          };
+          operator = dependenciesOf;
+        }
+      )
+    );
 
   # pyproject.nix patches every wheel with autoPatchelfHook, which only searches the package itself
   # and its buildInputs. The CUDA wheels find each other through RUNPATHs relative to one shared
@@ -27,37 +63,6 @@ let
   cudaWheels =
     final: prev:
     let
-      passthruOf = name: (prev.${name} or { passthru = { }; }).passthru;
-      # A dependency is a name with the extras asked of it; an extra's own dependencies come from
-      # the package's optional-dependencies (torch reaches the CUDA libraries through cuda-toolkit's
-      # extras).
-      dependenciesOf =
-        { name, extras, ... }:
-        let
-          passthru = passthruOf name;
-          asItems = lib.mapAttrsToList (
-            dep: depExtras: {
-              key = "${dep}[${lib.concatStringsSep "," depExtras}]";
-              name = dep;
-              extras = depExtras;
-            }
-          );
-        in
-        asItems (passthru.dependencies or { })
-        ++ lib.concatMap (extra: asItems (passthru.optional-dependencies.${extra} or { })) extras;
-      closure =
-        name:
-        lib.unique (
-          map (item: item.name) (
-            builtins.genericClosure {
-              startSet = dependenciesOf {
-                inherit name;
-                extras = [ ];
-              };
-              operator = dependenciesOf;
-            }
-          )
-        );
       libraryDependencies = name: lib.filter (dep: isLibraryWheel dep && prev ? ${dep}) (closure name);
       needsCuda = name: isLibraryWheel name || libraryDependencies name != [ ];
       fixup =
