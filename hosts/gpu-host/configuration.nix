@@ -1,6 +1,7 @@
-# The reference host: 8 NVIDIA datacenter GPUs in two NUMA domains (GPUs 0-3 on node 0, 4-7 on
-# node 1) serving DeepSeek-V4-Flash (NVFP4) as prefill TP4 + decode TP4 behind sglang-router, with
-# the single-server fallback installed. Built by `nixos-rebuild switch --flake .#gpu-host`.
+# The reference host, the one the seed ran on: 8 x NVIDIA RTX PRO 6000 Blackwell (SM120, 96 GB each,
+# PCIe, no NVSwitch) in two NUMA domains (GPUs 0-3 on node 0, 4-7 on node 1) serving
+# DeepSeek-V4-Flash (NVFP4) as prefill TP4 + decode TP4 behind sglang-router, with the
+# single-server fallback installed. Built by `nixos-rebuild switch --flake .#gpu-host`.
 #
 # The flake supplies `pkgs` (CUDA configuration, pdserve's overlay) and the pdserve module; this
 # file is the host's own part. Adapt hardware-configuration.nix and the model directory first.
@@ -10,12 +11,17 @@
 
   networking.hostName = "gpu-host";
 
-  # NVIDIA datacenter driver (nvidiaPackages.dc by default under datacenter.enable), which also
-  # brings the fabric manager that NVSwitch systems need.
+  # The regular production driver: RTX PRO 6000 Blackwell is a workstation/server PCIe card, not an
+  # NVSwitch system, so neither the datacenter driver (hardware.nvidia.datacenter) nor the fabric
+  # manager it brings belongs here. `videoDrivers` is how nixpkgs' nvidia module is switched on; it
+  # starts no X server (services.xserver.enable stays false).
+  services.xserver.videoDrivers = [ "nvidia" ];
   hardware.nvidia = {
-    datacenter.enable = true;
-    # The open kernel modules: NVIDIA's choice for Hopper and Blackwell.
+    branch = "production";
+    # The open kernel modules: the only ones NVIDIA supports on Blackwell.
     open = true;
+    # Headless: no GUI settings tool.
+    nvidiaSettings = false;
     # Keep the driver initialised between jobs, so a unit start does not pay the GPU init.
     nvidiaPersistenced = true;
   };
