@@ -29,7 +29,7 @@ cudaPackages.backendStdenv.mkDerivation {
   nativeBuildInputs = [ cudaPackages.cuda_nvcc ];
   buildInputs = [
     cudaPackages.cuda_cudart # cuda_runtime.h, which nvcc includes implicitly
-    cudaPackages.cuda_cccl
+    cudaPackages.cccl # CUB and libcu++ headers (nixpkgs renamed cuda_cccl to cccl)
   ];
 
   dontConfigure = true;
