@@ -35,25 +35,23 @@
       system = "x86_64-linux";
       inherit (nixpkgs) lib;
 
-      # The one nixpkgs configuration: CUDA on, for Hopper (sm_90a, wgmma) and Blackwell workstation
-      # (sm_120a) only. Architecture-specific capabilities cannot be built with forward compatibility.
+      # The one nixpkgs configuration: CUDA on, for the gpu-host's RTX PRO 6000 Blackwell (sm_120a)
+      # only. The kernels (tested on H200, sm_90a) do not read cudaCapabilities: kernels/build.sh
+      # passes its own -gencode for sm_90a and sm_120a, so their derivation is the same with or
+      # without "9.0a" here (evaluated: same drvPath). Architecture-specific capabilities cannot be
+      # built with forward compatibility.
       nixpkgsConfig = {
         cudaSupport = true;
-        cudaCapabilities = [
-          "9.0a"
-          "12.0a"
-        ];
+        cudaCapabilities = [ "12.0a" ];
         cudaForwardCompat = false;
-        # The CUDA licences named in the nixpkgs manual's CUDA chapter, the NVIDIA driver packages
-        # and redistributable firmware (which a generated hardware-configuration.nix enables) for
-        # the gpu-host; nothing else unfree.
+        # The CUDA licences named in the nixpkgs manual's CUDA chapter, the NVIDIA production driver
+        # and its persistence daemon, and redistributable firmware (which a generated
+        # hardware-configuration.nix enables) for the gpu-host; nothing else unfree.
         allowUnfreePredicate =
           package:
           builtins.elem (lib.getName package) [
             "nvidia-x11"
-            "nvidia-settings"
             "nvidia-persistenced"
-            "nvidia-fabricmanager"
           ]
           || builtins.all (
             license:
