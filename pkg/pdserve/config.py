@@ -237,6 +237,11 @@ class Deployment(_Section):
     )
     fallback: FallbackSpec
     systemd: SystemdSpec = Field(default_factory=SystemdSpec)
+    boot_layout: Literal["pd", "single"] = Field(
+        "pd",
+        description="Which layout starts at boot: pd (prefill, decode and router WantedBy=systemd.wanted_by) "
+        "or single (only the fallback). `pdserve cutover` switches what runs now; this decides what boots",
+    )
     tools: ToolPaths = Field(default_factory=ToolPaths)
 
     @field_validator("name")

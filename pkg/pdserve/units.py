@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pdserve.boot import wanted_at_boot
 from pdserve.commands import Launch, Toolchain, launches, unit_name
 from pdserve.config import Deployment, Role
 
@@ -156,9 +157,18 @@ def render_unit(dep: Deployment, launch: Launch, config_path: str, tools: Toolch
     sections = [
         ("Unit", _unit_section(dep, launch.role, _describe(dep, launch))),
         ("Service", _service_section(dep, launch, config_path, tools)),
-        ("Install", [("WantedBy", dep.systemd.wanted_by)]),
     ]
+    sections += _install_sections(dep, launch.role)
     return Unit(launch.unit, render_ini(sections, header))
+
+
+def _install_sections(dep: Deployment, role: Role) -> list[tuple[str, Section]]:
+    """[Install] only on the units of the declared boot layout (`boot_layout`): `systemctl enable` of
+    all four units then links in exactly that layout, and a unit of the other layout has nothing to
+    enable (systemd calls it "static"). `pdserve cutover` changes what runs; this decides what boots."""
+    if not wanted_at_boot(dep, role):
+        return []
+    return [("Install", [("WantedBy", dep.systemd.wanted_by)])]
 
 
 def render_units(dep: Deployment, tools: Toolchain, config_path: str) -> list[Unit]:

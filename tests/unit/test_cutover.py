@@ -22,6 +22,7 @@ from pdserve.cutover.machine import (
     Outcome,
     plan_for,
 )
+from pdserve.cutover.boot_links import PathFacts, UnitFiles
 from pdserve.cutover.command import termination_interrupts
 from pdserve.cutover.systemd import SystemctlError, UnitState
 
@@ -48,6 +49,9 @@ class FakeSystemd:
         self.smoke_ok: dict[str, bool] = {"pd": True, "single": True}
         self.gpu_holders: list[GpuProcess] | None = []
         self.fail_calls: set[str] = set()
+        self.read_only_calls: set[str] = set()  # verbs that fail the way systemctl does on EROFS
+        self.files = UnitFiles()  # what the filesystem says about the unit directory (nothing: unknown)
+        self.wanted_by: set[str] = set()
         roles = {"prefill": f"sglang-{dep.name}-prefill.service", "decode": f"sglang-{dep.name}-decode.service",
                  "router": f"sglang-{dep.name}-router.service", "fallback": f"sglang-{dep.name}.service"}
         self.role = roles
@@ -88,6 +92,9 @@ class FakeSystemd:
         self.calls.append((verb, tuple(units)))
         if verb in self.fail_calls:
             raise SystemctlError(["systemctl", verb], f"{verb} refused by the fake")
+        if verb in self.read_only_calls:
+            raise SystemctlError(["systemctl", verb], f'Failed to {verb} unit, file "/etc/systemd/system/'
+                                 f'multi-user.target.wants/{units[-1]}": Read-only file system')
 
     def show(self, units):
         self._advance()
@@ -118,10 +125,14 @@ class FakeSystemd:
             self._set(self.units[name], active_state="inactive", sub_state="dead")
         self.now += 1.0
 
-    def enable(self, units):
-        self._call("enable", units)
+    def add_wants(self, target, units):
+        self._call("add-wants", (target, *units))
         for name in units:
             self._set(self.units[name], unit_file_state="enabled")
+        self.wanted_by.add(target)
+
+    def unit_files(self, states):
+        return self.files
 
     def disable(self, units):
         self._call("disable", units)
@@ -175,8 +186,8 @@ def dep(reference_data):
     return deployment_from_data(reference_data, "t").deployment
 
 
-def run(dep, fake, target="pd"):
-    return Cutover(plan_for(dep, target), fake).run()
+def run(dep, fake, target="pd", source="/etc/pdserve/t.toml"):
+    return Cutover(plan_for(dep, target, source=source), fake).run()
 
 
 def step(report, name):
@@ -211,7 +222,8 @@ def test_never_ready_decode_rolls_back_to_the_fallback(dep):
     assert step(report, "rollback: smoke test").result == "ok"
     # A failed cutover leaves boot enablement as it was.
     assert fake.units[fake.role["fallback"]].state.unit_file_state == "enabled"
-    assert "enable" not in fake.verbs()
+    assert not {"add-wants", "disable"} & set(fake.verbs())
+    assert report.boot is None and report.as_dict()["boot"] is None
     assert not any(s.name == "start router" for s in report.steps)
 
 
@@ -285,7 +297,7 @@ def test_missing_unit_refuses_without_touching_anything(dep):
     report = run(dep, fake)
     assert report.outcome is Outcome.REFUSED and report.exit_code == EXIT_FAILED
     assert "router" in step(report, "preflight: units installed").detail
-    assert not {"start", "stop", "enable", "disable"} & set(fake.verbs())
+    assert not {"start", "stop", "add-wants", "disable"} & set(fake.verbs())
 
 
 def test_gpu_held_by_a_stranger_refuses(dep):
@@ -334,16 +346,21 @@ def test_from_nothing_failure_leaves_nothing_running(dep):
     assert step(report, "rollback: start previous layout").result == "skipped"
 
 
-def test_enable_failure_rolls_back_serving_and_enablement(dep):
+def test_an_enablement_failure_never_rolls_back_a_serving_layout(dep):
+    """The fault of issue 13: `systemctl enable` failed after the smoke test and the cutover rolled the
+    serving PD layout back (exit 3 when re-enabling failed too). Now PD keeps serving, exit 0."""
     fake = FakeSystemd(dep)
     fake.serve("single")
-    fake.fail_calls.add("enable")
+    fake.fail_calls.add("add-wants")
     report = run(dep, fake)
-    assert step(report, "enable at boot").result == "failed"
-    # Putting the old enablement back needs `enable` too, which keeps failing: that is exit 3.
-    assert step(report, "rollback: restore enablement").result == "failed"
-    assert report.exit_code == EXIT_ROLLBACK_FAILED
-    assert fake.role["fallback"] in fake.active()
+    assert report.outcome is Outcome.SUCCESS and report.exit_code == EXIT_SUCCESS
+    assert fake.active() == set(fake.pd)
+    assert not any(s.name.startswith("rollback") for s in report.steps)
+    boot = step(report, "enable at boot")
+    assert boot.result == "failed" and "add-wants refused" in boot.detail
+    assert report.boot.result == "failed" and report.boot.at_boot == "single"
+    # Nothing was unlinked after the link failed: the old layout still boots rather than nothing.
+    assert "disable" not in fake.verbs()
 
 
 def test_measurements_cover_the_change_only(dep):

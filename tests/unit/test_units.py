@@ -92,8 +92,11 @@ def test_pinned_environment_in_worker_units(units):
 
 
 def test_installed_for_boot(units):
-    for unit in units.values():
-        assert unit["Install"]["WantedBy"] == ["multi-user.target"]
+    # The default boot layout is PD: its three units are wanted at boot, the fallback has no [Install].
+    # tests/unit/test_boot_layout.py covers boot_layout = "single".
+    for name in ("sglang-dsv4-prefill", "sglang-dsv4-decode", "sglang-dsv4-router"):
+        assert units[name]["Install"]["WantedBy"] == ["multi-user.target"]
+    assert "Install" not in units["sglang-dsv4"]
 
 
 def test_api_key_only_as_a_credential(reference_data, tools):

@@ -52,6 +52,14 @@ def probers(plan: Plan) -> list[PortProber]:
     return list(seen.values())
 
 
+def acts_locally(command: list[str]) -> bool:
+    """Whether the systemctl command acts on the unit files this process sees: systemctl itself with
+    options, not a wrapper that enters a container, nor `--root=`/`--host=`/`--machine=`."""
+    elsewhere = ("--root", "-H", "--host", "-M", "--machine")
+    return (bool(command) and Path(command[0]).name == "systemctl"
+            and not any(arg.split("=", 1)[0] in elsewhere for arg in command[1:]))
+
+
 def report_lines(report: Report) -> list[str]:
     """The timeline as plain lines: readable in a terminal, a journal and a CI log alike."""
     lines = [f"cutover of {report.deployment}: {report.previous} -> {report.target}"]
@@ -66,6 +74,8 @@ def report_lines(report: Report) -> list[str]:
         windows = ", ".join(f"{a:.1f}-{b:.1f} s" for a, b in refusal.windows) or "none"
         lines.append(f"public port {refusal.address} refused connections for {refusal.refused_seconds:.1f} s "
                      f"(windows: {windows}; {refusal.refused_samples} of {refusal.samples} probes refused)")
+    if report.boot is not None:
+        lines += report.boot.lines()
     lines.append(f"{report.outcome} after {report.total_s:.1f} s (exit {report.exit_code})")
     return lines
 
@@ -81,6 +91,8 @@ def report_lines(report: Report) -> list[str]:
 def cutover_command(target: str, config_path: Path | None, as_json: bool, dry_run: bool, systemctl_command: str) -> None:
     """Move the deployment to TARGET (pd or single) with a way back: stop, start, wait ready, smoke, enable.
 
+    Boot links change only where this host lets them be written (not on NixOS); either way the report
+    names the boot_layout line to change. A boot-link problem never fails a cutover that serves.
     Exit 0 success, 1 failed and rolled back, 2 usage, 3 the rollback failed too.
     """
     from pdserve.cutover.host import HostEdge
@@ -92,8 +104,9 @@ def cutover_command(target: str, config_path: Path | None, as_json: bool, dry_ru
             click.echo(problem.line(), err=True)
         raise SystemExit(EXIT_USAGE) from None
     dep = loaded.deployment
-    plan = plan_for(dep, target, [p.line() for p in loaded.warnings])  # type: ignore[arg-type]
-    edge = HostEdge(dep, plan, Systemctl(shlex.split(systemctl_command)))
+    plan = plan_for(dep, target, [p.line() for p in loaded.warnings], loaded.source)  # type: ignore[arg-type]
+    command = shlex.split(systemctl_command)
+    edge = HostEdge(dep, plan, Systemctl(command), acts_locally(command))
     machine = Cutover(plan, edge, probers(plan))
     with termination_interrupts():
         report = machine.dry_run() if dry_run else machine.run()

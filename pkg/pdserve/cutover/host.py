@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from pdserve.config import Deployment
+from pdserve.cutover.boot_links import PathFacts, UnitFiles
 from pdserve.cutover.machine import Check, GpuProcess, GpuUnknown, Layout, Plan
 from pdserve.cutover.systemd import Systemctl, UnitState
 
@@ -43,6 +45,34 @@ def nvml_gpu_processes(gpus: Sequence[int]) -> list[GpuProcess]:
     if missing:
         raise GpuUnknown(f"GPU(s) {missing} do not exist (NVML sees {len(seen)})")
     return [GpuProcess(gpu, pid, unit_of_pid(pid)) for gpu in gpus for pid in seen[gpu].pids]
+
+
+# Where `systemctl enable` and `add-wants` write their links (systemd.unit(5): the system's config dir).
+UNIT_CONFIG_DIR = "/etc/systemd/system"
+
+
+def path_facts(path: str) -> PathFacts | None:
+    """Where `path`'s links lead and whether this process could write there: a read-only mount (the
+    Nix store, a bind mount, `ro` in fstab) and a directory this user may not write both count."""
+    try:
+        resolved = Path(path).resolve(strict=True)
+    except (OSError, RuntimeError):
+        return None
+    where = resolved if resolved.is_dir() else resolved.parent
+    try:
+        read_only = bool(os.statvfs(where).f_flag & os.ST_RDONLY) or not os.access(where, os.W_OK)
+    except OSError:
+        read_only = True
+    return PathFacts(path, str(resolved), read_only)
+
+
+def unit_files(local: bool, states: dict[str, UnitState]) -> UnitFiles:
+    """The filesystem's side of the boot links, or nothing when systemctl acts on another host."""
+    if not local:
+        return UnitFiles()
+    fragments = {name: facts for name, state in states.items()
+                 if state.fragment_path.startswith("/") and (facts := path_facts(state.fragment_path)) is not None}
+    return UnitFiles(path_facts(UNIT_CONFIG_DIR), fragments)
 
 
 def read_api_key(dep: Deployment) -> tuple[str | None, str | None]:
@@ -115,10 +145,11 @@ def smoke_verify(dep: Deployment, checks: Sequence[str] = PD_SMOKE_CHECKS,
 class HostEdge:
     """What `Cutover` needs from this host, for one deployment."""
 
-    def __init__(self, dep: Deployment, plan: Plan, systemctl: Systemctl | None = None):
+    def __init__(self, dep: Deployment, plan: Plan, systemctl: Systemctl | None = None, local: bool = True):
         self.dep = dep
         self.plan = plan
         self.systemctl = systemctl or Systemctl()
+        self.local = local  # systemctl acts on the files this process sees (not through a wrapper)
 
     def show(self, units: Sequence[str]) -> dict[str, UnitState]:
         return self.systemctl.show(units)
@@ -129,14 +160,17 @@ class HostEdge:
     def stop(self, units: Sequence[str], timeout: float) -> None:
         self.systemctl.stop(units, timeout)
 
-    def enable(self, units: Sequence[str]) -> None:
-        self.systemctl.enable(units)
+    def add_wants(self, target: str, units: Sequence[str]) -> None:
+        self.systemctl.add_wants(target, units)
 
     def disable(self, units: Sequence[str]) -> None:
         self.systemctl.disable(units)
 
     def reset_failed(self, units: Sequence[str]) -> None:
         self.systemctl.reset_failed(units)
+
+    def unit_files(self, states: dict[str, UnitState]) -> UnitFiles:
+        return unit_files(self.local, states)
 
     def smoke(self, layout: Layout) -> Check:
         if layout == "pd":

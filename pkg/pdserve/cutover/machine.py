@@ -1,10 +1,15 @@
 """The cutover between the single-server layout and PD, as a sequence of bounded steps with a way back.
 
     observe -> preflight -> stop current -> start workers (parallel, wait ready) -> start router
-            -> smoke through the public port -> enable at boot            => success (exit 0)
-    any failure after preflight -> stop what was started -> start what ran before -> smoke it
-                                                                          => rolled back (exit 1)
-                                                       a rollback step fails => exit 3
+            -> smoke through the public port -> enable at boot, where it can   => success (exit 0)
+    any failure before the smoke test passed -> stop what was started -> start what ran before
+            -> smoke it                                                        => rolled back (exit 1)
+                                                            a rollback step fails => exit 3
+
+Runtime state always changes; boot links only where they are plain links this host lets it write
+(not on NixOS, where the configuration's boot_layout decides them). Either way the report names the
+line that makes the declared boot_layout agree. Boot links come after a passing smoke test and never
+roll back a layout that serves.
 
 Everything that touches the host goes through `Edge` (systemctl, the smoke test, NVML, the clock),
 so this module runs unchanged against a fake in the unit tests.
@@ -17,8 +22,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Literal, Protocol
 
+from pdserve.boot import file_line, nixos_line
 from pdserve.commands import role_url, unit_name
 from pdserve.config import Deployment
+from pdserve.cutover.boot_links import BootReport, UnitFiles, boot_access, layout_at_boot
 from pdserve.cutover.systemd import SystemctlError, UnitState, service
 from pdserve.units import ROUTER_START_TIMEOUT_SEC
 
@@ -72,9 +79,10 @@ class Edge(Protocol):
     def show(self, units: Sequence[str]) -> dict[str, UnitState]: ...
     def start(self, units: Sequence[str]) -> None: ...
     def stop(self, units: Sequence[str], timeout: float) -> None: ...
-    def enable(self, units: Sequence[str]) -> None: ...
+    def add_wants(self, target: str, units: Sequence[str]) -> None: ...
     def disable(self, units: Sequence[str]) -> None: ...
     def reset_failed(self, units: Sequence[str]) -> None: ...
+    def unit_files(self, states: dict[str, UnitState]) -> UnitFiles: ...
     def smoke(self, layout: Layout) -> Check: ...
     def gpu_processes(self, gpus: Sequence[int]) -> list[GpuProcess]: ...
     def clock(self) -> float: ...
@@ -102,6 +110,10 @@ class Plan:
     front_deadline: float
     stop_deadline: float
     warnings: tuple[str, ...] = ()
+    declared: Layout = "pd"  # the deployment's boot_layout
+    wanted_by: str = "multi-user.target"
+    source: str = "the deployment file"  # where the deployment was loaded from
+    nixos_change: str = ""  # the NixOS option line that declares `target` as the boot layout
 
     def units(self, layout: Layout) -> tuple[str, ...]:
         return self.workers[layout] + self.fronts[layout]
@@ -115,7 +127,7 @@ class Plan:
         return "single" if self.target == "pd" else "pd"
 
 
-def plan_for(dep: Deployment, target: Layout, warnings: Sequence[str] = ()) -> Plan:
+def plan_for(dep: Deployment, target: Layout, warnings: Sequence[str] = (), source: str = "the deployment file") -> Plan:
     def svc(role: str) -> str:
         return service(unit_name(dep, role))  # type: ignore[arg-type]
 
@@ -130,6 +142,10 @@ def plan_for(dep: Deployment, target: Layout, warnings: Sequence[str] = ()) -> P
         front_deadline=ROUTER_START_TIMEOUT_SEC + DEADLINE_MARGIN_SEC,
         stop_deadline=dep.systemd.stop_timeout_sec + DEADLINE_MARGIN_SEC,
         warnings=tuple(warnings),
+        declared=dep.boot_layout,
+        wanted_by=dep.systemd.wanted_by,
+        source=source,
+        nixos_change=nixos_line(dep, target),
     )
 
 
@@ -155,6 +171,7 @@ class Report:
     outcome: Outcome = Outcome.SUCCESS
     steps: list[Step] = field(default_factory=list)
     refusals: list[object] = field(default_factory=list)
+    boot: BootReport | None = None  # None: the cutover did not reach the boot step
     total_s: float = 0.0
 
     @property
@@ -172,6 +189,7 @@ class Report:
             "total_seconds": round(self.total_s, 2),
             "steps": [s.as_dict() for s in self.steps],
             "refused": [r.as_dict() if hasattr(r, "as_dict") else r for r in self.refusals],
+            "boot": self.boot.as_dict() if self.boot else None,
         }
 
 
@@ -314,7 +332,9 @@ class Cutover:
         names += [
             ("smoke test", (f"pdserve verify --only router.readiness,router.workers,e2e.chat through {plan.public_url[t]}"
                             if t == "pd" else f"chat completion through {plan.public_url[t]}")),
-            ("enable at boot", f"enable {', '.join(plan.units(t))}; disable {', '.join(plan.units(plan.other))}"),
+            ("enable at boot", f"link {', '.join(plan.units(t))} into {plan.wanted_by}; disable "
+                               f"{', '.join(plan.units(plan.other))}; where the unit directory is read-only (NixOS) "
+                               f"leave it and name the boot_layout line (declared now: {plan.declared})"),
             ("on failure: roll back", f"stop {', '.join(plan.units(t))}; start {', '.join(restore) or 'nothing'}; smoke test"),
         ]
         return [Step(n, 0.0, 0.0, "planned", d) for n, d in names]
@@ -375,41 +395,84 @@ class Cutover:
                 return self._roll_back(started_any)
         if self._step("smoke test", lambda: self._smoke(target)).result == "failed":
             return self._roll_back(started_any)
-        if self._step("enable at boot", self._enable_target).result == "failed":
-            return self._roll_back(started_any, restore_enablement=states)
+        # From here the target serves: nothing below may undo it.
+        self._boot_step()
         return self._finish(Outcome.SUCCESS)
 
-    def _enable_target(self) -> str:
+    # -- boot links -------------------------------------------------------------------------------
+
+    def _boot_step(self) -> None:
+        """Make the target start at boot where this host lets the cutover write the links; report the
+        line that declares it either way. Its result never changes the outcome: the smoke test passed."""
         plan = self.plan
-        self.edge.disable(plan.units(plan.other))
-        self.edge.enable(plan.units(plan.target))
-        return f"enabled {', '.join(plan.units(plan.target))}; disabled {', '.join(plan.units(plan.other))}"
+        began = self.edge.clock()
+        step = Step("enable at boot", began - self._t0)
+        self.report.steps.append(step)
+        result, detail, nixos = "failed", "", False
+        try:
+            states = self.edge.show(plan.all_units)
+            access = boot_access(states, self.edge.unit_files(states))
+            nixos = access.nixos
+            if not access.settable:
+                result, detail = "read-only", f"boot links left as they are: {access.reason}"
+            else:
+                result, detail = self._relink(states)
+        except OSError as exc:  # reading the unit files' facts
+            detail = f"could not read the unit files: {exc}"
+        except SystemctlError as exc:
+            result = "read-only" if exc.read_only else "failed"
+            detail = f"boot links left as they are: {exc}" if exc.read_only else f"could not change the boot links: {exc}"
+        except KeyboardInterrupt as exc:
+            detail = f"interrupted ({exc.args[0] if exc.args else 'Ctrl-C'}) while changing the boot links"
+        try:
+            at_boot = layout_at_boot(self.edge.show(plan.all_units), {lay: plan.units(lay) for lay in LAYOUTS})
+        except SystemctlError as exc:
+            at_boot = f"unknown ({exc})"
+        boot = BootReport(plan.declared, plan.target, result, at_boot, detail, nixos=nixos)
+        if plan.declared != plan.target:
+            boot.change = plan.nixos_change if nixos else file_line(plan.target, plan.source)
+            boot.change_in = ("the NixOS configuration, then `nixos-rebuild switch`" if nixos else
+                              f"{plan.source} (top level), then `pdserve render` again")
+        elif at_boot != plan.target:
+            boot.detail += (f"; boot_layout already declares {plan.target}, but {at_boot} starts at boot: "
+                            + ("`nixos-rebuild switch` has not run since" if nixos else "render and enable the units again"))
+        self.report.boot = boot
+        step.result = {"changed": "ok", "unchanged": "ok", "read-only": "skipped"}.get(result, "failed")
+        step.detail = f"{boot.detail}; at boot: {at_boot}"
+        if boot.change:
+            step.detail += f"; to keep it so, write `{boot.change}` in {boot.change_in}"
+        step.duration_s = self.edge.clock() - began
+
+    def _relink(self, states: dict[str, UnitState]) -> tuple[str, str]:
+        """Link the target into the boot target first, then unlink the other layout: a failure half way
+        leaves something that starts at boot rather than nothing."""
+        plan = self.plan
+        link = [u for u in plan.units(plan.target) if not states[u].enabled]
+        unlink = [u for u in plan.units(plan.other) if states[u].enabled]
+        if link:
+            self.edge.add_wants(plan.wanted_by, link)
+        if unlink:
+            self.edge.disable(unlink)
+        if not link and not unlink:
+            return "unchanged", f"{plan.target} already starts at boot and {plan.other} does not"
+        done = [f"linked {', '.join(link)} into {plan.wanted_by}"] if link else []
+        done += [f"disabled {', '.join(unlink)}"] if unlink else []
+        return "changed", "; ".join(done)
 
     def _already_serving(self) -> Report:
         target = self.plan.target
         self._skip("stop current layout", f"the {target} layout is already active")
         if self._step("smoke test", lambda: self._smoke(target)).result == "failed":
             return self._finish(Outcome.REFUSED)
-        if self._step("enable at boot", self._enable_target).result == "failed":
-            return self._finish(Outcome.REFUSED)
+        self._boot_step()
         return self._finish(Outcome.UNCHANGED)
 
-    def _roll_back(self, started_any: bool, restore_enablement: dict[str, UnitState] | None = None) -> Report:
+    def _roll_back(self, started_any: bool) -> Report:
         plan, previous = self.plan, self.report.previously_running
         ok = True
         # Stop every unit of the target layout: a worker in a restart loop would come back otherwise.
         if started_any:
             ok &= self._step("rollback: stop target layout", lambda: self._stop(plan.units(plan.target))).result == "ok"
-        if restore_enablement is not None:
-            def restore() -> str:
-                enabled = [n for n, s in restore_enablement.items() if s.enabled]
-                disabled = [n for n, s in restore_enablement.items() if not s.enabled and s.installed]
-                if disabled:
-                    self.edge.disable(disabled)
-                if enabled:
-                    self.edge.enable(enabled)
-                return f"enabled again: {', '.join(enabled) or 'none'}"
-            ok &= self._step("rollback: restore enablement", restore).result == "ok"
         if not previous:
             self._skip("rollback: start previous layout", "nothing was running before the cutover")
             return self._finish(Outcome.ROLLED_BACK if ok else Outcome.ROLLBACK_FAILED)

@@ -10,6 +10,8 @@ import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from pdserve.boot import is_enabled
+
 PROPERTIES = (
     "Id",
     "LoadState",
@@ -17,6 +19,7 @@ PROPERTIES = (
     "SubState",
     "Result",
     "UnitFileState",
+    "FragmentPath",
     "MainPID",
     "ExecMainStatus",
     "NRestarts",
@@ -24,9 +27,6 @@ PROPERTIES = (
     "ActiveEnterTimestampMonotonic",
     "ExecMainStartTimestampMonotonic",
 )
-
-# UnitFileState values that mean "starts at boot" (or is linked in so that it can).
-ENABLED_STATES = frozenset({"enabled", "enabled-runtime", "linked", "linked-runtime", "alias"})
 
 
 def service(name: str) -> str:
@@ -43,6 +43,7 @@ class UnitState:
     sub_state: str = "dead"
     result: str = "success"
     unit_file_state: str = ""
+    fragment_path: str = ""  # the unit file systemd loaded (on NixOS a link into the store)
     main_pid: int = 0
     exec_main_status: int = 0
     n_restarts: int = 0
@@ -56,7 +57,8 @@ class UnitState:
 
     @property
     def enabled(self) -> bool:
-        return self.unit_file_state in ENABLED_STATES
+        """Starts at boot, in systemd's own terms (pdserve.boot.ENABLED_STATES says which and why)."""
+        return is_enabled(self.unit_file_state)
 
     @property
     def running(self) -> bool:
@@ -100,6 +102,7 @@ def parse_show(text: str) -> dict[str, UnitState]:
             sub_state=props.get("SubState", "dead"),
             result=props.get("Result", "success"),
             unit_file_state=props.get("UnitFileState", ""),
+            fragment_path=props.get("FragmentPath", ""),
             main_pid=_int(props.get("MainPID")),
             exec_main_status=_int(props.get("ExecMainStatus")),
             n_restarts=_int(props.get("NRestarts")),
@@ -117,6 +120,11 @@ class SystemctlError(RuntimeError):
         self.detail = " / ".join(line.strip() for line in detail.splitlines() if line.strip())
         verb = next((a for a in argv[1:] if not a.startswith("-")), "")
         super().__init__(f"{argv[0]} {verb} failed: {self.detail}")
+
+    @property
+    def read_only(self) -> bool:
+        """systemctl could not write a link: the unit directory is on a read-only file system (EROFS)."""
+        return "read-only file system" in self.detail.lower()
 
 
 Runner = Callable[..., subprocess.CompletedProcess]
@@ -158,6 +166,11 @@ class Systemctl:
 
     def enable(self, units: Sequence[str]) -> None:
         self._call("enable", "--", *map(service, units))
+
+    def add_wants(self, target: str, units: Sequence[str]) -> None:
+        """Link the units into `target`.wants/, as `enable` does for WantedBy=target, but also for a
+        unit without [Install] (the renderer gives one only to the units of the declared boot layout)."""
+        self._call("add-wants", "--", target, *map(service, units))
 
     def disable(self, units: Sequence[str]) -> None:
         self._call("disable", "--", *map(service, units))
