@@ -5,14 +5,14 @@ from pdserve.verify.checks import servers
 from pdserve.verify.expect import expectations
 from pdserve.verify.observations import HttpObs
 
-EXP = expectations(load().deployment)  # dsv4: context 131072 -> default floor 131072
+EXP = expectations(load().deployment)  # dsv4: context 524288 -> default floor 524288
 PREFILL = EXP.workers["prefill"]
 DECODE = EXP.workers["decode"]
 
 
 def info(**overrides):
-    body = {"max_total_num_tokens": 1_500_000, "context_length": 131072, "chunked_prefill_size": 8192,
-            "tp_size": 4, "mem_fraction_static": 0.85, "disaggregation_mode": "prefill", "version": "0.5.23",
+    body = {"max_total_num_tokens": 1_500_000, "context_length": 524288, "chunked_prefill_size": 8192,
+            "tp_size": 4, "mem_fraction_static": 0.80, "disaggregation_mode": "prefill", "version": "0.5.23",
             "reasoning_parser": "deepseek-v4", "tool_call_parser": "deepseekv4"}
     body.update(overrides)
     return HttpObs("http://127.0.0.1:30000/server_info", 200, body)
@@ -24,7 +24,7 @@ def model_info(mode="prefill"):
 
 
 def test_kv_floor_defaults_to_context_length_and_cli_overrides_it():
-    assert EXP.kv_floor == 131072
+    assert EXP.kv_floor == 524288
     assert expectations(load().deployment, kv_floor=5).kv_floor == 5
 
 
@@ -41,8 +41,8 @@ def test_kv_below_floor_fails_with_fraction_hint():
 
 def test_kv_falls_back_to_the_journal_line():
     down = HttpObs("http://127.0.0.1:30002/server_info", None, None, "ConnectError")
-    journal = ["[2026] max_total_num_tokens=100000, chunked_prefill_size=8192, context_len=131072",
-               "[2026] max_total_num_tokens=2000000, chunked_prefill_size=8192, context_len=131072"]
+    journal = ["[2026] max_total_num_tokens=100000, chunked_prefill_size=8192, context_len=524288",
+               "[2026] max_total_num_tokens=2000000, chunked_prefill_size=8192, context_len=524288"]
     result = servers.check_kv(EXP, DECODE, down, journal)
     assert result.status == "pass" and "2000000 tokens (from journal of sglang-dsv4-decode)" == result.observed
 
@@ -61,7 +61,7 @@ def test_server_args_mismatch_names_each_field():
     result = servers.check_server_args(EXP, PREFILL, info(context_length=65536, chunked_prefill_size=4096),
                                        model_info())
     assert result.status == "fail"
-    assert "context_length: running 65536, configured 131072" in result.details
+    assert "context_length: running 65536, configured 524288" in result.details
     assert "chunked_prefill_size: running 4096, configured 8192" in result.details
     assert "systemctl restart sglang-dsv4-prefill" in result.remediation
 
