@@ -17,7 +17,7 @@ from rich.console import Console
 from pdserve import __version__
 from pdserve.config import Deployment
 from pdserve.loading import Loaded, json_schema, load
-from pdserve.problems import ConfigError, Problem
+from pdserve.problems import ConfigError, Problem, errors
 
 EXIT_INVALID = 1
 
@@ -80,24 +80,54 @@ def plan(config_path: Path | None, sglang_python: str | None, numactl: str | Non
 
 @main.command()
 @config_option
+@click.argument("more_configs", metavar="[FILE]...", nargs=-1, type=click.Path(path_type=Path, dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report.")
 @click.option("--no-host", is_flag=True, help="Skip the checks of this host (GPUs, NUMA nodes, files).")
 @click.option("--no-parsers", is_flag=True, help="Skip running the rendered argv through SGLang's and the router's parsers.")
 @tool_options
-def check(config_path: Path | None, as_json: bool, no_host: bool, no_parsers: bool,
+def check(config_path: Path | None, more_configs: tuple[Path, ...], as_json: bool, no_host: bool, no_parsers: bool,
           sglang_python: str | None, numactl: str | None, pdserve: str | None) -> None:
-    """Validate a deployment; exit 0 valid, 1 invalid, 2 usage."""
+    """Validate a deployment; exit 0 valid, 1 invalid, 2 usage.
+
+    With several files (-c A B C, or A B C), each is checked and then all of them together, as deployments
+    of one host: no two may share a listening port or a unit name.
+    """
     from pdserve.checking import run_check
 
-    report = run_check(config_path, _overrides(sglang_python, numactl, pdserve), parsers=not no_parsers, host=not no_host)
+    paths: list[Path | None] = [*([config_path] if config_path else []), *more_configs] or [None]
+    overrides = _overrides(sglang_python, numactl, pdserve)
+    reports = [run_check(path, overrides, parsers=not no_parsers, host=not no_host) for path in paths]
+    across = _check_across(paths) if len(paths) > 1 else []
+    valid = all(report.valid for report in reports) and not errors(across)
     if as_json:
-        click.echo(json.dumps(report.as_dict(), indent=2, default=str))
+        data = (reports[0].as_dict() if len(reports) == 1 else
+                {"schema_version": reports[0].as_dict()["schema_version"], "valid": valid,
+                 "deployments": [report.as_dict() for report in reports], "across": [p.as_dict() for p in across]})
+        click.echo(json.dumps(data, indent=2, default=str))
     else:
-        _print_problems(report.problems)
-        for reason in report.skipped:
-            click.echo(f"skipped: {reason}", err=True)
-        click.echo(report.summary())
-    raise SystemExit(0 if report.valid else EXIT_INVALID)
+        for report in reports:
+            _print_problems(report.problems)
+            for reason in report.skipped:
+                click.echo(f"skipped: {reason}", err=True)
+            click.echo(report.summary())
+        if len(paths) > 1:
+            _print_problems(across)
+            click.echo(f"{len(paths)} deployments together: {'valid' if not errors(across) else 'invalid'} "
+                       f"({len(errors(across))} collision(s) of ports or unit names)")
+    raise SystemExit(0 if valid else EXIT_INVALID)
+
+
+def _check_across(paths: list[Path | None]) -> list[Problem]:
+    """Deployments that do not load are reported by their own check; the rest are checked together."""
+    from pdserve.rules_across import validate_across
+
+    deployments = []
+    for path in paths:
+        try:
+            deployments.append(load(path).deployment)
+        except ConfigError:
+            continue
+    return validate_across(deployments)
 
 
 def default_config_path(dep: Deployment, out: Path) -> str:
