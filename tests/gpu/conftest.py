@@ -19,7 +19,7 @@ import pytest
 
 from pdserve.commands import Toolchain
 from tests.conftest import require_or_skip
-from tests.gpu.pd_run import PDRun, numactl_path, pdserve_executable, write_deployment
+from tests.gpu.pd_run import PDRun, numactl_path, pdserve_executable, write_api_key, write_deployment
 from tests.gpu.tiny_model import make_tiny_model
 
 REQUIRE = "PDSERVE_REQUIRE_GPU_SGLANG"
@@ -55,7 +55,8 @@ def _node0_exists() -> bool:
 @pytest.fixture(scope="session")
 def report() -> dict:
     """Measurements of this run, written to $PDSERVE_GPU_REPORT at the end (for the docs)."""
-    data: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    data: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                  "commit": os.environ.get("PDSERVE_COMMIT", "unknown")}
     yield data
     target = os.environ.get("PDSERVE_GPU_REPORT")
     if target:
@@ -67,20 +68,24 @@ def pd(tmp_path_factory, report) -> PDRun:
     have_sglang = all(importlib.util.find_spec(m) is not None for m in ("sglang", "sglang_router"))
     require_or_skip(have_sglang, "SGLang and sglang-router are not installed in this Python", REQUIRE)
     gpus = gpu_count()
-    require_or_skip(gpus >= 2, f"needs 2 NVIDIA GPUs (prefill and decode on disjoint GPUs); found {gpus}",
-                    REQUIRE)
+    require_or_skip(gpus >= 1, "needs an NVIDIA GPU; found none", REQUIRE)
     workdir = tmp_path_factory.mktemp("gpu-pd")
     model = make_tiny_model(workdir / "tiny-llama")
     numactl = numactl_path()
     numa_node = 0 if numactl and _node0_exists() else None
     ports = dict(zip(("prefill", "decode", "router", "bootstrap", "prometheus"), _free_ports(5)))
-    config = write_deployment(workdir, model, ports, numa_node=numa_node)
+    # Two GPUs: prefill and decode on their own; one: both on GPU 0 (allow_shared_gpus). The router
+    # always has an API key, delivered as the units deliver it.
+    layout = 2 if gpus >= 2 else 1
+    config = write_deployment(workdir, model, ports, numa_node=numa_node, gpus=layout,
+                              api_key_file=write_api_key(workdir))
     tools = Toolchain(sglang_python=sys.executable, numactl=numactl or "/usr/bin/numactl",
                       pdserve=pdserve_executable(workdir))
     run = PDRun(config, workdir, tools)
     report["deployment"] = config.read_text()
     report["argv"] = {role: list(launch.argv) for role, launch in run.launch.items() if role != "fallback"}
     report["numa_node"] = numa_node
+    report["gpus"] = {"visible": gpus, "used": layout, "prefill_and_decode_share_gpu_0": layout == 1}
     try:
         run.up()
         report["ready_after_s"] = {role: round(s, 1) for role, s in run.ready_after.items()}

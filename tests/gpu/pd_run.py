@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -29,18 +30,29 @@ CONTEXT_LENGTH = 4096
 TEST_SERVER_FLAGS = ["--load-format", "dummy", "--attention-backend", "triton", "--sampling-backend", "pytorch"]
 READY_TIMEOUT = 600.0
 STOP_TIMEOUT = 30.0
+# systemd.restart_sec of the test deployment: the wait before a crashed worker is started again. Shorter
+# than the reference's 10 s to spend less device time; the measured recovery includes it.
+RESTART_SEC = 5
 
 
 def write_deployment(directory: Path, model_dir: Path, ports: dict[str, int], *, numa_node: int | None,
-                     transfer_backend: str = "nixl") -> Path:
-    """A two-GPU deployment of the tiny model: prefill on GPU 0, decode on GPU 1, router in front.
+                     gpus: int = 2, api_key_file: Path | None = None, transfer_backend: str = "nixl") -> Path:
+    """A deployment of the tiny model: prefill on GPU 0, decode on GPU 1, router in front.
 
-    A tenth of each GPU holds 14.5M tokens of this model's KV (measured on an H200), far more than the
-    tests use, and leaves the rest of the GPU to whatever else shares the machine."""
+    With `gpus=1` both servers share GPU 0 (allow_shared_gpus, for a one-GPU machine). A tenth of each
+    GPU per server holds 14.5M tokens of this model's KV (measured on an H200), far more than the tests
+    use, and leaves the rest of the GPU to whatever else shares the machine. `api_key_file` puts the
+    router behind a key, delivered as the units deliver it (LoadCredential= and the keyed launcher)."""
+    if gpus not in (1, 2):
+        raise ValueError(f"the test deployment is laid out for 1 or 2 GPUs, not {gpus}")
     numa = f"numa_node = {numa_node}\n" if numa_node is not None else ""
     flags = json.dumps(TEST_SERVER_FLAGS)
+    shared = "allow_shared_gpus = true\n" if gpus == 1 else ""
+    decode_gpu = 0 if gpus == 1 else 1
+    fallback_gpus = [0] if gpus == 1 else [0, 1]
+    key = f'api_key_file = "{api_key_file}"\n' if api_key_file is not None else ""
     text = f"""name = "gputest"
-
+{shared}
 [model]
 path = "{model_dir}"
 served_name = "{SERVED_NAME}"
@@ -53,7 +65,7 @@ mem_fraction_static = 0.1
 extra_args = {flags}
 
 [decode]
-gpus = [1]
+gpus = [{decode_gpu}]
 {numa}port = {ports['decode']}
 mem_fraction_static = 0.1
 extra_args = {flags}
@@ -69,19 +81,30 @@ prometheus_host = "127.0.0.1"
 prometheus_port = {ports['prometheus']}
 health_check_timeout_secs = 30
 worker_startup_timeout_secs = 600
-
+{key}
 [environment]
 CUDA_DEVICE_ORDER = "PCI_BUS_ID"
 UCX_TLS = "cuda_copy,cuda_ipc,tcp"
 PYTHONUNBUFFERED = "1"
 
+[systemd]
+restart_sec = {RESTART_SEC}
+
 [fallback]
-gpus = [0, 1]
+gpus = {json.dumps(fallback_gpus)}
 mem_fraction_static = 0.1
 extra_args = {flags}
 """
     path = directory / "deployment.toml"
     path.write_text(text, encoding="utf-8")
+    return path
+
+
+def write_api_key(directory: Path) -> Path:
+    """A fresh random key in a 0600 file, as an operator would keep it for LoadCredential=."""
+    path = directory / "router-api-key"
+    path.touch(mode=0o600)
+    path.write_text(secrets.token_urlsafe(24) + "\n", encoding="utf-8")
     return path
 
 
@@ -106,6 +129,8 @@ class PDRun:
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     started: dict[str, float] = field(default_factory=dict)
     ready_after: dict[str, float] = field(default_factory=dict)
+    # Added to every process's environment (the CPU tests put the stand-in SGLang on PYTHONPATH with it).
+    extra_env: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.deployment = load(self.config).deployment  # raises ConfigError on any error
@@ -119,12 +144,25 @@ class PDRun:
 
     def start(self, role: str) -> None:
         launch = self.launch[role]
-        assert not launch.credentials, "the GPU tier runs without an API key"
-        env = {**os.environ, **launch.env}
+        env = {**os.environ, **self.extra_env, **launch.env}
+        if launch.credentials:
+            env["CREDENTIALS_DIRECTORY"] = str(self._credentials(role, launch.credentials))
         with open(self.log(role), "ab") as log:
             self.procs[role] = subprocess.Popen(list(launch.argv), stdout=log, stderr=subprocess.STDOUT, env=env,
                                                 start_new_session=True)
         self.started[role] = time.monotonic()
+
+    def _credentials(self, role: str, credentials: dict[str, str]) -> Path:
+        """What systemd's LoadCredential=NAME:FILE provides: a private directory holding a copy of each file."""
+        directory = self.workdir / "credentials" / role
+        directory.mkdir(parents=True, exist_ok=True)
+        directory.chmod(0o700)
+        for name, source in credentials.items():
+            target = directory / name
+            target.unlink(missing_ok=True)
+            target.touch(mode=0o400)
+            target.write_bytes(Path(source).read_bytes())
+        return directory
 
     def gate(self, roles: list[str], timeout: float = READY_TIMEOUT) -> None:
         """Run the units' readiness gate for `roles` at once; record each role's time to ready."""
@@ -161,12 +199,46 @@ class PDRun:
         logs = "".join(f"\n--- {role} log ---\n{self.tail(role)}" for role in roles)
         assert not failures, "\n".join(failures) + logs
 
+    @property
+    def shares_gpus(self) -> bool:
+        return bool(set(self.deployment.prefill.gpus) & set(self.deployment.decode.gpus))
+
     def up(self) -> None:
-        self.start("prefill")
-        self.start("decode")
-        self.gate(["prefill", "decode"])
+        if self.shares_gpus:
+            # Each SGLang server sizes its pool from the GPU memory free when it starts; two that measure
+            # before either has allocated would together take more than both fractions. One after the other.
+            self.start("prefill")
+            self.gate(["prefill"])
+            self.start("decode")
+            self.gate(["decode"])
+        else:
+            self.start("prefill")
+            self.start("decode")
+            self.gate(["prefill", "decode"])
         self.start("router")
         self.gate(["router"], timeout=120)
+
+    def kill_group(self, role: str) -> float:
+        """kill -9 the role's whole process group, leader and children at once (a segfault in a scheduler
+        is followed by systemd killing the unit's cgroup); return when it was sent, after all are gone."""
+        proc = self.procs[role]
+        killed_at = time.monotonic()
+        _signal_group(proc, signal.SIGKILL)
+        proc.wait(STOP_TIMEOUT)
+        deadline = time.monotonic() + STOP_TIMEOUT
+        while group_members(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = group_members(proc.pid)
+        assert not left, f"{role}: processes {left} of group {proc.pid} survived SIGKILL for {STOP_TIMEOUT:.0f} s"
+        return killed_at
+
+    def restart(self, role: str, timeout: float = READY_TIMEOUT) -> float:
+        """What systemd does for Restart=on-failure: wait RestartSec, run the same ExecStart= again, then
+        the ExecStartPost= gate; return when the gate passed."""
+        time.sleep(self.deployment.systemd.restart_sec)
+        self.start(role)
+        self.gate([role], timeout=timeout)
+        return time.monotonic()
 
     def stop(self) -> None:
         """SIGTERM each process group (router first), SIGKILL what is left after STOP_TIMEOUT."""
@@ -197,6 +269,23 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
         os.killpg(proc.pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes whose process group is `pgid`, read from /proc."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses, so split after the last ')'.
+        fields = stat[stat.rindex(")") + 2:].split()
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(entry.name))
+    return members
 
 
 def numactl_path() -> str | None:

@@ -14,7 +14,7 @@ from pdserve.argcheck import check_with_parsers
 from pdserve.commands import Toolchain, launches
 from pdserve.loading import load
 from tests.conftest import require_or_skip
-from tests.gpu.pd_run import TEST_SERVER_FLAGS, write_deployment
+from tests.gpu.pd_run import TEST_SERVER_FLAGS, write_api_key, write_deployment
 from tests.gpu.tiny_model import CHAT_TEMPLATE, make_tiny_model
 
 PORTS = {"prefill": 31000, "decode": 31002, "router": 31001, "bootstrap": 31998, "prometheus": 31900}
@@ -63,6 +63,22 @@ def test_two_gpu_deployment_loads_and_renders_the_test_flags(tmp_path):
         assert " ".join(TEST_SERVER_FLAGS) in joined
         assert f"--disaggregation-mode {role} --disaggregation-transfer-backend nixl" in joined
     assert "--pd-disaggregation" in argv["router"]
+
+
+def test_one_gpu_deployment_shares_gpu_0_and_keys_the_router(tmp_path):
+    key = write_api_key(tmp_path)
+    assert key.stat().st_mode & 0o777 == 0o600 and len(key.read_text().strip()) >= 24
+    loaded = load(write_deployment(tmp_path, tmp_path / "tiny", PORTS, numa_node=None, gpus=1, api_key_file=key))
+    assert loaded.warnings == []
+    dep = loaded.deployment
+    assert dep.allow_shared_gpus and dep.prefill.gpus == dep.decode.gpus == dep.fallback.gpus == [0]
+    tools = Toolchain(sglang_python=sys.executable, numactl="/usr/bin/numactl", pdserve="/usr/bin/pdserve")
+    run = launches(dep, tools)
+    assert run["router"].credentials == {"api-key": str(key)}
+    assert run["router"].argv[1:5] == (tools.keyed_launcher, "router", "api-key", "--")
+    assert key.read_text().strip() not in " ".join(run["router"].argv)
+    # The workers take no key: they listen on loopback only and the router holds it.
+    assert run["prefill"].credentials == run["decode"].credentials == {}
 
 
 def test_test_flags_pass_the_pinned_sglang_parser(tmp_path):

@@ -1,0 +1,267 @@
+"""Bounded chat load through the public port with the official openai client, a connect prober of that
+port, and what a client saw around a fault, counted by cause.
+
+Every wait is bounded: each request has its own timeout (the client never retries), the run ends when
+the caller stops it or at its deadline, and `stop()` joins with deadlines. `summarize` is a pure function
+of the recorded outcomes, so its arithmetic is tested on the CPU with made-up timelines.
+"""
+
+from __future__ import annotations
+
+import errno
+import math
+import socket
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+OK = "ok"
+EMPTY = "200 without tokens"  # an answer the client would take for one: a silent failure
+
+
+@dataclass(frozen=True)
+class Outcome:
+    sent: float  # time.monotonic() when the request was sent
+    ended: float
+    cause: str  # OK, EMPTY, "HTTP 503", "connection refused", "timeout", "connection error", ...
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.cause == OK
+
+
+def _chain(exc: BaseException):
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def classify(exc: Exception) -> tuple[str, str]:
+    """(cause, detail) of a request the openai client raised for, in words a table can count."""
+    import openai
+
+    if isinstance(exc, openai.APITimeoutError):  # a subclass of APIConnectionError: test it first
+        return "timeout", ""
+    if isinstance(exc, openai.APIStatusError):
+        body = exc.body if isinstance(exc.body, dict) else {}
+        error = body.get("error") if isinstance(body.get("error"), dict) else body
+        message = error.get("message") or error.get("code") or error.get("detail") or exc.message
+        return f"HTTP {exc.status_code}", str(message)[:160]
+    if isinstance(exc, openai.APIConnectionError):
+        for link in _chain(exc):
+            if isinstance(link, ConnectionRefusedError) or getattr(link, "errno", None) == errno.ECONNREFUSED:
+                return "connection refused", ""
+            if isinstance(link, ConnectionResetError) or getattr(link, "errno", None) == errno.ECONNRESET:
+                return "connection reset", ""
+        if "refused" in " ".join(str(link) for link in _chain(exc)).lower():
+            return "connection refused", ""
+        return "connection error", f"{type(exc.__cause__ or exc).__name__}: {exc.__cause__ or exc}"[:160]
+    return f"error {type(exc).__name__}", str(exc)[:160]
+
+
+@dataclass
+class PortProber:
+    """Connects to host:port every 1/hz s, each connect bounded, and records whether it was accepted."""
+
+    host: str
+    port: int
+    hz: float = 20.0
+    samples: list[tuple[float, bool]] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> PortProber:
+        self._thread = threading.Thread(target=self._run, name="port-prober", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        period = 1.0 / self.hz
+        while not self._stop.is_set():
+            at = time.monotonic()
+            try:
+                with socket.create_connection((self.host, self.port), timeout=1.0):
+                    accepted = True
+            except OSError:
+                accepted = False
+            self.samples.append((at, accepted))
+            self._stop.wait(max(0.0, at + period - time.monotonic()))
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+
+def longest_refused(samples: list[tuple[float, bool]]) -> float:
+    """Longest run of refused connects: first refused sample to the next accepted one (or the last sample)."""
+    longest, opened = 0.0, None
+    for at, accepted in samples:
+        if not accepted and opened is None:
+            opened = at
+        elif accepted and opened is not None:
+            longest, opened = max(longest, at - opened), None
+    if opened is not None:
+        longest = max(longest, samples[-1][0] - opened)
+    return longest
+
+
+@dataclass
+class ChatLoad:
+    """`rate` chat completions per second to `base_url` (an OpenAI-compatible /v1), until stopped or
+    `max_duration` s, each bounded by `timeout`. At most rate * timeout requests can be in flight, so
+    the thread pool is sized for that and the schedule never waits for the server (an open loop, as
+    independent clients are); `max_in_flight` only guards against a mistaken configuration."""
+
+    base_url: str
+    api_key: str
+    model: str
+    rate: float = 4.0
+    timeout: float = 60.0
+    max_duration: float = 300.0
+    max_in_flight: int = 512
+    max_tokens: int = 8
+    outcomes: list[Outcome] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _in_flight: threading.Semaphore | None = None
+    _thread: threading.Thread | None = None
+    _pool: ThreadPoolExecutor | None = None
+    _client: object | None = None
+
+    def start(self) -> ChatLoad:
+        from openai import OpenAI
+
+        self._client = OpenAI(base_url=self.base_url, api_key=self.api_key, timeout=self.timeout, max_retries=0)
+        workers = min(self.max_in_flight, math.ceil(self.rate * self.timeout) + 8)
+        self._in_flight = threading.Semaphore(workers)
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="chat-load")
+        self._thread = threading.Thread(target=self._schedule, name="chat-load", daemon=True)
+        self._thread.start()
+        return self
+
+    def _schedule(self) -> None:
+        began, index = time.monotonic(), 0
+        while not self._stop.is_set():
+            at = began + index / self.rate
+            if at - began > self.max_duration:
+                break
+            if self._stop.wait(max(0.0, at - time.monotonic())):
+                break
+            if self._in_flight.acquire(blocking=False):
+                self._pool.submit(self._one, index)
+            else:
+                now = time.monotonic()
+                self._record(Outcome(now, now, "not sent: too many in flight"))
+            index += 1
+
+    def _one(self, index: int) -> None:
+        sent = time.monotonic()
+        try:
+            response = self._client.chat.completions.create(
+                model=self.model, messages=[{"role": "user", "content": f"Count to {index % 10}."}],
+                max_tokens=self.max_tokens, temperature=0)
+            tokens = response.usage.completion_tokens if response.usage else 0
+            cause, detail = (OK, "") if tokens and response.choices else (EMPTY, str(response)[:160])
+        except Exception as exc:  # every failure is recorded by cause; none may end the load thread
+            cause, detail = classify(exc)
+        finally:
+            self._in_flight.release()
+        self._record(Outcome(sent, time.monotonic(), cause, detail))
+
+    def _record(self, outcome: Outcome) -> None:
+        with self._lock:
+            self.outcomes.append(outcome)
+
+    def snapshot(self) -> list[Outcome]:
+        with self._lock:
+            return list(self.outcomes)
+
+    def stop(self) -> list[Outcome]:
+        """Send no more; wait for those in flight (each ends within its timeout); return every outcome."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+        if self._client is not None:
+            self._client.close()
+        return self.snapshot()
+
+
+def succeeding_again(outcomes: list[Outcome], after: float, streak: int) -> bool:
+    """The last `streak` requests sent after `after`, in send order, all succeeded."""
+    later = sorted((o for o in outcomes if o.sent >= after), key=lambda o: o.sent)
+    return len(later) >= streak and all(o.ok for o in later[-streak:])
+
+
+@dataclass(frozen=True)
+class CrashSummary:
+    sent: int
+    ok: int
+    failed: int
+    causes: dict[str, int]
+    failed_in_flight: int  # sent before the kill, ended after it
+    failed_sent_after: int  # sent after the kill
+    failed_before: int  # ended before the kill: the deployment was not healthy to begin with
+    longest_refused_s: float
+    first_failure_s: float | None  # kill -> first failure's end
+    last_failure_s: float | None  # kill -> send time of the last failed request
+    succeeding_again_s: float | None  # kill -> send time of the first success after the last failure
+    worker_ready_s: float | None  # kill -> the restarted worker passed its gate
+    details: tuple[str, ...] = ()
+
+    @property
+    def beyond_ready_s(self) -> float | None:
+        """How long after the worker was ready again requests still failed (the target: <= 5 s)."""
+        if self.succeeding_again_s is None or self.worker_ready_s is None:
+            return None
+        return self.succeeding_again_s - self.worker_ready_s
+
+
+def summarize(outcomes: list[Outcome], killed_at: float, ready_at: float | None,
+              samples: list[tuple[float, bool]]) -> CrashSummary:
+    """Count a run around a kill at `killed_at`; `ready_at` is when the restarted worker passed its gate."""
+    ordered = sorted(outcomes, key=lambda o: o.sent)
+    failures = [o for o in ordered if not o.ok]
+    if not failures:
+        again: float | None = 0.0
+    else:
+        after = [o for o in ordered if o.ok and o.sent > failures[-1].sent]
+        again = max(0.0, after[0].sent - killed_at) if after else None
+    return CrashSummary(
+        sent=len(ordered),
+        ok=len(ordered) - len(failures),
+        failed=len(failures),
+        causes=dict(Counter(o.cause for o in failures)),
+        failed_in_flight=sum(1 for o in failures if o.sent < killed_at <= o.ended),
+        failed_sent_after=sum(1 for o in failures if o.sent >= killed_at),
+        failed_before=sum(1 for o in failures if o.ended < killed_at),
+        longest_refused_s=longest_refused(samples),
+        first_failure_s=min(o.ended for o in failures) - killed_at if failures else None,
+        last_failure_s=failures[-1].sent - killed_at if failures else None,
+        succeeding_again_s=again,
+        worker_ready_s=None if ready_at is None else ready_at - killed_at,
+        details=tuple(sorted({f"{o.cause}: {o.detail}" for o in failures if o.detail})[:8]),
+    )
+
+
+def as_report(summary: CrashSummary) -> dict:
+    def r(value):
+        return None if value is None else round(value, 2)
+
+    return {
+        "sent": summary.sent, "ok": summary.ok, "failed": summary.failed, "failed_by_cause": summary.causes,
+        "failed_in_flight_at_kill": summary.failed_in_flight, "failed_sent_after_kill": summary.failed_sent_after,
+        "failed_before_kill": summary.failed_before, "longest_refused_s": r(summary.longest_refused_s),
+        "first_failure_after_kill_s": r(summary.first_failure_s),
+        "last_failed_request_sent_after_kill_s": r(summary.last_failure_s),
+        "succeeding_again_after_kill_s": r(summary.succeeding_again_s),
+        "worker_ready_again_after_kill_s": r(summary.worker_ready_s),
+        "failing_beyond_worker_ready_s": r(summary.beyond_ready_s), "failure_details": list(summary.details),
+    }
