@@ -30,8 +30,12 @@ class ParserReport:
 
 
 def requests_for(dep: Deployment) -> list[dict]:
-    items = [{"role": role, "program": "server", "args": server_args(dep, role)} for role in ("prefill", "decode", "fallback")]
-    items.append({"role": "router", "program": "router", "args": router_args(dep)})
+    """One parse per role; `extra` says how many trailing args come from the role's extra_args, so the
+    parser check can tell a bad extra arg from a rendering bug."""
+    items = [{"role": role, "program": "server", "args": server_args(dep, role), "extra": len(_extra_args(dep, role))}
+             for role in ("prefill", "decode", "fallback")]
+    items.append({"role": "router", "program": "router", "args": router_args(dep),
+                  "extra": len(_extra_args(dep, "router"))})
     return items
 
 
@@ -41,12 +45,22 @@ def _extra_args(dep: Deployment, role: Role) -> list[str]:
     return (dep.fallback if role == "fallback" else dep.worker(role)).extra_args
 
 
-def problem_for(dep: Deployment, role: Role, detail: str) -> Problem:
-    """Turn a parser's error into a problem that points at the field the bad flag came from."""
+def problem_for(dep: Deployment, role: Role, detail: str, culprit: str | None = None, arg: str | None = None) -> Problem:
+    """Turn a parser's error into a problem that points at the field the bad flag came from: the extra
+    arg the parser check found guilty (`culprit`/`arg`), else a flag of extra_args the message names."""
     extra = _extra_args(dep, role)
     extra_flags = {arg.split("=", 1)[0] for arg in extra}
     flags = [f for f in _FLAG.findall(detail) if f in extra_flags]
     program = "sglang-router 0.3.2" if role == "router" else "sglang 0.5.23"
+    if culprit == "extra":
+        shown = arg if arg is not None else extra
+        what = f"remove or correct {arg}" if arg is not None else "remove or correct the extra arguments"
+        return Problem(
+            f"{role}.extra_args",
+            shown,
+            f"rejected by the {program} parser: {detail}",
+            f"{what} (see `python -m {'sglang_router.launch_router' if role == 'router' else 'sglang.launch_server'} --help`)",
+        )
     if flags:
         return Problem(
             f"{role}.extra_args",
@@ -92,7 +106,7 @@ def check_with_parsers(dep: Deployment, sglang_python: str, timeout: float = PAR
             continue
         checked.append(role)
         if result["status"] == "error":
-            problems.append(problem_for(dep, role, result["detail"]))
+            problems.append(problem_for(dep, role, result["detail"], result.get("culprit"), result.get("arg")))
     skipped = [f"{', '.join(roles)}: parser not importable in {sglang_python} ({reason})"
                for reason, roles in unavailable.items()]
     return ParserReport(problems, checked, skipped)

@@ -140,13 +140,13 @@ def _render(config_path: Path | None, out_dir: Path, runtime_config: str | None,
     from pdserve.units import render_units
 
     dep = _load_or_exit(config_path).deployment
+    target_config = runtime_config or default_config_path(dep, out_dir)
     try:
         tools = resolve_toolchain(dep, _overrides(sglang_python, numactl, pdserve))
+        units = render_units(dep, tools, target_config)
     except ConfigError as exc:
         _print_problems(exc.problems)
         raise SystemExit(EXIT_INVALID) from None
-    target_config = runtime_config or default_config_path(dep, out_dir)
-    units = render_units(dep, tools, target_config)
     # Write everything to temporary names first, then rename: a failed render leaves nothing half written.
     out_dir.mkdir(parents=True, exist_ok=True)
     files = {unit.filename: unit.text for unit in units}

@@ -7,6 +7,7 @@ reported with every other problem rather than stopping at the first.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from pathlib import PurePosixPath
 from typing import Annotated, Literal
@@ -16,13 +17,12 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    NonNegativeInt,
-    PositiveInt,
     field_validator,
 )
 from pydantic_core import PydanticCustomError
 
-from pdserve import pins
+from pdserve import pins, systemd_syntax
+from pdserve.extra_args import ROUTER_SECRET_FLAGS, SERVER_SECRET_FLAGS, secret_flag
 
 Role = Literal["prefill", "decode", "router", "fallback"]
 WORKER_ROLES: tuple[Role, ...] = ("prefill", "decode")
@@ -41,19 +41,81 @@ def _absolute_path(value: str) -> str:
 
 AbsolutePath = Annotated[str, AfterValidator(_absolute_path)]
 Port = Annotated[int, Field(ge=1, le=65535, description="TCP port, 1-65535")]
+# systemd reads a time it cannot hold (over 2^64 us) as unparsable and silently keeps its default (90 s
+# for TimeoutStartSec=); the router's timers overflow much earlier. No start or stop needs a year.
+MAX_SECONDS = 365 * 24 * 3600
+Seconds = Annotated[int, Field(ge=1, le=MAX_SECONDS, description=f"seconds, 1-{MAX_SECONDS} (a year)")]
+# Counts and sizes SGLang keeps in 32-bit integers; NUMA nodes and GPU indices far below that.
+Count = Annotated[int, Field(ge=1, le=2**31 - 1)]
+Index = Annotated[int, Field(ge=0, le=4095)]
+# List lengths: far above any real deployment, low enough that no unit line nears LONG_LINE_MAX per item.
+MAX_LIST_ITEMS = 256
+
+
+def _executable(value: str) -> str:
+    problem = systemd_syntax.executable_problem(value)
+    if problem:
+        raise _invalid(problem, "give the absolute path of the executable, without quotes, backslashes or a trailing /")
+    return value
+
+
+def _file_path(value: str) -> str:
+    _absolute_path(value)
+    problem = systemd_syntax.normalized_path_problem(value)
+    if problem:
+        raise _invalid(problem, "write the plain absolute path of the file, e.g. /etc/pdserve/router.key")
+    return value
+
+
+def _user_name(value: str) -> str:
+    problem = systemd_syntax.user_name_problem(value)
+    if problem:
+        raise _invalid(problem, "use an existing system user/group name such as \"pdserve\"")
+    return value
+
+
+def _unit_name(value: str) -> str:
+    problem = systemd_syntax.unit_name_problem(value)
+    if problem:
+        raise _invalid(problem, "use a target such as \"multi-user.target\"")
+    return value
+
+
+def _host(value: str) -> str:
+    """A listen address: an IP address or a DNS name. It also goes into URLs (--prefill http://HOST:PORT)."""
+    try:
+        ipaddress.ip_address(value)
+        return value
+    except ValueError:
+        pass
+    labels = value.split(".")
+    if len(value) <= 253 and all(_HOST_LABEL.fullmatch(label) for label in labels):
+        return value
+    raise _invalid("is neither an IP address nor a host name", "use an address such as 127.0.0.1, 0.0.0.0 or ::1")
+
+
+_HOST_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+ExecutablePath = Annotated[str, AfterValidator(_executable)]
+FilePath = Annotated[str, AfterValidator(_file_path)]
+UserName = Annotated[str, AfterValidator(_user_name)]
+UnitName = Annotated[str, AfterValidator(_unit_name)]
+Host = Annotated[str, AfterValidator(_host)]
 Fraction = Annotated[
     float,
     Field(gt=0, lt=1, description="fraction of each GPU's memory, strictly between 0 and 1"),
 ]
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SECRET_NAME = re.compile(r"(API_?KEY|TOKEN|SECRET|PASSWORD)", re.IGNORECASE)
-_UNIT_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,40}$")
+_UNIT_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,40}")
+_IB_DEVICE = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 
 
 def _environment(value: dict[str, str]) -> dict[str, str]:
+    if len(value) > MAX_LIST_ITEMS:
+        raise _invalid(f"has {len(value)} variables, more than {MAX_LIST_ITEMS}", "keep the environment to what the servers need")
     for name in value:
-        if not _ENV_NAME.match(name):
+        if not _ENV_NAME.fullmatch(name):
             raise _invalid(f"{name!r} is not a valid environment variable name", "use letters, digits and _")
         if _SECRET_NAME.search(name):
             raise _invalid(
@@ -66,21 +128,33 @@ def _environment(value: dict[str, str]) -> dict[str, str]:
 Environment = Annotated[dict[str, str], AfterValidator(_environment)]
 
 
-def _extra_args(value: list[str]) -> list[str]:
+def _no_secret_flags(value: list[str], secrets: tuple[str, ...]) -> list[str]:
     for arg in value:
-        if arg.split("=", 1)[0] == "--api-key":
+        flag = secret_flag(arg, secrets)
+        if flag:
             raise _invalid(
-                "an API key on a command line is visible to every user through ps",
+                f"{arg.split('=', 1)[0]} is read by the parser as {flag}; a secret on a command line is visible "
+                "to every user through ps",
                 "remove it and set router.api_key_file to a file holding the key",
             )
     return value
 
 
-ExtraArgs = Annotated[list[str], AfterValidator(_extra_args)]
+def _server_extra_args(value: list[str]) -> list[str]:
+    return _no_secret_flags(value, SERVER_SECRET_FLAGS)
+
+
+def _router_extra_args(value: list[str]) -> list[str]:
+    return _no_secret_flags(value, ROUTER_SECRET_FLAGS)
+
+
+ExtraArgs = Annotated[list[str], AfterValidator(_server_extra_args), Field(max_length=MAX_LIST_ITEMS)]
+RouterExtraArgs = Annotated[list[str], AfterValidator(_router_extra_args), Field(max_length=MAX_LIST_ITEMS)]
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: no coercion (`port = true` is not port 1, `"8000"` is not 8000, 1800.0 is not 1800).
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class ModelSpec(_Section):
@@ -91,7 +165,7 @@ class ModelSpec(_Section):
     reasoning_parser: str | None = Field(None, description="SGLang --reasoning-parser, e.g. deepseek-v4")
     tool_call_parser: str | None = Field(None, description="SGLang --tool-call-parser, e.g. deepseekv4")
     chat_template: str | None = Field(None, description="SGLang --chat-template (a name or an absolute path)")
-    context_length: PositiveInt | None = Field(None, description="--context-length; unset keeps the model's own")
+    context_length: Count | None = Field(None, description="--context-length; unset keeps the model's own")
     kv_cache_dtype: str = Field("auto", description="--kv-cache-dtype")
     trust_remote_code: bool = False
 
@@ -130,14 +204,14 @@ def _known(value: str | None, names: frozenset[str], what: str) -> str | None:
 class ServerSpec(_Section):
     """Settings shared by every SGLang server pdserve launches (prefill, decode, fallback)."""
 
-    gpus: list[NonNegativeInt] = Field(min_length=1, description="GPU indices (PCI bus order)")
-    numa_node: NonNegativeInt | None = Field(
+    gpus: list[Index] = Field(min_length=1, max_length=MAX_LIST_ITEMS, description="GPU indices (PCI bus order)")
+    numa_node: Index | None = Field(
         None, description="Bind CPUs and memory to this NUMA node with numactl; unset means no binding"
     )
-    tp_size: PositiveInt | None = Field(None, description="Tensor parallel size; must equal len(gpus)")
+    tp_size: Count | None = Field(None, description="Tensor parallel size; must equal len(gpus)")
     mem_fraction_static: Fraction = 0.85
-    chunked_prefill_size: PositiveInt | None = None
-    max_running_requests: PositiveInt | None = None
+    chunked_prefill_size: Count | None = None
+    max_running_requests: Count | None = None
     extra_args: ExtraArgs = Field(default_factory=list, description="Further SGLang flags, verbatim")
     env: Environment = Field(default_factory=dict, description="Environment for this server only")
 
@@ -149,7 +223,7 @@ class ServerSpec(_Section):
 class WorkerSpec(ServerSpec):
     """A prefill or decode server. Workers listen on loopback: only the router is public."""
 
-    host: str = "127.0.0.1"
+    host: Host = "127.0.0.1"
     port: Port
     allow_non_loopback: bool = Field(
         False, description="Permit a non-loopback host (workers then bypass the router's API key)"
@@ -159,7 +233,7 @@ class WorkerSpec(ServerSpec):
 class FallbackSpec(ServerSpec):
     """The single-server layout, installed disabled; it takes the router's place when cut over."""
 
-    host: str | None = Field(None, description="Listen address; defaults to router.host")
+    host: Host | None = Field(None, description="Listen address; defaults to router.host")
     port: Port | None = Field(None, description="Listen port; defaults to router.port")
 
 
@@ -168,7 +242,17 @@ class TransferSpec(_Section):
 
     backend: Literal["nixl", "mooncake", "mooncake_tcp", "mori", "ascend"] = "nixl"
     bootstrap_port: Port = Field(8998, description="Bound by the prefill server; distinct per deployment")
-    ib_devices: list[str] = Field(default_factory=list, description="--disaggregation-ib-device entries")
+    ib_devices: list[str] = Field(default_factory=list, max_length=MAX_LIST_ITEMS,
+                                  description="--disaggregation-ib-device entries")
+
+    @field_validator("ib_devices")
+    @classmethod
+    def _device_names(cls, value: list[str]) -> list[str]:
+        for device in value:
+            if not _IB_DEVICE.fullmatch(device):
+                raise _invalid(f"{device!r} is not an RDMA device name (they are joined with ',' on the command line)",
+                               "use names as `ibv_devices` lists them, e.g. mlx5_0")
+        return value
 
 
 Policy = Literal["random", "round_robin", "cache_aware", "power_of_two", "manual"]
@@ -177,45 +261,45 @@ Policy = Literal["random", "round_robin", "cache_aware", "power_of_two", "manual
 class RouterSpec(_Section):
     """sglang-router in PD mode: the only public endpoint."""
 
-    host: str = "127.0.0.1"
+    host: Host = "127.0.0.1"
     port: Port = 30001
-    prometheus_host: str = "127.0.0.1"
+    prometheus_host: Host = "127.0.0.1"
     prometheus_port: Port = 29000
     policy: Policy | None = Field(None, description="--policy for both roles; unset keeps the router's default")
     prefill_policy: Policy | None = None
     decode_policy: Policy | None = None
-    health_check_timeout_secs: PositiveInt = Field(
+    health_check_timeout_secs: Seconds = Field(
         30, description="A loaded worker's /health can take 20 s; the router's own default (5 s) is too short"
     )
-    worker_startup_timeout_secs: PositiveInt = 1800
-    request_timeout_secs: PositiveInt = 1800
-    api_key_file: AbsolutePath | None = Field(
+    worker_startup_timeout_secs: Seconds = 1800
+    request_timeout_secs: Seconds = 1800
+    api_key_file: FilePath | None = Field(
         None, description="File holding the API key clients must send; passed with LoadCredential="
     )
-    extra_args: ExtraArgs = Field(default_factory=list, description="Further router flags, verbatim")
+    extra_args: RouterExtraArgs = Field(default_factory=list, description="Further router flags, verbatim")
     env: Environment = Field(default_factory=dict)
 
 
 class SystemdSpec(_Section):
     """How the units behave. Large models load for many minutes, hence the long start timeout."""
 
-    start_timeout_sec: PositiveInt = Field(1800, description="TimeoutStartSec: launch until ready")
-    stop_timeout_sec: PositiveInt = Field(120, description="TimeoutStopSec: SIGTERM until SIGKILL")
-    restart_sec: PositiveInt = Field(10, description="RestartSec after a failure")
-    start_limit_burst: PositiveInt = Field(5, description="Failed starts allowed within the interval")
-    start_limit_interval_sec: PositiveInt = Field(3600, description="StartLimitIntervalSec")
-    user: str = "pdserve"
-    group: str = "pdserve"
-    supplementary_groups: list[str] = Field(default_factory=list)
-    wanted_by: str = "multi-user.target"
+    start_timeout_sec: Seconds = Field(1800, description="TimeoutStartSec: launch until ready")
+    stop_timeout_sec: Seconds = Field(120, description="TimeoutStopSec: SIGTERM until SIGKILL")
+    restart_sec: Seconds = Field(10, description="RestartSec after a failure")
+    start_limit_burst: Count = Field(5, description="Failed starts allowed within the interval")
+    start_limit_interval_sec: Seconds = Field(3600, description="StartLimitIntervalSec")
+    user: UserName = "pdserve"
+    group: UserName = "pdserve"
+    supplementary_groups: list[UserName] = Field(default_factory=list, max_length=MAX_LIST_ITEMS)
+    wanted_by: UnitName = "multi-user.target"
 
 
 class ToolPaths(_Section):
     """Executables the units call. Unset: found on PATH when rendering (NixOS passes store paths)."""
 
-    sglang_python: AbsolutePath | None = Field(None, description="Python with sglang and sglang-router")
-    numactl: AbsolutePath | None = None
-    pdserve: AbsolutePath | None = None
+    sglang_python: ExecutablePath | None = Field(None, description="Python with sglang and sglang-router")
+    numactl: ExecutablePath | None = None
+    pdserve: ExecutablePath | None = None
 
 
 class Deployment(_Section):
@@ -247,7 +331,7 @@ class Deployment(_Section):
     @field_validator("name")
     @classmethod
     def _unit_safe_name(cls, value: str) -> str:
-        if not _UNIT_NAME.match(value):
+        if not _UNIT_NAME.fullmatch(value):
             raise _invalid(
                 "must be lowercase letters, digits and dashes (it becomes part of unit names)",
                 "e.g. name = \"dsv4\"",

@@ -6,6 +6,8 @@ import ipaddress
 from collections.abc import Callable, Iterator
 
 from pdserve.config import WORKER_ROLES, Deployment, ServerSpec
+from pdserve.extra_args import long_flag, read_as
+from pdserve.limits import command_lines_fit
 from pdserve.problems import Problem, Severity
 
 Rule = Callable[[Deployment], Iterator[Problem]]
@@ -13,6 +15,9 @@ Rule = Callable[[Deployment], Iterator[Problem]]
 # Flags pdserve renders from the schema; repeating one in extra_args would make two sources of truth.
 _RENDERED_SERVER_FLAGS = {
     "--model-path": "model.path",
+    "--model": "model.path",
+    "--trust-remote-code": "model.trust_remote_code",
+    "--enable-metrics": "nothing: pdserve always sets it (the verifier reads /metrics)",
     "--served-model-name": "model.served_name",
     "--reasoning-parser": "model.reasoning_parser",
     "--tool-call-parser": "model.tool_call_parser",
@@ -200,10 +205,14 @@ def context_fits_chunk(dep: Deployment) -> Iterator[Problem]:
 def no_rendered_flags_in_extra_args(dep: Deployment) -> Iterator[Problem]:
     def clashes(field: str, args: list[str], rendered: dict[str, str], role: str) -> Iterator[Problem]:
         for arg in args:
-            flag = arg.split("=", 1)[0]
-            if flag in rendered:
+            # The parsers take any unambiguous prefix for the flag (`--por` is --port): see extra_args.py.
+            flag = read_as(arg, rendered)
+            if flag:
+                given = long_flag(arg)
+                how = "" if given == flag else f" (the parser reads {given} as {flag})"
                 yield Problem(
-                    field, arg, f"{flag} is rendered by pdserve", f"set {rendered[flag].replace('<role>', role)} instead"
+                    field, arg, f"{flag} is rendered by pdserve{how}",
+                    f"set {rendered[flag].replace('<role>', role)} instead",
                 )
 
     for role, server in _servers(dep):
@@ -231,6 +240,7 @@ RULES: tuple[Rule, ...] = (
     context_fits_chunk,
     no_rendered_flags_in_extra_args,
     policy_choice,
+    command_lines_fit,
 )
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from pdserve.commands import Toolchain
 from pdserve.config import Deployment
 from pdserve.problems import ConfigError, Problem
+from pdserve.systemd_syntax import executable_problem
 
 # tool field -> (command looked up on PATH, what it is)
 _TOOLS = {
@@ -63,10 +64,16 @@ def _resolve(dep: Deployment, overrides: dict[str, str | None], lenient: bool = 
             if lenient:
                 resolved[field] = command
             continue
-        if not Path(path).is_absolute():
-            problems.append(Problem(f"tools.{field}", path, "must be an absolute path", "give the full path"))
+        # Flags and PATH are input too: the same rules as tools.* in the deployment (systemd executes it).
+        problem = executable_problem(path)
+        if problem:
+            problems.append(Problem(
+                f"tools.{field}", path, problem,
+                "give the absolute path of the executable, without quotes, backslashes, control characters "
+                "or a trailing /",
+            ))
             if lenient:
-                resolved[field] = path
+                resolved[field] = command
             continue
         resolved[field] = path
     return Toolchain(**resolved) if len(resolved) == len(_TOOLS) else None, problems

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pdserve import systemd_syntax
 from pdserve.boot import wanted_at_boot
 from pdserve.commands import Launch, Toolchain, launches, unit_name
 from pdserve.config import Deployment, Role
+from pdserve.problems import ConfigError, Problem
 
 # The router starts once both workers answer, so it needs minutes at most, not a model load.
 ROUTER_START_TIMEOUT_SEC = 300
@@ -32,32 +34,29 @@ class Unit:
 
 
 def quote_arg(arg: str) -> str:
-    """Quote one argv element for ExecStart=: no variable or specifier expansion, spaces kept."""
-    escaped = arg.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%").replace("$", "$$")
-    if escaped and escaped == arg and not any(c.isspace() or c in "'\";" for c in arg):
-        return arg
-    return f'"{escaped}"'
+    """One argv element for an ExecStart= line (see systemd_syntax.exec_word)."""
+    return systemd_syntax.exec_word(arg)
 
 
 def command_line(argv: tuple[str, ...] | list[str]) -> str:
-    return " ".join(quote_arg(arg) for arg in argv)
+    """A whole ExecStart= value that systemd turns back into exactly `argv`."""
+    return systemd_syntax.exec_line(argv)
 
 
 def environment_line(name: str, value: str, *, specifiers: bool = False) -> str:
     """One Environment= assignment. Values from the deployment are literal (`%` escaped); pdserve's
     own paths may use systemd specifiers such as %S (state directory)."""
-    escaped = f"{name}={value}".replace("\\", "\\\\").replace('"', '\\"')
-    if not specifiers:
-        escaped = escaped.replace("%", "%%")
-    return f'"{escaped}"'
+    return systemd_syntax.environment_value(name, value, specifiers=specifiers)
 
 
 def render_ini(sections: list[tuple[str, Section]], header: str) -> str:
+    """The unit text. Every line passes systemd_syntax.directive(), so a value that would end the line,
+    continue it or exceed systemd's line limit stops rendering instead of becoming another directive."""
     lines = [f"# {line}" if line else "#" for line in header.splitlines()]
     for title, entries in sections:
         lines.append("")
         lines.append(f"[{title}]")
-        lines.extend(f"{key}={value}" for key, value in entries)
+        lines.extend(systemd_syntax.directive(key, value) for key, value in entries)
     return "\n".join(lines) + "\n"
 
 
@@ -83,7 +82,7 @@ def _unit_section(dep: Deployment, role: Role, description: str) -> Section:
     pd_units = [_service(unit_name(dep, r)) for r in ("prefill", "decode", "router")]
     fallback = _service(unit_name(dep, "fallback"))
     entries: Section = [
-        ("Description", description),
+        ("Description", systemd_syntax.text_value(description)),
         ("Wants", "network-online.target"),
     ]
     if role == "router":
@@ -110,11 +109,11 @@ def _service_section(dep: Deployment, launch: Launch, config_path: str, tools: T
     entries: Section = [
         # Type=exec: the unit fails at once if the binary cannot be executed; readiness is ExecStartPost's job.
         ("Type", "exec"),
-        ("User", sd.user),
-        ("Group", sd.group),
+        ("User", systemd_syntax.name_value(sd.user)),
+        ("Group", systemd_syntax.name_value(sd.group)),
     ]
     if sd.supplementary_groups:
-        entries.append(("SupplementaryGroups", " ".join(sd.supplementary_groups)))
+        entries.append(("SupplementaryGroups", systemd_syntax.names_value(sd.supplementary_groups)))
     entries += [
         ("StateDirectory", state),
         ("CacheDirectory", state),
@@ -124,7 +123,8 @@ def _service_section(dep: Deployment, launch: Launch, config_path: str, tools: T
         ("Environment", environment_line("XDG_CACHE_HOME", f"%C/{state}", specifiers=True)),
     ]
     entries += [("Environment", environment_line(k, v)) for k, v in sorted(launch.env.items())]
-    entries += [("LoadCredential", f"{name}:{path}") for name, path in sorted(launch.credentials.items())]
+    entries += [("LoadCredential", systemd_syntax.credential_value(name, path))
+                for name, path in sorted(launch.credentials.items())]
     ready = [tools.pdserve, "wait-ready", launch.role, "--config", config_path,
              "--timeout", str(max(start_timeout - READY_MARGIN_SEC, 1))]
     entries += [
@@ -172,4 +172,13 @@ def _install_sections(dep: Deployment, role: Role) -> list[tuple[str, Section]]:
 
 
 def render_units(dep: Deployment, tools: Toolchain, config_path: str) -> list[Unit]:
-    return [render_unit(dep, launch, config_path, tools) for launch in launches(dep, tools).values()]
+    """All four units, or a ConfigError naming the input that cannot be rendered exactly (the loader
+    refuses such deployment values first; the config path and the tool paths come from flags too)."""
+    problem = systemd_syntax.text_problem(config_path) or systemd_syntax.path_length_problem(config_path)
+    if problem:
+        raise ConfigError([Problem("--config-path", config_path, problem, systemd_syntax.TEXT_FIX)], "render")
+    try:
+        return [render_unit(dep, launch, config_path, tools) for launch in launches(dep, tools).values()]
+    except systemd_syntax.Unrepresentable as exc:
+        # Only reachable with a deployment that bypassed loading (or a pdserve bug): nothing is written.
+        raise ConfigError([Problem("(rendering)", None, str(exc), "fix the value named in the message")], "render") from None

@@ -1,9 +1,12 @@
 """Run command lines through SGLang's and sglang-router's own argument parsers.
 
 Runs under the SGLang Python (imports nothing from pdserve). Reads a JSON list of
-{"role", "program": "server"|"router", "args": [...]} on stdin and prints one JSON list of
-{"role", "status": "ok"|"error"|"unavailable", "detail"} on stdout. argparse reports errors on
-stderr and exits; both are captured so the caller gets the parser's own words.
+{"role", "program": "server"|"router", "args": [...], "extra": N} on stdin (the last N args come from
+the deployment's extra_args) and prints one JSON list of
+{"role", "status": "ok"|"error"|"unavailable", "detail", "culprit": "rendered"|"extra"|null, "arg"} on
+stdout. argparse reports errors on stderr and exits; both are captured so the caller gets the parser's
+own words. On an error the culprit is found by parsing again: without the extra args (then pdserve's
+own flags are at fault), and without one extra option at a time (then that option is).
 """
 
 import contextlib
@@ -26,19 +29,59 @@ def parse(program, args):
             validate()
 
 
-def check(item):
+# Past this many extra options, the culprit is not searched for one by one (each try is a full parse).
+MAX_TRIES = 32
+
+
+def attempt(program, args):
+    """(status, detail) of one parse: "ok", "error" with the parser's last words, or "unavailable"."""
     captured = io.StringIO()
     try:
         with contextlib.redirect_stderr(captured), contextlib.redirect_stdout(captured):
-            parse(item["program"], item["args"])
+            parse(program, args)
     except ImportError as exc:
-        return {"role": item["role"], "status": "unavailable", "detail": f"{type(exc).__name__}: {exc}"}
+        return "unavailable", f"{type(exc).__name__}: {exc}"
     except SystemExit:
         lines = [line for line in captured.getvalue().splitlines() if line.strip()]
-        return {"role": item["role"], "status": "error", "detail": lines[-1] if lines else "parser exited"}
+        return "error", lines[-1] if lines else "parser exited"
     except Exception as exc:  # the parsers' own validation raises ValueError and friends
-        return {"role": item["role"], "status": "error", "detail": f"{type(exc).__name__}: {exc}"}
-    return {"role": item["role"], "status": "ok", "detail": ""}
+        return "error", f"{type(exc).__name__}: {exc}"
+    return "ok", ""
+
+
+def options(extra):
+    """The extra args as options: each starts at an arg beginning with '-' and takes the values after it."""
+    groups = []
+    for arg in extra:
+        if arg.startswith("-") or not groups:
+            groups.append([arg])
+        else:
+            groups[-1].append(arg)
+    return groups
+
+
+def culprit(item):
+    program, args, n = item["program"], item["args"], item.get("extra", 0)
+    if n == 0:
+        return "rendered", None
+    base, extra = args[: len(args) - n], args[len(args) - n:]
+    if attempt(program, base)[0] != "ok":
+        return "rendered", None
+    groups = options(extra)
+    if len(groups) <= MAX_TRIES:
+        for i, group in enumerate(groups):
+            rest = [arg for j, g in enumerate(groups) if j != i for arg in g]
+            if attempt(program, base + rest)[0] == "ok":
+                return "extra", group[0]
+    return "extra", None
+
+
+def check(item):
+    status, detail = attempt(item["program"], item["args"])
+    result = {"role": item["role"], "status": status, "detail": detail, "culprit": None, "arg": None}
+    if status == "error":
+        result["culprit"], result["arg"] = culprit(item)
+    return result
 
 
 def main():
