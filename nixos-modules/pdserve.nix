@@ -1,8 +1,8 @@
 # services.pdserve: a thin adapter from NixOS options to `pdserve`. The deployment schema, its rules
 # and the unit files all live in the Python package; this module writes the settings as JSON, has
-# `pdserve check` validate them while the system builds, has `pdserve render` write the units, ships
-# those with systemd.packages, and adds what only NixOS knows: store paths, users, firewall, boot
-# wiring, hardening drop-ins.
+# `pdserve check` validate them (with SGLang's real parsers, and all deployments of the host together)
+# while the system builds, has `pdserve render` write the units, ships those with systemd.packages,
+# and adds what only NixOS knows: store paths, users, firewall, boot wiring, hardening drop-ins.
 {
   config,
   lib,
@@ -15,6 +15,13 @@ let
   cfg = config.services.pdserve;
   json = pkgs.formats.json { };
 
+  # pdserve's committed JSON Schema (`pdserve schema`, a source file: no import-from-derivation) is
+  # where this module takes every default it needs, so a deployment that leaves a key out means the
+  # same to the module as to pdserve.
+  schema = lib.importJSON ../pkg/pdserve/deployment.schema.json;
+  schemaDefault = section: key: schema."$defs".${section}.properties.${key}.default;
+  bootLayouts = schema.properties.boot_layout.enum;
+
   isLoopback =
     host:
     lib.elem host [
@@ -24,12 +31,22 @@ let
     ]
     || lib.hasPrefix "127." host;
 
+  # The unit names pdserve renders (commands.unit_name); the module needs them to add its drop-ins.
   unitNames = d: {
     prefill = "sglang-${d.settings.name}-prefill";
     decode = "sglang-${d.settings.name}-decode";
     router = "sglang-${d.settings.name}-router";
     fallback = "sglang-${d.settings.name}";
   };
+
+  portOption =
+    section: key: description:
+    mkOption {
+      type = types.port;
+      default = schemaDefault section key;
+      defaultText = literalExpression "${toString (schemaDefault section key)} (pdserve's default)";
+      inherit description;
+    };
 
   deploymentModule =
     { name, config, ... }:
@@ -69,32 +86,41 @@ let
               router = {
                 host = mkOption {
                   type = types.str;
-                  default = "127.0.0.1";
+                  default = schemaDefault "RouterSpec" "host";
                   example = "0.0.0.0";
                   description = "Address the router (the only public endpoint) listens on.";
                 };
-                port = mkOption {
-                  type = types.port;
-                  default = 30001;
-                  description = "Port of the router; `openFirewall` opens this one and no other.";
-                };
+                port = portOption "RouterSpec" "port" "Port of the router; `openFirewall` opens this one and no other.";
+                prometheus_port = portOption "RouterSpec" "prometheus_port" "Port of the router's Prometheus metrics (stays closed in the firewall).";
               };
+              transfer.bootstrap_port = portOption "TransferSpec" "bootstrap_port" "KV bootstrap port the prefill server binds; distinct per deployment.";
               systemd = {
                 user = mkOption {
                   type = types.str;
-                  default = "pdserve";
+                  default = schemaDefault "SystemdSpec" "user";
                   description = "User the SGLang servers and the router run as.";
                 };
                 group = mkOption {
                   type = types.str;
-                  default = "pdserve";
+                  default = schemaDefault "SystemdSpec" "group";
                   description = "Group the SGLang servers and the router run as.";
                 };
                 wanted_by = mkOption {
                   type = types.str;
-                  default = "multi-user.target";
-                  description = "Target that pulls in the prefill, decode and router units at boot.";
+                  default = schemaDefault "SystemdSpec" "wanted_by";
+                  description = "Target that pulls in the units of `boot_layout` at boot.";
                 };
+              };
+              boot_layout = mkOption {
+                type = types.enum bootLayouts;
+                default = schema.properties.boot_layout.default;
+                example = "single";
+                description = ''
+                  Which layout starts at boot: `"pd"` (prefill, decode and router wanted by
+                  `systemd.wanted_by`) or `"single"` (only the fallback). `pdserve cutover` switches
+                  what runs now; on NixOS it cannot change boot links (they are generated), so it
+                  names this line to change, and the next `nixos-rebuild switch` makes it so.
+                '';
               };
             };
           };
@@ -104,8 +130,9 @@ let
           type = types.bool;
           default = false;
           description = ''
-            Open the router's port (`settings.router.port`) in the firewall. The worker ports stay
-            closed: prefill and decode listen on loopback and bypass the router's API key.
+            Open the router's port (`settings.router.port`) in the firewall, and no other: prefill,
+            decode, the bootstrap and the Prometheus ports stay closed (the workers bypass the
+            router's API key). Requires a public `settings.router.host` and `apiKeyFile`.
           '';
         };
 
@@ -125,8 +152,9 @@ let
           readOnly = true;
           defaultText = literalExpression "<settings as JSON in the Nix store, checked by pdserve check>";
           description = ''
-            The deployment as the units read it: `settings` written as JSON and validated by
-            `pdserve check` at build time; `nix run .#verify` passes it to `pdserve verify -c`.
+            The deployment as the units read it: `settings` written as JSON and validated at build
+            time by one `pdserve check` of every deployment of the host, with the real parsers of
+            `services.pdserve.sglangPackage`; `nix run .#verify` passes it to `pdserve verify -c`.
           '';
         };
       };
@@ -135,27 +163,45 @@ let
         settings.router = lib.mkIf (config.apiKeyFile != null) {
           api_key_file = config.apiKeyFile;
         };
-        configFile = checkedSettings config;
+        configFile = pkgs.runCommand "pdserve-${config.settings.name}.json" { } ''
+          # Valid on its own and beside every other deployment of this host: ${checkedDeployments}
+          ln -s ${settingsJson config} $out
+        '';
       };
     };
 
   deployments = lib.attrValues cfg.deployments;
 
-  # Build-time validation, as nixpkgs' Prometheus module runs promtool: an invalid deployment fails
-  # the build with pdserve's own messages (field, bad value, fix). Host checks (GPUs, NUMA nodes,
-  # files) and SGLang's parsers need the real machine: `nix run .#verify` runs those there.
-  checkedSettings =
-    d:
-    let
-      file = json.generate "pdserve-${d.settings.name}.json" d.settings;
-    in
-    pkgs.runCommand "pdserve-${d.settings.name}.json"
+  settingsJson = d: json.generate "pdserve-${d.settings.name}-settings.json" d.settings;
+
+  # Build-time validation, as nixpkgs' Prometheus module runs promtool: one `pdserve check` of every
+  # deployment, each on its own (schema, field rules, SGLang's and the router's real parsers from
+  # sglangPackage, the environment the units run) and all together (no listener port or unit name
+  # twice on the host). A problem fails the build with pdserve's own messages (field, bad value, fix).
+  # Host checks (GPUs, NUMA nodes, files) need the real machine: `nix run .#verify` runs those there.
+  checkedDeployments =
+    pkgs.runCommand "pdserve-deployments-check"
       {
-        nativeBuildInputs = [ cfg.package ];
+        nativeBuildInputs = [
+          cfg.package
+          pkgs.jq
+        ];
       }
       ''
-        ln -s ${file} $out
-        pdserve check --no-host --no-parsers -c $out
+        export HOME=$TMPDIR
+        status=0
+        pdserve check --json --no-host --sglang-python ${cfg.sglangPackage}/bin/python \
+          ${lib.escapeShellArgs (map settingsJson deployments)} > report.json || status=$?
+        jq -r '((.deployments // [.])[] | .problems[]), (.across // [])[]
+          | "\(.severity): \(.field) = \(.value | tojson): \(.message); fix: \(.fix)"' report.json >&2
+        [ "$status" = 0 ] || exit "$status"
+        # Here a parser that cannot run is a failure, not a skip: sglangPackage is what the units run.
+        if jq -e '[(.deployments // [.])[] | .skipped[] | select(test("parser check skipped|parser not importable"))]
+                  | length > 0' report.json >&2; then
+          echo "error: SGLang's parsers did not run with ${cfg.sglangPackage}/bin/python" >&2
+          exit 1
+        fi
+        mv report.json $out
       '';
 
   renderedUnits =
@@ -233,40 +279,103 @@ let
     TRITON_LIBCUDA_PATH = "${pkgs.addDriverRunpath.driverLink}/lib";
   };
 
+  # What starts at boot follows settings.boot_layout; NixOS generates the wants links from
+  # wantedBy (the [Install] sections of the rendered units are not read here).
   unitsOf =
     d:
     let
       names = unitNames d;
+      bootTarget = d.settings.systemd.wanted_by;
+      atBoot = layout: {
+        wantedBy = lib.optional (d.settings.boot_layout == layout) bootTarget;
+      };
       worker = {
         serviceConfig = hardening // gpuRelaxations;
         environment = gpuEnvironment;
         # SGLang binds its scheduler processes to each GPU's NUMA node with numactl, looked up on PATH.
         path = [ pkgs.numactl ];
       };
-      pd = {
-        wantedBy = [ d.settings.systemd.wanted_by ];
-      };
     in
     {
-      ${names.prefill} = worker // pd;
-      ${names.decode} = worker // pd;
+      ${names.prefill} = worker // atBoot "pd";
+      ${names.decode} = worker // atBoot "pd";
       # The router runs on the CPU only: no GPU device access at all.
-      ${names.router} = pd // {
+      ${names.router} = atBoot "pd" // {
         serviceConfig = hardening // {
           PrivateDevices = true;
         };
       };
-      # Installed, not wanted: `pdserve cutover` (or `systemctl start`) switches to it.
-      ${names.fallback} = worker;
+      # Always installed; wanted at boot only in the single layout. `pdserve cutover` switches now.
+      ${names.fallback} = worker // atBoot "single";
     };
 
-  ports = d: [
-    d.settings.prefill.port
-    d.settings.decode.port
-    d.settings.router.port
-  ];
-  allPorts = lib.concatMap ports deployments;
-  allNames = map (d: d.settings.name) deployments;
+  # Across deployments, checked here at evaluation (before anything builds) so the message can name
+  # the option to change; `pdserve check` of all deployments (checkedDeployments) holds the same rule
+  # and is what decides at build time. The listeners are pdserve.rules_across.listeners: tests/nix
+  # makes each of those collide and expects this assertion to name it.
+  listenersOf =
+    attrName: d:
+    map
+      (field: {
+        inherit attrName field;
+        port = lib.getAttrFromPath (lib.splitString "." field) d.settings;
+      })
+      (
+        [
+          "prefill.port"
+          "decode.port"
+          "router.port"
+          "router.prometheus_port"
+          "transfer.bootstrap_port"
+        ]
+        # By default the fallback takes its own router's port, which never runs beside it.
+        ++ lib.optional ((d.settings.fallback.port or null) != null
+          && d.settings.fallback.port != d.settings.router.port
+        ) "fallback.port"
+      );
+  allListeners = lib.concatLists (lib.mapAttrsToList listenersOf cfg.deployments);
+  takenPorts = map (l: l.port) allListeners;
+  # The first port above `port` that no deployment uses: what the messages suggest.
+  freePortFrom = port: if lib.elem port takenPorts then freePortFrom (port + 1) else port;
+  portCollisions = lib.concatLists (
+    lib.imap0 (
+      i: l:
+      let
+        earlier = lib.findFirst (o: o.port == l.port && o.attrName != l.attrName) null (lib.take i allListeners);
+      in
+      lib.optional (earlier != null) {
+        assertion = false;
+        message = ''
+          services.pdserve.deployments.${l.attrName}.settings.${l.field} = ${toString l.port} is also
+          deployments.${earlier.attrName}.settings.${earlier.field}; two deployments on one host cannot listen on
+          one port. Write services.pdserve.deployments.${l.attrName}.settings.${l.field} = ${toString (freePortFrom l.port)};
+        '';
+      }
+    ) allListeners
+  );
+
+  allUnits = lib.concatLists (
+    lib.mapAttrsToList (attrName: d: map (unit: { inherit attrName unit; }) (lib.attrValues (unitNames d))) cfg.deployments
+  );
+  unitCollisions = lib.unique (
+    lib.concatLists (
+      lib.imap0 (
+        i: u:
+        let
+          earlier = lib.findFirst (o: o.unit == u.unit && o.attrName != u.attrName) null (lib.take i allUnits);
+        in
+        lib.optional (earlier != null) {
+          assertion = false;
+          message = ''
+            services.pdserve.deployments.${u.attrName} and deployments.${earlier.attrName} both have the unit
+            ${u.unit}.service. Write services.pdserve.deployments.${u.attrName}.settings.name = "${u.attrName}2";
+            (a name that is neither another deployment's name nor one plus -prefill, -decode or -router).
+          '';
+        }
+      ) allUnits
+    )
+  );
+
   users = lib.unique (map (d: d.settings.systemd.user) deployments);
   groups = lib.unique (map (d: d.settings.systemd.group) deployments);
 in
@@ -316,37 +425,23 @@ in
   };
 
   config = lib.mkIf cfg.enable {
-    assertions =
-      [
-        {
-          assertion = cfg.deployments != { };
-          message = ''
-            services.pdserve is enabled without a deployment. Add one, e.g.
-              services.pdserve.deployments.dsv4.settings = builtins.fromTOML (builtins.readFile ./deployment.toml);
-          '';
-        }
-        {
-          assertion = lib.allUnique allNames;
-          message = ''
-            services.pdserve.deployments: two deployments share settings.name (${lib.concatStringsSep ", " allNames}),
-            so their units would collide. Give each a distinct settings.name.
-          '';
-        }
-        {
-          assertion = lib.allUnique allPorts;
-          message = ''
-            services.pdserve.deployments: a port is used twice across prefill.port, decode.port and
-            router.port of all deployments (${lib.concatMapStringsSep ", " toString allPorts}).
-            Give every server its own port.
-          '';
-        }
-      ]
-      ++ lib.concatLists (
-        lib.mapAttrsToList (
-          attrName: d:
-          let
-            at = "services.pdserve.deployments.${attrName}";
-            keyFile = d.settings.router.api_key_file or null;
+    assertions = [
+      {
+        assertion = cfg.deployments != { };
+        message = ''
+          services.pdserve is enabled without a deployment. Add one, e.g.
+            services.pdserve.deployments.dsv4.settings = builtins.fromTOML (builtins.readFile ./deployment.toml);
+        '';
+      }
+    ]
+    ++ unitCollisions
+    ++ portCollisions
+    ++ lib.concatLists (
+      lib.mapAttrsToList (
+        attrName: d:
+        let
+          at = "services.pdserve.deployments.${attrName}";
+          keyFile = d.settings.router.api_key_file or null;
         in
         [
           {
@@ -355,6 +450,15 @@ in
               ${at}.openFirewall opens port ${toString d.settings.router.port}, but the router listens on
               ${d.settings.router.host} only. Write ${at}.settings.router.host = "0.0.0.0"; (and set
               ${at}.apiKeyFile), or drop openFirewall.
+            '';
+          }
+          {
+            # Opening the firewall to a router without a key hands the model to the network.
+            assertion = d.openFirewall -> keyFile != null;
+            message = ''
+              ${at}.openFirewall publishes the router on port ${toString d.settings.router.port} without an
+              API key. Write ${at}.apiKeyFile = "/run/keys/pdserve-api-key"; (a file outside the Nix store,
+              e.g. provisioned by agenix or sops-nix), or drop openFirewall.
             '';
           }
           {
@@ -373,18 +477,20 @@ in
             '';
           }
         ]
-        ) cfg.deployments
-      );
+      ) cfg.deployments
+    );
 
     warnings =
       lib.concatLists (
         lib.mapAttrsToList (
           attrName: d:
-          lib.optional (!(isLoopback d.settings.router.host) && (d.settings.router.api_key_file or null) == null) ''
-            services.pdserve: deployment ${attrName}'s router listens on ${d.settings.router.host}
-            without an API key: anyone who reaches port ${toString d.settings.router.port} can use the model.
-            Set services.pdserve.deployments.${attrName}.apiKeyFile.
-          ''
+          lib.optional
+            (!(isLoopback d.settings.router.host) && !d.openFirewall && (d.settings.router.api_key_file or null) == null)
+            ''
+              services.pdserve: deployment ${attrName}'s router listens on ${d.settings.router.host}
+              without an API key: anyone who reaches port ${toString d.settings.router.port} can use the model.
+              Set services.pdserve.deployments.${attrName}.apiKeyFile.
+            ''
         ) cfg.deployments
       )
       ++ lib.optional (!config.hardware.graphics.enable) ''
@@ -392,6 +498,10 @@ in
         SGLang environment looks for libcuda) stays empty. On a GPU host write
         hardware.graphics.enable = true; together with the hardware.nvidia settings.
       '';
+
+    # The SGLang environment finds libcuda and libnvidia-ml in /run/opengl-driver/lib, which only
+    # hardware.graphics populates (nixpkgs: "should be enabled by the corresponding modules").
+    hardware.graphics.enable = lib.mkDefault true;
 
     environment.systemPackages = [ cfg.package ];
 

@@ -1,7 +1,8 @@
 # NixOS VM test of services.pdserve (a flake check; needs KVM, no GPU). The reference deployment
 # runs for real under systemd: the units the module renders, its drop-ins, the real sglang-router
 # 0.3.2 in PD mode, and the stand-in SGLang worker (tests/fixtures/standin_sglang, a test fixture)
-# behind `python -m sglang.launch_server`.
+# behind `python -m sglang.launch_server`. `pdserve cutover` runs both ways on NixOS's generated,
+# read-only boot links. Evaluated (tests/nix/test_eval.py); never run yet (needs a binary cache).
 {
   pkgs,
   lib,
@@ -78,7 +79,12 @@ pkgs.testers.runNixOSTest {
     environment.systemPackages = [ pkgs.curl ];
   };
 
-  testScript = ''
+  testScript =
+    { nodes, ... }:
+    let
+      configFile = nodes.machine.services.pdserve.deployments.dsv4.configFile;
+    in
+    ''
     import json
 
     machine.wait_for_unit("multi-user.target")
@@ -132,5 +138,30 @@ pkgs.testers.runNixOSTest {
             + " && systemctl is-active sglang-dsv4-decode.service",
             timeout=120,
         )
-  '';
+
+    chat = (
+        "curl -sf -H 'authorization: Bearer test-key' -H 'content-type: application/json' "
+        "-d @/etc/pdserve-test/chat.json http://127.0.0.1:30001/v1/chat/completions"
+    )
+    wants = "/etc/systemd/system/multi-user.target.wants"
+
+    with subtest("cutover to the single layout serves on the same URL; NixOS's boot links stay as declared"):
+        machine.wait_until_succeeds("systemctl is-active sglang-dsv4-router.service", timeout=120)
+        report = json.loads(machine.succeed("pdserve cutover single --json -c ${configFile}"))
+        machine.succeed("systemctl is-active sglang-dsv4.service")
+        for unit in ("sglang-dsv4-prefill", "sglang-dsv4-decode", "sglang-dsv4-router"):
+            machine.fail(f"systemctl is-active {unit}.service")
+        assert json.loads(machine.succeed(chat))["choices"][0]["message"]["content"]
+        # The wants links are the store's: boot_layout decides them, the cutover only says what to write.
+        machine.succeed(f"test -e {wants}/sglang-dsv4-router.service")
+        machine.fail(f"test -e {wants}/sglang-dsv4.service")
+        assert 'settings.boot_layout = "single";' in json.dumps(report), report
+
+    with subtest("cutover back to pd"):
+        machine.succeed("pdserve cutover pd --json -c ${configFile}")
+        machine.fail("systemctl is-active sglang-dsv4.service")
+        for unit in ("sglang-dsv4-prefill", "sglang-dsv4-decode", "sglang-dsv4-router"):
+            machine.succeed(f"systemctl is-active {unit}.service")
+        assert json.loads(machine.succeed(chat))["choices"][0]["message"]["content"]
+    '';
 }
