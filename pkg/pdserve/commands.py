@@ -174,8 +174,38 @@ def router_args(dep: Deployment) -> list[str]:
         "--worker-startup-timeout-secs", str(router.worker_startup_timeout_secs),
         "--request-timeout-secs", str(router.request_timeout_secs),
     ]
+    args += resilience_args(dep)
     args += router.extra_args
     return args
+
+
+# The router's own drain time when the deployment leaves it unset (its built-in default is 180 s).
+ROUTER_SHUTDOWN_GRACE_SEC = 30
+# Left between the end of the router's drain and systemd's SIGKILL, for the process to exit.
+ROUTER_EXIT_MARGIN_SEC = 5
+
+
+def router_shutdown_grace(dep: Deployment) -> int:
+    """Seconds the router drains after SIGTERM: the deployment's value, else 30 s or less, so that it
+    always ends before TimeoutStopSec= (systemd would SIGKILL it mid-drain)."""
+    chosen = dep.router.shutdown_grace_period_secs
+    if chosen is not None:
+        return chosen
+    return max(1, min(ROUTER_SHUTDOWN_GRACE_SEC, dep.systemd.stop_timeout_sec - ROUTER_EXIT_MARGIN_SEC))
+
+
+def resilience_args(dep: Deployment) -> list[str]:
+    """How the router rides out a worker's crash and restart (see RouterSpec): requests that arrive
+    meanwhile are retried until the worker is back, and nothing keeps it out once it is."""
+    router = dep.router
+    args = [] if router.circuit_breaker else ["--disable-circuit-breaker"]
+    return args + [
+        "--retry-max-retries", str(router.retry_max_retries),
+        "--retry-max-backoff-ms", str(router.retry_max_backoff_ms),
+        "--health-check-interval-secs", str(router.health_check_interval_secs),
+        "--health-success-threshold", str(router.health_success_threshold),
+        "--shutdown-grace-period-secs", str(router_shutdown_grace(dep)),
+    ]
 
 
 def numa_binding(dep: Deployment, role: Role) -> NumaBinding | None:

@@ -52,6 +52,12 @@ _RENDERED_ROUTER_FLAGS = {
     "--health-check-timeout-secs": "router.health_check_timeout_secs",
     "--worker-startup-timeout-secs": "router.worker_startup_timeout_secs",
     "--request-timeout-secs": "router.request_timeout_secs",
+    "--disable-circuit-breaker": "router.circuit_breaker",
+    "--retry-max-retries": "router.retry_max_retries",
+    "--retry-max-backoff-ms": "router.retry_max_backoff_ms",
+    "--health-check-interval-secs": "router.health_check_interval_secs",
+    "--health-success-threshold": "router.health_success_threshold",
+    "--shutdown-grace-period-secs": "router.shutdown_grace_period_secs",
     "--reasoning-parser": "model.reasoning_parser (parsers belong on the SGLang servers)",
     "--tool-call-parser": "model.tool_call_parser (parsers belong on the SGLang servers)",
 }
@@ -220,6 +226,18 @@ def no_rendered_flags_in_extra_args(dep: Deployment) -> Iterator[Problem]:
     yield from clashes("router.extra_args", dep.router.extra_args, _RENDERED_ROUTER_FLAGS, "router")
 
 
+def router_drains_before_sigkill(dep: Deployment) -> Iterator[Problem]:
+    grace, stop = dep.router.shutdown_grace_period_secs, dep.systemd.stop_timeout_sec
+    if grace is not None and grace >= stop:
+        yield Problem(
+            "router.shutdown_grace_period_secs",
+            grace,
+            f"is not below systemd.stop_timeout_sec ({stop}): systemd SIGKILLs the router mid-drain, and a "
+            "worker restart ordered behind that stop waits for it",
+            f"lower it to at most {max(1, stop - 5)}, raise systemd.stop_timeout_sec, or leave it unset",
+        )
+
+
 def policy_choice(dep: Deployment) -> Iterator[Problem]:
     router = dep.router
     if router.policy and (router.prefill_policy or router.decode_policy):
@@ -240,6 +258,7 @@ RULES: tuple[Rule, ...] = (
     context_fits_chunk,
     no_rendered_flags_in_extra_args,
     policy_choice,
+    router_drains_before_sigkill,
     command_lines_fit,
 )
 

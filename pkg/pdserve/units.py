@@ -1,8 +1,9 @@
 """systemd unit files for a deployment. Pure: a deployment and a toolchain in, unit texts out.
 
 Contract (ARCHITECTURE.md): After= means ready, so every unit gates its start on `pdserve wait-ready`
-in ExecStartPost (SGLang and the router never notify systemd); the router Requires= and is After= both
-workers; the fallback Conflicts= with every PD unit; the API key arrives through LoadCredential=.
+in ExecStartPost (SGLang and the router never notify systemd); the router Wants= and is After= both
+workers (it outlives their restarts) and its ExecStartPre= finds both ready; the fallback Conflicts=
+with every PD unit; the API key arrives through LoadCredential=.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from pdserve.problems import ConfigError, Problem
 ROUTER_START_TIMEOUT_SEC = 300
 # wait-ready gives up this much before systemd would kill it, so its own message reaches the journal.
 READY_MARGIN_SEC = 10
+# The router's ExecStartPre= check that both workers are ready (their own starts have ended by then).
+WORKER_GATE_SEC = 5
 
 Section = list[tuple[str, str]]
 
@@ -87,9 +90,13 @@ def _unit_section(dep: Deployment, role: Role, description: str) -> Section:
     ]
     if role == "router":
         workers = " ".join(pd_units[:2])
-        # Requires= pulls both workers in; After= holds the router until both are *ready*, because a
-        # worker's start only completes when its wait-ready gate has passed.
-        entries += [("Requires", workers), ("After", f"network-online.target {workers}")]
+        # Wants= pulls both workers in; After= holds the router until both are *ready*, because a
+        # worker's start only completes when its wait-ready gate has passed. Not Requires=: systemd
+        # restarts a Requires= dependent with the worker, so one crashed prefill took the public port
+        # down until it had reloaded, and the prefill's restart queued behind the router's stop job.
+        # A worker that failed to start still keeps the router's process from starting: the router's
+        # ExecStartPre= gates (WORKER_GATE_SEC) find it not ready.
+        entries += [("Wants", workers), ("After", f"network-online.target {workers}")]
     else:
         entries.append(("After", "network-online.target"))
     # The two layouts share GPUs and the public port: starting one stops the other.
@@ -127,6 +134,12 @@ def _service_section(dep: Deployment, launch: Launch, config_path: str, tools: T
                 for name, path in sorted(launch.credentials.items())]
     ready = [tools.pdserve, "wait-ready", launch.role, "--config", config_path,
              "--timeout", str(max(start_timeout - READY_MARGIN_SEC, 1))]
+    if launch.role == "router":
+        # By the time this runs (After=) both workers' starts have ended, ready or failed: the gate only
+        # confirms, so it is short. sglang-router 0.3.2 never registers a worker it found down at start.
+        entries += [("ExecStartPre", command_line(
+            [tools.pdserve, "wait-ready", worker, "--config", config_path, "--timeout", str(WORKER_GATE_SEC),
+             "--interval", "0.5"])) for worker in ("prefill", "decode")]
     entries += [
         ("ExecStart", command_line(launch.argv)),
         ("ExecStartPost", command_line(ready)),

@@ -36,11 +36,14 @@ def test_four_units_with_the_contract_names(units):
     assert sorted(units) == ["sglang-dsv4", "sglang-dsv4-decode", "sglang-dsv4-prefill", "sglang-dsv4-router"]
 
 
-def test_router_requires_and_follows_both_workers(units):
+def test_router_wants_and_follows_both_workers_but_does_not_require_them(units):
     unit = units["sglang-dsv4-router"]["Unit"]
-    assert unit["Requires"] == ["sglang-dsv4-prefill.service sglang-dsv4-decode.service"]
+    wants = " ".join(unit["Wants"]).split()
+    assert {"sglang-dsv4-prefill.service", "sglang-dsv4-decode.service"} <= set(wants)
     after = unit["After"][0].split()
     assert {"sglang-dsv4-prefill.service", "sglang-dsv4-decode.service"} <= set(after)
+    # Requires=, BindsTo=, PartOf= and Requisite= all carry a worker's stop or restart over to the router.
+    assert not {"Requires", "BindsTo", "PartOf", "Requisite"} & set(unit)
 
 
 def test_after_means_ready_through_a_bounded_gate(units, tools):

@@ -138,3 +138,23 @@ def test_workers_wrong_bootstrap_port_and_extra_worker_fail():
 def test_missing_decode_fails():
     result = router.check_workers(EXP, _workers(("http://127.0.0.1:30000", "prefill", 8998)))
     assert result.status == "fail" and any("decode http://127.0.0.1:30002 is not registered" in d for d in result.details)
+
+
+REFUSED = HttpObs("http://127.0.0.1:30000/health", None, None, "ConnectError: [Errno 111] Connection refused")
+
+
+def test_router_ready_fails_when_a_worker_itself_is_down():
+    """The router's 2/2 is as old as its last health check; the prefill's own /health is refused."""
+    obs = _ok("r/readiness", {"status": "ready", "healthy_workers": 2, "total_workers": 2})
+    result = router.check_readiness(EXP, obs, {"prefill": REFUSED, "decode": _ok("d/health")})
+    assert result.status == "fail"
+    assert "2/2 workers healthy by the router's last health check" in result.observed
+    assert "prefill /health" in result.observed and "Connection refused" in result.observed
+    assert "journalctl -u sglang-dsv4-prefill" in result.remediation and "decode" not in result.remediation
+
+
+def test_workers_listed_healthy_fail_when_a_worker_itself_is_down():
+    obs = _workers(("http://127.0.0.1:30000", "prefill", 8998), ("http://127.0.0.1:30002", "decode", None))
+    result = router.check_workers(EXP, obs, {"prefill": REFUSED, "decode": _ok("d/health")})
+    assert result.status == "fail" and "prefill /health" in result.observed
+    assert router.check_workers(EXP, obs, {"prefill": _ok("p/health"), "decode": _ok("d/health")}).status == "pass"

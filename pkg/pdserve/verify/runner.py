@@ -98,16 +98,21 @@ def _unit_check(role: str) -> Check:
 
 
 # ---- router
+def _workers_health(ctx: Context) -> dict[str, HttpObs]:
+    """Each worker's own /health, read directly: the router's view may be a health check old."""
+    return {role: ctx.get(f"{w.url}/health") for role, w in ctx.exp.workers.items()}
+
+
 def _router_readiness(ctx: Context) -> CheckResult:
     readiness = ctx.get(f"{ctx.exp.router_url}/readiness")
-    health = {role: ctx.get(f"{w.url}/health") for role, w in ctx.exp.workers.items()}
-    return router.check_readiness(ctx.exp, readiness, health)
+    return router.check_readiness(ctx.exp, readiness, _workers_health(ctx))
 
 
 def _router_workers(ctx: Context) -> CheckResult:
     key, _ = ctx.api_key()
     headers = {"Authorization": f"Bearer {key}"} if key else None
-    return router.check_workers(ctx.exp, ctx.get(f"{ctx.exp.router_url}/workers", headers))
+    listed = ctx.get(f"{ctx.exp.router_url}/workers", headers)
+    return router.check_workers(ctx.exp, listed, _workers_health(ctx))
 
 
 # ---- servers

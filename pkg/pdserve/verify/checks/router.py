@@ -1,4 +1,9 @@
-"""The router: ready with every worker healthy, and registered with exactly the configured workers."""
+"""The router: ready with every worker healthy, and registered with exactly the configured workers.
+
+Both checks also read each worker's own /health: the router's view is only as fresh as its last health
+check (sglang-router 0.3.2 defaults to one a minute), so "2/2 healthy" from the router alone can
+describe a worker that is already down.
+"""
 
 from __future__ import annotations
 
@@ -27,10 +32,13 @@ def check_readiness(exp: Expectations, readiness: HttpObs, workers_health: dict[
         observed = f"/readiness {readiness.status}: {readiness.body.get('reason') or readiness.body.get('status')}"
     else:
         observed = f"/readiness {readiness.status}, {healthy}/{total} workers healthy"
-    if readiness.status == 200 and healthy == total == PD_WORKERS:
-        return passed(cid, observed, expected)
     down = {role: obs for role, obs in workers_health.items() if not obs.ok}
     details = [f"{role} /health: {obs.describe()}" for role, obs in workers_health.items()]
+    if readiness.status == 200 and healthy == total == PD_WORKERS:
+        if not down:
+            return passed(cid, observed, expected)
+        return failed(cid, f"{observed} by the router's last health check, but {_down(down)}", expected,
+                      _stale_view_fix(exp, down), details)
     if down:
         why = "; ".join(f"{role} {obs.describe()}" for role, obs in down.items())
         return failed(cid, f"{observed}; not healthy: {why}", expected,
@@ -46,7 +54,19 @@ def check_readiness(exp: Expectations, readiness: HttpObs, workers_health: dict[
                   f"`systemctl restart {exp.router_unit}` now that the workers are ready", details)
 
 
-def check_workers(exp: Expectations, workers: HttpObs) -> CheckResult:
+def _down(down: dict[str, HttpObs]) -> str:
+    return "; ".join(f"{role} /health: {obs.describe()}" for role, obs in down.items())
+
+
+def _stale_view_fix(exp: Expectations, down: dict[str, HttpObs]) -> str:
+    units = " ".join(exp.workers[r].unit for r in down)
+    return (f"the worker is down although the router has not noticed yet (it checks every "
+            f"router.health_check_interval_secs): `systemctl status {units}`, `journalctl -u "
+            f"{' -u '.join(exp.workers[r].unit for r in down)} -n 100`; systemd restarts a crashed worker "
+            "(Restart=on-failure) and the router takes it back once its /health answers")
+
+
+def check_workers(exp: Expectations, workers: HttpObs, workers_health: dict[str, HttpObs] | None = None) -> CheckResult:
     cid = "router.workers"
     want = {
         exp.workers["prefill"].url: ("prefill", exp.bootstrap_port),
@@ -83,4 +103,8 @@ def check_workers(exp: Expectations, workers: HttpObs) -> CheckResult:
         return failed(cid, observed, expected,
                       "the router's flags disagree with the deployment: re-render the units "
                       f"(`pdserve render`) and `systemctl restart {exp.router_unit}`", problems)
+    down = {role: obs for role, obs in (workers_health or {}).items() if not obs.ok}
+    if down:
+        return failed(cid, f"{observed}, but {_down(down)}", expected, _stale_view_fix(exp, down),
+                      [f"{role} /health: {obs.describe()}" for role, obs in down.items()])
     return passed(cid, observed, expected)

@@ -1,0 +1,91 @@
+"""The router outlives its workers: unit ordering, the start gate, and the flags that let it ride out a
+worker's restart (issue 14, item 3). Rendered text parsed back; the real parser check is in
+tests/integration/test_real_parsers.py."""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+
+from pdserve.commands import router_args, router_shutdown_grace
+from pdserve.loading import deployment_from_data
+from pdserve.problems import ConfigError
+from pdserve.units import WORKER_GATE_SEC, render_units
+from tests.unit.test_units import CONFIG, parse_unit
+
+
+def _flag(args: list[str], flag: str) -> str:
+    return args[args.index(flag) + 1]
+
+
+def _loaded(data):
+    try:
+        loaded = deployment_from_data(data, "test")
+    except ConfigError as exc:
+        return None, [(p.field, p.message) for p in exc.problems]
+    return loaded.deployment, [(p.field, p.message) for p in loaded.warnings]
+
+
+def test_default_flags_ride_out_a_worker_restart(reference):
+    args = router_args(reference)
+    # No circuit breaker: one worker per role leaves nothing to fail over to.
+    assert "--disable-circuit-breaker" in args
+    # Held requests are retried for about 45 s (router default: 5 attempts, ~0.7 s of backoff in all).
+    assert _flag(args, "--retry-max-retries") == "30" and _flag(args, "--retry-max-backoff-ms") == "2000"
+    # A worker back from its restart is re-admitted within 2 s (router default: 2 checks 60 s apart).
+    assert _flag(args, "--health-check-interval-secs") == "2"
+    assert _flag(args, "--health-success-threshold") == "1"
+    # The drain ends before systemd's SIGKILL (router default 180 s, TimeoutStopSec 120 s).
+    grace = int(_flag(args, "--shutdown-grace-period-secs"))
+    assert grace == 30 < reference.systemd.stop_timeout_sec
+
+
+def test_fields_reach_the_router_flags(reference_data):
+    reference_data["router"].update(circuit_breaker=True, retry_max_retries=7, retry_max_backoff_ms=500,
+                                    health_check_interval_secs=9, health_success_threshold=3,
+                                    shutdown_grace_period_secs=40)
+    dep, problems = _loaded(reference_data)
+    assert problems == []
+    args = router_args(dep)
+    assert "--disable-circuit-breaker" not in args
+    assert [_flag(args, f) for f in ("--retry-max-retries", "--retry-max-backoff-ms", "--health-check-interval-secs",
+                                     "--health-success-threshold", "--shutdown-grace-period-secs")] == \
+        ["7", "500", "9", "3", "40"]
+
+
+@pytest.mark.parametrize("stop,grace", [(120, 30), (20, 15), (6, 1), (3, 1)])
+def test_unset_grace_stays_below_the_stop_timeout(reference_data, stop, grace):
+    reference_data.setdefault("systemd", {})["stop_timeout_sec"] = stop
+    dep, problems = _loaded(reference_data)
+    assert problems == []
+    assert router_shutdown_grace(dep) == grace
+    assert _flag(router_args(dep), "--shutdown-grace-period-secs") == str(grace)
+
+
+def test_a_grace_that_outlasts_the_stop_timeout_is_refused(reference_data):
+    reference_data["router"]["shutdown_grace_period_secs"] = 120
+    _, problems = _loaded(reference_data)
+    assert [f for f, _ in problems] == ["router.shutdown_grace_period_secs"]
+    assert "stop_timeout_sec (120)" in problems[0][1]
+
+
+@pytest.mark.parametrize("arg", ["--disable-circuit-breaker", "--retry-max-retries=3",
+                                 "--health-check-interval-secs=60", "--shutdown-grace-period-secs=180"])
+def test_rendered_resilience_flags_cannot_be_repeated_in_extra_args(reference_data, arg):
+    reference_data["router"]["extra_args"] = [arg]
+    _, problems = _loaded(reference_data)
+    assert [f for f, _ in problems] == ["router.extra_args"], problems
+
+
+def test_router_unit_starts_its_process_only_with_both_workers_ready(reference, tools):
+    units = {u.name: parse_unit(u.text) for u in render_units(reference, tools, CONFIG)}
+    service = units["sglang-dsv4-router"]["Service"]
+    gates = [shlex.split(line) for line in service["ExecStartPre"]]
+    assert [g[:3] for g in gates] == [[tools.pdserve, "wait-ready", "prefill"], [tools.pdserve, "wait-ready", "decode"]]
+    for gate in gates:
+        assert gate[gate.index("--config") + 1] == CONFIG
+        # Short: After= already waited for the workers' starts to end; this only confirms they are ready.
+        assert float(gate[gate.index("--timeout") + 1]) == WORKER_GATE_SEC
+    for worker in ("sglang-dsv4-prefill", "sglang-dsv4-decode", "sglang-dsv4"):
+        assert "ExecStartPre" not in units[worker]["Service"]
