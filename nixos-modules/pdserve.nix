@@ -354,26 +354,28 @@ let
     ) allListeners
   );
 
-  allUnits = lib.concatLists (
-    lib.mapAttrsToList (attrName: d: map (unit: { inherit attrName unit; }) (lib.attrValues (unitNames d))) cfg.deployments
-  );
-  unitCollisions = lib.unique (
-    lib.concatLists (
-      lib.imap0 (
-        i: u:
-        let
-          earlier = lib.findFirst (o: o.unit == u.unit && o.attrName != u.attrName) null (lib.take i allUnits);
-        in
-        lib.optional (earlier != null) {
-          assertion = false;
-          message = ''
-            services.pdserve.deployments.${u.attrName} and deployments.${earlier.attrName} both have the unit
-            ${u.unit}.service. Write services.pdserve.deployments.${u.attrName}.settings.name = "${u.attrName}2";
-            (a name that is neither another deployment's name nor one plus -prefill, -decode or -router).
-          '';
-        }
-      ) allUnits
-    )
+  # One message per deployment whose units another deployment (earlier in attribute order) has.
+  deploymentUnits = lib.mapAttrsToList (attrName: d: {
+    inherit attrName;
+    units = lib.attrValues (unitNames d);
+  }) cfg.deployments;
+  unitCollisions = lib.concatLists (
+    lib.imap0 (
+      i: mine:
+      let
+        earlier = lib.take i deploymentUnits;
+        owner = lib.findFirst (o: lib.any (unit: lib.elem unit o.units) mine.units) null earlier;
+        unit = lib.findFirst (u: lib.elem u owner.units) null mine.units;
+      in
+      lib.optional (owner != null) {
+        assertion = false;
+        message = ''
+          services.pdserve.deployments.${mine.attrName} and deployments.${owner.attrName} both have the unit
+          ${unit}.service. Write services.pdserve.deployments.${mine.attrName}.settings.name = "${mine.attrName}2";
+          (a name that is neither another deployment's name nor one plus -prefill, -decode or -router).
+        '';
+      }
+    ) deploymentUnits
   );
 
   users = lib.unique (map (d: d.settings.systemd.user) deployments);
