@@ -22,7 +22,13 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from pdserve import pins, systemd_syntax
-from pdserve.extra_args import ROUTER_SECRET_FLAGS, SERVER_SECRET_FLAGS, secret_flag
+from pdserve.extra_args import (
+    ROUTER_EXACT_FLAGS,
+    ROUTER_SECRET_FLAGS,
+    SERVER_EXACT_FLAGS,
+    SERVER_SECRET_FLAGS,
+    secret_flag,
+)
 
 Role = Literal["prefill", "decode", "router", "fallback"]
 WORKER_ROLES: tuple[Role, ...] = ("prefill", "decode")
@@ -128,9 +134,9 @@ def _environment(value: dict[str, str]) -> dict[str, str]:
 Environment = Annotated[dict[str, str], AfterValidator(_environment)]
 
 
-def _no_secret_flags(value: list[str], secrets: tuple[str, ...]) -> list[str]:
+def _no_secret_flags(value: list[str], secrets: tuple[str, ...], exact: tuple[str, ...]) -> list[str]:
     for arg in value:
-        flag = secret_flag(arg, secrets)
+        flag = secret_flag(arg, secrets, exact)
         if flag:
             raise _invalid(
                 f"{arg.split('=', 1)[0]} is read by the parser as {flag}; a secret on a command line is visible "
@@ -141,11 +147,11 @@ def _no_secret_flags(value: list[str], secrets: tuple[str, ...]) -> list[str]:
 
 
 def _server_extra_args(value: list[str]) -> list[str]:
-    return _no_secret_flags(value, SERVER_SECRET_FLAGS)
+    return _no_secret_flags(value, SERVER_SECRET_FLAGS, SERVER_EXACT_FLAGS)
 
 
 def _router_extra_args(value: list[str]) -> list[str]:
-    return _no_secret_flags(value, ROUTER_SECRET_FLAGS)
+    return _no_secret_flags(value, ROUTER_SECRET_FLAGS, ROUTER_EXACT_FLAGS)
 
 
 ExtraArgs = Annotated[list[str], AfterValidator(_server_extra_args), Field(max_length=MAX_LIST_ITEMS)]

@@ -15,6 +15,11 @@ from collections.abc import Iterable
 # Flags whose value is a secret: on a command line it is visible to every user through ps.
 SERVER_SECRET_FLAGS = ("--api-key", "--admin-api-key", "--ssl-keyfile-password")
 ROUTER_SECRET_FLAGS = ("--api-key", "--control-plane-api-keys", "--oracle-password")
+# Real flags of the pinned versions that are also prefixes of a guarded flag: argparse takes an exact
+# name before any abbreviation, so these mean themselves (--ssl-keyfile is not --ssl-keyfile-password).
+# tests/integration/test_hostile_parsers.py finds every such flag of the real parsers.
+SERVER_EXACT_FLAGS = ("--ssl-keyfile",)
+ROUTER_EXACT_FLAGS: tuple[str, ...] = ()
 
 
 def long_flag(arg: str) -> str | None:
@@ -24,16 +29,19 @@ def long_flag(arg: str) -> str | None:
     return arg.split("=", 1)[0]
 
 
-def read_as(arg: str, flags: Iterable[str]) -> str | None:
-    """The flag among `flags` that the parser may take `arg` for: itself, or one it abbreviates."""
+def read_as(arg: str, flags: Iterable[str], exact: Iterable[str] = ()) -> str | None:
+    """The flag among `flags` that the parser may take `arg` for: itself, or one it abbreviates.
+    `exact` lists other real flags, which the parser takes as themselves."""
     flag = long_flag(arg)
     if flag is None:
         return None
     known = sorted(flags)
     if flag in known:
         return flag
+    if flag in exact:
+        return None
     return next((f for f in known if f.startswith(flag)), None)
 
 
-def secret_flag(arg: str, secrets: Iterable[str]) -> str | None:
-    return read_as(arg, secrets)
+def secret_flag(arg: str, secrets: Iterable[str], exact: Iterable[str] = ()) -> str | None:
+    return read_as(arg, secrets, exact)

@@ -241,9 +241,10 @@ def read_text(path: Path) -> str:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         raise _file_problem(source, f"cannot be read: {exc.strerror}", "check the path and its permissions") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise _file_problem(source, "is not a regular file", "point --config at a deployment file")
     with os.fdopen(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise _file_problem(source, "is not a regular file", "point --config at a deployment file")
         try:
             raw = handle.read(MAX_FILE_BYTES + 1)
         except OSError as exc:

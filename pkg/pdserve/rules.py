@@ -6,7 +6,7 @@ import ipaddress
 from collections.abc import Callable, Iterator
 
 from pdserve.config import WORKER_ROLES, Deployment, ServerSpec
-from pdserve.extra_args import long_flag, read_as
+from pdserve.extra_args import ROUTER_EXACT_FLAGS, SERVER_EXACT_FLAGS, long_flag, read_as
 from pdserve.limits import command_lines_fit
 from pdserve.problems import Problem, Severity
 
@@ -210,9 +210,10 @@ def context_fits_chunk(dep: Deployment) -> Iterator[Problem]:
 
 def no_rendered_flags_in_extra_args(dep: Deployment) -> Iterator[Problem]:
     def clashes(field: str, args: list[str], rendered: dict[str, str], role: str) -> Iterator[Problem]:
+        exact = ROUTER_EXACT_FLAGS if role == "router" else SERVER_EXACT_FLAGS
         for arg in args:
             # The parsers take any unambiguous prefix for the flag (`--por` is --port): see extra_args.py.
-            flag = read_as(arg, rendered)
+            flag = read_as(arg, rendered, exact)
             if flag:
                 given = long_flag(arg)
                 how = "" if given == flag else f" (the parser reads {given} as {flag})"
