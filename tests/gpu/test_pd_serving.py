@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from tests.gpu import crash
-from tests.gpu.load import EMPTY
+from tests.gpu.load import EMPTY, as_report
 from tests.gpu.pd_run import SERVED_NAME, PDRun, group_members
 
 pytestmark = [pytest.mark.gpu, pytest.mark.integration]
@@ -183,7 +183,7 @@ def test_prefill_kill_9_under_load_the_keyed_router_stays_up_and_requests_succee
     report["prefill_kill_under_load"] = {
         "plan": plan.__dict__, "old_pid": result.old_pid, "new_pid": result.new_pid,
         "restart_ready_after_start_s": round(result.restart_ready_after_start_s, 1),
-        "load_s": round(result.load_s, 1), **crash.as_report(s)}
+        "load_s": round(result.load_s, 1), **as_report(s)}
     print("\n" + crash.table(result, plan))
     assert result.new_pid != result.old_pid
     assert s.failed_before == 0, "the deployment failed requests before the kill: " + str(s.details)
