@@ -1,10 +1,11 @@
-"""What can be checked of the Nix side without nixpkgs: every .nix file parses, builtins-only
-evaluation agrees with pdserve, flake.lock matches flake.nix and pins only GitHub revisions, and the
-uv lock files are current.
+"""What can be checked of the Nix side without nixpkgs (CI, Nix 2.8): every .nix file parses,
+builtins-only evaluation agrees with pdserve, flake.lock matches flake.nix and pins only GitHub
+revisions, and the uv lock files are current.
 
-nixpkgs cannot be fetched here, so the flake's outputs, the module and the VM test are evaluated by
-`nix flake check` on a networked host (README, "Nix"). PDSERVE_REQUIRE_NIX=1 / PDSERVE_REQUIRE_UV=1
-(CI) turn the skips for a missing nix-instantiate / uv into failures.
+CI cannot have nixpkgs, so the flake's outputs, the module and the VM test are evaluated by the
+evaluation tier (tests/nix/test_eval.py, marker nix_eval) on a developer machine (README, "Nix and
+NixOS"). PDSERVE_REQUIRE_NIX=1 / PDSERVE_REQUIRE_UV=1 (CI) turn the skips for a missing
+nix-instantiate / uv into failures.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from typing import Any
 
 import pytest
 
-from pdserve.config import Deployment
 from pdserve.loading import load, parse_document
 from tests.conftest import require_or_skip
 
@@ -87,18 +87,27 @@ def test_nix_reads_the_host_deployment_exactly_as_pdserve_does() -> None:
     assert from_nix == from_pdserve
 
 
+SCHEMA = REPO / "pkg" / "pdserve" / "deployment.schema.json"
+
+
 def module_writes(tmp_path: Path) -> Path:
     """The JSON the module hands pdserve for the gpu-host: the TOML as Nix reads it, plus the keys the
-    module types and fills in (see module_defaults_match_pdserve below for why those agree)."""
+    module types, filled in as the module fills them: from the committed JSON Schema's defaults.
+    (tests/nix/test_eval.py reads the real module's output against a real nixpkgs.)"""
     expression = f"""
       let
         settings = builtins.fromTOML (builtins.readFile {DEPLOYMENT});
-        systemd = settings.systemd or {{ }};
+        schema = builtins.fromJSON (builtins.readFile {SCHEMA});
+        default = section: key: schema."$defs".${{section}}.properties.${{key}}.default;
       in
       settings // {{
         name = settings.name or "dsv4";
-        router = {{ host = "127.0.0.1"; port = 30001; }} // (settings.router or {{ }});
-        systemd = {{ user = "pdserve"; group = "pdserve"; wanted_by = "multi-user.target"; }} // systemd;
+        boot_layout = settings.boot_layout or schema.properties.boot_layout.default;
+        router = {{ host = default "RouterSpec" "host"; port = default "RouterSpec" "port";
+                   prometheus_port = default "RouterSpec" "prometheus_port"; }} // (settings.router or {{ }});
+        transfer = {{ bootstrap_port = default "TransferSpec" "bootstrap_port"; }} // (settings.transfer or {{ }});
+        systemd = {{ user = default "SystemdSpec" "user"; group = default "SystemdSpec" "group";
+                    wanted_by = default "SystemdSpec" "wanted_by"; }} // (settings.systemd or {{ }});
       }}
     """
     path = tmp_path / "pdserve-dsv4.json"
@@ -119,35 +128,15 @@ def test_the_settings_the_module_writes_load_as_the_same_deployment(tmp_path: Pa
     assert load(module_writes(tmp_path)).deployment == load(DEPLOYMENT).deployment
 
 
-def module_default(option_path: str) -> str:
-    """The literal `default = ...;` of an option declared as `<last segment> = mkOption {` in the
-    module, found inside the block that follows `<parent> = {` (or at top level of settings)."""
+def test_the_module_takes_its_defaults_from_the_committed_schema() -> None:
+    """The module has no default of its own for a pdserve key: every typed settings option reads the
+    schema (`schemaDefault`), so the schema test (tests/unit/test_schema.py) keeps them pdserve's.
+    What the defaults evaluate to is checked against pdserve in tests/nix/test_eval.py."""
     text = MODULE.read_text(encoding="utf-8")
-    *parents, leaf = option_path.split(".")
-    start = 0
-    for parent in parents:
-        found = re.search(rf"\b{re.escape(parent)} = \{{", text[start:])
-        assert found, f"{parent} block not found in {MODULE.name}"
-        start += found.end()
-    option = re.search(rf"\b{re.escape(leaf)} = mkOption \{{(.*?)\n\s*\}};", text[start:], re.S)
-    assert option, f"option {option_path} not found in {MODULE.name}"
-    default = re.search(r"\bdefault = (.+?);", option.group(1))
-    assert default, f"option {option_path} has no default in {MODULE.name}"
-    return default.group(1).strip()
-
-
-@pytest.mark.parametrize(("option", "section", "field"), [
-    ("router.host", "router", "host"),
-    ("router.port", "router", "port"),
-    ("systemd.user", "systemd", "user"),
-    ("systemd.group", "systemd", "group"),
-    ("systemd.wanted_by", "systemd", "wanted_by"),
-])
-def test_module_defaults_match_pdserve(option: str, section: str, field: str) -> None:
-    """The module types a few keys and gives them defaults; those must be pdserve's defaults, or a
-    deployment that leaves them out would mean one thing to the module and another to pdserve."""
-    expected = Deployment.model_fields[section].default_factory().__getattribute__(field)  # type: ignore[misc]
-    assert module_default(option) == json.dumps(expected)
+    settings_block = text[text.index("settings = mkOption {"):text.index("openFirewall = mkOption {")]
+    literal_defaults = re.findall(r"\bdefault = (?!schemaDefault|schema\.|name;)([^;]+);", settings_block)
+    assert literal_defaults == [], f"literal defaults in the module's settings options: {literal_defaults}"
+    assert "lib.importJSON ../pkg/pdserve/deployment.schema.json" in text
 
 
 # --- flake.lock -----------------------------------------------------------------------------------

@@ -1,0 +1,124 @@
+# What the evaluation tier (tests/nix/test_eval.py) reads from the evaluated gpu-host and from variants
+# of it, each made with the host's own extendModules (same pkgs, same module) and reduced to the
+# options the tier asserts on. Nothing here is built. Applied to nixosConfigurations.gpu-host:
+#   nix eval --json --impure .#nixosConfigurations.gpu-host --apply 'host: import ./tests/nix/eval-cases.nix { ... }'
+{
+  host,
+  # An absolute key file outside the store; the tier looks for its content in the closure.
+  keyFile,
+  # pdserve.rules_across.listeners' fields for the reference (Python is the list to match).
+  listenerFields,
+}:
+let
+  inherit (host.pkgs) lib;
+
+  reference = builtins.fromTOML (builtins.readFile ../../hosts/gpu-host/deployment.toml);
+  referenceSettings = host.config.services.pdserve.deployments.dsv4.settings;
+
+  variant = modules: (host.extendModules { inherit modules; }).config;
+
+  units = [
+    "sglang-dsv4-prefill"
+    "sglang-dsv4-decode"
+    "sglang-dsv4-router"
+    "sglang-dsv4"
+  ];
+
+  failedAssertions = config: map (a: a.message) (lib.filter (a: !a.assertion) config.assertions);
+
+  # What the tier reads of every variant; each field is evaluated only when read.
+  summary = config: {
+    failed = failedAssertions config;
+    inherit (config) warnings;
+    wantedBy = lib.genAttrs units (unit: config.systemd.units."${unit}.service".wantedBy);
+    allowedTCPPorts = config.networking.firewall.allowedTCPPorts;
+    settings = lib.mapAttrs (_: d: d.settings) config.services.pdserve.deployments;
+    configFiles = lib.mapAttrs (_: d: d.configFile.drvPath) config.services.pdserve.deployments;
+    toplevel = config.system.build.toplevel.drvPath;
+  };
+
+  dsv4 = settings: { services.pdserve.deployments.dsv4 = settings; };
+
+  # A second deployment of the reference, every listener moved off the reference's.
+  otherSettings = lib.recursiveUpdate reference {
+    name = "other";
+    prefill.port = 31000;
+    decode.port = 31002;
+    router.port = 31001;
+    router.prometheus_port = 29001;
+    transfer.bootstrap_port = 8999;
+  };
+  other = settings: { services.pdserve.deployments.other.settings = settings; };
+  atField = field: lib.splitString "." field;
+  referencePort = field: lib.getAttrFromPath (atField field) referenceSettings;
+  collidingOn = field: lib.recursiveUpdate otherSettings (lib.setAttrByPath (atField field) (referencePort field));
+in
+{
+  host = summary host.config;
+
+  nvidia = {
+    inherit (host.config.hardware.nvidia) open;
+    datacenter = host.config.hardware.nvidia.datacenter.enable;
+    driver = host.config.hardware.nvidia.package.name;
+    productionDriver = host.config.boot.kernelPackages.nvidiaPackages.production.name;
+    fabricmanager = host.config.systemd.services ? nvidia-fabricmanager;
+    persistenced = host.config.systemd.services ? nvidia-persistenced;
+    cudaCapabilities = host.pkgs.config.cudaCapabilities;
+    graphics = host.config.hardware.graphics.enable;
+  };
+
+  single = summary (variant [ (dsv4 { settings.boot_layout = "single"; }) ]);
+
+  openFirewall = summary (variant [
+    (dsv4 {
+      openFirewall = true;
+      apiKeyFile = keyFile;
+      settings.router.host = lib.mkForce "0.0.0.0";
+    })
+  ]);
+  openFirewallOnLoopback = summary (variant [
+    (dsv4 {
+      openFirewall = true;
+      apiKeyFile = keyFile;
+    })
+  ]);
+  openFirewallWithoutKey = summary (variant [
+    (dsv4 {
+      openFirewall = true;
+      settings.router.host = lib.mkForce "0.0.0.0";
+    })
+  ]);
+  publicWithoutKey = summary (variant [ (dsv4 { settings.router.host = lib.mkForce "0.0.0.0"; }) ]);
+  relativeKey = summary (variant [ (dsv4 { apiKeyFile = "keys/pdserve-api-key"; }) ]);
+  storeKey = summary (variant [ (dsv4 { apiKeyFile = "${builtins.storeDir}/0000000000000000000000000000000a-key"; }) ]);
+
+  twoDeployments = summary (variant [ (other otherSettings) ]);
+  collisions = lib.genAttrs listenerFields (field: summary (variant [ (other (collidingOn field)) ]));
+  fallbackCollision = summary (variant [ (other (lib.recursiveUpdate otherSettings { fallback.port = referencePort "decode.port"; })) ]);
+  sameName = summary (variant [ (other (otherSettings // { name = "dsv4"; })) ]);
+  unitNameOfAnother = summary (variant [ (other (otherSettings // { name = "dsv4-prefill"; })) ]);
+
+  # Only what the schema requires: every other key comes from the module's defaults (the schema's).
+  bare =
+    (variant [
+      {
+        services.pdserve.deployments = lib.mkForce {
+          bare.settings = {
+            inherit (reference) model;
+            prefill = {
+              gpus = [ 0 ];
+              port = 32000;
+            };
+            decode = {
+              gpus = [ 1 ];
+              port = 32002;
+            };
+            fallback.gpus = [
+              0
+              1
+            ];
+          };
+        };
+      }
+    ]).services.pdserve.deployments.bare.settings;
+}

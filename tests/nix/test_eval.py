@@ -1,0 +1,327 @@
+"""The evaluation tier: the flake against a real nixpkgs, on a developer machine (marker nix_eval).
+
+Every output evaluates with no error and no evaluation warning, and the evaluated configuration does
+what the module promises: boot layout -> wantedBy, openFirewall -> the router port only, apiKeyFile ->
+LoadCredential= with nothing of the key in the store, every assertion fires with its message, defaults
+are pdserve's. Nothing is built (no binary cache here).
+
+It needs what CI cannot have (code from elsewhere is never committed), given by environment variables:
+  PDSERVE_EVAL_NIX                 a Nix >= 2.18 command (words split like a shell), e.g. a chroot wrapper
+  PDSERVE_EVAL_NIXPKGS             flake reference of a prepared nixpkgs tree (git+file:///...?rev=...)
+  PDSERVE_EVAL_PYPROJECT_NIX       flake references of the three pyproject inputs
+  PDSERVE_EVAL_UV2NIX
+  PDSERVE_EVAL_BUILD_SYSTEM_PKGS
+README ("Nix and NixOS") says how to prepare them. Without them every test here skips with that reason;
+PDSERVE_REQUIRE_EVAL=1 turns the skip into a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pdserve.config import Deployment
+from pdserve.loading import deployment_from_data, load
+from pdserve.rules_across import listeners
+from pdserve.tools import Toolchain
+from pdserve.units import render_units
+from tests.conftest import require_or_skip
+
+pytestmark = pytest.mark.nix_eval
+
+REPO = Path(__file__).resolve().parents[2]
+CASES = REPO / "tests" / "nix" / "eval-cases.nix"
+INPUTS = {
+    "nixpkgs": "PDSERVE_EVAL_NIXPKGS",
+    "pyproject-nix": "PDSERVE_EVAL_PYPROJECT_NIX",
+    "uv2nix": "PDSERVE_EVAL_UV2NIX",
+    "pyproject-build-systems": "PDSERVE_EVAL_BUILD_SYSTEM_PKGS",
+}
+TIMEOUT = 900
+EVALUATION_WARNING = re.compile(r"^(evaluation warning|trace: warning):", re.M)
+SYSTEM = "x86_64-linux"
+
+
+@dataclass(frozen=True)
+class Evaluator:
+    nix: list[str]
+    overrides: list[str]
+
+    def run(self, *args: str, expect_ok: bool = True) -> subprocess.CompletedProcess[str]:
+        command = [*self.nix, *args, "--no-write-lock-file", "--no-eval-cache", *self.overrides]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT, cwd=REPO)
+        if expect_ok:
+            assert result.returncode == 0, f"{shlex.join(args)} failed:\n{result.stderr[-6000:]}"
+            assert not EVALUATION_WARNING.search(result.stderr), f"{shlex.join(args)} warned:\n{result.stderr}"
+        return result
+
+    def json(self, *args: str) -> Any:
+        return json.loads(self.run("eval", "--json", *args).stdout)
+
+
+@pytest.fixture(scope="module")
+def nix() -> Evaluator:
+    missing = [name for name in ("PDSERVE_EVAL_NIX", *INPUTS.values()) if not os.environ.get(name)]
+    require_or_skip(
+        not missing,
+        f"{', '.join(missing)} not set: the evaluation tier needs a Nix >= 2.18 and a prepared nixpkgs tree "
+        "with the pyproject inputs, which CI cannot have (README, \"Nix and NixOS\")",
+        "PDSERVE_REQUIRE_EVAL",
+    )
+    nix = shlex.split(os.environ["PDSERVE_EVAL_NIX"])
+    version = subprocess.run([*nix, "--version"], capture_output=True, text=True, timeout=60).stdout
+    found = re.search(r"(\d+)\.(\d+)", version)
+    assert found and (int(found[1]), int(found[2])) >= (2, 18), f"{version.strip()}: nixpkgs needs Nix >= 2.18"
+    overrides = [arg for name, env in INPUTS.items() for arg in ("--override-input", name, os.environ[env])]
+    return Evaluator(nix, overrides)
+
+
+@pytest.fixture(scope="module")
+def key_file(tmp_path_factory) -> tuple[Path, str]:
+    """A key file with content found nowhere else: if it reaches the store, the closure scan finds it."""
+    marker = f"pdserve-eval-key-{uuid.uuid4().hex}"
+    path = tmp_path_factory.mktemp("keys") / f"api-key-{uuid.uuid4().hex[:12]}"
+    path.write_text(marker + "\n", encoding="utf-8")
+    return path, marker
+
+
+def reference() -> Deployment:
+    return load(REPO / "hosts" / "gpu-host" / "deployment.toml").deployment
+
+
+# Python's list of a deployment's listeners; the module must know every one of them.
+LISTENER_FIELDS = [listener.field for listener in listeners(reference())]
+
+
+@pytest.fixture(scope="module")
+def cases(nix: Evaluator, key_file: tuple[Path, str]) -> dict[str, Any]:
+    """Everything read from the gpu-host and its variants, in one evaluation."""
+    path, _ = key_file
+    fields = json.dumps(json.dumps(LISTENER_FIELDS))  # a Nix string holding JSON
+    variants = f"import {CASES} {{ inherit host; keyFile = {json.dumps(str(path))}; " \
+               f"listenerFields = builtins.fromJSON {fields}; }}"
+    return nix.json("--impure", ".#nixosConfigurations.gpu-host", "--apply", f"host: ({SELECTION}) ({variants})")
+
+
+# What the tests below read of eval-cases.nix (one evaluation; each field is evaluated only if named).
+SELECTION = """c: {
+  inherit (c) nvidia bare;
+  host = { inherit (c.host) failed warnings wantedBy allowedTCPPorts settings configFiles toplevel; };
+  single = { inherit (c.single) failed warnings wantedBy; };
+  openFirewall = { inherit (c.openFirewall) failed warnings allowedTCPPorts settings toplevel; };
+  twoDeployments = { inherit (c.twoDeployments) failed warnings configFiles; };
+  collisions = builtins.mapAttrs (_: v: v.failed) c.collisions;
+} // builtins.mapAttrs (_: v: { inherit (v) failed warnings; }) {
+  inherit (c) openFirewallOnLoopback openFirewallWithoutKey publicWithoutKey relativeKey storeKey
+    fallbackCollision sameName unitNameOfAnother;
+}"""
+
+
+# --- every output evaluates, without warnings ----------------------------------------------------
+
+def test_flake_show_lists_every_output(nix: Evaluator):
+    shown = json.loads(nix.run("flake", "show", "--json").stdout)
+    assert set(shown["packages"][SYSTEM]) == {"default", "pdserve", "sglang-env", "kernels"}
+    assert set(shown["checks"][SYSTEM]) == {"pytest", "treefmt", "gpu-host-eval", "gpu-host-settings", "vm-test"}
+    assert "gpu-host" in shown["nixosConfigurations"] and "default" in shown["nixosModules"]
+    assert "verify" in shown["apps"][SYSTEM] and "default" in shown["devShells"][SYSTEM]
+
+
+def test_flake_check_without_building(nix: Evaluator):
+    result = nix.run("flake", "check", "--no-build")
+    evaluated = re.findall(r"derivation evaluated to (/nix/store/\S+\.drv)", result.stderr)
+    assert len(evaluated) >= 11, result.stderr  # 4 packages, formatter, devShell, 5 checks
+
+
+def test_every_output_evaluates(nix: Evaluator):
+    drvs = nix.json(".#packages." + SYSTEM, "--apply", "ps: builtins.mapAttrs (_: p: p.drvPath) ps")
+    assert set(drvs) == {"default", "pdserve", "sglang-env", "kernels"}
+    shell = nix.json(f".#devShells.{SYSTEM}.default.drvPath")
+    program = nix.json(f".#apps.{SYSTEM}.verify.program")
+    checks = nix.json(f".#checks.{SYSTEM}", "--apply", "cs: builtins.mapAttrs (_: c: c.drvPath) cs")
+    for path in [*drvs.values(), shell, *checks.values()]:
+        assert re.fullmatch(r"/nix/store/[a-z0-9]{32}-.+\.drv", path), path
+    assert re.fullmatch(r"/nix/store/[a-z0-9]{32}-pdserve-verify/bin/pdserve-verify", program), program
+
+
+def test_the_vm_test_node_evaluates_without_warnings(nix: Evaluator):
+    node = nix.json(f".#checks.{SYSTEM}.vm-test", "--apply", """t: let m = t.nodes.machine; in {
+      toplevel = m.system.build.toplevel.drvPath; inherit (m) warnings;
+      failed = map (a: a.message) (builtins.filter (a: !a.assertion) m.assertions);
+      driver = t.driver.drvPath; }""")
+    assert node["warnings"] == [] and node["failed"] == []
+    assert node["toplevel"].endswith(".drv") and node["driver"].endswith(".drv")
+
+
+# --- the gpu-host -----------------------------------------------------------------------------------
+
+def test_gpu_host_evaluates_without_warnings_or_failed_assertions(cases):
+    assert cases["host"]["failed"] == [] and cases["host"]["warnings"] == []
+    assert re.fullmatch(r"/nix/store/[a-z0-9]{32}-nixos-system-gpu-host-.+\.drv", cases["host"]["toplevel"])
+
+
+def test_gpu_host_is_the_reference_hardware(cases):
+    nvidia = cases["nvidia"]
+    assert nvidia["driver"] == nvidia["productionDriver"]
+    assert nvidia["open"] is True and nvidia["datacenter"] is False and nvidia["fabricmanager"] is False
+    assert nvidia["persistenced"] is True and nvidia["graphics"] is True
+    assert nvidia["cudaCapabilities"] == ["12.0a"]
+
+
+def test_gpu_host_settings_are_the_host_file_as_pdserve_reads_it(cases, tmp_path):
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps(cases["host"]["settings"]["dsv4"]), encoding="utf-8")
+    assert load(path).deployment == reference()
+
+
+# --- boot layout -----------------------------------------------------------------------------------
+
+PD_UNITS = {"sglang-dsv4-prefill", "sglang-dsv4-decode", "sglang-dsv4-router"}
+
+
+def wanted_at_boot(summary: dict[str, Any]) -> set[str]:
+    return {unit for unit, targets in summary["wantedBy"].items() if "multi-user.target" in targets}
+
+
+def test_pd_layout_boots_prefill_decode_and_router(cases):
+    assert wanted_at_boot(cases["host"]) == PD_UNITS
+
+
+def test_single_layout_boots_only_the_fallback(cases):
+    assert wanted_at_boot(cases["single"]) == {"sglang-dsv4"}
+    assert cases["single"]["failed"] == [] and cases["single"]["warnings"] == []
+
+
+# --- firewall and the API key ------------------------------------------------------------------------
+
+def test_open_firewall_opens_the_router_port_and_nothing_else(cases):
+    opened = set(cases["openFirewall"]["allowedTCPPorts"]) - set(cases["host"]["allowedTCPPorts"])
+    assert opened == {reference().router.port}
+    assert cases["openFirewall"]["failed"] == [] and cases["openFirewall"]["warnings"] == []
+
+
+def test_api_key_file_is_a_path_outside_the_store_and_becomes_load_credential(cases, key_file, tmp_path):
+    path, _ = key_file
+    settings = cases["openFirewall"]["settings"]["dsv4"]
+    assert settings["router"]["api_key_file"] == str(path) and not str(path).startswith("/nix/store")
+    # The units are what pdserve renders from exactly these settings (the module's renderedUnits).
+    dep = deployment_from_data(settings, "<evaluated settings>").deployment
+    tools = Toolchain("/bin/python", "/bin/numactl", "/bin/pdserve", "/lib/keyed_launch.py")
+    router = next(u for u in render_units(dep, tools, "/etc/pdserve.json") if u.filename == "sglang-dsv4-router.service")
+    assert re.search(rf"^LoadCredential=\S+:{re.escape(str(path))}$", router.text, re.M), router.text
+
+
+def test_the_key_never_reaches_the_store(nix: Evaluator, cases, key_file):
+    path, marker = key_file
+    closure = nix.run("derivation", "show", "-r", cases["openFirewall"]["toplevel"]).stdout
+    assert path.name in closure  # the scan sees the settings: the path is there, as a string
+    assert marker not in closure
+    sources = {source for drv in json.loads(closure).values() for source in drv.get("inputSrcs", [])}
+    assert not [s for s in sources if s.endswith(path.name)], "the key file was copied into the store"
+
+
+# --- assertions ---------------------------------------------------------------------------------------
+
+def only_failure(summary: dict[str, Any]) -> str:
+    assert len(summary["failed"]) == 1, summary["failed"]
+    return " ".join(summary["failed"][0].split())
+
+
+def test_open_firewall_on_a_loopback_router_fails_with_the_line_to_write(cases):
+    message = only_failure(cases["openFirewallOnLoopback"])
+    assert 'Write services.pdserve.deployments.dsv4.settings.router.host = "0.0.0.0";' in message
+
+
+def test_open_firewall_without_a_key_fails_with_the_line_to_write(cases):
+    message = only_failure(cases["openFirewallWithoutKey"])
+    assert 'Write services.pdserve.deployments.dsv4.apiKeyFile = "/run/keys/pdserve-api-key";' in message
+
+
+def test_public_router_without_firewall_or_key_warns(cases):
+    assert cases["publicWithoutKey"]["failed"] == []
+    (warning,) = cases["publicWithoutKey"]["warnings"]
+    assert "Set services.pdserve.deployments.dsv4.apiKeyFile." in " ".join(warning.split())
+
+
+def test_relative_key_path_fails_with_the_line_to_write(cases):
+    message = only_failure(cases["relativeKey"])
+    assert 'apiKeyFile = "keys/pdserve-api-key" is not an absolute path' in message
+    assert 'e.g. services.pdserve.deployments.dsv4.apiKeyFile = "/run/keys/pdserve-api-key";' in message
+
+
+def test_key_file_in_the_store_fails(cases):
+    assert "is in the Nix store, which every user can read" in only_failure(cases["storeKey"])
+
+
+def test_two_deployments_on_distinct_listeners_pass(cases):
+    assert cases["twoDeployments"]["failed"] == [] and cases["twoDeployments"]["warnings"] == []
+
+
+@pytest.mark.parametrize("field", LISTENER_FIELDS)
+def test_each_listener_collision_fails_with_the_line_to_write(cases, field):
+    port = getattr(getattr(reference(), field.split(".")[0]), field.split(".")[1])
+    message = only_failure({"failed": cases["collisions"][field]})
+    assert f"services.pdserve.deployments.other.settings.{field} = {port} is also deployments.dsv4.settings.{field}" \
+        in message
+    assert re.search(rf"Write services\.pdserve\.deployments\.other\.settings\.{re.escape(field)} = \d+;", message)
+
+
+def test_a_fallback_port_collision_fails(cases):
+    assert ("deployments.other.settings.fallback.port = 30002 is also deployments.dsv4.settings.decode.port"
+            in only_failure(cases["fallbackCollision"]))
+
+
+@pytest.mark.parametrize(("case", "unit"), [("sameName", "sglang-dsv4-decode"),
+                                            ("unitNameOfAnother", "sglang-dsv4-prefill")])
+def test_unit_name_collisions_fail_with_the_line_to_write(cases, case, unit):
+    message = only_failure(cases[case])
+    assert f"both have the unit {unit}.service" in message
+    assert 'Write services.pdserve.deployments.other.settings.name = "other2";' in message
+
+
+def test_a_failed_assertion_stops_the_system_evaluation(nix: Evaluator, key_file):
+    path, _ = key_file
+    result = nix.run(
+        "eval", "--impure", ".#nixosConfigurations.gpu-host", "--apply",
+        f"host: (import {CASES} {{ inherit host; keyFile = {json.dumps(str(path))}; listenerFields = []; }})"
+        ".openFirewallWithoutKey.toplevel",
+        expect_ok=False,
+    )
+    assert result.returncode != 0
+    assert "Failed assertions:" in result.stderr and "publishes the router on port 30001" in result.stderr
+
+
+# --- build-time check and defaults -------------------------------------------------------------------
+
+def test_one_build_time_check_of_all_deployments_with_the_real_parsers(nix: Evaluator, cases):
+    drvs = json.loads(nix.run("derivation", "show", "-r", cases["twoDeployments"]["configFiles"]["other"]).stdout)
+    (check,) = [d for path, d in drvs.items() if path.endswith("-pdserve-deployments-check.drv")]
+    command = check["env"]["buildCommand"]
+    assert "pdserve check --json --no-host --sglang-python /nix/store/" in command
+    assert "-pdserve-sglang-env/bin/python" in command and "--no-parsers" not in command
+    files = re.findall(r"/nix/store/\S+-pdserve-(\S+)-settings\.json", command)
+    assert sorted(files) == ["dsv4", "other"], command
+
+
+def test_module_defaults_are_pdserves(cases, tmp_path):
+    """A deployment that leaves out every optional key gets, from the module, exactly pdserve's defaults."""
+    bare = cases["bare"]
+    defaults = Deployment.model_fields
+    for section, keys in {"router": ("host", "port", "prometheus_port"), "transfer": ("bootstrap_port",),
+                          "systemd": ("user", "group", "wanted_by")}.items():
+        model = defaults[section].default_factory()  # type: ignore[misc]
+        for key in keys:
+            assert bare[section][key] == getattr(model, key), f"{section}.{key}"
+    assert bare["boot_layout"] == defaults["boot_layout"].default
+    path = tmp_path / "bare.json"
+    path.write_text(json.dumps(bare), encoding="utf-8")
+    assert load(path).deployment.router == defaults["router"].default_factory()  # type: ignore[misc]
