@@ -31,6 +31,8 @@ let
     failed = failedAssertions config;
     inherit (config) warnings;
     wantedBy = lib.genAttrs units (unit: config.systemd.units."${unit}.service".wantedBy);
+    # The module's part of each unit (drop-ins on the rendered unit files).
+    unitDrvs = lib.genAttrs units (unit: config.systemd.units."${unit}.service".unit.drvPath);
     allowedTCPPorts = config.networking.firewall.allowedTCPPorts;
     settings = lib.mapAttrs (_: d: d.settings) config.services.pdserve.deployments;
     configFiles = lib.mapAttrs (_: d: d.configFile.drvPath) config.services.pdserve.deployments;

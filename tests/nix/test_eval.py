@@ -115,7 +115,7 @@ def cases(nix: Evaluator, key_file: tuple[Path, str]) -> dict[str, Any]:
 # What the tests below read of eval-cases.nix (one evaluation; each field is evaluated only if named).
 SELECTION = """c: {
   inherit (c) nvidia bare;
-  host = { inherit (c.host) failed warnings wantedBy allowedTCPPorts settings configFiles toplevel; };
+  host = { inherit (c.host) failed warnings wantedBy unitDrvs allowedTCPPorts settings configFiles toplevel; };
   single = { inherit (c.single) failed warnings wantedBy; };
   openFirewall = { inherit (c.openFirewall) failed warnings allowedTCPPorts settings toplevel; };
   twoDeployments = { inherit (c.twoDeployments) failed warnings configFiles; };
@@ -167,6 +167,10 @@ def test_the_vm_test_node_evaluates_without_warnings(nix: Evaluator):
 def test_gpu_host_evaluates_without_warnings_or_failed_assertions(cases):
     assert cases["host"]["failed"] == [] and cases["host"]["warnings"] == []
     assert re.fullmatch(r"/nix/store/[a-z0-9]{32}-nixos-system-gpu-host-.+\.drv", cases["host"]["toplevel"])
+    assert set(cases["host"]["unitDrvs"]) == {"sglang-dsv4-prefill", "sglang-dsv4-decode", "sglang-dsv4-router",
+                                              "sglang-dsv4"}
+    for unit, drv in cases["host"]["unitDrvs"].items():
+        assert re.fullmatch(rf"/nix/store/[a-z0-9]{{32}}-unit-{unit}\.service\.drv", drv), drv
 
 
 def test_gpu_host_is_the_reference_hardware(cases):
