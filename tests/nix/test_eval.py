@@ -156,10 +156,20 @@ def test_every_output_evaluates(nix: Evaluator):
 def test_the_vm_test_node_evaluates_without_warnings(nix: Evaluator):
     node = nix.json(f".#checks.{SYSTEM}.vm-test", "--apply", """t: let m = t.nodes.machine; in {
       toplevel = m.system.build.toplevel.drvPath; inherit (m) warnings;
+      configFile = m.services.pdserve.deployments.dsv4.configFile.drvPath;
       failed = map (a: a.message) (builtins.filter (a: !a.assertion) m.assertions);
       driver = t.driver.drvPath; }""")
     assert node["warnings"] == [] and node["failed"] == []
     assert node["toplevel"].endswith(".drv") and node["driver"].endswith(".drv")
+    # Its stand-in sglangPackage has no SGLang: the build-time check runs without the parsers there only.
+    assert "--no-parsers" in check_command(nix, node["configFile"])
+
+
+def check_command(nix: Evaluator, config_file_drv: str) -> str:
+    """The build command of the pdserve-deployments-check derivation behind a deployment's configFile."""
+    drvs = json.loads(nix.run("derivation", "show", "-r", config_file_drv).stdout)
+    (check,) = [d for path, d in drvs.items() if path.endswith("-pdserve-deployments-check.drv")]
+    return check["env"]["buildCommand"]
 
 
 # --- the gpu-host -----------------------------------------------------------------------------------
@@ -307,9 +317,7 @@ def test_a_failed_assertion_stops_the_system_evaluation(nix: Evaluator, key_file
 # --- build-time check and defaults -------------------------------------------------------------------
 
 def test_one_build_time_check_of_all_deployments_with_the_real_parsers(nix: Evaluator, cases):
-    drvs = json.loads(nix.run("derivation", "show", "-r", cases["twoDeployments"]["configFiles"]["other"]).stdout)
-    (check,) = [d for path, d in drvs.items() if path.endswith("-pdserve-deployments-check.drv")]
-    command = check["env"]["buildCommand"]
+    command = check_command(nix, cases["twoDeployments"]["configFiles"]["other"])
     assert "pdserve check --json --no-host --sglang-python /nix/store/" in command
     assert "-pdserve-sglang-env/bin/python" in command and "--no-parsers" not in command
     files = re.findall(r"/nix/store/\S+-pdserve-(\S+)-settings\.json", command)

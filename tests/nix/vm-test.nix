@@ -63,6 +63,8 @@ pkgs.testers.runNixOSTest {
       enable = true;
       package = pdserve;
       sglangPackage = standinSglang;
+      # The stand-in environment has sglang-router but not SGLang, whose parser needs torch.
+      checkParsers = false;
       deployments.dsv4 = {
         inherit settings;
         apiKeyFile = "/run/pdserve-test/api-key";
