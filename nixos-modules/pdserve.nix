@@ -433,8 +433,9 @@ in
         }
       '';
       description = ''
-        PD deployments: each gets prefill, decode and router units (started at boot) and a
-        single-server fallback unit (installed, not started).
+        PD deployments: each gets prefill, decode and router units and a single-server fallback
+        unit, all installed; `settings.boot_layout` decides which start at boot (by default the
+        PD units).
       '';
     };
   };
