@@ -90,6 +90,11 @@ def test_nix_reads_the_host_deployment_exactly_as_pdserve_does() -> None:
 SCHEMA = REPO / "pkg" / "pdserve" / "deployment.schema.json"
 
 
+def test_the_embedded_profile_is_the_host_file_byte_for_byte() -> None:
+    embedded = REPO / "pkg" / "pdserve" / "profiles" / "dsv4.toml"
+    assert embedded.read_bytes() == DEPLOYMENT.read_bytes(), f"copy {DEPLOYMENT.relative_to(REPO)} to {embedded.relative_to(REPO)}"
+
+
 def module_writes(tmp_path: Path) -> Path:
     """The JSON the module hands pdserve for the gpu-host: the TOML as Nix reads it, plus the keys the
     module types, filled in as the module fills them: from the committed JSON Schema's defaults.
