@@ -70,12 +70,17 @@ def boot_access(states: Mapping[str, UnitState], files: UnitFiles) -> BootAccess
     if config is not None and _in_store(config.resolved):
         nixos = True
         reasons.append(f"{config.path} links into the Nix store ({config.resolved})")
+    from_store: dict[str, str] = {}
     for name, state in states.items():
         fragment = files.fragments.get(name)
-        if _in_store(state.fragment_path) or (fragment is not None and _in_store(fragment.resolved)):
-            nixos = True
-            reasons.append(f"{name} is a unit file from the Nix store "
-                           f"({fragment.resolved if fragment else state.fragment_path})")
+        where = fragment.resolved if fragment is not None else state.fragment_path
+        if _in_store(where):
+            from_store[name] = where.rsplit("/", 1)[0]
+    if from_store:
+        nixos = True
+        dirs = sorted(set(from_store.values()))
+        reasons.append(f"{', '.join(from_store)} {'is a unit file' if len(from_store) == 1 else 'are unit files'} "
+                       f"from the Nix store ({', '.join(dirs)})")
     if config is not None and config.read_only and not nixos:
         reasons.append(f"{config.path} is on a read-only file system")
     for name, state in states.items():

@@ -432,7 +432,8 @@ class Cutover:
         if plan.declared != plan.target:
             boot.change = plan.nixos_change if nixos else file_line(plan.target, plan.source)
             boot.change_in = ("the NixOS configuration, then `nixos-rebuild switch`" if nixos else
-                              f"{plan.source} (top level), then `pdserve render` again")
+                              f"the deployment file (top level; this cutover loaded {plan.source}), "
+                              "then `pdserve render` again")
         elif at_boot != plan.target:
             boot.detail += (f"; boot_layout already declares {plan.target}, but {at_boot} starts at boot: "
                             + ("`nixos-rebuild switch` has not run since" if nixos else "render and enable the units again"))
@@ -440,7 +441,8 @@ class Cutover:
         step.result = {"changed": "ok", "unchanged": "ok", "read-only": "skipped"}.get(result, "failed")
         step.detail = f"{boot.detail}; at boot: {at_boot}"
         if boot.change:
-            step.detail += f"; to keep it so, write `{boot.change}` in {boot.change_in}"
+            why = "to keep it so" if result in ("changed", "unchanged") else f"to boot into {plan.target}"
+            step.detail += f"; {why}, write `{boot.change}` in {boot.change_in}"
         step.duration_s = self.edge.clock() - began
 
     def _relink(self, states: dict[str, UnitState]) -> tuple[str, str]:

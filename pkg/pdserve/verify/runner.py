@@ -93,7 +93,7 @@ def _unit_check(role: str) -> Check:
         failed = props.get("ActiveState") == "failed" or props.get("Result", "success") not in ("success", "")
         journal = ctx.journal(unit) if failed or (role != "fallback" and props.get("ActiveState") != "active") else []
         check = units.check_fallback_unit if role == "fallback" else units.check_pd_unit
-        return check(f"units.{role}", unit, props, journal)
+        return check(f"units.{role}", unit, props, journal, ctx.dep.boot_layout)
     return run
 
 

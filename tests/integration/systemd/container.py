@@ -192,6 +192,8 @@ class Container:
     proc: subprocess.Popen | None = None
     pid: int = 0
     boots: int = 0
+    # Further read-only mounts, "HOST:INSIDE" as --bind-ro= takes them (a stand-in /nix/store).
+    read_only_binds: tuple[str, ...] = ()
     _console: object = field(default=None, repr=False)
 
     # -- lifecycle --------------------------------------------------------------------------------
@@ -199,7 +201,7 @@ class Container:
     def boot(self) -> None:
         argv = ["systemd-nspawn", "-D", str(self.root), "--boot", "--register=no", "--keep-unit",
                 "--console=read-only", f"--machine=pdserve-test-{os.getpid()}",
-                *[f"--bind-ro={b}" for b in self.env.binds]]
+                *[f"--bind-ro={b}" for b in (*self.env.binds, *self.read_only_binds)]]
         self.boots += 1
         self._console = self.log.open("ab")
         self._console.write(f"\n=== boot {self.boots}: {' '.join(argv)}\n".encode())

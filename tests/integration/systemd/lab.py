@@ -77,13 +77,14 @@ class Lab:
 
     def variant(self, *, prefill_env: dict[str, str] | None = None, decode_env: dict[str, str] | None = None,
                 fallback_env: dict[str, str] | None = None, api_key: bool = False,
-                start_timeout: int = START_TIMEOUT_SEC) -> dict[str, Any]:
+                start_timeout: int = START_TIMEOUT_SEC, boot_layout: str = "pd") -> dict[str, Any]:
         numa = 0 if Path("/sys/devices/system/node/node0").is_dir() else None
         data = copy.deepcopy(base_deployment(self.ports, numa))
         data["systemd"]["start_timeout_sec"] = start_timeout
         data["prefill"]["env"] = prefill_env or {}
         data["decode"]["env"] = decode_env or {}
         data["fallback"]["env"] = fallback_env or {}
+        data["boot_layout"] = boot_layout
         if api_key:
             data["router"]["api_key_file"] = KEY_PATH
         return data

@@ -127,8 +127,10 @@ def test_the_fallback_and_the_pd_units_never_run_together(lab):
 
 
 def test_cutover_pd_from_a_running_fallback_ends_with_pd_serving_and_back(lab, capsys):
+    # A plain host (the cutover may change boot links here), the PD boot layout declared, the fallback
+    # started by hand: it has no [Install] to enable, and starts at boot only once the cutover links it.
     lab.install(lab.variant())
-    lab.container.run(["systemctl", "enable", "--now", lab.unit("fallback")], timeout=120)
+    lab.container.run(["systemctl", "start", lab.unit("fallback")], timeout=120)
     lab.wait_serving()
 
     done = lab.pdserve("cutover", "pd", "-c", CONFIG_PATH, "--json")
@@ -140,6 +142,9 @@ def test_cutover_pd_from_a_running_fallback_ends_with_pd_serving_and_back(lab, c
     assert lab.running() == pd
     states = lab.states()
     assert all(states[u].enabled for u in pd) and not states[lab.unit("fallback")].enabled
+    boot = report["boot"]
+    assert (boot["result"], boot["at_boot"], boot["declared"], boot["nixos"]) == ("changed", "pd", "pd", False)
+    assert boot["change"] is None, "boot_layout already declares pd"
     # The port was down between stopping the fallback and the router's start; it was measured.
     (refused,) = report["refused"]
     assert refused["address"] == f"127.0.0.1:{lab.ports['router']}"
@@ -163,12 +168,17 @@ def test_cutover_pd_from_a_running_fallback_ends_with_pd_serving_and_back(lab, c
     assert lab.running() == {lab.unit("fallback")}
     states = lab.states()
     assert states[lab.unit("fallback")].enabled and not any(states[u].enabled for u in pd)
+    # Linked although the fallback has no [Install] (add-wants); boot now disagrees with the declared
+    # pd, so the report names the key to change in the deployment file.
+    boot = report["boot"]
+    assert (boot["result"], boot["at_boot"], boot["declared"]) == ("changed", "single", "pd"), boot
+    assert boot["change"] == '"boot_layout": "single"' and CONFIG_PATH in boot["change_in"]
     assert report["refused"][0]["refused_seconds"] > 0
     assert lab.wait_serving().status_code == 200
 
 
 def test_cutover_pd_with_a_decode_that_never_becomes_ready_rolls_back_to_the_fallback(lab, capsys):
-    lab.install(lab.variant(decode_env={NEVER: "1"}, start_timeout=SHORT_START_TIMEOUT_SEC))
+    lab.install(lab.variant(decode_env={NEVER: "1"}, start_timeout=SHORT_START_TIMEOUT_SEC, boot_layout="single"))
     lab.container.run(["systemctl", "enable", "--now", lab.unit("fallback")], timeout=120)
     lab.wait_serving()
 
@@ -182,6 +192,7 @@ def test_cutover_pd_with_a_decode_that_never_becomes_ready_rolls_back_to_the_fal
     assert lab.running() == {lab.unit("fallback")}
     states = lab.states()
     assert states[lab.unit("fallback")].enabled and not states[lab.unit("router")].enabled
+    assert report["boot"] is None, "a cutover that rolled back never reached the boot links"
     (refused,) = report["refused"]
     assert refused["refused_seconds"] > 0
     assert lab.wait_serving().status_code == 200

@@ -1,0 +1,39 @@
+"""units.* follow the declared boot layout: with boot_layout = "single" the fallback is expected
+enabled and the PD units disabled; "enabled" is systemd's meaning (pdserve.boot.ENABLED_STATES)."""
+
+from __future__ import annotations
+
+from pdserve.verify.checks import units
+
+
+def props(active: str, unit_file_state: str) -> dict[str, str]:
+    return {"LoadState": "loaded", "ActiveState": active, "SubState": "running" if active == "active" else "dead",
+            "UnitFileState": unit_file_state, "Result": "success"}
+
+
+def test_pd_units_follow_boot_layout():
+    assert units.check_pd_unit("units.router", "r", props("active", "enabled"), [], "pd").status == "pass"
+    assert units.check_pd_unit("units.router", "r", props("active", "disabled"), [], "single").status == "pass"
+    wrong = units.check_pd_unit("units.router", "r", props("active", "enabled"), [], "single")
+    assert wrong.status == "warn" and "systemctl disable r" in wrong.remediation and "boot_layout" in wrong.remediation
+    missing = units.check_pd_unit("units.router", "r", props("active", "disabled"), [], "pd")
+    assert missing.status == "warn" and "systemctl enable r" in missing.remediation
+
+
+def test_fallback_follows_boot_layout():
+    assert units.check_fallback_unit("units.fallback", "f", props("inactive", "enabled"), [], "single").status == "pass"
+    assert units.check_fallback_unit("units.fallback", "f", props("inactive", "disabled"), [], "pd").status == "pass"
+    unlinked = units.check_fallback_unit("units.fallback", "f", props("inactive", "static"), [], "single")
+    assert unlinked.status == "warn" and "systemctl enable f" in unlinked.remediation
+    # Enabled while PD is declared: it would fight the PD units for the GPUs at boot.
+    assert units.check_fallback_unit("units.fallback", "f", props("inactive", "enabled"), [], "pd").status == "fail"
+    # Running while PD is being verified is wrong in either boot layout.
+    assert units.check_fallback_unit("units.fallback", "f", props("active", "enabled"), [], "single").status == "fail"
+
+
+def test_linked_is_not_enabled():
+    """A NixOS unit that nothing wants reads "linked" (the container tier sees it so): not enabled. The
+    cutover used to count it as enabled while the verifier did not."""
+    assert units.check_fallback_unit("units.fallback", "f", props("inactive", "linked"), [], "pd").status == "pass"
+    result = units.check_pd_unit("units.prefill", "p", props("active", "linked"), [], "pd")
+    assert result.status == "warn"
