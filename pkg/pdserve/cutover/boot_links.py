@@ -92,12 +92,13 @@ def boot_access(states: Mapping[str, UnitState], files: UnitFiles) -> BootAccess
 
 def layout_at_boot(states: Mapping[str, UnitState], units: Mapping[Layout, tuple[str, ...]]) -> str:
     """Which layout starts at boot, read off systemd's enablement: pd, single, pd+single or none."""
-    layouts = [lay for lay, names in units.items() if names and all(states[n].enabled for n in names if n in states)]
-    partial = [lay for lay, names in units.items() if lay not in layouts and any(states[n].enabled for n in names if n in states)]
-    found = "+".join(layouts) or "none"
-    if partial:
-        found += " (partly: " + ", ".join(n for lay in partial for n in units[lay] if states[n].enabled) + ")"
-    return found
+    def enabled(name: str) -> bool:
+        return name in states and states[name].enabled
+
+    whole = [lay for lay, names in units.items() if names and all(enabled(n) for n in names)]
+    stray = [n for lay, names in units.items() if lay not in whole for n in names if enabled(n)]
+    found = "+".join(whole) or "none"
+    return f"{found} (partly: {', '.join(stray)})" if stray else found
 
 
 @dataclass
@@ -120,5 +121,5 @@ class BootReport:
     def lines(self) -> list[str]:
         text = [f"boot: {self.result}; at boot: {self.at_boot}; boot_layout declared: {self.declared}"]
         if self.change:
-            text.append(f"boot: to make {self.target} the declared boot layout, write `{self.change}` in {self.change_in}")
+            text.append(f"boot: to declare {self.target} as the boot layout, write `{self.change}` in {self.change_in}")
         return text
