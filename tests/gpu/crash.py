@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from tests.gpu.load import ChatLoad, CrashSummary, PortProber, succeeding_again, summarize
+from tests.gpu.load import ChatLoad, CrashSummary, PortProber, succeeding_again, summarize, timeline
 from tests.gpu.pd_run import PDRun
 
 
@@ -32,6 +32,7 @@ class CrashResult:
     new_pid: int
     restart_ready_after_start_s: float  # the restarted worker: process start to gate passed
     load_s: float
+    timeline: list[list]  # every request: [sent, ended] s after the kill, cause
 
 
 def read_key(path: str | Path) -> str:
@@ -64,6 +65,7 @@ def kill_under_load(run: PDRun, plan: CrashPlan, model: str) -> CrashResult:
         new_pid=run.procs[plan.role].pid,
         restart_ready_after_start_s=run.ready_after[plan.role],
         load_s=time.monotonic() - began,
+        timeline=timeline(outcomes, killed_at),
     )
 
 
@@ -83,18 +85,19 @@ def table(result: CrashResult, plan: CrashPlan) -> str:
         ("failed: in flight at the kill / sent after it / before it",
          f"{s.failed_in_flight} / {s.failed_sent_after} / {s.failed_before}"),
         ("longest refused window on the public port", f"{s.longest_refused_s:.2f} s"),
-        ("kill -> first failure", sec(s.first_failure_s)),
+        ("longest time without a successful answer", f"{s.longest_without_success_s:.1f} s"),
+        ("kill -> first failed answer", sec(s.first_failure_s)),
         (f"kill -> restarted {plan.role} ready (gate passed)", sec(s.worker_ready_s)),
-        ("kill -> requests succeed again", sec(s.succeeding_again_s)),
-        ("requests failing after the worker was ready", _beyond(s)),
+        ("kill -> first successful answer", sec(s.answered_again_s)),
+        ("gate passed -> first successful answer", _beyond(s)),
+        ("requests sent from kill + this all succeeded", sec(s.all_succeed_from_s)),
+        ("slowest successful request sent after the kill", sec(s.slowest_success_after_kill_s)),
     ]
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
 
 
 def _beyond(s: CrashSummary) -> str:
-    if s.failed == 0:
-        return "none (no request failed)"
     if s.beyond_ready_s is None:
-        return "until the end of the load"
-    return f"{s.beyond_ready_s:.1f} s" if s.beyond_ready_s > 0 else "none (succeeding before the gate passed)"
+        return "never"
+    return f"{s.beyond_ready_s:.1f} s" if s.beyond_ready_s >= 0 else f"{s.beyond_ready_s:.1f} s (answered before the gate passed)"

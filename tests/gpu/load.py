@@ -60,6 +60,8 @@ def classify(exc: Exception) -> tuple[str, str]:
                 return "connection reset", ""
         if "refused" in " ".join(str(link) for link in _chain(exc)).lower():
             return "connection refused", ""
+        if any(type(link).__name__ == "RemoteProtocolError" for link in _chain(exc)):
+            return "connection closed without an answer", ""
         return "connection error", f"{type(exc.__cause__ or exc).__name__}: {exc.__cause__ or exc}"[:160]
     return f"error {type(exc).__name__}", str(exc)[:160]
 
@@ -202,6 +204,8 @@ def succeeding_again(outcomes: list[Outcome], after: float, streak: int) -> bool
 
 @dataclass(frozen=True)
 class CrashSummary:
+    """A load around a kill, from the client's side. Times are seconds after the kill."""
+
     sent: int
     ok: int
     failed: int
@@ -209,19 +213,29 @@ class CrashSummary:
     failed_in_flight: int  # sent before the kill, ended after it
     failed_sent_after: int  # sent after the kill
     failed_before: int  # ended before the kill: the deployment was not healthy to begin with
-    longest_refused_s: float
-    first_failure_s: float | None  # kill -> first failure's end
-    last_failure_s: float | None  # kill -> send time of the last failed request
-    succeeding_again_s: float | None  # kill -> send time of the first success after the last failure
-    worker_ready_s: float | None  # kill -> the restarted worker passed its gate
+    longest_refused_s: float  # the public port refusing connections
+    longest_without_success_s: float  # longest stretch in which no request got a successful answer
+    first_failure_s: float | None  # the first failed answer (its end)
+    answered_again_s: float | None  # the first successful answer to a request sent after the kill (its end)
+    all_succeed_from_s: float | None  # every request sent from then on succeeded (the send time after the last failure)
+    slowest_success_after_kill_s: float | None  # longest latency of a successful request sent after the kill
+    worker_ready_s: float | None  # the restarted worker passed its gate
     details: tuple[str, ...] = ()
 
     @property
     def beyond_ready_s(self) -> float | None:
-        """How long after the worker was ready again requests still failed (the target: <= 5 s)."""
-        if self.succeeding_again_s is None or self.worker_ready_s is None:
+        """From the restarted worker passing its gate to the first successful answer (the target: <= 5 s)."""
+        if self.answered_again_s is None or self.worker_ready_s is None:
             return None
-        return self.succeeding_again_s - self.worker_ready_s
+        return self.answered_again_s - self.worker_ready_s
+
+
+def _longest_without_success(ordered: list[Outcome]) -> float:
+    """Longest gap between consecutive successful answers (by end time), the load's start and end included."""
+    if not ordered:
+        return 0.0
+    marks = [ordered[0].sent, *sorted(o.ended for o in ordered if o.ok), max(o.ended for o in ordered)]
+    return max(b - a for a, b in zip(marks, marks[1:])) if len(marks) > 1 else 0.0
 
 
 def summarize(outcomes: list[Outcome], killed_at: float, ready_at: float | None,
@@ -230,10 +244,11 @@ def summarize(outcomes: list[Outcome], killed_at: float, ready_at: float | None,
     ordered = sorted(outcomes, key=lambda o: o.sent)
     failures = [o for o in ordered if not o.ok]
     if not failures:
-        again: float | None = 0.0
+        all_from: float | None = 0.0
     else:
         after = [o for o in ordered if o.ok and o.sent > failures[-1].sent]
-        again = max(0.0, after[0].sent - killed_at) if after else None
+        all_from = max(0.0, after[0].sent - killed_at) if after else None
+    later_ok = [o for o in ordered if o.ok and o.sent >= killed_at]
     return CrashSummary(
         sent=len(ordered),
         ok=len(ordered) - len(failures),
@@ -243,9 +258,11 @@ def summarize(outcomes: list[Outcome], killed_at: float, ready_at: float | None,
         failed_sent_after=sum(1 for o in failures if o.sent >= killed_at),
         failed_before=sum(1 for o in failures if o.ended < killed_at),
         longest_refused_s=longest_refused(samples),
+        longest_without_success_s=_longest_without_success(ordered),
         first_failure_s=min(o.ended for o in failures) - killed_at if failures else None,
-        last_failure_s=failures[-1].sent - killed_at if failures else None,
-        succeeding_again_s=again,
+        answered_again_s=min(o.ended for o in later_ok) - killed_at if later_ok else None,
+        all_succeed_from_s=all_from,
+        slowest_success_after_kill_s=max(o.ended - o.sent for o in later_ok) if later_ok else None,
         worker_ready_s=None if ready_at is None else ready_at - killed_at,
         details=tuple(sorted({f"{o.cause}: {o.detail}" for o in failures if o.detail})[:8]),
     )
@@ -259,9 +276,18 @@ def as_report(summary: CrashSummary) -> dict:
         "sent": summary.sent, "ok": summary.ok, "failed": summary.failed, "failed_by_cause": summary.causes,
         "failed_in_flight_at_kill": summary.failed_in_flight, "failed_sent_after_kill": summary.failed_sent_after,
         "failed_before_kill": summary.failed_before, "longest_refused_s": r(summary.longest_refused_s),
+        "longest_without_a_successful_answer_s": r(summary.longest_without_success_s),
         "first_failure_after_kill_s": r(summary.first_failure_s),
-        "last_failed_request_sent_after_kill_s": r(summary.last_failure_s),
-        "succeeding_again_after_kill_s": r(summary.succeeding_again_s),
         "worker_ready_again_after_kill_s": r(summary.worker_ready_s),
-        "failing_beyond_worker_ready_s": r(summary.beyond_ready_s), "failure_details": list(summary.details),
+        "first_successful_answer_after_kill_s": r(summary.answered_again_s),
+        "successful_answer_after_worker_ready_s": r(summary.beyond_ready_s),
+        "all_requests_sent_from_s_after_kill_succeeded": r(summary.all_succeed_from_s),
+        "slowest_success_sent_after_kill_s": r(summary.slowest_success_after_kill_s),
+        "failure_details": list(summary.details),
     }
+
+
+def timeline(outcomes: list[Outcome], killed_at: float) -> list[list]:
+    """Every request as [sent, ended] seconds after the kill and its cause, in send order (for the record)."""
+    return [[round(o.sent - killed_at, 2), round(o.ended - killed_at, 2), o.cause]
+            for o in sorted(outcomes, key=lambda o: o.sent)]

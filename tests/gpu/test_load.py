@@ -11,7 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tests.gpu.load import EMPTY, OK, ChatLoad, Outcome, PortProber, longest_refused, succeeding_again, summarize
+from tests.gpu.load import (EMPTY, OK, ChatLoad, Outcome, PortProber, longest_refused, succeeding_again, summarize,
+                            timeline)
 
 
 def o(sent, ended, cause=OK, detail=""):
@@ -31,23 +32,46 @@ def test_summary_counts_failures_by_cause_and_when_they_were_sent():
     assert s.causes == {"HTTP 503": 3, "timeout": 1}
     assert (s.failed_in_flight, s.failed_sent_after, s.failed_before) == (1, 3, 0)
     assert s.first_failure_s == pytest.approx(5.5)
-    assert s.last_failure_s == pytest.approx(20.0)
-    assert s.succeeding_again_s == pytest.approx(40.0)
+    assert s.answered_again_s == pytest.approx(40.2)
+    assert s.all_succeed_from_s == pytest.approx(40.0)
     assert s.worker_ready_s == pytest.approx(37.0)
-    assert s.beyond_ready_s == pytest.approx(3.0)
+    assert s.beyond_ready_s == pytest.approx(3.2)
+    assert s.longest_without_success_s == pytest.approx(140.2 - 95.2)
+    assert s.slowest_success_after_kill_s == pytest.approx(0.2)
     assert s.details == ("HTTP 503: in transfer at the kill",)
+
+
+def test_requests_held_through_the_outage_count_by_when_they_are_answered():
+    # As the router 0.3.2 did on the H200: requests sent after the kill are held, the early ones fail
+    # together ~45 s later, the later ones are all answered once the prefill is back.
+    kill = 0.0
+    outcomes = [o(-1, -0.97), o(1, 46, "HTTP 503"), o(20, 66, "HTTP 503"), o(21, 70.1), o(40, 70.2), o(71, 71.05)]
+    s = summarize(outcomes, kill, ready_at=64.0, samples=[])
+    assert s.first_failure_s == pytest.approx(46)
+    assert s.answered_again_s == pytest.approx(70.1)  # not 21, when the request was sent
+    assert s.all_succeed_from_s == pytest.approx(21)
+    assert s.beyond_ready_s == pytest.approx(6.1)
+    assert s.longest_without_success_s == pytest.approx(70.1 + 0.97)
+    assert s.slowest_success_after_kill_s == pytest.approx(49.1)
+
+
+def test_the_timeline_lists_every_request_relative_to_the_kill_in_send_order():
+    assert timeline([o(12.0, 12.5, "HTTP 503"), o(9.0, 9.25)], 10.0) == [[-1.0, -0.75, OK], [2.0, 2.5, "HTTP 503"]]
 
 
 def test_a_success_between_failures_is_not_recovery_and_a_failing_end_is_never():
     outcomes = [o(10, 10.1, "HTTP 503"), o(11, 11.1), o(12, 12.1, "HTTP 503"), o(13, 13.1)]
-    assert summarize(outcomes, 9.0, None, []).succeeding_again_s == pytest.approx(4.0)
+    s = summarize(outcomes, 9.0, None, [])
+    assert s.all_succeed_from_s == pytest.approx(4.0) and s.answered_again_s == pytest.approx(2.1)
     ends_failing = outcomes + [o(14, 14.1, "HTTP 500")]
     s = summarize(ends_failing, 9.0, None, [])
-    assert s.succeeding_again_s is None and s.worker_ready_s is None and s.beyond_ready_s is None
+    assert s.all_succeed_from_s is None and s.worker_ready_s is None and s.beyond_ready_s is None
+    assert s.longest_without_success_s == pytest.approx(2.0)  # 11.1 -> 13.1, between the two successes
 
 
 def test_no_failures_means_never_down_and_failures_before_the_kill_are_counted_apart():
-    assert summarize([o(1, 2), o(3, 4)], 2.5, 3.0, []).succeeding_again_s == 0.0
+    s = summarize([o(1, 2), o(3, 4)], 2.5, 3.0, [])
+    assert s.all_succeed_from_s == 0.0 and s.answered_again_s == pytest.approx(1.5)
     s = summarize([o(1, 1.5, "HTTP 500"), o(3, 4)], 2.5, 3.0, [])
     assert (s.failed_before, s.failed_in_flight, s.failed_sent_after) == (1, 0, 0)
 
@@ -128,8 +152,9 @@ def test_the_load_counts_answers_http_errors_silent_answers_and_refusals_by_caus
     prober.stop()
     causes = {o.cause for o in outcomes}
     assert {OK, "HTTP 503", EMPTY, "connection refused"} <= causes, causes
-    # A request the closing server was still reading can end reset instead of refused.
-    assert causes <= {OK, "HTTP 503", EMPTY, "connection refused", "connection reset"}, \
+    # A request the closing server was still reading can end reset or closed instead of refused.
+    assert causes <= {OK, "HTTP 503", EMPTY, "connection refused", "connection reset",
+                      "connection closed without an answer"}, \
         [(o.cause, o.detail) for o in outcomes if o.cause.startswith("connection")]
     assert any("No available prefill workers" in o.detail for o in outcomes if o.cause == "HTTP 503")
     assert outcomes[-1].ok or succeeding_again(outcomes, outcomes[-1].sent - 0.2, 1)

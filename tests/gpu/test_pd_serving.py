@@ -183,7 +183,7 @@ def test_prefill_kill_9_under_load_the_keyed_router_stays_up_and_requests_succee
     report["prefill_kill_under_load"] = {
         "plan": plan.__dict__, "old_pid": result.old_pid, "new_pid": result.new_pid,
         "restart_ready_after_start_s": round(result.restart_ready_after_start_s, 1),
-        "load_s": round(result.load_s, 1), **as_report(s)}
+        "load_s": round(result.load_s, 1), **as_report(s), "timeline": result.timeline}
     print("\n" + crash.table(result, plan))
     assert result.new_pid != result.old_pid
     assert s.failed_before == 0, "the deployment failed requests before the kill: " + str(s.details)
@@ -192,4 +192,5 @@ def test_prefill_kill_9_under_load_the_keyed_router_stays_up_and_requests_succee
     assert s.longest_refused_s == 0.0, s
     # Nothing fails silently: every failure is an error the client sees.
     assert EMPTY not in s.causes, s.details
-    assert s.succeeding_again_s is not None, f"requests never succeeded again: {s.causes} {s.details}"
+    assert s.answered_again_s is not None and s.all_succeed_from_s is not None, \
+        f"requests never succeeded again: {s.causes} {s.details}"
