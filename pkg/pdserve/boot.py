@@ -20,8 +20,9 @@ BOOT_ROLES: dict[Layout, tuple[Role, ...]] = {"pd": ("prefill", "decode", "route
 # UnitFileState (`systemctl is-enabled`) values that mean "pulled in at boot": systemctl(1) says these
 # two are "enabled via .wants/, .requires/ or Alias= symlinks", persistently (/etc) or for this boot
 # (/run). A NixOS unit whose wantedBy names the target reads "enabled" too: its .wants/ link sits in
-# /etc/systemd/system, only that directory lives in the store. Left out on purpose, with systemd's
-# reasons:
+# /etc/systemd/system, only that directory lives in the store (the NixOS-shaped container tier sees
+# "enabled" for the wanted PD units and "linked" for the fallback that nothing wants). Left out on
+# purpose, with systemd's reasons:
 # - linked, linked-runtime: the unit file is only made reachable by a symlink (a NixOS unit that nothing
 #   wants); is-enabled exits non-zero for them. cutover used to count them as enabled.
 # - alias: the queried name is an alias; it says nothing about whether the unit it names starts.

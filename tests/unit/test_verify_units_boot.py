@@ -37,3 +37,27 @@ def test_linked_is_not_enabled():
     assert units.check_fallback_unit("units.fallback", "f", props("inactive", "linked"), [], "pd").status == "pass"
     result = units.check_pd_unit("units.prefill", "p", props("active", "linked"), [], "pd")
     assert result.status == "warn"
+
+
+def test_the_runner_passes_the_declared_boot_layout(monkeypatch, reference):
+    """units.* read boot_layout from the deployment being verified, not a fixed PD expectation."""
+    import httpx
+
+    from pdserve.verify import runner
+    from pdserve.verify.expect import expectations
+
+    def show(unit, timeout):
+        wanted = unit == f"sglang-{reference.name}"
+        return props("inactive" if wanted else "active", "enabled" if wanted else "disabled")
+
+    monkeypatch.setattr(runner.systemd, "show", show)
+    monkeypatch.setattr(runner.systemd, "unavailable_reason", lambda: None)
+    single = reference.model_copy(update={"boot_layout": "single"})
+    with httpx.Client() as client:
+        for dep, status in ((single, "pass"), (reference, None)):
+            ctx = runner.Context(dep, expectations(dep), runner.Options(), client)
+            results = {role: runner.CHECKS[f"units.{role}"](ctx).status for role in ("prefill", "fallback")}
+            if status:
+                assert results == {"prefill": "pass", "fallback": "pass"}
+            else:  # declared pd: the same host is a disabled prefill (warn) and an enabled fallback (fail)
+                assert results == {"prefill": "warn", "fallback": "fail"}
