@@ -181,7 +181,7 @@ def _install_sections(dep: Deployment, role: Role) -> list[tuple[str, Section]]:
     enable (systemd calls it "static"). `pdserve cutover` changes what runs; this decides what boots."""
     if not wanted_at_boot(dep, role):
         return []
-    return [("Install", [("WantedBy", dep.systemd.wanted_by)])]
+    return [("Install", [("WantedBy", systemd_syntax.unit_names_value([dep.systemd.wanted_by]))])]
 
 
 def render_units(dep: Deployment, tools: Toolchain, config_path: str) -> list[Unit]:

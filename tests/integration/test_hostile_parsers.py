@@ -11,16 +11,11 @@ import sys
 import pytest
 
 from pdserve.argcheck import check_with_parsers
-from pdserve.extra_args import (
-    ROUTER_EXACT_FLAGS,
-    ROUTER_SECRET_FLAGS,
-    SERVER_EXACT_FLAGS,
-    SERVER_SECRET_FLAGS,
-    read_as,
-)
 from pdserve.loading import deployment_from_data
 from pdserve.rules import _RENDERED_ROUTER_FLAGS, _RENDERED_SERVER_FLAGS
 from tests.conftest import require_or_skip
+
+PROGRAMS = ("router", "server")
 
 
 @pytest.fixture(scope="module")
@@ -62,13 +57,16 @@ def _dest(parser: argparse.ArgumentParser, arg: str) -> str | None:
     return found[0].dest if found and found[0] is not None else None
 
 
-CASES = {
-    "server": (_RENDERED_SERVER_FLAGS, SERVER_SECRET_FLAGS, SERVER_EXACT_FLAGS),
-    "router": (_RENDERED_ROUTER_FLAGS, ROUTER_SECRET_FLAGS, ROUTER_EXACT_FLAGS),
-}
+def _guarded(program: str):
+    """(rendered flags, secret flags, exact real flags that prefix them) as pdserve knows them."""
+    from pdserve import extra_args
+
+    if program == "server":
+        return _RENDERED_SERVER_FLAGS, extra_args.SERVER_SECRET_FLAGS, extra_args.SERVER_EXACT_FLAGS
+    return _RENDERED_ROUTER_FLAGS, extra_args.ROUTER_SECRET_FLAGS, extra_args.ROUTER_EXACT_FLAGS
 
 
-@pytest.mark.parametrize("program", sorted(CASES))
+@pytest.mark.parametrize("program", PROGRAMS)
 def test_both_real_parsers_take_abbreviations(parsers_available, program):
     parser = _real_parser(program)
     assert parser.allow_abbrev
@@ -76,10 +74,12 @@ def test_both_real_parsers_take_abbreviations(parsers_available, program):
     assert _dest(parser, "--api-k=x") == "api_key"
 
 
-@pytest.mark.parametrize("program", sorted(CASES))
+@pytest.mark.parametrize("program", PROGRAMS)
 def test_every_prefix_the_real_parser_reads_as_a_guarded_flag_is_refused_by_pdserve(parsers_available, program):
     parser = _real_parser(program)
-    rendered, secrets, exact = CASES[program]
+    from pdserve.extra_args import read_as
+
+    rendered, secrets, exact = _guarded(program)
     guarded = {**{f: "rendered" for f in rendered}, **{f: "secret" for f in secrets}}
     checked = 0
     for flag, kind in guarded.items():
@@ -93,11 +93,13 @@ def test_every_prefix_the_real_parser_reads_as_a_guarded_flag_is_refused_by_pdse
     assert checked > 100
 
 
-@pytest.mark.parametrize("program", sorted(CASES))
+@pytest.mark.parametrize("program", PROGRAMS)
 def test_what_pdserve_refuses_as_a_guarded_flag_the_real_parser_reads_as_one(parsers_available, program):
     """No false refusals: an arg pdserve reads as a guarded flag is that flag (or an error) for the parser."""
     parser = _real_parser(program)
-    rendered, secrets, exact = CASES[program]
+    from pdserve.extra_args import read_as
+
+    rendered, secrets, exact = _guarded(program)
     guarded = [*rendered, *secrets]
     guarded_dests = {_dest(parser, f) for f in guarded}
     for option in sorted(parser._option_string_actions):

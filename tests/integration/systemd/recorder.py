@@ -3,7 +3,7 @@ the container tier can compare what real systemd hands a process with what pdser
 
 Each tool path gets a /bin/sh wrapper (`exec python record.py "$0" "$@"`: "$0" is the path systemd
 executed). record.py writes the exact bytes of that path, its arguments and its environment as hex into
-the unit's working directory (its StateDirectory), in a file named after the unit's invocation ID.
+the unit's working directory (its StateDirectory), in a file named after the unit's invocation ID (and, for a wait-ready gate, the role it waits for).
 The main process then waits to be stopped, as a server would; the ExecStartPost= gate exits 0.
 """
 
@@ -23,7 +23,8 @@ record = {
     "argv": [os.fsencode(a).hex() for a in args],
     "env": {k.hex(): v.hex() for k, v in os.environb.items()},
 }
-name = "%s-%s.json" % (os.environ.get("INVOCATION_ID", "none"), "post" if gate else "main")
+# The gates (ExecStartPre=/ExecStartPost= `pdserve wait-ready ROLE`) are told apart by their role.
+name = "%s-%s.json" % (os.environ.get("INVOCATION_ID", "none"), "gate-" + args[1] if gate else "main")
 with open(name + ".tmp", "w") as out:
     json.dump(record, out)
 os.replace(name + ".tmp", name)

@@ -111,7 +111,7 @@ def test_every_accepted_value_reaches_the_process_byte_for_byte(container, hosti
         assert main["env"][b"HOME"] == f"/var/lib/pdserve/{NAME}".encode()
         if intended.credentials:
             assert b"CREDENTIALS_DIRECTORY" in main["env"]
-        post = _record(container, unit, "post")
+        post = _record(container, unit, f"gate-{role}")
         assert post["exe"] == TOOLS["pdserve"].encode()
         assert post["argv"][:5] == [b"wait-ready", role.encode(), b"--config", CONFIG_PATH.encode(), b"--timeout"]
         if role == "router":
