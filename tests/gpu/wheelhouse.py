@@ -85,7 +85,8 @@ def chunk(wheels: list[Path], limit: int) -> list[list[Path]]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path(".whl"))
-    parser.add_argument("--chunk-mib", type=int, default=54, help="largest chunk (the call limit is 64 MiB in all)")
+    parser.add_argument("--chunk-mib", type=int, default=58,
+                        help="largest chunk (a call carries 64 MiB in all, the working tree included)")
     parser.add_argument("--no-download", action="store_true", help="only trim and chunk what --out/all holds")
     args = parser.parse_args()
     pool = args.out / "all"
