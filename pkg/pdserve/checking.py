@@ -10,7 +10,7 @@ from pdserve.argcheck import check_with_parsers
 from pdserve.hostcheck import check_host
 from pdserve.loading import load
 from pdserve.problems import ConfigError, Problem, errors
-from pdserve.tools import preview_toolchain
+from pdserve.tools import preview_toolchain, toolchain_problems
 
 SCHEMA_VERSION = 1
 
@@ -54,6 +54,8 @@ def run_check(config_path: Path | None, tool_overrides: dict[str, str | None],
     report.problems += loaded.warnings
     report.checked.append("schema and field rules")
     tools, tool_notes = preview_toolchain(dep, tool_overrides)
+    # A tool path given by flag or found on PATH goes into ExecStart= like any deployment value.
+    report.problems += toolchain_problems(dep, tool_overrides)
     if parsers:
         parsed = check_with_parsers(dep, tools.sglang_python)
         report.problems += parsed.problems

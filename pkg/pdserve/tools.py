@@ -37,6 +37,13 @@ def resolve_toolchain(dep: Deployment, overrides: dict[str, str | None] | None =
     return toolchain
 
 
+def toolchain_problems(dep: Deployment, overrides: dict[str, str | None] | None = None) -> list[Problem]:
+    """The tool paths that could never go into a unit (control characters, quotes, relative, ...): errors
+    for `pdserve check` even where a missing tool is only a note."""
+    _, problems = _resolve(dep, overrides or {}, lenient=True)
+    return [p for p in problems if p.value is not None]
+
+
 def preview_toolchain(dep: Deployment, overrides: dict[str, str | None] | None = None) -> tuple[Toolchain, list[str]]:
     """For showing a plan on a machine that lacks the tools: missing ones appear as their bare
     command name, and each such substitution is returned as a note to print."""
@@ -49,9 +56,13 @@ def _resolve(dep: Deployment, overrides: dict[str, str | None], lenient: bool = 
     resolved: dict[str, str] = {}
     problems = []
     for field, (command, what) in _TOOLS.items():
+        # Name the input a path came from: the flag, the deployment's tools section, or PATH.
+        flag = f"--{field.replace('_', '-')}"
+        origin = flag if overrides.get(field) else f"tools.{field}"
         path = overrides.get(field) or getattr(dep.tools, field)
         if path is None:
             path = _which(command) or (_own_executable() if field == "pdserve" else None)
+            origin = f"tools.{field} (found on PATH)"
         if path is None:
             problems.append(
                 Problem(
@@ -68,7 +79,7 @@ def _resolve(dep: Deployment, overrides: dict[str, str | None], lenient: bool = 
         problem = executable_problem(path)
         if problem:
             problems.append(Problem(
-                f"tools.{field}", path, problem,
+                origin, path, problem,
                 "give the absolute path of the executable, without quotes, backslashes, control characters "
                 "or a trailing /",
             ))

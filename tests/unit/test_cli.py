@@ -106,7 +106,8 @@ def test_render_needs_absolute_tools(tmp_path):
     result = run("render", "--out", str(tmp_path), "--sglang-python", "python3", "--numactl", "/x/numactl",
                  "--pdserve", "/x/pdserve")
     assert result.exit_code == 1
-    assert "tools.sglang_python" in result.output and "absolute" in result.output
+    # The path came from the flag, so the problem names the flag (issue 14: errors name the input).
+    assert "--sglang-python" in result.output and "absolute" in result.output
 
 
 def test_schema_command_prints_json_schema():

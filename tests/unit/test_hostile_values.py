@@ -200,5 +200,34 @@ def test_render_with_a_hostile_tool_flag_exits_1_and_writes_nothing(tmp_path):
     out = tmp_path / "out"
     result = CliRunner().invoke(main, ["render", "--out", str(out), "--sglang-python", "/opt/x\n/py",
                                        "--numactl", "/usr/bin/numactl", "--pdserve", "/usr/bin/pdserve"])
-    assert result.exit_code == 1 and "tools.sglang_python" in result.output
+    assert result.exit_code == 1 and 'error: --sglang-python = "/opt/x\\n/py"' in result.output, result.output
     assert not out.exists() or list(out.iterdir()) == []
+
+
+def test_check_refuses_a_hostile_tool_flag_too(tmp_path):
+    result = CliRunner().invoke(main, ["check", "--no-host", "--no-parsers", "--numactl", "/usr/bin/numactl\nX=1"])
+    assert result.exit_code == 1 and "error: --numactl" in result.output, result.output
+
+
+def test_hostile_units_pass_systemd_analyze_verify(reference_data, tmp_path):
+    """systemd 252's own parser reads the hostile units without a warning (the container tier then
+    runs them and records what each process received)."""
+    import shutil
+
+    from pdserve.commands import Toolchain
+    from tests.conftest import require_or_skip
+    from tests.unit.test_systemd_analyze import HOST_UNITS, analyze, make_root
+
+    require_or_skip(shutil.which("systemd-analyze") is not None and HOST_UNITS.is_dir(),
+                    "systemd-analyze or /usr/lib/systemd/system is missing", "PDSERVE_REQUIRE_SYSTEMD")
+    reference_data["model"]["served_name"] = NASTY
+    reference_data["prefill"]["extra_args"] = [NASTY, ";", "", "-"]
+    reference_data["environment"]["NASTY"] = NASTY
+    reference_data["router"]["api_key_file"] = "/etc/pdserve/key $HOME %n ü.key"
+    dep = deployment_from_data(reference_data, "t").deployment
+    tool_dir = "/opt/hostile tools $HOME %n ;x @+!-ü"
+    tools = Toolchain(sglang_python=f"{tool_dir}/python $1", numactl=f"{tool_dir}/numactl %i",
+                      pdserve=f"{tool_dir}/pdserve ${{X}}", keyed_launcher=f"{tool_dir}/keyed %n.py")
+    units = render_units(dep, tools, "/etc/pdserve/x $HOME %n.json")
+    done = analyze(make_root(tmp_path, units, tools), units)
+    assert done.returncode == 0 and done.stderr.strip() == "", done.stderr
