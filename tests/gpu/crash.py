@@ -19,7 +19,7 @@ class CrashPlan:
     role: str = "prefill"
     rate: float = 4.0  # chat requests per second
     before_s: float = 10.0  # load before the kill
-    request_timeout_s: float = 60.0
+    request_timeout_s: float = 120.0  # beyond the router's retry budget: the router decides, not the client
     streak: int = 8  # requests in a row that must succeed after the restart before the load stops
     tail_max_s: float = 90.0  # at most this long after the restart's gate for that streak
     ready_timeout_s: float = 400.0  # the restarted worker's gate
