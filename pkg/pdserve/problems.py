@@ -12,6 +12,10 @@ from enum import StrEnum
 from typing import Any
 
 
+# The longest value a problem line shows in full.
+MAX_SHOWN = 200
+
+
 class Severity(StrEnum):
     ERROR = "error"
     WARNING = "warning"
@@ -26,7 +30,11 @@ class Problem:
     severity: Severity = Severity.ERROR
 
     def line(self) -> str:
+        # json.dumps escapes control characters, so a hostile value cannot split the line; a huge one
+        # is cut, so it cannot drown the report.
         shown = json.dumps(self.value, default=str) if self.value is not None else "(unset)"
+        if len(shown) > MAX_SHOWN:
+            shown = f"{shown[:MAX_SHOWN]}... ({len(shown)} characters)"
         return f"{self.severity}: {self.field} = {shown}: {self.message}; fix: {self.fix}"
 
     def as_dict(self) -> dict[str, Any]:

@@ -231,3 +231,10 @@ def test_hostile_units_pass_systemd_analyze_verify(reference_data, tmp_path):
     units = render_units(dep, tools, "/etc/pdserve/x $HOME %n.json")
     done = analyze(make_root(tmp_path, units, tools), units)
     assert done.returncode == 0 and done.stderr.strip() == "", done.stderr
+
+
+def test_a_huge_value_is_shown_cut_in_its_problem_line(tmp_path, reference_data):
+    reference_data["model"]["served_name"] = "\n" + "x" * 300_000
+    code, lines = check(tmp_path, reference_data)
+    (line,) = [line for line in lines if line.startswith("error: model.served_name")]
+    assert code == 1 and len(line) < 1000 and "characters)" in line
