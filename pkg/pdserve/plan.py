@@ -10,6 +10,7 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
+from pdserve.boot import wanted_at_boot
 from pdserve.commands import Launch, Toolchain, launches
 from pdserve.config import Deployment
 from pdserve.units import Unit
@@ -20,12 +21,13 @@ def topology_table(dep: Deployment, runs: dict[str, Launch]) -> Table:
     for column in ("role", "unit", "GPUs", "NUMA", "address", "mem fraction", "TP"):
         table.add_column(column, overflow="fold")
     for role, run in runs.items():
+        # boot_layout decides which units start at boot; the others are installed for `pdserve cutover`.
+        unit = run.unit if wanted_at_boot(dep, role) else f"{run.unit} (not at boot)"  # type: ignore[arg-type]
         if role == "router":
-            table.add_row(role, run.unit, "-", "-", run.url, "-", "-")
+            table.add_row(role, unit, "-", "-", run.url, "-", "-")
             continue
         server = dep.fallback if role == "fallback" else dep.worker(role)
         numa = str(server.numa_node) if server.numa_node is not None else "unbound"
-        unit = f"{run.unit} (disabled)" if role == "fallback" else run.unit
         table.add_row(role, unit, ",".join(map(str, server.gpus)), numa, run.url,
                       f"{server.mem_fraction_static:g}", str(server.tensor_parallel))
     return table
