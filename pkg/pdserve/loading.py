@@ -214,9 +214,10 @@ def deployment_from_data(data: dict[str, Any], source: str) -> Loaded:
         bad = {p.field for p in problems}
         problems += [p for p in validate(rest) if p.field not in bad and not _mentions(p, replaced)]
         raise ConfigError(problems, source) from None
-    if text_problems:
-        raise ConfigError(text_problems, source)
     problems = validate(deployment)
+    if text_problems:
+        bad = {p.field for p in text_problems}
+        raise ConfigError(text_problems + [p for p in problems if p.field not in bad], source)
     if errors(problems):
         raise ConfigError(problems, source)
     return Loaded(deployment, source, problems)

@@ -198,3 +198,9 @@ def test_a_missing_required_section_does_not_hide_the_cross_field_rules(referenc
     reference_data["router"]["prometheus_port"] = reference_data["router"]["port"]
     found = problems(reference_data)
     assert {"model", "router.prometheus_port"} <= set(found), sorted(found)
+
+
+def test_a_control_character_does_not_hide_the_cross_field_rules(reference_data):
+    reference_data["model"]["served_name"] = "m\n"
+    reference_data["decode"]["gpus"] = [3, 4, 5, 6]
+    assert {"model.served_name", "decode.gpus"} <= set(problems(reference_data))
