@@ -118,8 +118,30 @@ class BootReport:
         return {"declared": self.declared, "target": self.target, "result": self.result, "at_boot": self.at_boot,
                 "detail": self.detail, "change": self.change, "change_in": self.change_in, "nixos": self.nixos}
 
+    def summary(self) -> str:
+        """One line for the timeline: what happened, what boots now, and the line to write if any."""
+        text = f"{self.detail}; at boot: {self.at_boot}"
+        if self.change:
+            why = "to keep it so" if self.result in ("changed", "unchanged") else f"to boot into {self.target}"
+            text += f"; {why}, write `{self.change}` in {self.change_in}"
+        return text
+
     def lines(self) -> list[str]:
         text = [f"boot: {self.result}; at boot: {self.at_boot}; boot_layout declared: {self.declared}"]
         if self.change:
             text.append(f"boot: to declare {self.target} as the boot layout, write `{self.change}` in {self.change_in}")
         return text
+
+
+def boot_report(declared: Layout, target: Layout, result: str, detail: str, at_boot: str, nixos: bool,
+                change: str | None, source: str) -> BootReport:
+    """The boot side of a cutover; `change` is the line that declares `target` (None: already declared)."""
+    report = BootReport(declared, target, result, at_boot, detail, nixos=nixos)
+    if change is not None:
+        report.change = change
+        report.change_in = ("the NixOS configuration, then `nixos-rebuild switch`" if nixos else
+                            f"the deployment file (top level; this cutover loaded {source}), then `pdserve render` again")
+    elif at_boot != target:
+        again = "`nixos-rebuild switch` has not run since" if nixos else "render and enable the units again"
+        report.detail += f"; boot_layout already declares {target}, but {at_boot} starts at boot: {again}"
+    return report

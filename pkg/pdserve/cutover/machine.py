@@ -25,7 +25,7 @@ from typing import Literal, Protocol
 from pdserve.boot import file_line, nixos_line
 from pdserve.commands import role_url, unit_name
 from pdserve.config import Deployment
-from pdserve.cutover.boot_links import BootReport, UnitFiles, boot_access, layout_at_boot
+from pdserve.cutover.boot_links import BootReport, UnitFiles, boot_access, boot_report, layout_at_boot
 from pdserve.cutover.systemd import SystemctlError, UnitState, service
 from pdserve.units import ROUTER_START_TIMEOUT_SEC
 
@@ -408,42 +408,39 @@ class Cutover:
         began = self.edge.clock()
         step = Step("enable at boot", began - self._t0)
         self.report.steps.append(step)
-        result, detail, nixos = "failed", "", False
+        result, detail, nixos = self._try_relink()
+        try:
+            at_boot = layout_at_boot(self.edge.show(plan.all_units), {lay: plan.units(lay) for lay in LAYOUTS})
+        except SystemctlError as exc:
+            at_boot = f"unknown ({exc})"
+        change = None
+        if plan.declared != plan.target:
+            change = plan.nixos_change if nixos else file_line(plan.target, plan.source)
+        self.report.boot = boot = boot_report(plan.declared, plan.target, result, detail, at_boot, nixos, change,
+                                              plan.source)
+        step.result = {"changed": "ok", "unchanged": "ok", "read-only": "skipped"}.get(result, "failed")
+        step.detail = boot.summary()
+        step.duration_s = self.edge.clock() - began
+
+    def _try_relink(self) -> tuple[str, str, bool]:
+        """(result, detail, nixos): whether and how the boot links changed. Never raises."""
+        plan = self.plan
+        nixos = False
         try:
             states = self.edge.show(plan.all_units)
             access = boot_access(states, self.edge.unit_files(states))
             nixos = access.nixos
             if not access.settable:
-                result, detail = "read-only", f"boot links left as they are: {access.reason}"
-            else:
-                result, detail = self._relink(states)
+                return "read-only", f"boot links left as they are: {access.reason}", nixos
+            return (*self._relink(states), nixos)
         except OSError as exc:  # reading the unit files' facts
-            detail = f"could not read the unit files: {exc}"
+            return "failed", f"could not read the unit files: {exc}", nixos
         except SystemctlError as exc:
-            result = "read-only" if exc.read_only else "failed"
-            detail = f"boot links left as they are: {exc}" if exc.read_only else f"could not change the boot links: {exc}"
+            if exc.read_only:
+                return "read-only", f"boot links left as they are: {exc}", nixos
+            return "failed", f"could not change the boot links: {exc}", nixos
         except KeyboardInterrupt as exc:
-            detail = f"interrupted ({exc.args[0] if exc.args else 'Ctrl-C'}) while changing the boot links"
-        try:
-            at_boot = layout_at_boot(self.edge.show(plan.all_units), {lay: plan.units(lay) for lay in LAYOUTS})
-        except SystemctlError as exc:
-            at_boot = f"unknown ({exc})"
-        boot = BootReport(plan.declared, plan.target, result, at_boot, detail, nixos=nixos)
-        if plan.declared != plan.target:
-            boot.change = plan.nixos_change if nixos else file_line(plan.target, plan.source)
-            boot.change_in = ("the NixOS configuration, then `nixos-rebuild switch`" if nixos else
-                              f"the deployment file (top level; this cutover loaded {plan.source}), "
-                              "then `pdserve render` again")
-        elif at_boot != plan.target:
-            boot.detail += (f"; boot_layout already declares {plan.target}, but {at_boot} starts at boot: "
-                            + ("`nixos-rebuild switch` has not run since" if nixos else "render and enable the units again"))
-        self.report.boot = boot
-        step.result = {"changed": "ok", "unchanged": "ok", "read-only": "skipped"}.get(result, "failed")
-        step.detail = f"{boot.detail}; at boot: {at_boot}"
-        if boot.change:
-            why = "to keep it so" if result in ("changed", "unchanged") else f"to boot into {plan.target}"
-            step.detail += f"; {why}, write `{boot.change}` in {boot.change_in}"
-        step.duration_s = self.edge.clock() - began
+            return "failed", f"interrupted ({exc.args[0] if exc.args else 'Ctrl-C'}) while changing the boot links", nixos
 
     def _relink(self, states: dict[str, UnitState]) -> tuple[str, str]:
         """Link the target into the boot target first, then unlink the other layout: a failure half way
