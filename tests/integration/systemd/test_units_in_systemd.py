@@ -52,7 +52,7 @@ def test_router_start_pulls_in_both_workers_and_waits_until_both_are_ready(lab):
     assert done.returncode == 0, done.stderr + lab.diagnostics()
     states = lab.states()
     prefill, decode, router = (states[lab.unit(r)] for r in ("prefill", "decode", "router"))
-    # Only the router was asked for; Requires= pulled both workers in.
+    # Only the router was asked for; Wants= pulled both workers in.
     assert {s.active_state for s in (prefill, decode, router)} == {"active"}
     # The decode answered /health only after its 20 s delay, so its start (ExecStartPost) took that long ...
     assert seconds(decode.active_enter_us - decode.inactive_exit_us) >= 20
@@ -73,9 +73,15 @@ def test_a_worker_that_never_becomes_ready_fails_the_start_and_the_router_never_
     assert took <= SHORT_START_TIMEOUT_SEC + 5, f"the failed start took {took:.0f} s"
     states = lab.states()
     decode, router = states[lab.unit("decode")], states[lab.unit("router")]
-    assert router.active_state != "active" and not router.running
+    # The router only Wants= the workers, so its own start ran, and its ExecStartPre= gate found the
+    # decode not ready: its process never started. Restart=on-failure then retries that gate, so the
+    # router may be waiting to try again (auto-restart), never active.
+    assert router.active_state != "active" and router.main_pid == 0
+    assert router.sub_state in {"failed", "auto-restart", "start-pre"}, router.describe()
     assert router.exec_main_start_us == router_before.exec_main_start_us, "the router's process was started"
-    assert decode.result in {"exit-code", "timeout"} and (decode.restarting or decode.active_state == "failed")
+    assert f"{lab.unit('decode').removesuffix('.service')} not ready" in lab.container.journal(lab.unit("router"), 200)
+    # The decode's start failed; by now (the router's gate took a few seconds) it may be on its next try.
+    assert decode.active_state != "active" and (decode.n_restarts >= 1 or decode.result in {"exit-code", "timeout"})
     assert "not ready after" in lab.container.journal(lab.unit("decode"), 200)
     assert not tcp_accepts("127.0.0.1", lab.ports["router"])
 
@@ -95,8 +101,8 @@ def test_killing_the_prefill_main_process_restarts_it_and_the_router_serves_agai
         return state.n_restarts > before.n_restarts and state.active_state == "active" and state.main_pid != before.main_pid
 
     wait_for(restarted, START_TIMEOUT_SEC + 30, "the prefill to be restarted and ready again")
-    # systemd 252 restarts units that Requires= the prefill along with it, so the router may be
-    # passing its own readiness gate again; either way it must end up active and serving.
+    # The router only Wants= the prefill, so it is left running (test_faults_under_load.py measures
+    # that under load); either way it must end up active and serving.
     wait_for(lambda: lab.unit("router") in lab.active(), START_TIMEOUT_SEC, "the router to be active again")
     assert lab.wait_serving(timeout=90).status_code == 200
     router_after = lab.states()[lab.unit("router")]

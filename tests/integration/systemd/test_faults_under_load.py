@@ -1,0 +1,234 @@
+"""Faults under load, measured: real systemd (in the container), the real sglang-router 0.3.2 and the
+stand-in SGLang workers, 20 chat requests per second on loopback (tests/fixtures/loadgen.py) and a
+20 Hz connect prober of the public port (issue 14, item 4).
+
+Each fault is injected into a serving PD deployment while the load runs: kill -9 of the prefill, of the
+decode and of the router, a prefill that hangs (SIGSTOP) instead of dying, and `pdserve cutover single`
+and back to `pd`. What is asserted is causal: the router outlives a worker (same process, no restart),
+so the public port never refuses while it lives; only requests in flight at a worker's death may fail;
+every failure is an error the client sees (a 200 without an answer counts as a silent failure); requests
+succeed again within the restarted role's ready time + 5 s. The timings are printed as a table (in
+the terminal summary, so CI's log has it without -s) and recorded in README's fault table.
+
+The tests share one deployment, started once and kept serving between them; every unit is stopped
+again at the end, as the other tests of this tier expect.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.integration.systemd.container import wait_for
+from tests.integration.systemd.lab import CONFIG_PATH, START_TIMEOUT_SEC
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "fixtures"))
+
+from loadgen import HEADER, Load, PortProber, Summary, summarize  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+RATE = 20.0  # requests per second
+LOAD_SECONDS = 20.0
+FAULT_AT = 4.0  # seconds into the load
+REQUEST_TIMEOUT = 30.0
+HANG_SECONDS = 8.0
+# Requests succeed again within the restarted role's ready time plus this (issue 14's target): one
+# router health check (2 s) and one retry backoff (at most 2 s) after the role answers again.
+RECOVERY_MARGIN = 5.0
+# Causes a client sees for a request cut off when the process serving it dies.
+CUT_OFF = {"connection closed mid-request", "connection reset"}
+
+
+@dataclass(frozen=True)
+class Row:
+    summary: Summary
+    note: str
+
+
+ROWS: list[Row] = []
+
+
+class _FaultTable:
+    """Prints every measured row in pytest's terminal summary (shown without -s, as CI runs pytest)."""
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        if not ROWS:
+            return
+        terminalreporter.section("faults under load (container tier, stand-in workers, real sglang-router 0.3.2)")
+        terminalreporter.write_line(f"{RATE:g} req/s for {LOAD_SECONDS:g} s per fault, fault at {FAULT_AT:g} s, "
+                                    f"client timeout {REQUEST_TIMEOUT:g} s, port probed at 20 Hz")
+        terminalreporter.write_line(HEADER)
+        for row in ROWS:
+            terminalreporter.write_line(row.summary.row())
+            terminalreporter.write_line(f"{'':<36}{row.note}")
+
+
+@pytest.fixture(scope="module")
+def pd(lab_session, request):
+    """The deployment serving through the router; stopped again after the last test of this file."""
+    if not any(isinstance(p, _FaultTable) for p in request.config.pluginmanager.get_plugins()):
+        request.config.pluginmanager.register(_FaultTable(), "pdserve-fault-table")
+    lab = lab_session
+    lab.reset()
+    lab.install(lab.variant())
+    yield lab
+    lab.reset()
+
+
+def serving(lab) -> dict:
+    """All three PD units active and a chat answered through the router; their states."""
+    pd_units = [lab.unit(r) for r in ("prefill", "decode", "router")]
+    if not set(pd_units) <= lab.active():
+        done = lab.container.run(["systemctl", "start", lab.unit("router")], timeout=200, check=False)
+        assert done.returncode == 0, done.stderr + lab.diagnostics()
+    wait_for(lambda: set(pd_units) <= lab.active(), START_TIMEOUT_SEC + 30, "the PD units to be active")
+    lab.wait_serving(timeout=60)
+    return lab.states()
+
+
+def under_load(lab, name: str, inject, duration: float = LOAD_SECONDS,
+               tail: float | None = None) -> tuple[Summary, Load, PortProber, float]:
+    """Load for `duration` s with `inject()` at FAULT_AT; with `tail`, the load ends `tail` s after
+    `inject()` returns instead (bounded by `duration`), for faults that take a while themselves."""
+    prober = PortProber("127.0.0.1", lab.ports["router"], hz=20).start()
+    load = Load(lab.url("router"), rate=RATE, duration=duration, timeout=REQUEST_TIMEOUT).start()
+    try:
+        time.sleep(FAULT_AT)
+        fault_at = time.monotonic()
+        inject()
+        if tail is not None:
+            time.sleep(tail)
+            load.stop()
+    finally:
+        load.wait()
+        prober.stop()
+    return summarize(name, load, prober, fault_at), load, prober, fault_at
+
+
+def record(capsys, summary: Summary, note: str) -> None:
+    ROWS.append(Row(summary, note))
+    with capsys.disabled():
+        print(f"\n{HEADER}\n{summary.row()}\n{'':<36}{note}")
+        for detail in summary.details:
+            print(f"{'':<36}{detail}")
+
+
+def kill(lab, pid: int, sig: str = "KILL") -> None:
+    lab.container.run(["kill", f"-{sig}", str(pid)])
+
+
+def ready_again_s(lab, role: str, before, fault_at: float) -> float:
+    """Seconds from the fault until systemd had the restarted role active (its wait-ready gate passed)."""
+    def back():
+        state = lab.states()[lab.unit(role)]
+        return state if state.n_restarts > before.n_restarts and state.active_state == "active" else None
+
+    state = wait_for(back, START_TIMEOUT_SEC + 30, f"{role} to be restarted and ready")
+    # systemd's monotonic timestamps are the host's CLOCK_MONOTONIC (a container has none of its own).
+    return state.active_enter_us / 1e6 - fault_at  # type: ignore[union-attr]
+
+
+def assert_nothing_silent(summary: Summary, lab) -> None:
+    assert summary.silent == 0, f"{summary.silent} answers were 200 without a completion: {summary.details}"
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_kill_9_of_a_worker_costs_at_most_the_requests_in_flight(pd, capsys, role):
+    lab = pd
+    before = serving(lab)
+    worker, router = before[lab.unit(role)], before[lab.unit("router")]
+    summary, _, prober, fault_at = under_load(lab, f"kill -9 {role}", lambda: kill(lab, worker.main_pid))
+    ready_s = ready_again_s(lab, role, worker, fault_at)
+    after = lab.states()[lab.unit("router")]
+    record(capsys, summary, f"{role} ready again {ready_s:.1f} s after the kill; router PID "
+                            f"{router.main_pid} -> {after.main_pid}, restarts {router.n_restarts} -> {after.n_restarts}")
+    # The router outlived the worker: same process, never restarted, so the public port never refused.
+    assert after.main_pid == router.main_pid and after.n_restarts == router.n_restarts, \
+        "the router was restarted with the worker\n" + lab.diagnostics()
+    assert prober.refused_windows() == [], f"the public port refused connections: {prober.refused_windows()}"
+    assert_nothing_silent(summary, lab)
+    assert summary.failed_other == 0, f"requests sent after the kill failed: {summary.causes} {summary.details}"
+    assert summary.recovered_s is not None and summary.recovered_s <= ready_s + RECOVERY_MARGIN, summary
+
+
+def test_a_prefill_that_hangs_instead_of_dying(pd, capsys):
+    """SIGSTOP: the port still accepts, nothing answers; systemd sees nothing wrong. Requests wait."""
+    lab = pd
+    before = serving(lab)
+    worker, router = before[lab.unit("prefill")], before[lab.unit("router")]
+
+    def hang():
+        kill(lab, worker.main_pid, "STOP")
+        try:
+            time.sleep(HANG_SECONDS)
+        finally:
+            kill(lab, worker.main_pid, "CONT")
+
+    summary, load, prober, fault_at = under_load(lab, f"prefill hangs {HANG_SECONDS:g} s (SIGSTOP)", hang)
+    slowest = max(o.end - o.start for o in load.outcomes)
+    after = lab.states()
+    record(capsys, summary, f"slowest request {slowest:.1f} s; prefill PID {worker.main_pid} -> "
+                            f"{after[lab.unit('prefill')].main_pid}, router restarts {router.n_restarts} -> "
+                            f"{after[lab.unit('router')].n_restarts}")
+    assert after[lab.unit("router")].main_pid == router.main_pid
+    assert after[lab.unit("prefill")].main_pid == worker.main_pid, "the hung prefill was restarted"
+    assert prober.refused_windows() == []
+    assert_nothing_silent(summary, lab)
+    # Nothing died: requests are held (the router's retries, the decode waiting for its KV), not lost.
+    assert summary.failed == 0, f"{summary.causes} {summary.details}"
+    assert summary.recovered_s is not None and summary.recovered_s <= HANG_SECONDS + RECOVERY_MARGIN
+
+
+def test_kill_9_of_the_router_refuses_only_until_systemd_restarted_it(pd, capsys):
+    lab = pd
+    before = serving(lab)
+    router = before[lab.unit("router")]
+    summary, _, prober, fault_at = under_load(lab, "kill -9 router", lambda: kill(lab, router.main_pid))
+    ready_s = ready_again_s(lab, "router", router, fault_at)
+    after = lab.states()
+    record(capsys, summary, f"router ready again {ready_s:.1f} s after the kill (RestartSec=2); "
+                            f"refused windows {[(round(a - fault_at, 2), round(b - fault_at, 2)) for a, b in prober.refused_windows()]}")
+    # The workers were left alone.
+    for role in ("prefill", "decode"):
+        assert after[lab.unit(role)].main_pid == before[lab.unit(role)].main_pid, f"{role} was restarted"
+    assert_nothing_silent(summary, lab)
+    # What failed was cut off at the kill or refused while no router listened: errors the client sees.
+    assert set(summary.causes) <= CUT_OFF | {"connection refused"}, summary.causes
+    cut_off = sum(n for cause, n in summary.causes.items() if cause in CUT_OFF)
+    assert cut_off <= summary.failed_in_flight, summary
+    assert all(begin >= fault_at - 0.1 for begin, _ in prober.refused_windows()), "refused before the kill"
+    assert summary.recovered_s is not None and summary.recovered_s <= ready_s + RECOVERY_MARGIN, summary
+
+
+def test_cutover_to_single_and_back_while_traffic_runs(pd, capsys):
+    lab = pd
+    serving(lab)
+    reports: list[dict] = []
+
+    def cutovers():
+        for target in ("single", "pd"):
+            done = lab.pdserve("cutover", target, "-c", CONFIG_PATH, "--json")
+            reports.append({"exit": done.returncode, **(json.loads(done.stdout) if done.stdout.strip() else {}),
+                            "stderr": done.stderr[-2000:]})
+            if done.returncode != 0:
+                return
+
+    summary, load, prober, fault_at = under_load(lab, "cutover single, then pd", cutovers, duration=180,
+                                                 tail=2 * RECOVERY_MARGIN)
+    windows = [(round(a - fault_at, 1), round(b - fault_at, 1)) for a, b in prober.refused_windows()]
+    took = [f"{r.get('target')} {r.get('total_seconds')} s (exit {r['exit']})" for r in reports]
+    record(capsys, summary, f"cutovers: {', '.join(took)}; refused windows {windows}")
+    assert [r["exit"] for r in reports] == [0, 0], reports
+    assert_nothing_silent(summary, lab)
+    assert set(summary.causes) <= CUT_OFF | {"connection refused", "HTTP 503"}, summary.causes
+    # After both cutovers PD serves again, and every request sent then succeeded.
+    ended = fault_at + sum(float(r.get("total_seconds") or 0) for r in reports)
+    late = [o for o in load.outcomes if o.start > ended + RECOVERY_MARGIN]
+    assert late and all(o.ok for o in late), {o.cause for o in late}
+    assert lab.running() >= {lab.unit(r) for r in ("prefill", "decode", "router")}
