@@ -135,7 +135,9 @@ def build_rootfs(target: Path, packages: tuple[str, ...], log: Path) -> None:
 
 def prepared_rootfs(work: Path, packages: tuple[str, ...]) -> Path:
     """A fresh rootfs for this session: a copy of the cached one, built first when the cache lacks it."""
-    cache_dir = Path(os.environ.get("PDSERVE_ROOTFS_CACHE") or work / "cache")
+    # Without a cache directory, one beside `work` (the session's pytest base directory when `work` came
+    # from tmp_path_factory.mktemp): every container of the session then copies one debootstrap.
+    cache_dir = Path(os.environ.get("PDSERVE_ROOTFS_CACHE") or work.parent / "rootfs-cache")
     cache_dir.mkdir(parents=True, exist_ok=True)
     cached = cache_dir / f"rootfs-{SUITE}-{rootfs_key(packages)}"
     if not (cached / "usr/lib/systemd/systemd").exists():
