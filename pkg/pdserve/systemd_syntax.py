@@ -173,9 +173,10 @@ def exec_line(argv: tuple[str, ...] | list[str]) -> str:
     """A whole ExecStart=/ExecStartPost= value for `argv`: the executable is argv[0], the process gets
     argv byte for byte.
 
-    systemd expands `$` in every word, the executable's argv[0] included, but never in the path it
-    executes, so `$$` would break an executable path that holds a `$`. A line holding any `$` therefore
-    starts with `:` (no expansion at all) and writes `$` as is; other lines stay free of the prefix.
+    systemd expands `$` in the arguments but not in the path it executes: with `$$` for a `$` in the
+    executable, systemd 252 looked for a file named with `$$` ("Command ... is not executable"; the
+    container tier's old-main run). A line holding any `$` therefore starts with `:` (no expansion in
+    any word) and writes `$` as is; lines without `$` stay free of the prefix.
     """
     if not argv:
         raise Unrepresentable("an empty command line")
