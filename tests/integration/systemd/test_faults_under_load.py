@@ -3,8 +3,8 @@ stand-in SGLang workers, 20 chat requests per second on loopback (tests/fixtures
 20 Hz connect prober of the public port (issue 14, item 4).
 
 Each fault is injected into a serving PD deployment while the load runs: kill -9 of the prefill, of the
-decode and of the router, a prefill that hangs (SIGSTOP) instead of dying, and `pdserve cutover single`
-and back to `pd`. What is asserted is causal: the router outlives a worker (same process, no restart),
+decode and of the router, a prefill that hangs (SIGSTOP) instead of dying, a prefill crash while the
+router drains on its way down, and `pdserve cutover single` and back to `pd`. What is asserted is causal: the router outlives a worker (same process, no restart),
 so the public port never refuses while it lives; only requests in flight at a worker's death may fail;
 every failure is an error the client sees (a 200 without an answer counts as a silent failure); requests
 succeed again within the restarted role's ready time + 5 s. The timings are printed as a table (in
@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from pdserve.commands import router_shutdown_grace
 from tests.integration.systemd.container import wait_for
 from tests.integration.systemd.lab import CONFIG_PATH, START_TIMEOUT_SEC
 
@@ -204,6 +205,39 @@ def test_kill_9_of_the_router_refuses_only_until_systemd_restarted_it(pd, capsys
     assert cut_off <= summary.failed_in_flight, summary
     assert all(begin >= fault_at - 0.1 for begin, _ in prober.refused_windows()), "refused before the kill"
     assert summary.recovered_s is not None and summary.recovered_s <= ready_s + RECOVERY_MARGIN, summary
+
+
+def test_a_prefill_crash_while_the_router_drains_waits_at_most_the_drain(pd, capsys):
+    """systemd runs the stop of a unit before the start of what it is After=: a worker restart that
+    coincides with a router stop waits for it. The router's drain (--shutdown-grace-period-secs) ends
+    before TimeoutStopSec, so that wait is the drain, not systemd's SIGKILL (old main: 180 s > 15 s)."""
+    lab = pd
+    before = serving(lab)
+    prefill = before[lab.unit("prefill")]
+    grace = router_shutdown_grace(lab.dep)
+    stop_at = 0.0
+
+    def stop_router_then_crash_the_prefill():
+        nonlocal stop_at
+        kill(lab, prefill.main_pid, "STOP")  # requests pile up in the router, so its stop has to drain
+        time.sleep(2)
+        stop_at = time.monotonic()
+        lab.container.run(["systemctl", "stop", "--no-block", lab.unit("router")])
+        time.sleep(0.5)
+        kill(lab, prefill.main_pid, "KILL")
+
+    summary, _, _, _ = under_load(lab, "router stop + prefill kill -9", stop_router_then_crash_the_prefill,
+                                  tail=grace + 2 * RECOVERY_MARGIN)
+    ready_s = ready_again_s(lab, "prefill", prefill, stop_at)
+    after = lab.states()
+    restart_began = after[lab.unit("prefill")].inactive_exit_us / 1e6 - stop_at
+    router = after[lab.unit("router")]
+    record(capsys, summary, f"router stop requested at 0 (drain {grace} s), prefill killed at 0.5 s: its restart "
+                            f"began at {restart_began:.1f} s, ready at {ready_s:.1f} s; router {router.describe()}")
+    assert_nothing_silent(summary, lab)
+    # The router drained and exited by itself: no SIGKILL at TimeoutStopSec.
+    assert router.active_state in {"inactive", "failed"} and router.result == "success", router.describe()
+    assert restart_began <= grace + RECOVERY_MARGIN, f"the prefill's restart waited {restart_began:.1f} s"
 
 
 def test_cutover_to_single_and_back_while_traffic_runs(pd, capsys):
