@@ -5,7 +5,7 @@ from pdserve.verify.checks import gpu, numa
 from pdserve.verify.expect import expectations
 from pdserve.verify.observations import GpuObs, ProcNuma
 
-EXP = expectations(load().deployment)  # prefill GPUs 0-3, decode 4-7, both at 0.85
+EXP = expectations(load().deployment)  # prefill GPUs 0-3 at 0.80, decode 4-7 at 0.85
 GIB = 2**30
 TOTAL = 140 * GIB
 
@@ -66,6 +66,36 @@ def test_untraceable_process_warns():
     pids[7] = (200, 999)
     result = gpu.check_processes(EXP, gpus(HEALTHY, pids), {**OWNERS, 999: (None, "python stray.py")})
     assert result.status == "warn" and "pid 999 (python stray.py)" in result.details[0]
+
+
+def _shared_gpu_expectations():
+    """A one-GPU rig: prefill and decode both on GPU 0 (allow_shared_gpus), 0.4 each."""
+    dep = load().deployment
+    return expectations(dep.model_copy(update={
+        "allow_shared_gpus": True,
+        "prefill": dep.prefill.model_copy(update={"gpus": [0], "numa_node": None, "mem_fraction_static": 0.4}),
+        "decode": dep.decode.model_copy(update={"gpus": [0], "numa_node": None, "mem_fraction_static": 0.4}),
+    }))
+
+
+def one_gpu(used: float, pids: tuple[int, ...]) -> list[GpuObs]:
+    return [GpuObs(0, "NVIDIA H200", int(used * TOTAL), TOTAL, pids)]
+
+
+def test_a_shared_gpu_holds_both_fractions_and_both_servers():
+    exp = _shared_gpu_expectations()
+    memory = gpu.check_memory(exp, one_gpu(0.84, (100, 200)))
+    assert memory.status == "pass" and "prefill + decode" in memory.observed
+    assert gpu.check_processes(exp, one_gpu(0.84, (100, 200)), OWNERS).status == "pass"
+
+
+def test_a_shared_gpu_with_one_server_gone_fails_naming_the_missing_role():
+    exp = _shared_gpu_expectations()
+    memory = gpu.check_memory(exp, one_gpu(0.42, (100,)))
+    assert memory.status == "fail" and "GPU 0 (prefill + decode) uses 0.42, expected about 0.8" in memory.details
+    processes = gpu.check_processes(exp, one_gpu(0.42, (100,)), OWNERS)
+    assert processes.status == "fail"
+    assert "GPU 0 (decode) runs no decode process; sglang-dsv4-decode should hold it" in processes.details
 
 
 def test_kernel_list_format_round_trips():

@@ -13,13 +13,22 @@ ABOVE = 0.12  # this far over it: close to out-of-memory under load
 IDLE = 0.05  # a GPU outside every role may hold the driver's reservation, not a model
 
 
-def _owners(exp: Expectations) -> dict[int, str]:
-    return {gpu: role for role, w in exp.workers.items() for gpu in w.gpus}
+def _owners(exp: Expectations) -> dict[int, tuple[str, ...]]:
+    """GPU -> the roles placed on it: one role, or prefill and decode together under allow_shared_gpus."""
+    owners: dict[int, tuple[str, ...]] = {}
+    for role, w in exp.workers.items():
+        for gpu in w.gpus:
+            owners[gpu] = owners.get(gpu, ()) + (role,)
+    return owners
 
 
-def _line(g: GpuObs, role: str | None) -> str:
+def _named(roles: tuple[str, ...]) -> str:
+    return " + ".join(roles)
+
+
+def _line(g: GpuObs, roles: tuple[str, ...] | None) -> str:
     ratio = g.memory_used / g.memory_total if g.memory_total else 0.0
-    who = role or "no role"
+    who = _named(roles) if roles else "no role"
     return f"GPU {g.index} ({g.name}): {g.memory_used / GIB:.1f}/{g.memory_total / GIB:.1f} GiB ({ratio:.2f}), {who}"
 
 
@@ -33,16 +42,18 @@ def check_memory(exp: Expectations, gpus: list[GpuObs]) -> CheckResult:
     by_index = {g.index: g for g in gpus}
     problems, warnings, lines = [], [], []
     for gpu in sorted(owners.keys() - by_index.keys()):
-        problems.append(f"GPU {gpu} ({owners[gpu]}) is not present on this host (NVML sees {len(gpus)} GPUs)")
+        problems.append(f"GPU {gpu} ({_named(owners[gpu])}) is not present on this host (NVML sees {len(gpus)} GPUs)")
     for g in gpus:
-        role = owners.get(g.index)
-        lines.append(_line(g, role))
+        roles = owners.get(g.index)
+        lines.append(_line(g, roles))
         ratio = g.memory_used / g.memory_total if g.memory_total else 0.0
-        if role is None:
+        if roles is None:
             if ratio > IDLE:
                 problems.append(f"GPU {g.index} belongs to no role but {ratio:.2f} of it is used")
             continue
-        fraction = exp.workers[role].mem_fraction_static
+        # Servers sharing a GPU each take their own fraction of it.
+        fraction = sum(exp.workers[r].mem_fraction_static for r in roles)
+        role = _named(roles)
         if ratio < fraction - BELOW:
             problems.append(f"GPU {g.index} ({role}) uses {ratio:.2f}, expected about {fraction:g}")
         elif ratio > min(0.995, fraction + ABOVE):
@@ -67,21 +78,25 @@ def check_processes(exp: Expectations, gpus: list[GpuObs], owner_of: dict[int, t
                          for w in exp.workers.values()) + "; other GPUs: none"
     problems, warnings, lines = [], [], []
     for g in gpus:
-        role = owners.get(g.index)
+        roles = owners.get(g.index)
         described = [f"{pid} {owner_of.get(pid, (None, 'unknown'))[1]}" for pid in g.pids]
         lines.append(f"GPU {g.index}: " + (", ".join(described) or "no processes"))
-        if role is None:
+        if roles is None:
             if g.pids:
                 problems.append(f"GPU {g.index} belongs to no role but runs {', '.join(described)}")
             continue
-        if not g.pids:
-            problems.append(f"GPU {g.index} ({role}) runs no process; {exp.workers[role].unit} should hold it")
+        traced = {owner_of.get(pid, (None, ""))[0] for pid in g.pids}
+        untraced = None in traced
+        for role in roles:
+            # A process that cannot be traced may be this role's: that is a warning below, not a missing server.
+            if role not in traced and not untraced:
+                problems.append(f"GPU {g.index} ({role}) runs no {role} process; {exp.workers[role].unit} should hold it")
         for pid in g.pids:
             got, desc = owner_of.get(pid, (None, "unknown"))
             if got is None:
                 warnings.append(f"GPU {g.index}: pid {pid} ({desc}) could not be traced to a unit")
-            elif got != role:
-                problems.append(f"GPU {g.index} belongs to {role} but pid {pid} is {desc}")
+            elif got not in roles:
+                problems.append(f"GPU {g.index} belongs to {_named(roles)} but pid {pid} is {desc}")
     observed = "; ".join(lines)
     if problems:
         return failed(cid, observed, expected,
