@@ -97,6 +97,11 @@ def _unit_section(dep: Deployment, role: Role, description: str) -> Section:
         # A worker that failed to start still keeps the router's process from starting: the router's
         # ExecStartPre= gates (WORKER_GATE_SEC) find it not ready.
         entries += [("Wants", workers), ("After", f"network-online.target {workers}")]
+    elif role == "decode" and set(dep.prefill.gpus) & set(dep.decode.gpus):
+        # allow_shared_gpus: each server sizes its pool from the memory free when it starts, so two that
+        # start together both count the other's share as free. After= (ordering only) starts the decode
+        # once the prefill is ready, and a later prefill restart still leaves the decode alone.
+        entries.append(("After", f"network-online.target {pd_units[0]}"))
     else:
         entries.append(("After", "network-online.target"))
     # The two layouts share GPUs and the public port: starting one stops the other.

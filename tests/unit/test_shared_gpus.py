@@ -101,3 +101,19 @@ def test_pdserve_check_prints_the_fraction_problem_as_one_line_and_exits_1(refer
     lines = [line for line in result.output.splitlines() if line.startswith("error: ")]
     assert lines == [line for line in lines if line.startswith("error: decode.mem_fraction_static = 0.5: ")]
     assert len(lines) == 1, result.output
+
+
+def _after(dep, tools, unit):
+    from pdserve.units import render_units
+
+    text = {u.name: u.text for u in render_units(dep, tools, "/etc/pdserve/dsv4.json")}[unit]
+    return [line.split("=", 1)[1].split() for line in text.splitlines() if line.startswith("After=")][0]
+
+
+def test_on_a_shared_gpu_the_decode_starts_after_a_ready_prefill(reference_data, reference, tools):
+    shared = deployment_from_data(one_gpu(reference_data), "test").deployment
+    # Both servers size their pools from the memory free when they start: the decode must not start with the prefill.
+    assert "sglang-dsv4-prefill.service" in _after(shared, tools, "sglang-dsv4-decode")
+    assert "sglang-dsv4-decode.service" not in _after(shared, tools, "sglang-dsv4-prefill")
+    # On their own GPUs they start in parallel, as before.
+    assert "sglang-dsv4-prefill.service" not in _after(reference, tools, "sglang-dsv4-decode")
