@@ -5,7 +5,7 @@ sglang-router 0.3.2 `parse_router_args`), so `--por 1` sets --port and `--api=K`
 unambiguous prefix of a long option is that option, `--flag=value` included. A prefix of several
 options is an error in the parser itself. So an extra argument that is a rendered or secret flag *or a
 prefix of one* is either read as that flag or refused by the parser; pdserve refuses it up front.
-tests/integration/test_real_parsers.py holds this reading against the real parsers.
+tests/integration/test_hostile_parsers.py holds this reading against the real parsers.
 """
 
 from __future__ import annotations

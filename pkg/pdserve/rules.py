@@ -28,6 +28,7 @@ _RENDERED_SERVER_FLAGS = {
     "--port": "<role>.port",
     "--tp-size": "<role>.gpus",
     "--tp": "<role>.gpus",
+    "--tensor-parallel-size": "<role>.gpus",  # the same setting as --tp-size under another name
     "--base-gpu-id": "<role>.gpus",
     "--gpu-id-step": "<role>.gpus",
     "--mem-fraction-static": "<role>.mem_fraction_static",

@@ -94,6 +94,23 @@ def test_every_prefix_the_real_parser_reads_as_a_guarded_flag_is_refused_by_pdse
 
 
 @pytest.mark.parametrize("program", PROGRAMS)
+def test_every_other_name_the_real_parser_has_for_a_guarded_flag_is_refused_too(parsers_available, program):
+    """An alias (--tensor-parallel-size for --tp-size) sets the same value as the flag pdserve renders, and
+    argparse keeps the last one: extra_args come last, so an alias would silently override the schema."""
+    parser = _real_parser(program)
+    from pdserve.extra_args import read_as
+
+    rendered, secrets, exact = _guarded(program)
+    guarded = {*rendered, *secrets}
+    guarded_dests = {_dest(parser, flag) for flag in guarded}
+    aliases = [name for name, action in parser._option_string_actions.items()
+               if name.startswith("--") and action.dest in guarded_dests]
+    assert len(aliases) >= len(guarded_dests)
+    missed = [name for name in aliases if not read_as(name, guarded, exact)]
+    assert missed == [], f"the real {program} parser sets a guarded value through {missed}; pdserve lets them pass"
+
+
+@pytest.mark.parametrize("program", PROGRAMS)
 def test_what_pdserve_refuses_as_a_guarded_flag_the_real_parser_reads_as_one(parsers_available, program):
     """No false refusals: an arg pdserve reads as a guarded flag is that flag (or an error) for the parser."""
     parser = _real_parser(program)

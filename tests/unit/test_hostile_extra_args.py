@@ -44,6 +44,8 @@ def test_other_secret_flags_are_refused_too(reference_data, role, arg):
     ("decode", ["--port=1"], "--port", "decode.port"),
     ("fallback", ["--tp", "8"], "--tp", "fallback.gpus"),
     ("fallback", ["--tp-s", "8"], "--tp-size", "fallback.gpus"),
+    ("prefill", ["--tensor-parallel-size", "8"], "--tensor-parallel-size", "prefill.gpus"),
+    ("prefill", ["--tensor-par=8"], "--tensor-parallel-size", "prefill.gpus"),
     ("prefill", ["--model", "/x"], "--model", "model.path"),
     ("prefill", ["--served-model=x"], "--served-model-name", "model.served_name"),
     ("decode", ["--disaggregation-m", "null"], "--disaggregation-mode", "the role itself"),
