@@ -80,7 +80,8 @@ def _servers(dep: Deployment) -> Iterator[tuple[str, ServerSpec]]:
 
 
 # Prefill and decode on one GPU (allow_shared_gpus) each size their static pool (weights + KV) as a fraction
-# of the memory free when they start, and both may measure before either allocates; the rest of the GPU
+# of the memory free when they start; the units start the decode after the prefill, but a hand-started
+# pair may measure before either allocates, so the limit holds for the plain sum. The rest of the GPU
 # must then hold both processes' CUDA contexts, CUDA graphs and activations. SGLang keeps 10 GiB or more
 # outside the pool for one server on a large GPU (server_args' reserved_mem); 0.1 of an H200 is 14 GiB.
 SHARED_GPU_FRACTION_LIMIT = 0.9
