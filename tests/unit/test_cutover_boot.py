@@ -109,6 +109,39 @@ def test_a_read_only_unit_directory_elsewhere_names_the_file_line(dep):
     assert "read-only file system" in report.boot.detail and report.boot.change == 'boot_layout = "pd"'
 
 
+def test_a_unit_directory_this_user_may_not_write_says_so_not_read_only_file_system(dep):
+    fake = FakeSystemd(dep)
+    fake.serve("single")
+    fake.files = UnitFiles(PathFacts("/etc/systemd/system", "/etc/systemd/system", True, denied=True))
+    report = run(declared(dep, "single"), fake, "pd")
+    assert links(fake) == [] and report.exit_code == EXIT_SUCCESS
+    assert "/etc/systemd/system is not writable by this user (run as root" in report.boot.detail
+    assert "read-only file system" not in report.boot.detail
+
+
+def test_filesystem_facts_tell_a_read_only_mount_from_a_permission(tmp_path: Path, monkeypatch):
+    import os
+
+    from pdserve.cutover import host
+
+    mine = path_facts(str(tmp_path))
+    assert mine is not None and (mine.read_only, mine.denied) == (False, False)
+    monkeypatch.setattr(host.os, "access", lambda path, mode: False)
+    denied = path_facts(str(tmp_path))
+    assert denied is not None and (denied.read_only, denied.denied) == (True, True)
+    real_statvfs = os.statvfs
+
+    class ReadOnlyMount:
+        def __init__(self, where):
+            self.f_flag = real_statvfs(where).f_flag | os.ST_RDONLY
+
+    monkeypatch.setattr(host.os, "statvfs", ReadOnlyMount)
+    mounted = path_facts(str(tmp_path))
+    assert mounted is not None and (mounted.read_only, mounted.denied) == (True, False)
+    reason = boot_access({}, UnitFiles(mounted)).reason
+    assert reason == f"{tmp_path} is on a read-only file system"
+
+
 def test_read_only_found_only_when_systemctl_tries_is_still_a_success(dep):
     fake = FakeSystemd(dep)
     fake.serve("single")

@@ -31,7 +31,8 @@ class PathFacts:
 
     path: str
     resolved: str
-    read_only: bool  # on a read-only mount, or not writable by this process
+    read_only: bool  # this process cannot write there: a read-only mount, or (denied) not for this user
+    denied: bool = False  # the mount is writable, but this user may not write there (permissions)
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,11 @@ def boot_access(states: Mapping[str, UnitState], files: UnitFiles) -> BootAccess
         reasons.append(f"{', '.join(from_store)} {'is a unit file' if len(from_store) == 1 else 'are unit files'} "
                        f"from the Nix store ({', '.join(dirs)})")
     if config is not None and config.read_only and not nixos:
-        reasons.append(f"{config.path} is on a read-only file system")
+        if config.denied:
+            reasons.append(f"{config.path} is not writable by this user (run as root, or let systemctl try: "
+                           "it asks systemd, which polkit may allow)")
+        else:
+            reasons.append(f"{config.path} is on a read-only file system")
     for name, state in states.items():
         why = FIXED_STATES.get(state.unit_file_state)
         if why:
@@ -141,7 +146,7 @@ def boot_report(declared: Layout, target: Layout, result: str, detail: str, at_b
         report.change = change
         report.change_in = ("the NixOS configuration, then `nixos-rebuild switch`" if nixos else
                             f"the deployment file (top level; this cutover loaded {source}), then `pdserve render` again")
-    elif at_boot != target:
+    elif at_boot != target and not at_boot.startswith("unknown"):
         again = "`nixos-rebuild switch` has not run since" if nixos else "render and enable the units again"
         report.detail += f"; boot_layout already declares {target}, but {at_boot} starts at boot: {again}"
     return report

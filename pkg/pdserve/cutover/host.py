@@ -53,17 +53,19 @@ UNIT_CONFIG_DIR = "/etc/systemd/system"
 
 def path_facts(path: str) -> PathFacts | None:
     """Where `path`'s links lead and whether this process could write there: a read-only mount (the
-    Nix store, a bind mount, `ro` in fstab) and a directory this user may not write both count."""
+    Nix store, a bind mount, `ro` in fstab) and a directory this user may not write both count, and
+    the facts say which of the two it is."""
     try:
         resolved = Path(path).resolve(strict=True)
     except (OSError, RuntimeError):
         return None
     where = resolved if resolved.is_dir() else resolved.parent
     try:
-        read_only = bool(os.statvfs(where).f_flag & os.ST_RDONLY) or not os.access(where, os.W_OK)
+        mounted_read_only = bool(os.statvfs(where).f_flag & os.ST_RDONLY)
     except OSError:
-        read_only = True
-    return PathFacts(path, str(resolved), read_only)
+        mounted_read_only = False  # not known: what this user may do still is
+    denied = not mounted_read_only and not os.access(where, os.W_OK)
+    return PathFacts(path, str(resolved), mounted_read_only or denied, denied)
 
 
 def unit_files(local: bool, states: dict[str, UnitState]) -> UnitFiles:
