@@ -1,5 +1,7 @@
 """The cutover state machine against a fake systemd that keeps the rules the real one keeps here:
-Conflicts= between the layouts, Requires=/After= from the router to the workers, a start that
+Conflicts= between the layouts, Wants= + After= from the router to the workers (starting the router
+pulls the workers in and it waits for their starts to end; a worker that failed fails the router's
+ExecStartPre= gate), After= from the decode to the prefill where they share GPUs, a start that
 completes only when the unit is ready, Restart=on-failure loops, and a clock that only moves when
 the machine sleeps."""
 
@@ -56,6 +58,8 @@ class FakeSystemd:
                  "router": f"sglang-{dep.name}-router.service", "fallback": f"sglang-{dep.name}.service"}
         self.role = roles
         self.units = {name: FakeUnit(name, ready_after.get(role, 5.0)) for role, name in roles.items()}
+        # The rendered decode unit is After= the prefill when they share GPUs (pdserve.units).
+        self.decode_after_prefill = bool(set(dep.prefill.gpus) & set(dep.decode.gpus))
 
     # -- systemd's rules ---------------------------------------------------------------------------
     @property
@@ -70,18 +74,25 @@ class FakeSystemd:
             st = unit.state
             if st.active_state != "activating" or unit.started_at is None:
                 continue
-            if unit.name == self.role["router"]:
+            if unit.name == self.role["router"] and unit.state.sub_state == "waiting":
                 workers = [self.units[self.role[r]].state for r in ("prefill", "decode")]
                 if any(w.active_state in {"failed", "inactive"} or w.restarting for w in workers):
-                    # The router's job fails with result "dependency" and it never runs.
-                    self._set(unit, active_state="inactive", sub_state="dead")
+                    # Wants=, not Requires=: the router's job still runs once the workers' starts have
+                    # ended, and its ExecStartPre= gate finds a worker not ready (Restart=on-failure).
+                    self._set(unit, sub_state="auto-restart", result="exit-code", n_restarts=st.n_restarts + 1,
+                              inactive_exit_us=int(self.now * 1e6))
                     unit.started_at = None
                     continue
                 if not all(w.active_state == "active" for w in workers):
                     continue
-                if unit.state.sub_state == "waiting":
-                    unit.started_at = self.now
-                    self._set(unit, sub_state="start-post", inactive_exit_us=int(self.now * 1e6))
+                unit.started_at = self.now
+                self._set(unit, sub_state="start-post", inactive_exit_us=int(self.now * 1e6))
+            if unit.name == self.role["decode"] and unit.state.sub_state == "waiting":
+                prefill = self.units[self.role["prefill"]].state
+                if prefill.active_state == "activating" and not prefill.restarting:
+                    continue  # After= (ordering only): the decode's job waits for the prefill's to end
+                unit.started_at = self.now
+                self._set(unit, sub_state="start-post", inactive_exit_us=int(self.now * 1e6))
             elapsed = self.now - unit.started_at
             if elapsed >= unit.ready_after:
                 self._set(unit, active_state="active", sub_state="running")
@@ -105,7 +116,7 @@ class FakeSystemd:
         for name in units:
             targets = [name]
             if name == self.role["router"]:
-                targets = [self.role["prefill"], self.role["decode"], name]  # Requires= pulls them in
+                targets = [self.role["prefill"], self.role["decode"], name]  # Wants= pulls them in
             for t in targets:
                 conflicting = [self.role["fallback"]] if t in self.pd else self.pd
                 for c in conflicting:
@@ -114,7 +125,7 @@ class FakeSystemd:
                 if unit.state.active_state in {"active"}:
                     continue
                 unit.started_at = self.now
-                waiting = t == self.role["router"]
+                waiting = t == self.role["router"] or (t == self.role["decode"] and self.decode_after_prefill)
                 self._set(unit, active_state="activating", sub_state="waiting" if waiting else "start-post",
                           result="success", inactive_exit_us=unit.state.inactive_exit_us if waiting else int(self.now * 1e6))
 
@@ -249,6 +260,63 @@ def test_sigterm_during_the_cutover_rolls_back_instead_of_leaving_it_half_done(d
     assert workers.result == "failed" and workers.detail == "interrupted (SIGTERM)"
     assert fake.active() == {fake.role["fallback"]}
     assert step(report, "rollback: smoke test").result == "ok"
+
+
+def test_sigterm_while_reading_the_boot_links_back_keeps_the_serving_cutover(dep):
+    fake = FakeSystemd(dep)
+    fake.serve("single")
+    show = fake.show
+    shows_after_smoke = []
+
+    def show_then_terminated(units):
+        states = show(units)
+        if "smoke" in fake.verbs():
+            shows_after_smoke.append(units)
+            if len(shows_after_smoke) == 2:  # the boot step's second look, after relinking
+                os.kill(os.getpid(), signal.SIGTERM)
+        return states
+
+    fake.show = show_then_terminated
+    with termination_interrupts():
+        report = run(dep, fake)
+    assert len(shows_after_smoke) == 2
+    assert report.outcome is Outcome.SUCCESS and report.exit_code == EXIT_SUCCESS
+    assert fake.active() == set(fake.pd)
+    assert report.boot.result == "changed" and report.boot.at_boot == "unknown (interrupted: SIGTERM)"
+    assert "at boot: unknown (interrupted: SIGTERM)" in step(report, "enable at boot").detail
+    assert "starts at boot:" not in report.boot.detail  # an unknown reading is not called a mismatch
+
+
+def shared_gpus(dep):
+    """prefill and decode on one GPU (allow_shared_gpus), as on a one-GPU rig."""
+    update = {role: getattr(dep, role).model_copy(update={"gpus": [0]}) for role in ("prefill", "decode", "fallback")}
+    return dep.model_copy(update={**update, "allow_shared_gpus": True})
+
+
+def test_on_shared_gpus_the_workers_get_two_start_timeouts_and_the_plan_says_prefill_then_decode(dep):
+    shared = shared_gpus(dep)
+    plan = plan_for(shared, "pd")
+    assert plan.worker_deadline == 2 * 60 + 15 and plan.workers_in_turn
+    assert plan_for(dep, "pd").worker_deadline == 60 + 15 and not plan_for(dep, "pd").workers_in_turn
+    text = step(Cutover(plan, FakeSystemd(shared)).dry_run(), "start workers").detail
+    assert "prefill, then decode (they share GPUs)" in text and "in parallel" not in text
+    assert "<= 135 s" in text
+    parallel = step(Cutover(plan_for(dep, "pd"), FakeSystemd(dep)).dry_run(), "start workers").detail
+    assert "in parallel" in parallel and "<= 75 s" in parallel
+
+
+def test_on_shared_gpus_a_decode_ready_after_the_prefill_is_not_timed_out(dep):
+    shared = shared_gpus(dep)
+    # Each within its own 60 s start timeout; the decode only starts once the prefill is ready.
+    fake = FakeSystemd(shared, prefill=50, decode=50)
+    fake.serve("single")
+    report = run(shared, fake)
+    assert report.outcome is Outcome.SUCCESS, [s.as_dict() for s in report.steps]
+    assert step(report, "start workers").duration_s == pytest.approx(100, abs=1)
+    # The same timing on separate GPUs (in parallel) ends at 50 s.
+    fake = FakeSystemd(dep, prefill=50, decode=50)
+    fake.serve("single")
+    assert step(run(dep, fake), "start workers").duration_s == pytest.approx(50, abs=1)
 
 
 def test_failed_smoke_rolls_back(dep):

@@ -164,9 +164,6 @@ class Systemctl:
         """Stop and wait for the units to be down (bounded by `timeout`)."""
         self._call("stop", "--", *map(service, units), timeout=timeout)
 
-    def enable(self, units: Sequence[str]) -> None:
-        self._call("enable", "--", *map(service, units))
-
     def add_wants(self, target: str, units: Sequence[str]) -> None:
         """Link the units into `target`.wants/, as `enable` does for WantedBy=target, but also for a
         unit without [Install] (the renderer gives one only to the units of the declared boot layout)."""
