@@ -74,7 +74,11 @@ def plan(config_path: Path | None, sglang_python: str | None, numactl: str | Non
     loaded = _load_or_exit(config_path)
     dep = loaded.deployment
     tools, notes = preview_toolchain(dep, _overrides(sglang_python, numactl, pdserve))
-    units = render_units(dep, tools, default_config_path(dep, Path("/etc/systemd/system")))
+    try:
+        units = render_units(dep, tools, default_config_path(dep, Path("/etc/systemd/system")))
+    except ConfigError as exc:  # e.g. a previewed tool path systemd cannot execute
+        _print_problems(exc.problems)
+        raise SystemExit(EXIT_INVALID) from None
     print_plan(Console(), dep, tools, units, notes)
 
 

@@ -190,9 +190,15 @@ def _within(field: str, container: str) -> bool:
     return field == container or field.startswith((f"{container}.", f"{container}["))
 
 
+# A word of a problem line as a whole: a dotted field path, or a flag such as --served-model-name.
+_WORD = re.compile(r"[\w.\[\]-]+")
+
+
 def _mentions(problem: Problem, fields: set[str]) -> bool:
-    text = f"{problem.field} {problem.message}"
-    return any(field and field in text for field in fields)
+    """Whether a rule's problem names one of `fields` (or a part of one) as a whole field path: `name`
+    must not match `served_model_name`."""
+    tokens = [word.rstrip(".") for word in _WORD.findall(f"{problem.field} {problem.message}")]
+    return any(_within(token, field) for token in tokens for field in fields if field)
 
 
 def deployment_from_data(data: dict[str, Any], source: str) -> Loaded:

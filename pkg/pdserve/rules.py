@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Callable, Iterator
 
+from pdserve.commands import router_shutdown_grace
 from pdserve.config import WORKER_ROLES, Deployment, ServerSpec
 from pdserve.extra_args import ROUTER_EXACT_FLAGS, SERVER_EXACT_FLAGS, long_flag, read_as
 from pdserve.limits import command_lines_fit
@@ -230,15 +231,23 @@ def no_rendered_flags_in_extra_args(dep: Deployment) -> Iterator[Problem]:
 
 
 def router_drains_before_sigkill(dep: Deployment) -> Iterator[Problem]:
-    grace, stop = dep.router.shutdown_grace_period_secs, dep.systemd.stop_timeout_sec
-    if grace is not None and grace >= stop:
-        yield Problem(
-            "router.shutdown_grace_period_secs",
-            grace,
-            f"is not below systemd.stop_timeout_sec ({stop}): systemd SIGKILLs the router mid-drain, and a "
-            "worker restart ordered behind that stop waits for it",
-            f"lower it to at most {max(1, stop - 5)}, raise systemd.stop_timeout_sec, or leave it unset",
-        )
+    # The drain as rendered (explicit or derived), so a tiny stop timeout is caught even when it is unset.
+    grace, stop = router_shutdown_grace(dep), dep.systemd.stop_timeout_sec
+    if grace < stop:
+        return
+    why = ("systemd SIGKILLs the router mid-drain, and a worker restart ordered behind that stop waits for it")
+    if dep.router.shutdown_grace_period_secs is None:
+        yield Problem("systemd.stop_timeout_sec", stop,
+                      f"leaves no time for the router's drain (at least 1 s, which must end before it): {why}",
+                      "raise systemd.stop_timeout_sec to at least 2 (the default is 120)")
+        return
+    yield Problem(
+        "router.shutdown_grace_period_secs",
+        grace,
+        f"is not below systemd.stop_timeout_sec ({stop}): {why}",
+        f"lower it to at most {stop - 5 if stop > 5 else max(1, stop - 1)}, raise systemd.stop_timeout_sec, "
+        "or leave it unset",
+    )
 
 
 def policy_choice(dep: Deployment) -> Iterator[Problem]:

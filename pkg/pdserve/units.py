@@ -36,11 +36,6 @@ class Unit:
         return f"{self.name}.service"
 
 
-def quote_arg(arg: str) -> str:
-    """One argv element for an ExecStart= line (see systemd_syntax.exec_word)."""
-    return systemd_syntax.exec_word(arg)
-
-
 def command_line(argv: tuple[str, ...] | list[str]) -> str:
     """A whole ExecStart= value that systemd turns back into exactly `argv`."""
     return systemd_syntax.exec_line(argv)

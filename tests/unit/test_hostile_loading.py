@@ -193,6 +193,13 @@ def test_one_broken_required_field_does_not_hide_the_cross_field_rules(reference
     assert {"model.path", "decode.gpus", "router.prometheus_port"} <= set(found), sorted(found)
 
 
+def test_a_broken_name_hides_only_what_names_it(reference_data):
+    reference_data["name"] = "Bad Name"                        # a field called `name`...
+    reference_data["prefill"]["extra_args"] = ["--served-model-name", "x"]  # ...and a rule about served_model_name
+    found = problems(reference_data)
+    assert {"name", "prefill.extra_args"} <= set(found), sorted(found)
+
+
 def test_a_missing_required_section_does_not_hide_the_cross_field_rules(reference_data):
     del reference_data["model"]
     reference_data["router"]["prometheus_port"] = reference_data["router"]["port"]

@@ -70,6 +70,22 @@ def test_a_grace_that_outlasts_the_stop_timeout_is_refused(reference_data):
     assert "stop_timeout_sec (120)" in problems[0][1]
 
 
+def test_a_stop_timeout_with_no_room_for_the_derived_drain_is_refused(reference_data):
+    reference_data.setdefault("systemd", {})["stop_timeout_sec"] = 1
+    _, problems = _loaded(reference_data)
+    assert [f for f, _ in problems] == ["systemd.stop_timeout_sec"]
+
+
+def test_the_suggested_lower_grace_passes_the_same_rule(reference_data):
+    reference_data.setdefault("systemd", {})["stop_timeout_sec"] = 4
+    reference_data["router"]["shutdown_grace_period_secs"] = 4
+    with pytest.raises(ConfigError) as caught:
+        deployment_from_data(reference_data, "test")
+    assert [p.fix.split(",")[0] for p in caught.value.problems] == ["lower it to at most 3"]
+    reference_data["router"]["shutdown_grace_period_secs"] = 3
+    assert _loaded(reference_data)[1] == []
+
+
 @pytest.mark.parametrize("arg", ["--disable-circuit-breaker", "--retry-max-retries=3",
                                  "--health-check-interval-secs=60", "--shutdown-grace-period-secs=180"])
 def test_rendered_resilience_flags_cannot_be_repeated_in_extra_args(reference_data, arg):

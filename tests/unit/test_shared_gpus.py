@@ -34,10 +34,6 @@ def problems_of(data):
     return caught.value.problems
 
 
-def test_the_limit_leaves_a_tenth_of_the_gpu():
-    assert SHARED_GPU_FRACTION_LIMIT == 0.9
-
-
 def test_a_shared_gpu_without_the_flag_is_refused_and_the_fix_names_the_flag(reference_data):
     problems = problems_of(one_gpu(reference_data, shared=None))
     assert [p.field for p in problems] == ["decode.gpus"]
