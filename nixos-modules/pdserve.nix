@@ -18,7 +18,7 @@ let
   # pdserve's committed JSON Schema (`pdserve schema`, a source file: no import-from-derivation) is
   # where this module takes every default it needs, so a deployment that leaves a key out means the
   # same to the module as to pdserve.
-  schema = lib.importJSON ../pkg/pdserve/deployment.schema.json;
+  schema = lib.importJSON ../pkg/pdserve/schema/deployment.schema.json;
   schemaDefault = section: key: schema."$defs".${section}.properties.${key}.default;
   bootLayouts = schema.properties.boot_layout.enum;
 
@@ -313,7 +313,7 @@ let
 
   # Across deployments, checked here at evaluation (before anything builds) so the message can name
   # the option to change; `pdserve check` of all deployments (checkedDeployments) holds the same rule
-  # and is what decides at build time. The listeners are pdserve.rules_across.listeners: tests/nix
+  # and is what decides at build time. The listeners are pdserve.schema.rules_across.listeners: tests/nix
   # makes each of those collide and expects this assertion to name it.
   listenersOf =
     attrName: d:

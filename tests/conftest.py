@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from pdserve.commands import Toolchain
-from pdserve.config import Deployment
-from pdserve.loading import default_profile_text, deployment_from_data, parse_document
+from pdserve.render.toolchain import Toolchain
+from pdserve.schema.config import Deployment
+from pdserve.schema.loading import default_profile_text, deployment_from_data, parse_document
 
 _REFERENCE = parse_document(default_profile_text(), "toml", "<default profile>")
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from pdserve.commands import Toolchain
+from pdserve.render.toolchain import Toolchain
 from tests.conftest import require_or_skip
 from tests.gpu.pd_run import PDRun, numactl_path, pdserve_executable, write_api_key, write_deployment
 from tests.gpu.tiny_model import make_tiny_model

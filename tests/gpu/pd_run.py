@@ -1,6 +1,6 @@
 """Bring up a real PD deployment on this machine's GPUs from pdserve's rendered commands, and take it down.
 
-Every process gets exactly the argv and environment `pdserve.commands.launches` renders (what the
+Every process gets exactly the argv and environment `pdserve.render.argv.launches` renders (what the
 systemd units run), and the readiness gate between workers and router is `pdserve wait-ready ROLE`,
 the units' ExecStartPost=. Processes run in their own sessions so `stop` takes their children too,
 and every wait has a deadline.
@@ -19,9 +19,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pdserve.commands import Launch, Toolchain, launches
-from pdserve.config import Deployment
-from pdserve.loading import load
+from pdserve.render.argv import Launch, launches
+from pdserve.render.toolchain import Toolchain
+from pdserve.schema.config import Deployment
+from pdserve.schema.loading import load
 
 SERVED_NAME = "tiny"
 CONTEXT_LENGTH = 4096
@@ -114,7 +115,7 @@ def pdserve_executable(directory: Path) -> str:
     if beside.exists():
         return str(beside)
     shim = directory / "pdserve"
-    shim.write_text(f"#!{sys.executable}\nfrom pdserve.cli import main\nmain()\n", encoding="utf-8")
+    shim.write_text(f"#!{sys.executable}\nfrom pdserve.cli.main import main\nmain()\n", encoding="utf-8")
     shim.chmod(0o755)
     return str(shim)
 

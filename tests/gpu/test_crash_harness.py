@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pdserve.commands import Toolchain
+from pdserve.render.toolchain import Toolchain
 from tests.conftest import require_or_skip
 from tests.gpu import crash
 from tests.gpu.load import EMPTY

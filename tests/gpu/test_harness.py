@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from pdserve.commands import Toolchain
+from pdserve.render.toolchain import Toolchain
 from tests.gpu.pd_run import PDRun, pdserve_executable, write_deployment
 
 PORTS = {"prefill": 31100, "decode": 31102, "router": 31101, "bootstrap": 31198, "prometheus": 31190}

@@ -11,8 +11,17 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tests.gpu.load import (EMPTY, OK, ChatLoad, Outcome, PortProber, longest_refused, succeeding_again, summarize,
-                            timeline)
+from tests.gpu.load import (
+    EMPTY,
+    OK,
+    ChatLoad,
+    Outcome,
+    PortProber,
+    longest_refused,
+    succeeding_again,
+    summarize,
+    timeline,
+)
 
 
 def o(sent, ended, cause=OK, detail=""):

@@ -9,10 +9,11 @@ import sys
 
 import pytest
 
-from pdserve import pins
-from pdserve.argcheck import check_with_parsers
-from pdserve.commands import Toolchain, launches
-from pdserve.loading import load
+from pdserve.check.parsers import check_with_parsers
+from pdserve.render.argv import launches
+from pdserve.render.toolchain import Toolchain
+from pdserve.schema import pins
+from pdserve.schema.loading import load
 from tests.conftest import require_or_skip
 from tests.gpu.pd_run import TEST_SERVER_FLAGS, write_api_key, write_deployment
 from tests.gpu.tiny_model import CHAT_TEMPLATE, make_tiny_model

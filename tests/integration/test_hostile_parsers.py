@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from pdserve.argcheck import check_with_parsers
-from pdserve.loading import deployment_from_data
-from pdserve.rules import _RENDERED_ROUTER_FLAGS, _RENDERED_SERVER_FLAGS
+from pdserve.check.parsers import check_with_parsers
+from pdserve.render.renderable import renderable_from_data
+from pdserve.schema.rules import _RENDERED_ROUTER_FLAGS, _RENDERED_SERVER_FLAGS
 from tests.conftest import require_or_skip
 
 PROGRAMS = ("router", "server")
@@ -59,7 +59,7 @@ def _dest(parser: argparse.ArgumentParser, arg: str) -> str | None:
 
 def _guarded(program: str):
     """(rendered flags, secret flags, exact real flags that prefix them) as pdserve knows them."""
-    from pdserve import extra_args
+    from pdserve.schema import extra_args
 
     if program == "server":
         return _RENDERED_SERVER_FLAGS, extra_args.SERVER_SECRET_FLAGS, extra_args.SERVER_EXACT_FLAGS
@@ -77,7 +77,7 @@ def test_both_real_parsers_take_abbreviations(parsers_available, program):
 @pytest.mark.parametrize("program", PROGRAMS)
 def test_every_prefix_the_real_parser_reads_as_a_guarded_flag_is_refused_by_pdserve(parsers_available, program):
     parser = _real_parser(program)
-    from pdserve.extra_args import read_as
+    from pdserve.schema.extra_args import read_as
 
     rendered, secrets, exact = _guarded(program)
     guarded = {**{f: "rendered" for f in rendered}, **{f: "secret" for f in secrets}}
@@ -98,7 +98,7 @@ def test_every_other_name_the_real_parser_has_for_a_guarded_flag_is_refused_too(
     """An alias (--tensor-parallel-size for --tp-size) sets the same value as the flag pdserve renders, and
     argparse keeps the last one: extra_args come last, so an alias would silently override the schema."""
     parser = _real_parser(program)
-    from pdserve.extra_args import read_as
+    from pdserve.schema.extra_args import read_as
 
     rendered, secrets, exact = _guarded(program)
     guarded = {*rendered, *secrets}
@@ -114,7 +114,7 @@ def test_every_other_name_the_real_parser_has_for_a_guarded_flag_is_refused_too(
 def test_what_pdserve_refuses_as_a_guarded_flag_the_real_parser_reads_as_one(parsers_available, program):
     """No false refusals: an arg pdserve reads as a guarded flag is that flag (or an error) for the parser."""
     parser = _real_parser(program)
-    from pdserve.extra_args import read_as
+    from pdserve.schema.extra_args import read_as
 
     rendered, secrets, exact = _guarded(program)
     guarded = [*rendered, *secrets]
@@ -128,7 +128,7 @@ def test_a_bad_extra_arg_value_is_that_extra_args_problem(parsers_available, ref
     reference_data["decode"]["extra_args"] = ["--max-total", "lots"]          # an abbreviation with a bad int
     reference_data["prefill"]["extra_args"] = ["--disable-radix-cache", "--kv-cache-dtype-x", "y"]
     reference_data["router"]["extra_args"] = ["--log-level", "loud"]
-    dep = deployment_from_data(reference_data, "t").deployment
+    dep = renderable_from_data(reference_data, "t").deployment
     report = check_with_parsers(dep, sys.executable)
     found = {p.field: p for p in report.problems}
     assert set(found) == {"decode.extra_args", "prefill.extra_args", "router.extra_args"}, report.problems

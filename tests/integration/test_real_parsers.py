@@ -8,9 +8,9 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from pdserve.argcheck import check_with_parsers
-from pdserve.cli import main
-from pdserve.loading import deployment_from_data
+from pdserve.check.parsers import check_with_parsers
+from pdserve.cli.main import main
+from pdserve.schema.loading import deployment_from_data
 from tests.conftest import require_or_skip
 
 

@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 from pd_cluster import PDCluster, write_deployment  # noqa: E402
 from standin_sglang.launch import wait_http  # noqa: E402
 
-from pdserve.cli import main  # noqa: E402
+from pdserve.cli.main import main  # noqa: E402
 from pdserve.verify.report import Report  # noqa: E402
 
 pytestmark = pytest.mark.integration

@@ -18,7 +18,7 @@ from standin_sglang.launch import env_with_fixtures, free_ports, start, start_st
 
 pytestmark = pytest.mark.integration
 
-KEYED_LAUNCHER = Path(__file__).resolve().parents[2] / "pkg" / "pdserve" / "launchers" / "keyed_launch.py"
+KEYED_LAUNCHER = Path(__file__).resolve().parents[2] / "pkg" / "pdserve" / "launch" / "keyed_launch.py"
 START_TIMEOUT = 60  # importing sglang's parser takes ~5 s on an idle core; CI has two busy ones
 
 

@@ -6,7 +6,7 @@
   host,
   # An absolute key file outside the store; the tier looks for its content in the closure.
   keyFile,
-  # pdserve.rules_across.listeners' fields for the reference (Python is the list to match).
+  # pdserve.schema.rules_across.listeners' fields for the reference (Python is the list to match).
   listenerFields,
 }:
 let

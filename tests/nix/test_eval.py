@@ -29,11 +29,11 @@ from typing import Any
 
 import pytest
 
-from pdserve.config import Deployment
-from pdserve.loading import deployment_from_data, load
-from pdserve.rules_across import listeners
-from pdserve.tools import Toolchain
-from pdserve.units import render_units
+from pdserve.render.toolchain import Toolchain
+from pdserve.render.units import render_units
+from pdserve.schema.config import Deployment
+from pdserve.schema.loading import deployment_from_data, load
+from pdserve.schema.rules_across import listeners
 from tests.conftest import require_or_skip
 
 pytestmark = pytest.mark.nix_eval

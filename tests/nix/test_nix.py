@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from pdserve.loading import load, parse_document
+from pdserve.schema.loading import load, parse_document
 from tests.conftest import require_or_skip
 
 REPO = Path(__file__).resolve().parents[2]
@@ -87,11 +87,11 @@ def test_nix_reads_the_host_deployment_exactly_as_pdserve_does() -> None:
     assert from_nix == from_pdserve
 
 
-SCHEMA = REPO / "pkg" / "pdserve" / "deployment.schema.json"
+SCHEMA = REPO / "pkg" / "pdserve" / "schema" / "deployment.schema.json"
 
 
 def test_the_embedded_profile_is_the_host_file_byte_for_byte() -> None:
-    embedded = REPO / "pkg" / "pdserve" / "profiles" / "dsv4.toml"
+    embedded = REPO / "pkg" / "pdserve" / "schema" / "profiles" / "dsv4.toml"
     assert embedded.read_bytes() == DEPLOYMENT.read_bytes(), f"copy {DEPLOYMENT.relative_to(REPO)} to {embedded.relative_to(REPO)}"
 
 
@@ -123,7 +123,7 @@ def module_writes(tmp_path: Path) -> Path:
 def test_the_settings_the_module_writes_pass_pdserve_check(tmp_path: Path) -> None:
     path = module_writes(tmp_path)
     result = subprocess.run(
-        [sys.executable, "-m", "pdserve.cli", "check", "--no-host", "--no-parsers", "-c", str(path)],
+        [sys.executable, "-m", "pdserve.cli.main", "check", "--no-host", "--no-parsers", "-c", str(path)],
         capture_output=True, text=True, timeout=TIMEOUT, cwd=REPO,
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -141,7 +141,7 @@ def test_the_module_takes_its_defaults_from_the_committed_schema() -> None:
     settings_block = text[text.index("settings = mkOption {"):text.index("openFirewall = mkOption {")]
     literal_defaults = re.findall(r"\bdefault = (?!schemaDefault|schema\.|name;)([^;]+);", settings_block)
     assert literal_defaults == [], f"literal defaults in the module's settings options: {literal_defaults}"
-    assert "lib.importJSON ../pkg/pdserve/deployment.schema.json" in text
+    assert "lib.importJSON ../pkg/pdserve/schema/deployment.schema.json" in text
 
 
 # --- flake.lock -----------------------------------------------------------------------------------
@@ -229,7 +229,7 @@ def test_uv_lock_is_current(project: str, tmp_path: Path) -> None:
 
 
 def test_sglang_env_pins_what_pdserve_is_pinned_to() -> None:
-    from pdserve import pins
+    from pdserve.schema import pins
 
     pyproject = tomllib.loads((REPO / "pkg" / "sglang-env" / "pyproject.toml").read_text(encoding="utf-8"))
     assert set(pyproject["project"]["dependencies"]) == {

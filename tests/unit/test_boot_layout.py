@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from pdserve.boot import ENABLED_STATES, file_line, is_enabled, nixos_line
-from pdserve.cutover.systemd import UnitState
-from pdserve.loading import deployment_from_data
-from pdserve.problems import ConfigError
-from pdserve.units import render_units
+from pdserve.probes.systemctl import ENABLED_STATES, UnitState, is_enabled
+from pdserve.render.units import render_units
+from pdserve.schema.boot import file_line, nixos_line
+from pdserve.schema.loading import deployment_from_data
+from pdserve.schema.problems import ConfigError
 from tests.unit.test_units import CONFIG, parse_unit
 
 PD = ("sglang-dsv4-prefill", "sglang-dsv4-decode", "sglang-dsv4-router")
@@ -66,8 +66,8 @@ def test_the_lines_to_change_are_spelled_for_their_file(reference):
 def test_plan_follows_boot_layout(reference, tools):
     from rich.console import Console
 
-    from pdserve.commands import launches
-    from pdserve.plan import topology_table
+    from pdserve.render.argv import launches
+    from pdserve.render.plan import topology_table
 
     def rows(dep):
         console = Console(width=300, record=True)

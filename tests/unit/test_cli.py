@@ -7,8 +7,8 @@ import tomllib
 
 from click.testing import CliRunner
 
-from pdserve.cli import main
-from pdserve.loading import default_profile_text
+from pdserve.cli.main import main
+from pdserve.schema.loading import default_profile_text
 
 
 def run(*args):

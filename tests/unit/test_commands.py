@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from pdserve.commands import launch, launches, router_args, server_args
-from pdserve.loading import deployment_from_data
+from pdserve.render.argv import launch, launches, router_args, server_args
+from pdserve.schema.loading import deployment_from_data
 
 
 def flag_value(args, flag):

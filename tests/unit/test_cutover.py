@@ -13,6 +13,8 @@ from dataclasses import dataclass, replace
 
 import pytest
 
+from pdserve.cli.cutover import termination_interrupts
+from pdserve.cutover.boot_links import UnitFiles
 from pdserve.cutover.machine import (
     EXIT_FAILED,
     EXIT_ROLLBACK_FAILED,
@@ -24,9 +26,7 @@ from pdserve.cutover.machine import (
     Outcome,
     plan_for,
 )
-from pdserve.cutover.boot_links import PathFacts, UnitFiles
-from pdserve.cutover.command import termination_interrupts
-from pdserve.cutover.systemd import SystemctlError, UnitState
+from pdserve.probes.systemctl import SystemctlError, UnitState
 
 NEVER = float("inf")
 
@@ -58,7 +58,7 @@ class FakeSystemd:
                  "router": f"sglang-{dep.name}-router.service", "fallback": f"sglang-{dep.name}.service"}
         self.role = roles
         self.units = {name: FakeUnit(name, ready_after.get(role, 5.0)) for role, name in roles.items()}
-        # The rendered decode unit is After= the prefill when they share GPUs (pdserve.units).
+        # The rendered decode unit is After= the prefill when they share GPUs (pdserve.render.units).
         self.decode_after_prefill = bool(set(dep.prefill.gpus) & set(dep.decode.gpus))
 
     # -- systemd's rules ---------------------------------------------------------------------------
@@ -191,7 +191,7 @@ class FakeSystemd:
 
 @pytest.fixture
 def dep(reference_data):
-    from pdserve.loading import deployment_from_data
+    from pdserve.schema.loading import deployment_from_data
 
     reference_data["systemd"]["start_timeout_sec"] = 60
     return deployment_from_data(reference_data, "t").deployment

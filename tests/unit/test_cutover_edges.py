@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from pdserve.cli import main
+from pdserve.cli.main import main
 from pdserve.cutover.host import unit_of_pid
 from pdserve.cutover.refusals import PortProber, Sample, refusal_windows, summarize
-from pdserve.cutover.systemd import Systemctl, SystemctlError, parse_show
+from pdserve.probes.systemctl import Systemctl, SystemctlError, parse_show
 
 SHOW = """\
 MainPID=4711

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from pdserve.commands import Toolchain
-from pdserve.hostcheck import HostView, check_host
+from pdserve.check.host import HostView, check_host
+from pdserve.render.toolchain import Toolchain
 
 
 @pytest.fixture
@@ -58,7 +58,7 @@ def test_no_nvidia_smi_is_a_stated_skip(reference, real_tools):
 
 
 def test_missing_tools_and_open_key_file(reference_data, real_tools, tmp_path):
-    from pdserve.loading import deployment_from_data
+    from pdserve.schema.loading import deployment_from_data
 
     key = tmp_path / "router.key"
     key.write_text("sk-test\n")

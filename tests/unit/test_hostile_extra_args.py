@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from pdserve.loading import deployment_from_data
-from pdserve.problems import ConfigError
+from pdserve.schema.loading import deployment_from_data
+from pdserve.schema.problems import ConfigError
 
 
 def problems(data) -> dict:

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from pdserve.cli import main
-from pdserve.loading import deployment_from_data, load
-from pdserve.problems import ConfigError
+from pdserve.cli.main import main
+from pdserve.schema.loading import deployment_from_data, load
+from pdserve.schema.problems import ConfigError
 
 
 def problems(data) -> dict:
@@ -165,7 +165,7 @@ def test_a_directory_a_fifo_and_a_missing_file_are_one_line_each(tmp_path):
     fifo = tmp_path / "pipe.toml"
     os.mkfifo(fifo)
     # In a subprocess with a deadline: reading a FIFO nobody writes to would hang the loader.
-    script = f"from pathlib import Path; from pdserve.loading import load; load(Path({str(fifo)!r}))"
+    script = f"from pathlib import Path; from pdserve.schema.loading import load; load(Path({str(fifo)!r}))"
     try:
         done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30, check=False)
     except subprocess.TimeoutExpired:

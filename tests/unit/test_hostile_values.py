@@ -9,10 +9,10 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from pdserve.cli import main
-from pdserve.loading import deployment_from_data
-from pdserve.problems import ConfigError
-from pdserve.units import render_units
+from pdserve.cli.main import main
+from pdserve.render.renderable import renderable_from_data
+from pdserve.render.units import render_units
+from pdserve.schema.problems import ConfigError
 
 REPRODUCER = "pdserve\nExecStartPre=+/bin/touch /x"
 # Linux's MAX_ARG_STRLEN and systemd's LONG_LINE_MAX, written out so the tests do not take them from the code.
@@ -30,7 +30,7 @@ def check(tmp_path, data) -> tuple[int, list[str]]:
 
 def problems(data) -> dict[str, object]:
     with pytest.raises(ConfigError) as caught:
-        deployment_from_data(data, "t")
+        renderable_from_data(data, "t")
     return {p.field: p for p in caught.value.problems}
 
 
@@ -150,12 +150,12 @@ def test_hostile_but_representable_values_are_accepted(reference_data):
     reference_data["environment"]["NASTY"] = NASTY
     reference_data["router"]["api_key_file"] = "/etc/pdserve/key $HOME %n ü.key"
     reference_data["tools"] = {"sglang_python": "/opt/sg $HOME %n ;@+!-/bin/python"}
-    loaded = deployment_from_data(reference_data, "t")
+    loaded = renderable_from_data(reference_data, "t")
     assert loaded.deployment.model.served_name == NASTY
 
 
 def test_quoting_follows_systemds_command_line_rules():
-    from pdserve import systemd_syntax
+    from pdserve.schema import systemd_syntax
 
     assert systemd_syntax.exec_word("plain-word_1.2/x=y,z") == "plain-word_1.2/x=y,z"
     assert systemd_syntax.exec_word("a b") == '"a b"'
@@ -173,7 +173,7 @@ def test_quoting_follows_systemds_command_line_rules():
 
 
 def test_the_last_gate_refuses_any_line_that_is_not_one_exact_directive():
-    from pdserve import systemd_syntax
+    from pdserve.schema import systemd_syntax
 
     for value in ("a\nExecStartPre=/bin/x", "a\rb", "a\0b", "ends in \\", " lead", "x" * LONG_LINE_MAX):
         with pytest.raises(systemd_syntax.Unrepresentable):
@@ -214,7 +214,7 @@ def test_hostile_units_pass_systemd_analyze_verify(reference_data, tmp_path):
     runs them and records what each process received)."""
     import shutil
 
-    from pdserve.commands import Toolchain
+    from pdserve.render.toolchain import Toolchain
     from tests.conftest import require_or_skip
     from tests.unit.test_systemd_analyze import HOST_UNITS, analyze, make_root
 
@@ -224,7 +224,7 @@ def test_hostile_units_pass_systemd_analyze_verify(reference_data, tmp_path):
     reference_data["prefill"]["extra_args"] = [NASTY, ";", "", "-"]
     reference_data["environment"]["NASTY"] = NASTY
     reference_data["router"]["api_key_file"] = "/etc/pdserve/key $HOME %n ü.key"
-    dep = deployment_from_data(reference_data, "t").deployment
+    dep = renderable_from_data(reference_data, "t").deployment
     tool_dir = "/opt/hostile tools $HOME %n ;x @+!-ü"
     tools = Toolchain(sglang_python=f"{tool_dir}/python $1", numactl=f"{tool_dir}/numactl %i",
                       pdserve=f"{tool_dir}/pdserve ${{X}}", keyed_launcher=f"{tool_dir}/keyed %n.py")

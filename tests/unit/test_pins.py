@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from pdserve import pins
+from pdserve.schema import pins
 from tests.conftest import require_or_skip
 
 

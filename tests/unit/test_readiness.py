@@ -10,8 +10,8 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
-from pdserve.cli import main
-from pdserve.readiness import Observation, router_observation, wait_until_ready, worker_observation
+from pdserve.cli.main import main
+from pdserve.launch.gate import Observation, router_observation, wait_until_ready, worker_observation
 
 
 def client_for(routes: dict[str, tuple[int, object]]) -> httpx.Client:
@@ -126,7 +126,7 @@ def worker_server():
 def deployment_with_decode_port(tmp_path, port):
     import tomllib
 
-    from pdserve.loading import default_profile_text
+    from pdserve.schema.loading import default_profile_text
 
     data = tomllib.loads(default_profile_text())
     data["decode"]["port"] = port

@@ -8,10 +8,11 @@ import shlex
 
 import pytest
 
-from pdserve.commands import router_args, router_shutdown_grace
-from pdserve.loading import deployment_from_data
-from pdserve.problems import ConfigError
-from pdserve.units import WORKER_GATE_SEC, render_units
+from pdserve.render.argv import router_args
+from pdserve.render.units import WORKER_GATE_SEC, render_units
+from pdserve.schema.derived import router_shutdown_grace
+from pdserve.schema.loading import deployment_from_data
+from pdserve.schema.problems import ConfigError
 from tests.unit.test_units import CONFIG, parse_unit
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pdserve.loading import deployment_from_data
-from pdserve.problems import ConfigError, Severity
+from pdserve.schema.loading import deployment_from_data
+from pdserve.schema.problems import ConfigError, Severity
 
 
 def problems_of(data):

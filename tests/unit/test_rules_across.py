@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from pdserve.cli import main
-from pdserve.loading import deployment_from_data
-from pdserve.rules_across import listeners, validate_across
+from pdserve.cli.main import main
+from pdserve.schema.loading import deployment_from_data
+from pdserve.schema.rules_across import listeners, validate_across
 
 # A second deployment beside the reference: every port and the name moved off the reference's.
 SECOND = {"name": "other", "prefill": {"port": 31000}, "decode": {"port": 31002},

@@ -6,16 +6,16 @@ import json
 import tomllib
 from pathlib import Path
 
-from pdserve.loading import default_profile_text, json_schema, load
+from pdserve.schema.loading import default_profile_text, json_schema, load
 
 ROOT = Path(__file__).resolve().parents[2]
-COMMITTED_SCHEMA = ROOT / "pkg/pdserve/deployment.schema.json"
+COMMITTED_SCHEMA = ROOT / "pkg/pdserve/schema/deployment.schema.json"
 HOST_DEPLOYMENT = ROOT / "hosts/gpu-host/deployment.toml"
 
 
 def test_committed_schema_is_current():
     committed = json.loads(COMMITTED_SCHEMA.read_text())
-    assert committed == json_schema(), "run: pdserve schema > pkg/pdserve/deployment.schema.json"
+    assert committed == json_schema(), "run: pdserve schema > pkg/pdserve/schema/deployment.schema.json"
 
 
 def test_schema_describes_the_sections():

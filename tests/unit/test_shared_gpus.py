@@ -8,11 +8,10 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from pdserve.cli import main
-from pdserve.commands import server_args
-from pdserve.loading import deployment_from_data
-from pdserve.problems import ConfigError, Severity
-from pdserve.rules import SHARED_GPU_FRACTION_LIMIT
+from pdserve.cli.main import main
+from pdserve.render.argv import server_args
+from pdserve.schema.loading import deployment_from_data
+from pdserve.schema.problems import ConfigError, Severity
 
 
 def one_gpu(data, prefill=0.25, decode=0.25, shared=True):
@@ -100,7 +99,7 @@ def test_pdserve_check_prints_the_fraction_problem_as_one_line_and_exits_1(refer
 
 
 def _after(dep, tools, unit):
-    from pdserve.units import render_units
+    from pdserve.render.units import render_units
 
     text = {u.name: u.text for u in render_units(dep, tools, "/etc/pdserve/dsv4.json")}[unit]
     return [line.split("=", 1)[1].split() for line in text.splitlines() if line.startswith("After=")][0]

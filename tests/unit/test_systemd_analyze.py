@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from pdserve.loading import deployment_from_data
-from pdserve.units import render_units
+from pdserve.render.units import render_units
+from pdserve.schema.loading import deployment_from_data
 from tests.conftest import require_or_skip
 
 HOST_UNITS = Path("/usr/lib/systemd/system")

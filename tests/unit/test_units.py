@@ -6,8 +6,8 @@ import shlex
 
 import pytest
 
-from pdserve.loading import deployment_from_data
-from pdserve.units import command_line, render_units
+from pdserve.render.units import command_line, render_units
+from pdserve.schema.loading import deployment_from_data
 
 CONFIG = "/etc/pdserve/dsv4.json"
 
@@ -81,7 +81,7 @@ def test_graceful_stop(units):
 
 
 def test_exec_start_is_the_rendered_argv(reference, tools, units):
-    from pdserve.commands import launch
+    from pdserve.render.argv import launch
 
     for name, role in [("sglang-dsv4-prefill", "prefill"), ("sglang-dsv4-router", "router")]:
         assert units[name]["Service"]["ExecStart"] == [command_line(launch(reference, role, tools).argv)]

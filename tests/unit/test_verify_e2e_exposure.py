@@ -1,9 +1,9 @@
 """End-to-end and exposure check logic on recorded client results."""
 
-from pdserve.loading import load
+from pdserve.probes.observations import AuthObs, ChatObs, PortProbe, StreamObs, ToolCallObs
+from pdserve.schema.loading import load
 from pdserve.verify.checks import e2e, exposure, versions
 from pdserve.verify.expect import expectations
-from pdserve.verify.observations import AuthObs, ChatObs, PortProbe, StreamObs, ToolCallObs
 
 DEP = load().deployment
 EXP = expectations(DEP)

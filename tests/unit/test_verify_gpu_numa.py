@@ -1,9 +1,9 @@
 """GPU memory/processes and NUMA binding, judged on recorded NVML and /proc observations."""
 
-from pdserve.loading import load
+from pdserve.probes.observations import GpuObs, ProcNuma
+from pdserve.schema.loading import load
 from pdserve.verify.checks import gpu, numa
 from pdserve.verify.expect import expectations
-from pdserve.verify.observations import GpuObs, ProcNuma
 
 EXP = expectations(load().deployment)  # prefill GPUs 0-3 at 0.80, decode 4-7 at 0.85
 GIB = 2**30

@@ -5,9 +5,10 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from pdserve.cli import main
+from pdserve.cli.main import main
+from pdserve.probes.observations import Unavailable
 from pdserve.verify import report, runner
-from pdserve.verify.result import Unavailable, failed, passed
+from pdserve.verify.result import failed, passed
 
 IDS = list(runner.CHECKS)
 

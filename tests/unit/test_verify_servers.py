@@ -1,9 +1,9 @@
 """KV capacity, resolved server args and versions, judged on recorded /server_info and /model_info."""
 
-from pdserve.loading import load
+from pdserve.probes.observations import HttpObs
+from pdserve.schema.loading import load
 from pdserve.verify.checks import servers
 from pdserve.verify.expect import expectations
-from pdserve.verify.observations import HttpObs
 
 EXP = expectations(load().deployment)  # dsv4: context 524288 -> default floor 524288
 PREFILL = EXP.workers["prefill"]

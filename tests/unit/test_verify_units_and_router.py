@@ -1,9 +1,10 @@
 """Check logic for units and the router, fed recorded observations."""
 
-from pdserve.loading import load
+from pdserve.probes.observations import HttpObs
+from pdserve.probes.systemd import parse_show
+from pdserve.schema.loading import load
 from pdserve.verify.checks import router, units
 from pdserve.verify.expect import expectations
-from pdserve.verify.observations import HttpObs
 
 EXP = expectations(load().deployment)
 
@@ -31,20 +32,20 @@ NRestarts=5
 
 
 def test_parse_show_reads_key_value_lines():
-    props = units.parse_show(SHOW_ACTIVE + "Description=a=b\n")
+    props = parse_show(SHOW_ACTIVE + "Description=a=b\n")
     assert props["ActiveState"] == "active" and props["MainPID"] == "4242"
     assert props["Description"] == "a=b"
 
 
 def test_active_enabled_unit_passes():
-    result = units.check_pd_unit("units.prefill", "sglang-dsv4-prefill", units.parse_show(SHOW_ACTIVE), [])
+    result = units.check_pd_unit("units.prefill", "sglang-dsv4-prefill", parse_show(SHOW_ACTIVE), [])
     assert result.status == "pass"
     assert "active (running), enabled" in result.observed
 
 
 def test_failed_unit_reports_result_exit_status_and_journal():
     journal = ["torch.OutOfMemoryError: CUDA out of memory", "Main process exited, code=exited, status=1/FAILURE"]
-    result = units.check_pd_unit("units.decode", "sglang-dsv4-decode", units.parse_show(SHOW_FAILED), journal)
+    result = units.check_pd_unit("units.decode", "sglang-dsv4-decode", parse_show(SHOW_FAILED), journal)
     assert result.status == "fail"
     assert "Result=exit-code" in result.observed and "ExecMainStatus=1 (exited)" in result.observed
     assert "journal: torch.OutOfMemoryError: CUDA out of memory" in result.details
@@ -52,7 +53,7 @@ def test_failed_unit_reports_result_exit_status_and_journal():
 
 
 def test_active_but_not_enabled_warns():
-    props = units.parse_show(SHOW_ACTIVE.replace("UnitFileState=enabled", "UnitFileState=disabled"))
+    props = parse_show(SHOW_ACTIVE.replace("UnitFileState=enabled", "UnitFileState=disabled"))
     result = units.check_pd_unit("units.router", "sglang-dsv4-router", props, [])
     assert result.status == "warn" and "systemctl enable sglang-dsv4-router" in result.remediation
 
@@ -69,7 +70,7 @@ def test_fallback_disabled_and_inactive_passes():
 
 
 def test_fallback_failed_is_explained():
-    result = units.check_fallback_unit("units.fallback", "sglang-dsv4", units.parse_show(SHOW_FAILED),
+    result = units.check_fallback_unit("units.fallback", "sglang-dsv4", parse_show(SHOW_FAILED),
                                        ["address already in use: port 30001"])
     assert result.status == "fail"
     assert "ExecMainStatus=1" in result.observed

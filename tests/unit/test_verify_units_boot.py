@@ -1,5 +1,5 @@
 """units.* follow the declared boot layout: with boot_layout = "single" the fallback is expected
-enabled and the PD units disabled; "enabled" is systemd's meaning (pdserve.boot.ENABLED_STATES)."""
+enabled and the PD units disabled; "enabled" is systemd's meaning (pdserve.probes.systemctl.ENABLED_STATES)."""
 
 from __future__ import annotations
 

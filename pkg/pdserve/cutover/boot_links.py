@@ -1,7 +1,7 @@
 """Whether a cutover can change which layout starts at boot here, and what it tells the operator.
 
 Pure: unit states from `systemctl show` and facts about the unit files in, a verdict and a report out.
-The boot links are the declaration's to decide (pdserve.boot): a cutover changes them only where
+The boot links are the declaration's to decide (pdserve.schema.boot): a cutover changes them only where
 they are plain links it may write, and names the line that makes the declaration agree either way.
 An enablement problem never fails a cutover whose smoke test passed.
 """
@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from pdserve.boot import Layout
-from pdserve.cutover.systemd import UnitState
+from pdserve.probes.systemctl import UnitState
+from pdserve.schema.boot import Layout
 
 NIX_STORE = "/nix/store"
 

@@ -8,10 +8,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from pdserve.config import Deployment
 from pdserve.cutover.boot_links import PathFacts, UnitFiles
 from pdserve.cutover.machine import Check, GpuProcess, GpuUnknown, Layout, Plan
-from pdserve.cutover.systemd import Systemctl, UnitState
+from pdserve.probes.systemctl import Systemctl, UnitState
+from pdserve.schema.config import Deployment
 
 SMOKE_TIMEOUT_SEC = 60.0
 
@@ -34,8 +34,8 @@ def unit_of_pid(pid: int, proc: Path = Path("/proc")) -> str | None:
 
 def nvml_gpu_processes(gpus: Sequence[int]) -> list[GpuProcess]:
     """The compute processes on `gpus` and the unit each belongs to, through the verifier's NVML probe."""
-    from pdserve.verify.probes.nvml import read_gpus
-    from pdserve.verify.result import Unavailable
+    from pdserve.probes.nvml import read_gpus
+    from pdserve.probes.observations import Unavailable
 
     try:
         seen = {gpu.index: gpu for gpu in read_gpus()}

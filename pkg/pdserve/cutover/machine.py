@@ -22,12 +22,11 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Literal, Protocol
 
-from pdserve.boot import file_line, nixos_line
-from pdserve.commands import role_url, unit_name
-from pdserve.config import Deployment
 from pdserve.cutover.boot_links import BootReport, UnitFiles, boot_access, boot_report, layout_at_boot
-from pdserve.cutover.systemd import SystemctlError, UnitState, service
-from pdserve.units import ROUTER_START_TIMEOUT_SEC
+from pdserve.probes.systemctl import SystemctlError, UnitState, service
+from pdserve.schema.boot import file_line, nixos_line
+from pdserve.schema.config import Deployment
+from pdserve.schema.derived import ROUTER_START_TIMEOUT_SEC, role_url, unit_name
 
 Layout = Literal["pd", "single"]
 LAYOUTS: tuple[Layout, ...] = ("pd", "single")
@@ -133,7 +132,7 @@ def plan_for(dep: Deployment, target: Layout, warnings: Sequence[str] = (), sour
         return service(unit_name(dep, role))  # type: ignore[arg-type]
 
     # On shared GPUs (allow_shared_gpus) the rendered decode unit is ordered After= the prefill
-    # (pdserve.units), so the decode is ready up to two start timeouts after both were started.
+    # (pdserve.render.units), so the decode is ready up to two start timeouts after both were started.
     in_turn = bool(set(dep.prefill.gpus) & set(dep.decode.gpus))
     return Plan(
         deployment=dep.name,

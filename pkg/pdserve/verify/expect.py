@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pdserve import pins
-from pdserve.commands import disaggregation_mode, role_url, unit_name
-from pdserve.config import Deployment, Role, WORKER_ROLES
+from pdserve.schema import pins
+from pdserve.schema.config import WORKER_ROLES, Deployment, Role
+from pdserve.schema.derived import disaggregation_mode, role_url, unit_name
 
 # A server that cannot hold one request of the default context is unusable; the floor defaults to it.
 DEFAULT_KV_FLOOR = 65536

@@ -57,13 +57,3 @@ def warned(id: str, observed: str, expected: str, remediation: str,
 
 def skipped(id: str, reason: str, expected: str = "", remediation: str = "") -> CheckResult:
     return CheckResult(id, Status.SKIP, f"skipped: {reason}", expected, remediation)
-
-
-@dataclass(frozen=True)
-class Unavailable(Exception):
-    """A probe cannot run on this host (no systemd, no NVML, ...): the check skips with this reason."""
-
-    reason: str
-
-    def __str__(self) -> str:
-        return self.reason

@@ -9,13 +9,13 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from pdserve.config import Deployment
+from pdserve.probes import chat, http, net, nvml, procs, systemd
+from pdserve.probes import versions as version_probe
+from pdserve.probes.observations import HttpObs, Unavailable
+from pdserve.schema.config import Deployment
 from pdserve.verify.checks import e2e, exposure, gpu, numa, router, servers, units, versions
 from pdserve.verify.expect import Expectations, WorkerExpectation
-from pdserve.verify.observations import HttpObs
-from pdserve.verify.probes import chat, http, net, nvml, procs, systemd
-from pdserve.verify.probes import versions as version_probe
-from pdserve.verify.result import CheckResult, Status, Unavailable, skipped
+from pdserve.verify.result import CheckResult, Status, skipped
 
 JOURNAL_LINES = 15
 

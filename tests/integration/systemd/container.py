@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pdserve.cutover.systemd import Systemctl
+from pdserve.probes.systemctl import Systemctl
 
 SUITE = "bookworm"
 BASE_PACKAGES = ("systemd", "systemd-sysv", "dbus", "numactl", "procps")

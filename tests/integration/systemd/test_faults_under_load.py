@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from pdserve.commands import router_shutdown_grace
+from pdserve.schema.derived import router_shutdown_grace
 from tests.integration.systemd.container import wait_for
 from tests.integration.systemd.lab import CONFIG_PATH, START_TIMEOUT_SEC
 

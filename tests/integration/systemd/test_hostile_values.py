@@ -13,8 +13,9 @@ import subprocess
 
 import pytest
 
-from pdserve.commands import Toolchain, launch
-from pdserve.loading import deployment_from_data
+from pdserve.render.argv import launch
+from pdserve.render.renderable import renderable_from_data
+from pdserve.render.toolchain import Toolchain
 from tests.integration.systemd import recorder
 
 pytestmark = pytest.mark.integration
@@ -96,7 +97,7 @@ def test_every_accepted_value_reaches_the_process_byte_for_byte(container, hosti
     assert verified.returncode == 0 and verified.stderr.strip() == "", verified.stderr
     container.run(["systemctl", "daemon-reload"], timeout=60)
 
-    dep = deployment_from_data(data, "t").deployment
+    dep = renderable_from_data(data, "t").deployment
     tools = Toolchain(**TOOLS)
     for role in ("prefill", "decode", "router", "fallback"):
         intended = launch(dep, role, tools)

@@ -20,10 +20,17 @@ from pathlib import Path
 
 import pytest
 
-from pdserve.loading import deployment_from_data
+from pdserve.schema.loading import deployment_from_data
 from tests.integration.systemd import nixos_shape
 from tests.integration.systemd.conftest import REPO, _prerequisites
-from tests.integration.systemd.container import BASE_PACKAGES, Container, PythonEnv, customize, prepared_rootfs, wait_for
+from tests.integration.systemd.container import (
+    BASE_PACKAGES,
+    Container,
+    PythonEnv,
+    customize,
+    prepared_rootfs,
+    wait_for,
+)
 from tests.integration.systemd.lab import START_TIMEOUT_SEC, Lab
 from tests.integration.systemd.test_units_in_systemd import print_timeline
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
+from pdserve.probes.observations import ChatObs, StreamObs
 from pdserve.verify.expect import Expectations
-from pdserve.verify.observations import ChatObs, StreamObs
 from pdserve.verify.result import CheckResult, failed, passed, skipped
 
 THINK_MARKERS = ("</think>", "<think>")

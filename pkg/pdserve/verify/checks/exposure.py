@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from pdserve.probes.observations import AuthObs, PortProbe
 from pdserve.verify.expect import Expectations
-from pdserve.verify.observations import AuthObs, PortProbe
 from pdserve.verify.result import CheckResult, failed, passed, skipped, warned
 
 LOOPBACK = {"127.0.0.1", "::1", "localhost"}

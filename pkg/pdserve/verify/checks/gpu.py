@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from pdserve.probes.observations import GpuObs
 from pdserve.verify.expect import Expectations
-from pdserve.verify.observations import GpuObs
 from pdserve.verify.result import CheckResult, failed, passed, warned
 
 GIB = 2**30

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pdserve.verify.cpulist import parse_list, ranges  # noqa: F401 (parse_list: re-exported)
+from pdserve.probes.cpulist import parse_list, ranges  # noqa: F401 (parse_list: re-exported)
+from pdserve.probes.observations import ProcNuma
 from pdserve.verify.expect import WorkerExpectation
-from pdserve.verify.observations import ProcNuma
 from pdserve.verify.result import CheckResult, failed, passed, skipped, warned
 
 LOCAL_SHARE = 0.90  # of a process's resident pages on its node; a few shared-library pages live elsewhere

@@ -7,8 +7,8 @@ describe a worker that is already down.
 
 from __future__ import annotations
 
+from pdserve.probes.observations import HttpObs
 from pdserve.verify.expect import Expectations
-from pdserve.verify.observations import HttpObs
 from pdserve.verify.result import CheckResult, failed, passed
 
 PD_WORKERS = 2

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
+from pdserve.probes.observations import HttpObs
 from pdserve.verify.expect import Expectations, WorkerExpectation
-from pdserve.verify.observations import HttpObs
 from pdserve.verify.result import CheckResult, failed, passed, skipped
 
 # SGLang's scheduler logs this once the KV pool is allocated.
@@ -100,13 +100,13 @@ def _same(got: object, want: object) -> bool:
 
 def check_version(exp: Expectations, w: WorkerExpectation, info: HttpObs) -> CheckResult:
     cid = f"versions.{w.role}"
-    expected = f"sglang {exp.sglang_version} (pdserve.pins)"
+    expected = f"sglang {exp.sglang_version} (pdserve.schema.pins)"
     if not info.ok or not isinstance(info.body, dict):
         return skipped(cid, f"no /server_info from the {w.role} server ({info.describe()})", expected)
     version = info.body.get("version")
     observed = f"sglang {version}"
     if version != exp.sglang_version:
         return failed(cid, observed, expected,
-                      f"install sglang=={exp.sglang_version} in the units' Python (or update pdserve.pins after "
+                      f"install sglang=={exp.sglang_version} in the units' Python (or update pdserve.schema.pins after "
                       f"re-checking the facts it depends on), then restart {w.unit}")
     return passed(cid, observed, expected)

@@ -1,31 +1,18 @@
 """Unit state from `systemctl show` (the way pytest-testinfra reads it).
 
-Whether a unit should start at boot follows the deployment's declared `boot_layout` (pdserve.boot):
+Whether a unit should start at boot follows the deployment's declared `boot_layout` (pdserve.schema.boot):
 pd enables prefill, decode and router; single enables only the fallback. "Enabled" is systemd's own
-meaning, defined once in pdserve.boot.ENABLED_STATES for the verifier and the cutover alike.
+meaning, defined once in pdserve.probes.systemctl.ENABLED_STATES for the verifier and the cutover alike.
 """
 
 from __future__ import annotations
 
-from pdserve.boot import Layout, is_enabled
+from pdserve.probes.systemctl import is_enabled
+from pdserve.schema.boot import Layout
 from pdserve.verify.result import CheckResult, failed, passed, warned
 
-SHOW_PROPERTIES = (
-    "LoadState", "ActiveState", "SubState", "UnitFileState", "Result",
-    "ExecMainStatus", "ExecMainCode", "MainPID", "NRestarts", "ControlGroup",
-)
 # 1 = CLD_EXITED, 2 = CLD_KILLED, 3 = CLD_DUMPED (siginfo codes systemd reports in ExecMainCode).
 EXIT_CODES = {"1": "exited", "2": "killed by signal", "3": "dumped core (signal)"}
-
-
-def parse_show(text: str) -> dict[str, str]:
-    """`systemctl show -p A -p B UNIT` output: one `Key=Value` per line."""
-    props: dict[str, str] = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition("=")
-        if sep:
-            props[key.strip()] = value.strip()
-    return props
 
 
 def _state(props: dict[str, str]) -> str:
@@ -55,8 +42,8 @@ def check_pd_unit(check_id: str, unit: str, props: dict[str, str], journal: list
     expected = f"loaded, {'enabled' if boots else 'disabled (boot_layout = single)'}, active (running)"
     if props.get("LoadState") != "loaded":
         return failed(check_id, f"{unit}: LoadState={props.get('LoadState', '?')}", expected,
-                      f"install the units: `pdserve render --out /etc/systemd/system` (NixOS: enable "
-                      f"services.pdserve) and `systemctl daemon-reload`")
+                      "install the units: `pdserve render --out /etc/systemd/system` (NixOS: enable "
+                      "services.pdserve) and `systemctl daemon-reload`")
     active, enabled = props.get("ActiveState"), props.get("UnitFileState", "")
     if active == "failed" or props.get("Result", "success") not in ("success", ""):
         details = _failure_details(props, journal)

@@ -8,7 +8,7 @@ from pdserve.verify.result import CheckResult, failed, passed
 
 def check_router_version(exp: Expectations, version: str, source: str) -> CheckResult:
     cid = "versions.router"
-    expected = f"sglang-router {exp.router_version} (pdserve.pins)"
+    expected = f"sglang-router {exp.router_version} (pdserve.schema.pins)"
     observed = f"sglang-router {version} ({source})"
     if version != exp.router_version:
         return failed(cid, observed, expected,

@@ -1,0 +1,118 @@
+"""`pdserve cutover pd|single`: the command line around the cutover state machine.
+
+Exit codes: 0 success (or already serving, or --dry-run), 1 failed and rolled back (or refused by
+preflight, nothing changed), 2 usage (including an invalid deployment), 3 the rollback failed too.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import click
+
+from pdserve.cutover.machine import EXIT_USAGE, Cutover, Outcome, Plan, Report, plan_for
+from pdserve.cutover.refusals import PortProber
+from pdserve.probes.systemctl import Systemctl
+from pdserve.render.renderable import load_renderable
+from pdserve.schema.problems import ConfigError
+
+SCHEMA_VERSION = 1
+
+
+@contextmanager
+def termination_interrupts(signals: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGHUP)) -> Iterator[None]:
+    """Make SIGTERM and SIGHUP (systemd, `timeout`, a closed terminal, an operator's kill) interrupt the
+    cutover the way Ctrl-C does: the step in flight fails and the rollback runs, instead of the process
+    dying with the host half switched."""
+
+    def interrupt(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def probers(plan: Plan) -> list[PortProber]:
+    """One prober per public address (the fallback normally takes the router's, so usually one)."""
+    seen: dict[tuple[str, int], PortProber] = {}
+    for layout in (plan.target, plan.other):
+        parts = urlsplit(plan.public_url[layout])
+        key = (parts.hostname or "127.0.0.1", parts.port or 80)
+        seen.setdefault(key, PortProber(*key))
+    return list(seen.values())
+
+
+def acts_locally(command: list[str]) -> bool:
+    """Whether the systemctl command acts on the unit files this process sees: systemctl itself with
+    options, not a wrapper that enters a container, nor `--root=`/`--host=`/`--machine=`."""
+    elsewhere = ("--root", "-H", "--host", "-M", "--machine")
+    return (bool(command) and Path(command[0]).name == "systemctl"
+            and not any(arg.split("=", 1)[0] in elsewhere for arg in command[1:]))
+
+
+def report_lines(report: Report) -> list[str]:
+    """The timeline as plain lines: readable in a terminal, a journal and a CI log alike."""
+    lines = [f"cutover of {report.deployment}: {report.previous} -> {report.target}"]
+    if report.outcome is Outcome.DRY_RUN:
+        lines += [f"  {i}. {s.name}: {s.detail}" for i, s in enumerate(report.steps, 1)]
+        lines.append("dry run: nothing was changed")
+        return lines
+    lines.append(f"  {'at s':>6}  {'took s':>6}  {'result':<7}  step")
+    for step in report.steps:
+        lines.append(f"  {step.started_s:6.1f}  {step.duration_s:6.1f}  {step.result:<7}  {step.name}: {step.detail}")
+    for refusal in report.refusals:
+        windows = ", ".join(f"{a:.1f}-{b:.1f} s" for a, b in refusal.windows) or "none"
+        lines.append(f"public port {refusal.address} refused connections for {refusal.refused_seconds:.1f} s "
+                     f"(windows: {windows}; {refusal.refused_samples} of {refusal.samples} probes refused)")
+    if report.boot is not None:
+        lines += report.boot.lines()
+    lines.append(f"{report.outcome} after {report.total_s:.1f} s (exit {report.exit_code})")
+    return lines
+
+
+@click.command("cutover")
+@click.argument("target", type=click.Choice(["pd", "single"]))
+@click.option("-c", "--config", "config_path", type=click.Path(path_type=Path, dir_okay=False),
+              help="Deployment file (.toml or .json). Default: the embedded reference deployment (dsv4).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable report.")
+@click.option("--dry-run", is_flag=True, help="Print the steps (and what is running now) without doing them.")
+@click.option("--systemctl", "systemctl_command", default="systemctl", show_default=True,
+              help="systemctl command to drive, e.g. 'systemctl --root=...' or a wrapper that enters a container.")
+def cutover_command(target: str, config_path: Path | None, as_json: bool, dry_run: bool, systemctl_command: str) -> None:
+    """Move the deployment to TARGET (pd or single) with a way back: stop, start, wait ready, smoke, enable.
+
+    Boot links change only where this host lets them be written (not on NixOS); either way the report
+    names the boot_layout line to change. A boot-link problem never fails a cutover that serves.
+    Exit 0 success, 1 failed and rolled back, 2 usage, 3 the rollback failed too.
+    """
+    from pdserve.cutover.host import HostEdge
+
+    try:
+        loaded = load_renderable(config_path)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            click.echo(problem.line(), err=True)
+        raise SystemExit(EXIT_USAGE) from None
+    dep = loaded.deployment
+    plan = plan_for(dep, target, [p.line() for p in loaded.warnings], loaded.source)  # type: ignore[arg-type]
+    command = shlex.split(systemctl_command)
+    edge = HostEdge(dep, plan, Systemctl(command), acts_locally(command))
+    machine = Cutover(plan, edge, probers(plan))
+    with termination_interrupts():
+        report = machine.dry_run() if dry_run else machine.run()
+    if as_json:
+        click.echo(json.dumps({"schema_version": SCHEMA_VERSION, **report.as_dict()}, indent=2))
+    else:
+        click.echo("\n".join(report_lines(report)))
+    if report.outcome is not Outcome.DRY_RUN or report.exit_code:
+        raise SystemExit(report.exit_code)

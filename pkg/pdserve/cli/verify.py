@@ -1,0 +1,95 @@
+"""`pdserve verify`: the click command. Exit 0 all pass (warn/skip allowed), 1 a check failed,
+2 usage (bad flags, unknown check id, invalid deployment), 3 the verifier itself broke."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import click
+import httpx
+from rich.console import Console
+
+from pdserve.render.renderable import load_renderable
+from pdserve.schema.problems import ConfigError
+from pdserve.verify import report
+from pdserve.verify.expect import expectations
+from pdserve.verify.runner import CHECKS, Context, Options, SelectionError, run, select
+
+
+def _tokens(values: tuple[str, ...]) -> list[str]:
+    return [t.strip() for v in values for t in v.split(",") if t.strip()]
+
+
+@click.command("verify")
+@click.option("-c", "--config", "config_path", type=click.Path(path_type=Path, dir_okay=False),
+              help="Deployment file (.toml or .json). Default: the embedded reference deployment (dsv4).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (stable, with schema_version).")
+@click.option("--only", multiple=True, metavar="IDS",
+              help="Run only these checks: comma-separated ids or id prefixes (e.g. e2e,kv.decode). Repeatable.")
+@click.option("--skip", multiple=True, metavar="IDS", help="Do not run these checks (ids or prefixes). Repeatable.")
+@click.option("--wait", type=click.FloatRange(min=0), default=0.0, show_default=True, metavar="SECONDS",
+              help="Re-run failing checks until they pass or SECONDS have passed.")
+@click.option("--interval", type=click.FloatRange(min=0.1), default=2.0, show_default=True,
+              help="Seconds between --wait rounds.")
+@click.option("--probe-timeout", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
+              help="Seconds each HTTP request, systemctl/journalctl call or connect attempt may take.")
+@click.option("--chat-timeout", type=click.FloatRange(min=1), default=180.0, show_default=True,
+              help="Seconds each end-to-end chat request may take (a reasoning answer can be long).")
+@click.option("--kv-floor", type=click.IntRange(min=1), default=None, metavar="TOKENS",
+              help="Least KV capacity (max_total_num_tokens) each server must have. "
+                   "Default: model.context_length, else 65536.")
+@click.option("--api-key-file", type=click.Path(dir_okay=False), default=None,
+              help="Read the router's API key from this file instead of router.api_key_file.")
+@click.option("--schema", "print_schema", is_flag=True, help="Print the JSON Schema of the --json report and exit.")
+@click.option("--list", "list_checks", is_flag=True, help="List the check ids and exit.")
+def verify(config_path: Path | None, as_json: bool, only: tuple[str, ...], skip: tuple[str, ...], wait: float,
+           interval: float, probe_timeout: float, chat_timeout: float, kv_floor: int | None,
+           api_key_file: str | None, print_schema: bool, list_checks: bool) -> None:
+    """Prove the running deployment works: units, router, KV capacity, GPUs, NUMA, end to end, exposure, versions."""
+    if print_schema:
+        click.echo(report.to_json(report.json_schema()))
+        return
+    if list_checks:
+        click.echo("\n".join(CHECKS))
+        return
+    try:
+        loaded = load_renderable(config_path)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            click.echo(problem.line(), err=True)
+        raise SystemExit(report.EXIT_USAGE) from None
+    try:
+        plan = select(list(CHECKS), _tokens(only), _tokens(skip))
+    except SelectionError as exc:
+        raise click.UsageError(str(exc)) from None
+    try:
+        code = _verify(loaded, plan, as_json, wait, interval, probe_timeout, chat_timeout, kv_floor, api_key_file)
+    except Exception as exc:  # noqa: BLE001 - the contract is exit 3, with the reason, not a traceback
+        click.echo(f"pdserve verify: internal error: {type(exc).__name__}: {exc}; this is a bug in pdserve",
+                   err=True)
+        raise SystemExit(report.EXIT_BROKEN) from None
+    raise SystemExit(code)
+
+
+def _verify(loaded, plan, as_json, wait, interval, probe_timeout, chat_timeout, kv_floor, api_key_file) -> int:
+    dep = loaded.deployment
+    options = Options(probe_timeout=probe_timeout, chat_timeout=chat_timeout, api_key_file=api_key_file)
+    started = time.monotonic()
+    err = Console(stderr=True)
+
+    def on_retry(pending: list[str], remaining: float) -> None:
+        err.print(f"waiting: {len(pending)} failing ({', '.join(pending)}); {remaining:.0f} s left", style="dim")
+
+    with httpx.Client(timeout=probe_timeout) as client:
+        ctx = Context(dep, expectations(dep, kv_floor), options, client)
+        results, broken = run(ctx, plan, wait=wait, interval=interval, on_retry=on_retry)
+    data = report.build(dep.name, loaded.source, results, broken, int((time.monotonic() - started) * 1000))
+    if as_json:
+        click.echo(report.to_json(data))
+    else:
+        # Piped output gets a wide table rather than rich's 80-column default.
+        console = Console(file=sys.stdout) if sys.stdout.isatty() else Console(file=sys.stdout, width=160)
+        report.print_table(console, data)
+    return data["exit_code"]

@@ -1,0 +1,131 @@
+"""What "ready" means for each role, and a bounded wait for it.
+
+A worker is ready when /health answers 200 and /model_info (or, in SGLang releases whose /model_info
+lacks it, /server_info) reports the disaggregation mode the role expects, so a decode server on the
+prefill's port is not mistaken for it. The router is ready when /readiness answers 200 with every
+expected worker healthy. Each probe has its own timeout; the wait
+has a deadline and ends with the last state it saw.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+
+from pdserve.schema.config import Deployment, Role
+from pdserve.schema.derived import disaggregation_mode, role_url
+
+PD_WORKER_COUNT = 2  # one prefill, one decode per deployment
+
+
+@dataclass(frozen=True)
+class Observation:
+    ready: bool
+    state: str
+
+
+Probe = Callable[[], Observation]
+
+
+def _get_json(client: httpx.Client, url: str) -> tuple[int, object | None]:
+    response = client.get(url)
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    return response.status_code, body
+
+
+_ENGINE_TYPE = re.compile(r'^sglang:[^{\s]*\{[^}]*engine_type="([^"]+)"', re.MULTILINE)
+
+
+def engine_type_for(mode: str) -> str:
+    """The `engine_type` label SGLang puts on its metrics for a disaggregation mode."""
+    return {"prefill": "prefill", "decode": "decode"}.get(mode, "unified")
+
+
+def _mode_from_metrics(client: httpx.Client, base_url: str, expected_mode: str) -> Observation:
+    """A server started with an API key answers /model_info only with the key, which the gate does
+    not hold (systemd 252 gives ExecStartPost= no readable credential). /metrics stays open and its
+    series carry the engine_type label, which names the same mode."""
+    response = client.get(f"{base_url}/metrics")
+    types = set(_ENGINE_TYPE.findall(response.text)) if response.status_code == 200 else set()
+    expected = engine_type_for(expected_mode)
+    if types == {expected}:
+        return Observation(True, f"{base_url} healthy, /metrics engine_type={expected}")
+    seen = ",".join(sorted(types)) or "none"
+    return Observation(False, f"{base_url}/model_info needs the API key and /metrics shows engine_type={seen}, "
+                              f"expected {expected}")
+
+
+def worker_observation(client: httpx.Client, base_url: str, expected_mode: str) -> Observation:
+    try:
+        status, _ = _get_json(client, f"{base_url}/health")
+        if status != 200:
+            return Observation(False, f"GET {base_url}/health answered {status}")
+        source = "model_info"
+        status, info = _get_json(client, f"{base_url}/{source}")
+        if status == 401:
+            return _mode_from_metrics(client, base_url, expected_mode)
+        if status == 200 and isinstance(info, dict) and "disaggregation_mode" not in info:
+            # SGLang before 0.5.23 (0.5.17 on the GPU test machines) leaves the mode out of /model_info;
+            # /server_info, the server's arguments, has it in every release.
+            source = "server_info"
+            status, info = _get_json(client, f"{base_url}/{source}")
+    except httpx.HTTPError as exc:
+        return Observation(False, f"{base_url} unreachable: {type(exc).__name__}: {exc}")
+    if status != 200 or not isinstance(info, dict):
+        return Observation(False, f"GET {base_url}/{source} answered {status}")
+    mode = str(info.get("disaggregation_mode"))
+    if mode != expected_mode:
+        return Observation(False, f"{base_url}/{source} reports disaggregation_mode={mode}, expected {expected_mode}")
+    return Observation(True, f"{base_url} healthy, disaggregation_mode={mode}")
+
+
+def router_observation(client: httpx.Client, base_url: str, expected_workers: int) -> Observation:
+    try:
+        status, body = _get_json(client, f"{base_url}/readiness")
+    except httpx.HTTPError as exc:
+        return Observation(False, f"{base_url} unreachable: {type(exc).__name__}: {exc}")
+    counts = body if isinstance(body, dict) else {}
+    healthy, total = counts.get("healthy_workers"), counts.get("total_workers")
+    if status == 200 and healthy == total == expected_workers:
+        return Observation(True, f"{base_url}/readiness: {healthy}/{total} workers healthy")
+    return Observation(
+        False,
+        f"{base_url}/readiness answered {status} with {healthy}/{total} workers healthy, expected {expected_workers}",
+    )
+
+
+def probe_for(dep: Deployment, role: Role, client: httpx.Client) -> Probe:
+    url = role_url(dep, role)
+    if role == "router":
+        return lambda: router_observation(client, url, PD_WORKER_COUNT)
+    mode = disaggregation_mode(role)
+    return lambda: worker_observation(client, url, mode)
+
+
+def wait_until_ready(
+    probe: Probe,
+    timeout: float,
+    interval: float = 2.0,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    on_change: Callable[[Observation], None] | None = None,
+) -> Observation:
+    """Probe until ready or until `timeout` seconds have passed; return the last observation."""
+    deadline = clock() + timeout
+    last: Observation | None = None
+    while True:
+        observation = probe()
+        if on_change and (last is None or observation.state != last.state):
+            on_change(observation)
+        last = observation
+        remaining = deadline - clock()
+        if observation.ready or remaining <= 0:
+            return observation
+        sleep(min(interval, remaining))

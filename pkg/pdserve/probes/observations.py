@@ -1,0 +1,95 @@
+"""Plain records of what the probes saw. Checks read these; tests build them by hand."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class HttpObs:
+    url: str
+    status: int | None = None  # None: no HTTP answer at all
+    body: Any = None  # parsed JSON, or text for non-JSON answers
+    error: str | None = None  # connection/timeout error, when status is None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200
+
+    def describe(self) -> str:
+        if self.status is None:
+            return f"{self.url}: no answer ({self.error})"
+        return f"{self.url}: HTTP {self.status}"
+
+
+@dataclass(frozen=True)
+class GpuObs:
+    index: int
+    name: str
+    memory_used: int  # bytes
+    memory_total: int
+    pids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class ProcNuma:
+    pid: int
+    command: str
+    cpus_allowed: frozenset[int] | None
+    mems_allowed: frozenset[int] | None
+    pages_by_node: dict[int, int] | None  # from /proc/<pid>/numa_maps; None when unreadable
+
+
+@dataclass(frozen=True)
+class ToolCallObs:
+    name: str | None
+    arguments: str | None
+
+
+@dataclass(frozen=True)
+class ChatObs:
+    content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: tuple[ToolCallObs, ...] = ()
+    finish_reason: str | None = None
+    error: str | None = None  # the request failed: status and message
+    status: int | None = None
+
+
+@dataclass(frozen=True)
+class StreamObs:
+    chunks: int = 0
+    content_chunks: int = 0
+    content: str = ""
+    reasoning_chunks: int = 0
+    usage: dict[str, Any] | None = None
+    finish_reason: str | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class PortProbe:
+    address: str
+    port: int
+    what: str  # "prefill port", "decode port", "prefill bootstrap port"
+    reachable: bool
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class AuthObs:
+    without_key: int | None
+    with_key: int | None
+    error: str | None = None
+    details: tuple[str, ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
+class Unavailable(Exception):
+    """A probe cannot run on this host (no systemd, no NVML, ...): the check skips with this reason."""
+
+    reason: str
+
+    def __str__(self) -> str:
+        return self.reason

@@ -1,0 +1,192 @@
+"""What each role runs: argv, environment and NUMA binding. Pure functions of the deployment.
+
+The unit renderer, `pdserve plan`, the parser check and the GPU test tier all take their command
+lines from here, so there is exactly one place that decides what SGLang and the router are given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pdserve.render.toolchain import Toolchain
+from pdserve.schema.config import ROLES, Deployment, Role, ServerSpec
+from pdserve.schema.derived import role_url, router_shutdown_grace, unit_name
+
+# Name of the systemd credential that carries the API key (LoadCredential=<name>:<file>).
+API_KEY_CREDENTIAL = "api-key"
+
+
+@dataclass(frozen=True)
+class NumaBinding:
+    cpu_node: int
+    memory_node: int
+
+    def numactl_args(self) -> list[str]:
+        return [f"--cpunodebind={self.cpu_node}", f"--membind={self.memory_node}", "--"]
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One role's process: the full argv (numactl prefix included), its environment, and secrets."""
+
+    role: Role
+    unit: str
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    numa: NumaBinding | None
+    url: str
+    # credential name -> host file; the process reads it from $CREDENTIALS_DIRECTORY/<name>.
+    credentials: dict[str, str]
+
+
+def _gpu_placement(server: ServerSpec) -> list[str]:
+    gpus = server.gpus
+    step = gpus[1] - gpus[0] if len(gpus) > 1 else 1
+    args = ["--tp-size", str(server.tensor_parallel), "--base-gpu-id", str(gpus[0])]
+    if step != 1:
+        args += ["--gpu-id-step", str(step)]
+    return args
+
+
+def _model_args(dep: Deployment) -> list[str]:
+    model = dep.model
+    args = ["--model-path", model.path]
+    if model.served_name:
+        args += ["--served-model-name", model.served_name]
+    if model.trust_remote_code:
+        args.append("--trust-remote-code")
+    if model.context_length:
+        args += ["--context-length", str(model.context_length)]
+    if model.kv_cache_dtype != "auto":
+        args += ["--kv-cache-dtype", model.kv_cache_dtype]
+    # Parsers go on every SGLang server: the router proxies PD traffic without parsing it.
+    if model.reasoning_parser:
+        args += ["--reasoning-parser", model.reasoning_parser]
+    if model.tool_call_parser:
+        args += ["--tool-call-parser", model.tool_call_parser]
+    if model.chat_template:
+        args += ["--chat-template", model.chat_template]
+    return args
+
+
+def _capacity_args(server: ServerSpec) -> list[str]:
+    args = ["--mem-fraction-static", f"{server.mem_fraction_static:g}"]
+    if server.chunked_prefill_size:
+        args += ["--chunked-prefill-size", str(server.chunked_prefill_size)]
+    if server.max_running_requests:
+        args += ["--max-running-requests", str(server.max_running_requests)]
+    return args
+
+
+def server_args(dep: Deployment, role: Role) -> list[str]:
+    """SGLang server flags of a role (prefill, decode or fallback), as `launch_server` takes them."""
+    if role == "router":
+        raise ValueError("the router is not an SGLang server; use router_args()")
+    if role == "fallback":
+        server: ServerSpec = dep.fallback
+        host, port = dep.fallback_host, dep.fallback_port
+    else:
+        worker = dep.worker(role)
+        server, host, port = worker, worker.host, worker.port
+    args = _model_args(dep)
+    args += ["--host", host, "--port", str(port)]
+    args += _gpu_placement(server)
+    args += _capacity_args(server)
+    if role != "fallback":
+        transfer = dep.transfer
+        args += ["--disaggregation-mode", role, "--disaggregation-transfer-backend", transfer.backend]
+        if role == "prefill":
+            # Only the prefill binds the bootstrap server; decode learns the port from the router.
+            args += ["--disaggregation-bootstrap-port", str(transfer.bootstrap_port)]
+        if transfer.ib_devices:
+            args += ["--disaggregation-ib-device", ",".join(transfer.ib_devices)]
+    # /metrics for Prometheus scrapes (the verifier itself reads KV capacity from /server_info).
+    args.append("--enable-metrics")
+    args += server.extra_args
+    return args
+
+
+def router_args(dep: Deployment) -> list[str]:
+    """sglang-router flags for PD mode, as `sglang_router.launch_router` takes them."""
+    router = dep.router
+    args = [
+        "--pd-disaggregation",
+        "--prefill", role_url(dep, "prefill"), str(dep.transfer.bootstrap_port),
+        "--decode", role_url(dep, "decode"),
+        "--host", router.host,
+        "--port", str(router.port),
+        "--prometheus-host", router.prometheus_host,
+        "--prometheus-port", str(router.prometheus_port),
+    ]
+    for flag, policy in (
+        ("--policy", router.policy),
+        ("--prefill-policy", router.prefill_policy),
+        ("--decode-policy", router.decode_policy),
+    ):
+        if policy:
+            args += [flag, policy]
+    args += [
+        "--health-check-timeout-secs", str(router.health_check_timeout_secs),
+        "--worker-startup-timeout-secs", str(router.worker_startup_timeout_secs),
+        "--request-timeout-secs", str(router.request_timeout_secs),
+    ]
+    args += resilience_args(dep)
+    args += router.extra_args
+    return args
+
+
+def resilience_args(dep: Deployment) -> list[str]:
+    """How the router rides out a worker's crash and restart (see RouterSpec): requests that arrive
+    meanwhile are retried until the worker is back, and nothing keeps it out once it is."""
+    router = dep.router
+    args = [] if router.circuit_breaker else ["--disable-circuit-breaker"]
+    return args + [
+        "--retry-max-retries", str(router.retry_max_retries),
+        "--retry-max-backoff-ms", str(router.retry_max_backoff_ms),
+        "--health-check-interval-secs", str(router.health_check_interval_secs),
+        "--health-success-threshold", str(router.health_success_threshold),
+        "--shutdown-grace-period-secs", str(router_shutdown_grace(dep)),
+    ]
+
+
+def numa_binding(dep: Deployment, role: Role) -> NumaBinding | None:
+    if role == "router":
+        return None
+    server = dep.server(role)
+    if server.numa_node is None:
+        return None
+    return NumaBinding(server.numa_node, server.numa_node)
+
+
+def environment(dep: Deployment, role: Role) -> dict[str, str]:
+    if role == "router":
+        return dict(dep.router.env)
+    server = dep.server(role)
+    return {**dep.environment, **server.env}
+
+
+def launch(dep: Deployment, role: Role, tools: Toolchain) -> Launch:
+    keyed = dep.router.api_key_file is not None and role in {"router", "fallback"}
+    if role == "router":
+        entry, args, target = ["-m", "sglang_router.launch_router"], router_args(dep), "router"
+    else:
+        entry, args, target = ["-m", "sglang.launch_server"], server_args(dep, role), "server"
+    if keyed:
+        # The key is read from the credential inside the process, so it never shows in argv (ps).
+        entry = [tools.keyed_launcher, target, API_KEY_CREDENTIAL, "--"]
+    binding = numa_binding(dep, role)
+    prefix = [tools.numactl, *binding.numactl_args()] if binding else []
+    credentials = {API_KEY_CREDENTIAL: dep.router.api_key_file} if keyed and dep.router.api_key_file else {}
+    return Launch(
+        role=role,
+        unit=unit_name(dep, role),
+        argv=tuple(prefix + [tools.sglang_python, *entry, *args]),
+        env=environment(dep, role),
+        numa=binding,
+        url=role_url(dep, role),
+        credentials=credentials,
+    )
+
+
+def launches(dep: Deployment, tools: Toolchain) -> dict[Role, Launch]:
+    return {role: launch(dep, role, tools) for role in ROLES}

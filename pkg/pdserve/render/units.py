@@ -1,0 +1,197 @@
+"""systemd unit files for a deployment. Pure: a deployment and a toolchain in, unit texts out.
+
+Contract (ARCHITECTURE.md): After= means ready, so every unit gates its start on `pdserve wait-ready`
+in ExecStartPost (SGLang and the router never notify systemd); the router Wants= and is After= both
+workers (it outlives their restarts) and its ExecStartPre= finds both ready; the fallback Conflicts=
+with every PD unit; the API key arrives through LoadCredential=.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pdserve.render.argv import Launch, launches
+from pdserve.render.toolchain import Toolchain
+from pdserve.schema import systemd_syntax
+from pdserve.schema.boot import wanted_at_boot
+from pdserve.schema.config import Deployment, Role
+from pdserve.schema.derived import ROUTER_START_TIMEOUT_SEC, unit_name
+from pdserve.schema.problems import ConfigError, Problem
+
+# wait-ready gives up this much before systemd would kill it, so its own message reaches the journal.
+READY_MARGIN_SEC = 10
+# The router's ExecStartPre= check that both workers are ready (their own starts have ended by then).
+WORKER_GATE_SEC = 5
+
+Section = list[tuple[str, str]]
+
+
+@dataclass(frozen=True)
+class Unit:
+    name: str  # without ".service"
+    text: str
+
+    @property
+    def filename(self) -> str:
+        return f"{self.name}.service"
+
+
+def command_line(argv: tuple[str, ...] | list[str]) -> str:
+    """A whole ExecStart= value that systemd turns back into exactly `argv`."""
+    return systemd_syntax.exec_line(argv)
+
+
+def environment_line(name: str, value: str, *, specifiers: bool = False) -> str:
+    """One Environment= assignment. Values from the deployment are literal (`%` escaped); pdserve's
+    own paths may use systemd specifiers such as %S (state directory)."""
+    return systemd_syntax.environment_value(name, value, specifiers=specifiers)
+
+
+def render_ini(sections: list[tuple[str, Section]], header: str) -> str:
+    """The unit text. Every line passes systemd_syntax.directive(), so a value that would end the line,
+    continue it or exceed systemd's line limit stops rendering instead of becoming another directive."""
+    lines = [f"# {line}" if line else "#" for line in header.splitlines()]
+    for title, entries in sections:
+        lines.append("")
+        lines.append(f"[{title}]")
+        lines.extend(systemd_syntax.directive(key, value) for key, value in entries)
+    return "\n".join(lines) + "\n"
+
+
+def _service(name: str) -> str:
+    return f"{name}.service"
+
+
+def _gpus(gpus: list[int]) -> str:
+    return ",".join(str(g) for g in gpus)
+
+
+def _describe(dep: Deployment, launch: Launch) -> str:
+    role = launch.role
+    if role == "router":
+        return f"pdserve {dep.name}: sglang-router (PD) on {launch.url}"
+    server = dep.server(role)
+    numa = f", NUMA node {server.numa_node}" if server.numa_node is not None else ""
+    what = "single SGLang server (fallback)" if role == "fallback" else f"SGLang {role} server"
+    return f"pdserve {dep.name}: {what} on GPUs {_gpus(server.gpus)}{numa}, {launch.url}"
+
+
+def _unit_section(dep: Deployment, role: Role, description: str) -> Section:
+    pd_units = [_service(unit_name(dep, r)) for r in ("prefill", "decode", "router")]
+    fallback = _service(unit_name(dep, "fallback"))
+    entries: Section = [
+        ("Description", systemd_syntax.text_value(description)),
+        ("Wants", "network-online.target"),
+    ]
+    if role == "router":
+        workers = " ".join(pd_units[:2])
+        # Wants= pulls both workers in; After= holds the router until both are *ready*, because a
+        # worker's start only completes when its wait-ready gate has passed. Not Requires=: systemd
+        # restarts a Requires= dependent with the worker, so one crashed prefill took the public port
+        # down until it had reloaded, and the prefill's restart queued behind the router's stop job.
+        # A worker that failed to start still keeps the router's process from starting: the router's
+        # ExecStartPre= gates (WORKER_GATE_SEC) find it not ready.
+        entries += [("Wants", workers), ("After", f"network-online.target {workers}")]
+    elif role == "decode" and set(dep.prefill.gpus) & set(dep.decode.gpus):
+        # allow_shared_gpus: each server sizes its pool from the memory free when it starts, so two that
+        # start together both count the other's share as free. After= (ordering only) starts the decode
+        # once the prefill is ready, and a later prefill restart still leaves the decode alone.
+        entries.append(("After", f"network-online.target {pd_units[0]}"))
+    else:
+        entries.append(("After", "network-online.target"))
+    # The two layouts share GPUs and the public port: starting one stops the other.
+    conflicts = " ".join(pd_units) if role == "fallback" else fallback
+    entries.append(("Conflicts", conflicts))
+    entries += [
+        ("StartLimitIntervalSec", str(dep.systemd.start_limit_interval_sec)),
+        ("StartLimitBurst", str(dep.systemd.start_limit_burst)),
+    ]
+    return entries
+
+
+def _service_section(dep: Deployment, launch: Launch, config_path: str, tools: Toolchain) -> Section:
+    sd = dep.systemd
+    start_timeout = ROUTER_START_TIMEOUT_SEC if launch.role == "router" else sd.start_timeout_sec
+    state = f"pdserve/{dep.name}"
+    entries: Section = [
+        # Type=exec: the unit fails at once if the binary cannot be executed; readiness is ExecStartPost's job.
+        ("Type", "exec"),
+        ("User", systemd_syntax.name_value(sd.user)),
+        ("Group", systemd_syntax.name_value(sd.group)),
+    ]
+    if sd.supplementary_groups:
+        entries.append(("SupplementaryGroups", systemd_syntax.names_value(sd.supplementary_groups)))
+    entries += [
+        ("StateDirectory", state),
+        ("CacheDirectory", state),
+        ("WorkingDirectory", f"%S/{state}"),
+        # Triton, torch and Hugging Face caches land under HOME and XDG_CACHE_HOME.
+        ("Environment", environment_line("HOME", f"%S/{state}", specifiers=True)),
+        ("Environment", environment_line("XDG_CACHE_HOME", f"%C/{state}", specifiers=True)),
+    ]
+    entries += [("Environment", environment_line(k, v)) for k, v in sorted(launch.env.items())]
+    entries += [("LoadCredential", systemd_syntax.credential_value(name, path))
+                for name, path in sorted(launch.credentials.items())]
+    ready = [tools.pdserve, "wait-ready", launch.role, "--config", config_path,
+             "--timeout", str(max(start_timeout - READY_MARGIN_SEC, 1))]
+    if launch.role == "router":
+        # By the time this runs (After=) both workers' starts have ended, ready or failed: the gate only
+        # confirms, so it is short. sglang-router 0.3.2 never registers a worker it found down at start.
+        entries += [("ExecStartPre", command_line(
+            [tools.pdserve, "wait-ready", worker, "--config", config_path, "--timeout", str(WORKER_GATE_SEC),
+             "--interval", "0.5"])) for worker in ("prefill", "decode")]
+    entries += [
+        ("ExecStart", command_line(launch.argv)),
+        ("ExecStartPost", command_line(ready)),
+        ("Restart", "on-failure"),
+        ("RestartSec", str(sd.restart_sec)),
+        ("TimeoutStartSec", str(start_timeout)),
+        ("TimeoutStopSec", str(sd.stop_timeout_sec)),
+        # SIGTERM to the main process lets SGLang stop its scheduler processes itself; whatever is
+        # left when it exits (or after TimeoutStopSec) gets SIGKILL.
+        ("KillMode", "mixed"),
+        ("KillSignal", "SIGTERM"),
+        ("LimitNOFILE", "1048576"),
+        # NIXL/UCX and RDMA register (pin) large host buffers.
+        ("LimitMEMLOCK", "infinity"),
+        ("NoNewPrivileges", "yes"),
+        ("ProtectSystem", "full"),
+        ("ProtectHome", "read-only"),
+        ("PrivateTmp", "yes"),
+    ]
+    return entries
+
+
+def render_unit(dep: Deployment, launch: Launch, config_path: str, tools: Toolchain) -> Unit:
+    header = (
+        f"Rendered by pdserve from deployment {dep.name!r}. Do not edit: change the deployment and\n"
+        "render again (NixOS: override with systemd.services.<name>.* drop-ins)."
+    )
+    sections = [
+        ("Unit", _unit_section(dep, launch.role, _describe(dep, launch))),
+        ("Service", _service_section(dep, launch, config_path, tools)),
+    ]
+    sections += _install_sections(dep, launch.role)
+    return Unit(launch.unit, render_ini(sections, header))
+
+
+def _install_sections(dep: Deployment, role: Role) -> list[tuple[str, Section]]:
+    """[Install] only on the units of the declared boot layout (`boot_layout`): `systemctl enable` of
+    all four units then links in exactly that layout, and a unit of the other layout has nothing to
+    enable (systemd calls it "static"). `pdserve cutover` changes what runs; this decides what boots."""
+    if not wanted_at_boot(dep, role):
+        return []
+    return [("Install", [("WantedBy", systemd_syntax.unit_names_value([dep.systemd.wanted_by]))])]
+
+
+def render_units(dep: Deployment, tools: Toolchain, config_path: str) -> list[Unit]:
+    """All four units, or a ConfigError naming the input that cannot be rendered exactly (the loader
+    refuses such deployment values first; the config path and the tool paths come from flags too)."""
+    problem = systemd_syntax.text_problem(config_path) or systemd_syntax.path_length_problem(config_path)
+    if problem:
+        raise ConfigError([Problem("--config-path", config_path, problem, systemd_syntax.TEXT_FIX)], "render")
+    try:
+        return [render_unit(dep, launch, config_path, tools) for launch in launches(dep, tools).values()]
+    except systemd_syntax.Unrepresentable as exc:
+        # Only reachable with a deployment that bypassed loading (or a pdserve bug): nothing is written.
+        raise ConfigError([Problem("(rendering)", None, str(exc), "fix the value named in the message")], "render") from None

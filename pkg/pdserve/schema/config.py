@@ -1,0 +1,265 @@
+"""The deployment schema: one pydantic model that every part of pdserve reads.
+
+Field rules that need only one field live here (types, ranges, parser names, path shapes); rules that
+relate several fields (disjoint GPUs, distinct ports, ...) live in `pdserve.schema.rules`, so each rule is
+reported with every other problem rather than stopping at the first.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from pdserve.schema import pins
+from pdserve.schema.fields import (
+    IB_DEVICE,
+    MAX_LIST_ITEMS,
+    UNIT_NAME,
+    Count,
+    Environment,
+    ExecutablePath,
+    ExtraArgs,
+    FilePath,
+    Fraction,
+    Host,
+    Index,
+    Port,
+    RouterExtraArgs,
+    Seconds,
+    UnitName,
+    UserName,
+    invalid,
+)
+
+Role = Literal["prefill", "decode", "router", "fallback"]
+WORKER_ROLES: tuple[Role, ...] = ("prefill", "decode")
+ROLES: tuple[Role, ...] = ("prefill", "decode", "router", "fallback")
+
+
+class _Section(BaseModel):
+    # strict: no coercion (`port = true` is not port 1, `"8000"` is not 8000, 1800.0 is not 1800).
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class ModelSpec(_Section):
+    """What is served. Parsers go on both SGLang servers, never on the router."""
+
+    path: str = Field(description="Model directory (absolute) or a Hugging Face repository id")
+    served_name: str | None = Field(None, description="Name clients send as `model`; defaults to the path")
+    reasoning_parser: str | None = Field(None, description="SGLang --reasoning-parser, e.g. deepseek-v4")
+    tool_call_parser: str | None = Field(None, description="SGLang --tool-call-parser, e.g. deepseekv4")
+    chat_template: str | None = Field(None, description="SGLang --chat-template (a name or an absolute path)")
+    context_length: Count | None = Field(None, description="--context-length; unset keeps the model's own")
+    kv_cache_dtype: str = Field("auto", description="--kv-cache-dtype")
+    trust_remote_code: bool = False
+
+    @field_validator("path")
+    @classmethod
+    def _path_not_relative(cls, value: str) -> str:
+        if value.startswith((".", "~")):
+            raise invalid(
+                "a relative model path resolves against the unit's working directory (/)",
+                "write the absolute path of the model directory",
+            )
+        return value
+
+    @field_validator("reasoning_parser")
+    @classmethod
+    def _known_reasoning_parser(cls, value: str | None) -> str | None:
+        return _known(value, pins.REASONING_PARSERS, "reasoning parser")
+
+    @field_validator("tool_call_parser")
+    @classmethod
+    def _known_tool_call_parser(cls, value: str | None) -> str | None:
+        return _known(value, pins.TOOL_CALL_PARSERS, "tool-call parser")
+
+
+def _known(value: str | None, names: frozenset[str], what: str) -> str | None:
+    if value is None or value in names:
+        return value
+    near = [n for n in sorted(names) if n.replace("-", "") == value.replace("-", "")]
+    hint = f"did you mean {near[0]!r}? " if near else ""
+    raise invalid(
+        f"not a {what} of sglang {pins.SGLANG_VERSION}",
+        f"{hint}use one of: {', '.join(sorted(names))}",
+    )
+
+
+class ServerSpec(_Section):
+    """Settings shared by every SGLang server pdserve launches (prefill, decode, fallback)."""
+
+    gpus: list[Index] = Field(min_length=1, max_length=MAX_LIST_ITEMS, description="GPU indices (PCI bus order)")
+    numa_node: Index | None = Field(
+        None, description="Bind CPUs and memory to this NUMA node with numactl; unset means no binding"
+    )
+    tp_size: Count | None = Field(None, description="Tensor parallel size; must equal len(gpus)")
+    mem_fraction_static: Fraction = 0.85
+    chunked_prefill_size: Count | None = None
+    max_running_requests: Count | None = None
+    extra_args: ExtraArgs = Field(default_factory=list, description="Further SGLang flags, verbatim")
+    env: Environment = Field(default_factory=dict, description="Environment for this server only")
+
+    @property
+    def tensor_parallel(self) -> int:
+        return self.tp_size or len(self.gpus)
+
+
+class WorkerSpec(ServerSpec):
+    """A prefill or decode server. Workers listen on loopback: only the router is public."""
+
+    host: Host = "127.0.0.1"
+    port: Port
+    allow_non_loopback: bool = Field(
+        False, description="Permit a non-loopback host (workers then bypass the router's API key)"
+    )
+
+
+class FallbackSpec(ServerSpec):
+    """The single-server layout, installed disabled; it takes the router's place when cut over."""
+
+    host: Host | None = Field(None, description="Listen address; defaults to router.host")
+    port: Port | None = Field(None, description="Listen port; defaults to router.port")
+
+
+class TransferSpec(_Section):
+    """How KV moves from prefill to decode."""
+
+    backend: Literal["nixl", "mooncake", "mooncake_tcp", "mori", "ascend"] = "nixl"
+    bootstrap_port: Port = Field(8998, description="Bound by the prefill server; distinct per deployment")
+    ib_devices: list[str] = Field(default_factory=list, max_length=MAX_LIST_ITEMS,
+                                  description="--disaggregation-ib-device entries")
+
+    @field_validator("ib_devices")
+    @classmethod
+    def _device_names(cls, value: list[str]) -> list[str]:
+        for device in value:
+            if not IB_DEVICE.fullmatch(device):
+                raise invalid(f"{device!r} is not an RDMA device name (they are joined with ',' on the command line)",
+                               "use names as `ibv_devices` lists them, e.g. mlx5_0")
+        return value
+
+
+Policy = Literal["random", "round_robin", "cache_aware", "power_of_two", "manual"]
+
+
+class RouterSpec(_Section):
+    """sglang-router in PD mode: the only public endpoint."""
+
+    host: Host = "127.0.0.1"
+    port: Port = 30001
+    prometheus_host: Host = "127.0.0.1"
+    prometheus_port: Port = 29000
+    policy: Policy | None = Field(None, description="--policy for both roles; unset keeps the router's default")
+    prefill_policy: Policy | None = None
+    decode_policy: Policy | None = None
+    health_check_timeout_secs: Seconds = Field(
+        30, description="A loaded worker's /health can take 20 s; the router's own default (5 s) is too short"
+    )
+    worker_startup_timeout_secs: Seconds = 1800
+    request_timeout_secs: Seconds = 1800
+    # Riding out a worker restart. sglang-router 0.3.2's defaults suit several workers per role, where
+    # another can take over; pdserve runs one of each, so a request can only wait for the worker to return.
+    circuit_breaker: bool = Field(
+        False, description="The router's circuit breaker (--disable-circuit-breaker when false). Off: with one "
+        "worker per role there is none to fail over to, and an open circuit stays open 60 s (the router's "
+        "--cb-timeout-duration-secs), turning a 5 s worker outage into a minute of 503s")
+    retry_max_retries: int = Field(
+        30, ge=1, le=1000, description="--retry-max-retries (router default 5, about 0.7 s of backoff in all). "
+        "30 attempts with retry_max_backoff_ms hold a request that arrives while a worker restarts for about "
+        "45 s before it fails, instead of failing it at once")
+    retry_max_backoff_ms: int = Field(
+        2000, ge=1, le=600_000, description="--retry-max-backoff-ms (router default 30000): the longest pause "
+        "between attempts, so how late a held request notices the worker is back")
+    health_check_interval_secs: int = Field(
+        2, ge=1, le=3600, description="--health-check-interval-secs (router default 60): a worker the router "
+        "marked unhealthy is taken back within one interval of answering /health again, not a minute later")
+    health_success_threshold: int = Field(
+        1, ge=1, le=100, description="--health-success-threshold (router default 2): a worker's /health 200 "
+        "already means it finished loading, so one success re-admits it")
+    shutdown_grace_period_secs: int | None = Field(
+        None, ge=1, le=365 * 24 * 3600, description="--shutdown-grace-period-secs: how long the router drains "
+        "requests in flight after SIGTERM. Must stay below systemd.stop_timeout_sec: the router's own 180 s "
+        "outlasts the stop timeout, so systemd SIGKILLed it mid-drain and a worker restart ordered behind that "
+        "stop waited. Unset: 30 s, or systemd.stop_timeout_sec - 5 s when that is shorter")
+    api_key_file: FilePath | None = Field(
+        None, description="File holding the API key clients must send; passed with LoadCredential="
+    )
+    extra_args: RouterExtraArgs = Field(default_factory=list, description="Further router flags, verbatim")
+    env: Environment = Field(default_factory=dict)
+
+
+class SystemdSpec(_Section):
+    """How the units behave. Large models load for many minutes, hence the long start timeout."""
+
+    start_timeout_sec: Seconds = Field(1800, description="TimeoutStartSec: launch until ready")
+    stop_timeout_sec: Seconds = Field(120, description="TimeoutStopSec: SIGTERM until SIGKILL")
+    restart_sec: Seconds = Field(10, description="RestartSec after a failure")
+    start_limit_burst: Count = Field(5, description="Failed starts allowed within the interval")
+    start_limit_interval_sec: Seconds = Field(3600, description="StartLimitIntervalSec")
+    user: UserName = "pdserve"
+    group: UserName = "pdserve"
+    supplementary_groups: list[UserName] = Field(default_factory=list, max_length=MAX_LIST_ITEMS)
+    wanted_by: UnitName = "multi-user.target"
+
+
+class ToolPaths(_Section):
+    """Executables the units call. Unset: found on PATH when rendering (NixOS passes store paths)."""
+
+    sglang_python: ExecutablePath | None = Field(None, description="Python with sglang and sglang-router")
+    numactl: ExecutablePath | None = None
+    pdserve: ExecutablePath | None = None
+
+
+class Deployment(_Section):
+    """One PD deployment: prefill + decode + router, and the single-server fallback."""
+
+    name: str = Field(description="Unit names derive from it: sglang-<name>-prefill, ...")
+    model: ModelSpec
+    prefill: WorkerSpec
+    decode: WorkerSpec
+    allow_shared_gpus: bool = Field(
+        False,
+        description="Permit prefill and decode on the same GPU(s), for small test rigs; their "
+        "mem_fraction_static values must then add up to at most 0.9. Production layouts keep them disjoint",
+    )
+    transfer: TransferSpec = Field(default_factory=TransferSpec)
+    router: RouterSpec = Field(default_factory=RouterSpec)
+    environment: Environment = Field(
+        default_factory=dict, description="Pinned environment of every SGLang server (CUDA, NCCL, UCX, SGLANG_*)"
+    )
+    fallback: FallbackSpec
+    systemd: SystemdSpec = Field(default_factory=SystemdSpec)
+    boot_layout: Literal["pd", "single"] = Field(
+        "pd",
+        description="Which layout starts at boot: pd (prefill, decode and router WantedBy=systemd.wanted_by) "
+        "or single (only the fallback). `pdserve cutover` switches what runs now; this decides what boots",
+    )
+    tools: ToolPaths = Field(default_factory=ToolPaths)
+
+    @field_validator("name")
+    @classmethod
+    def _unit_safe_name(cls, value: str) -> str:
+        if not UNIT_NAME.fullmatch(value):
+            raise invalid(
+                "must be lowercase letters, digits and dashes (it becomes part of unit names)",
+                "e.g. name = \"dsv4\"",
+            )
+        return value
+
+    def worker(self, role: Role) -> WorkerSpec:
+        return {"prefill": self.prefill, "decode": self.decode}[role]
+
+    def server(self, role: Role) -> ServerSpec:
+        """The SGLang server of a role: the fallback's or a worker's (the router is no SGLang server)."""
+        if role == "router":
+            raise ValueError("the router is not an SGLang server")
+        return self.fallback if role == "fallback" else self.worker(role)
+
+    @property
+    def fallback_host(self) -> str:
+        return self.fallback.host or self.router.host
+
+    @property
+    def fallback_port(self) -> int:
+        return self.fallback.port or self.router.port

@@ -1,0 +1,60 @@
+"""Values derived from a deployment that every layer reads: unit names, addresses, the router's timing.
+
+Pure functions of the schema, so the renderer, the verifier, the cutover and the cross-deployment
+rules all name the same units and reach the same URLs.
+"""
+
+from __future__ import annotations
+
+from pdserve.schema.config import Deployment, Role
+
+# The router starts once both workers answer, so it needs minutes at most, not a model load.
+ROUTER_START_TIMEOUT_SEC = 300
+
+
+def unit_name(dep: Deployment, role: Role) -> str:
+    return f"sglang-{dep.name}" if role == "fallback" else f"sglang-{dep.name}-{role}"
+
+
+def connect_host(host: str) -> str:
+    """Address a client on this host uses to reach a listener bound to `host`."""
+    if host in {"0.0.0.0", ""}:
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
+
+
+def url_of(host: str, port: int) -> str:
+    return f"http://{connect_host(host)}:{port}"
+
+
+def role_url(dep: Deployment, role: Role) -> str:
+    if role == "router":
+        return url_of(dep.router.host, dep.router.port)
+    if role == "fallback":
+        return url_of(dep.fallback_host, dep.fallback_port)
+    worker = dep.worker(role)
+    return url_of(worker.host, worker.port)
+
+
+def disaggregation_mode(role: Role) -> str:
+    """The mode SGLang reports in /model_info for a role's server."""
+    return {"prefill": "prefill", "decode": "decode", "fallback": "null"}[role]
+
+
+# The router's own drain time when the deployment leaves it unset (its built-in default is 180 s).
+ROUTER_SHUTDOWN_GRACE_SEC = 30
+# Left between the end of the router's drain and systemd's SIGKILL, for the process to exit.
+ROUTER_EXIT_MARGIN_SEC = 5
+
+
+def router_shutdown_grace(dep: Deployment) -> int:
+    """Seconds the router drains after SIGTERM: the deployment's value, else 30 s or less, so that it
+    always ends before TimeoutStopSec= (systemd would SIGKILL it mid-drain)."""
+    chosen = dep.router.shutdown_grace_period_secs
+    if chosen is not None:
+        return chosen
+    return max(1, min(ROUTER_SHUTDOWN_GRACE_SEC, dep.systemd.stop_timeout_sec - ROUTER_EXIT_MARGIN_SEC))
+
+

@@ -1,0 +1,149 @@
+"""Field types of the deployment schema: one-field validators and bounds, each error with its fix.
+
+Every string that can reach a unit file, argv or environment is checked here against systemd's own
+rules (pdserve.schema.systemd_syntax), so a bad value is refused when the file is read, not when the
+unit is rendered.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from pathlib import PurePosixPath
+from typing import Annotated
+
+from pydantic import AfterValidator, Field
+from pydantic_core import PydanticCustomError
+
+from pdserve.schema import systemd_syntax
+from pdserve.schema.extra_args import (
+    ROUTER_EXACT_FLAGS,
+    ROUTER_SECRET_FLAGS,
+    SERVER_EXACT_FLAGS,
+    SERVER_SECRET_FLAGS,
+    secret_flag,
+)
+
+
+def invalid(message: str, fix: str) -> PydanticCustomError:
+    # The fix travels in the error's context, so the loader can print it beside the message.
+    return PydanticCustomError("pdserve", message, {"fix": fix})
+
+
+def _absolute_path(value: str) -> str:
+    if not PurePosixPath(value).is_absolute():
+        raise invalid("must be an absolute path", f"write the full path, e.g. /var/lib/pdserve/{value.lstrip('./~')}")
+    return value
+
+
+AbsolutePath = Annotated[str, AfterValidator(_absolute_path)]
+Port = Annotated[int, Field(ge=1, le=65535, description="TCP port, 1-65535")]
+# systemd reads a time it cannot hold (over 2^64 us) as unparsable and silently keeps its default (90 s
+# for TimeoutStartSec=); the router's timers overflow much earlier. No start or stop needs a year.
+MAX_SECONDS = 365 * 24 * 3600
+Seconds = Annotated[int, Field(ge=1, le=MAX_SECONDS, description=f"seconds, 1-{MAX_SECONDS} (a year)")]
+# Counts and sizes SGLang keeps in 32-bit integers; NUMA nodes and GPU indices far below that.
+Count = Annotated[int, Field(ge=1, le=2**31 - 1)]
+Index = Annotated[int, Field(ge=0, le=4095)]
+# List lengths: far above any real deployment, low enough that no unit line nears LONG_LINE_MAX per item.
+MAX_LIST_ITEMS = 256
+
+
+def _executable(value: str) -> str:
+    problem = systemd_syntax.executable_problem(value)
+    if problem:
+        raise invalid(problem, "give the absolute path of the executable, without quotes, backslashes or a trailing /")
+    return value
+
+
+def _file_path(value: str) -> str:
+    _absolute_path(value)
+    problem = systemd_syntax.normalized_path_problem(value)
+    if problem:
+        raise invalid(problem, "write the plain absolute path of the file, e.g. /etc/pdserve/router.key")
+    return value
+
+
+def _user_name(value: str) -> str:
+    problem = systemd_syntax.user_name_problem(value)
+    if problem:
+        raise invalid(problem, "use an existing system user/group name such as \"pdserve\"")
+    return value
+
+
+def _unit_name(value: str) -> str:
+    problem = systemd_syntax.unit_name_problem(value)
+    if problem:
+        raise invalid(problem, "use a target such as \"multi-user.target\"")
+    return value
+
+
+def _host(value: str) -> str:
+    """A listen address: an IP address or a DNS name. It also goes into URLs (--prefill http://HOST:PORT)."""
+    try:
+        ipaddress.ip_address(value)
+        return value
+    except ValueError:
+        pass
+    labels = value.split(".")
+    if len(value) <= 253 and all(_HOST_LABEL.fullmatch(label) for label in labels):
+        return value
+    raise invalid("is neither an IP address nor a host name", "use an address such as 127.0.0.1, 0.0.0.0 or ::1")
+
+
+_HOST_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+ExecutablePath = Annotated[str, AfterValidator(_executable)]
+FilePath = Annotated[str, AfterValidator(_file_path)]
+UserName = Annotated[str, AfterValidator(_user_name)]
+UnitName = Annotated[str, AfterValidator(_unit_name)]
+Host = Annotated[str, AfterValidator(_host)]
+Fraction = Annotated[
+    float,
+    Field(gt=0, lt=1, description="fraction of each GPU's memory, strictly between 0 and 1"),
+]
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_SECRET_NAME = re.compile(r"(API_?KEY|TOKEN|SECRET|PASSWORD)", re.IGNORECASE)
+UNIT_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,40}")
+IB_DEVICE = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+
+
+def _environment(value: dict[str, str]) -> dict[str, str]:
+    if len(value) > MAX_LIST_ITEMS:
+        raise invalid(f"has {len(value)} variables, more than {MAX_LIST_ITEMS}", "keep the environment to what the servers need")
+    for name in value:
+        if not _ENV_NAME.fullmatch(name):
+            raise invalid(f"{name!r} is not a valid environment variable name", "use letters, digits and _")
+        if _SECRET_NAME.search(name):
+            raise invalid(
+                f"{name} looks like a secret, and environment values end up in unit files and the Nix store",
+                "put the secret in a file and point router.api_key_file at it (LoadCredential=)",
+            )
+    return value
+
+
+Environment = Annotated[dict[str, str], AfterValidator(_environment)]
+
+
+def _no_secret_flags(value: list[str], secrets: tuple[str, ...], exact: tuple[str, ...]) -> list[str]:
+    for arg in value:
+        flag = secret_flag(arg, secrets, exact)
+        if flag:
+            raise invalid(
+                f"{arg.split('=', 1)[0]} is read by the parser as {flag}; a secret on a command line is visible "
+                "to every user through ps",
+                "remove it and set router.api_key_file to a file holding the key",
+            )
+    return value
+
+
+def _server_extra_args(value: list[str]) -> list[str]:
+    return _no_secret_flags(value, SERVER_SECRET_FLAGS, SERVER_EXACT_FLAGS)
+
+
+def _router_extra_args(value: list[str]) -> list[str]:
+    return _no_secret_flags(value, ROUTER_SECRET_FLAGS, ROUTER_EXACT_FLAGS)
+
+
+ExtraArgs = Annotated[list[str], AfterValidator(_server_extra_args), Field(max_length=MAX_LIST_ITEMS)]
+RouterExtraArgs = Annotated[list[str], AfterValidator(_router_extra_args), Field(max_length=MAX_LIST_ITEMS)]

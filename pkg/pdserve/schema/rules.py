@@ -1,0 +1,277 @@
+"""Rules that relate several fields of a deployment. Each returns every problem it finds."""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Callable, Iterator, Sequence
+
+from pdserve.schema.config import WORKER_ROLES, Deployment, ServerSpec
+from pdserve.schema.derived import router_shutdown_grace
+from pdserve.schema.extra_args import ROUTER_EXACT_FLAGS, SERVER_EXACT_FLAGS, long_flag, read_as
+from pdserve.schema.problems import Problem, Severity
+
+Rule = Callable[[Deployment], Iterator[Problem]]
+
+# Flags pdserve renders from the schema; repeating one in extra_args would make two sources of truth.
+_RENDERED_SERVER_FLAGS = {
+    "--model-path": "model.path",
+    "--model": "model.path",
+    "--trust-remote-code": "model.trust_remote_code",
+    "--enable-metrics": "nothing: pdserve always sets it (/metrics for Prometheus)",
+    "--served-model-name": "model.served_name",
+    "--reasoning-parser": "model.reasoning_parser",
+    "--tool-call-parser": "model.tool_call_parser",
+    "--chat-template": "model.chat_template",
+    "--context-length": "model.context_length",
+    "--kv-cache-dtype": "model.kv_cache_dtype",
+    "--host": "<role>.host",
+    "--port": "<role>.port",
+    "--tp-size": "<role>.gpus",
+    "--tp": "<role>.gpus",
+    "--tensor-parallel-size": "<role>.gpus",  # the same setting as --tp-size under another name
+    "--base-gpu-id": "<role>.gpus",
+    "--gpu-id-step": "<role>.gpus",
+    "--mem-fraction-static": "<role>.mem_fraction_static",
+    "--chunked-prefill-size": "<role>.chunked_prefill_size",
+    "--max-running-requests": "<role>.max_running_requests",
+    "--disaggregation-mode": "the role itself",
+    "--disaggregation-transfer-backend": "transfer.backend",
+    "--disaggregation-bootstrap-port": "transfer.bootstrap_port",
+    "--disaggregation-ib-device": "transfer.ib_devices",
+}
+_RENDERED_ROUTER_FLAGS = {
+    "--pd-disaggregation": "the deployment itself",
+    "--prefill": "prefill.host/port",
+    "--decode": "decode.host/port",
+    "--host": "router.host",
+    "--port": "router.port",
+    "--prometheus-host": "router.prometheus_host",
+    "--prometheus-port": "router.prometheus_port",
+    "--policy": "router.policy",
+    "--prefill-policy": "router.prefill_policy",
+    "--decode-policy": "router.decode_policy",
+    "--health-check-timeout-secs": "router.health_check_timeout_secs",
+    "--worker-startup-timeout-secs": "router.worker_startup_timeout_secs",
+    "--request-timeout-secs": "router.request_timeout_secs",
+    "--disable-circuit-breaker": "router.circuit_breaker",
+    "--retry-max-retries": "router.retry_max_retries",
+    "--retry-max-backoff-ms": "router.retry_max_backoff_ms",
+    "--health-check-interval-secs": "router.health_check_interval_secs",
+    "--health-success-threshold": "router.health_success_threshold",
+    "--shutdown-grace-period-secs": "router.shutdown_grace_period_secs",
+    "--reasoning-parser": "model.reasoning_parser (parsers belong on the SGLang servers)",
+    "--tool-call-parser": "model.tool_call_parser (parsers belong on the SGLang servers)",
+}
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _servers(dep: Deployment) -> Iterator[tuple[str, ServerSpec]]:
+    yield "prefill", dep.prefill
+    yield "decode", dep.decode
+    yield "fallback", dep.fallback
+
+
+# Prefill and decode on one GPU (allow_shared_gpus) each size their static pool (weights + KV) as a fraction
+# of the memory free when they start; the units start the decode after the prefill, but a hand-started
+# pair may measure before either allocates, so the limit holds for the plain sum. The rest of the GPU
+# must then hold both processes' CUDA contexts, CUDA graphs and activations. SGLang keeps 10 GiB or more
+# outside the pool for one server on a large GPU (server_args' reserved_mem); 0.1 of an H200 is 14 GiB.
+SHARED_GPU_FRACTION_LIMIT = 0.9
+
+
+def disjoint_gpus(dep: Deployment) -> Iterator[Problem]:
+    shared = sorted(set(dep.prefill.gpus) & set(dep.decode.gpus))
+    if shared and not dep.allow_shared_gpus:
+        yield Problem(
+            "decode.gpus",
+            dep.decode.gpus,
+            f"shares GPU(s) {shared} with prefill.gpus {dep.prefill.gpus}",
+            "give prefill and decode disjoint GPU sets, e.g. prefill [0,1,2,3] and decode [4,5,6,7] "
+            f"(on a small test rig: set allow_shared_gpus = true, with memory fractions adding up to at most "
+            f"{SHARED_GPU_FRACTION_LIMIT:g})",
+        )
+    elif shared:
+        prefill, decode = dep.prefill.mem_fraction_static, dep.decode.mem_fraction_static
+        total = prefill + decode
+        if total > SHARED_GPU_FRACTION_LIMIT + 1e-9:
+            half = int(SHARED_GPU_FRACTION_LIMIT * 100 / 2) / 100
+            yield Problem(
+                "decode.mem_fraction_static",
+                decode,
+                f"with prefill.mem_fraction_static {prefill:g} on the same GPU(s) {shared} the two servers' "
+                f"static pools take {total:g} of its memory, leaving too little for their CUDA graphs and "
+                "activations",
+                f"lower prefill.mem_fraction_static and decode.mem_fraction_static so that they add up to at "
+                f"most {SHARED_GPU_FRACTION_LIMIT:g}, e.g. {half:g} each",
+            )
+    elif dep.allow_shared_gpus:
+        yield Problem(
+            "allow_shared_gpus",
+            True,
+            f"is set but prefill.gpus {dep.prefill.gpus} and decode.gpus {dep.decode.gpus} share no GPU",
+            "remove allow_shared_gpus (it only permits sharing; disjoint GPUs need no flag)",
+            Severity.WARNING,
+        )
+
+
+def gpu_layout(dep: Deployment) -> Iterator[Problem]:
+    for role, server in _servers(dep):
+        gpus = server.gpus
+        if len(set(gpus)) != len(gpus):
+            yield Problem(f"{role}.gpus", gpus, "lists a GPU twice", "list each GPU once")
+            continue
+        if server.tp_size is not None and server.tp_size != len(gpus):
+            yield Problem(
+                f"{role}.tp_size",
+                server.tp_size,
+                f"differs from the number of GPUs in {role}.gpus ({len(gpus)})",
+                f"set tp_size = {len(gpus)} or remove it (it defaults to len(gpus))",
+            )
+        # SGLang places ranks at base-gpu-id + i * gpu-id-step: only evenly spaced ascending sets fit.
+        step = gpus[1] - gpus[0] if len(gpus) > 1 else 1
+        if step < 1 or any(b - a != step for a, b in zip(gpus, gpus[1:])):
+            yield Problem(
+                f"{role}.gpus",
+                gpus,
+                "is not an evenly spaced ascending list, which SGLang's --base-gpu-id/--gpu-id-step cannot express",
+                "list GPUs as base, base+step, base+2*step, ... e.g. [4, 5, 6, 7]",
+            )
+
+
+def distinct_ports(dep: Deployment) -> Iterator[Problem]:
+    ports = {
+        "prefill.port": dep.prefill.port,
+        "decode.port": dep.decode.port,
+        "router.port": dep.router.port,
+        "router.prometheus_port": dep.router.prometheus_port,
+        "transfer.bootstrap_port": dep.transfer.bootstrap_port,
+    }
+    seen: dict[int, str] = {}
+    for field, port in ports.items():
+        if port in seen:
+            yield Problem(field, port, f"is already used by {seen[port]}", "give every listener its own port")
+        else:
+            seen[port] = field
+    # The fallback stands in for the router while the PD units are stopped (Conflicts=), so it may take
+    # the router's port: clients keep their URL. Any other shared port is a mistake.
+    port = dep.fallback_port
+    if port != dep.router.port and port in seen:
+        yield Problem(
+            "fallback.port",
+            port,
+            f"is already used by {seen[port]}; only the router's port may be shared, because the units conflict",
+            f"use router.port ({dep.router.port}) so clients keep their URL, or a free port",
+        )
+
+
+def loopback_workers(dep: Deployment) -> Iterator[Problem]:
+    for role in WORKER_ROLES:
+        worker = dep.worker(role)
+        if not is_loopback(worker.host) and not worker.allow_non_loopback:
+            yield Problem(
+                f"{role}.host",
+                worker.host,
+                "exposes a worker beyond this host; workers answer without the router's API key",
+                f"use 127.0.0.1, or set {role}.allow_non_loopback = true if another host must reach it",
+            )
+
+
+def public_router_key(dep: Deployment) -> Iterator[Problem]:
+    if not is_loopback(dep.router.host) and dep.router.api_key_file is None:
+        yield Problem(
+            "router.api_key_file",
+            None,
+            f"the router listens on {dep.router.host} without an API key: anyone who can reach it can use the model",
+            "set router.api_key_file to a file holding the key (0600), or bind router.host to 127.0.0.1",
+            Severity.WARNING,
+        )
+
+
+def context_fits_chunk(dep: Deployment) -> Iterator[Problem]:
+    context = dep.model.context_length
+    if context is None:
+        return
+    for role, server in _servers(dep):
+        chunk = server.chunked_prefill_size
+        if chunk is not None and chunk > context:
+            yield Problem(
+                f"{role}.chunked_prefill_size",
+                chunk,
+                f"exceeds model.context_length ({context})",
+                f"lower it to at most {context}, or raise model.context_length",
+            )
+
+
+def no_rendered_flags_in_extra_args(dep: Deployment) -> Iterator[Problem]:
+    def clashes(field: str, args: list[str], rendered: dict[str, str], role: str) -> Iterator[Problem]:
+        exact = ROUTER_EXACT_FLAGS if role == "router" else SERVER_EXACT_FLAGS
+        for arg in args:
+            # The parsers take any unambiguous prefix for the flag (`--por` is --port): see extra_args.py.
+            flag = read_as(arg, rendered, exact)
+            if flag:
+                given = long_flag(arg)
+                how = "" if given == flag else f" (the parser reads {given} as {flag})"
+                yield Problem(
+                    field, arg, f"{flag} is rendered by pdserve{how}",
+                    f"set {rendered[flag].replace('<role>', role)} instead",
+                )
+
+    for role, server in _servers(dep):
+        yield from clashes(f"{role}.extra_args", server.extra_args, _RENDERED_SERVER_FLAGS, role)
+    yield from clashes("router.extra_args", dep.router.extra_args, _RENDERED_ROUTER_FLAGS, "router")
+
+
+def router_drains_before_sigkill(dep: Deployment) -> Iterator[Problem]:
+    # The drain as rendered (explicit or derived), so a tiny stop timeout is caught even when it is unset.
+    grace, stop = router_shutdown_grace(dep), dep.systemd.stop_timeout_sec
+    if grace < stop:
+        return
+    why = ("systemd SIGKILLs the router mid-drain, and a worker restart ordered behind that stop waits for it")
+    if dep.router.shutdown_grace_period_secs is None:
+        yield Problem("systemd.stop_timeout_sec", stop,
+                      f"leaves no time for the router's drain (at least 1 s, which must end before it): {why}",
+                      "raise systemd.stop_timeout_sec to at least 2 (the default is 120)")
+        return
+    yield Problem(
+        "router.shutdown_grace_period_secs",
+        grace,
+        f"is not below systemd.stop_timeout_sec ({stop}): {why}",
+        f"lower it to at most {stop - 5 if stop > 5 else max(1, stop - 1)}, raise systemd.stop_timeout_sec, "
+        "or leave it unset",
+    )
+
+
+def policy_choice(dep: Deployment) -> Iterator[Problem]:
+    router = dep.router
+    if router.policy and (router.prefill_policy or router.decode_policy):
+        yield Problem(
+            "router.policy",
+            router.policy,
+            "is set together with router.prefill_policy/decode_policy",
+            "set either policy (both roles) or prefill_policy and decode_policy",
+        )
+
+
+RULES: tuple[Rule, ...] = (
+    disjoint_gpus,
+    gpu_layout,
+    distinct_ports,
+    loopback_workers,
+    public_router_key,
+    context_fits_chunk,
+    no_rendered_flags_in_extra_args,
+    policy_choice,
+    router_drains_before_sigkill,
+)
+
+
+def validate(dep: Deployment, rules: Sequence[Rule] = RULES) -> list[Problem]:
+    return [problem for rule in rules for problem in rule(dep)]

@@ -1,0 +1,79 @@
+"""Rules that relate several deployments on one host: no two may share a listening port or a unit name.
+
+`pdserve.schema.rules` checks one deployment against itself; these check each deployment against the others,
+as the NixOS module does at build time with one `pdserve check a.json b.json ...`. Ports count host-wide
+(a listener on 0.0.0.0 takes the port on every address), so the same port in two deployments is a
+collision whatever their hosts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from pdserve.schema.config import Deployment, Role
+from pdserve.schema.derived import unit_name
+from pdserve.schema.problems import Problem
+
+ROLES: tuple[Role, ...] = ("prefill", "decode", "router", "fallback")
+
+
+@dataclass(frozen=True)
+class Listener:
+    field: str
+    port: int
+
+
+def listeners(dep: Deployment) -> list[Listener]:
+    """Every port a deployment binds, in either layout. The fallback counts only where it has a port of
+    its own: by default it takes the router's, which is the same deployment's and never runs beside it."""
+    found = [
+        Listener("prefill.port", dep.prefill.port),
+        Listener("decode.port", dep.decode.port),
+        Listener("router.port", dep.router.port),
+        Listener("router.prometheus_port", dep.router.prometheus_port),
+        Listener("transfer.bootstrap_port", dep.transfer.bootstrap_port),
+    ]
+    if dep.fallback_port != dep.router.port:
+        found.append(Listener("fallback.port", dep.fallback_port))
+    return found
+
+
+def unit_names(dep: Deployment) -> dict[str, Role]:
+    return {unit_name(dep, role): role for role in ROLES}
+
+
+def colliding_ports(deployments: Sequence[Deployment]) -> Iterator[Problem]:
+    taken: dict[int, tuple[int, str, str]] = {}
+    for index, dep in enumerate(deployments):
+        for listener in listeners(dep):
+            owner = taken.setdefault(listener.port, (index, dep.name, listener.field))
+            if owner[0] != index:
+                yield Problem(
+                    f"{dep.name}: {listener.field}",
+                    listener.port,
+                    f"is already taken by deployment {owner[1]}'s {owner[2]}; two deployments on one host "
+                    "cannot listen on the same port",
+                    f"give deployment {dep.name} a free port for {listener.field}",
+                )
+
+
+def colliding_units(deployments: Sequence[Deployment]) -> Iterator[Problem]:
+    taken: dict[str, str] = {}
+    for dep in deployments:
+        units = unit_names(dep)
+        clash = next((unit for unit in units if unit in taken), None)
+        if clash is not None:
+            yield Problem(
+                f"{dep.name}: name",
+                dep.name,
+                f"gives unit {clash}.service, which deployment {taken[clash]} already has",
+                "give each deployment a distinct name that is not another's name plus -prefill, -decode or "
+                f"-router (e.g. name = \"{dep.name}2\")",
+            )
+        for unit in units:
+            taken.setdefault(unit, dep.name)
+
+
+def validate_across(deployments: Sequence[Deployment]) -> list[Problem]:
+    return [*colliding_units(deployments), *colliding_ports(deployments)]
