@@ -1,8 +1,15 @@
 #!/usr/bin/env bash
-# Build the kernels' fatbins (sm_90a + sm_120a cubins, no PTX; one per kernel) into OUTDIR (default: kernels/build).
-# The flags are the contract: kernels/default.nix uses the same ones, and
-# tests/kernels/test_build_reproducible.py checks two builds are bit-identical.
+# Build the kernels into OUTDIR (default: kernels/build): per module a fatbin (sm_90a + sm_120a cubins, no PTX)
+# and its metadata <module>.json (kernel names, threads, shared memory, parameter-struct layout), which
+# kernel_metadata.cpp writes from the same headers the kernels are instantiated from; the launchers read it.
+# The flags are the contract: kernels/default.nix runs this script, and
+# tests/kernels/test_build_reproducible.py checks two builds are bit-identical (fatbins and metadata).
 # Deliberately absent: -G, -lineinfo and host -g, which embed the build directory.
+#
+#   METADATA_ONLY=1   write only the .json files (host compiler, about a second; the CPU tests use it)
+#   TUNING=1          the tuning build instead (kernels/tuning/build.sh): sparse_mla_decode with the wrong-by-
+#                     design probe kernels, as sparse_mla_decode_tuning.{fatbin,json}; never installed
+#   VERBOSE=1         report registers/spills (the output bytes do not change)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 out="${1:-$here/build}"
@@ -14,9 +21,26 @@ FLAGS=(
   -gencode=arch=compute_90a,code=sm_90a
   -gencode=arch=compute_120a,code=sm_120a
 )
-# Report registers/spills when asked (VERBOSE=1); the output bytes do not change.
 if [[ "${VERBOSE:-0}" == 1 ]]; then FLAGS+=(-Xptxas -v); fi
-for k in dsa_indexer sparse_mla_decode; do
-  "$NVCC" "${FLAGS[@]}" "$here/$k/$k.cu" -o "$out/$k.fatbin"
-  echo "$out/$k.fatbin"
+modules=(dsa_indexer sparse_mla_decode)
+defines=()
+suffix=""
+if [[ "${TUNING:-0}" == 1 ]]; then
+  modules=(sparse_mla_decode)
+  defines=(-DPDSERVE_TUNING_PROBES)
+  suffix="_tuning"
+fi
+
+# The metadata program is host C++ only; it is built in a scratch directory and not kept.
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+"$NVCC" -std=c++17 -x c++ "${defines[@]}" "$here/kernel_metadata.cpp" -o "$tmp/kernel_metadata"
+for k in "${modules[@]}"; do
+  "$tmp/kernel_metadata" "$k" > "$out/$k$suffix.json"
+  echo "$out/$k$suffix.json"
+done
+if [[ "${METADATA_ONLY:-0}" == 1 ]]; then exit 0; fi
+for k in "${modules[@]}"; do
+  "$NVCC" "${FLAGS[@]}" "${defines[@]}" "$here/$k/$k.cu" -o "$out/$k$suffix.fatbin"
+  echo "$out/$k$suffix.fatbin"
 done

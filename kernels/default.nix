@@ -1,6 +1,7 @@
-# pdserve's CUDA kernels: one fatbin per kernel (sm_90a + sm_120a cubins) built with exactly the flags of
-# kernels/build.sh (the build script is what runs here), plus the ctypes launcher package with the
-# fatbin installed next to it, where the launcher looks first.
+# pdserve's CUDA kernels: one fatbin per kernel (sm_90a + sm_120a cubins) and its metadata (<module>.json:
+# kernel names, threads, shared memory, parameter-struct layout; the launcher reads it) built with exactly the
+# flags of kernels/build.sh (the build script is what runs here), plus the ctypes launcher package with both
+# installed next to it, where the launcher looks first.
 #
 #   packages.kernels = pkgs.callPackage ./kernels { };
 #
@@ -19,13 +20,15 @@ cudaPackages.backendStdenv.mkDerivation {
     root = ./.;
     fileset = lib.fileset.unions [
       ./build.sh
+      ./kernel_metadata.cpp
       ./dsa_indexer
       ./sparse_mla_decode
       ./python
     ];
   };
 
-  # nvcc drives the host compiler of backendStdenv (a gcc version nvcc supports) for preprocessing.
+  # nvcc drives the host compiler of backendStdenv (a gcc version nvcc supports) for preprocessing, and
+  # compiles the host-only metadata program (kernel_metadata.cpp) with it.
   nativeBuildInputs = [ cudaPackages.cuda_nvcc ];
   buildInputs = [
     cudaPackages.cuda_cudart # cuda_runtime.h, which nvcc includes implicitly
@@ -45,8 +48,10 @@ cudaPackages.backendStdenv.mkDerivation {
     mkdir -p "$out/lib/pdserve-kernels"
     cp -r python/pdserve_kernels "$out/lib/pdserve-kernels/"
     for k in dsa_indexer sparse_mla_decode; do
-      install -Dm444 out/$k.fatbin "$out/share/pdserve-kernels/$k.fatbin"
-      install -m444 out/$k.fatbin "$out/lib/pdserve-kernels/pdserve_kernels/$k.fatbin"
+      for f in $k.fatbin $k.json; do
+        install -Dm444 out/$f "$out/share/pdserve-kernels/$f"
+        install -m444 out/$f "$out/lib/pdserve-kernels/pdserve_kernels/$f"
+      done
     done
     runHook postInstall
   '';

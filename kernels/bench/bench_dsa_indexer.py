@@ -12,67 +12,19 @@ where it is affordable) and DeepGEMM fp8_paged_mqa_logits + torch.topk when `dee
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import pathlib
-import platform
-import statistics
-import subprocess
 import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "python"))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
+from harness import Timer, copy_bandwidth, run_env, seeded_generator  # noqa: E402
 from pdserve_kernels.dsa_indexer import DsaIndexer  # noqa: E402
 from pdserve_kernels.reference import BLOCK_BYTES, KEY_BYTES, PAGE, reference_topk_naive  # noqa: E402
 
 K = 1024
-
-
-def sh(cmd: str) -> str:
-    try:
-        return subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=30).stdout.strip()
-    except Exception as exc:  # reporting only
-        return f"n/a ({exc})"
-
-
-class Timer:
-    def __init__(self, flush_bytes: int = 512 << 20, head_start_cycles: int = 40_000):
-        self.buf = torch.ones(flush_bytes, dtype=torch.uint8, device="cuda")
-        self.head_start = head_start_cycles
-
-    def median_us(self, fn, reps: int) -> float:
-        return self.medians_us([fn], reps)[0]
-
-    def medians_us(self, fns, reps: int) -> list[float]:
-        """Median of `reps` timings of each fn, run round-robin so clock or thermal drift hits all alike."""
-        for fn in fns:
-            fn()
-        torch.cuda.synchronize()
-        ev = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-              for _ in fns]
-        for r in range(reps):
-            for fn, evs in zip(fns, ev):
-                s, e = evs[r]
-                # Evict the previous repeat's data from L2 (50 MB) by reading 512 MB: a read leaves clean
-                # lines, so the timed kernels do not pay for writing back the flush's own dirty lines.
-                self.buf.view(torch.int64).sum()
-                torch.cuda._sleep(self.head_start)   # default ~20 us head start so the host's launches are queued in time
-                s.record()
-                fn()
-                e.record()
-        torch.cuda.synchronize()
-        return [statistics.median(s.elapsed_time(e) * 1e3 for s, e in evs) for evs in ev]
-
-
-def copy_bandwidth(timer: Timer) -> float:
-    n = 2 << 30
-    a = torch.empty(n, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    a.random_(0, 255)
-    t = timer.median_us(lambda: b.copy_(a), 30)
-    return 2 * n / (t * 1e-6) / 1e9
 
 
 def make_pool(n_blocks: int, gen) -> torch.Tensor:
@@ -111,20 +63,11 @@ def main() -> int:
 
     Bs = [int(x) for x in args.batches.split(",")]
     Ls = [int(x) for x in args.lengths.split(",")]
-    gen = torch.Generator(device="cuda")
-    gen.manual_seed(int(datetime.datetime.now().timestamp()))
+    gen = seeded_generator()
     timer = Timer()
     ind = DsaIndexer()
     dg = try_deep_gemm()
-    props = torch.cuda.get_device_properties(0)
-    env = {
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "gpu": props.name, "sms": props.multi_processor_count,
-        "driver": sh("nvidia-smi --query-gpu=driver_version --format=csv,noheader"),
-        "torch": torch.__version__, "nvcc": sh("nvcc --version | tail -2 | head -1"),
-        "python": platform.python_version(), "command": " ".join(sys.argv),
-        "deep_gemm": getattr(dg, "__version__", "importable") if dg else "not importable",
-    }
+    env = run_env(deep_gemm=getattr(dg, "__version__", "importable") if dg else "not importable")
     bw = copy_bandwidth(timer)
     env["copy_GBps"] = round(bw, 1)
     print(json.dumps(env))

@@ -1,41 +1,40 @@
 #!/usr/bin/env python3
-"""Tuning table (not THE benchmark): fp8 sparse MLA decode, the first-version kernels against every "ds"
-kernel that fits the head count, timed round-robin in one process on the same inputs, plus the ds default
-(variant "ds") with the fused split-combine and, at B = 64, at 1-4 splits. Each candidate is also checked
-against the fp32 reference (first rows). The launcher's default ("auto") is chosen from this table.
+"""Variant table (not THE benchmark): fp8 sparse MLA decode, the launcher's default ("auto") against every
+kernel of the fatbin that can serve the shape, timed round-robin in one process on the same inputs:
+the first-version kernel ("old"), every "ds" kernel of the head block (16 heads for h <= 16, else 32), and on
+sm_90a every "wg" kernel of the layout. Each candidate is also checked against the fp32 reference (first
+rows). The launcher's default is chosen from this table (auto_fp8_kernel; NOTES.md records what it showed).
 
-Timing as bench_sparse_mla.py (CUDA events, L2 evicted before every repeat, median). One table per run;
-NOTES.md records what it showed.
+Options: --fused also times the ds default with the fused split-combine; --splits 1,2,3 times the default
+kernel at those split counts. Timing as bench_sparse_mla.py (harness.Timer: CUDA events, L2 evicted before
+every repeat, median). One table per run. Merges the former bench_mla_variants.py (ds) and bench_wg.py (wg).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import pathlib
 import sys
 
-HERE = pathlib.Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "python"))
-sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
-
-from bench_dsa_indexer import Timer, sh  # noqa: E402
-from bench_sparse_mla import CASES, PAGE, distinct_indices, random_pool  # noqa: E402
-from pdserve_kernels.sparse_mla_decode import DS_KERNELS, SparseMlaDecode  # noqa: E402
-from pdserve_kernels.sparse_mla_reference import LAYOUTS, reference_decode  # noqa: E402
+from harness import Timer, mla_shapes, run_env, seeded_generator  # noqa: E402
+from pdserve_kernels.sparse_mla_decode import SparseMlaDecode, kernel_shape  # noqa: E402
 
 
-def candidates(mla, layout: str, h: int) -> list[tuple[str, str]]:
-    """(label, kernel name) pairs: the first-version default, then the ds kernels for this head count."""
-    out = [("old", mla.pick_kernel(layout, h, variant=""))]
-    for name, (lay, hb, _T, _nst, _cv) in DS_KERNELS.items():
-        if lay != layout:
+def candidates(mla, layout: str, h: int, rows: int) -> list[tuple[str, str, dict]]:
+    """(label, kernel name, extra call arguments): the default first, then every kernel that serves h heads."""
+    out = [("auto", mla.pick_kernel(layout, h, variant="auto", rows=rows), {}),
+           ("old", mla.pick_kernel(layout, h, variant=""), {})]
+    for name, info in sorted(mla.kernels.kernels.items()):
+        if info.family not in ("ds", "wg") or kernel_shape(info)[0] != layout or info.shape.get("probe"):
             continue
-        if (h <= 16 and hb == 16) or (h > 16 and hb == 32):
-            out.append((name.replace("sparse_mla_ds_", "ds_"), name))
+        if info.family == "ds" and info.shape["heads"] != (16 if h <= 16 else 32):
+            continue
+        if info.family == "wg" and mla.capability[0] != 9:
+            continue
+        out.append((name.replace("sparse_mla_", ""), name, {}))
     return out
 
 
@@ -45,93 +44,63 @@ def main() -> int:
     ap.add_argument("--batches", default="1,8,64,128")
     ap.add_argument("--heads", default="16,32,64,128")
     ap.add_argument("--cases", default="v4-csa,v4-hca,v32")
+    ap.add_argument("--fused", action="store_true", help="also the ds default with the fused split-combine")
+    ap.add_argument("--splits", default="", help="comma-separated split counts to time the default kernel at")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
-    gen = torch.Generator(device="cuda")
-    gen.manual_seed(int(datetime.datetime.now().timestamp()))
+    gen = seeded_generator()
     timer = Timer(head_start_cycles=200_000)
     mla = SparseMlaDecode()
-    env = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-           "gpu": torch.cuda.get_device_name(0),
-           "driver": sh("nvidia-smi --query-gpu=driver_version --format=csv,noheader"),
-           "torch": torch.__version__, "command": " ".join(sys.argv)}
+    env = run_env()
     print(json.dumps(env), flush=True)
+    split_list = [int(s) for s in args.splits.split(",") if s]
     rows_out = []
-    pools = {}
-    for case in args.cases.split(","):
-        layout, k_main, k_win = CASES[case]
-        lay = LAYOUTS[layout]
-        if layout not in pools:
-            pools[layout] = random_pool(lay, 1 << 20, gen)
-        buf, kv = pools[layout]
-        win_buf = win = None
-        if k_win:
-            if "win-" + layout not in pools:
-                pools["win-" + layout] = random_pool(lay, 1 << 17, gen)
-            win_buf, win = pools["win-" + layout]
-        sm_scale = lay.dqk ** -0.5
-        for B in [int(x) for x in args.batches.split(",")]:
-            ind = distinct_indices(B, k_main, kv.shape[0] * PAGE, gen).view(B, 1, k_main)
-            wind = distinct_indices(B, k_win, win.shape[0] * PAGE, gen).view(B, 1, k_win) if k_win else None
-            extra = dict(extra_kv=win, extra_indices=wind) if k_win else {}
-            for h in [int(x) for x in args.heads.split(",")]:
-                q = torch.randn((B, 1, h, lay.dqk), device="cuda", generator=gen).to(torch.bfloat16)
-                sinks = torch.randn((h,), device="cuda", generator=gen)
-                r = min(B, 2)
-                ro, _ = reference_decode(lay, q[:r].view(r, h, lay.dqk), buf, PAGE, ind[:r].view(r, -1), sm_scale,
-                                         sinks, extra_cache=win_buf, extra_page=PAGE,
-                                         extra_indices=wind[:r].view(r, -1) if k_win else None)
-                cands = candidates(mla, layout, h)
-                fns, labels, info = [], [], {}
-                for label, name in cands:
-                    splits, _ = mla.plan(name, B, h, k_main + k_win)
-                    out, _ = mla(q, kv, ind, sm_scale, layout=layout, sinks=sinks, kernel=name, **extra)
-                    o = out[:r].view(r, h, 512).float()
-                    err = ((o - ro).norm() / ro.norm()).item()
-                    info[label] = {"splits": splits, "rel_err": err}
-                    fns.append(lambda name=name: mla(q, kv, ind, sm_scale, layout=layout, sinks=sinks, kernel=name,
-                                                     **extra))
-                    labels.append(label)
-                ds = mla.pick_kernel(layout, h, variant="ds", rows=B)
-                labels.append("ds default fused")
-                fns.append(lambda: mla(q, kv, ind, sm_scale, layout=layout, sinks=sinks, kernel=ds, fuse_combine=True,
-                                       **extra))
-                out, _ = fns[-1]()
-                info["ds default fused"] = {"splits": mla.plan(ds, B, h, k_main + k_win)[0],
-                                            "rel_err": ((out[:r].view(r, h, 512).float() - ro).norm() / ro.norm()).item()}
-                if B == 64:
-                    for s in (1, 2, 3, 4):
-                        labels.append(f"ds default, {s} splits")
-                        fns.append(lambda s=s: mla(q, kv, ind, sm_scale, layout=layout, sinks=sinks, kernel=ds,
-                                                   splits=s, **extra))
-                ts = timer.medians_us(fns, args.reps)
-                row = {"case": case, "B": B, "h": h, "us": dict(zip(labels, (round(x, 2) for x in ts))),
-                       "info": info, "ds_default": ds.replace("sparse_mla_ds_", "ds_"),
-                       "auto_default": mla.pick_kernel(layout, h, rows=B)}
-                rows_out.append(row)
-                print(json.dumps(row), flush=True)
-    print()
-    print(f"# {env['date']} | {env['gpu']} | driver {env['driver']} | torch {env['torch']}")
-    print(f"# command: {env['command']}")
-    print("| case | B | h | old us (splits) | ds default us (splits) | ds default, fused combine us | best ds us | "
-          "every ds kernel us | ds default at 1/2/3/4 splits (B=64) | max rel err |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for row in rows_out:
-        us, info = row["us"], row["info"]
-        dsl = {k: v for k, v in us.items() if k.startswith("ds_")}
-        best = min(dsl, key=dsl.get)
-        want = row["ds_default"]
-        sweep = " / ".join(f"{us[f'ds default, {s} splits']:.1f}" for s in (1, 2, 3, 4)) if row["B"] == 64 else ""
-        cells = [row["case"], str(row["B"]), str(row["h"]), f"{us['old']:.1f} ({info['old']['splits']})",
-                 f"{us[want]:.1f} ({info[want]['splits']})", f"{us['ds default fused']:.1f}",
-                 f"{best.replace('ds_', '')} {dsl[best]:.1f}",
-                 ", ".join(f"{k.replace('ds_', '')} {v:.1f}" for k, v in dsl.items()), sweep,
-                 f"{max(v['rel_err'] for v in info.values()):.1e}"]
-        print("| " + " | ".join(cells) + " |")
+    for x in mla_shapes(args.cases.split(","), [int(b) for b in args.batches.split(",")],
+                        [int(h) for h in args.heads.split(",")], gen):
+        B, h = x.B, x.h
+        cands = candidates(mla, x.layout, h, B)
+        auto = cands[0][1]
+        cands += [(f"auto, {s} splits", auto, {"splits": s}) for s in split_list]
+        if args.fused:
+            ds = mla.pick_kernel(x.layout, h, variant="ds", rows=B)
+            cands.append(("ds default fused", ds, {"fuse_combine": True}))
+        ro, _ = x.reference(2)
+        fns, info = [], {}
+        for label, name, kw in cands:
+            call = x.call(mla, kernel=name, **kw)
+            out, _ = call()
+            info[label] = {"kernel": name, "splits": mla.plan(name, B, h, x.n_valid, kw.get("splits"))[0],
+                           "rel_err": x.rel_err(out, ro)}
+            fns.append(call)
+        ts = timer.medians_us(fns, args.reps)
+        us = {label: round(t, 2) for (label, _, _), t in zip(cands, ts)}
+        row = {"case": x.case, "B": B, "h": h, "us": us, "info": info}
+        rows_out.append(row)
+        print(json.dumps(row), flush=True)
+    print_table(env, rows_out)
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps({"env": env, "rows": rows_out}, indent=1))
     return 0
+
+
+def print_table(env, rows) -> None:
+    print()
+    print(f"# {env['date']} | {env['gpu']} | driver {env['driver']} | torch {env['torch']}")
+    print(f"# command: {env['command']}")
+    print("| case | B | h | auto kernel (splits) | auto us | best us (kernel) | auto / best | every candidate us | "
+          "max rel err |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for row in rows:
+        us, info = row["us"], row["info"]
+        others = {k: v for k, v in us.items() if k != "auto"}
+        best = min(others, key=others.get)
+        cells = [row["case"], str(row["B"]), str(row["h"]),
+                 f"{info['auto']['kernel'].replace('sparse_mla_', '')} ({info['auto']['splits']})",
+                 f"{us['auto']:.1f}", f"{others[best]:.1f} ({best})", f"{us['auto'] / others[best]:.2f}",
+                 ", ".join(f"{k} {v:.1f}" for k, v in others.items()),
+                 f"{max(v['rel_err'] for v in info.values()):.1e}"]
+        print("| " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

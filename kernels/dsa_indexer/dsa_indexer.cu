@@ -33,47 +33,8 @@
 // other targets (sm_120a): mma.sync m16n8k32 e4m3 with ldmatrix from the same smem layout.
 #include <cstdint>
 
-namespace {
-
-constexpr int kHeads = 64;
-constexpr int kDim = 128;
-constexpr int kPage = 64;
-constexpr int kTileBytes = kPage * kDim;           // 8192 key bytes per page
-constexpr int kBlockBytes = kPage * (kDim + 4);    // 8448 bytes per page in the cache
-constexpr int kStages = 6;                         // page buffers per CTA (5 pages in flight)
-constexpr int kScoreThreads = 128;                 // one warpgroup
-constexpr int kSelectThreads = 256;
-constexpr int kSelectChunk = 4096;                 // scores per select CTA
-constexpr int kBins1 = 4096;                       // top 12 bits
-constexpr int kBins2 = 1024;                       // next 10 bits
-constexpr int kBins3 = 1024;                       // last 10 bits
-constexpr int kCtr = 8;                            // ints per row in DsaParams::ctr
-constexpr int kMaxSubs = 16;                       // 4096-score sub-chunks per select CTA, at most
-constexpr int kSelectRing = 3;                     // sub-chunks of scores in flight per select CTA
-constexpr int kResolveCap = kSelectRing * kSelectChunk / 2;   // candidates the ring's smem holds as uint2
-
-}  // namespace
-
-struct DsaParams {
-  const uint8_t* q;
-  const float* weights;
-  const uint8_t* kv;
-  const int* ctx;
-  const int* block_table;
-  float* scores;     // [rows, len_stride]
-  uint2* cand;       // [rows, len_stride] (key bits, position)
-  int* ghist;        // [rows, 4096], zero between calls
-  int* ctr;          // [rows, 8]: sure count, candidate count, select CTAs done; zero between calls
-  int* out;          // [rows, topk]
-  int batch;
-  int next_n;
-  int ctx_mode;
-  int max_blocks;
-  int topk;
-  int chunk_pages;
-  int len_stride;    // multiple of kSelectChunk, >= every length
-  int select_subs;   // 4096-score sub-chunks per select CTA, 1..kMaxSubs
-};
+// Constants, DsaParams, the scoring shared-memory layout and the kernel table.
+#include "dsa_indexer.h"
 
 namespace {
 
@@ -457,13 +418,14 @@ __device__ __forceinline__ void score_body(const DsaParams& p) {
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
   uint8_t* sm = smem_raw + (((raw + 1023u) & ~1023u) - raw);   // swizzle atoms need 1024 B alignment
-  uint8_t* q_s = sm;                                             // NN * 8192
-  uint8_t* k_s = sm + NN * kTileBytes;                           // kStages * 8192
-  float* sc_s = reinterpret_cast<float*>(k_s + kStages * kTileBytes);   // kStages * 64
+  using S = ScoreSmem<NN>;
+  uint8_t* q_s = sm + S::kQ;                                     // NN * 8192
+  uint8_t* k_s = sm + S::kKeys;                                  // kStages * 8192
+  float* sc_s = reinterpret_cast<float*>(sm + S::kScales);       // kStages * 64
   // 16-bit counters, two bins per word (a CTA scores at most 65535 keys: chunk_pages <= 1023).
-  uint32_t* hist_s = reinterpret_cast<uint32_t*>(sc_s + kStages * kPage);   // NN * 2048 words
+  uint32_t* hist_s = reinterpret_cast<uint32_t*>(sm + S::kHist);   // NN * 2048 words
   // Fused path only: this CTA's own scores, NN x chunk_pages x 64 fp32, kept for the selection.
-  float* loc_s = reinterpret_cast<float*>(hist_s + NN * kBins1 / 2);
+  float* loc_s = reinterpret_cast<float*>(sm + S::kLocal);
 
   griddep_launch_dependents();
   const int b = blockIdx.y;
@@ -615,31 +577,11 @@ __device__ __forceinline__ void score_body(const DsaParams& p) {
 // ---------------------------------------------------------------------------------------------
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(kScoreThreads) dsa_score_wgmma_n1(const __grid_constant__ DsaParams p) {
-  score_body<1, true, false>(p);
-}
-extern "C" __global__ void __launch_bounds__(kScoreThreads) dsa_score_wgmma_n2(const __grid_constant__ DsaParams p) {
-  score_body<2, true, false>(p);
-}
-extern "C" __global__ void __launch_bounds__(kScoreThreads) dsa_score_mma_n1(const __grid_constant__ DsaParams p) {
-  score_body<1, false, false>(p);
-}
-extern "C" __global__ void __launch_bounds__(kScoreThreads) dsa_score_mma_n2(const __grid_constant__ DsaParams p) {
-  score_body<2, false, false>(p);
-}
-// Single launch (scoring + selection) for grids that fit on the GPU at once: see fused_select.
-extern "C" __global__ void __launch_bounds__(kScoreThreads) dsa_fused_wgmma_n1(const __grid_constant__ DsaParams p) {
-  score_body<1, true, true>(p);
-}
-extern "C" __global__ void __launch_bounds__(kScoreThreads) dsa_fused_wgmma_n2(const __grid_constant__ DsaParams p) {
-  score_body<2, true, true>(p);
-}
-extern "C" __global__ void __launch_bounds__(kScoreThreads) dsa_fused_mma_n1(const __grid_constant__ DsaParams p) {
-  score_body<1, false, true>(p);
-}
-extern "C" __global__ void __launch_bounds__(kScoreThreads) dsa_fused_mma_n2(const __grid_constant__ DsaParams p) {
-  score_body<2, false, true>(p);
-}
+#define DSA_SCORE_KERNEL(NAME, NN, WGMMA, FUSED)                                                         \
+  extern "C" __global__ void __launch_bounds__(kScoreThreads) NAME(const __grid_constant__ DsaParams p) { \
+    score_body<NN, WGMMA, FUSED>(p);                                                                    \
+  }
+DSA_SCORE_KERNELS(DSA_SCORE_KERNEL)
 
 static __device__ __forceinline__ float f4get(const float4& v, int e) {
   return e == 0 ? v.x : (e == 1 ? v.y : (e == 2 ? v.z : v.w));
@@ -647,6 +589,7 @@ static __device__ __forceinline__ float f4get(const float4& v, int e) {
 
 extern "C" __global__ void __launch_bounds__(kSelectThreads) dsa_select(const __grid_constant__ DsaParams p) {
   constexpr int kPerThread = kSelectChunk / kSelectThreads;   // 16 scores, as 4 float4
+  static_assert(kSelectSmem == kSelectRing * (kPerThread / 4) * kSelectThreads * 16, "s_ring is kSelectSmem");
   __shared__ int s_hist[kBins2];
   __shared__ uint32_t s_mask[kMaxSubs][kSelectThreads];   // per sub-chunk: sure bits | tie bits << 16
   extern __shared__ float4 s_ring[];   // kSelectRing x 4 x 256 float4: this thread's scores, in flight

@@ -34,44 +34,18 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
-struct MlaParams {
-  const __nv_bfloat16* q;     // [rows, h, d_qk]
-  const uint8_t* kv;          // main cache
-  const uint8_t* kv_extra;    // extra cache (may equal kv; unused when topk_extra == 0)
-  const int* indices;         // [rows, topk]
-  const int* indices_extra;   // [rows, topk_extra]
-  const float* sinks;         // [h] or null
-  __nv_bfloat16* out;         // [rows, h, 512]
-  float* lse;                 // [rows, h]
-  float* o_part;              // [rows, splits, h, 512] (splits > 1)
-  float* lse_part;            // [rows, splits, h]      (splits > 1)
-  long long block_stride;     // bytes between blocks of kv
-  long long block_stride_extra;
-  int num_entries;            // blocks * page of kv (indices at or beyond are treated as invalid)
-  int num_entries_extra;
-  int page_shift;             // log2(page)
-  int rows;
-  int h;
-  int topk;
-  int topk_extra;
-  int splits;
-  int per_split;              // entries per split, a multiple of the kernel's tile
-  float scale_log2;           // sm_scale * log2(e)
-  int* counters;              // ds kernels, splits > 1: [rows, head blocks] zeroed arrival counters; the last
-                              // split CTA of a (row, head block) merges the splits itself (null: the launcher
-                              // runs sparse_mla_combine instead). The last CTA resets its counter to 0.
-};
+// MlaParams, the layouts' geometry, the shared-memory layouts and the kernel tables.
+#include "sparse_mla_decode.h"
 
 namespace {
 
-constexpr int kDv = 512;
 constexpr int kExtraBit = 1 << 30;   // marks an index of the extra source in the CTA's index list
 
-struct LayoutV4 {
-  static constexpr bool kBf16 = false;
-  static constexpr int kDqk = 512, kNope = 448, kRec = 592, kChunks = 37, kTok = 576;
-  static constexpr int kRopeRaw = 448;   // RoPE bytes within the record
-  static constexpr int kRopeChunk = 56;  // first bf16 16-byte chunk of the RoPE dims in a tile row
+// Device-side readers of each cache layout (the geometry is in the header). scale_bf16_112 and
+// fp8x2_to_bf16x2_fast serve only the wg kernels, which the sm_120a pass compiles to a trap: no "declared but
+// never referenced" warning for them there.
+#pragma nv_diag_suppress 177
+struct LayoutV4 : GeomV4 {
   __device__ static const uint8_t* src(const uint8_t* blk, int off, int page_shift, int c) {
     // chunks 0..35: the 576 data bytes; chunk 36: the 8 scale bytes (after the block's data).
     return c < 36 ? blk + off * kTok + c * 16 : blk + (kTok << page_shift) + off * 8;
@@ -88,11 +62,7 @@ struct LayoutV4 {
   }
 };
 
-struct LayoutV32 {
-  static constexpr bool kBf16 = false;
-  static constexpr int kDqk = 576, kNope = 512, kRec = 656, kChunks = 41, kTok = 656;
-  static constexpr int kRopeRaw = 528;
-  static constexpr int kRopeChunk = 64;
+struct LayoutV32 : GeomV32 {
   __device__ static const uint8_t* src(const uint8_t* blk, int off, int, int c) {
     return blk + off * kTok + c * 16;
   }
@@ -106,15 +76,9 @@ struct LayoutV32 {
   }
 };
 
-// bf16 KV (FlashMLA's bf16 sparse layout): each entry is d_qk contiguous bf16 values, no scales.
-struct LayoutV4B {   // V4-Flash: 512 dims (448 NoPE + 64 RoPE), K = V
-  static constexpr bool kBf16 = true;
-  static constexpr int kDqk = 512, kTok = 1024, kChunks = 64, kRec = kTok;
-};
-struct LayoutV32B {  // V3.2: 576 dims (512 latent + 64 RoPE), V = the first 512
-  static constexpr bool kBf16 = true;
-  static constexpr int kDqk = 576, kTok = 1152, kChunks = 72, kRec = kTok;
-};
+#pragma nv_diag_default 177
+struct LayoutV4B : GeomV4B {};
+struct LayoutV32B : GeomV32B {};
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -172,9 +136,7 @@ __device__ __forceinline__ uint32_t pack_bf16(float a, float b) {
   __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
   return *reinterpret_cast<uint32_t*>(&v);
 }
-}  // namespace
 
-namespace mla_detail {
 // Two e4m3 (low byte first) times a power-of-two scale, as bf16x2: exact unless the product leaves
 // bf16's normal range.
 __device__ __forceinline__ uint32_t fp8x2_to_bf16x2(uint32_t two, float sc) {
@@ -183,26 +145,8 @@ __device__ __forceinline__ uint32_t fp8x2_to_bf16x2(uint32_t two, float sc) {
   __nv_bfloat162 v = __floats2bfloat162_rn(f.x * sc, f.y * sc);
   return *reinterpret_cast<uint32_t*>(&v);
 }
-}  // namespace mla_detail
 
-// The fp32 path for one 16-value chunk, out of line (rare: keeps the fast loop's registers down). Outside
-// the anonymous namespace: a non-inlined function there gets a name hashed from the source path, which
-// breaks bit-identical rebuilds across directories.
-__device__ __noinline__ void pdserve_mla_dequant16_slow(uint4 w, float sc, uint4& lo, uint4& hi) {
-  lo.x = mla_detail::fp8x2_to_bf16x2(w.x & 0xffff, sc);
-  lo.y = mla_detail::fp8x2_to_bf16x2(w.x >> 16, sc);
-  lo.z = mla_detail::fp8x2_to_bf16x2(w.y & 0xffff, sc);
-  lo.w = mla_detail::fp8x2_to_bf16x2(w.y >> 16, sc);
-  hi.x = mla_detail::fp8x2_to_bf16x2(w.z & 0xffff, sc);
-  hi.y = mla_detail::fp8x2_to_bf16x2(w.z >> 16, sc);
-  hi.z = mla_detail::fp8x2_to_bf16x2(w.w & 0xffff, sc);
-  hi.w = mla_detail::fp8x2_to_bf16x2(w.w >> 16, sc);
-}
-
-
-namespace {
-using mla_detail::fp8x2_to_bf16x2;
-
+#pragma nv_diag_suppress 177
 // Two e4m3 -> bf16x2 times scale, with sc2 = (scale * 2^112) as bf16x2 (exact and normal; see
 // scale_bf16_112): cvt to f16x2 (exact), then f16 bits -> bf16 bits by moving the exponent/mantissa field
 // down 3 places (value * 2^-112, still a normal bf16), then one bf16x2 multiply. 5 instructions per pair
@@ -215,87 +159,47 @@ __device__ __forceinline__ uint32_t fp8x2_to_bf16x2_fast(uint32_t two, uint32_t 
                                    *reinterpret_cast<const __nv_bfloat162*>(&sc2));
   return *reinterpret_cast<const uint32_t*>(&r);
 }
+#pragma nv_diag_default 177
 
 // Dequantize one fp8 tile: raw records -> bf16 [T x d_qk] (swizzled); rows of invalid or past-the-end
 // entries zeroed.
-template <class L, int T, int NTHR, int ROWB, int OPT>
+template <class L, int T, int NTHR, int ROWB>
 __device__ __forceinline__ void dequant(const uint8_t* rb, uint8_t* tile, const int* sidx, int j0, int n_local,
-                                        int tid, int warp, int lane) {
+                                        int tid) {
   constexpr int NCH = L::kNope / 16;   // 16-dim fp8 chunks per entry
-  if constexpr (!(OPT & 2)) {
-    for (int i = tid; i < T * NCH; i += NTHR) {
-      const int e = i / NCH, c = i - e * NCH;
-      const int j = j0 + e;
-      uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
-      if (j < n_local && sidx[j] >= 0) {
-        const uint8_t* rec = rb + e * L::kRec;
-        const uint4 w = *reinterpret_cast<const uint4*>(rec + c * 16);
-        const float sc = L::scale(rec, c);
-        lo.x = fp8x2_to_bf16x2(w.x & 0xffff, sc);
-        lo.y = fp8x2_to_bf16x2(w.x >> 16, sc);
-        lo.z = fp8x2_to_bf16x2(w.y & 0xffff, sc);
-        lo.w = fp8x2_to_bf16x2(w.y >> 16, sc);
-        hi.x = fp8x2_to_bf16x2(w.z & 0xffff, sc);
-        hi.y = fp8x2_to_bf16x2(w.z >> 16, sc);
-        hi.z = fp8x2_to_bf16x2(w.w & 0xffff, sc);
-        hi.w = fp8x2_to_bf16x2(w.w >> 16, sc);
-      }
-      *reinterpret_cast<uint4*>(tile + swz<ROWB>(e, 2 * c)) = lo;
-      *reinterpret_cast<uint4*>(tile + swz<ROWB>(e, 2 * c + 1)) = hi;
-    }
-    for (int i = tid; i < T * 8; i += NTHR) {
-      const int e = i >> 3, c = i & 7;
-      const int j = j0 + e;
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (j < n_local && sidx[j] >= 0) v = *reinterpret_cast<const uint4*>(rb + e * L::kRec + L::kRopeRaw + c * 16);
-      *reinterpret_cast<uint4*>(tile + swz<ROWB>(e, L::kRopeChunk + c)) = v;
-    }
-  } else {
-    // One entry per warp iteration; lane c < NCH converts fp8 chunk c, the next 8 lanes copy the RoPE chunks.
-    constexpr int NW = NTHR / 32;
-    for (int e = warp; e < T; e += NW) {
-      const int j = j0 + e;
-      const bool ok = j < n_local && sidx[j] >= 0;   // uniform across the warp
+  for (int i = tid; i < T * NCH; i += NTHR) {
+    const int e = i / NCH, c = i - e * NCH;
+    const int j = j0 + e;
+    uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
+    if (j < n_local && sidx[j] >= 0) {
       const uint8_t* rec = rb + e * L::kRec;
-#pragma unroll
-      for (int c = lane; c < NCH + 8; c += 32) {
-        if (c < NCH) {
-          uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
-          if (ok) {
-            const uint4 w = *reinterpret_cast<const uint4*>(rec + c * 16);
-            bool fast;
-            const uint32_t sb = L::scale_bf16_112(rec, c, fast);
-            if (fast) {
-              const uint32_t s2 = sb | (sb << 16);
-              lo.x = fp8x2_to_bf16x2_fast(w.x & 0xffff, s2);
-              lo.y = fp8x2_to_bf16x2_fast(w.x >> 16, s2);
-              lo.z = fp8x2_to_bf16x2_fast(w.y & 0xffff, s2);
-              lo.w = fp8x2_to_bf16x2_fast(w.y >> 16, s2);
-              hi.x = fp8x2_to_bf16x2_fast(w.z & 0xffff, s2);
-              hi.y = fp8x2_to_bf16x2_fast(w.z >> 16, s2);
-              hi.z = fp8x2_to_bf16x2_fast(w.w & 0xffff, s2);
-              hi.w = fp8x2_to_bf16x2_fast(w.w >> 16, s2);
-            } else {   // a scale outside bf16's exact range (never in practice): the fp32 path
-              pdserve_mla_dequant16_slow(w, L::scale(rec, c), lo, hi);
-            }
-          }
-          *reinterpret_cast<uint4*>(tile + swz<ROWB>(e, 2 * c)) = lo;
-          *reinterpret_cast<uint4*>(tile + swz<ROWB>(e, 2 * c + 1)) = hi;
-        } else {
-          const int rc = c - NCH;
-          uint4 v = make_uint4(0, 0, 0, 0);
-          if (ok) v = *reinterpret_cast<const uint4*>(rec + L::kRopeRaw + rc * 16);
-          *reinterpret_cast<uint4*>(tile + swz<ROWB>(e, L::kRopeChunk + rc)) = v;
-        }
-      }
+      const uint4 w = *reinterpret_cast<const uint4*>(rec + c * 16);
+      const float sc = L::scale(rec, c);
+      lo.x = fp8x2_to_bf16x2(w.x & 0xffff, sc);
+      lo.y = fp8x2_to_bf16x2(w.x >> 16, sc);
+      lo.z = fp8x2_to_bf16x2(w.y & 0xffff, sc);
+      lo.w = fp8x2_to_bf16x2(w.y >> 16, sc);
+      hi.x = fp8x2_to_bf16x2(w.z & 0xffff, sc);
+      hi.y = fp8x2_to_bf16x2(w.z >> 16, sc);
+      hi.z = fp8x2_to_bf16x2(w.w & 0xffff, sc);
+      hi.w = fp8x2_to_bf16x2(w.w >> 16, sc);
     }
+    *reinterpret_cast<uint4*>(tile + swz<ROWB>(e, 2 * c)) = lo;
+    *reinterpret_cast<uint4*>(tile + swz<ROWB>(e, 2 * c + 1)) = hi;
+  }
+  for (int i = tid; i < T * 8; i += NTHR) {
+    const int e = i >> 3, c = i & 7;
+    const int j = j0 + e;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (j < n_local && sidx[j] >= 0) v = *reinterpret_cast<const uint4*>(rb + e * L::kRec + L::kRopeRaw + c * 16);
+    *reinterpret_cast<uint4*>(tile + swz<ROWB>(e, L::kRopeChunk + c)) = v;
   }
 }
 
-// OPT (fp8 layouts), a bit mask: 0 = first version (gather and dequant loops over (entry, chunk) items,
-// index decoded per item); bit 0 = per-warp gather (one entry per warp iteration, its index and source
-// addresses computed once, lanes = chunks); bit 1 = per-warp dequant with the 5-instruction conversion.
-// Kernel suffixes: "" = 0, "_og" = 1, "_od" = 2, "_o1" = 3. bf16 layouts always use the per-warp gather.
+// OPT bit 0: per-warp gather (one entry per warp iteration, its index and source addresses computed once,
+// lanes = chunks); 0: the gather loops over (entry, chunk) items, index decoded per item. The fp8 kernels use
+// 0, the bf16 ones 1 (the per-warp gather with a per-warp fp8 dequant, "_o1", and its halves "_og" / "_od"
+// were measured no faster and removed; NOTES.md "Sparse MLA decode").
 template <class L, int MT, int T, int G, int NST, int OPT>
 __device__ __forceinline__ void mla_body(const MlaParams& p, uint8_t* smem) {
   constexpr int HB = 16 * MT;           // heads per CTA
@@ -309,16 +213,17 @@ __device__ __forceinline__ void mla_body(const MlaParams& p, uint8_t* smem) {
   constexpr bool BF = L::kBf16;
   static_assert(NTQ == 1 || NTQ == 2, "a QK warp covers 8 or 16 entries");
   static_assert(NTV % 2 == 0 && T % 16 == 0, "tile shape");
-  // fp8: NST raw-record stages + one bf16 tile; bf16: NST bf16 tile stages (the gather writes the tile).
-  constexpr int RAWB = BF ? T * ROWB : T * L::kRec;   // bytes per ring stage
+  using S = MlaSmem<L, MT, T, G, NST>;   // fp8: NST raw-record stages + one bf16 tile; bf16: NST tile stages
+  constexpr int RAWB = S::kRawB;        // bytes per ring stage
+  static_assert(S::kRowB == ROWB && S::kThreads == NTHR, "MlaSmem describes this kernel");
 
-  uint8_t* raw = smem;
-  uint8_t* tile = raw + NST * RAWB;
-  uint8_t* qs = BF ? tile : tile + T * ROWB;
-  uint8_t* ps = qs + HB * ROWB;
-  float* red_max = reinterpret_cast<float*>(ps + HB * T * 2);
-  float* red_sum = red_max + G * HB;
-  int* sidx = reinterpret_cast<int*>(red_sum + G * HB);
+  uint8_t* raw = smem + S::kRaw;
+  uint8_t* tile = smem + S::kTile;
+  uint8_t* qs = smem + S::kQ;
+  uint8_t* ps = smem + S::kP;
+  float* red_max = reinterpret_cast<float*>(smem + S::kRedMax);
+  float* red_sum = reinterpret_cast<float*>(smem + S::kRedSum);
+  int* sidx = reinterpret_cast<int*>(smem + S::kSidx);
 
   const int split = blockIdx.x, hblk = blockIdx.y, row = blockIdx.z;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
@@ -444,7 +349,7 @@ __device__ __forceinline__ void mla_body(const MlaParams& p, uint8_t* smem) {
       cp_async_wait<NST - 1>();
       __syncthreads();   // S0: tile `it` landed; the previous PV is done with the bf16 tile
       kt = tile;
-      dequant<L, T, NTHR, ROWB, OPT>(raw + (it % NST) * RAWB, tile, sidx, it * T, n_local, tid, warp, lane);
+      dequant<L, T, NTHR, ROWB>(raw + (it % NST) * RAWB, tile, sidx, it * T, n_local, tid);
       __syncthreads();   // S1: bf16 tile complete; raw buffer free
     }
 
@@ -697,25 +602,6 @@ __device__ __forceinline__ int q_shift(uint32_t mbits) {
 }
 __device__ __forceinline__ float exp2i(int k) { return __uint_as_float(static_cast<uint32_t>(127 + k) << 23); }
 
-// Shared-memory layout of a ds kernel (bytes); launcher mirror: sparse_mla_decode.ds_smem_bytes.
-template <class L, int MT, int T, int NST>
-struct DsSmem {
-  static constexpr bool kV4 = L::kDqk == 512;
-  static constexpr int kHB = 16 * MT;
-  static constexpr int kNpart = kV4 ? 8 : 9;   // partial-S slices (V3.2: 8 fp8 + the RoPE one)
-  static constexpr int kPS = T + 8;            // partial-S row stride in floats (conflict-free float2 stores)
-  static constexpr int kRaw = 0;
-  static constexpr int kPart = kRaw + NST * T * L::kRec;
-  static constexpr int kPh = kPart + kNpart * kHB * kPS * 4;
-  static constexpr int kPb = kPh + kHB * T * 2;
-  static constexpr int kAlpha = kPb + (kV4 ? kHB * T * 2 : 0);
-  static constexpr int kFinM = kAlpha + kHB * 4;
-  static constexpr int kFinL = kFinM + kHB * 4;
-  static constexpr int kQmax = kFinL + kHB * 4;
-  static constexpr int kBar = kQmax + kHB * 4;
-  static constexpr int kSidx = kBar + ((NST * 8 + 15) / 16) * 16;   // + 4 bytes per entry of the split
-};
-
 // CV (bit mask), bit 2: PV multiplies P (4 f16x2 per k-step) instead of V (16) by the entry's scale relative
 // to the warp's running maximum scale, so V stays raw e4m3 in f16 and no f16 range limit applies to the
 // dequantized values (measured 2-5% slower than CV = 0 on H200). Bits 0-1 (e4m3 -> f16 on the integer pipe)
@@ -723,7 +609,7 @@ struct DsSmem {
 template <class L, int MT, int T, int NST, int CV>
 __device__ __forceinline__ void ds_body(const MlaParams& p, uint8_t* smem) {
   using S = DsSmem<L, MT, T, NST>;
-  constexpr int NW = 8, NTHR = 256;
+  constexpr int NW = 8, NTHR = kDsThreads;
   constexpr int HB = S::kHB;
   constexpr int NJ = T / 8;     // QK n-tiles (8 entries each)
   constexpr int KK = T / 16;    // PV k-steps (16 entries each)
@@ -1310,27 +1196,9 @@ __device__ __forceinline__ void ds_body(const MlaParams& p, uint8_t* smem) {
 // Hand-offs are named barriers (tile full / tile free per buffer, P full / P free per buffer), so the
 // producer converts tile i+1 and warpgroup 1 multiplies tile i while warpgroup 0 computes QK of tile i+1.
 // Same equations, outputs and split protocol as the kernels above. Variants: _c2 (SC: warpgroup 1 converts
-// half of every tile), _h (H: f16 tile, range-limited), _x<bits> (PROBE: tuning only, wrong results).
+// half of every tile), _h (H: f16 tile, range-limited), _x<bits> (PROBE: wrong results, kernels/tuning build only).
 // Measured on H200 (NOTES.md, "wg kernels"): 1.2-1.9x faster than the kernels above from 8 rows at h >= 64;
 // still producer-bound (conversion + gather issue on one warp per SM sub-partition), not tensor-bound.
-constexpr int kWgT = 32;        // entries per tile
-constexpr int kWgThreads = 384;
-
-// Shared-memory layout of a wg kernel (bytes from a 1024-aligned base); launcher mirror:
-// sparse_mla_decode.wg_smem_bytes.
-template <class L, int NST>
-struct WgSmem {
-  static constexpr int kQ = 0;                                      // bf16 Q [d_qk/64][64 heads][128 B]
-  static constexpr int kTileBytes = kWgT * L::kDqk * 2;             // bf16 tile [d_qk/64][T][128 B]
-  static constexpr int kTile = kQ + 64 * L::kDqk * 2;               // two tile buffers
-  static constexpr int kRaw = kTile + 2 * kTileBytes;               // NST x T raw records
-  static constexpr int kP = kRaw + NST * kWgT * L::kRec;            // 2 x (128 x 32 B of P, 128 x float2 alpha)
-  static constexpr int kPBytes = 128 * 32 + 128 * 8;
-  static constexpr int kFin = kP + 2 * kPBytes;                     // 128 x float4 (m0, m1, l0, l1)
-  static constexpr int kBar = kFin + 128 * 16;                      // NST ring mbarriers (full), NST (SC: free)
-  static constexpr int kSidx = kBar + ((2 * NST * 8 + 15) / 16) * 16;   // + 4 B per entry of the split
-};
-
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define MLA_HAS_WGMMA 1
 // Named barrier ids (0 is __syncthreads).
@@ -1894,92 +1762,33 @@ __device__ __forceinline__ void wg_entry(const MlaParams& p, uint8_t* smem) {
 
 }  // namespace
 
-// Kernel names: sparse_mla_<layout>_h<heads per CTA>_t<tile>[_o<OPT>]. Threads = 32 * MT * G.
-// Layouts: v4 / v32 (fp8), v4b / v32b (bf16 KV).
-#define MLA_KERNEL(NAME, LAYOUT, MT, T, G, NST, OPT)                                                \
+// The kernels (tables in sparse_mla_decode.h, which kernels/kernel_metadata.cpp also reads).
+#define MLA_KERNEL(NAME, LAY, MT, T, G, NST, OPT)                                                   \
   extern "C" __global__ void __launch_bounds__(32 * MT * G, 1) NAME(const __grid_constant__ MlaParams p) { \
     extern __shared__ __align__(128) uint8_t smem[];                                                \
-    mla_body<LAYOUT, MT, T, G, NST, OPT>(p, smem);                                                  \
+    mla_body<Layout##LAY, MT, T, G, NST, OPT>(p, smem);                                             \
   }
-
-MLA_KERNEL(sparse_mla_v4_h16_t64, LayoutV4, 1, 64, 8, 3, 0)
-MLA_KERNEL(sparse_mla_v4_h32_t64, LayoutV4, 2, 64, 8, 2, 0)
-MLA_KERNEL(sparse_mla_v4_h64_t64, LayoutV4, 4, 64, 4, 2, 0)
-MLA_KERNEL(sparse_mla_v4_h16_t32, LayoutV4, 1, 32, 4, 2, 0)     // small smem (sm_120: 99 KB per block)
-MLA_KERNEL(sparse_mla_v32_h16_t64, LayoutV32, 1, 64, 8, 2, 0)
-MLA_KERNEL(sparse_mla_v32_h32_t64, LayoutV32, 2, 64, 8, 2, 0)
-MLA_KERNEL(sparse_mla_v32_h64_t32, LayoutV32, 4, 32, 4, 3, 0)
-MLA_KERNEL(sparse_mla_v32_h16_t32, LayoutV32, 1, 32, 4, 2, 0)   // small smem (sm_120)
-// _o1 (OPT 3): per-warp gather and dequant, 5-instruction conversion.
-MLA_KERNEL(sparse_mla_v4_h16_t64_o1, LayoutV4, 1, 64, 8, 3, 3)
-MLA_KERNEL(sparse_mla_v4_h32_t64_o1, LayoutV4, 2, 64, 8, 2, 3)
-MLA_KERNEL(sparse_mla_v4_h64_t64_o1, LayoutV4, 4, 64, 4, 2, 3)
-MLA_KERNEL(sparse_mla_v4_h16_t32_o1, LayoutV4, 1, 32, 4, 2, 3)
-MLA_KERNEL(sparse_mla_v32_h16_t64_o1, LayoutV32, 1, 64, 8, 2, 3)
-MLA_KERNEL(sparse_mla_v32_h32_t64_o1, LayoutV32, 2, 64, 8, 2, 3)
-MLA_KERNEL(sparse_mla_v32_h64_t32_o1, LayoutV32, 4, 32, 4, 3, 3)
-MLA_KERNEL(sparse_mla_v32_h16_t32_o1, LayoutV32, 1, 32, 4, 2, 3)
-// The two halves of _o1 alone (which one cost the time), 16-head 64-entry shapes only.
-MLA_KERNEL(sparse_mla_v4_h16_t64_og, LayoutV4, 1, 64, 8, 3, 1)
-MLA_KERNEL(sparse_mla_v4_h16_t64_od, LayoutV4, 1, 64, 8, 3, 2)
-MLA_KERNEL(sparse_mla_v32_h16_t64_og, LayoutV32, 1, 64, 8, 2, 1)
-MLA_KERNEL(sparse_mla_v32_h16_t64_od, LayoutV32, 1, 64, 8, 2, 2)
-// bf16 KV: NST stages of the bf16 tile itself.
-MLA_KERNEL(sparse_mla_v4b_h16_t64, LayoutV4B, 1, 64, 8, 3, 1)
-MLA_KERNEL(sparse_mla_v4b_h32_t64, LayoutV4B, 2, 64, 8, 2, 1)
-MLA_KERNEL(sparse_mla_v4b_h64_t64, LayoutV4B, 4, 64, 4, 2, 1)
-MLA_KERNEL(sparse_mla_v4b_h16_t32, LayoutV4B, 1, 32, 4, 2, 1)    // small smem (sm_120)
-MLA_KERNEL(sparse_mla_v32b_h16_t64, LayoutV32B, 1, 64, 8, 2, 1)
-MLA_KERNEL(sparse_mla_v32b_h32_t64, LayoutV32B, 2, 64, 8, 2, 1)
-MLA_KERNEL(sparse_mla_v32b_h64_t32, LayoutV32B, 4, 32, 4, 3, 1)
-MLA_KERNEL(sparse_mla_v32b_h16_t32, LayoutV32B, 1, 32, 4, 2, 1)  // small smem (sm_120)
-
-// ds kernels (fp8 only; 256 threads): sparse_mla_ds_<layout>_h<heads per CTA>_t<tile>_s<ring stages>.
-// Suffix _c4: the entry scale goes into P, relative to a running maximum (no f16 range limit on V).
-#define DS_KERNEL(NAME, LAYOUT, MT, T, NST, CV)                                                      \
-  extern "C" __global__ void __launch_bounds__(256, 1) NAME(const __grid_constant__ MlaParams p) { \
-    extern __shared__ __align__(128) uint8_t smem[];                                                \
-    ds_body<LAYOUT, MT, T, NST, CV>(p, smem);                                                       \
+#define DS_KERNEL(NAME, LAY, MT, T, NST, CV)                                                                \
+  extern "C" __global__ void __launch_bounds__(kDsThreads, 1) NAME(const __grid_constant__ MlaParams p) { \
+    extern __shared__ __align__(128) uint8_t smem[];                                                      \
+    ds_body<Layout##LAY, MT, T, NST, CV>(p, smem);                                                        \
   }
-
-DS_KERNEL(sparse_mla_ds_v4_h16_t64_s3, LayoutV4, 1, 64, 3, 0)
-DS_KERNEL(sparse_mla_ds_v4_h16_t64_s2, LayoutV4, 1, 64, 2, 0)
-DS_KERNEL(sparse_mla_ds_v4_h16_t32_s4, LayoutV4, 1, 32, 4, 0)
-DS_KERNEL(sparse_mla_ds_v4_h32_t64_s2, LayoutV4, 2, 64, 2, 0)
-DS_KERNEL(sparse_mla_ds_v4_h32_t64_s3, LayoutV4, 2, 64, 3, 0)
-DS_KERNEL(sparse_mla_ds_v32_h16_t64_s3, LayoutV32, 1, 64, 3, 0)
-DS_KERNEL(sparse_mla_ds_v4_h16_t64_s3_c4, LayoutV4, 1, 64, 3, 4)
-DS_KERNEL(sparse_mla_ds_v32_h16_t64_s3_c4, LayoutV32, 1, 64, 3, 4)
-DS_KERNEL(sparse_mla_ds_v4_h32_t64_s3_c4, LayoutV4, 2, 64, 3, 4)
-DS_KERNEL(sparse_mla_ds_v32_h32_t64_s3_c4, LayoutV32, 2, 64, 3, 4)
-DS_KERNEL(sparse_mla_ds_v4_h16_t32_s4_c4, LayoutV4, 1, 32, 4, 4)
-DS_KERNEL(sparse_mla_ds_v32_h16_t32_s4_c4, LayoutV32, 1, 32, 4, 4)
-DS_KERNEL(sparse_mla_ds_v32_h16_t64_s2, LayoutV32, 1, 64, 2, 0)
-DS_KERNEL(sparse_mla_ds_v32_h16_t32_s4, LayoutV32, 1, 32, 4, 0)
-DS_KERNEL(sparse_mla_ds_v32_h32_t64_s2, LayoutV32, 2, 64, 2, 0)
-DS_KERNEL(sparse_mla_ds_v32_h32_t64_s3, LayoutV32, 2, 64, 3, 0)
-
-// wg kernels (sm_90a; 384 threads, 64 heads per CTA, 32-entry tiles): sparse_mla_wg_<layout>_s<ring stages>
-// [_x<PROBE>] (probes: tuning only, wrong results).
-#define WG_KERNEL(NAME, LAYOUT, NST, PROBE, H, SC)                                                         \
+#define WG_KERNEL(NAME, LAY, NST, PROBE, H, SC)                                                            \
   extern "C" __global__ void __launch_bounds__(kWgThreads, 1) NAME(const __grid_constant__ MlaParams p) { \
     extern __shared__ __align__(128) uint8_t smem[];                                                      \
-    wg_entry<LAYOUT, NST, PROBE, H, SC>(p, smem);                                                         \
+    wg_entry<Layout##LAY, NST, PROBE, H, SC>(p, smem);                                                    \
   }
 
-WG_KERNEL(sparse_mla_wg_v4_s3, LayoutV4, 3, 0, false, false)
-WG_KERNEL(sparse_mla_wg_v32_s3, LayoutV32, 3, 0, false, false)
-WG_KERNEL(sparse_mla_wg_v4_s3_h, LayoutV4, 3, 0, true, false)
-WG_KERNEL(sparse_mla_wg_v32_s3_h, LayoutV32, 3, 0, true, false)
-WG_KERNEL(sparse_mla_wg_v4_s3_c2, LayoutV4, 3, 0, false, true)
-WG_KERNEL(sparse_mla_wg_v32_s3_c2, LayoutV32, 3, 0, false, true)
-WG_KERNEL(sparse_mla_wg_v32_s3_x1, LayoutV32, 3, 1, false, false)
-WG_KERNEL(sparse_mla_wg_v32_s3_x2, LayoutV32, 3, 2, false, false)
-WG_KERNEL(sparse_mla_wg_v32_s3_x3, LayoutV32, 3, 3, false, false)
+SPARSE_MLA_FIRST_KERNELS(MLA_KERNEL)
+SPARSE_MLA_DS_KERNELS(DS_KERNEL)
+SPARSE_MLA_WG_KERNELS(WG_KERNEL)
+#ifdef PDSERVE_TUNING_PROBES
+SPARSE_MLA_WG_PROBE_KERNELS(WG_KERNEL)
+#endif
 
 // Merge the splits of one (row, head): lse = log sum_s exp(lse_s); o = sum_s exp(lse_s - lse) o_s,
 // times the sink factor; lse = +inf and o = 0 when no split saw a valid entry. grid (h, rows), 128 threads.
-extern "C" __global__ void __launch_bounds__(128) sparse_mla_combine(const __grid_constant__ MlaParams p) {
+extern "C" __global__ void __launch_bounds__(kCombineThreads) sparse_mla_combine(const __grid_constant__ MlaParams p) {
   const int head = blockIdx.x, row = blockIdx.y, tid = threadIdx.x;
   const size_t base = static_cast<size_t>(row) * p.splits * p.h + head;
   float m = -INFINITY;

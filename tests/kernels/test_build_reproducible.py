@@ -1,4 +1,4 @@
-"""CPU-only: two builds of the kernels' fatbins in different directories must be bit-identical."""
+"""CPU-only: two builds of the kernels' fatbins and metadata in different directories must be bit-identical."""
 
 import hashlib
 import os
@@ -24,12 +24,14 @@ def _build_copy(root: pathlib.Path, nvcc: str) -> dict[str, str]:
     src = root / "src"
     for k in KERNELS:
         shutil.copytree(REPO / "kernels" / k, src / k)
-    shutil.copy2(REPO / "kernels" / "build.sh", src / "build.sh")
+    for f in ("build.sh", "kernel_metadata.cpp"):
+        shutil.copy2(REPO / "kernels" / f, src / f)
     out = root / "out"
     env = dict(os.environ, NVCC=nvcc)
     subprocess.run(["bash", str(src / "build.sh"), str(out)], cwd=root, env=env, check=True,
                    capture_output=True, text=True, timeout=600)
-    return {k: hashlib.sha256((out / f"{k}.fatbin").read_bytes()).hexdigest() for k in KERNELS}
+    return {f"{k}{ext}": hashlib.sha256((out / f"{k}{ext}").read_bytes()).hexdigest()
+            for k in KERNELS for ext in (".fatbin", ".json")}
 
 
 def test_fatbin_is_bit_identical_across_build_dirs(tmp_path):
@@ -38,6 +40,6 @@ def test_fatbin_is_bit_identical_across_build_dirs(tmp_path):
         pytest.skip("nvcc not found on PATH or at /usr/local/cuda/bin/nvcc: cannot build the kernels")
     first = _build_copy(tmp_path / "a", nvcc)
     second = _build_copy(tmp_path / "b" / "deeper", nvcc)
-    assert set(first) == set(KERNELS)
-    for k in KERNELS:
-        assert first[k] == second[k], f"kernels/build.sh: {k}.fatbin differs between two build directories"
+    assert len(first) == 2 * len(KERNELS)
+    for f in first:
+        assert first[f] == second[f], f"kernels/build.sh: {f} differs between two build directories"

@@ -128,10 +128,10 @@ def test_small_smem_variant(mla, gen, layout):
                   topk_extra=128 if layout == "v4" else 0, empty_rows=(1,), small=True)
 
 
-# ---- fp8: the first-version kernels (OPT 0) stay selectable and correct next to the default (OPT 1) ----
+# ---- fp8: the first-version kernels stay selectable and correct next to the default ----
 
-@pytest.mark.parametrize("variant", ["", "_o1"])
-def test_fp8_variants(mla, gen, variant):
+def test_fp8_first_version_kernels(mla, gen):
+    variant = ""
     run_and_check(mla, gen, "v4", 3, 1, 16, 512, topk_extra=128, empty_rows=(1,), variant=variant)
     run_and_check(mla, gen, "v4", 2, 1, 64, 100, topk_extra=33, variant=variant)
     run_and_check(mla, gen, "v32", 2, 1, 32, 2047, empty_rows=(0,), variant=variant, splits=3)
@@ -139,19 +139,9 @@ def test_fp8_variants(mla, gen, variant):
     run_and_check(mla, gen, "v4", 3, 1, 64, 512, topk_extra=128, empty_rows=(1,), small=True, variant=variant)
 
 
-@pytest.mark.parametrize("variant", ["_og", "_od"])
-def test_fp8_half_variants_h16(mla, gen, variant):
-    # The two halves of _o1 alone (16-head 64-entry kernels only).
-    run_and_check(mla, gen, "v4", 3, 1, 16, 512, topk_extra=128, empty_rows=(1,), variant=variant)
-    run_and_check(mla, gen, "v4", 2, 1, 8, 100, topk_extra=33, variant=variant, splits=2)
-    run_and_check(mla, gen, "v32", 2, 1, 16, 2047, empty_rows=(0,), variant=variant, splits=3)
-    run_and_check(mla, gen, "v32", 2, 1, 16, 333, variant=variant, invalid_frac=0.9)
-
-
 def test_v32_scales_not_powers_of_two(mla, gen):
-    # fp32 scales x (1 + 2^-20): not exact in bf16, so OPT 1 takes its fp32 fallback conversion.
-    run_and_check(mla, gen, "v32", 2, 1, 16, 2048, empty_rows=(1,), scale_factor=1 + 2 ** -20, variant="_o1")
-    run_and_check(mla, gen, "v32", 2, 1, 64, 300, scale_factor=1 + 2 ** -20, variant="_o1")
+    # fp32 scales x (1 + 2^-20), not powers of two: the first-version kernels multiply them in fp32.
+    run_and_check(mla, gen, "v32", 2, 1, 16, 2048, empty_rows=(1,), scale_factor=1 + 2 ** -20, variant="")
     run_and_check(mla, gen, "v32", 2, 1, 64, 300, scale_factor=1 + 2 ** -20, variant="")
 
 

@@ -41,25 +41,26 @@ import pathlib
 import threading
 
 from ._driver import Module, locate_fatbin
+from ._metadata import KernelTable, load_table, metadata_path
 
+# The input contract. The kernels' own values come with the fatbin's metadata (dsa_indexer.json, written by
+# kernels/build.sh from dsa_indexer.h); DsaIndexer refuses a fatbin whose constants differ from these.
 HEADS = 64
 DIM = 128
 PAGE = 64
 BLOCK_BYTES = PAGE * (DIM + 4)  # 8448
 SELECT_CHUNK = 4096
-STAGES = 6
 MAX_CHUNK_PAGES = 1023  # the scoring CTA's histogram counts are 16-bit
-SCORE_THREADS = 128
-SELECT_THREADS = 256
 BINS1 = 4096
 CTR = 8            # ints per row of the counters workspace (kCtr)
 MAX_SUBS = 16      # kMaxSubs
-SELECT_SMEM = 3 * SELECT_CHUNK * 4   # kSelectRing sub-chunks of fp32 scores
+CONSTANTS = {"heads": HEADS, "dim": DIM, "page": PAGE, "select_chunk": SELECT_CHUNK, "bins1": BINS1, "ctr": CTR,
+             "max_subs": MAX_SUBS, "max_chunk_pages": MAX_CHUNK_PAGES}
 FUSED_MAX_CHUNK_PAGES = 64           # the fused path keeps a CTA's scores in smem: next_n * 16 KB at most
 
 
 class _Params(ctypes.Structure):
-    # Mirrors struct DsaParams in dsa_indexer.cu (pointers first, then ints: 112 bytes).
+    # Mirrors struct DsaParams in dsa_indexer.h (pointers first, then ints); checked against the metadata.
     _fields_ = [
         ("q", ctypes.c_void_p), ("weights", ctypes.c_void_p), ("kv", ctypes.c_void_p),
         ("ctx", ctypes.c_void_p), ("block_table", ctypes.c_void_p), ("scores", ctypes.c_void_p),
@@ -71,18 +72,17 @@ class _Params(ctypes.Structure):
     ]
 
 
-def score_smem_bytes(next_n: int) -> int:
-    # 1024 alignment slack + q tile + key stages + scale stages + 16-bit histograms (see score_body).
-    return 1024 + next_n * PAGE * DIM + STAGES * PAGE * DIM + STAGES * PAGE * 4 + next_n * BINS1 * 2
-
-
-def fused_smem_bytes(next_n: int, chunk_pages: int) -> int:
-    # score_body's layout plus this CTA's own fp32 scores (loc_s) for the selection at its tail.
-    return score_smem_bytes(next_n) + next_n * chunk_pages * PAGE * 4
-
-
 def find_fatbin() -> pathlib.Path:
     return locate_fatbin("dsa_indexer", "PDSERVE_KERNELS_FATBIN")
+
+
+def load_kernel_table(fatbin: str | os.PathLike | None = None) -> KernelTable:
+    """The metadata of `fatbin` (default: find_fatbin()), from the .json the build wrote next to it."""
+    table = load_table(metadata_path(fatbin or find_fatbin()), "dsa_indexer")
+    if table.constants != CONSTANTS:
+        raise RuntimeError(f"{table.path}: the kernels were built with {table.constants}, this launcher expects "
+                           f"{CONSTANTS}: rebuild the kernels with kernels/build.sh")
+    return table
 
 
 def _round_up(x: int, m: int) -> int:
@@ -91,16 +91,6 @@ def _round_up(x: int, m: int) -> int:
 
 class DsaIndexer:
     """Holds the loaded module and the zero-kept workspace for one device; call it like the function."""
-
-    _KERNELS = {
-        "dsa_score_wgmma_n1": score_smem_bytes(1), "dsa_score_wgmma_n2": score_smem_bytes(2),
-        "dsa_score_mma_n1": score_smem_bytes(1), "dsa_score_mma_n2": score_smem_bytes(2),
-        "dsa_select": SELECT_SMEM,
-        "dsa_fused_wgmma_n1": fused_smem_bytes(1, FUSED_MAX_CHUNK_PAGES),
-        "dsa_fused_wgmma_n2": fused_smem_bytes(2, FUSED_MAX_CHUNK_PAGES),
-        "dsa_fused_mma_n1": fused_smem_bytes(1, FUSED_MAX_CHUNK_PAGES),
-        "dsa_fused_mma_n2": fused_smem_bytes(2, FUSED_MAX_CHUNK_PAGES),
-    }
 
     def __init__(self, device=None, fatbin: str | os.PathLike | None = None) -> None:
         import torch
@@ -112,7 +102,11 @@ class DsaIndexer:
         # Make torch create its primary context on this device before the driver calls use it.
         torch.empty(1, device=self.device)
         path = pathlib.Path(fatbin) if fatbin else find_fatbin()
-        self.module = Module(path.read_bytes(), self.device.index, self._KERNELS)
+        self.kernels = load_kernel_table(path)
+        self.kernels.check_params(_Params)
+        # Dynamic shared memory to opt in to: the largest each kernel is launched with.
+        self.module = Module(path.read_bytes(), self.device.index,
+                             {n: k.smem_bytes(FUSED_MAX_CHUNK_PAGES) for n, k in self.kernels.kernels.items()})
         props = torch.cuda.get_device_properties(self.device)
         self.num_sms = props.multi_processor_count
         self.capability = (props.major, props.minor)
@@ -150,13 +144,14 @@ class DsaIndexer:
         FUSED_MAX_CHUNK_PAGES) until ceil(pages / chunk) * batch CTAs fit on the GPU.
         """
         name = f"dsa_fused_{impl}_n{next_n}"
+        kernel = self.kernels[name]
         pages = max(1, (max_len + PAGE - 1) // PAGE)
         c = chunk_pages if chunk_pages is not None else self.default_chunk_pages(batch, max_len, next_n)
         while c <= FUSED_MAX_CHUNK_PAGES:
-            smem = fused_smem_bytes(next_n, c)
+            smem = kernel.smem_bytes(c)
             key = (name, smem)
             if key not in self._occ:
-                self._occ[key] = self.module.max_active_blocks(name, SCORE_THREADS, smem)
+                self._occ[key] = self.module.max_active_blocks(name, kernel.threads, smem)
             if -(-pages // c) * batch <= self._occ[key] * self.num_sms:
                 return c
             if not grow:
@@ -231,20 +226,21 @@ class DsaIndexer:
             n_chunks = -(-((max_len + PAGE - 1) // PAGE) // chunk_pages)
             if fused_chunk is not None:
                 # One launch; the kernel waits for all CTAs of a request, so all must be resident.
-                self.module.launch(f"dsa_fused_{impl}_n{next_n}", (n_chunks, B, 1), SCORE_THREADS,
-                                   fused_smem_bytes(next_n, chunk_pages), stream, p,
+                k = self.kernels[f"dsa_fused_{impl}_n{next_n}"]
+                self.module.launch(k.name, (n_chunks, B, 1), k.threads, k.smem_bytes(chunk_pages), stream, p,
                                    cooperative=_cooperative)  # False: tuning experiments only
                 self.last_path = ("fused", chunk_pages)
             else:
-                self.module.launch(f"dsa_score_{impl}_n{next_n}", (n_chunks, B, 1), SCORE_THREADS,
-                                   score_smem_bytes(next_n), stream, p)
+                k = self.kernels[f"dsa_score_{impl}_n{next_n}"]
+                self.module.launch(k.name, (n_chunks, B, 1), k.threads, k.smem_bytes(), stream, p)
                 self.last_path = ("split", chunk_pages)
             if _select and fused_chunk is None:  # False only to time the scoring pass alone (benchmark breakdown)
                 # Programmatic dependent launch (sm_90+): the select grid is scheduled while the scoring
                 # grid drains and waits in-kernel (griddepcontrol.wait) for its results.
                 use_pdl = self.capability[0] >= 9 if pdl is None else pdl
-                self.module.launch("dsa_select", (-(-runs // subs), rows, 1), SELECT_THREADS, SELECT_SMEM,
-                                   stream, p, programmatic=use_pdl)
+                k = self.kernels["dsa_select"]
+                self.module.launch(k.name, (-(-runs // subs), rows, 1), k.threads, k.smem_bytes(), stream, p,
+                                   programmatic=use_pdl)
         if return_scores:
             return out, scores
         return out

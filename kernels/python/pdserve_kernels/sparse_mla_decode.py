@@ -38,6 +38,7 @@ import pathlib
 import threading
 
 from ._driver import Module, locate_fatbin
+from ._metadata import KernelInfo, KernelTable, load_table, metadata_path
 from .sparse_mla_reference import LAYOUTS
 
 DV = 512
@@ -58,36 +59,12 @@ class _Params(ctypes.Structure):
     ]
 
 
-# (heads per CTA, tile T, warp groups G, stages) per kernel shape: mirrors the MLA_KERNEL(...) lines.
-_SHAPES = {
-    "v4": [(16, 64, 8, 3), (32, 64, 8, 2), (64, 64, 4, 2), (16, 32, 4, 2)],
-    "v32": [(16, 64, 8, 2), (32, 64, 8, 2), (64, 32, 4, 3), (16, 32, 4, 2)],
-}
+# Kernel names are built from these prefixes and checked against the fatbin's metadata (<fatbin>.json, written
+# by kernels/build.sh from sparse_mla_decode.h: every kernel's threads, shared memory and shape come from there).
 _PREFIX = {"v4": "v4", "v32": "v32", "v4_bf16": "v4b", "v32_bf16": "v32b"}
-# name -> (layout key, heads per CTA, tile T, warp groups G, stages, OPT bit mask). fp8 kernels: suffix "" =
-# OPT 0 (first version), "_o1" = OPT 3 (per-warp gather and per-warp dequant with the cheaper conversion),
-# and for the 16-head 64-entry shapes "_og" = OPT 1 (per-warp gather only), "_od" = OPT 2 (dequant only).
-# bf16 kernels have no dequant (per-warp gather straight into the tile).
-VARIANT_OPT = {"": 0, "_og": 1, "_od": 2, "_o1": 3}
-KERNELS = {}
-for _lay, _shapes in _SHAPES.items():
-    for _hb, _T, _G, _nst in _shapes:
-        for _suf in ("", "_o1") + (("_og", "_od") if (_hb, _T) == (16, 64) else ()):
-            KERNELS[f"sparse_mla_{_lay}_h{_hb}_t{_T}{_suf}"] = (_lay, _hb, _T, _G, _nst, VARIANT_OPT[_suf])
-        KERNELS[f"sparse_mla_{_PREFIX[_lay + '_bf16']}_h{_hb}_t{_T}"] = (_lay + "_bf16", _hb, _T, _G, _nst, 1)
-_REC = {"v4": 592, "v32": 656}
-# "ds" kernels (fp8 only, 256 threads): warps split the head dimension and convert e4m3 inside the MMA
-# operands (sparse_mla_decode.cu, section "ds kernels"). name -> (layout, heads per CTA, tile T, ring stages,
-# CV mask: 4 = scale into P relative to a running maximum, no f16 range limit on V); mirrors DS_KERNEL(...).
-DS_KERNELS = {}
-for _lay in ("v4", "v32"):
-    for _hb, _T, _nst, _cv in ((16, 64, 3, 0), (16, 64, 2, 0), (16, 32, 4, 0), (32, 64, 2, 0), (32, 64, 3, 0),
-                               (16, 64, 3, 4), (32, 64, 3, 4), (16, 32, 4, 4)):
-        _suf = f"_c{_cv}" if _cv else ""
-        DS_KERNELS[f"sparse_mla_ds_{_lay}_h{_hb}_t{_T}_s{_nst}{_suf}"] = (_lay, _hb, _T, _nst, _cv)
 # The fp8 kernel choice: "auto" (default) = auto_fp8_kernel below, the fastest kernel measured on H200 per
-# (layout, heads, rows) (NOTES.md, "ds kernels"); "" = the first-version kernels (OPT 0), "_o1" / "_og" /
-# "_od" their variants, "ds" = the ds kernels for every shape. PDSERVE_SPARSE_MLA_FP8_OPT overrides.
+# (layout, heads, rows) (NOTES.md, "ds kernels"); "" = the first-version kernels, "ds" = the ds kernels for
+# every shape, "wg" / "wgh" = the wg kernels (sm_90a). PDSERVE_SPARSE_MLA_FP8_OPT overrides.
 FP8_VARIANT = os.environ.get("PDSERVE_SPARSE_MLA_FP8_OPT", "auto")
 # Rows (B * next_n) from which the ds kernels are picked where they won only at large batch (measured at
 # B = 1, 8, 64, 128: first-version kernels faster or equal at 8, ds faster at 64 and 128).
@@ -125,17 +102,10 @@ def auto_fp8_kernel(layout: str, h: int, rows: int | None, num_sms: int, sm90: b
 
 # "wg" kernels (fp8, sm_90a only; 384 threads: a producer warpgroup converting each 32-entry tile once into
 # bf16, two consumer warpgroups on wgmma, 64 heads per CTA; sparse_mla_decode.cu, section "wg kernels").
-# name -> (layout, ring stages, probe bits); mirrors WG_KERNEL(...). Suffix "_x<bits>":
-# tuning probes with parts of the work skipped (wrong results, never picked).
-WG_TILE = 32
-WG_KERNELS = {f"sparse_mla_wg_{_lay}_s3": (_lay, 3, 0) for _lay in ("v4", "v32")}
-WG_KERNELS.update({f"sparse_mla_wg_v32_s3_x{_x}": ("v32", 3, _x) for _x in (1, 2, 3)})
 # "_h": the tile, Q and P in f16 (cheaper conversion; measured 9% faster than bf16 at V3.2 h=128 B=64, slower at
 # B <= 8). Opt-in (variant "wgh"), not the default: |e4m3 x scale| and |RoPE| must stay below 65504 (exact for
-# power-of-two scales 2^-15 .. 2^7).
-WG_KERNELS.update({f"sparse_mla_wg_{_lay}_s3_h": (_lay, 3, 0) for _lay in ("v4", "v32")})
-# "_c2": warpgroup 1 converts half of every tile (it idles while warpgroup 0 runs QK and the softmax).
-WG_KERNELS.update({f"sparse_mla_wg_{_lay}_s3_c2": (_lay, 3, 0) for _lay in ("v4", "v32")})
+# power-of-two scales 2^-15 .. 2^7). "_c2": warpgroup 1 converts half of every tile (it idles while warpgroup 0
+# runs QK and the softmax).
 # Where the default takes them (measured: faster from 8 rows at h = 64 and 128; 33-63 heads not measured).
 WG_MIN_HEADS, WG_MIN_ROWS = 64, 8
 
@@ -147,70 +117,22 @@ def wg_kernel_name(layout: str) -> str:
     return f"sparse_mla_wg_{layout}_s3_c2" if layout == "v32" else f"sparse_mla_wg_{layout}_s3"
 
 
-def wg_smem_bytes(name: str, per_split: int) -> int:
-    """Mirror of WgSmem<...> in sparse_mla_decode.cu, + 4 B per entry of the split's index list, + 1024 B
-    so the kernel can align its base for the swizzle atoms."""
-    layout, nst, _ = WG_KERNELS[name]
-    dqk = LAYOUTS[layout].dqk
-    q = 64 * dqk * 2
-    tiles = 2 * WG_TILE * dqk * 2
-    raw = nst * WG_TILE * _REC[layout]
-    p_bufs = 2 * (128 * 32 + 128 * 8)
-    fin = 128 * 16
-    bars = -(-(2 * nst * 8) // 16) * 16
-    return q + tiles + raw + p_bufs + fin + bars + 4 * per_split + 1024
-
-
 # ds kernels with splits: the last split CTA merges the splits itself instead of a second (combine) launch.
 FUSE_COMBINE = os.environ.get("PDSERVE_SPARSE_MLA_FUSE_COMBINE", "0") == "1"
 
 
-def ds_smem_bytes(name: str, per_split: int) -> int:
-    """Mirror of DsSmem<...> in sparse_mla_decode.cu (plus 4 bytes per entry of the split's index list)."""
-    layout, hb, T, nst, _ = DS_KERNELS[name]
-    v4 = layout == "v4"
-    npart = 8 if v4 else 9
-    raw = nst * T * _REC[layout]
-    part = npart * hb * (T + 8) * 4
-    p_tiles = hb * T * 2 * (2 if v4 else 1)
-    small = 4 * hb * 4 + -(-(nst * 8) // 16) * 16
-    return raw + part + p_tiles + small + 4 * per_split
-
-
-def smem_bytes(name: str, per_split: int) -> int:
-    if name in WG_KERNELS:
-        return wg_smem_bytes(name, per_split)
-    if name in DS_KERNELS:
-        return ds_smem_bytes(name, per_split)
-    layout, hb, T, G, nst, _ = KERNELS[name]
-    lay = LAYOUTS[layout]
-    rowb = lay.dqk * 2
-    ring = nst * T * rowb if lay.bf16 else nst * T * _REC[layout] + T * rowb
-    return ring + hb * rowb + hb * T * 2 + 2 * G * hb * 4 + 4 * per_split
-
-
-def threads(name: str) -> int:
-    if name in WG_KERNELS:
-        return 384
-    if name in DS_KERNELS:
-        return 256
-    _, hb, _, G, _, _ = KERNELS[name]
-    return 32 * (hb // 16) * G
-
-
-def kernel_shape(name: str) -> tuple[str, int, int]:
-    """(layout, heads per CTA, tile) of any kernel of the module."""
-    if name in WG_KERNELS:
-        return WG_KERNELS[name][0], 64, WG_TILE
-    if name in DS_KERNELS:
-        layout, hb, T, _, _ = DS_KERNELS[name]
-        return layout, hb, T
-    layout, hb, T, _, _, _ = KERNELS[name]
-    return layout, hb, T
-
-
 def find_fatbin() -> pathlib.Path:
     return locate_fatbin("sparse_mla_decode", "PDSERVE_SPARSE_MLA_FATBIN")
+
+
+def load_kernel_table(fatbin: str | os.PathLike | None = None) -> KernelTable:
+    """The metadata of `fatbin` (default: find_fatbin()), from the .json the build wrote next to it."""
+    return load_table(metadata_path(fatbin or find_fatbin()), "sparse_mla_decode")
+
+
+def kernel_shape(info: KernelInfo) -> tuple[str, int, int]:
+    """(layout, heads per CTA, entries per tile) of a kernel of the module (not the combine)."""
+    return info.shape["layout"], info.shape["heads"], info.shape["tile"]
 
 
 class SparseMlaDecode:
@@ -229,9 +151,10 @@ class SparseMlaDecode:
         self.capability = (props.major, props.minor)
         self.smem_limit = int(getattr(props, "shared_memory_per_block_optin", 0) or 232448)
         path = pathlib.Path(fatbin) if fatbin else find_fatbin()
-        kernels = {n: self.smem_limit for n in (*KERNELS, *DS_KERNELS, *WG_KERNELS)}
-        kernels["sparse_mla_combine"] = 0
-        self.module = Module(path.read_bytes(), self.device.index, kernels)
+        self.kernels = load_kernel_table(path)
+        self.kernels.check_params(_Params)
+        self.module = Module(path.read_bytes(), self.device.index,
+                             {n: self.smem_limit if k.smem_bytes(1) else 0 for n, k in self.kernels.kernels.items()})
         self._lock = threading.Lock()
         self._occ: dict[tuple[str, int], int] = {}
         self._counter_bufs: dict[int, object] = {}
@@ -254,13 +177,16 @@ class SparseMlaDecode:
 
         First-version kernels: heads per CTA = the smallest of 16/32/64 covering h (h > 64: blocks of 64);
         `small` (default on GPUs with < 200 KB of shared memory per block, e.g. sm_120) takes the 16-head,
-        32-entry variant. fp8 `variant` (default FP8_VARIANT): "auto" (auto_fp8_kernel), "" / "_o1" / ...
-        (first version), "ds" (ds_kernel_name), "wg" / "wgh" (sm_90a only, else "auto"; "wgh": the f16-tile
-        wg kernels, see WG_KERNELS). The ds and wg kernels need > 99 KB of shared memory: never `small`."""
+        32-entry variant. fp8 `variant` (default FP8_VARIANT): "auto" (auto_fp8_kernel), "" (first version),
+        "ds" (ds_kernel_name), "wg" / "wgh" (sm_90a only, else "auto"; "wgh": the f16-tile wg kernels). The ds
+        and wg kernels need > 99 KB of shared memory: never `small`."""
         if small is None:
             small = self.smem_limit < 200 * 1024
         base = layout.split("_")[0]
         suffix = "" if LAYOUTS[layout].bf16 else (FP8_VARIANT if variant is None else variant)
+        if suffix not in ("", "auto", "ds", "wg", "wgh"):
+            raise ValueError(f"fp8 variant must be one of 'auto', '', 'ds', 'wg', 'wgh', got {suffix!r}"
+                             + (" (PDSERVE_SPARSE_MLA_FP8_OPT)" if variant is None else ""))
         if suffix in ("wg", "wgh"):   # sm_90a only (wgmma); elsewhere the default choice
             if self.capability[0] == 9 and not small:
                 return f"sparse_mla_wg_{base}_s3_h" if suffix == "wgh" else wg_kernel_name(base)
@@ -287,26 +213,28 @@ class SparseMlaDecode:
         """CTAs of `name` that fit on one SM with this split's shared memory (driver occupancy query)."""
         key = (name, per_split)
         if key not in self._occ:
-            self._occ[key] = max(1, self.module.max_active_blocks(name, threads(name), smem_bytes(name, per_split)))
+            k = self.kernels[name]
+            self._occ[key] = max(1, self.module.max_active_blocks(name, k.threads, k.smem_bytes(per_split)))
         return self._occ[key]
 
     def plan(self, name: str, rows: int, h: int, ntot: int, splits: int | None = None) -> tuple[int, int]:
         """(splits, per_split): split each row's entries when rows x head blocks would not fill the GPU
         (the ds kernels: fill every CTA slot the occupancy allows, e.g. two per SM for the 32-entry ones)."""
-        _, hb, T = kernel_shape(name)
+        k = self.kernels[name]
+        _, hb, T = kernel_shape(k)
         ctas = rows * -(-h // hb)
         tiles = max(1, -(-ntot // T))
-        slots = self.num_sms * (self.ctas_per_sm(name, T) if name in DS_KERNELS else 1)
+        slots = self.num_sms * (self.ctas_per_sm(name, T) if k.family == "ds" else 1)
         if splits is None:
             splits = max(1, min(slots // ctas, tiles, 64)) if ctas < slots else 1
         splits = max(1, min(int(splits), tiles))
         per_split = -(-tiles // splits) * T
         splits = max(1, -(-ntot // per_split))
-        while smem_bytes(name, per_split) > self.smem_limit and per_split > T:
+        while k.smem_bytes(per_split) > self.smem_limit and per_split > T:
             per_split -= T
             splits = -(-ntot // per_split)
-        if smem_bytes(name, per_split) > self.smem_limit:
-            raise ValueError(f"{name} needs {smem_bytes(name, per_split)} B of shared memory, this GPU allows "
+        if k.smem_bytes(per_split) > self.smem_limit:
+            raise ValueError(f"{name} needs {k.smem_bytes(per_split)} B of shared memory, this GPU allows "
                              f"{self.smem_limit}")
         return splits, per_split
 
@@ -348,15 +276,17 @@ class SparseMlaDecode:
             raise ValueError("at least one index per row is needed (topk + topk_extra >= 1)")
 
         name = kernel or self.pick_kernel(layout, h, small, variant, rows)
-        if (name in DS_KERNELS or name in WG_KERNELS) and layout == "v4" and page == 1 and not (
+        family = self.kernels[name].family if name in self.kernels else None
+        if family in ("ds", "wg") and layout == "v4" and page == 1 and not (
                 _covers(kv, stride, 592) and (topk_extra == 0 or _covers(extra_kv, estride, 592))):
             # The ds kernels copy V4's scale record as the 16-byte aligned pair holding it: with page 1 that
             # reads 8 bytes past the entry, which must still be inside the tensor's storage.
             name = self.pick_kernel(layout, h, small, "")
-        known = (*KERNELS, *DS_KERNELS, *WG_KERNELS)
-        if name not in known or kernel_shape(name)[0] != layout:
-            raise ValueError(f"kernel {name!r} is not a {layout} kernel ({sorted(known)})")
-        if name in WG_KERNELS and self.capability[0] != 9:
+        known = sorted(n for n, k in self.kernels.kernels.items() if k.family != "combine")
+        if name not in known or kernel_shape(self.kernels[name])[0] != layout:
+            raise ValueError(f"kernel {name!r} is not a {layout} kernel ({known})")
+        info = self.kernels[name]
+        if info.family == "wg" and self.capability[0] != 9:
             raise ValueError(f"kernel {name!r} needs an sm_90a GPU (wgmma); this one is sm_{self.capability[0]}{self.capability[1]}")
         n_splits, per_split = self.plan(name, rows, h, ntot, splits)
         if out is None:
@@ -372,8 +302,8 @@ class SparseMlaDecode:
             lse_part = torch.empty((rows, n_splits, h), dtype=torch.float32, device=self.device)
         else:
             o_part = lse_part = None
-        _, hb, _ = kernel_shape(name)
-        fuse = (FUSE_COMBINE if fuse_combine is None else fuse_combine) and name in DS_KERNELS and n_splits > 1
+        _, hb, _ = kernel_shape(info)
+        fuse = (FUSE_COMBINE if fuse_combine is None else fuse_combine) and info.family == "ds" and n_splits > 1
         counters = self._counters(rows * -(-h // hb)) if fuse else None
         p = _Params(
             q=q4.data_ptr(), kv=kv.data_ptr(), kv_extra=extra_kv.data_ptr(), indices=ind3.data_ptr(),
@@ -387,10 +317,11 @@ class SparseMlaDecode:
             counters=counters.data_ptr() if counters is not None else None)
         stream = torch.cuda.current_stream(self.device).cuda_stream
         with self._lock:
-            self.module.launch(name, (n_splits, -(-h // hb), rows), threads(name), smem_bytes(name, per_split),
+            self.module.launch(name, (n_splits, -(-h // hb), rows), info.threads, info.smem_bytes(per_split),
                                stream, p)
             if n_splits > 1 and not fuse:
-                self.module.launch("sparse_mla_combine", (h, rows, 1), 128, 0, stream, p)
+                combine = self.kernels["sparse_mla_combine"]
+                self.module.launch(combine.name, (h, rows, 1), combine.threads, 0, stream, p)
         # Keep the workspace alive until the launches are queued (the caching allocator reuses it safely
         # on the same stream afterwards).
         del o_part, lse_part

@@ -5,11 +5,11 @@ import sys
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "python"))
-sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "bench"))
 
 import torch  # noqa: E402
 
-from bench_sparse_mla import PAGE, distinct_indices, random_pool  # noqa: E402
+from harness import PAGE, distinct_indices, random_pool  # noqa: E402
 from pdserve_kernels.sparse_mla_decode import SparseMlaDecode  # noqa: E402
 from pdserve_kernels.sparse_mla_reference import LAYOUTS  # noqa: E402
 

@@ -14,12 +14,11 @@ import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "python"))
-sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "bench"))
 
 import torch  # noqa: E402
 
-from bench_dsa_indexer import Timer  # noqa: E402
-from bench_sparse_mla import CASES, PAGE, distinct_indices, random_pool  # noqa: E402
+from harness import CASES, PAGE, Timer, distinct_indices, random_pool  # noqa: E402
 from pdserve_kernels.sparse_mla_decode import SparseMlaDecode  # noqa: E402
 from pdserve_kernels.sparse_mla_reference import LAYOUTS  # noqa: E402
 

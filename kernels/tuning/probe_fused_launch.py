@@ -6,10 +6,11 @@ import pathlib
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "python"))
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "bench"))
 import torch  # noqa: E402
 
-from bench_dsa_indexer import Timer, make_pool  # noqa: E402
+from bench_dsa_indexer import make_pool  # noqa: E402
+from harness import Timer  # noqa: E402
 from pdserve_kernels.dsa_indexer import DsaIndexer  # noqa: E402
 
 gen = torch.Generator(device="cuda")

@@ -2,21 +2,38 @@
 prints its relative error against the fp32 reference (how the MN-major V descriptor convention was settled:
 NOTES.md "wg kernels"; the _x probes print ~1.0 by design). `--time`: median us of every V3.2 wg kernel,
 probes included (no conversion / no wgmma / neither), at four shapes: which side bounds a tile.
-Run from the repo root with PYTHONPATH=kernels/python on an sm_90a GPU."""
+The probes exist only in the tuning build: run `bash kernels/tuning/build.sh` first (it writes
+kernels/build/sparse_mla_decode_tuning.{fatbin,json}), then `python3 kernels/tuning/probe_wg.py [--time]` from
+the repo root on an sm_90a GPU."""
 
+import pathlib
+import sys
 import time
 
-import torch
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "python"))
+sys.path.insert(0, str(HERE.parent / "bench"))
 
-from pdserve_kernels.sparse_mla_decode import WG_KERNELS, SparseMlaDecode
-from pdserve_kernels.sparse_mla_reference import LAYOUTS, make_inputs, reference_from_inputs
+import torch  # noqa: E402
+
+from pdserve_kernels.sparse_mla_decode import SparseMlaDecode  # noqa: E402
+from pdserve_kernels.sparse_mla_reference import LAYOUTS, make_inputs, reference_from_inputs  # noqa: E402
+
+TUNING_FATBIN = HERE.parent / "build" / "sparse_mla_decode_tuning.fatbin"
+
+
+def load() -> SparseMlaDecode:
+    if not TUNING_FATBIN.is_file():
+        sys.exit(f"{TUNING_FATBIN} not found: build it with `bash kernels/tuning/build.sh`")
+    return SparseMlaDecode(fatbin=TUNING_FATBIN)
 
 
 def main() -> None:
-    mla = SparseMlaDecode()
+    mla = load()
     g = torch.Generator(device="cuda")
     g.manual_seed(time.time_ns() % (1 << 31))
-    for name, (layout, *_rest) in sorted(WG_KERNELS.items()):
+    for name, info in sorted(mla.kernels.family("wg").items()):
+        layout = info.shape["layout"]
         for h, topk, extra in ((64, 512, 128 if layout == "v4" else 0), (128, 100, 0)):
             inp = make_inputs(layout, 2, 1, h, topk, topk_extra=extra, generator=g)
             sm = LAYOUTS[layout].dqk ** -0.5
@@ -35,27 +52,21 @@ def main() -> None:
                   f"nan {torch.isnan(out.float()).any().item()}")
 
 
-if __name__ == "__main__" and "--time" not in __import__("sys").argv:
+if __name__ == "__main__" and "--time" not in sys.argv:
     main()
 
 
 def time_probes() -> None:
     """Median us of each wg kernel (probes included: their results are wrong by design) on V3.2 top-2048."""
-    import sys
-    import pathlib
+    from harness import PAGE, Timer, distinct_indices, random_pool
 
-    here = pathlib.Path(__file__).resolve().parent
-    sys.path.insert(0, str(here))
-    from bench_dsa_indexer import Timer
-    from bench_sparse_mla import PAGE, distinct_indices, random_pool
-
-    mla = SparseMlaDecode()
+    mla = load()
     g = torch.Generator(device="cuda")
     g.manual_seed(3)
     lay = LAYOUTS["v32"]
     _, kv = random_pool(lay, 1 << 20, g)
     timer = Timer(head_start_cycles=200_000)
-    names = sorted(n for n, v in WG_KERNELS.items() if v[0] == "v32")
+    names = sorted(n for n, k in mla.kernels.family("wg").items() if k.shape["layout"] == "v32")
     print("| B | h | " + " | ".join(names) + " |")
     for B, h in ((64, 128), (128, 64), (8, 128), (1, 128)):
         ind = distinct_indices(B, 2048, kv.shape[0] * PAGE, g).view(B, 1, 2048)
@@ -66,5 +77,5 @@ def time_probes() -> None:
         print(f"| {B} | {h} | " + " | ".join(f"{ts[n]:.1f}" if n in ts else "" for n in names) + " |", flush=True)
 
 
-if __name__ == "__main__" and "--time" in __import__("sys").argv:
+if __name__ == "__main__" and "--time" in sys.argv:
     time_probes()

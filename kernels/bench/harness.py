@@ -1,0 +1,213 @@
+"""What the kernel benchmarks share: the timer (CUDA events, L2 evicted before every repeat, median of
+round-robin repeats), the run's environment record, the two ceilings measured in the same run, and the
+sparse MLA decode inputs (cases, random caches, distinct indices) with their fp32 reference."""
+
+from __future__ import annotations
+
+import datetime
+import pathlib
+import platform
+import statistics
+import subprocess
+import sys
+from dataclasses import dataclass
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "python"))
+
+import torch  # noqa: E402
+
+from pdserve_kernels.sparse_mla_reference import LAYOUTS, make_cache, reference_decode  # noqa: E402
+
+
+def sh(cmd: str) -> str:
+    try:
+        return subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=30).stdout.strip()
+    except Exception as exc:  # reporting only
+        return f"n/a ({exc})"
+
+
+def run_env(**extra) -> dict:
+    """Date, GPU, driver, versions and the command line of this run (printed first, stored with the rows)."""
+    props = torch.cuda.get_device_properties(0)
+    env = {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "gpu": props.name, "sms": props.multi_processor_count,
+        "driver": sh("nvidia-smi --query-gpu=driver_version --format=csv,noheader"),
+        "torch": torch.__version__, "nvcc": sh("nvcc --version | tail -2 | head -1"),
+        "python": platform.python_version(), "command": " ".join(sys.argv),
+    }
+    env.update(extra)
+    return env
+
+
+def seeded_generator() -> torch.Generator:
+    """Fresh random inputs every run (seeded from the clock)."""
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(int(datetime.datetime.now().timestamp()))
+    return gen
+
+
+class Timer:
+    def __init__(self, flush_bytes: int = 512 << 20, head_start_cycles: int = 40_000):
+        self.buf = torch.ones(flush_bytes, dtype=torch.uint8, device="cuda")
+        self.head_start = head_start_cycles
+
+    def median_us(self, fn, reps: int) -> float:
+        return self.medians_us([fn], reps)[0]
+
+    def medians_us(self, fns, reps: int) -> list[float]:
+        """Median of `reps` timings of each fn, run round-robin so clock or thermal drift hits all alike."""
+        for fn in fns:
+            fn()
+        torch.cuda.synchronize()
+        ev = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+              for _ in fns]
+        for r in range(reps):
+            for fn, evs in zip(fns, ev):
+                s, e = evs[r]
+                # Evict the previous repeat's data from L2 (50 MB) by reading 512 MB: a read leaves clean
+                # lines, so the timed kernels do not pay for writing back the flush's own dirty lines.
+                self.buf.view(torch.int64).sum()
+                torch.cuda._sleep(self.head_start)   # default ~20 us head start so the host's launches are queued in time
+                s.record()
+                fn()
+                e.record()
+        torch.cuda.synchronize()
+        return [statistics.median(s.elapsed_time(e) * 1e3 for s, e in evs) for evs in ev]
+
+
+def copy_bandwidth(timer: Timer) -> float:
+    """Device-to-device copy, GB/s counting bytes read plus written."""
+    n = 2 << 30
+    a = torch.empty(n, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    a.random_(0, 255)
+    t = timer.median_us(lambda: b.copy_(a), 30)
+    return 2 * n / (t * 1e-6) / 1e9
+
+
+def matmul_tflops(timer: Timer) -> float:
+    n = 8192
+    a = torch.randn((n, n), device="cuda", dtype=torch.bfloat16)
+    b = torch.randn((n, n), device="cuda", dtype=torch.bfloat16)
+    t = timer.median_us(lambda: a @ b, 30)
+    return 2 * n ** 3 / (t * 1e-6) / 1e12
+
+
+# ---- sparse MLA decode inputs ----
+
+PAGE = 64
+CASES = {  # name -> (layout, selected from the main cache, window entries from the extra cache)
+    "v4-csa": ("v4", 512, 128),
+    "v4-hca": ("v4", 1024, 128),
+    "v32": ("v32", 2048, 0),
+    "v4-csa-bf16": ("v4_bf16", 512, 128),
+    "v4-hca-bf16": ("v4_bf16", 1024, 128),
+    "v32-bf16": ("v32_bf16", 2048, 0),
+}
+
+
+def random_pool(layout, n_entries: int, gen):
+    """A cache with random finite entries everywhere (benchmark inputs; the tests use NaN poisoning)."""
+    nb = n_entries // PAGE
+    buf, view = make_cache(torch, layout, nb, PAGE, "cuda")
+    step = 2048
+    for lo in range(0, nb, step):
+        hi = min(nb, lo + step)
+        n = hi - lo
+        if layout.bf16:
+            eb = layout.entry_bytes
+            buf[lo:hi, :PAGE * eb].view(n, PAGE, eb)[:] = torch.randn(
+                (n, PAGE, layout.dqk), device="cuda", generator=gen).to(torch.bfloat16).view(torch.uint8)
+        elif layout.name == "v4":
+            data = buf[lo:hi, :PAGE * 576].view(n, PAGE, 576)
+            data[:, :, :448] = torch.randn((n, PAGE, 448), device="cuda", generator=gen).to(
+                torch.float8_e4m3fn).view(torch.uint8)
+            data[:, :, 448:] = torch.randn((n, PAGE, 64), device="cuda", generator=gen).to(
+                torch.bfloat16).view(torch.uint8)
+            sc = buf[lo:hi, PAGE * 576:PAGE * 584].view(n, PAGE, 8)
+            sc[:, :, :7] = torch.randint(121, 127, (n, PAGE, 7), device="cuda", generator=gen).to(torch.uint8)
+        else:
+            data = buf[lo:hi, :PAGE * 656].view(n, PAGE, 656)
+            data[:, :, :512] = torch.randn((n, PAGE, 512), device="cuda", generator=gen).to(
+                torch.float8_e4m3fn).view(torch.uint8)
+            e = torch.randint(-6, 0, (n, PAGE, 4), device="cuda", generator=gen).float()
+            data[:, :, 512:528] = torch.exp2(e).view(torch.uint8)
+            data[:, :, 528:] = torch.randn((n, PAGE, 64), device="cuda", generator=gen).to(
+                torch.bfloat16).view(torch.uint8)
+    return buf, view
+
+
+def distinct_indices(rows: int, k: int, pool: int, gen):
+    return torch.stack([torch.randperm(pool, device="cuda", generator=gen)[:k] for _ in range(rows)]).int()
+
+
+@dataclass
+class MlaShape:
+    """One benchmark shape: a case at batch B and h heads, its inputs, and calls of the launcher on them."""
+
+    case: str
+    B: int
+    h: int
+    layout: str
+    q: torch.Tensor
+    kv: torch.Tensor
+    buf: torch.Tensor              # kv's raw cache (the reference reads it)
+    ind: torch.Tensor
+    win_buf: torch.Tensor | None
+    win_ind: torch.Tensor | None
+    extra: dict
+    sinks: torch.Tensor
+    sm_scale: float
+    n_valid: int                   # entries per row (selected + window)
+    unique_entries: int            # distinct entries over the batch (the bytes a kernel must read)
+
+    @property
+    def lay(self):
+        return LAYOUTS[self.layout]
+
+    def call(self, mla, **kw):
+        """A no-argument call of `mla` on this shape (kernel=, splits=, variant=, ... passed on)."""
+        return lambda: mla(self.q, self.kv, self.ind, self.sm_scale, layout=self.layout, sinks=self.sinks,
+                           **self.extra, **kw)
+
+    def reference(self, rows: int | None = None):
+        """(out, lse) of the fp32 reference on the first `rows` rows (default: all)."""
+        r = self.B if rows is None else min(self.B, rows)
+        return reference_decode(self.lay, self.q[:r].view(r, self.h, self.lay.dqk), self.buf, PAGE,
+                                self.ind[:r].view(r, -1), self.sm_scale, self.sinks, extra_cache=self.win_buf,
+                                extra_page=PAGE,
+                                extra_indices=self.win_ind[:r].view(r, -1) if self.win_ind is not None else None)
+
+    def rel_err(self, out, ref_out) -> float:
+        r = ref_out.shape[0]
+        o = out[:r].reshape(r, self.h, 512).float()
+        return ((o - ref_out).norm() / ref_out.norm()).item()
+
+
+def mla_shapes(cases, batches, heads, gen):
+    """The shapes of `cases` x `batches` x `heads` (one query token per request, page 64), with fresh random
+    caches (2^20 entries, window caches 2^17) shared across the shapes of a layout."""
+    pools = {}
+    for case in cases:
+        layout, k_main, k_win = CASES[case]
+        lay = LAYOUTS[layout]
+        if layout not in pools:
+            pools[layout] = random_pool(lay, 1 << 20, gen)
+        buf, kv = pools[layout]
+        win_buf = win = None
+        if k_win:
+            if "win-" + layout not in pools:
+                pools["win-" + layout] = random_pool(lay, 1 << 17, gen)
+            win_buf, win = pools["win-" + layout]
+        for B in batches:
+            ind = distinct_indices(B, k_main, kv.shape[0] * PAGE, gen).view(B, 1, k_main)
+            win_ind = distinct_indices(B, k_win, win.shape[0] * PAGE, gen).view(B, 1, k_win) if k_win else None
+            uniq = torch.unique(ind).numel() + (torch.unique(win_ind).numel() if k_win else 0)
+            extra = dict(extra_kv=win, extra_indices=win_ind) if k_win else {}
+            for h in heads:
+                q = torch.randn((B, 1, h, lay.dqk), device="cuda", generator=gen).to(torch.bfloat16)
+                sinks = torch.randn((h,), device="cuda", generator=gen)
+                yield MlaShape(case=case, B=B, h=h, layout=layout, q=q, kv=kv, buf=buf, ind=ind, win_buf=win_buf,
+                               win_ind=win_ind, extra=extra, sinks=sinks, sm_scale=lay.dqk ** -0.5,
+                               n_valid=k_main + k_win, unique_entries=uniq)

@@ -1,0 +1,123 @@
+// Writes the metadata of one kernel module as JSON to stdout: `kernel_metadata dsa_indexer` or
+// `kernel_metadata sparse_mla_decode`. build.sh runs it and puts <module>.json next to <module>.fatbin.
+//
+// It is compiled from the very headers the .cu files instantiate their kernels from, so the launcher reads
+// the kernels' names, threads per CTA, dynamic shared memory (fixed bytes + bytes per unit of work) and the
+// parameter struct's layout from what the build saw, instead of mirroring them by hand. Plain host C++ (no
+// device code): `nvcc -std=c++17 -x c++` builds it in about a second. The output depends on nothing but the
+// headers (no paths, times or hashes), so rebuilds are bit-identical like the fatbins.
+#include <cstdio>
+#include <cstring>
+
+#include "dsa_indexer/dsa_indexer.h"
+#include "sparse_mla_decode/sparse_mla_decode.h"
+
+namespace {
+
+// Emits one JSON object per call, comma-separated, in a fixed order (so the bytes never change).
+struct Writer {
+  bool first = true;
+  void sep() {
+    std::printf(first ? "\n" : ",\n");
+    first = false;
+  }
+};
+
+void field(Writer& w, const char* name, size_t offset, size_t size) {
+  w.sep();
+  std::printf("    {\"name\": \"%s\", \"offset\": %zu, \"size\": %zu}", name, offset, size);
+}
+
+// One kernel: `unit` names what smem_per_unit counts ("entry": entries of the split's index list,
+// "chunk_page": pages of a fused scoring CTA's chunk, "": nothing).
+void kernel(Writer& w, const char* name, const char* family, int threads, int smem_fixed, int smem_per_unit,
+            const char* unit, const char* extra) {
+  w.sep();
+  std::printf("    {\"name\": \"%s\", \"family\": \"%s\", \"threads\": %d, \"smem_fixed\": %d, "
+              "\"smem_per_unit\": %d, \"smem_unit\": \"%s\"%s}",
+              name, family, threads, smem_fixed, smem_per_unit, unit, extra);
+}
+
+template <class L>
+const char* mla_shape(char* buf, size_t n, int heads, int tile, int stages, const char* more) {
+  std::snprintf(buf, n, ", \"layout\": \"%s\", \"heads\": %d, \"tile\": %d, \"stages\": %d%s", L::kName, heads,
+                tile, stages, more);
+  return buf;
+}
+
+void sparse_mla_decode() {
+  char buf[256], more[128];
+  std::printf("{\n  \"module\": \"sparse_mla_decode\",\n  \"params\": {\"struct\": \"MlaParams\", \"size\": %zu, "
+              "\"fields\": [", sizeof(MlaParams));
+  Writer f;
+#define MLA_FIELD(NAME) field(f, #NAME, offsetof(MlaParams, NAME), sizeof(MlaParams::NAME));
+  MLA_PARAMS_FIELDS(MLA_FIELD)
+#undef MLA_FIELD
+  std::printf("\n  ]},\n  \"kernels\": [");
+  Writer k;
+#define MLA_META(NAME, LAY, MT, T, G, NST, OPT)                                                             \
+  {                                                                                                       \
+    using S = MlaSmem<Geom##LAY, MT, T, G, NST>;                                                          \
+    std::snprintf(more, sizeof more, ", \"groups\": %d, \"opt\": %d", G, OPT);                              \
+    kernel(k, #NAME, "mla", S::kThreads, S::kSidx, 4, "entry", mla_shape<Geom##LAY>(buf, sizeof buf, 16 * MT, T, NST, more)); \
+  }
+  SPARSE_MLA_FIRST_KERNELS(MLA_META)
+#define DS_META(NAME, LAY, MT, T, NST, CV)                                                                 \
+  {                                                                                                       \
+    std::snprintf(more, sizeof more, ", \"cv\": %d", CV);                                                  \
+    kernel(k, #NAME, "ds", kDsThreads, DsSmem<Geom##LAY, MT, T, NST>::kSidx, 4, "entry",                   \
+           mla_shape<Geom##LAY>(buf, sizeof buf, 16 * MT, T, NST, more));                                 \
+  }
+  SPARSE_MLA_DS_KERNELS(DS_META)
+#define WG_META(NAME, LAY, NST, PROBE, H, SC)                                                              \
+  {                                                                                                       \
+    std::snprintf(more, sizeof more, ", \"probe\": %d, \"f16\": %s, \"split_convert\": %s", PROBE,        \
+                  H ? "true" : "false", SC ? "true" : "false");                                            \
+    kernel(k, #NAME, "wg", kWgThreads, WgSmem<Geom##LAY, NST>::kSidx + kWgAlignSlack, 4, "entry",          \
+           mla_shape<Geom##LAY>(buf, sizeof buf, kWgHeads, kWgT, NST, more));                             \
+  }
+  SPARSE_MLA_WG_KERNELS(WG_META)
+#ifdef PDSERVE_TUNING_PROBES
+  SPARSE_MLA_WG_PROBE_KERNELS(WG_META)
+#endif
+  kernel(k, "sparse_mla_combine", "combine", kCombineThreads, 0, 0, "", "");
+  std::printf("\n  ]\n}\n");
+}
+
+void dsa_indexer() {
+  std::printf("{\n  \"module\": \"dsa_indexer\",\n  \"constants\": {\"heads\": %d, \"dim\": %d, \"page\": %d, "
+              "\"select_chunk\": %d, \"bins1\": %d, \"ctr\": %d, \"max_subs\": %d, \"max_chunk_pages\": %d},\n",
+              kHeads, kDim, kPage, kSelectChunk, kBins1, kCtr, kMaxSubs, kMaxChunkPages);
+  std::printf("  \"params\": {\"struct\": \"DsaParams\", \"size\": %zu, \"fields\": [", sizeof(DsaParams));
+  Writer f;
+#define DSA_FIELD(NAME) field(f, #NAME, offsetof(DsaParams, NAME), sizeof(DsaParams::NAME));
+  DSA_PARAMS_FIELDS(DSA_FIELD)
+#undef DSA_FIELD
+  std::printf("\n  ]},\n  \"kernels\": [");
+  Writer k;
+  char extra[128];
+#define DSA_META(NAME, NN, WGMMA, FUSED)                                                                  \
+  {                                                                                                      \
+    std::snprintf(extra, sizeof extra, ", \"next_n\": %d, \"impl\": \"%s\"", NN, WGMMA ? "wgmma" : "mma"); \
+    kernel(k, #NAME, FUSED ? "fused" : "score", kScoreThreads,                                           \
+           kAlignSlack + ScoreSmem<NN>::kLocal,                                                      \
+           FUSED ? ScoreSmem<NN>::kLocalPerPage : 0, FUSED ? "chunk_page" : "", extra);                  \
+  }
+  DSA_SCORE_KERNELS(DSA_META)
+  kernel(k, "dsa_select", "select", kSelectThreads, kSelectSmem, 0, "", "");
+  std::printf("\n  ]\n}\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc == 2 && std::strcmp(argv[1], "sparse_mla_decode") == 0) {
+    sparse_mla_decode();
+  } else if (argc == 2 && std::strcmp(argv[1], "dsa_indexer") == 0) {
+    dsa_indexer();
+  } else {
+    std::fprintf(stderr, "usage: %s dsa_indexer|sparse_mla_decode\n", argv[0]);
+    return 2;
+  }
+  return 0;
+}

@@ -1,0 +1,201 @@
+// Host-visible contract of sparse_mla_decode.cu: the parameter struct, the cache layouts' geometry, the
+// shared-memory layout of every kernel family and the table of kernels the fatbin exports.
+//
+// One source for two readers: sparse_mla_decode.cu instantiates its kernels from the tables below, and
+// kernels/kernel_metadata.cpp (plain host C++, run by build.sh) writes them to sparse_mla_decode.json next
+// to the fatbin, which the Python launcher reads instead of mirroring them. Nothing here is device code, so
+// the host compiler alone can read it. Private to one translation unit per program: the anonymous namespace
+// keeps the .cu's instantiations exactly as they were when all of this lived in the .cu.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <cuda_bf16.h>
+
+struct MlaParams {
+  const __nv_bfloat16* q;     // [rows, h, d_qk]
+  const uint8_t* kv;          // main cache
+  const uint8_t* kv_extra;    // extra cache (may equal kv; unused when topk_extra == 0)
+  const int* indices;         // [rows, topk]
+  const int* indices_extra;   // [rows, topk_extra]
+  const float* sinks;         // [h] or null
+  __nv_bfloat16* out;         // [rows, h, 512]
+  float* lse;                 // [rows, h]
+  float* o_part;              // [rows, splits, h, 512] (splits > 1)
+  float* lse_part;            // [rows, splits, h]      (splits > 1)
+  long long block_stride;     // bytes between blocks of kv
+  long long block_stride_extra;
+  int num_entries;            // blocks * page of kv (indices at or beyond are treated as invalid)
+  int num_entries_extra;
+  int page_shift;             // log2(page)
+  int rows;
+  int h;
+  int topk;
+  int topk_extra;
+  int splits;
+  int per_split;              // entries per split, a multiple of the kernel's tile
+  float scale_log2;           // sm_scale * log2(e)
+  int* counters;              // ds kernels, splits > 1: [rows, head blocks] zeroed arrival counters; the last
+                              // split CTA of a (row, head block) merges the splits itself (null: the launcher
+                              // runs sparse_mla_combine instead). The last CTA resets its counter to 0.
+};
+// The launcher passes this struct by value through ctypes (sparse_mla_decode._Params); a change here must
+// change that mirror too (tests/kernels/test_kernel_metadata.py compares both with the emitted layout).
+static_assert(sizeof(MlaParams) == 144 && offsetof(MlaParams, counters) == 136, "MlaParams layout changed");
+
+// The fields the metadata lists, in declaration order (the test checks that ctypes agrees on each).
+#define MLA_PARAMS_FIELDS(F)                                                                          \
+  F(q) F(kv) F(kv_extra) F(indices) F(indices_extra) F(sinks) F(out) F(lse) F(o_part) F(lse_part)     \
+  F(block_stride) F(block_stride_extra) F(num_entries) F(num_entries_extra) F(page_shift) F(rows) F(h) \
+  F(topk) F(topk_extra) F(splits) F(per_split) F(scale_log2) F(counters)
+
+namespace {
+
+constexpr int kDv = 512;
+
+// Cache layouts: bytes per entry in the cache (kTok) and per record in shared memory (kRec), dims of K
+// (kDqk). The .cu adds the device-side readers (LayoutV4 : GeomV4, ...).
+struct GeomV4 {   // V4-Flash fp8 (FlashMLA MODEL1_FP8Sparse, 584 B per entry in the cache)
+  static constexpr const char* kName = "v4";
+  static constexpr bool kBf16 = false;
+  static constexpr int kDqk = 512, kNope = 448, kRec = 592, kChunks = 37, kTok = 576;
+  static constexpr int kRopeRaw = 448;   // RoPE bytes within the record
+  static constexpr int kRopeChunk = 56;  // first bf16 16-byte chunk of the RoPE dims in a tile row
+};
+struct GeomV32 {  // V3.2 fp8 (FlashMLA V32_FP8Sparse, 656 B per entry)
+  static constexpr const char* kName = "v32";
+  static constexpr bool kBf16 = false;
+  static constexpr int kDqk = 576, kNope = 512, kRec = 656, kChunks = 41, kTok = 656;
+  static constexpr int kRopeRaw = 528;
+  static constexpr int kRopeChunk = 64;
+};
+// bf16 KV (FlashMLA's bf16 sparse layout): each entry is d_qk contiguous bf16 values, no scales.
+struct GeomV4B {   // V4-Flash: 512 dims (448 NoPE + 64 RoPE), K = V
+  static constexpr const char* kName = "v4_bf16";
+  static constexpr bool kBf16 = true;
+  static constexpr int kDqk = 512, kTok = 1024, kChunks = 64, kRec = kTok;
+};
+struct GeomV32B {  // V3.2: 576 dims (512 latent + 64 RoPE), V = the first 512
+  static constexpr const char* kName = "v32_bf16";
+  static constexpr bool kBf16 = true;
+  static constexpr int kDqk = 576, kTok = 1152, kChunks = 72, kRec = kTok;
+};
+
+// Shared-memory layout of a first-version kernel (bytes): fp8, NST raw-record stages + one bf16 tile; bf16,
+// NST bf16 tile stages (the gather writes the tile). Then Q, P, the cross-warp row maxima and sums, and 4 B
+// per entry of the split's index list from kSidx on.
+template <class L, int MT, int T, int G, int NST>
+struct MlaSmem {
+  static constexpr int kHB = 16 * MT;
+  static constexpr int kRowB = L::kDqk * 2;                          // bf16 tile row bytes
+  static constexpr int kRawB = L::kBf16 ? T * kRowB : T * L::kRec;   // bytes per ring stage
+  static constexpr int kRaw = 0;
+  static constexpr int kTile = kRaw + NST * kRawB;
+  static constexpr int kQ = L::kBf16 ? kTile : kTile + T * kRowB;
+  static constexpr int kP = kQ + kHB * kRowB;
+  static constexpr int kRedMax = kP + kHB * T * 2;
+  static constexpr int kRedSum = kRedMax + G * kHB * 4;
+  static constexpr int kSidx = kRedSum + G * kHB * 4;
+  static constexpr int kThreads = 32 * MT * G;
+};
+
+// Shared-memory layout of a ds kernel (bytes).
+constexpr int kDsThreads = 256;
+template <class L, int MT, int T, int NST>
+struct DsSmem {
+  static constexpr bool kV4 = L::kDqk == 512;
+  static constexpr int kHB = 16 * MT;
+  static constexpr int kNpart = kV4 ? 8 : 9;   // partial-S slices (V3.2: 8 fp8 + the RoPE one)
+  static constexpr int kPS = T + 8;            // partial-S row stride in floats (conflict-free float2 stores)
+  static constexpr int kRaw = 0;
+  static constexpr int kPart = kRaw + NST * T * L::kRec;
+  static constexpr int kPh = kPart + kNpart * kHB * kPS * 4;
+  static constexpr int kPb = kPh + kHB * T * 2;
+  static constexpr int kAlpha = kPb + (kV4 ? kHB * T * 2 : 0);
+  static constexpr int kFinM = kAlpha + kHB * 4;
+  static constexpr int kFinL = kFinM + kHB * 4;
+  static constexpr int kQmax = kFinL + kHB * 4;
+  static constexpr int kBar = kQmax + kHB * 4;
+  static constexpr int kSidx = kBar + ((NST * 8 + 15) / 16) * 16;   // + 4 bytes per entry of the split
+};
+
+// Shared-memory layout of a wg kernel (bytes from a 1024-aligned base: the launcher adds kWgAlignSlack).
+constexpr int kWgT = 32;        // entries per tile
+constexpr int kWgThreads = 384;
+constexpr int kWgHeads = 64;    // heads per CTA
+constexpr int kWgAlignSlack = 1024;
+template <class L, int NST>
+struct WgSmem {
+  static constexpr int kQ = 0;                                      // bf16 Q [d_qk/64][64 heads][128 B]
+  static constexpr int kTileBytes = kWgT * L::kDqk * 2;             // bf16 tile [d_qk/64][T][128 B]
+  static constexpr int kTile = kQ + 64 * L::kDqk * 2;               // two tile buffers
+  static constexpr int kRaw = kTile + 2 * kTileBytes;               // NST x T raw records
+  static constexpr int kP = kRaw + NST * kWgT * L::kRec;            // 2 x (128 x 32 B of P, 128 x float2 alpha)
+  static constexpr int kPBytes = 128 * 32 + 128 * 8;
+  static constexpr int kFin = kP + 2 * kPBytes;                     // 128 x float4 (m0, m1, l0, l1)
+  static constexpr int kBar = kFin + 128 * 16;                      // NST ring mbarriers (full), NST (SC: free)
+  static constexpr int kSidx = kBar + ((2 * NST * 8 + 15) / 16) * 16;   // + 4 B per entry of the split
+};
+
+constexpr int kCombineThreads = 128;
+
+}  // namespace
+
+// ---- The kernels the fatbin exports (each X-macro line is one extern "C" kernel) ----
+// Names: sparse_mla_<layout>_h<heads per CTA>_t<tile>; layouts v4 / v32 (fp8), v4b / v32b (bf16 KV).
+// X(NAME, LAYOUT, MT, T, G, NST, OPT): 16*MT heads per CTA, T entries per tile, G warp groups (32*MT*G
+// threads), NST ring stages; OPT bit 0 = per-warp gather (the bf16 kernels), 0 = per-item gather (fp8).
+#define SPARSE_MLA_FIRST_KERNELS(X)                                                            \
+  X(sparse_mla_v4_h16_t64, V4, 1, 64, 8, 3, 0)                                                 \
+  X(sparse_mla_v4_h32_t64, V4, 2, 64, 8, 2, 0)                                                 \
+  X(sparse_mla_v4_h64_t64, V4, 4, 64, 4, 2, 0)                                                 \
+  X(sparse_mla_v4_h16_t32, V4, 1, 32, 4, 2, 0)     /* small smem (sm_120: 99 KB per block) */ \
+  X(sparse_mla_v32_h16_t64, V32, 1, 64, 8, 2, 0)                                               \
+  X(sparse_mla_v32_h32_t64, V32, 2, 64, 8, 2, 0)                                               \
+  X(sparse_mla_v32_h64_t32, V32, 4, 32, 4, 3, 0)                                               \
+  X(sparse_mla_v32_h16_t32, V32, 1, 32, 4, 2, 0)   /* small smem (sm_120) */                   \
+  X(sparse_mla_v4b_h16_t64, V4B, 1, 64, 8, 3, 1)                                               \
+  X(sparse_mla_v4b_h32_t64, V4B, 2, 64, 8, 2, 1)                                               \
+  X(sparse_mla_v4b_h64_t64, V4B, 4, 64, 4, 2, 1)                                               \
+  X(sparse_mla_v4b_h16_t32, V4B, 1, 32, 4, 2, 1)   /* small smem (sm_120) */                   \
+  X(sparse_mla_v32b_h16_t64, V32B, 1, 64, 8, 2, 1)                                             \
+  X(sparse_mla_v32b_h32_t64, V32B, 2, 64, 8, 2, 1)                                             \
+  X(sparse_mla_v32b_h64_t32, V32B, 4, 32, 4, 3, 1)                                             \
+  X(sparse_mla_v32b_h16_t32, V32B, 1, 32, 4, 2, 1) /* small smem (sm_120) */
+
+// ds kernels (fp8 only; kDsThreads): sparse_mla_ds_<layout>_h<heads per CTA>_t<tile>_s<ring stages>.
+// X(NAME, LAYOUT, MT, T, NST, CV); suffix _c4 (CV 4): the entry scale goes into P, relative to a running
+// maximum (no f16 range limit on V).
+#define SPARSE_MLA_DS_KERNELS(X)                             \
+  X(sparse_mla_ds_v4_h16_t64_s3, V4, 1, 64, 3, 0)            \
+  X(sparse_mla_ds_v4_h16_t64_s2, V4, 1, 64, 2, 0)            \
+  X(sparse_mla_ds_v4_h16_t32_s4, V4, 1, 32, 4, 0)            \
+  X(sparse_mla_ds_v4_h32_t64_s2, V4, 2, 64, 2, 0)            \
+  X(sparse_mla_ds_v4_h32_t64_s3, V4, 2, 64, 3, 0)            \
+  X(sparse_mla_ds_v32_h16_t64_s3, V32, 1, 64, 3, 0)          \
+  X(sparse_mla_ds_v4_h16_t64_s3_c4, V4, 1, 64, 3, 4)         \
+  X(sparse_mla_ds_v32_h16_t64_s3_c4, V32, 1, 64, 3, 4)       \
+  X(sparse_mla_ds_v4_h32_t64_s3_c4, V4, 2, 64, 3, 4)         \
+  X(sparse_mla_ds_v32_h32_t64_s3_c4, V32, 2, 64, 3, 4)       \
+  X(sparse_mla_ds_v4_h16_t32_s4_c4, V4, 1, 32, 4, 4)         \
+  X(sparse_mla_ds_v32_h16_t32_s4_c4, V32, 1, 32, 4, 4)       \
+  X(sparse_mla_ds_v32_h16_t64_s2, V32, 1, 64, 2, 0)          \
+  X(sparse_mla_ds_v32_h16_t32_s4, V32, 1, 32, 4, 0)          \
+  X(sparse_mla_ds_v32_h32_t64_s2, V32, 2, 64, 2, 0)          \
+  X(sparse_mla_ds_v32_h32_t64_s3, V32, 2, 64, 3, 0)
+
+// wg kernels (sm_90a; kWgThreads, 64 heads per CTA, kWgT-entry tiles): sparse_mla_wg_<layout>_s<stages>.
+// X(NAME, LAYOUT, NST, PROBE, H, SC): _h (H) f16 tile, _c2 (SC) warpgroup 1 converts half of each tile.
+#define SPARSE_MLA_WG_KERNELS(X)                          \
+  X(sparse_mla_wg_v4_s3, V4, 3, 0, false, false)          \
+  X(sparse_mla_wg_v32_s3, V32, 3, 0, false, false)        \
+  X(sparse_mla_wg_v4_s3_h, V4, 3, 0, true, false)         \
+  X(sparse_mla_wg_v32_s3_h, V32, 3, 0, true, false)       \
+  X(sparse_mla_wg_v4_s3_c2, V4, 3, 0, false, true)        \
+  X(sparse_mla_wg_v32_s3_c2, V32, 3, 0, false, true)
+
+// Tuning probes (PROBE bits: 1 = no conversion, 2 = no wgmma): wrong results by design, so they exist only
+// in the tuning build (kernels/tuning/build.sh defines PDSERVE_TUNING_PROBES), never in the production fatbin.
+#define SPARSE_MLA_WG_PROBE_KERNELS(X)                    \
+  X(sparse_mla_wg_v32_s3_x1, V32, 3, 1, false, false)     \
+  X(sparse_mla_wg_v32_s3_x2, V32, 3, 2, false, false)     \
+  X(sparse_mla_wg_v32_s3_x3, V32, 3, 3, false, false)

@@ -1,0 +1,130 @@
+"""CPU-only: the metadata the build emits (kernels/kernel_metadata.cpp, from the headers the kernels are
+instantiated from) against what the launchers use: the ctypes parameter structs' layout, the kernel names
+the launchers can ask for, the constants of the input contract, and no wrong-by-design probe in production."""
+
+import ctypes
+import importlib
+import itertools
+import os
+import pathlib
+import shutil
+import subprocess
+
+import pytest
+
+from tests.conftest import require_or_skip
+
+mla_mod = importlib.import_module("pdserve_kernels.sparse_mla_decode")   # the package re-exports functions
+dsa_mod = importlib.import_module("pdserve_kernels.dsa_indexer")
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+HOPPER_SMEM = 232448
+
+
+def _nvcc() -> str | None:
+    return shutil.which("nvcc") or (
+        "/usr/local/cuda/bin/nvcc" if os.access("/usr/local/cuda/bin/nvcc", os.X_OK) else None)
+
+
+def _emit(out: pathlib.Path, **env) -> pathlib.Path:
+    nvcc = _nvcc()
+    require_or_skip(nvcc is not None, "nvcc not found: cannot build the kernel metadata", "PDSERVE_REQUIRE_NVCC")
+    subprocess.run(["bash", str(REPO / "kernels" / "build.sh"), str(out)], check=True, capture_output=True,
+                   text=True, timeout=300, env=dict(os.environ, NVCC=nvcc, METADATA_ONLY="1", **env))
+    return out
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    return _emit(tmp_path_factory.mktemp("metadata"))
+
+
+@pytest.fixture(scope="module")
+def mla_table(built):
+    return mla_mod.load_kernel_table(built / "sparse_mla_decode.fatbin")
+
+
+@pytest.fixture(scope="module")
+def dsa_table(built):
+    return dsa_mod.load_kernel_table(built / "dsa_indexer.fatbin")
+
+
+@pytest.mark.parametrize("module", ["sparse_mla_decode", "dsa_indexer"])
+def test_ctypes_params_have_the_built_layout(built, module):
+    mod = mla_mod if module == "sparse_mla_decode" else dsa_mod
+    table = mod.load_kernel_table(built / f"{module}.fatbin")
+    mirror = [(name, getattr(mod._Params, name).offset, getattr(mod._Params, name).size)
+              for name, *_ in mod._Params._fields_]
+    assert mirror == list(table.params_fields)
+    assert ctypes.sizeof(mod._Params) == table.params_size
+    table.check_params(mod._Params)   # what the launcher runs at load
+
+
+def test_a_drifted_mirror_is_refused(mla_table):
+    # Two adjacent int fields swapped: same size, so only the field-by-field check can see it.
+    fields = list(mla_mod._Params._fields_)
+    i = [n for n, _ in fields].index("topk")
+    fields[i], fields[i + 1] = fields[i + 1], fields[i]
+    drifted = type("Drifted", (ctypes.Structure,), {"_fields_": fields})
+    with pytest.raises(RuntimeError, match="first difference"):
+        mla_table.check_params(drifted)
+
+
+def test_dsa_constants_are_the_launchers(dsa_table):
+    assert dsa_table.constants == dsa_mod.CONSTANTS
+    names = {f"dsa_{kind}_{impl}_n{nn}" for kind, impl, nn in
+             itertools.product(("score", "fused"), ("wgmma", "mma"), (1, 2))} | {"dsa_select"}
+    assert set(dsa_table.kernels) == names
+    for name in names - {"dsa_select"}:
+        assert dsa_table[name].threads == 128 and dsa_table[name].shape["next_n"] == int(name[-1])
+    # the fused path's largest chunk still fits a Hopper SM's shared memory at next_n = 2
+    assert dsa_table["dsa_fused_wgmma_n2"].smem_bytes(dsa_mod.FUSED_MAX_CHUNK_PAGES) <= HOPPER_SMEM
+
+
+def test_production_fatbin_has_no_probe_kernels(mla_table, tmp_path):
+    assert not [n for n, k in mla_table.kernels.items() if k.shape.get("probe")]
+    assert not [n for n in mla_table.kernels if n.endswith(("_x1", "_x2", "_x3", "_o1", "_og", "_od"))]
+    tuning = mla_mod.load_kernel_table(_emit(tmp_path, TUNING="1") / "sparse_mla_decode_tuning.fatbin")
+    probes = {n for n, k in tuning.kernels.items() if k.shape.get("probe")}
+    assert probes == {"sparse_mla_wg_v32_s3_x1", "sparse_mla_wg_v32_s3_x2", "sparse_mla_wg_v32_s3_x3"}
+    assert set(tuning.kernels) - probes == set(mla_table.kernels)
+
+
+def _launcher(table, smem_limit=HOPPER_SMEM, num_sms=132, capability=(9, 0)):
+    # pick_kernel and plan's shared-memory part need only these fields; no GPU here.
+    obj = object.__new__(mla_mod.SparseMlaDecode)
+    obj.smem_limit, obj.num_sms, obj.capability, obj.kernels = smem_limit, num_sms, capability, table
+    return obj
+
+
+def test_every_kernel_the_launcher_picks_is_in_the_fatbin(mla_table):
+    """Over layouts, head counts, row counts, variants and GPUs: the name pick_kernel builds exists, has the
+    layout asked for, covers the heads as the launcher plans them, and fits the GPU's shared memory with the
+    largest index list of its layout (V4 HCA: 1024 + 128 window entries; V3.2: top-2048)."""
+    gpus = [_launcher(mla_table), _launcher(mla_table, smem_limit=101376, capability=(12, 0)),
+            _launcher(mla_table, capability=(10, 0))]
+    picked = set()
+    for gpu, layout, h, rows, variant in itertools.product(
+            gpus, ("v4", "v32", "v4_bf16", "v32_bf16"), (1, 8, 16, 24, 32, 48, 64, 96, 128),
+            (None, 1, 8, 63, 64, 128, 1024), (None, "auto", "", "ds", "wg", "wgh")):
+        name = gpu.pick_kernel(layout, h, variant=variant, rows=rows)
+        assert name in mla_table, (layout, h, rows, variant, name)
+        info = mla_table[name]
+        assert mla_mod.kernel_shape(info)[0] == layout, name
+        if info.family == "wg":
+            assert gpu.capability[0] == 9, name
+        ntot = 1152 if layout.startswith("v4") else 2048
+        per_split = min(ntot, -(-ntot // info.shape["tile"]) * info.shape["tile"])
+        while info.smem_bytes(per_split) > gpu.smem_limit and per_split > info.shape["tile"]:
+            per_split -= info.shape["tile"]   # what plan() does: more splits until a split fits
+        assert info.smem_bytes(per_split) <= gpu.smem_limit, (name, gpu.smem_limit)
+        picked.add(name)
+    # the default and the named variants reach every family of the fatbin
+    assert {mla_table[n].family for n in picked} == {"mla", "ds", "wg"}
+
+
+def test_ds_and_wg_kernels_fit_hopper_at_the_largest_index_list(mla_table):
+    for name, info in mla_table.kernels.items():
+        if info.family in ("ds", "wg"):
+            topk = 2048 if info.shape["layout"] == "v32" else 1152
+            assert info.smem_bytes(topk) <= HOPPER_SMEM, name
