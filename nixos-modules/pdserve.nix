@@ -2,7 +2,8 @@
 # and the unit files all live in the Python package; this module writes the settings as JSON, has
 # `pdserve check` validate them (with SGLang's real parsers, and all deployments of the host together)
 # while the system builds, has `pdserve render` write the units, ships those with systemd.packages,
-# and adds what only NixOS knows: store paths, users, firewall, boot wiring, hardening drop-ins.
+# and adds what only NixOS knows: store paths, users, firewall, credentials, boot wiring, driver
+# libraries. The units' sandbox is rendered with them (pdserve.render.hardening), not added here.
 {
   config,
   lib,
@@ -22,22 +23,12 @@ let
   schemaDefault = section: key: schema."$defs".${section}.properties.${key}.default;
   bootLayouts = schema.properties.boot_layout.enum;
 
-  isLoopback =
-    host:
-    lib.elem host [
-      "127.0.0.1"
-      "::1"
-      "localhost"
-    ]
-    || lib.hasPrefix "127." host;
-
-  # The unit names pdserve renders (commands.unit_name); the module needs them to add its drop-ins.
-  unitNames = d: {
-    prefill = "sglang-${d.settings.name}-prefill";
-    decode = "sglang-${d.settings.name}-decode";
-    router = "sglang-${d.settings.name}-router";
-    fallback = "sglang-${d.settings.name}";
-  };
+  # Loopback and unit names exactly as pdserve derives them (derived.nix; tests/nix holds both
+  # against the Python functions).
+  derived = import ./derived.nix;
+  inherit (derived) isLoopback;
+  # The module needs the unit names for wantedBy, the workers' environment and the collision check.
+  unitNames = d: derived.unitNames d.settings.name;
 
   portOption =
     section: key: description:
@@ -227,54 +218,6 @@ let
         mv "$TMPDIR"/units/pdserve-*.json $out/share/pdserve/
       '';
 
-  # Drop-ins on top of the rendered units (which already set NoNewPrivileges, PrivateTmp,
-  # ProtectSystem=full, ProtectHome=read-only). The base is ollama's hardening block in nixpkgs.
-  hardening = {
-    ProtectSystem = "strict"; # StateDirectory/CacheDirectory (HOME, caches) stay writable
-    ProtectHome = true;
-    CapabilityBoundingSet = [ "" ];
-    LockPersonality = true;
-    ProtectClock = true;
-    ProtectControlGroups = true;
-    ProtectHostname = true;
-    ProtectKernelLogs = true;
-    ProtectKernelModules = true;
-    ProtectKernelTunables = true;
-    RestrictNamespaces = true;
-    RestrictRealtime = true;
-    RestrictSUIDSGID = true;
-    # AF_NETLINK: getifaddrs(), which NCCL and UCX use to enumerate interfaces, speaks netlink.
-    RestrictAddressFamilies = [
-      "AF_INET"
-      "AF_INET6"
-      "AF_UNIX"
-      "AF_NETLINK"
-    ];
-    SystemCallArchitectures = "native";
-    UMask = "0077";
-    # Not set, on purpose:
-    # - MemoryDenyWriteExecute: PyTorch and Triton JIT-compile kernels and map them executable.
-    # - RemoveIPC: it removes every SysV/POSIX IPC object of the *user* when one unit stops, and
-    #   prefill and decode run as the same user and share memory for the KV hand-off.
-    # - PrivateUsers, PrivateIPC, PrivatePIDs: prefill and decode exchange KV through NIXL/UCX
-    #   (CUDA IPC between the two units' processes); separate namespaces per unit have not been
-    #   tried with that path, so this module does not introduce them.
-    # - SystemCallFilter: which system calls the CUDA driver, NCCL and UCX need has not been
-    #   measured here; add a filter with a drop-in after checking it on the host.
-  };
-
-  gpuRelaxations = {
-    # PrivateDevices=true would hide /dev/nvidia*; access is limited by DevicePolicy instead.
-    PrivateDevices = false;
-    DevicePolicy = "closed";
-    # Every NVIDIA character device group in /proc/devices (nvidia-frontend: /dev/nvidia[0-9]* and
-    # /dev/nvidiactl; nvidia-uvm; nvidia-caps; nvidia-nvswitch and nvidia-nvlink on NVSwitch hosts).
-    # systemd matches the group name as a glob.
-    DeviceAllow = [ "char-nvidia* rw" ];
-    # The CUDA driver and NVML read /proc/driver/nvidia, which ProcSubset=pid would hide.
-    ProcSubset = "all";
-  };
-
   gpuEnvironment = {
     # Triton finds libcuda.so.1 through `ldconfig -p`, which has no answer on NixOS; this is its
     # own knob for the driver's library directory.
@@ -291,8 +234,9 @@ let
       atBoot = layout: {
         wantedBy = lib.optional (d.settings.boot_layout == layout) bootTarget;
       };
+      # The sandbox (ProtectSystem=strict, the device allow list, ...) is in the rendered units
+      # (pdserve.render.hardening), the same on every host; nothing here adds to it.
       worker = {
-        serviceConfig = hardening // gpuRelaxations;
         environment = gpuEnvironment;
         # SGLang binds its scheduler processes to each GPU's NUMA node with numactl, looked up on PATH.
         path = [ pkgs.numactl ];
@@ -301,12 +245,7 @@ let
     {
       ${names.prefill} = worker // atBoot "pd";
       ${names.decode} = worker // atBoot "pd";
-      # The router runs on the CPU only: no GPU device access at all.
-      ${names.router} = atBoot "pd" // {
-        serviceConfig = hardening // {
-          PrivateDevices = true;
-        };
-      };
+      ${names.router} = atBoot "pd";
       # Always installed; wanted at boot only in the single layout. `pdserve cutover` switches now.
       ${names.fallback} = worker // atBoot "single";
     };

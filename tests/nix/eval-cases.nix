@@ -8,6 +8,9 @@
   keyFile,
   # pdserve.schema.rules_across.listeners' fields for the reference (Python is the list to match).
   listenerFields,
+  # Router addresses (tests/nix/derived_cases.py) whose openFirewall assertion the tier compares with
+  # pdserve.schema.rules.is_loopback.
+  loopbackHosts ? [ ],
 }:
 let
   inherit (host.pkgs) lib;
@@ -33,6 +36,7 @@ let
     wantedBy = lib.genAttrs units (unit: config.systemd.units."${unit}.service".wantedBy);
     # The module's part of each unit (drop-ins on the rendered unit files).
     unitDrvs = lib.genAttrs units (unit: config.systemd.units."${unit}.service".unit.drvPath);
+    serviceConfig = lib.genAttrs units (unit: builtins.attrNames config.systemd.services.${unit}.serviceConfig);
     allowedTCPPorts = config.networking.firewall.allowedTCPPorts;
     settings = lib.mapAttrs (_: d: d.settings) config.services.pdserve.deployments;
     configFiles = lib.mapAttrs (_: d: d.configFile.drvPath) config.services.pdserve.deployments;
@@ -91,6 +95,17 @@ in
     })
   ]);
   publicWithoutKey = summary (variant [ (dsv4 { settings.router.host = lib.mkForce "0.0.0.0"; }) ]);
+  # openFirewall with a key: only a loopback router.host fails (the assertion's isLoopback).
+  loopback = lib.genAttrs loopbackHosts (
+    routerHost:
+    (summary (variant [
+      (dsv4 {
+        openFirewall = true;
+        apiKeyFile = keyFile;
+        settings.router.host = lib.mkForce routerHost;
+      })
+    ])).failed
+  );
   relativeKey = summary (variant [ (dsv4 { apiKeyFile = "keys/pdserve-api-key"; }) ]);
   storeKey = summary (variant [ (dsv4 { apiKeyFile = "${builtins.storeDir}/0000000000000000000000000000000a-key"; }) ]);
 

@@ -29,12 +29,15 @@ from typing import Any
 
 import pytest
 
+from pdserve.render.hardening import sandbox
 from pdserve.render.toolchain import Toolchain
 from pdserve.render.units import render_units
 from pdserve.schema.config import Deployment
 from pdserve.schema.loading import deployment_from_data, load
+from pdserve.schema.rules import is_loopback
 from pdserve.schema.rules_across import listeners
 from tests.conftest import require_or_skip
+from tests.nix.derived_cases import HOSTS
 
 pytestmark = pytest.mark.nix_eval
 
@@ -100,6 +103,11 @@ def reference() -> Deployment:
 
 # Python's list of a deployment's listeners; the module must know every one of them.
 LISTENER_FIELDS = [listener.field for listener in listeners(reference())]
+# Router addresses for the module's openFirewall assertion (each one a system evaluation): where the
+# module's old "127." prefix test and Python disagreed, and one plain case of each side. CI's
+# tests/nix/test_nix.py holds derived.nix against every case of derived_cases.HOSTS.
+EVAL_HOSTS = ["127.0.0.1", "0:0:0:0:0:0:0:1", "::0.0.0.1", "::1%lo", "127.foo", "127.1", "0.0.0.0", "::"]
+assert set(EVAL_HOSTS) <= set(HOSTS)
 
 
 @pytest.fixture(scope="module")
@@ -107,15 +115,18 @@ def cases(nix: Evaluator, key_file: tuple[Path, str]) -> dict[str, Any]:
     """Everything read from the gpu-host and its variants, in one evaluation."""
     path, _ = key_file
     fields = json.dumps(json.dumps(LISTENER_FIELDS))  # a Nix string holding JSON
+    hosts = json.dumps(json.dumps(EVAL_HOSTS))
     variants = f"import {CASES} {{ inherit host; keyFile = {json.dumps(str(path))}; " \
-               f"listenerFields = builtins.fromJSON {fields}; }}"
+               f"listenerFields = builtins.fromJSON {fields}; loopbackHosts = builtins.fromJSON {hosts}; }}"
     return nix.json("--impure", ".#nixosConfigurations.gpu-host", "--apply", f"host: ({SELECTION}) ({variants})")
 
 
 # What the tests below read of eval-cases.nix (one evaluation; each field is evaluated only if named).
 SELECTION = """c: {
   inherit (c) nvidia bare;
-  host = { inherit (c.host) failed warnings wantedBy unitDrvs allowedTCPPorts settings configFiles toplevel; };
+  inherit (c) loopback;
+  host = { inherit (c.host) failed warnings wantedBy unitDrvs serviceConfig allowedTCPPorts settings configFiles
+    toplevel; };
   single = { inherit (c.single) failed warnings wantedBy; };
   openFirewall = { inherit (c.openFirewall) failed warnings allowedTCPPorts settings toplevel; };
   twoDeployments = { inherit (c.twoDeployments) failed warnings configFiles; };
@@ -253,6 +264,23 @@ def only_failure(summary: dict[str, Any]) -> str:
 def test_open_firewall_on_a_loopback_router_fails_with_the_line_to_write(cases):
     message = only_failure(cases["openFirewallOnLoopback"])
     assert 'Write services.pdserve.deployments.dsv4.settings.router.host = "0.0.0.0";' in message
+
+
+@pytest.mark.parametrize("router_host", EVAL_HOSTS)
+def test_open_firewall_refuses_exactly_the_routers_pdserve_calls_loopback(cases, router_host):
+    failed = cases["loopback"][router_host]
+    if is_loopback(router_host):
+        assert f"but the router listens on {router_host} only" in " ".join(only_failure({"failed": failed}).split())
+    else:
+        assert failed == [], failed
+
+
+def test_the_module_adds_no_sandbox_to_the_rendered_units(cases):
+    """The sandbox is the rendered units' (pdserve.render.hardening), the same on every host: a
+    module drop-in for one of its keys would make NixOS units differ from what was scored."""
+    keys = {key for role in ("prefill", "router") for key, _ in sandbox(role)}
+    added = {unit: sorted(keys & set(names)) for unit, names in cases["host"]["serviceConfig"].items()}
+    assert added == {unit: [] for unit in added} and len(added) == 4, added
 
 
 def test_open_firewall_without_a_key_fails_with_the_line_to_write(cases):

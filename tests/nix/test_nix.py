@@ -24,6 +24,7 @@ import pytest
 
 from pdserve.schema.loading import load, parse_document
 from tests.conftest import require_or_skip
+from tests.nix.derived_cases import HOSTS, LOOPBACK_SPELLINGS, NOT_LOOPBACK
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOYMENT = REPO / "hosts" / "gpu-host" / "deployment.toml"
@@ -88,6 +89,35 @@ def test_nix_reads_the_host_deployment_exactly_as_pdserve_does() -> None:
 
 
 SCHEMA = REPO / "pkg" / "pdserve" / "schema" / "deployment.schema.json"
+DERIVED = REPO / "nixos-modules" / "derived.nix"
+
+
+def test_nix_judges_loopback_as_pdserve_does() -> None:
+    """The module's openFirewall assertion and public-router warning use derived.nix's isLoopback."""
+    from pdserve.schema.fields import _host
+    from pdserve.schema.rules import is_loopback
+
+    for host in HOSTS:
+        _host(host)  # every case is a listen address pdserve accepts, so the two sides must agree on it
+    cases = json.dumps(json.dumps(HOSTS))
+    from_nix = nix_eval(f"map (import {DERIVED}).isLoopback (builtins.fromJSON {cases})")
+    from_python = [is_loopback(host) for host in HOSTS]
+    disagree = [(host, n, p) for host, n, p in zip(HOSTS, from_nix, from_python, strict=True) if n != p]
+    assert not disagree, f"(host, Nix, Python): {disagree}"
+    assert from_python == [True] * len(LOOPBACK_SPELLINGS) + [False] * len(NOT_LOOPBACK)
+
+
+@pytest.mark.parametrize("name", ["dsv4", "a-2", "x"])
+def test_nix_names_the_units_as_pdserve_does(reference_data, name: str) -> None:
+    from typing import get_args
+
+    from pdserve.schema.config import Role
+    from pdserve.schema.derived import unit_name
+    from pdserve.schema.loading import deployment_from_data
+
+    reference_data["name"] = name
+    dep = deployment_from_data(reference_data, "<test>").deployment
+    assert nix_eval(f'(import {DERIVED}).unitNames "{name}"') == {role: unit_name(dep, role) for role in get_args(Role)}
 
 
 def test_the_embedded_profile_is_the_host_file_byte_for_byte() -> None:

@@ -119,3 +119,47 @@ def test_values_are_escaped_for_systemd(reference_data, tools):
     text = {u.name: u.text for u in render_units(dep, tools, CONFIG)}["sglang-dsv4-prefill"]
     assert 'Environment="SGLANG_NOTE=a \\"b\\" 100%% $HOME"' in text
     assert '--model-path "/models/my model"' in text
+
+
+WORKERS = ("sglang-dsv4-prefill", "sglang-dsv4-decode", "sglang-dsv4")
+
+
+def test_every_unit_is_sandboxed_without_capabilities(units):
+    for unit in units.values():
+        service = unit["Service"]
+        assert service["CapabilityBoundingSet"] == [""] and service["NoNewPrivileges"] == ["yes"]
+        assert service["ProtectSystem"] == ["strict"] and service["ProtectHome"] == ["read-only"]
+        assert service["PrivateTmp"] == ["yes"] and service["RestrictNamespaces"] == ["yes"]
+        # Where the servers write with ProtectSystem=strict: HOME (JIT caches) and XDG_CACHE_HOME.
+        assert service["StateDirectory"] == ["pdserve/dsv4"] and service["CacheDirectory"] == ["pdserve/dsv4"]
+        # One user for all units: RemoveIPC on one would delete the workers' /dev/shm segments.
+        assert "RemoveIPC" not in service
+
+
+def test_gpu_servers_reach_the_nvidia_and_rdma_devices_only(units):
+    for name in WORKERS:
+        service = units[name]["Service"]
+        assert service["PrivateDevices"] == ["no"] and service["DevicePolicy"] == ["closed"]
+        assert service["DeviceAllow"] == ["char-nvidia* rw", "char-infiniband_verbs rw"]
+        assert "AF_NETLINK" in service["RestrictAddressFamilies"][0].split()
+        # PyTorch and Triton map writable code; the CUDA IPC of the KV hand-off needs real user IDs.
+        assert "MemoryDenyWriteExecute" not in service and "PrivateUsers" not in service
+        assert service["LimitMEMLOCK"] == ["infinity"]
+
+
+def test_the_router_gets_no_devices_and_no_writable_code(units):
+    service = units["sglang-dsv4-router"]["Service"]
+    assert service["PrivateDevices"] == ["yes"] and "DeviceAllow" not in service
+    assert service["MemoryDenyWriteExecute"] == ["yes"] and service["PrivateUsers"] == ["yes"]
+    assert service["RestrictAddressFamilies"] == ["AF_UNIX AF_INET AF_INET6"]
+    assert service["SystemCallFilter"] == ["@system-service", "~@privileged @resources"]
+
+
+def test_no_sandbox_directive_is_set_twice(reference, tools):
+    """A key repeated by mistake would silently override the first value (lists add up, which is meant
+    only for DeviceAllow= and SystemCallFilter=)."""
+    for unit in render_units(reference, tools, CONFIG):
+        service = parse_unit(unit.text)["Service"]
+        repeated = {k for k, v in service.items() if len(v) > 1} - {"Environment", "ExecStartPre", "DeviceAllow",
+                                                                   "SystemCallFilter", "LoadCredential"}
+        assert not repeated, (unit.name, repeated)

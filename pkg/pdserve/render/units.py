@@ -3,7 +3,7 @@
 Contract (ARCHITECTURE.md): After= means ready, so every unit gates its start on `pdserve wait-ready`
 in ExecStartPost (SGLang and the router never notify systemd); the router Wants= and is After= both
 workers (it outlives their restarts) and its ExecStartPre= finds both ready; the fallback Conflicts=
-with every PD unit; the API key arrives through LoadCredential=.
+with every PD unit; the API key arrives through LoadCredential=. The sandbox is render.hardening's.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pdserve.render.argv import Launch, launches
+from pdserve.render.hardening import sandbox
 from pdserve.render.toolchain import Toolchain
 from pdserve.schema import systemd_syntax
 from pdserve.schema.boot import wanted_at_boot
@@ -154,12 +155,8 @@ def _service_section(dep: Deployment, launch: Launch, config_path: str, tools: T
         ("LimitNOFILE", "1048576"),
         # NIXL/UCX and RDMA register (pin) large host buffers.
         ("LimitMEMLOCK", "infinity"),
-        ("NoNewPrivileges", "yes"),
-        ("ProtectSystem", "full"),
-        ("ProtectHome", "read-only"),
-        ("PrivateTmp", "yes"),
     ]
-    return entries
+    return entries + sandbox(launch.role)
 
 
 def render_unit(dep: Deployment, launch: Launch, config_path: str, tools: Toolchain) -> Unit:
