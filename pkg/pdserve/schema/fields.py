@@ -10,6 +10,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from pathlib import PurePosixPath
+from collections.abc import Callable
 from typing import Annotated
 
 from pydantic import AfterValidator, Field
@@ -49,33 +50,31 @@ Index = Annotated[int, Field(ge=0, le=4095)]
 MAX_LIST_ITEMS = 256
 
 
-def _executable(value: str) -> str:
-    problem = systemd_syntax.executable_problem(value)
-    if problem:
-        raise invalid(problem, "give the absolute path of the executable, without quotes, backslashes or a trailing /")
-    return value
+def _refused_by(problem_of: Callable[[str], str | None], fix: str) -> Callable[[str], str]:
+    """A validator that refuses a value systemd_syntax finds a problem with, giving `fix`."""
+
+    def check(value: str) -> str:
+        problem = problem_of(value)
+        if problem:
+            raise invalid(problem, fix)
+        return value
+
+    return check
+
+
+_executable = _refused_by(
+    systemd_syntax.executable_problem,
+    "give the absolute path of the executable, without quotes, backslashes or a trailing /")
+_user_name = _refused_by(systemd_syntax.user_name_problem, "use an existing system user/group name such as \"pdserve\"")
+_unit_name = _refused_by(systemd_syntax.unit_name_problem, "use a target such as \"multi-user.target\"")
+
+
+_plain_path = _refused_by(systemd_syntax.normalized_path_problem,
+                         "write the plain absolute path of the file, e.g. /etc/pdserve/router.key")
 
 
 def _file_path(value: str) -> str:
-    _absolute_path(value)
-    problem = systemd_syntax.normalized_path_problem(value)
-    if problem:
-        raise invalid(problem, "write the plain absolute path of the file, e.g. /etc/pdserve/router.key")
-    return value
-
-
-def _user_name(value: str) -> str:
-    problem = systemd_syntax.user_name_problem(value)
-    if problem:
-        raise invalid(problem, "use an existing system user/group name such as \"pdserve\"")
-    return value
-
-
-def _unit_name(value: str) -> str:
-    problem = systemd_syntax.unit_name_problem(value)
-    if problem:
-        raise invalid(problem, "use a target such as \"multi-user.target\"")
-    return value
+    return _plain_path(_absolute_path(value))
 
 
 def _host(value: str) -> str:
