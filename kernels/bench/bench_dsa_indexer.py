@@ -20,7 +20,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from harness import Timer, copy_bandwidth, run_env, seeded_generator  # noqa: E402
+from harness import Timer, copy_bandwidth, finish, run_env, seeded_generator, table_head  # noqa: E402
 from pdserve_kernels.dsa_indexer import DsaIndexer  # noqa: E402
 from pdserve_kernels.reference import BLOCK_BYTES, KEY_BYTES, PAGE, reference_topk_naive  # noqa: E402
 
@@ -125,10 +125,7 @@ def main() -> int:
                 print(json.dumps(row), flush=True)
             del tables
             del used
-    print_table(env, rows)
-    if args.json:
-        pathlib.Path(args.json).write_text(json.dumps({"env": env, "rows": rows}, indent=1))
-    return 0
+    return finish(env, rows, args.json, print_table)
 
 
 def deep_gemm_call(dg, q, w, kv, ctx, bt, mc, topk, L):
@@ -147,14 +144,9 @@ def deep_gemm_call(dg, q, w, kv, ctx, bt, mc, topk, L):
 
 
 def print_table(env, rows) -> None:
-    print()
-    print(f"# {env['date']} | {env['gpu']} | driver {env['driver']} | torch {env['torch']} | {env['nvcc']} | "
-          f"copy {env['copy_GBps']} GB/s | DeepGEMM: {env['deep_gemm']}")
-    print(f"# command: {env['command']}")
-    hdr = ("| B | L | max_context | k | ours us | GB/s | floor us | % of floor | vs max_context=L | exact | "
-           "PyTorch ref us | ours vs ref | DeepGEMM+topk us | ours vs DG |")
-    print(hdr)
-    print("|" + "---|" * (hdr.count("|") - 1))
+    table_head(env, f" | {env['nvcc']} | copy {env['copy_GBps']} GB/s | DeepGEMM: {env['deep_gemm']}",
+               "| B | L | max_context | k | ours us | GB/s | floor us | % of floor | vs max_context=L | exact | "
+               "PyTorch ref us | ours vs ref | DeepGEMM+topk us | ours vs DG |")
 
     def kfmt(x):
         return f"{x // (1 << 20)}M" if x >= (1 << 20) else f"{x // K}K"

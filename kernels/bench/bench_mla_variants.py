@@ -19,7 +19,7 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from harness import Timer, mla_shapes, run_env, seeded_generator  # noqa: E402
+from harness import Timer, finish, mla_shapes, run_env, seeded_generator, table_head  # noqa: E402
 from pdserve_kernels.sparse_mla_decode import SparseMlaDecode, kernel_shape  # noqa: E402
 
 
@@ -78,19 +78,12 @@ def main() -> int:
         row = {"case": x.case, "B": B, "h": h, "us": us, "info": info}
         rows_out.append(row)
         print(json.dumps(row), flush=True)
-    print_table(env, rows_out)
-    if args.json:
-        pathlib.Path(args.json).write_text(json.dumps({"env": env, "rows": rows_out}, indent=1))
-    return 0
+    return finish(env, rows_out, args.json, print_table)
 
 
 def print_table(env, rows) -> None:
-    print()
-    print(f"# {env['date']} | {env['gpu']} | driver {env['driver']} | torch {env['torch']}")
-    print(f"# command: {env['command']}")
-    print("| case | B | h | auto kernel (splits) | auto us | best us (kernel) | auto / best | every candidate us | "
-          "max rel err |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    table_head(env, "", "| case | B | h | auto kernel (splits) | auto us | best us (kernel) | auto / best | "
+                        "every candidate us | max rel err |")
     for row in rows:
         us, info = row["us"], row["info"]
         others = {k: v for k, v in us.items() if k != "auto"}

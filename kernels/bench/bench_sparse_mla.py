@@ -28,7 +28,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 from flashmla_adapter import FLASHMLA_COMMIT, FlashMlaDecode  # noqa: E402
 from flashmla_adapter import load as load_flashmla  # noqa: E402
-from harness import CASES, Timer, copy_bandwidth, matmul_tflops, mla_shapes, run_env, seeded_generator  # noqa: E402
+from harness import (CASES, Timer, copy_bandwidth, finish, matmul_tflops, mla_shapes, run_env,  # noqa: E402
+                     seeded_generator, table_head)
 from pdserve_kernels.sparse_mla_decode import SparseMlaDecode  # noqa: E402
 
 
@@ -108,22 +109,14 @@ def main() -> int:
             row["small_kernel"] = {str(s1): round(ts[0], 2), str(2 * s1): round(ts[1], 2)}
         rows_out.append(row)
         print(json.dumps(row), flush=True)
-    print_table(env, rows_out)
-    if args.json:
-        pathlib.Path(args.json).write_text(json.dumps({"env": env, "rows": rows_out}, indent=1))
-    return 0
+    return finish(env, rows_out, args.json, print_table)
 
 
 def print_table(env, rows) -> None:
-    print()
-    print(f"# {env['date']} | {env['gpu']} | driver {env['driver']} | torch {env['torch']} | {env['nvcc']} | "
-          f"copy {env['copy_GBps']} GB/s | bf16 matmul {env['matmul_TFLOPs']} TFLOP/s | "
-          f"FlashMLA: {env.get('flash_mla', 'not importable')}")
-    print(f"# command: {env['command']}")
-    hdr = ("| case | B | h | kernel (splits) | ours us | GB/s | TFLOP/s | floor us | % of floor | rel err | "
-           "PyTorch ref us | ours vs ref | FlashMLA us | ours / FlashMLA | FlashMLA rel err |")
-    print(hdr)
-    print("|" + "---|" * (hdr.count("|") - 1))
+    table_head(env, f" | {env['nvcc']} | copy {env['copy_GBps']} GB/s | bf16 matmul {env['matmul_TFLOPs']} TFLOP/s | "
+               f"FlashMLA: {env.get('flash_mla', 'not importable')}",
+               "| case | B | h | kernel (splits) | ours us | GB/s | TFLOP/s | floor us | % of floor | rel err | "
+               "PyTorch ref us | ours vs ref | FlashMLA us | ours / FlashMLA | FlashMLA rel err |")
     for r in rows:
         ref, fmu = r.get("ref_us"), r.get("flashmla_us")
         fm_cell = "" if fmu is None else f"{fmu:.1f}" + (f" (h {r['flashmla_heads']})"

@@ -5,6 +5,7 @@ sparse MLA decode inputs (cases, random caches, distinct indices) with their fp3
 from __future__ import annotations
 
 import datetime
+import json
 import pathlib
 import platform
 import statistics
@@ -38,6 +39,23 @@ def run_env(**extra) -> dict:
     }
     env.update(extra)
     return env
+
+
+def finish(env: dict, rows: list, json_path: str | None, print_table) -> int:
+    """End of a run: its table (print_table(env, rows)), and with --json every row plus the environment."""
+    print_table(env, rows)
+    if json_path:
+        pathlib.Path(json_path).write_text(json.dumps({"env": env, "rows": rows}, indent=1))
+    return 0
+
+
+def table_head(env: dict, extras: str, columns: str) -> None:
+    """A table's header: the run's environment line (+ `extras`), its command, the column row and rule."""
+    print()
+    print(f"# {env['date']} | {env['gpu']} | driver {env['driver']} | torch {env['torch']}{extras}")
+    print(f"# command: {env['command']}")
+    print(columns)
+    print("|" + "---|" * (columns.count("|") - 1))
 
 
 def seeded_generator() -> torch.Generator:

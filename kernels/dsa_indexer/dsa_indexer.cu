@@ -225,6 +225,52 @@ __device__ __forceinline__ void find_threshold(const int (&c)[PER], int nbins, i
 // n_tie candidates (order key, position) in `cand` (global), need1 = slots left after the above1 sure
 // ones. From shared memory (s_cand, kResolveCap entries) when they fit, else straight from global.
 // s_hist holds kBins2 ints. Called by all NT threads of one CTA; ends without a trailing barrier.
+// find_threshold over a row's global 4096-bin histogram `gh1`, read by NT threads: thread t holds the
+// kBins1 / NT bins from 4095 - PER t down (loaded as int4, L2 only: other CTAs wrote them).
+template <int NT>
+__device__ __forceinline__ void row_threshold(const int* gh1, int tid, int need, int* s_warp, int* s_res) {
+  constexpr int PER = kBins1 / NT;
+  int c[PER];
+  const int4* src = reinterpret_cast<const int4*>(gh1 + kBins1 - PER * (tid + 1));
+#pragma unroll
+  for (int u = 0; u < PER / 4; ++u) {
+    const int4 x = __ldcg(src + u);
+    c[PER - 1 - 4 * u] = x.x;
+    c[PER - 2 - 4 * u] = x.y;
+    c[PER - 3 - 4 * u] = x.z;
+    c[PER - 4 - 4 * u] = x.w;
+  }
+  find_threshold<PER, NT>(c, kBins1, need, s_warp, s_res);
+}
+
+// Output space for this CTA: n_sure sure positions and n_tie tied ones per thread, reserved with one block scan
+// and one atomic per counter of the row (ctr[0]: sure, ctr[1]: tied); ps / pt: this thread's first slots.
+template <int NT>
+__device__ __forceinline__ void reserve_slots(int n_sure, int n_tie, int tid, int* ctr, unsigned long long* s_warp64,
+                                              int* s_misc, int& ps, int& pt) {
+  unsigned long long total = 0;
+  const unsigned long long excl = block_excl_scan<NT, unsigned long long>(
+      static_cast<unsigned long long>(n_sure) | (static_cast<unsigned long long>(n_tie) << 32), s_warp64, &total);
+  if (tid == 0) {
+    const int ts = static_cast<int>(total & 0xFFFFFFFFull), tt = static_cast<int>(total >> 32);
+    s_misc[0] = ts ? atomicAdd(&ctr[0], ts) : 0;
+    s_misc[1] = tt ? atomicAdd(&ctr[1], tt) : 0;
+  }
+  __syncthreads();
+  ps = s_misc[0] + static_cast<int>(excl & 0xFFFFFFFFull);
+  pt = s_misc[1] + static_cast<int>(excl >> 32);
+}
+
+// find_threshold over an NBINS-bin shared-memory histogram read by NT threads (thread t: PER bins from the top).
+template <int NT, int NBINS>
+__device__ __forceinline__ void smem_threshold(const int* s_hist, int tid, int need, int* s_warp, int* s_res) {
+  constexpr int PER = NBINS / NT;
+  int c[PER];
+#pragma unroll
+  for (int i = 0; i < PER; ++i) c[i] = s_hist[NBINS - 1 - PER * tid - i];
+  find_threshold<PER, NT>(c, NBINS, need, s_warp, s_res);
+}
+
 template <int NT>
 __device__ __forceinline__ void resolve_ties(int* out, const uint2* cand, int n_tie, int need1, int above1,
                                              uint2* s_cand, int* s_hist, int* s_warp, int* s_res, int* s_misc) {
@@ -259,13 +305,7 @@ __device__ __forceinline__ void resolve_ties(int* out, const uint2* cand, int n_
   __syncthreads();
   each([&](uint2 e) { atomicAdd(&s_hist[(e.x >> 10) & (kBins2 - 1)], 1); });
   __syncthreads();
-  {
-    constexpr int PER = kBins2 / NT;
-    int c[PER];
-#pragma unroll
-    for (int i = 0; i < PER; ++i) c[i] = s_hist[kBins2 - 1 - PER * tid - i];
-    find_threshold<PER, NT>(c, kBins2, need1, s_warp, s_res);
-  }
+  smem_threshold<NT, kBins2>(s_hist, tid, need1, s_warp, s_res);
   const uint32_t T2 = static_cast<uint32_t>(s_res[0]);
   const int need2 = need1 - s_res[1];
   for (int i = tid; i < kBins3; i += NT) s_hist[i] = 0;
@@ -276,13 +316,7 @@ __device__ __forceinline__ void resolve_ties(int* out, const uint2* cand, int n_
     else if (b2 == T2) atomicAdd(&s_hist[e.x & (kBins3 - 1)], 1);
   });
   __syncthreads();
-  {
-    constexpr int PER = kBins3 / NT;
-    int c[PER];
-#pragma unroll
-    for (int i = 0; i < PER; ++i) c[i] = s_hist[kBins3 - 1 - PER * tid - i];
-    find_threshold<PER, NT>(c, kBins3, need2, s_warp, s_res);
-  }
+  smem_threshold<NT, kBins3>(s_hist, tid, need2, s_warp, s_res);
   const uint32_t T3 = static_cast<uint32_t>(s_res[0]);
   const int need3 = need2 - s_res[1];
   each([&](uint2 e) {
@@ -345,20 +379,7 @@ __device__ __forceinline__ void fused_select(const DsaParams& p, int b, const in
     const int row = b * NN + j;
     int* ctr = p.ctr + static_cast<size_t>(row) * kCtr;
     const int* gh1 = p.ghist + static_cast<size_t>(row) * kBins1;
-    {
-      constexpr int PER = kBins1 / kScoreThreads;   // 32 bins: thread t holds bins 4095-32t down to 4064-32t
-      int c[PER];
-      const int4* src = reinterpret_cast<const int4*>(gh1 + kBins1 - PER * (tid + 1));
-#pragma unroll
-      for (int u = 0; u < PER / 4; ++u) {
-        const int4 x = __ldcg(src + u);
-        c[PER - 1 - 4 * u] = x.x;
-        c[PER - 2 - 4 * u] = x.y;
-        c[PER - 3 - 4 * u] = x.z;
-        c[PER - 4 - 4 * u] = x.w;
-      }
-      find_threshold<PER, kScoreThreads>(c, kBins1, K, s_warp, s_res);
-    }
+    row_threshold<kScoreThreads>(gh1, tid, K, s_warp, s_res);   // 32 bins per thread
     const uint32_t T1 = static_cast<uint32_t>(s_res[0]);
     above[j] = s_res[1];
     const float* sl = loc_s + j * p.chunk_pages * kPage;
@@ -369,16 +390,8 @@ __device__ __forceinline__ void fused_select(const DsaParams& p, int b, const in
       n_sure += bin > T1;
       n_tie += bin == T1;
     }
-    unsigned long long total = 0;
-    const unsigned long long excl = block_excl_scan<kScoreThreads, unsigned long long>(
-        static_cast<unsigned long long>(n_sure) | (static_cast<unsigned long long>(n_tie) << 32), s_warp64, &total);
-    if (tid == 0) {
-      const int ts = static_cast<int>(total & 0xFFFFFFFFull), tt = static_cast<int>(total >> 32);
-      s_misc[0] = ts ? atomicAdd(&ctr[0], ts) : 0;
-      s_misc[1] = tt ? atomicAdd(&ctr[1], tt) : 0;
-    }
-    __syncthreads();
-    int ps = s_misc[0] + static_cast<int>(excl & 0xFFFFFFFFull), pt = s_misc[1] + static_cast<int>(excl >> 32);
+    int ps, pt;
+    reserve_slots<kScoreThreads>(n_sure, n_tie, tid, ctr, s_warp64, s_misc, ps, pt);
     int* out = p.out + static_cast<size_t>(row) * K;
     uint2* cand = p.cand + static_cast<size_t>(row) * p.len_stride;
     for (int i = tid; i < n_loc; i += kScoreThreads) {
@@ -640,20 +653,7 @@ extern "C" __global__ void __launch_bounds__(kSelectThreads) dsa_select(const __
   for (int k = 0; k < kSelectRing - 1; ++k) issue(k);
 
   // Threshold bin T1 of the row (every CTA of the row finds the same one) while the scores stream in.
-  {
-    constexpr int PER = kBins1 / kSelectThreads;   // 16 bins: thread t holds bins 4095-16t down to 4080-16t
-    int c[PER];
-    const int4* src = reinterpret_cast<const int4*>(gh1 + kBins1 - PER * (tid + 1));
-#pragma unroll
-    for (int u = 0; u < PER / 4; ++u) {
-      const int4 x = __ldcg(src + u);
-      c[PER - 1 - 4 * u] = x.x;
-      c[PER - 2 - 4 * u] = x.y;
-      c[PER - 3 - 4 * u] = x.z;
-      c[PER - 4 - 4 * u] = x.w;
-    }
-    find_threshold<PER, kSelectThreads>(c, kBins1, K, s_warp, s_res);
-  }
+  row_threshold<kSelectThreads>(gh1, tid, K, s_warp, s_res);   // 16 bins per thread
   const uint32_t T1 = static_cast<uint32_t>(s_res[0]);
   const int above1 = s_res[1];
   const uint32_t lo1 = T1 << 20;
@@ -682,16 +682,8 @@ extern "C" __global__ void __launch_bounds__(kSelectThreads) dsa_select(const __
     n_sure += __popc(m & 0xFFFFu);
     n_tie_mine += __popc(m >> 16);
   }
-  unsigned long long total = 0;
-  const unsigned long long excl = block_excl_scan<kSelectThreads, unsigned long long>(
-      static_cast<unsigned long long>(n_sure) | (static_cast<unsigned long long>(n_tie_mine) << 32), s_warp64, &total);
-  if (tid == 0) {
-    const int ts = static_cast<int>(total & 0xFFFFFFFFull), tt = static_cast<int>(total >> 32);
-    s_misc[0] = ts ? atomicAdd(&ctr[0], ts) : 0;
-    s_misc[1] = tt ? atomicAdd(&ctr[1], tt) : 0;
-  }
-  __syncthreads();
-  int ps = s_misc[0] + static_cast<int>(excl & 0xFFFFFFFFull), pt = s_misc[1] + static_cast<int>(excl >> 32);
+  int ps, pt;
+  reserve_slots<kSelectThreads>(n_sure, n_tie_mine, tid, ctr, s_warp64, s_misc, ps, pt);
   for (int sub = 0; sub < n_sub; ++sub) {
     uint32_t m = s_mask[sub][tid];
     const int base = span + sub * kSelectChunk;

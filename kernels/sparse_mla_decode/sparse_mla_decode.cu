@@ -161,6 +161,14 @@ __device__ __forceinline__ uint32_t fp8x2_to_bf16x2_fast(uint32_t two, uint32_t 
 }
 #pragma nv_diag_default 177
 
+// Base of the cache block holding a validated index (>= 0; kExtraBit: the extra source).
+__device__ __forceinline__ const uint8_t* entry_block(const MlaParams& p, int v) {
+  const bool extra = v & kExtraBit;
+  const int idx = v & (kExtraBit - 1);
+  return (extra ? p.kv_extra : p.kv) +
+         static_cast<long long>(idx >> p.page_shift) * (extra ? p.block_stride_extra : p.block_stride);
+}
+
 // Dequantize one fp8 tile: raw records -> bf16 [T x d_qk] (swizzled); rows of invalid or past-the-end
 // entries zeroed.
 template <class L, int T, int NTHR, int ROWB>
@@ -249,13 +257,6 @@ __device__ __forceinline__ void mla_body(const MlaParams& p, uint8_t* smem) {
   __syncthreads();
 
   const int page_mask = (1 << p.page_shift) - 1;
-  // Block base of a validated index.
-  auto block_of = [&](int v) -> const uint8_t* {
-    const bool extra = v & kExtraBit;
-    const int idx = v & (kExtraBit - 1);
-    return (extra ? p.kv_extra : p.kv) +
-           static_cast<long long>(idx >> p.page_shift) * (extra ? p.block_stride_extra : p.block_stride);
-  };
   // OPT 0 (fp8): one (entry, chunk) item per thread iteration.
   auto issue_items = [&](int ti) {
     if (ti < ntiles) {
@@ -267,7 +268,7 @@ __device__ __forceinline__ void mla_body(const MlaParams& p, uint8_t* smem) {
         const int v = sidx[j];
         if (v < 0) continue;
         if constexpr (!BF) {
-          const uint8_t* s = L::src(block_of(v), v & page_mask, p.page_shift, c);
+          const uint8_t* s = L::src(entry_block(p, v), v & page_mask, p.page_shift, c);
           uint8_t* d = dst0 + e * L::kRec + c * 16;
           if (L::kChunks == 37 && c == 36) cp_async8(d, s);
           else cp_async16(d, s);
@@ -289,7 +290,7 @@ __device__ __forceinline__ void mla_body(const MlaParams& p, uint8_t* smem) {
           const uint8_t* src = p.kv;
           int sz = 0;
           if (v >= 0) {
-            src = block_of(v) + static_cast<long long>(v & page_mask) * L::kTok;
+            src = entry_block(p, v) + static_cast<long long>(v & page_mask) * L::kTok;
             sz = 16;
           }
 #pragma unroll
@@ -297,7 +298,7 @@ __device__ __forceinline__ void mla_body(const MlaParams& p, uint8_t* smem) {
             cp_async16_zfill(dst0 + swz<ROWB>(e, c), src + (sz ? c * 16 : 0), sz);
         } else {
           if (v < 0) continue;
-          const uint8_t* blk = block_of(v);
+          const uint8_t* blk = entry_block(p, v);
           const int off = v & page_mask;
           uint8_t* d = dst0 + e * L::kRec;
 #pragma unroll
@@ -669,12 +670,6 @@ __device__ __forceinline__ void ds_body(const MlaParams& p, uint8_t* smem) {
   }
   __syncthreads();   // indices, barriers, q maxima initialized
 
-  auto block_of = [&](int v) -> const uint8_t* {
-    const bool extra = v & kExtraBit;
-    const int idx = v & (kExtraBit - 1);
-    return (extra ? p.kv_extra : p.kv) +
-           static_cast<long long>(idx >> p.page_shift) * (extra ? p.block_stride_extra : p.block_stride);
-  };
   // Every warp fills its T/8 entries of ring slot ti % NST with tile ti, one lane per entry (the bulk copy
   // takes uniform operands, so the compiler serializes the lanes' copies: spreading them over all warps keeps
   // that loop short), and arrives on the slot's barrier with its byte count.
@@ -690,7 +685,7 @@ __device__ __forceinline__ void ds_body(const MlaParams& p, uint8_t* smem) {
     __syncwarp();
     if (v >= 0) {
       uint8_t* d = dst0 + lane * REC;
-      const uint8_t* blk = block_of(v);
+      const uint8_t* blk = entry_block(p, v);
       const long long off = v & page_mask;
       if constexpr (V4) {
         bulk_g2s(d, blk + off * 576, 576, bar);
@@ -1484,12 +1479,6 @@ __device__ __forceinline__ void wg_body(const MlaParams& p, uint8_t* smem_raw) {
     if constexpr (H) asm volatile("setmaxnreg.dec.sync.aligned.u32 96;\n" ::: "memory");
     else asm volatile("setmaxnreg.dec.sync.aligned.u32 64;\n" ::: "memory");
     const int pw = warp - 8;                // producer warp 0..3
-    auto block_of = [&](int v) -> const uint8_t* {
-      const bool extra = v & kExtraBit;
-      const int idx = v & (kExtraBit - 1);
-      return (extra ? p.kv_extra : p.kv) +
-             static_cast<long long>(idx >> p.page_shift) * (extra ? p.block_stride_extra : p.block_stride);
-    };
     // Producer warp pw copies entries 8 pw .. 8 pw + 7 of tile ti into ring slot ti % NST (lane = entry; the
     // bulk copy takes uniform operands, so a warp's copies run one after another: 8 per warp, not 32) and
     // arrives on the slot's barrier with its byte count.
@@ -1503,7 +1492,7 @@ __device__ __forceinline__ void wg_body(const MlaParams& p, uint8_t* smem_raw) {
       __syncwarp();
       if (v >= 0) {
         uint8_t* d = raw + (slot * T + e) * REC;
-        const uint8_t* blk = block_of(v);
+        const uint8_t* blk = entry_block(p, v);
         const long long off = v & page_mask;
         if constexpr (V4) {
           bulk_g2s(d, blk + off * 576, 576, full + slot);

@@ -1,6 +1,25 @@
+import os
 import pathlib
+import shutil
 import sys
+
+import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 # The kernels' Python launcher lives in kernels/python (not part of the pdserve wheel).
 sys.path.insert(0, str(REPO / "kernels" / "python"))
+
+
+@pytest.fixture(scope="session")
+def nvcc() -> str:
+    """nvcc (13.0 in CI) for the CPU build tests: skipped without it, unless PDSERVE_REQUIRE_NVCC=1 demands them.
+    (Not tests/conftest.require_or_skip: that module imports pdserve, which the GPU machines running
+    tests/kernels with --confcutdir do not have.)"""
+    found = shutil.which("nvcc") or (
+        "/usr/local/cuda/bin/nvcc" if os.access("/usr/local/cuda/bin/nvcc", os.X_OK) else None)
+    if found is None:
+        reason = "nvcc not found on PATH or at /usr/local/cuda/bin/nvcc: cannot build the kernels"
+        if os.environ.get("PDSERVE_REQUIRE_NVCC") == "1":
+            pytest.fail(f"{reason}, but PDSERVE_REQUIRE_NVCC=1 demands these tests")
+        pytest.skip(reason)
+    return found

@@ -6,15 +6,7 @@ import pathlib
 import shutil
 import subprocess
 
-import pytest
-
 REPO = pathlib.Path(__file__).resolve().parents[2]
-
-
-def _nvcc() -> str | None:
-    return shutil.which("nvcc") or (
-        "/usr/local/cuda/bin/nvcc" if os.access("/usr/local/cuda/bin/nvcc", os.X_OK) else None)
-
 
 KERNELS = ("dsa_indexer", "sparse_mla_decode")
 
@@ -34,10 +26,7 @@ def _build_copy(root: pathlib.Path, nvcc: str) -> dict[str, str]:
             for k in KERNELS for ext in (".fatbin", ".json")}
 
 
-def test_fatbin_is_bit_identical_across_build_dirs(tmp_path):
-    nvcc = _nvcc()
-    if nvcc is None:
-        pytest.skip("nvcc not found on PATH or at /usr/local/cuda/bin/nvcc: cannot build the kernels")
+def test_fatbin_is_bit_identical_across_build_dirs(nvcc, tmp_path):
     first = _build_copy(tmp_path / "a", nvcc)
     second = _build_copy(tmp_path / "b" / "deeper", nvcc)
     assert len(first) == 2 * len(KERNELS)

@@ -154,6 +154,15 @@ class Module:
                 f"cuLaunchKernel({name})")
 
 
+def torch_device(torch, device):
+    """The CUDA device (default: torch's current one) with torch's primary context created on it, so the
+    modules loaded through the driver and torch's streams share one context."""
+    dev = torch.device("cuda", torch.cuda.current_device() if device is None else torch.device(device).index or 0)
+    torch.cuda.init()
+    torch.empty(1, device=dev)
+    return dev
+
+
 def locate_fatbin(stem: str, env_var: str) -> pathlib.Path:
     """The built `<stem>.fatbin`: $env_var if set, else beside this package (an install), else kernels/build/."""
     here = pathlib.Path(__file__).resolve().parent

@@ -40,7 +40,7 @@ import os
 import pathlib
 import threading
 
-from ._driver import Module, locate_fatbin
+from ._driver import Module, locate_fatbin, torch_device
 from ._metadata import KernelTable, load_table, metadata_path
 
 # The input contract. The kernels' own values come with the fatbin's metadata (dsa_indexer.json, written by
@@ -96,11 +96,7 @@ class DsaIndexer:
         import torch
 
         self.torch = torch
-        self.device = torch.device("cuda", torch.cuda.current_device() if device is None
-                                   else torch.device(device).index or 0)
-        torch.cuda.init()
-        # Make torch create its primary context on this device before the driver calls use it.
-        torch.empty(1, device=self.device)
+        self.device = torch_device(torch, device)
         path = pathlib.Path(fatbin) if fatbin else find_fatbin()
         self.kernels = load_kernel_table(path)
         self.kernels.check_params(_Params)

@@ -37,7 +37,7 @@ import os
 import pathlib
 import threading
 
-from ._driver import Module, locate_fatbin
+from ._driver import Module, locate_fatbin, torch_device
 from ._metadata import KernelInfo, KernelTable, load_table, metadata_path
 from .sparse_mla_reference import LAYOUTS
 
@@ -142,10 +142,7 @@ class SparseMlaDecode:
         import torch
 
         self.torch = torch
-        self.device = torch.device("cuda", torch.cuda.current_device() if device is None
-                                   else torch.device(device).index or 0)
-        torch.cuda.init()
-        torch.empty(1, device=self.device)   # torch's primary context first
+        self.device = torch_device(torch, device)
         props = torch.cuda.get_device_properties(self.device)
         self.num_sms = props.multi_processor_count
         self.capability = (props.major, props.minor)
