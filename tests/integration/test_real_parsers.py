@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 
 import pytest
@@ -61,3 +62,13 @@ def test_python_without_sglang_is_one_stated_skip_per_missing_package(reference,
     assert len(report.skipped) == 2  # sglang for the three servers, sglang_router for the router
     assert report.skipped[0].startswith("prefill, decode, fallback: parser not importable")
     assert "No module named 'sglang_router'" in report.skipped[1]
+
+
+def test_on_the_host_the_pinned_sglang_passes_and_its_parsers_run(parsers_available):
+    # --host: the SGLang Python must hold the pins (issue 15); this venv's real sglang does.
+    result = CliRunner().invoke(main, ["check", "--host", "--json", "--sglang-python", sys.executable])
+    report = json.loads(result.stdout)
+    assert report["host_checks"]["on"] is True
+    assert [p for p in report["problems"] if p["field"] == "--sglang-python"] == []
+    assert "--sglang-python has the pinned sglang and sglang-router" in report["checked"]
+    assert "router argv accepted by the real parser" in report["checked"]

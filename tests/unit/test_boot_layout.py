@@ -61,20 +61,3 @@ def test_the_lines_to_change_are_spelled_for_their_file(reference):
     assert nixos_line(reference, "single") == 'services.pdserve.deployments.dsv4.settings.boot_layout = "single";'
     assert file_line("single", "/etc/pdserve/dsv4.toml") == 'boot_layout = "single"'
     assert file_line("pd", "/etc/systemd/system/pdserve-dsv4.JSON") == '"boot_layout": "pd"'
-
-
-def test_plan_follows_boot_layout(reference, tools):
-    from rich.console import Console
-
-    from pdserve.render.argv import launches
-    from pdserve.render.plan import topology_table
-
-    def rows(dep):
-        console = Console(width=300, record=True)
-        console.print(topology_table(dep, launches(dep, tools)))
-        return console.export_text()
-
-    pd = rows(reference)
-    assert "sglang-dsv4 (not at boot)" in pd and "sglang-dsv4-router (not at boot)" not in pd
-    single = rows(reference.model_copy(update={"boot_layout": "single"}))
-    assert "sglang-dsv4-router (not at boot)" in single and "sglang-dsv4 (not at boot)" not in single

@@ -133,12 +133,13 @@ def test_unit_of_pid_reads_the_cgroup(tmp_path: Path):
     assert unit_of_pid(45, tmp_path) is None
 
 
-def test_cli_usage_and_invalid_config_exit_2(tmp_path: Path):
+def test_cli_usage_exits_2_and_an_invalid_config_1(tmp_path: Path):
+    # One exit-code table for every command (pdserve.cli.exits): a broken file is a problem, not usage.
     runner = CliRunner()
     assert runner.invoke(main, ["cutover", "sideways"]).exit_code == 2
     bad = tmp_path / "bad.toml"
     bad.write_text('name = "BAD NAME"\n')
-    assert runner.invoke(main, ["cutover", "pd", "-c", str(bad)]).exit_code == 2
+    assert runner.invoke(main, ["cutover", "pd", "-c", str(bad)]).exit_code == 1
 
 
 def test_cli_without_systemd_refuses_with_exit_1_and_json(tmp_path: Path):

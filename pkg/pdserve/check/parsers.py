@@ -2,7 +2,9 @@
 
 The parsers run in the SGLang Python (a separate environment from pdserve's own), in one subprocess
 with a deadline. A flag the pinned version does not know becomes a problem that names the flag and the
-field it came from; parsers that cannot be imported become a stated skip, not a pass.
+field it came from. Parsers that cannot be imported are a stated skip off the target host (a laptop
+need not have SGLang), and an error when the host checks run: there the SGLang Python is what the
+units will run, so it must have the pinned sglang (`pin_problems` asks it for its versions).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 from importlib import resources
 
 from pdserve.render.argv import router_args, server_args
+from pdserve.schema import pins
 from pdserve.schema.config import Deployment, Role
 from pdserve.schema.problems import Problem
 
@@ -76,9 +79,68 @@ def problem_for(dep: Deployment, role: Role, detail: str, culprit: str | None = 
     )
 
 
-def check_with_parsers(dep: Deployment, sglang_python: str, timeout: float = PARSE_TIMEOUT_SEC) -> ParserReport:
+def _pin_fix(origin: str, python: str) -> str:
+    others = ", ".join(n for n in ("tools.sglang_python", "tools.sglang_venv", "--sglang-python") if n != origin)
+    return (f"point {origin} (or {others}) at the Python of an "
+            f"environment with sglang=={pins.SGLANG_VERSION} and sglang-router=={pins.SGLANG_ROUTER_VERSION}, or "
+            f"install them there: `uv pip install --python {python} sglang=={pins.SGLANG_VERSION} "
+            f"sglang-router=={pins.SGLANG_ROUTER_VERSION}`")
+
+
+def _cannot_run(origin: str, python: str, why: str) -> Problem:
+    return Problem(origin, python, f"the SGLang Python {why}", _pin_fix(origin, python))
+
+
+# Asks the SGLang Python for its installed versions without importing sglang (seconds, not a CUDA init).
+_VERSIONS = (
+    "import importlib.metadata as m, json\n"
+    "def v(name):\n"
+    "    try:\n        return m.version(name)\n"
+    "    except m.PackageNotFoundError:\n        return None\n"
+    "print(json.dumps({'sglang': v('sglang'), 'sglang-router': v('sglang-router')}))\n"
+)
+VERSION_TIMEOUT_SEC = 60.0
+
+
+def pin_problems(sglang_python: str, origin: str, timeout: float = VERSION_TIMEOUT_SEC) -> list[Problem]:
+    """Errors unless `sglang_python` has the pinned sglang and sglang-router installed (pdserve.schema.pins):
+    each names where the Python came from, the version found, the pin and the fix."""
+    try:
+        done = subprocess.run([sglang_python, "-c", _VERSIONS], capture_output=True, text=True, timeout=timeout,
+                              check=False)
+    except OSError as exc:
+        return [_cannot_run(origin, sglang_python, f"cannot be run here: {exc.strerror or exc}")]
+    except subprocess.TimeoutExpired:
+        return [_cannot_run(origin, sglang_python, f"did not say its versions within {timeout:.0f} s")]
+    try:
+        found = json.loads(done.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return [_cannot_run(origin, sglang_python, f"failed when asked its versions: {tail}")]
+    problems = []
+    for package, pin in (("sglang", pins.SGLANG_VERSION), ("sglang-router", pins.SGLANG_ROUTER_VERSION)):
+        version = found.get(package)
+        if version == pin:
+            continue
+        has = f"has {package} {version}" if version else f"has no {package} installed"
+        problems.append(Problem(origin, sglang_python,
+                                f"{has}, but pdserve is pinned to {package} {pin} (pdserve.schema.pins); the units "
+                                "would run this Python", _pin_fix(origin, sglang_python)))
+    return problems
+
+
+def check_with_parsers(dep: Deployment, sglang_python: str, timeout: float = PARSE_TIMEOUT_SEC,
+                       required_by: str | None = None) -> ParserReport:
+    """The parsers' verdict on every role's argv. With `required_by` (where the SGLang Python came from,
+    e.g. tools.sglang_python), a parser that cannot run is an error naming it, not a skip."""
     script = str(resources.files("pdserve.launch").joinpath("parse_check.py"))
     items = requests_for(dep)
+
+    def cannot(why: str) -> ParserReport:
+        if required_by:
+            return ParserReport([_cannot_run(required_by, sglang_python, f"cannot run the parsers ({why})")], [], [])
+        return ParserReport([], [], [f"parser check skipped: {sglang_python} {why}"])
+
     try:
         done = subprocess.run(
             [sglang_python, script],
@@ -89,14 +151,14 @@ def check_with_parsers(dep: Deployment, sglang_python: str, timeout: float = PAR
             check=False,
         )
     except FileNotFoundError:
-        return ParserReport([], [], [f"parser check skipped: {sglang_python} does not exist"])
+        return cannot("does not exist")
     except subprocess.TimeoutExpired:
-        return ParserReport([], [], [f"parser check skipped: {sglang_python} did not answer within {timeout:.0f} s"])
+        return cannot(f"did not answer within {timeout:.0f} s")
     try:
         results = json.loads(done.stdout.strip().splitlines()[-1])
     except (IndexError, json.JSONDecodeError):
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return ParserReport([], [], [f"parser check skipped: {sglang_python} failed: {tail}"])
+        return cannot(f"failed: {tail}")
     problems, checked = [], []
     unavailable: dict[str, list[str]] = {}  # reason -> roles, so one missing package is one line
     for result in results:
@@ -107,6 +169,10 @@ def check_with_parsers(dep: Deployment, sglang_python: str, timeout: float = PAR
         checked.append(role)
         if result["status"] == "error":
             problems.append(problem_for(dep, role, result["detail"], result.get("culprit"), result.get("arg")))
+    if required_by:
+        problems += [_cannot_run(required_by, sglang_python, f"cannot import the parser of {', '.join(roles)}: {reason}")
+                     for reason, roles in unavailable.items()]
+        return ParserReport(problems, checked, [])
     skipped = [f"{', '.join(roles)}: parser not importable in {sglang_python} ({reason})"
                for reason, roles in unavailable.items()]
     return ParserReport(problems, checked, skipped)

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pdserve.check.host import check_host
-from pdserve.check.parsers import check_with_parsers
+from pdserve.check.host import HostView, check_host, read_host
+from pdserve.check.parsers import check_with_parsers, pin_problems
+from pdserve.check.target import HostRule, decide
 from pdserve.render.renderable import load_renderable
-from pdserve.render.toolchain import preview_toolchain, toolchain_problems
+from pdserve.render.toolchain import (
+    SGLANG_PYTHON_PLACEHOLDER,
+    missing_tools,
+    preview_toolchain,
+    sglang_python_origin,
+    toolchain_problems,
+)
 from pdserve.schema.problems import ConfigError, Problem, errors
 
 SCHEMA_VERSION = 1
@@ -21,10 +29,15 @@ class CheckReport:
     problems: list[Problem] = field(default_factory=list)
     checked: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    host: HostRule | None = None  # None when the file did not load (nothing to decide it for)
 
     @property
     def valid(self) -> bool:
         return not errors(self.problems)
+
+    @property
+    def host_rule(self) -> str | None:
+        return self.host.rule if self.host else None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -34,6 +47,7 @@ class CheckReport:
             "problems": [p.as_dict() for p in self.problems],
             "checked": self.checked,
             "skipped": self.skipped,
+            "host_checks": {"on": self.host.on, "rule": self.host.rule} if self.host else None,
         }
 
     def summary(self) -> str:
@@ -42,8 +56,28 @@ class CheckReport:
                 f"{len(self.problems) - n_errors} warning(s); checked: {', '.join(self.checked) or 'nothing'})")
 
 
-def run_check(config_path: Path | None, tool_overrides: dict[str, str | None],
-              parsers: bool = True, host: bool = True) -> CheckReport:
+@dataclass(frozen=True)
+class HostReading:
+    """How the host is read, so tests can hand in a host."""
+
+    systemd_missing: Callable[[], str | None]
+    view: Callable[[], HostView]
+
+
+def _systemd_missing() -> str | None:
+    if not Path("/run/systemd/system").is_dir():  # sd_booted(3)'s test
+        return "systemd is not running here"
+    return None
+
+
+THIS_HOST = HostReading(_systemd_missing, read_host)
+
+
+def run_check(config_path: Path | None, tool_overrides: dict[str, str | None], parsers: bool = True,
+              host: bool | None = None, reading: HostReading | None = None) -> CheckReport:
+    """`host`: True (--host), False (--no-host) or None (only on a host that looks like the target).
+    `reading`: how the host is read (default THIS_HOST, looked up at call time so tests can swap it)."""
+    reading = reading or THIS_HOST
     report = CheckReport(str(config_path) if config_path else "<default profile>")
     try:
         loaded = load_renderable(config_path)
@@ -56,21 +90,37 @@ def run_check(config_path: Path | None, tool_overrides: dict[str, str | None],
     tools, tool_notes = preview_toolchain(dep, tool_overrides)
     # A tool path given by flag or found on PATH goes into ExecStart= like any deployment value.
     report.problems += toolchain_problems(dep, tool_overrides)
-    if parsers:
-        parsed = check_with_parsers(dep, tools.sglang_python)
+    view = reading.view() if host is not False else None
+    report.host = decide(dep, host, reading.systemd_missing() if host is None else None, view)
+    # On the target, the SGLang Python is what the units will run: it must be named and hold the pins.
+    origin = sglang_python_origin(dep, tool_overrides)
+    have_python = tools.sglang_python != SGLANG_PYTHON_PLACEHOLDER
+    if parsers and have_python:
+        parsed = check_with_parsers(dep, tools.sglang_python, required_by=origin if report.host.on else None)
         report.problems += parsed.problems
         rejected = {p.field.split(".")[0].split(" ")[0] for p in parsed.problems}
         report.checked += [f"{role} argv accepted by the real parser" for role in parsed.checked if role not in rejected]
         report.skipped += parsed.skipped
+    elif parsers:
+        report.skipped.append("parser check skipped: no SGLang Python was given (tools.sglang_python, "
+                              "tools.sglang_venv or --sglang-python)")
     else:
         report.skipped.append("parsers: --no-parsers")
-    if host:
-        seen = check_host(dep, tools)
+    if report.host.on:
+        seen = check_host(dep, tools, view)
+        if not have_python:
+            # "not an executable file" would be about the placeholder: say what is missing and how to name it.
+            seen.problems = [p for p in seen.problems if p.value != SGLANG_PYTHON_PLACEHOLDER]
+            report.problems += missing_tools(dep, tool_overrides, "sglang_python")
         report.problems += seen.problems
         report.checked += seen.passed
         report.skipped += seen.skipped
+        if have_python:
+            pinned = pin_problems(tools.sglang_python, origin)
+            report.problems += pinned
+            if not pinned:
+                report.checked.append(f"{origin} has the pinned sglang and sglang-router")
     else:
-        report.skipped.append("host: --no-host")
         # Without the host check nobody looks at the tools; say which were only assumed.
         report.skipped += tool_notes
     return report

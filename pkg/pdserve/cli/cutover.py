@@ -1,7 +1,7 @@
 """`pdserve cutover pd|single`: the command line around the cutover state machine.
 
-Exit codes: 0 success (or already serving, or --dry-run), 1 failed and rolled back (or refused by
-preflight, nothing changed), 2 usage (including an invalid deployment), 3 the rollback failed too.
+Exit codes (pdserve.cli.exits): 0 success (or already serving), 1 failed and rolled back, refused by
+preflight (nothing changed), or the deployment file has problems; 2 usage; 3 the rollback failed too.
 """
 
 from __future__ import annotations
@@ -16,11 +16,10 @@ from urllib.parse import urlsplit
 
 import click
 
-from pdserve.cutover.machine import EXIT_USAGE, Cutover, Outcome, Plan, Report, plan_for
+from pdserve.cli.options import config_option, load_or_exit
+from pdserve.cutover.machine import Cutover, Outcome, Plan, Report, plan_for
 from pdserve.cutover.refusals import PortProber
 from pdserve.probes.systemctl import Systemctl
-from pdserve.render.renderable import load_renderable
-from pdserve.schema.problems import ConfigError
 
 SCHEMA_VERSION = 1
 
@@ -80,29 +79,24 @@ def report_lines(report: Report) -> list[str]:
     return lines
 
 
-@click.command("cutover")
-@click.argument("target", type=click.Choice(["pd", "single"]))
-@click.option("-c", "--config", "config_path", type=click.Path(path_type=Path, dir_okay=False),
-              help="Deployment file (.toml or .json). Default: the embedded reference deployment (dsv4).")
+@click.command("cutover", short_help="Move to TARGET (pd or single), rolling back on failure.")
+@click.argument("target", metavar="TARGET", type=click.Choice(["pd", "single"]))
+@config_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report.")
 @click.option("--dry-run", is_flag=True, help="Print the steps (and what is running now) without doing them.")
-@click.option("--systemctl", "systemctl_command", default="systemctl", show_default=True,
+@click.option("--systemctl", "systemctl_command", metavar="COMMAND", default="systemctl", show_default=True,
               help="systemctl command to drive, e.g. 'systemctl --root=...' or a wrapper that enters a container.")
 def cutover_command(target: str, config_path: Path | None, as_json: bool, dry_run: bool, systemctl_command: str) -> None:
     """Move the deployment to TARGET (pd or single) with a way back: stop, start, wait ready, smoke, enable.
 
     Boot links change only where this host lets them be written (not on NixOS); either way the report
     names the boot_layout line to change. A boot-link problem never fails a cutover that serves.
-    Exit 0 success, 1 failed and rolled back, 2 usage, 3 the rollback failed too.
+    Exit 0 success, 1 failed and rolled back (or refused, or the file has problems), 2 usage, 3 the
+    rollback failed too.
     """
     from pdserve.cutover.host import HostEdge
 
-    try:
-        loaded = load_renderable(config_path)
-    except ConfigError as exc:
-        for problem in exc.problems:
-            click.echo(problem.line(), err=True)
-        raise SystemExit(EXIT_USAGE) from None
+    loaded = load_or_exit(config_path, print_warnings=False)  # the report carries them
     dep = loaded.deployment
     plan = plan_for(dep, target, [p.line() for p in loaded.warnings], loaded.source)  # type: ignore[arg-type]
     command = shlex.split(systemctl_command)

@@ -1,107 +1,119 @@
 """The `pdserve` command line: a thin layer over the pure core.
 
-Exit codes: 0 success, 1 the deployment (or the thing checked) is not right, 2 usage.
+Every command exits by one table (pdserve.cli.exits, printed by `pdserve --help`): a deployment file
+with problems is Exit.PROBLEMS from every command, a wrong command line is click's Exit.USAGE, and an
+exception that escapes a command is Exit.INTERNAL with its reason, never a traceback or a pass.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import click
 from rich.console import Console
 
 from pdserve import __version__
+from pdserve.cli.exits import Exit, help_epilog
+from pdserve.cli.options import config_option, exit_with, load_or_exit, print_problems, tool_options, tool_overrides
 from pdserve.render.renderable import load_renderable
 from pdserve.schema.config import Deployment
-from pdserve.schema.loading import Loaded, json_schema
+from pdserve.schema.loading import json_schema
 from pdserve.schema.problems import ConfigError, Problem, errors
 
-EXIT_INVALID = 1
-
-config_option = click.option(
-    "-c", "--config", "config_path", type=click.Path(path_type=Path, dir_okay=False),
-    help="Deployment file (.toml or .json). Default: the embedded reference deployment (dsv4).",
-)
+ROLE_CHOICE = click.Choice(["prefill", "decode", "router", "fallback"])
 
 
-def tool_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    for name, help_text in reversed([
-        ("sglang-python", "Python with sglang and sglang-router (default: tools.sglang_python, then python3 on PATH)"),
-        ("numactl", "numactl executable (default: tools.numactl, then PATH)"),
-        ("pdserve", "pdserve executable for readiness gates (default: tools.pdserve, then PATH)"),
-    ]):
-        command = click.option(f"--{name}", name.replace("-", "_"), help=help_text)(command)
-    return command
+class Commands(click.Group):
+    """click's group, with Exit.INTERNAL for an exception that escapes a command: what broke, not a
+    traceback, and never an exit code that reads as success or as a problem of the deployment."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort,
+                SystemExit, KeyboardInterrupt):
+            raise
+        except OSError as exc:
+            if exc.errno == errno.EPIPE:  # `pdserve plan | head`: click's own handling of a closed pipe
+                raise
+            _internal(ctx, exc)
+        except Exception as exc:  # noqa: BLE001 - the contract is Exit.INTERNAL with the reason
+            _internal(ctx, exc)
 
 
-def _overrides(sglang_python: str | None, numactl: str | None, pdserve: str | None) -> dict[str, str | None]:
-    return {"sglang_python": sglang_python, "numactl": numactl, "pdserve": pdserve}
+def _internal(ctx: click.Context, exc: BaseException) -> None:
+    command = ctx.invoked_subcommand or "pdserve"
+    click.echo(f"pdserve {command}: internal error: {type(exc).__name__}: {exc}; this is a bug in pdserve "
+               f"(exit {int(Exit.INTERNAL)})", err=True)
+    raise SystemExit(Exit.INTERNAL) from None
 
 
-def _print_problems(problems: list[Problem]) -> None:
-    for problem in problems:
-        click.echo(problem.line(), err=True)
-
-
-def _load_or_exit(config_path: Path | None) -> Loaded:
-    try:
-        loaded = load_renderable(config_path)
-    except ConfigError as exc:
-        _print_problems(exc.problems)
-        raise SystemExit(EXIT_INVALID) from None
-    _print_problems(loaded.warnings)
-    return loaded
-
-
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=Commands, context_settings={"help_option_names": ["-h", "--help"]}, epilog=help_epilog())
 @click.version_option(__version__, prog_name="pdserve")
 def main() -> None:
     """Deploy an SGLang model as a prefill/decode disaggregated service, and prove it works."""
 
 
-@main.command()
+@main.command(short_help="Show what would run: topology, commands, environment, units.")
 @config_option
+@click.option("--json", "as_json", is_flag=True, help="The same content as JSON, for machines.")
 @tool_options
-def plan(config_path: Path | None, sglang_python: str | None, numactl: str | None, pdserve: str | None) -> None:
-    """Show what would run: topology, exact commands, environment and unit files."""
-    from pdserve.render.plan import print_plan
+def plan(config_path: Path | None, as_json: bool, sglang_python: str | None, numactl: str | None,
+         pdserve: str | None) -> None:
+    """Show what would run: topology, exact commands, environment and unit files.
+
+    On a terminal: tables and panels. Piped or redirected: plain shell to copy from (each command quoted
+    so the shell gives back its exact argv, the environment as KEY=value lines, the unit files as
+    here-documents, the rest as # comments). --json: the same content for machines.
+    """
+    from pdserve.render.plan import plain_text, plan_data, print_rich
     from pdserve.render.toolchain import preview_toolchain
     from pdserve.render.units import render_units
 
-    loaded = _load_or_exit(config_path)
+    loaded = load_or_exit(config_path)
     dep = loaded.deployment
-    tools, notes = preview_toolchain(dep, _overrides(sglang_python, numactl, pdserve))
+    tools, notes = preview_toolchain(dep, tool_overrides(sglang_python, numactl, pdserve))
     try:
         units = render_units(dep, tools, default_config_path(dep, Path("/etc/systemd/system")))
     except ConfigError as exc:  # e.g. a previewed tool path systemd cannot execute
-        _print_problems(exc.problems)
-        raise SystemExit(EXIT_INVALID) from None
-    print_plan(Console(), dep, tools, units, notes)
+        exit_with(exc.problems)
+    data = plan_data(dep, tools, units, notes, loaded.source)
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+    elif sys.stdout.isatty():
+        print_rich(Console(), data)
+    else:
+        click.echo(plain_text(data), nl=False)
 
 
-@main.command()
+@main.command(short_help="Validate deployment files (and this host, where it is the target).")
 @config_option
 @click.argument("more_configs", metavar="[FILE]...", nargs=-1, type=click.Path(path_type=Path, dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report.")
-@click.option("--no-host", is_flag=True, help="Skip the checks of this host (GPUs, NUMA nodes, files).")
+@click.option("--host/--no-host", "host", default=None,
+              help="Check this host (GPUs, NUMA nodes, tools, the SGLang Python's sglang version, files), or "
+                   "not. Default: only on a host that looks like the target (see below).")
 @click.option("--no-parsers", is_flag=True, help="Skip running the rendered argv through SGLang's and the router's parsers.")
 @tool_options
-def check(config_path: Path | None, more_configs: tuple[Path, ...], as_json: bool, no_host: bool, no_parsers: bool,
-          sglang_python: str | None, numactl: str | None, pdserve: str | None) -> None:
-    """Validate a deployment; exit 0 valid, 1 invalid, 2 usage.
+def check(config_path: Path | None, more_configs: tuple[Path, ...], as_json: bool, host: bool | None,
+          no_parsers: bool, sglang_python: str | None, numactl: str | None, pdserve: str | None) -> None:
+    """Validate deployments: every problem at once, one line each (field, value, what is wrong, fix).
 
     With several files (-c A B C, or A B C), each is checked and then all of them together, as deployments
     of one host: no two may share a listening port or a unit name.
+
+    Host checks run with --host, never with --no-host, and otherwise only where this host looks like the
+    target: systemd is running, and the NVIDIA GPUs and NUMA nodes the file names exist here. The report
+    says which rule applied.
     """
     from pdserve.check.run import run_check
 
     paths: list[Path | None] = [*([config_path] if config_path else []), *more_configs] or [None]
-    overrides = _overrides(sglang_python, numactl, pdserve)
-    reports = [run_check(path, overrides, parsers=not no_parsers, host=not no_host) for path in paths]
+    overrides = tool_overrides(sglang_python, numactl, pdserve)
+    reports = [run_check(path, overrides, parsers=not no_parsers, host=host) for path in paths]
     across = _check_across(paths) if len(paths) > 1 else []
     valid = all(report.valid for report in reports) and not errors(across)
     if as_json:
@@ -111,15 +123,17 @@ def check(config_path: Path | None, more_configs: tuple[Path, ...], as_json: boo
         click.echo(json.dumps(data, indent=2, default=str))
     else:
         for report in reports:
-            _print_problems(report.problems)
+            print_problems(report.problems)
+            if report.host_rule:
+                click.echo(f"host checks: {report.host_rule}", err=True)
             for reason in report.skipped:
                 click.echo(f"skipped: {reason}", err=True)
             click.echo(report.summary())
         if len(paths) > 1:
-            _print_problems(across)
+            print_problems(across)
             click.echo(f"{len(paths)} deployments together: {'valid' if not errors(across) else 'invalid'} "
                        f"({len(errors(across))} collision(s) of ports or unit names)")
-    raise SystemExit(0 if valid else EXIT_INVALID)
+    raise SystemExit(Exit.OK if valid else Exit.PROBLEMS)
 
 
 def _check_across(paths: list[Path | None]) -> list[Problem]:
@@ -140,18 +154,17 @@ def default_config_path(dep: Deployment, out: Path) -> str:
 
 
 def _render(config_path: Path | None, out_dir: Path, runtime_config: str | None,
-            sglang_python: str | None, numactl: str | None, pdserve: str | None) -> None:
+            overrides: dict[str, str | None]) -> None:
     from pdserve.render.toolchain import resolve_toolchain
     from pdserve.render.units import render_units
 
-    dep = _load_or_exit(config_path).deployment
+    dep = load_or_exit(config_path).deployment
     target_config = runtime_config or default_config_path(dep, out_dir)
     try:
-        tools = resolve_toolchain(dep, _overrides(sglang_python, numactl, pdserve))
+        tools = resolve_toolchain(dep, overrides)
         units = render_units(dep, tools, target_config)
     except ConfigError as exc:
-        _print_problems(exc.problems)
-        raise SystemExit(EXIT_INVALID) from None
+        exit_with(exc.problems)
     # Write everything to temporary names first, then rename: a failed render leaves nothing half written.
     out_dir.mkdir(parents=True, exist_ok=True)
     files = {unit.filename: unit.text for unit in units}
@@ -166,48 +179,52 @@ def _render(config_path: Path | None, out_dir: Path, runtime_config: str | None,
         for tmp, _ in staged:
             tmp.unlink(missing_ok=True)
         click.echo(f"error: cannot write into {out_dir}: {exc.strerror}; fix: choose a writable --out", err=True)
-        raise SystemExit(EXIT_INVALID) from None
+        raise SystemExit(Exit.PROBLEMS) from None
     for tmp, final in staged:
         tmp.replace(final)
         click.echo(str(final))
 
 
-@main.command("render")
+@main.command("render", short_help="Write the unit files and the deployment JSON they read.")
 @config_option
-@click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path, file_okay=False),
+@click.option("--out", "out_dir", required=True, metavar="DIR", type=click.Path(path_type=Path, file_okay=False),
               help="Directory for the unit files (e.g. /etc/systemd/system).")
-@click.option("--config-path", "runtime_config",
+@click.option("--config-path", "runtime_config", metavar="PATH",
               help="Where the units read the deployment at run time (default: the pdserve-<name>.json written into --out).")
 @tool_options
 def render_command(config_path: Path | None, out_dir: Path, runtime_config: str | None,
                    sglang_python: str | None, numactl: str | None, pdserve: str | None) -> None:
-    """Write the unit files and the deployment JSON they read."""
-    _render(config_path, out_dir, runtime_config, sglang_python, numactl, pdserve)
+    """Write the unit files and the deployment JSON they read; nothing is written if anything is wrong.
+
+    Refuses without an SGLang Python (tools.sglang_python, tools.sglang_venv or --sglang-python).
+    """
+    _render(config_path, out_dir, runtime_config, tool_overrides(sglang_python, numactl, pdserve))
 
 
-@main.command()
+@main.command(short_help="Print the deployment's JSON Schema.")
 def schema() -> None:
     """Print the deployment's JSON Schema."""
     click.echo(json.dumps(json_schema(), indent=2, sort_keys=True))
 
 
-@main.command("wait-ready")
-@click.argument("role", type=click.Choice(["prefill", "decode", "router", "fallback"]))
+@main.command("wait-ready", short_help="Wait until ROLE answers as ready (the units' gate).")
+@click.argument("role", metavar="ROLE", type=ROLE_CHOICE)
 @config_option
-@click.option("--timeout", type=click.FloatRange(min=0), default=600.0, show_default=True,
+@click.option("--timeout", metavar="SECONDS", type=click.FloatRange(min=0), default=600.0, show_default=True,
               help="Seconds to wait before giving up.")
-@click.option("--interval", type=click.FloatRange(min=0.05), default=2.0, show_default=True,
+@click.option("--interval", metavar="SECONDS", type=click.FloatRange(min=0.05), default=2.0, show_default=True,
               help="Seconds between probes.")
-@click.option("--probe-timeout", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
+@click.option("--probe-timeout", metavar="SECONDS", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
               help="Seconds each HTTP request may take.")
 def wait_ready(role: str, config_path: Path | None, timeout: float, interval: float, probe_timeout: float) -> None:
-    """Wait until ROLE answers as ready; exit 1 with the last state seen when the deadline passes."""
+    """Wait until ROLE (prefill, decode, router or fallback) answers as ready; exit 1 with the last state
+    seen when the deadline passes."""
     import httpx
 
     from pdserve.launch.gate import probe_for, wait_until_ready
     from pdserve.schema.derived import unit_name
 
-    dep = _load_or_exit(config_path).deployment
+    dep = load_or_exit(config_path).deployment
     with httpx.Client(timeout=probe_timeout) as client:
         result = wait_until_ready(
             probe_for(dep, role, client), timeout, interval,
@@ -218,7 +235,7 @@ def wait_ready(role: str, config_path: Path | None, timeout: float, interval: fl
         return
     click.echo(f"error: {unit_name(dep, role)} not ready after {timeout:g} s; last state: {result.state}; "
                f"fix: read `journalctl -u {unit_name(dep, role)}`", err=True)
-    raise SystemExit(EXIT_INVALID)
+    raise SystemExit(Exit.PROBLEMS)
 
 
 # `pdserve cutover pd|single` (pkg/pdserve/cutover/).

@@ -1,5 +1,6 @@
-"""`pdserve verify`: the click command. Exit 0 all pass (warn/skip allowed), 1 a check failed,
-2 usage (bad flags, unknown check id, invalid deployment), 3 the verifier itself broke."""
+"""`pdserve verify`: the click command. Exits by pdserve.cli.exits: 0 all pass (warn/skip allowed),
+1 a check failed or the deployment file has problems, 2 usage (bad flags, unknown check id), 3 the
+verifier itself broke."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import click
 import httpx
 from rich.console import Console
 
-from pdserve.render.renderable import load_renderable
-from pdserve.schema.problems import ConfigError
+from pdserve.cli.exits import Exit
+from pdserve.cli.options import config_option, load_or_exit
 from pdserve.verify import report
 from pdserve.verify.expect import expectations
 from pdserve.verify.runner import CHECKS, Context, Options, SelectionError, run, select
@@ -22,25 +23,24 @@ def _tokens(values: tuple[str, ...]) -> list[str]:
     return [t.strip() for v in values for t in v.split(",") if t.strip()]
 
 
-@click.command("verify")
-@click.option("-c", "--config", "config_path", type=click.Path(path_type=Path, dir_okay=False),
-              help="Deployment file (.toml or .json). Default: the embedded reference deployment (dsv4).")
+@click.command("verify", short_help="Prove the running deployment works, check by check.")
+@config_option
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (stable, with schema_version).")
 @click.option("--only", multiple=True, metavar="IDS",
               help="Run only these checks: comma-separated ids or id prefixes (e.g. e2e,kv.decode). Repeatable.")
 @click.option("--skip", multiple=True, metavar="IDS", help="Do not run these checks (ids or prefixes). Repeatable.")
 @click.option("--wait", type=click.FloatRange(min=0), default=0.0, show_default=True, metavar="SECONDS",
               help="Re-run failing checks until they pass or SECONDS have passed.")
-@click.option("--interval", type=click.FloatRange(min=0.1), default=2.0, show_default=True,
+@click.option("--interval", metavar="SECONDS", type=click.FloatRange(min=0.1), default=2.0, show_default=True,
               help="Seconds between --wait rounds.")
-@click.option("--probe-timeout", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
+@click.option("--probe-timeout", metavar="SECONDS", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
               help="Seconds each HTTP request, systemctl/journalctl call or connect attempt may take.")
-@click.option("--chat-timeout", type=click.FloatRange(min=1), default=180.0, show_default=True,
+@click.option("--chat-timeout", metavar="SECONDS", type=click.FloatRange(min=1), default=180.0, show_default=True,
               help="Seconds each end-to-end chat request may take (a reasoning answer can be long).")
 @click.option("--kv-floor", type=click.IntRange(min=1), default=None, metavar="TOKENS",
               help="Least KV capacity (max_total_num_tokens) each server must have. "
                    "Default: model.context_length, else 65536.")
-@click.option("--api-key-file", type=click.Path(dir_okay=False), default=None,
+@click.option("--api-key-file", metavar="FILE", type=click.Path(dir_okay=False), default=None,
               help="Read the router's API key from this file instead of router.api_key_file.")
 @click.option("--schema", "print_schema", is_flag=True, help="Print the JSON Schema of the --json report and exit.")
 @click.option("--list", "list_checks", is_flag=True, help="List the check ids and exit.")
@@ -54,12 +54,7 @@ def verify(config_path: Path | None, as_json: bool, only: tuple[str, ...], skip:
     if list_checks:
         click.echo("\n".join(CHECKS))
         return
-    try:
-        loaded = load_renderable(config_path)
-    except ConfigError as exc:
-        for problem in exc.problems:
-            click.echo(problem.line(), err=True)
-        raise SystemExit(report.EXIT_USAGE) from None
+    loaded = load_or_exit(config_path)
     try:
         plan = select(list(CHECKS), _tokens(only), _tokens(skip))
     except SelectionError as exc:
@@ -69,7 +64,7 @@ def verify(config_path: Path | None, as_json: bool, only: tuple[str, ...], skip:
     except Exception as exc:  # noqa: BLE001 - the contract is exit 3, with the reason, not a traceback
         click.echo(f"pdserve verify: internal error: {type(exc).__name__}: {exc}; this is a bug in pdserve",
                    err=True)
-        raise SystemExit(report.EXIT_BROKEN) from None
+        raise SystemExit(Exit.INTERNAL) from None
     raise SystemExit(code)
 
 

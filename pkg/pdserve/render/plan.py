@@ -1,8 +1,16 @@
-"""`pdserve plan`: the topology, exact commands, environment and units, for people to read."""
+"""`pdserve plan`: the topology, exact commands, environment and units, in three views of one content.
+
+- `plan_data`: the content as plain data (`plan --json`);
+- `plain_text`: copyable shell for a pipe or a file: each command quoted with shlex (the shell gives
+  back exactly the argv), the environment as KEY=value lines, the unit files as here-documents, and
+  everything else as `#` comments; no box drawing, no line folded mid-token;
+- `print_rich`: tables and panels for a terminal.
+"""
 
 from __future__ import annotations
 
 import shlex
+from typing import Any
 
 from rich.console import Console, Group
 from rich.panel import Panel
@@ -14,29 +22,64 @@ from pdserve.render.argv import Launch, launches
 from pdserve.render.toolchain import Toolchain
 from pdserve.render.units import Unit
 from pdserve.schema.boot import wanted_at_boot
-from pdserve.schema.config import Deployment
+from pdserve.schema.config import Deployment, Role
+
+SCHEMA_VERSION = 1
+# Ends each unit's here-document. No unit line can equal it: every line is a [section], a Key=value
+# directive, a # comment or empty (render_ini).
+HEREDOC_END = "PDSERVE_UNIT_END"
 
 
-def topology_table(dep: Deployment, runs: dict[str, Launch]) -> Table:
-    table = Table(title=f"deployment {dep.name}: {dep.model.served_name or dep.model.path}", title_justify="left")
-    for column in ("role", "unit", "GPUs", "NUMA", "address", "mem fraction", "TP"):
-        table.add_column(column, overflow="fold")
-    for role, run in runs.items():
+def _role_data(dep: Deployment, role: Role, run: Launch) -> dict[str, Any]:
+    server = None if role == "router" else dep.server(role)
+    return {
+        "unit": run.unit,
         # boot_layout decides which units start at boot; the others are installed for `pdserve cutover`.
-        unit = run.unit if wanted_at_boot(dep, role) else f"{run.unit} (not at boot)"  # type: ignore[arg-type]
-        if role == "router":
-            table.add_row(role, unit, "-", "-", run.url, "-", "-")
-            continue
-        server = dep.server(role)
-        numa = str(server.numa_node) if server.numa_node is not None else "unbound"
-        table.add_row(role, unit, ",".join(map(str, server.gpus)), numa, run.url,
-                      f"{server.mem_fraction_static:g}", str(server.tensor_parallel))
-    return table
+        "wanted_at_boot": wanted_at_boot(dep, role),
+        "url": run.url,
+        "gpus": list(server.gpus) if server else [],
+        "tensor_parallel": server.tensor_parallel if server else None,
+        "mem_fraction_static": server.mem_fraction_static if server else None,
+        "numa": {"cpu_node": run.numa.cpu_node, "memory_node": run.numa.memory_node} if run.numa else None,
+        "argv": list(run.argv),
+        "env": dict(sorted(run.env.items())),
+        # credential name -> host file; the process reads $CREDENTIALS_DIRECTORY/<name> (LoadCredential=).
+        "credentials": dict(run.credentials),
+    }
 
 
-def shell_command(argv: tuple[str, ...]) -> str:
+def plan_data(dep: Deployment, tools: Toolchain, units: list[Unit], notes: list[str], source: str) -> dict[str, Any]:
+    """Everything the plan shows, as JSON-ready data: what `plan --json` prints."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "deployment": dep.name,
+        "source": source,
+        "model": dep.model.served_name or dep.model.path,
+        "roles": {role: _role_data(dep, role, run) for role, run in launches(dep, tools).items()},
+        "units": {unit.filename: unit.text for unit in units},
+        "notes": list(notes),
+    }
+
+
+def _topology_rows(data: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    for role, item in data["roles"].items():
+        numa = str(item["numa"]["cpu_node"]) if item["numa"] else ("-" if role == "router" else "unbound")
+        rows.append([
+            role, item["unit"], "yes" if item["wanted_at_boot"] else "no",
+            ",".join(map(str, item["gpus"])) or "-", numa, item["url"],
+            f"{item['mem_fraction_static']:g}" if item["mem_fraction_static"] is not None else "-",
+            str(item["tensor_parallel"]) if item["tensor_parallel"] is not None else "-",
+        ])
+    return rows
+
+
+_COLUMNS = ["role", "unit", "at boot", "GPUs", "NUMA", "address", "mem fraction", "TP"]
+
+
+def shell_command(argv: tuple[str, ...] | list[str]) -> str:
     """The argv as a copy-pasteable shell command: the wrapper and program on the first line, then
-    one program flag per line."""
+    one program flag per line, joined by backslash-newline (which the shell removes)."""
     parts: list[str] = []
     in_program = False
     for arg in argv:
@@ -49,22 +92,58 @@ def shell_command(argv: tuple[str, ...]) -> str:
     return "".join(parts)
 
 
-def launch_panel(run: Launch) -> Panel:
-    env = "\n".join(f"{k}={shlex.quote(v)}" for k, v in sorted(run.env.items())) or "(none beyond the unit's)"
-    body = [Text("command", style="bold"), Syntax(shell_command(run.argv), "bash", word_wrap=True),
+def environment_lines(env: dict[str, str]) -> list[str]:
+    """KEY=value, the value quoted for the shell (names are validated: letters, digits and _)."""
+    return [f"{key}={shlex.quote(value)}" for key, value in env.items()]
+
+
+def plain_text(data: dict[str, Any]) -> str:
+    """The plan as shell a person can copy from: commands and KEY=value lines run as shown, the rest
+    is comments. Not meant to be piped into sh: each command runs a server in the foreground."""
+    lines = [f"# pdserve plan of deployment {data['deployment']} ({data['model']}), from {data['source']}",
+             "# Each command runs one server in the foreground: copy what you need; this is no script to run whole."]
+    rows = [_COLUMNS, *_topology_rows(data)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
+    lines += ["#", *("# " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+                     for row in rows)]
+    lines += [f"# note: {note}" for note in data["notes"]]
+    for role, item in data["roles"].items():
+        lines += ["", f"# --- {role}: {item['unit']} ---"]
+        lines += ["# environment (the unit's Environment=)", *environment_lines(item["env"])] if item["env"] else \
+            ["# environment: none beyond the unit's"]
+        for name, path in item["credentials"].items():
+            lines.append(f"# credential {name} <- {path} (LoadCredential=; read from $CREDENTIALS_DIRECTORY/{name})")
+        lines += ["# command", shell_command(item["argv"])]
+    for filename, text in data["units"].items():
+        lines += ["", f"# --- unit file {filename} ---", f"cat > {shlex.quote(filename)} <<'{HEREDOC_END}'",
+                  text.rstrip("\n"), HEREDOC_END]
+    return "\n".join(lines) + "\n"
+
+
+def topology_table(data: dict[str, Any]) -> Table:
+    table = Table(title=f"deployment {data['deployment']}: {data['model']}", title_justify="left")
+    for column in _COLUMNS:
+        table.add_column(column, overflow="fold")
+    for row in _topology_rows(data):
+        table.add_row(*row)
+    return table
+
+
+def launch_panel(role: str, item: dict[str, Any]) -> Panel:
+    env = "\n".join(environment_lines(item["env"])) or "(none beyond the unit's)"
+    body = [Text("command", style="bold"), Syntax(shell_command(item["argv"]), "bash", word_wrap=True),
             Text("environment", style="bold"), Text(env)]
-    if run.credentials:
+    if item["credentials"]:
         body += [Text("credentials", style="bold"),
-                 Text("\n".join(f"{n} <- {p} (LoadCredential=)" for n, p in run.credentials.items()))]
-    return Panel(Group(*body), title=f"{run.role}: {run.unit}", title_align="left")
+                 Text("\n".join(f"{n} <- {p} (LoadCredential=)" for n, p in item["credentials"].items()))]
+    return Panel(Group(*body), title=f"{role}: {item['unit']}", title_align="left")
 
 
-def print_plan(console: Console, dep: Deployment, tools: Toolchain, units: list[Unit], notes: list[str]) -> None:
-    runs = launches(dep, tools)
-    console.print(topology_table(dep, runs))
-    for note in notes:
-        console.print(f"[yellow]note:[/] {note}")
-    for run in runs.values():
-        console.print(launch_panel(run))
-    for unit in units:
-        console.print(Panel(Syntax(unit.text, "ini", word_wrap=True), title=unit.filename, title_align="left"))
+def print_rich(console: Console, data: dict[str, Any]) -> None:
+    console.print(topology_table(data))
+    for note in data["notes"]:
+        console.print(Text.assemble(("note: ", "yellow"), note))
+    for role, item in data["roles"].items():
+        console.print(launch_panel(role, item))
+    for filename, text in data["units"].items():
+        console.print(Panel(Syntax(text, "ini", word_wrap=True), title=filename, title_align="left"))

@@ -1,4 +1,5 @@
-"""Finding the executables the units run: the deployment's tools section, then flags, then PATH."""
+"""Finding the executables the units run: flags, then the deployment's tools section, then PATH (never
+for the SGLang Python, which is given or found in the virtual environment the file names)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from pdserve.schema.config import Deployment
+from pdserve.schema.config import Deployment, venv_python
 from pdserve.schema.problems import ConfigError, Problem
 from pdserve.schema.systemd_syntax import executable_problem
 
@@ -27,12 +28,16 @@ def default_keyed_launcher() -> str:
     return str(resources.files("pdserve.launch").joinpath("keyed_launch.py"))
 
 
-# tool field -> (command looked up on PATH, what it is)
-_TOOLS = {
-    "sglang_python": ("python3", "the Python that has sglang and sglang-router installed"),
+# tool field -> (command looked up on PATH, or None where PATH is never asked; what it is)
+_TOOLS: dict[str, tuple[str | None, str]] = {
+    # Never `python3` from PATH: that is rarely the Python with the pinned sglang, and the units would
+    # only fail at launch. Given (tools.sglang_python, --sglang-python) or found (tools.sglang_venv).
+    "sglang_python": (None, "the Python that has sglang and sglang-router installed"),
     "numactl": ("numactl", "numactl (CPU/memory NUMA binding)"),
     "pdserve": ("pdserve", "the pdserve executable (readiness gates)"),
 }
+# What `pdserve plan` shows in place of an SGLang Python nobody named.
+SGLANG_PYTHON_PLACEHOLDER = "sglang-python"
 
 
 def _which(command: str) -> str | None:
@@ -47,60 +52,87 @@ def _own_executable() -> str | None:
 
 def resolve_toolchain(dep: Deployment, overrides: dict[str, str | None] | None = None) -> Toolchain:
     """Flags beat the deployment's tools section, which beats PATH. Missing tools are one error each."""
-    toolchain, problems = _resolve(dep, overrides or {})
-    if problems:
-        raise ConfigError(problems, "tools")
+    toolchain, found = _resolve(dep, overrides or {})
+    if found:
+        raise ConfigError([problem for _, problem in found], "tools")
     return toolchain
 
 
 def toolchain_problems(dep: Deployment, overrides: dict[str, str | None] | None = None) -> list[Problem]:
     """The tool paths that could never go into a unit (control characters, quotes, relative, ...): errors
     for `pdserve check` even where a missing tool is only a note."""
-    _, problems = _resolve(dep, overrides or {}, lenient=True)
-    return [p for p in problems if p.value is not None]
+    _, found = _resolve(dep, overrides or {}, lenient=True)
+    return [problem for _, problem in found if problem.value is not None]
+
+
+def missing_tools(dep: Deployment, overrides: dict[str, str | None] | None = None, *only: str) -> list[Problem]:
+    """The tools nobody named and PATH does not have (all of them, or `only` those), as errors."""
+    _, found = _resolve(dep, overrides or {}, lenient=True)
+    return [problem for tool, problem in found if problem.value is None and (not only or tool in only)]
 
 
 def preview_toolchain(dep: Deployment, overrides: dict[str, str | None] | None = None) -> tuple[Toolchain, list[str]]:
-    """For showing a plan on a machine that lacks the tools: missing ones appear as their bare
-    command name, and each such substitution is returned as a note to print."""
-    toolchain, problems = _resolve(dep, overrides or {}, lenient=True)
-    notes = [f"{p.field}: {p.message}; shown as its bare command name" for p in problems]
+    """For showing a plan on a machine that lacks the tools: missing ones appear as a bare name (the
+    command, or `sglang-python`), and each such substitution is returned as a note to print."""
+    toolchain, found = _resolve(dep, overrides or {}, lenient=True)
+    notes = [f"{p.field}: {p.message}; shown as `{getattr(toolchain, tool)}`; to render, {p.fix}" for tool, p in found]
     return toolchain, notes
 
 
-def _resolve(dep: Deployment, overrides: dict[str, str | None], lenient: bool = False) -> tuple[Toolchain, list[Problem]]:
+def sglang_python_origin(dep: Deployment, overrides: dict[str, str | None] | None = None) -> str:
+    """Where the SGLang Python came from, as a user would change it: the flag or the file's field."""
+    if (overrides or {}).get("sglang_python"):
+        return "--sglang-python"
+    return "tools.sglang_venv" if dep.tools.sglang_venv else "tools.sglang_python"
+
+
+def _given(dep: Deployment, tool: str, overrides: dict[str, str | None]) -> tuple[str | None, str]:
+    """(path, origin) of a tool from the flags, then the deployment's tools section."""
+    if overrides.get(tool):
+        return overrides[tool], f"--{tool.replace('_', '-')}"
+    if tool == "sglang_python" and dep.tools.sglang_venv:
+        return venv_python(dep.tools.sglang_venv), "tools.sglang_venv"
+    return getattr(dep.tools, tool), f"tools.{tool}"
+
+
+def _missing(tool: str, command: str | None, what: str) -> Problem:
+    flag = f"--{tool.replace('_', '-')}"
+    if command is None:
+        return Problem(f"tools.{tool}", None, f"{what} was not given (pdserve does not guess it from PATH)",
+                       f"set tools.{tool} to its absolute path, or tools.sglang_venv to its virtual environment, "
+                       f"or pass {flag}")
+    return Problem(f"tools.{tool}", None, f"{what} was not given and `{command}` is not on PATH",
+                   f"install it, or set tools.{tool} (or pass {flag}) to its absolute path")
+
+
+def _resolve(dep: Deployment, overrides: dict[str, str | None],
+             lenient: bool = False) -> tuple[Toolchain, list[tuple[str, Problem]]]:
+    """The toolchain (None unless every tool resolved, or `lenient` put placeholders in), and each
+    tool's problem."""
     resolved: dict[str, str] = {}
     problems = []
     for tool, (command, what) in _TOOLS.items():
         # Name the input a path came from: the flag, the deployment's tools section, or PATH.
-        flag = f"--{tool.replace('_', '-')}"
-        origin = flag if overrides.get(tool) else f"tools.{tool}"
-        path = overrides.get(tool) or getattr(dep.tools, tool)
-        if path is None:
+        path, origin = _given(dep, tool, overrides)
+        if path is None and command is not None:
             path = _which(command) or (_own_executable() if tool == "pdserve" else None)
             origin = f"tools.{tool} (found on PATH)"
+        placeholder = command or SGLANG_PYTHON_PLACEHOLDER
         if path is None:
-            problems.append(
-                Problem(
-                    f"tools.{tool}",
-                    None,
-                    f"{what} was not given and `{command}` is not on PATH",
-                    f"install it, or set tools.{tool} (or pass --{tool.replace('_', '-')}) to its absolute path",
-                )
-            )
+            problems.append((tool, _missing(tool, command, what)))
             if lenient:
-                resolved[tool] = command
+                resolved[tool] = placeholder
             continue
         # Flags and PATH are input too: the same rules as tools.* in the deployment (systemd executes it).
         problem = executable_problem(path)
         if problem:
-            problems.append(Problem(
+            problems.append((tool, Problem(
                 origin, path, problem,
                 "give the absolute path of the executable, without quotes, backslashes, control characters "
                 "or a trailing /",
-            ))
+            )))
             if lenient:
-                resolved[tool] = command
+                resolved[tool] = placeholder
             continue
         resolved[tool] = path
     return Toolchain(**resolved) if len(resolved) == len(_TOOLS) else None, problems

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from pdserve.schema import pins
 from pdserve.schema.fields import (
     IB_DEVICE,
     MAX_LIST_ITEMS,
     UNIT_NAME,
+    AbsolutePath,
     Count,
     Environment,
     ExecutablePath,
@@ -31,6 +32,7 @@ from pdserve.schema.fields import (
     UserName,
     invalid,
 )
+from pdserve.schema.systemd_syntax import executable_problem
 
 Role = Literal["prefill", "decode", "router", "fallback"]
 WORKER_ROLES: tuple[Role, ...] = ("prefill", "decode")
@@ -204,11 +206,38 @@ class SystemdSpec(_Section):
 
 
 class ToolPaths(_Section):
-    """Executables the units call. Unset: found on PATH when rendering (NixOS passes store paths)."""
+    """Executables the units call (NixOS passes store paths). numactl and pdserve, when unset, are found
+    on PATH when rendering; the SGLang Python never is: a `python3` on PATH is rarely the one with the
+    pinned sglang, so it is given (sglang_python) or found in a named virtual environment (sglang_venv)."""
 
-    sglang_python: ExecutablePath | None = Field(None, description="Python with sglang and sglang-router")
+    sglang_python: ExecutablePath | None = Field(
+        None, description="Python with sglang and sglang-router; or set sglang_venv instead")
+    sglang_venv: AbsolutePath | None = Field(
+        None, description="Virtual environment with sglang and sglang-router: its bin/python is used "
+        "(instead of sglang_python, not beside it)")
     numactl: ExecutablePath | None = None
     pdserve: ExecutablePath | None = None
+
+    @field_validator("sglang_venv")
+    @classmethod
+    def _one_runnable_sglang_python(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return value
+        if info.data.get("sglang_python") is not None:  # declared above, so validated before this field
+            raise invalid(
+                f"is set beside tools.sglang_python ({info.data['sglang_python']}): two names for the SGLang Python",
+                "keep one of tools.sglang_python and tools.sglang_venv",
+            )
+        # Its bin/python goes into ExecStart=: the same rules as any executable path.
+        problem = executable_problem(venv_python(value))
+        if problem:
+            raise invalid(problem, "give the plain absolute path of the virtual environment's directory")
+        return value
+
+
+def venv_python(venv: str) -> str:
+    """The Python of a virtual environment (what `python -m venv` and uv create)."""
+    return f"{venv.rstrip('/')}/bin/python"
 
 
 class Deployment(_Section):

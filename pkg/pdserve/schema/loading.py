@@ -196,9 +196,12 @@ _WORD = re.compile(r"[\w.\[\]-]+")
 
 
 def _mentions(problem: Problem, fields: set[str]) -> bool:
-    """Whether a rule's problem names one of `fields` (or a part of one) as a whole field path: `name`
-    must not match `served_model_name`."""
-    tokens = [word.rstrip(".") for word in _WORD.findall(f"{problem.field} {problem.message}")]
+    """Whether a rule's problem depends on one of `fields` (or a part of one): its own field, or a field
+    path its message or fix names as a whole word (`name` must not match `served_model_name`). In the
+    prose only paths (`model.context_length`) and snake_case names (`allow_shared_gpus`) count: a bare
+    English word such as "model" in "anyone ... can use the model" names no field."""
+    words = [word.rstrip(".") for word in _WORD.findall(f"{problem.message} {problem.fix}")]
+    tokens = [problem.field, *(w for w in words if "." in w or "[" in w or "_" in w)]
     return any(_within(token, field) for token in tokens for field in fields if field)
 
 
