@@ -15,17 +15,10 @@ import pytest
 
 from pdserve.cli.cutover import termination_interrupts
 from pdserve.cutover.boot_links import UnitFiles
-from pdserve.cutover.machine import (
-    EXIT_FAILED,
-    EXIT_ROLLBACK_FAILED,
-    EXIT_SUCCESS,
-    Check,
-    Cutover,
-    GpuProcess,
-    GpuUnknown,
-    Outcome,
-    plan_for,
-)
+from pdserve.cutover.edge import Check, GpuProcess, GpuUnknown
+from pdserve.cutover.machine import Cutover
+from pdserve.cutover.plan import plan_for
+from pdserve.cutover.report import EXIT_FAILED, EXIT_ROLLBACK_FAILED, EXIT_SUCCESS, Outcome
 from pdserve.probes.systemctl import SystemctlError, UnitState
 
 NEVER = float("inf")

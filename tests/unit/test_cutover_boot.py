@@ -12,7 +12,9 @@ import pytest
 from pdserve.cli.cutover import acts_locally, report_lines
 from pdserve.cutover.boot_links import PathFacts, UnitFiles, boot_access, layout_at_boot
 from pdserve.cutover.host import path_facts
-from pdserve.cutover.machine import EXIT_SUCCESS, Cutover, Outcome, plan_for
+from pdserve.cutover.machine import Cutover
+from pdserve.cutover.plan import plan_for
+from pdserve.cutover.report import EXIT_SUCCESS, Outcome
 from pdserve.probes.systemctl import UnitState
 from pdserve.schema.loading import deployment_from_data
 from tests.unit.test_cutover import FakeSystemd, step

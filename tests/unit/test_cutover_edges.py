@@ -1,5 +1,5 @@
-"""The cutover's edges: `systemctl show` parsing, the systemctl wrapper, refusal windows, cgroup ->
-unit, and the command line's exit codes."""
+"""The cutover's edges: `systemctl show` parsing, the systemctl wrapper, refusal windows, and the command
+line's exit codes (cgroup -> unit: test_probes_cgroups.py; the dry run: test_cutover_dry_run.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import pytest
 from click.testing import CliRunner
 
 from pdserve.cli.main import main
-from pdserve.cutover.host import unit_of_pid
 from pdserve.cutover.refusals import PortProber, Sample, refusal_windows, summarize
 from pdserve.probes.systemctl import Systemctl, SystemctlError, parse_show
 
@@ -120,19 +119,6 @@ def test_prober_measures_a_real_closed_then_open_port():
     assert summary.samples >= 10
 
 
-def test_unit_of_pid_reads_the_cgroup(tmp_path: Path):
-    (tmp_path / "42").mkdir()
-    (tmp_path / "42" / "cgroup").write_text("0::/system.slice/sglang-dsv4-prefill.service\n")
-    (tmp_path / "43").mkdir()
-    (tmp_path / "43" / "cgroup").write_text("0::/user.slice/user-0.slice/session-3.scope\n")
-    (tmp_path / "44").mkdir()
-    (tmp_path / "44" / "cgroup").write_text("0::/\n")
-    assert unit_of_pid(42, tmp_path) == "sglang-dsv4-prefill.service"
-    assert unit_of_pid(43, tmp_path) == "session-3.scope"
-    assert unit_of_pid(44, tmp_path) is None
-    assert unit_of_pid(45, tmp_path) is None
-
-
 def test_cli_usage_exits_2_and_an_invalid_config_1(tmp_path: Path):
     # One exit-code table for every command (pdserve.cli.exits): a broken file is a problem, not usage.
     runner = CliRunner()
@@ -153,12 +139,3 @@ def test_cli_without_systemd_refuses_with_exit_1_and_json(tmp_path: Path):
     assert result.exit_code == 1
     assert report["schema_version"] == 1 and report["outcome"] == "refused-by-preflight"
     assert "Host is down" in report["steps"][0]["detail"]
-
-
-def test_cli_dry_run_exits_0_and_names_the_units(tmp_path: Path):
-    fake = tmp_path / "systemctl"
-    fake.write_text("#!/bin/sh\nexit 1\n")
-    fake.chmod(0o755)
-    result = CliRunner().invoke(main, ["cutover", "single", "--dry-run", "--systemctl", str(fake)])
-    assert result.exit_code == 0, result.output
-    assert "sglang-dsv4.service" in result.output and "nothing was changed" in result.output

@@ -52,9 +52,40 @@ def test_unknown_gpu_affinity_is_a_skip_not_a_pass(reference, real_tools):
     assert sum("GPU NUMA affinity unknown" in reason for reason in report.skipped) == 2
 
 
-def test_no_nvidia_smi_is_a_stated_skip(reference, real_tools):
-    report = check_host(reference, real_tools, HostView(None, [0, 1], {}))
-    assert "GPU count and GPU NUMA affinity: nvidia-smi is not available here" in report.skipped
+def test_no_nvml_is_a_stated_skip(reference, real_tools):
+    report = check_host(reference, real_tools, HostView(None, [0, 1], {}, "NVML is not available on this host: x"))
+    assert "GPU count and GPU NUMA affinity: NVML is not available on this host: x" in report.skipped
+
+
+def sysfs(root: Path, nodes: list[int], devices: dict[str, str]) -> Path:
+    """A /sys with the NUMA nodes and PCI devices' numa_node files the host check reads."""
+    for node in nodes:
+        (root / f"devices/system/node/node{node}").mkdir(parents=True)
+    (root / "devices/system/node/possible").write_text("0-1\n")  # a file beside the node dirs, as in sysfs
+    for address, node in devices.items():
+        (root / "bus/pci/devices" / address).mkdir(parents=True)
+        (root / "bus/pci/devices" / address / "numa_node").write_text(f"{node}\n")
+    return root
+
+
+def test_read_host_takes_the_gpus_from_nvml_and_their_nodes_from_sysfs(tmp_path):
+    from pdserve.check.host import read_host
+    from pdserve.probes.observations import GpuObs, Unavailable
+
+    root = sysfs(tmp_path, [0, 1], {"0000:3b:00.0": "0", "0000:d8:00.0": "1", "0000:5e:00.0": "-1"})
+    # NVML's own spelling of the PCI address: 8-digit domain, capitals.
+    gpus = [GpuObs(i, "NVIDIA H200", 0, 1, (), bus) for i, bus in
+            enumerate(["00000000:3B:00.0", "00000000:5E:00.0", "00000000:D8:00.0"])]
+    host = read_host(root, lambda: list(reversed(gpus)))
+    assert host.gpu_bus_ids == ["00000000:3B:00.0", "00000000:5E:00.0", "00000000:D8:00.0"]
+    assert host.numa_nodes == [0, 1] and host.gpu_numa == {0: 0, 1: None, 2: 1}
+
+    def no_nvml():
+        raise Unavailable("NVML is not available on this host: Driver Not Loaded")
+
+    unknown = read_host(root, no_nvml)
+    assert unknown.gpu_bus_ids is None and "Driver Not Loaded" in unknown.gpus_unknown
+    assert read_host(tmp_path / "absent", no_nvml).numa_nodes is None
 
 
 def test_missing_tools_and_open_key_file(reference_data, real_tools, tmp_path):

@@ -2,7 +2,7 @@
 
 from pdserve.probes.observations import HttpObs
 from pdserve.schema.loading import load
-from pdserve.verify.checks import servers
+from pdserve.verify.checks import servers, versions
 from pdserve.verify.expect import expectations
 
 EXP = expectations(load().deployment)  # dsv4: context 524288 -> default floor 524288
@@ -72,6 +72,6 @@ def test_wrong_disaggregation_mode_points_at_the_port():
 
 
 def test_version_pin():
-    assert servers.check_version(EXP, DECODE, info()).status == "pass"
-    result = servers.check_version(EXP, DECODE, info(version="0.5.17"))
+    assert versions.check_version(EXP, DECODE, info()).status == "pass"
+    result = versions.check_version(EXP, DECODE, info(version="0.5.17"))
     assert result.status == "fail" and "sglang==0.5.23" in result.remediation

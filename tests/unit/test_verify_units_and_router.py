@@ -1,14 +1,17 @@
 """Check logic for units and the router, fed recorded observations."""
 
+from dataclasses import replace
+
 from pdserve.probes.observations import HttpObs
-from pdserve.probes.systemd import parse_show
+from pdserve.probes.systemctl import UnitState, parse_show
 from pdserve.schema.loading import load
 from pdserve.verify.checks import router, units
 from pdserve.verify.expect import expectations
 
 EXP = expectations(load().deployment)
 
-SHOW_ACTIVE = """LoadState=loaded
+SHOW_ACTIVE = """Id=sglang-dsv4-prefill.service
+LoadState=loaded
 ActiveState=active
 SubState=running
 UnitFileState=enabled
@@ -20,7 +23,8 @@ NRestarts=0
 ControlGroup=/system.slice/sglang-dsv4-prefill.service
 """
 
-SHOW_FAILED = """LoadState=loaded
+SHOW_FAILED = """Id=sglang-dsv4-decode.service
+LoadState=loaded
 ActiveState=failed
 SubState=failed
 UnitFileState=disabled
@@ -31,21 +35,28 @@ NRestarts=5
 """
 
 
-def test_parse_show_reads_key_value_lines():
-    props = parse_show(SHOW_ACTIVE + "Description=a=b\n")
-    assert props["ActiveState"] == "active" and props["MainPID"] == "4242"
-    assert props["Description"] == "a=b"
+def show(text: str) -> UnitState:
+    (state,) = parse_show(text).values()
+    return state
+
+
+def test_parse_show_reads_the_verifiers_properties_too():
+    state = show(SHOW_ACTIVE + "Description=a=b\n")
+    assert state.active_state == "active" and state.main_pid == 4242
+    assert state.control_group == "/system.slice/sglang-dsv4-prefill.service"
+    failed = show(SHOW_FAILED)
+    assert (failed.exec_main_code, failed.exec_main_status, failed.n_restarts) == (1, 1, 5)
 
 
 def test_active_enabled_unit_passes():
-    result = units.check_pd_unit("units.prefill", "sglang-dsv4-prefill", parse_show(SHOW_ACTIVE), [])
+    result = units.check_pd_unit("units.prefill", "sglang-dsv4-prefill", show(SHOW_ACTIVE), [])
     assert result.status == "pass"
     assert "active (running), enabled" in result.observed
 
 
 def test_failed_unit_reports_result_exit_status_and_journal():
     journal = ["torch.OutOfMemoryError: CUDA out of memory", "Main process exited, code=exited, status=1/FAILURE"]
-    result = units.check_pd_unit("units.decode", "sglang-dsv4-decode", parse_show(SHOW_FAILED), journal)
+    result = units.check_pd_unit("units.decode", "sglang-dsv4-decode", show(SHOW_FAILED), journal)
     assert result.status == "fail"
     assert "Result=exit-code" in result.observed and "ExecMainStatus=1 (exited)" in result.observed
     assert "journal: torch.OutOfMemoryError: CUDA out of memory" in result.details
@@ -53,24 +64,23 @@ def test_failed_unit_reports_result_exit_status_and_journal():
 
 
 def test_active_but_not_enabled_warns():
-    props = parse_show(SHOW_ACTIVE.replace("UnitFileState=enabled", "UnitFileState=disabled"))
+    props = show(SHOW_ACTIVE.replace("UnitFileState=enabled", "UnitFileState=disabled"))
     result = units.check_pd_unit("units.router", "sglang-dsv4-router", props, [])
     assert result.status == "warn" and "systemctl enable sglang-dsv4-router" in result.remediation
 
 
 def test_missing_unit_fails_with_install_hint():
-    result = units.check_pd_unit("units.router", "sglang-dsv4-router", {"LoadState": "not-found"}, [])
+    result = units.check_pd_unit("units.router", "sglang-dsv4-router", UnitState("sglang-dsv4-router.service"), [])
     assert result.status == "fail" and "pdserve render" in result.remediation
 
 
 def test_fallback_disabled_and_inactive_passes():
-    props = {"LoadState": "loaded", "ActiveState": "inactive", "SubState": "dead", "UnitFileState": "disabled",
-             "Result": "success"}
+    props = UnitState("sglang-dsv4.service", "loaded", "inactive", "dead", unit_file_state="disabled")
     assert units.check_fallback_unit("units.fallback", "sglang-dsv4", props, []).status == "pass"
 
 
 def test_fallback_failed_is_explained():
-    result = units.check_fallback_unit("units.fallback", "sglang-dsv4", parse_show(SHOW_FAILED),
+    result = units.check_fallback_unit("units.fallback", "sglang-dsv4", show(SHOW_FAILED),
                                        ["address already in use: port 30001"])
     assert result.status == "fail"
     assert "ExecMainStatus=1" in result.observed
@@ -79,15 +89,15 @@ def test_fallback_failed_is_explained():
 
 
 def test_fallback_enabled_or_active_fails():
-    enabled = {"LoadState": "loaded", "ActiveState": "inactive", "UnitFileState": "enabled", "Result": "success"}
+    enabled = UnitState("sglang-dsv4.service", "loaded", "inactive", unit_file_state="enabled")
     assert "systemctl disable sglang-dsv4" in units.check_fallback_unit("units.fallback", "sglang-dsv4", enabled, []).remediation
-    active = {**enabled, "ActiveState": "active", "UnitFileState": "disabled"}
+    active = replace(enabled, active_state="active", unit_file_state="disabled")
     result = units.check_fallback_unit("units.fallback", "sglang-dsv4", active, [])
     assert result.status == "fail" and "disable --now" in result.remediation
 
 
 def test_fallback_not_installed_warns():
-    assert units.check_fallback_unit("units.fallback", "sglang-dsv4", {"LoadState": "not-found"}, []).status == "warn"
+    assert units.check_fallback_unit("units.fallback", "sglang-dsv4", UnitState("sglang-dsv4.service"), []).status == "warn"
 
 
 def _ok(url, body=None):

@@ -3,12 +3,15 @@ enabled and the PD units disabled; "enabled" is systemd's meaning (pdserve.probe
 
 from __future__ import annotations
 
+import subprocess
+
+from pdserve.probes.systemctl import Systemctl, UnitState
 from pdserve.verify.checks import units
 
 
-def props(active: str, unit_file_state: str) -> dict[str, str]:
-    return {"LoadState": "loaded", "ActiveState": active, "SubState": "running" if active == "active" else "dead",
-            "UnitFileState": unit_file_state, "Result": "success"}
+def props(active: str, unit_file_state: str) -> UnitState:
+    return UnitState("u.service", "loaded", active, "running" if active == "active" else "dead",
+                     unit_file_state=unit_file_state)
 
 
 def test_pd_units_follow_boot_layout():
@@ -43,19 +46,22 @@ def test_the_runner_passes_the_declared_boot_layout(monkeypatch, reference):
     """units.* read boot_layout from the deployment being verified, not a fixed PD expectation."""
     import httpx
 
-    from pdserve.verify import runner
+    from pdserve.verify import context, runner
     from pdserve.verify.expect import expectations
 
-    def show(unit, timeout):
-        wanted = unit == f"sglang-{reference.name}"
-        return props("inactive" if wanted else "active", "enabled" if wanted else "disabled")
+    def systemctl_show(argv, **kwargs):
+        # What `systemctl show -p ... UNIT` prints: the fallback enabled and stopped, the PD units running.
+        unit = argv[-1]
+        wanted = unit == f"sglang-{reference.name}.service"
+        text = (f"Id={unit}\nLoadState=loaded\nActiveState={'inactive' if wanted else 'active'}\n"
+                f"SubState={'dead' if wanted else 'running'}\nUnitFileState={'enabled' if wanted else 'disabled'}\n")
+        return subprocess.CompletedProcess(argv, 0, text, "")
 
-    monkeypatch.setattr(runner.systemd, "show", show)
-    monkeypatch.setattr(runner.systemd, "unavailable_reason", lambda: None)
+    monkeypatch.setattr(context, "unavailable_reason", lambda: None)
     single = reference.model_copy(update={"boot_layout": "single"})
     with httpx.Client() as client:
         for dep, status in ((single, "pass"), (reference, None)):
-            ctx = runner.Context(dep, expectations(dep), runner.Options(), client)
+            ctx = runner.Context(dep, expectations(dep), runner.Options(), client, Systemctl(runner=systemctl_show))
             results = {role: runner.CHECKS[f"units.{role}"](ctx).status for role in ("prefill", "fallback")}
             if status:
                 assert results == {"prefill": "pass", "fallback": "pass"}

@@ -1,22 +1,21 @@
 """What `pdserve check` can see of the host it runs on: GPUs, NUMA nodes, executables, files.
 
 Every check either finds problems, passes, or is skipped with the reason it could not run; an
-unknown answer (no nvidia-smi, a GPU whose NUMA node the kernel reports as -1) is a skip, not a pass.
+unknown answer (no NVML, a GPU whose NUMA node the kernel reports as -1) is a skip, not a pass.
+The host is read through pdserve.probes (NVML for the GPUs, as the verifier reads them; sysfs for NUMA).
 """
 
 from __future__ import annotations
 
 import os
-import re
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pdserve.probes import nvml, topology
+from pdserve.probes.observations import Unavailable
 from pdserve.render.toolchain import Toolchain
 from pdserve.schema.config import Deployment, ServerSpec
 from pdserve.schema.problems import Problem, Severity
-
-NVIDIA_SMI_TIMEOUT_SEC = 15.0
 
 
 @dataclass
@@ -33,48 +32,26 @@ class HostView:
     gpu_bus_ids: list[str] | None  # index -> PCI bus id; None when unknown
     numa_nodes: list[int] | None
     gpu_numa: dict[int, int | None]  # GPU index -> NUMA node, None when the kernel does not say
+    gpus_unknown: str = "NVML is not available here"  # why gpu_bus_ids is None
 
 
 def _servers(dep: Deployment) -> list[tuple[str, ServerSpec]]:
     return [("prefill", dep.prefill), ("decode", dep.decode), ("fallback", dep.fallback)]
 
 
-def read_host(sys_root: Path = Path("/sys")) -> HostView:
-    bus_ids = _gpu_bus_ids()
-    nodes_dir = sys_root / "devices/system/node"
-    numa_nodes = None
-    if nodes_dir.is_dir():
-        numa_nodes = sorted(int(m.group(1)) for p in nodes_dir.iterdir() if (m := re.fullmatch(r"node(\d+)", p.name)))
-    gpu_numa: dict[int, int | None] = {}
-    for index, bus_id in enumerate(bus_ids or []):
-        # nvidia-smi prints 00000000:3B:00.0; sysfs names it 0000:3b:00.0.
-        domain, rest = bus_id.split(":", 1)
-        node_file = sys_root / "bus/pci/devices" / f"{domain[-4:]}:{rest}".lower() / "numa_node"
-        try:
-            node = int(node_file.read_text().strip())
-        except (OSError, ValueError):
-            node = -1
-        gpu_numa[index] = node if node >= 0 else None
-    return HostView(bus_ids, numa_nodes, gpu_numa)
-
-
-def _gpu_bus_ids() -> list[str] | None:
+def read_host(sys_root: Path = topology.SYS, read_gpus=nvml.read_gpus) -> HostView:
+    nodes = topology.numa_nodes(sys_root)
     try:
-        done = subprocess.run(
-            ["nvidia-smi", "--query-gpu=index,pci.bus_id", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT_SEC, check=False,
-        )
-    except (FileNotFoundError, subprocess.TimeoutExpired):
-        return None
-    if done.returncode != 0:
-        return None
-    rows = [line.split(",") for line in done.stdout.strip().splitlines() if line.strip()]
-    return [bus.strip() for _, bus in sorted((int(i), b) for i, b in rows)]
+        gpus = sorted(read_gpus(), key=lambda g: g.index)
+    except Unavailable as exc:
+        return HostView(None, nodes, {}, str(exc))
+    return HostView([g.pci_bus_id for g in gpus], nodes,
+                    {g.index: topology.pci_numa_node(g.pci_bus_id, sys_root) for g in gpus})
 
 
 def check_gpus(dep: Deployment, host: HostView, report: HostReport) -> None:
     if host.gpu_bus_ids is None:
-        report.skipped.append("GPU count and GPU NUMA affinity: nvidia-smi is not available here")
+        report.skipped.append(f"GPU count and GPU NUMA affinity: {host.gpus_unknown}")
         return
     count = len(host.gpu_bus_ids)
     for role, server in _servers(dep):

@@ -17,8 +17,10 @@ from urllib.parse import urlsplit
 import click
 
 from pdserve.cli.options import config_option, load_or_exit
-from pdserve.cutover.machine import Cutover, Outcome, Plan, Report, plan_for
+from pdserve.cutover.machine import Cutover
+from pdserve.cutover.plan import Plan, plan_for
 from pdserve.cutover.refusals import PortProber
+from pdserve.cutover.report import DRY_RUNS, Report
 from pdserve.probes.systemctl import Systemctl
 
 SCHEMA_VERSION = 1
@@ -61,10 +63,13 @@ def acts_locally(command: list[str]) -> bool:
 
 def report_lines(report: Report) -> list[str]:
     """The timeline as plain lines: readable in a terminal, a journal and a CI log alike."""
-    lines = [f"cutover of {report.deployment}: {report.previous} -> {report.target}"]
-    if report.outcome is Outcome.DRY_RUN:
+    lines = [f"cutover of {report.deployment}: {report.previous_label} -> {report.target}"]
+    if report.outcome in DRY_RUNS:
         lines += [f"  {i}. {s.name}: {s.detail}" for i, s in enumerate(report.steps, 1)]
         lines.append("dry run: nothing was changed")
+        if report.state_unknown:
+            lines.append(f"state unknown (exit {report.exit_code}): which units run could not be read: "
+                         f"{report.state_unknown}")
         return lines
     lines.append(f"  {'at s':>6}  {'took s':>6}  {'result':<7}  step")
     for step in report.steps:
@@ -83,7 +88,8 @@ def report_lines(report: Report) -> list[str]:
 @click.argument("target", metavar="TARGET", type=click.Choice(["pd", "single"]))
 @config_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report.")
-@click.option("--dry-run", is_flag=True, help="Print the steps (and what is running now) without doing them.")
+@click.option("--dry-run", is_flag=True, help="Print the steps (and what is running now) without doing them; "
+              "exit 4 (state unknown) when what is running cannot be read.")
 @click.option("--systemctl", "systemctl_command", metavar="COMMAND", default="systemctl", show_default=True,
               help="systemctl command to drive, e.g. 'systemctl --root=...' or a wrapper that enters a container.")
 def cutover_command(target: str, config_path: Path | None, as_json: bool, dry_run: bool, systemctl_command: str) -> None:
@@ -108,5 +114,5 @@ def cutover_command(target: str, config_path: Path | None, as_json: bool, dry_ru
         click.echo(json.dumps({"schema_version": SCHEMA_VERSION, **report.as_dict()}, indent=2))
     else:
         click.echo("\n".join(report_lines(report)))
-    if report.outcome is not Outcome.DRY_RUN or report.exit_code:
+    if report.outcome not in DRY_RUNS or report.exit_code:
         raise SystemExit(report.exit_code)

@@ -3,37 +3,25 @@
 from __future__ import annotations
 
 import os
-import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from pdserve.cutover.boot_links import PathFacts, UnitFiles
-from pdserve.cutover.machine import Check, GpuProcess, GpuUnknown, Layout, Plan
+from pdserve.cutover.edge import Check, GpuProcess, GpuUnknown
+from pdserve.cutover.plan import Plan
+from pdserve.probes.cgroups import unit_of
+from pdserve.probes.credentials import CredentialError, read_key
 from pdserve.probes.systemctl import Systemctl, UnitState
+from pdserve.render.argv import API_KEY_CREDENTIAL
+from pdserve.schema.boot import Layout
 from pdserve.schema.config import Deployment
 
 SMOKE_TIMEOUT_SEC = 60.0
 
-_UNIT_IN_CGROUP = re.compile(r"[^/]+\.(service|scope)$")
-
-
-def unit_of_pid(pid: int, proc: Path = Path("/proc")) -> str | None:
-    """The systemd unit whose cgroup holds `pid` (from /proc/PID/cgroup), or None."""
-    try:
-        text = (proc / str(pid) / "cgroup").read_text()
-    except OSError:
-        return None
-    for line in text.splitlines():
-        path = line.split(":", 2)[-1]
-        for part in reversed(path.split("/")):
-            if _UNIT_IN_CGROUP.fullmatch(part):
-                return part
-    return None
-
 
 def nvml_gpu_processes(gpus: Sequence[int]) -> list[GpuProcess]:
-    """The compute processes on `gpus` and the unit each belongs to, through the verifier's NVML probe."""
+    """The compute processes on `gpus` and the unit each belongs to (NVML, then the cgroup)."""
     from pdserve.probes.nvml import read_gpus
     from pdserve.probes.observations import Unavailable
 
@@ -44,7 +32,7 @@ def nvml_gpu_processes(gpus: Sequence[int]) -> list[GpuProcess]:
     missing = [gpu for gpu in gpus if gpu not in seen]
     if missing:
         raise GpuUnknown(f"GPU(s) {missing} do not exist (NVML sees {len(seen)})")
-    return [GpuProcess(gpu, pid, unit_of_pid(pid)) for gpu in gpus for pid in seen[gpu].pids]
+    return [GpuProcess(gpu, pid, unit_of(pid)) for gpu in gpus for pid in seen[gpu].pids]
 
 
 # Where `systemctl enable` and `add-wants` write their links (systemd.unit(5): the system's config dir).
@@ -78,15 +66,14 @@ def unit_files(local: bool, states: dict[str, UnitState]) -> UnitFiles:
 
 
 def read_api_key(dep: Deployment) -> tuple[str | None, str | None]:
-    """(key, problem): the router's key from its credential file when one is configured."""
+    """(key, problem): the router's key when one is configured (its systemd credential, else its file)."""
     path = dep.router.api_key_file
     if path is None:
         return None, None
     try:
-        key = Path(path).read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        return None, f"cannot read router.api_key_file {path}: {exc.strerror} (run the cutover as root)"
-    return (key, None) if key else (None, f"router.api_key_file {path} is empty")
+        return read_key(path, API_KEY_CREDENTIAL, "router.api_key_file"), None
+    except CredentialError as exc:
+        return None, f"{exc} (run the cutover as root)" if exc.unreadable else str(exc)
 
 
 def smoke_chat(dep: Deployment, url: str, timeout: float = SMOKE_TIMEOUT_SEC) -> Check:

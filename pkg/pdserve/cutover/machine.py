@@ -18,188 +18,16 @@ so this module runs unchanged against a fake in the unit tests.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from enum import StrEnum
-from typing import Literal, Protocol
 
-from pdserve.cutover.boot_links import BootReport, UnitFiles, boot_access, boot_report, layout_at_boot
-from pdserve.probes.systemctl import SystemctlError, UnitState, service
-from pdserve.schema.boot import file_line, nixos_line
-from pdserve.schema.config import Deployment
-from pdserve.schema.derived import ROUTER_START_TIMEOUT_SEC, role_url, unit_name
+from pdserve.cutover.boot_links import boot_report, layout_at_boot
+from pdserve.cutover.edge import Edge, GpuUnknown, Measurement
+from pdserve.cutover.plan import LAYOUTS, Plan, layout_of, preview
+from pdserve.cutover.relink import try_relink
+from pdserve.cutover.report import Outcome, Report, Step
+from pdserve.probes.systemctl import SystemctlError, UnitState
+from pdserve.schema.boot import Layout, file_line
 
-Layout = Literal["pd", "single"]
-LAYOUTS: tuple[Layout, ...] = ("pd", "single")
-
-# Our own deadlines sit above systemd's, so systemd's verdict (with its Result) normally arrives first.
-DEADLINE_MARGIN_SEC = 15
 POLL_INTERVAL_SEC = 0.5
-
-EXIT_SUCCESS, EXIT_FAILED, EXIT_USAGE, EXIT_ROLLBACK_FAILED = 0, 1, 2, 3
-
-
-class Outcome(StrEnum):
-    SUCCESS = "success"
-    UNCHANGED = "already-serving"
-    REFUSED = "refused-by-preflight"
-    ROLLED_BACK = "failed-rolled-back"
-    ROLLBACK_FAILED = "rollback-failed"
-    DRY_RUN = "dry-run"
-
-
-EXIT_CODES = {
-    Outcome.SUCCESS: EXIT_SUCCESS,
-    Outcome.UNCHANGED: EXIT_SUCCESS,
-    Outcome.DRY_RUN: EXIT_SUCCESS,
-    Outcome.REFUSED: EXIT_FAILED,
-    Outcome.ROLLED_BACK: EXIT_FAILED,
-    Outcome.ROLLBACK_FAILED: EXIT_ROLLBACK_FAILED,
-}
-
-
-@dataclass(frozen=True)
-class Check:
-    ok: bool
-    detail: str
-
-
-@dataclass(frozen=True)
-class GpuProcess:
-    gpu: int
-    pid: int
-    unit: str | None  # the systemd unit whose cgroup holds the process; None when it is in none
-
-
-class GpuUnknown(Exception):
-    """The GPU holders cannot be read here (no NVML, no driver); the check is skipped with this reason."""
-
-
-class Edge(Protocol):
-    def show(self, units: Sequence[str]) -> dict[str, UnitState]: ...
-    def start(self, units: Sequence[str]) -> None: ...
-    def stop(self, units: Sequence[str], timeout: float) -> None: ...
-    def add_wants(self, target: str, units: Sequence[str]) -> None: ...
-    def disable(self, units: Sequence[str]) -> None: ...
-    def reset_failed(self, units: Sequence[str]) -> None: ...
-    def unit_files(self, states: dict[str, UnitState]) -> UnitFiles: ...
-    def smoke(self, layout: Layout) -> Check: ...
-    def gpu_processes(self, gpus: Sequence[int]) -> list[GpuProcess]: ...
-    def clock(self) -> float: ...
-    def sleep(self, seconds: float) -> None: ...
-
-
-class Measurement(Protocol):
-    """The refused-connection prober, seen from the cutover: started before the first change."""
-
-    def start(self) -> object: ...
-    def stop(self) -> object: ...
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What a cutover to `target` touches, read off the deployment. Unit names end in .service."""
-
-    deployment: str
-    target: Layout
-    workers: dict[Layout, tuple[str, ...]]  # started first, in one call (workers_in_turn: systemd orders them)
-    fronts: dict[Layout, tuple[str, ...]]  # started once the workers are ready (the router)
-    gpus: dict[Layout, tuple[int, ...]]
-    public_url: dict[Layout, str]
-    worker_deadline: float
-    front_deadline: float
-    stop_deadline: float
-    warnings: tuple[str, ...] = ()
-    declared: Layout = "pd"  # the deployment's boot_layout
-    wanted_by: str = "multi-user.target"
-    source: str = "the deployment file"  # where the deployment was loaded from
-    nixos_change: str = ""  # the NixOS option line that declares `target` as the boot layout
-    workers_in_turn: bool = False  # prefill and decode share GPUs: the decode unit is After= the prefill
-
-    def units(self, layout: Layout) -> tuple[str, ...]:
-        return self.workers[layout] + self.fronts[layout]
-
-    @property
-    def all_units(self) -> tuple[str, ...]:
-        return self.units("pd") + self.units("single")
-
-    @property
-    def other(self) -> Layout:
-        return "single" if self.target == "pd" else "pd"
-
-
-def plan_for(dep: Deployment, target: Layout, warnings: Sequence[str] = (), source: str = "the deployment file") -> Plan:
-    def svc(role: str) -> str:
-        return service(unit_name(dep, role))  # type: ignore[arg-type]
-
-    # On shared GPUs (allow_shared_gpus) the rendered decode unit is ordered After= the prefill
-    # (pdserve.render.units), so the decode is ready up to two start timeouts after both were started.
-    in_turn = bool(set(dep.prefill.gpus) & set(dep.decode.gpus))
-    return Plan(
-        deployment=dep.name,
-        target=target,
-        workers={"pd": (svc("prefill"), svc("decode")), "single": (svc("fallback"),)},
-        fronts={"pd": (svc("router"),), "single": ()},
-        gpus={"pd": tuple(sorted({*dep.prefill.gpus, *dep.decode.gpus})), "single": tuple(sorted(dep.fallback.gpus))},
-        public_url={"pd": role_url(dep, "router"), "single": role_url(dep, "fallback")},
-        worker_deadline=(2 if in_turn else 1) * dep.systemd.start_timeout_sec + DEADLINE_MARGIN_SEC,
-        front_deadline=ROUTER_START_TIMEOUT_SEC + DEADLINE_MARGIN_SEC,
-        stop_deadline=dep.systemd.stop_timeout_sec + DEADLINE_MARGIN_SEC,
-        warnings=tuple(warnings),
-        declared=dep.boot_layout,
-        wanted_by=dep.systemd.wanted_by,
-        source=source,
-        nixos_change=nixos_line(dep, target),
-        workers_in_turn=in_turn,
-    )
-
-
-@dataclass
-class Step:
-    name: str
-    started_s: float
-    duration_s: float = 0.0
-    result: Literal["ok", "failed", "skipped", "planned"] = "ok"
-    detail: str = ""
-
-    def as_dict(self) -> dict:
-        return {"name": self.name, "started_s": round(self.started_s, 2), "duration_s": round(self.duration_s, 2),
-                "result": self.result, "detail": self.detail}
-
-
-@dataclass
-class Report:
-    deployment: str
-    target: Layout
-    previous: str = "unknown"  # pd, single, none, or pd+single
-    previously_running: list[str] = field(default_factory=list)
-    outcome: Outcome = Outcome.SUCCESS
-    steps: list[Step] = field(default_factory=list)
-    refusals: list[object] = field(default_factory=list)
-    boot: BootReport | None = None  # None: the cutover did not reach the boot step
-    total_s: float = 0.0
-
-    @property
-    def exit_code(self) -> int:
-        return EXIT_CODES[self.outcome]
-
-    def as_dict(self) -> dict:
-        return {
-            "deployment": self.deployment,
-            "target": self.target,
-            "previous": self.previous,
-            "previously_running": self.previously_running,
-            "outcome": str(self.outcome),
-            "exit_code": self.exit_code,
-            "total_seconds": round(self.total_s, 2),
-            "steps": [s.as_dict() for s in self.steps],
-            "refused": [r.as_dict() if hasattr(r, "as_dict") else r for r in self.refusals],
-            "boot": self.boot.as_dict() if self.boot else None,
-        }
-
-
-def layout_of(running: Sequence[str], plan: Plan) -> str:
-    layouts = [lay for lay in LAYOUTS if any(u in running for u in plan.units(lay))]
-    return "+".join(layouts) if layouts else "none"
 
 
 class StepFailed(Exception):
@@ -320,46 +148,24 @@ class Cutover:
 
     # -- the cutover ------------------------------------------------------------------------------
 
-    def steps_preview(self, running: Sequence[str], serving: Sequence[str] = ()) -> list[Step]:
-        plan, t = self.plan, self.plan.target
-        stop = [u for u in plan.all_units if u in running]
-        restore = [u for u in plan.all_units if u in serving]
-        workers = plan.workers[t]
-        if t == "pd" and plan.workers_in_turn:
-            how = f"prefill, then decode (they share GPUs): {workers[0]} then {workers[1]}"
-        else:
-            how = f"{', '.join(workers)} in parallel"
-        names = [
-            ("preflight: units installed", ", ".join(plan.all_units)),
-            ("preflight: target GPUs free", f"GPUs {list(plan.gpus[t])} free or held by {', '.join(stop) or 'nothing'}"),
-            ("stop current layout", ", ".join(stop) or "nothing running"),
-            (f"start {'workers' if t == 'pd' else 'fallback'}",
-             f"{how}, until active (<= {plan.worker_deadline:g} s)"),
-        ]
-        if plan.fronts[t]:
-            names.append(("start router", f"{', '.join(plan.fronts[t])} (<= {plan.front_deadline:g} s)"))
-        names += [
-            ("smoke test", (f"pdserve verify --only router.readiness,router.workers,e2e.chat through {plan.public_url[t]}"
-                            if t == "pd" else f"chat completion through {plan.public_url[t]}")),
-            ("enable at boot", f"link {', '.join(plan.units(t))} into {plan.wanted_by}; disable "
-                               f"{', '.join(plan.units(plan.other))}; where the unit directory is read-only (NixOS) "
-                               f"leave it and name the boot_layout line (declared now: {plan.declared})"),
-            ("on failure: roll back", f"stop {', '.join(plan.units(t))}; start {', '.join(restore) or 'nothing'}; smoke test"),
-        ]
-        return [Step(n, 0.0, 0.0, "planned", d) for n, d in names]
-
     def dry_run(self) -> Report:
+        """The steps, and what runs now, without changing anything. Exit 0 when the state was read;
+        DRY_RUN_UNKNOWN (exit 4) when systemctl could not say, with the steps in "state unknown" terms."""
         try:
             states = self.edge.show(self.plan.all_units)
-            running = [n for n, s in states.items() if s.running]
-            serving = [n for n, s in states.items() if s.active_state == "active"]
-            self.report.previous = layout_of(serving, self.plan)
-            self.report.previously_running = serving
         except SystemctlError as exc:
-            running = serving = []
-            self.report.previous = f"unknown ({exc})"
-        self.report.steps = self.steps_preview(running, serving)
+            self.report.state_unknown = str(exc)
+            self.report.steps = self._planned(preview(self.plan, None))
+            return self._finish(Outcome.DRY_RUN_UNKNOWN)
+        running = [n for n, s in states.items() if s.running]
+        serving = [n for n, s in states.items() if s.active_state == "active"]
+        self.report.previous = layout_of(serving, self.plan)
+        self.report.previously_running = serving
+        self.report.steps = self._planned(preview(self.plan, running, serving))
         return self._finish(Outcome.DRY_RUN)
+
+    def _planned(self, steps: list[tuple[str, str]]) -> list[Step]:
+        return [Step(name, 0.0, 0.0, "planned", detail) for name, detail in steps]
 
     def run(self) -> Report:
         plan, edge, target = self.plan, self.edge, self.plan.target
@@ -369,7 +175,9 @@ class Cutover:
             states.update(edge.show(plan.all_units))
             return "; ".join(s.describe() for s in states.values())
 
-        if self._step("observe units", observe).result == "failed":
+        observed = self._step("observe units", observe)
+        if observed.result == "failed":
+            self.report.state_unknown = observed.detail
             return self._finish(Outcome.REFUSED)
         # Stopped: everything up or coming up. Restored on failure: what was actually serving.
         running = [n for n, s in states.items() if s.running]
@@ -417,7 +225,7 @@ class Cutover:
         began = self.edge.clock()
         step = Step("enable at boot", began - self._t0)
         self.report.steps.append(step)
-        result, detail, nixos = self._try_relink()
+        result, detail, nixos = try_relink(plan, self.edge)
         try:
             at_boot = layout_at_boot(self.edge.show(plan.all_units), {lay: plan.units(lay) for lay in LAYOUTS})
         except SystemctlError as exc:
@@ -434,42 +242,6 @@ class Cutover:
         step.result = {"changed": "ok", "unchanged": "ok", "read-only": "skipped"}.get(result, "failed")
         step.detail = boot.summary()
         step.duration_s = self.edge.clock() - began
-
-    def _try_relink(self) -> tuple[str, str, bool]:
-        """(result, detail, nixos): whether and how the boot links changed. Never raises."""
-        plan = self.plan
-        nixos = False
-        try:
-            states = self.edge.show(plan.all_units)
-            access = boot_access(states, self.edge.unit_files(states))
-            nixos = access.nixos
-            if not access.settable:
-                return "read-only", f"boot links left as they are: {access.reason}", nixos
-            return (*self._relink(states), nixos)
-        except OSError as exc:  # reading the unit files' facts
-            return "failed", f"could not read the unit files: {exc}", nixos
-        except SystemctlError as exc:
-            if exc.read_only:
-                return "read-only", f"boot links left as they are: {exc}", nixos
-            return "failed", f"could not change the boot links: {exc}", nixos
-        except KeyboardInterrupt as exc:
-            return "failed", f"interrupted ({exc.args[0] if exc.args else 'Ctrl-C'}) while changing the boot links", nixos
-
-    def _relink(self, states: dict[str, UnitState]) -> tuple[str, str]:
-        """Link the target into the boot target first, then unlink the other layout: a failure half way
-        leaves something that starts at boot rather than nothing."""
-        plan = self.plan
-        link = [u for u in plan.units(plan.target) if not states[u].enabled]
-        unlink = [u for u in plan.units(plan.other) if states[u].enabled]
-        if link:
-            self.edge.add_wants(plan.wanted_by, link)
-        if unlink:
-            self.edge.disable(unlink)
-        if not link and not unlink:
-            return "unchanged", f"{plan.target} already starts at boot and {plan.other} does not"
-        done = [f"linked {', '.join(link)} into {plan.wanted_by}"] if link else []
-        done += [f"disabled {', '.join(unlink)}"] if unlink else []
-        return "changed", "; ".join(done)
 
     def _already_serving(self) -> Report:
         target = self.plan.target

@@ -16,10 +16,9 @@ from dataclasses import dataclass
 
 import httpx
 
+from pdserve.probes.router import PD_WORKER_COUNT
 from pdserve.schema.config import Deployment, Role
 from pdserve.schema.derived import disaggregation_mode, role_url
-
-PD_WORKER_COUNT = 2  # one prefill, one decode per deployment
 
 
 @dataclass(frozen=True)

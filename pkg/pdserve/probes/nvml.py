@@ -1,8 +1,16 @@
-"""GPU memory and compute processes through NVML (nvidia-ml-py's `pynvml` module)."""
+"""GPUs through NVML (nvidia-ml-py's `pynvml` module): memory, compute processes, PCI address.
+
+NVML's index order is PCI bus order, the order CUDA uses with CUDA_DEVICE_ORDER=PCI_BUS_ID (which the
+reference profile's environment sets), so an index here is the index a deployment's `gpus` names."""
 
 from __future__ import annotations
 
 from pdserve.probes.observations import GpuObs, Unavailable
+
+
+def _text(value: bytes | str) -> str:
+    # nvidia-ml-py returns bytes in older releases, str in newer ones.
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def read_gpus() -> list[GpuObs]:
@@ -21,13 +29,13 @@ def read_gpus() -> list[GpuObs]:
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
             memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
             name = pynvml.nvmlDeviceGetName(handle)
+            bus_id = pynvml.nvmlDeviceGetPciInfo(handle).busId
             try:
                 procs = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
                 pids = tuple(sorted({p.pid for p in procs}))
             except pynvml.NVMLError:
                 pids = ()
-            gpus.append(GpuObs(index, name.decode() if isinstance(name, bytes) else str(name),
-                               int(memory.used), int(memory.total), pids))
+            gpus.append(GpuObs(index, _text(name), int(memory.used), int(memory.total), pids, _text(bus_id)))
         return gpus
     except pynvml.NVMLError as exc:
         raise Unavailable(f"NVML query failed: {exc}") from None

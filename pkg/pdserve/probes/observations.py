@@ -30,6 +30,7 @@ class GpuObs:
     memory_used: int  # bytes
     memory_total: int
     pids: tuple[int, ...] = ()
+    pci_bus_id: str = ""  # as NVML writes it (00000000:3B:00.0); "" when not read
 
 
 @dataclass(frozen=True)

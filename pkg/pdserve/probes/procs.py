@@ -1,4 +1,5 @@
-"""Processes from /proc: who listens on a port, a process tree, a process's unit, its NUMA placement."""
+"""Processes from /proc: who listens on a port, a process tree, its command line, its NUMA placement.
+(Which unit holds a process: pdserve.probes.cgroups.)"""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import re
 from pdserve.probes.cpulist import parse_list
 from pdserve.probes.observations import ProcNuma
 
-_SERVICE = re.compile(r"/([^/]+)\.service(?:/|$)")
 _NODE_PAGES = re.compile(r"\bN(\d+)=(\d+)")
 
 
@@ -82,18 +82,6 @@ def with_descendants(roots: set[int]) -> set[int]:
     return seen
 
 
-def unit_of(pid: int) -> str | None:
-    """The systemd service whose cgroup holds `pid` (without `.service`), from /proc/<pid>/cgroup."""
-    text = _read(f"/proc/{pid}/cgroup")
-    if not text:
-        return None
-    for line in text.splitlines():
-        match = _SERVICE.search(line.split(":", 2)[-1])
-        if match:
-            return match.group(1)
-    return None
-
-
 def command(pid: int) -> str:
     raw = _read(f"/proc/{pid}/cmdline")
     if raw:
@@ -123,11 +111,6 @@ def numa_of(pid: int) -> ProcNuma | None:
         mems_allowed=parse_list(mems) if mems else None,
         pages_by_node=pages,
     )
-
-
-def node_cpus(node: int) -> frozenset[int] | None:
-    text = _read(f"/sys/devices/system/node/node{node}/cpulist")
-    return parse_list(text) if text is not None else None
 
 
 def executable(pid: int) -> str | None:

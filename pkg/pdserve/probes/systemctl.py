@@ -1,4 +1,4 @@
-"""The systemctl edge: unit state read from `systemctl show`, and start/stop/enable calls.
+"""systemd through systemctl: one unit state for every caller (verify, cutover), and the bounded calls.
 
 Unit state is parsed from `systemctl show -p ...` (the way pytest-testinfra reads services), never
 from `systemctl status`, whose text is for people. Every call has a timeout.
@@ -6,6 +6,8 @@ from `systemctl status`, whose text is for people. Every call has a timeout.
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -33,7 +35,6 @@ def is_enabled(unit_file_state: str) -> bool:
     return unit_file_state in ENABLED_STATES
 
 
-
 PROPERTIES = (
     "Id",
     "LoadState",
@@ -42,7 +43,9 @@ PROPERTIES = (
     "Result",
     "UnitFileState",
     "FragmentPath",
+    "ControlGroup",
     "MainPID",
+    "ExecMainCode",
     "ExecMainStatus",
     "NRestarts",
     "InactiveExitTimestampMonotonic",
@@ -66,7 +69,9 @@ class UnitState:
     result: str = "success"
     unit_file_state: str = ""
     fragment_path: str = ""  # the unit file systemd loaded (on NixOS a link into the store)
+    control_group: str = ""  # its cgroup below the hierarchy's root ("" when it runs nothing)
     main_pid: int = 0
+    exec_main_code: int = 0  # how the main process ended: a CLD_* code (1 exited, 2 killed, 3 dumped)
     exec_main_status: int = 0
     n_restarts: int = 0
     inactive_exit_us: int = 0
@@ -111,7 +116,8 @@ def _int(value: str | None) -> int:
 
 def parse_show(text: str) -> dict[str, UnitState]:
     """Parse the output of `systemctl show -p Id,... UNIT...`: one block of KEY=VALUE per unit,
-    blocks separated by an empty line, properties in systemd's own order (not the order asked)."""
+    blocks separated by an empty line, properties in systemd's own order (not the order asked).
+    A value may itself hold `=` (Description=a=b): only the first one separates."""
     states: dict[str, UnitState] = {}
     for block in text.strip().split("\n\n"):
         props = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
@@ -125,7 +131,9 @@ def parse_show(text: str) -> dict[str, UnitState]:
             result=props.get("Result", "success"),
             unit_file_state=props.get("UnitFileState", ""),
             fragment_path=props.get("FragmentPath", ""),
+            control_group=props.get("ControlGroup", ""),
             main_pid=_int(props.get("MainPID")),
+            exec_main_code=_int(props.get("ExecMainCode")),
             exec_main_status=_int(props.get("ExecMainStatus")),
             n_restarts=_int(props.get("NRestarts")),
             inactive_exit_us=_int(props.get("InactiveExitTimestampMonotonic")),
@@ -134,6 +142,15 @@ def parse_show(text: str) -> dict[str, UnitState]:
         )
         states[state.name] = state
     return states
+
+
+def unavailable_reason() -> str | None:
+    """Why systemd cannot be asked here, or None when it can (sd_booted(3)'s test plus the binary)."""
+    if not os.path.isdir("/run/systemd/system"):
+        return "systemd is not running on this host (no /run/systemd/system)"
+    if shutil.which("systemctl") is None:
+        return "systemctl is not on PATH"
+    return None
 
 
 class SystemctlError(RuntimeError):
@@ -167,6 +184,8 @@ class Systemctl:
             done = self._run(argv, capture_output=True, text=True, timeout=timeout or self.timeout, check=False)
         except FileNotFoundError:
             raise SystemctlError(argv, f"{self.command[0]} is not installed") from None
+        except OSError as exc:  # not executable, not a program
+            raise SystemctlError(argv, f"cannot run {self.command[0]}: {exc.strerror or exc}") from None
         except subprocess.TimeoutExpired:
             raise SystemctlError(argv, f"no answer within {timeout or self.timeout:g} s") from None
         if done.returncode != 0:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from pdserve.probes.observations import GpuObs
 from pdserve.verify.expect import Expectations
 from pdserve.verify.result import CheckResult, failed, passed, warned
@@ -77,6 +79,28 @@ def check_memory(exp: Expectations, gpus: list[GpuObs]) -> CheckResult:
         return warned(cid, observed, expected,
                       "lower mem_fraction_static or the CUDA graph batch sizes to keep headroom", warnings)
     return passed(cid, observed, expected, lines)
+
+
+def trace_owners(exp: Expectations, gpus: list[GpuObs], units: Mapping[int, str | None],
+                 commands: Mapping[int, str], trees: Mapping[str, set[int]]) -> dict[int, tuple[str | None, str]]:
+    """pid -> (role or None, description) for every process on a GPU. A process in a systemd unit belongs
+    to the role of that unit ("other" for any other unit); one in no unit (no systemd, or started by
+    hand) to the role whose process tree holds it; None when neither says.
+
+    units: pid -> its unit (pdserve.probes.cgroups.unit_of); commands: pid -> its command line ("" when
+    gone); trees: role -> the pids of its process tree."""
+    unit_roles = {f"{w.unit}.service": role for role, w in exp.workers.items()}
+    owner_of: dict[int, tuple[str | None, str]] = {}
+    for pid in sorted({p for g in gpus for p in g.pids}):
+        unit, command = units.get(pid), commands.get(pid, "")[:60]
+        if unit in unit_roles:
+            owner_of[pid] = (unit_roles[unit], unit)  # type: ignore[index]
+        elif unit is not None:
+            owner_of[pid] = ("other", f"unit {unit} ({command})")
+        else:
+            role = next((r for r, tree in trees.items() if pid in tree), None)
+            owner_of[pid] = (role, f"{role} process tree" if role else command or "not in /proc")
+    return owner_of
 
 
 def check_processes(exp: Expectations, gpus: list[GpuObs], owner_of: dict[int, tuple[str | None, str]]) -> CheckResult:

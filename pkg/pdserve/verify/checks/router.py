@@ -8,25 +8,19 @@ describe a worker that is already down.
 from __future__ import annotations
 
 from pdserve.probes.observations import HttpObs
+from pdserve.probes.router import PD_WORKER_COUNT, worker_counts
 from pdserve.verify.expect import Expectations
 from pdserve.verify.result import CheckResult, failed, passed
-
-PD_WORKERS = 2
-
-
-def _counts(body) -> tuple[object, object]:
-    body = body if isinstance(body, dict) else {}
-    return body.get("healthy_workers"), body.get("total_workers")
 
 
 def check_readiness(exp: Expectations, readiness: HttpObs, workers_health: dict[str, HttpObs]) -> CheckResult:
     cid = "router.readiness"
-    expected = f"{exp.router_url}/readiness: 200 with {PD_WORKERS}/{PD_WORKERS} workers healthy"
+    expected = f"{exp.router_url}/readiness: 200 with {PD_WORKER_COUNT}/{PD_WORKER_COUNT} workers healthy"
     if readiness.status is None:
         return failed(cid, readiness.describe(), expected,
                       f"the router is not listening: `systemctl status {exp.router_unit}`; "
                       f"`journalctl -u {exp.router_unit} -n 100`")
-    healthy, total = _counts(readiness.body)
+    healthy, total = worker_counts(readiness.body)
     if healthy is None and isinstance(readiness.body, dict):
         # 0.3.2 answers 503 with {"status": "not ready", "reason": ...} and no counts.
         observed = f"/readiness {readiness.status}: {readiness.body.get('reason') or readiness.body.get('status')}"
@@ -34,7 +28,7 @@ def check_readiness(exp: Expectations, readiness: HttpObs, workers_health: dict[
         observed = f"/readiness {readiness.status}, {healthy}/{total} workers healthy"
     down = {role: obs for role, obs in workers_health.items() if not obs.ok}
     details = [f"{role} /health: {obs.describe()}" for role, obs in workers_health.items()]
-    if readiness.status == 200 and healthy == total == PD_WORKERS:
+    if readiness.status == 200 and healthy == total == PD_WORKER_COUNT:
         if not down:
             return passed(cid, observed, expected)
         return failed(cid, f"{observed} by the router's last health check, but {_down(down)}", expected,

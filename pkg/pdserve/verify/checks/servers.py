@@ -6,7 +6,7 @@ import re
 
 from pdserve.probes.observations import HttpObs
 from pdserve.verify.expect import Expectations, WorkerExpectation
-from pdserve.verify.result import CheckResult, failed, passed, skipped
+from pdserve.verify.result import CheckResult, failed, passed
 
 # SGLang's scheduler logs this once the KV pool is allocated.
 CAPACITY_LINE = re.compile(r"max_total_num_tokens=(\d+)")
@@ -96,17 +96,3 @@ def _same(got: object, want: object) -> bool:
     if isinstance(want, float) and isinstance(got, (int, float)):
         return abs(got - want) < 1e-6
     return got == want
-
-
-def check_version(exp: Expectations, w: WorkerExpectation, info: HttpObs) -> CheckResult:
-    cid = f"versions.{w.role}"
-    expected = f"sglang {exp.sglang_version} (pdserve.schema.pins)"
-    if not info.ok or not isinstance(info.body, dict):
-        return skipped(cid, f"no /server_info from the {w.role} server ({info.describe()})", expected)
-    version = info.body.get("version")
-    observed = f"sglang {version}"
-    if version != exp.sglang_version:
-        return failed(cid, observed, expected,
-                      f"install sglang=={exp.sglang_version} in the units' Python (or update pdserve.schema.pins after "
-                      f"re-checking the facts it depends on), then restart {w.unit}")
-    return passed(cid, observed, expected)

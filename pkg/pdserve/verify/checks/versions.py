@@ -1,17 +1,32 @@
-"""The router's version (the worker versions are read from /server_info in checks.servers)."""
+"""The running versions against the pins: sglang as each worker's /server_info reports it, the router's
+as its process has it loaded (pdserve.probes.versions)."""
 
 from __future__ import annotations
 
-from pdserve.verify.expect import Expectations
-from pdserve.verify.result import CheckResult, failed, passed
+from pdserve.probes.observations import HttpObs
+from pdserve.verify.expect import Expectations, WorkerExpectation
+from pdserve.verify.result import CheckResult, failed, passed, skipped
+
+
+def _against_pin(cid: str, package: str, found: object, pinned: str, source: str, fix: str) -> CheckResult:
+    expected = f"{package} {pinned} (pdserve.schema.pins)"
+    observed = f"{package} {found}" + (f" ({source})" if source else "")
+    if found != pinned:
+        return failed(cid, observed, expected, fix)
+    return passed(cid, observed, expected)
+
+
+def check_version(exp: Expectations, w: WorkerExpectation, info: HttpObs) -> CheckResult:
+    cid = f"versions.{w.role}"
+    if not info.ok or not isinstance(info.body, dict):
+        return skipped(cid, f"no /server_info from the {w.role} server ({info.describe()})",
+                       f"sglang {exp.sglang_version} (pdserve.schema.pins)")
+    return _against_pin(cid, "sglang", info.body.get("version"), exp.sglang_version, "",
+                        f"install sglang=={exp.sglang_version} in the units' Python (or update pdserve.schema.pins "
+                        f"after re-checking the facts it depends on), then restart {w.unit}")
 
 
 def check_router_version(exp: Expectations, version: str, source: str) -> CheckResult:
-    cid = "versions.router"
-    expected = f"sglang-router {exp.router_version} (pdserve.schema.pins)"
-    observed = f"sglang-router {version} ({source})"
-    if version != exp.router_version:
-        return failed(cid, observed, expected,
-                      f"install sglang-router=={exp.router_version} in the router's Python and restart "
-                      f"{exp.router_unit}; newer routers (smg) take different flags")
-    return passed(cid, observed, expected)
+    return _against_pin("versions.router", "sglang-router", version, exp.router_version, source,
+                        f"install sglang-router=={exp.router_version} in the router's Python and restart "
+                        f"{exp.router_unit}; newer routers (smg) take different flags")

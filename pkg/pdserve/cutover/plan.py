@@ -1,0 +1,120 @@
+"""What a cutover touches, read off the deployment: the units of each layout, their GPUs, the public
+address, the deadlines; and the steps a dry run lists for it. Pure: no host is read here."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pdserve.probes.systemctl import service
+from pdserve.schema.boot import Layout, nixos_line
+from pdserve.schema.config import Deployment
+from pdserve.schema.derived import ROUTER_START_TIMEOUT_SEC, role_url, unit_name
+
+LAYOUTS: tuple[Layout, ...] = ("pd", "single")
+
+# Our own deadlines sit above systemd's, so systemd's verdict (with its Result) normally arrives first.
+DEADLINE_MARGIN_SEC = 15
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a cutover to `target` touches, read off the deployment. Unit names end in .service."""
+
+    deployment: str
+    target: Layout
+    workers: dict[Layout, tuple[str, ...]]  # started first, in one call (workers_in_turn: systemd orders them)
+    fronts: dict[Layout, tuple[str, ...]]  # started once the workers are ready (the router)
+    gpus: dict[Layout, tuple[int, ...]]
+    public_url: dict[Layout, str]
+    worker_deadline: float
+    front_deadline: float
+    stop_deadline: float
+    warnings: tuple[str, ...] = ()
+    declared: Layout = "pd"  # the deployment's boot_layout
+    wanted_by: str = "multi-user.target"
+    source: str = "the deployment file"  # where the deployment was loaded from
+    nixos_change: str = ""  # the NixOS option line that declares `target` as the boot layout
+    workers_in_turn: bool = False  # prefill and decode share GPUs: the decode unit is After= the prefill
+
+    def units(self, layout: Layout) -> tuple[str, ...]:
+        return self.workers[layout] + self.fronts[layout]
+
+    @property
+    def all_units(self) -> tuple[str, ...]:
+        return self.units("pd") + self.units("single")
+
+    @property
+    def other(self) -> Layout:
+        return "single" if self.target == "pd" else "pd"
+
+
+def plan_for(dep: Deployment, target: Layout, warnings: Sequence[str] = (), source: str = "the deployment file") -> Plan:
+    def svc(role: str) -> str:
+        return service(unit_name(dep, role))  # type: ignore[arg-type]
+
+    # On shared GPUs (allow_shared_gpus) the rendered decode unit is ordered After= the prefill
+    # (pdserve.render.units), so the decode is ready up to two start timeouts after both were started.
+    in_turn = bool(set(dep.prefill.gpus) & set(dep.decode.gpus))
+    return Plan(
+        deployment=dep.name,
+        target=target,
+        workers={"pd": (svc("prefill"), svc("decode")), "single": (svc("fallback"),)},
+        fronts={"pd": (svc("router"),), "single": ()},
+        gpus={"pd": tuple(sorted({*dep.prefill.gpus, *dep.decode.gpus})), "single": tuple(sorted(dep.fallback.gpus))},
+        public_url={"pd": role_url(dep, "router"), "single": role_url(dep, "fallback")},
+        worker_deadline=(2 if in_turn else 1) * dep.systemd.start_timeout_sec + DEADLINE_MARGIN_SEC,
+        front_deadline=ROUTER_START_TIMEOUT_SEC + DEADLINE_MARGIN_SEC,
+        stop_deadline=dep.systemd.stop_timeout_sec + DEADLINE_MARGIN_SEC,
+        warnings=tuple(warnings),
+        declared=dep.boot_layout,
+        wanted_by=dep.systemd.wanted_by,
+        source=source,
+        nixos_change=nixos_line(dep, target),
+        workers_in_turn=in_turn,
+    )
+
+
+def layout_of(running: Sequence[str], plan: Plan) -> str:
+    """Which layouts `running` holds units of: pd, single, pd+single or none."""
+    layouts = [lay for lay in LAYOUTS if any(u in running for u in plan.units(lay))]
+    return "+".join(layouts) if layouts else "none"
+
+
+def preview(plan: Plan, running: Sequence[str] | None, serving: Sequence[str] = ()) -> list[tuple[str, str]]:
+    """(step, what it would do) for a dry run. `running` None: which units run could not be read, and
+    the steps that depend on it say "state unknown" instead of guessing "nothing"."""
+    t = plan.target
+    known = running is not None
+    stop = [u for u in plan.all_units if u in (running or ())]
+    restore = [u for u in plan.all_units if u in serving]
+    workers = plan.workers[t]
+    if t == "pd" and plan.workers_in_turn:
+        how = f"prefill, then decode (they share GPUs): {workers[0]} then {workers[1]}"
+    else:
+        how = f"{', '.join(workers)} in parallel"
+    if known:
+        holders = ", ".join(stop) or "nothing"
+        stopping = ", ".join(stop) or "nothing running"
+        bring_back = ", ".join(restore) or "nothing"
+    else:
+        holders = f"the layout being replaced (state unknown: {', '.join(plan.all_units)} not read)"
+        stopping = f"state unknown: whichever of {', '.join(plan.all_units)} runs"
+        bring_back = "what ran before (state unknown)"
+    steps = [
+        ("preflight: units installed", ", ".join(plan.all_units)),
+        ("preflight: target GPUs free", f"GPUs {list(plan.gpus[t])} free or held by {holders}"),
+        ("stop current layout", stopping),
+        (f"start {'workers' if t == 'pd' else 'fallback'}", f"{how}, until active (<= {plan.worker_deadline:g} s)"),
+    ]
+    if plan.fronts[t]:
+        steps.append(("start router", f"{', '.join(plan.fronts[t])} (<= {plan.front_deadline:g} s)"))
+    steps += [
+        ("smoke test", (f"pdserve verify --only router.readiness,router.workers,e2e.chat through {plan.public_url[t]}"
+                        if t == "pd" else f"chat completion through {plan.public_url[t]}")),
+        ("enable at boot", f"link {', '.join(plan.units(t))} into {plan.wanted_by}; disable "
+                           f"{', '.join(plan.units(plan.other))}; where the unit directory is read-only (NixOS) "
+                           f"leave it and name the boot_layout line (declared now: {plan.declared})"),
+        ("on failure: roll back", f"stop {', '.join(plan.units(t))}; start {bring_back}; smoke test"),
+    ]
+    return steps

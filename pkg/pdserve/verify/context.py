@@ -1,0 +1,97 @@
+"""What the verifier reads of the host for one deployment: the probes, bounded by its options.
+
+Checks never call a probe themselves: each check's gatherer (pdserve.verify.registry) asks this context,
+so the timeouts, the "is systemd here at all" answer and the key are decided once per run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import httpx
+
+from pdserve.probes import cgroups, http, journal, procs
+from pdserve.probes.credentials import CredentialError, read_key
+from pdserve.probes.observations import HttpObs, Unavailable
+from pdserve.probes.systemctl import Systemctl, SystemctlError, UnitState, service, unavailable_reason
+from pdserve.render.argv import API_KEY_CREDENTIAL
+from pdserve.schema.config import Deployment
+from pdserve.verify.expect import Expectations, WorkerExpectation
+
+JOURNAL_LINES = 15
+
+
+@dataclass
+class Options:
+    probe_timeout: float = 10.0
+    chat_timeout: float = 180.0
+    api_key_file: str | None = None  # overrides router.api_key_file for reading the key
+
+
+@dataclass
+class Context:
+    dep: Deployment
+    exp: Expectations
+    options: Options
+    client: httpx.Client
+    systemctl: Systemctl | None = None  # None: this host's systemctl, bounded by the probe timeout
+    _systemd_reason: str | None = field(default=None, init=False)
+    _systemd_checked: bool = field(default=False, init=False)
+
+    def __post_init__(self) -> None:
+        if self.systemctl is None:
+            self.systemctl = Systemctl(timeout=self.options.probe_timeout)
+
+    def systemd_reason(self) -> str | None:
+        if not self._systemd_checked:
+            self._systemd_reason, self._systemd_checked = unavailable_reason(), True
+        return self._systemd_reason
+
+    def require_systemd(self) -> None:
+        reason = self.systemd_reason()
+        if reason:
+            raise Unavailable(reason)
+
+    def unit_state(self, unit: str) -> UnitState:
+        """One unit as systemd reports it; Unavailable when systemd cannot be asked."""
+        self.require_systemd()
+        assert self.systemctl is not None
+        try:
+            return self.systemctl.show([unit])[service(unit)]
+        except SystemctlError as exc:
+            raise Unavailable(str(exc)) from None
+
+    def get(self, url: str, headers: dict[str, str] | None = None) -> HttpObs:
+        return http.get(self.client, url, headers)
+
+    def api_key(self) -> tuple[str | None, str | None]:
+        """(key, error reading it); (None, None) when no key is configured. --api-key-file names the file
+        itself; the configured one may arrive as the unit's systemd credential instead."""
+        override = self.options.api_key_file
+        path = override or self.exp.api_key_file
+        if not path:
+            return None, None
+        try:
+            return read_key(path, None if override else API_KEY_CREDENTIAL), None
+        except CredentialError as exc:
+            return None, str(exc)
+
+    def worker_pids(self, w: WorkerExpectation) -> set[int]:
+        """A worker's processes: its unit's cgroup under systemd, else the listener on its port and its children."""
+        if not self.systemd_reason():
+            try:
+                group = self.unit_state(w.unit).control_group
+            except Unavailable:
+                group = ""
+            if group:
+                pids = set(cgroups.cgroup_pids(group))
+                if pids:
+                    return pids
+        roots = procs.listening_pids(w.port)
+        return procs.with_descendants(roots) if roots else set()
+
+    def journal(self, unit: str, lines: int = JOURNAL_LINES) -> list[str]:
+        return journal.journal(unit, lines, self.options.probe_timeout)
+
+    def grep_journal(self, unit: str, needle: str) -> list[str]:
+        return journal.grep_journal(unit, needle, self.options.probe_timeout)

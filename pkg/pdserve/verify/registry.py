@@ -1,0 +1,193 @@
+"""Which checks exist, and how each one gathers its observations before a pure check judges them.
+
+A gatherer reads the host only through the run's Context (pdserve.verify.context); the judgement is in
+pdserve.verify.checks, where the tests feed it recorded observations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from pdserve.probes import cgroups, chat, net, nvml, procs, topology
+from pdserve.probes import versions as version_probe
+from pdserve.probes.observations import HttpObs, Unavailable
+from pdserve.verify.checks import e2e, exposure, gpu, numa, router, servers, units, versions
+from pdserve.verify.context import Context
+from pdserve.verify.expect import WorkerExpectation
+from pdserve.verify.result import CheckResult
+
+Check = Callable[[Context], CheckResult]
+
+
+# ---- units
+def _unit_check(role: str) -> Check:
+    def run(ctx: Context) -> CheckResult:
+        exp = ctx.exp
+        unit = exp.fallback_unit if role == "fallback" else exp.pd_units[role]
+        state = ctx.unit_state(unit)
+        journal = ctx.journal(unit) if units.needs_journal(role, state) else []
+        check = units.check_fallback_unit if role == "fallback" else units.check_pd_unit
+        return check(f"units.{role}", unit, state, journal, ctx.dep.boot_layout)
+    return run
+
+
+# ---- router
+def _workers_health(ctx: Context) -> dict[str, HttpObs]:
+    """Each worker's own /health, read directly: the router's view may be a health check old."""
+    return {role: ctx.get(f"{w.url}/health") for role, w in ctx.exp.workers.items()}
+
+
+def _router_readiness(ctx: Context) -> CheckResult:
+    readiness = ctx.get(f"{ctx.exp.router_url}/readiness")
+    return router.check_readiness(ctx.exp, readiness, _workers_health(ctx))
+
+
+def _router_workers(ctx: Context) -> CheckResult:
+    key, _ = ctx.api_key()
+    headers = {"Authorization": f"Bearer {key}"} if key else None
+    listed = ctx.get(f"{ctx.exp.router_url}/workers", headers)
+    return router.check_workers(ctx.exp, listed, _workers_health(ctx))
+
+
+# ---- servers
+def _worker(ctx: Context, role: str) -> WorkerExpectation:
+    return ctx.exp.workers[role]
+
+
+def _kv_check(role: str) -> Check:
+    def run(ctx: Context) -> CheckResult:
+        w = _worker(ctx, role)
+        info = ctx.get(f"{w.url}/server_info")
+        journal = None
+        has_capacity = info.ok and isinstance(info.body, dict) and "max_total_num_tokens" in info.body
+        if not has_capacity and not ctx.systemd_reason():
+            journal = ctx.grep_journal(w.unit, "max_total_num_tokens=")
+        return servers.check_kv(ctx.exp, w, info, journal)
+    return run
+
+
+def _server_check(role: str) -> Check:
+    def run(ctx: Context) -> CheckResult:
+        w = _worker(ctx, role)
+        return servers.check_server_args(ctx.exp, w, ctx.get(f"{w.url}/server_info"), ctx.get(f"{w.url}/model_info"))
+    return run
+
+
+def _version_check(role: str) -> Check:
+    def run(ctx: Context) -> CheckResult:
+        w = _worker(ctx, role)
+        return versions.check_version(ctx.exp, w, ctx.get(f"{w.url}/server_info"))
+    return run
+
+
+def _router_version(ctx: Context) -> CheckResult:
+    exp = ctx.exp
+    pids: set[int] = set()
+    if not ctx.systemd_reason():
+        main_pid = ctx.unit_state(exp.router_unit).main_pid
+        if main_pid > 0:
+            pids = {main_pid}
+    if not pids:
+        pids = procs.listening_pids(ctx.dep.router.port)
+    version, source = version_probe.router_version(pids, ctx.options.probe_timeout)
+    return versions.check_router_version(exp, version, source)
+
+
+# ---- GPUs
+def _gpu_memory(ctx: Context) -> CheckResult:
+    return gpu.check_memory(ctx.exp, nvml.read_gpus())
+
+
+def _gpu_processes(ctx: Context) -> CheckResult:
+    gpus = nvml.read_gpus()
+    on_gpus = {pid for g in gpus for pid in g.pids}
+    trees = {role: ctx.worker_pids(w) for role, w in ctx.exp.workers.items()}
+    owners = gpu.trace_owners(ctx.exp, gpus, {pid: cgroups.unit_of(pid) for pid in on_gpus},
+                              {pid: procs.command(pid) for pid in on_gpus}, trees)
+    return gpu.check_processes(ctx.exp, gpus, owners)
+
+
+# ---- NUMA
+def _numa_check(role: str) -> Check:
+    def run(ctx: Context) -> CheckResult:
+        w = _worker(ctx, role)
+        if w.numa_node is None:
+            return numa.check_numa(w, None, [])
+        cpus = topology.node_cpus(w.numa_node)
+        pids = ctx.worker_pids(w) if cpus is not None else set()
+        observed = [p for p in (procs.numa_of(pid) for pid in sorted(pids)) if p is not None]
+        return numa.check_numa(w, cpus, observed)
+    return run
+
+
+# ---- end to end
+def _openai(ctx: Context):
+    key, error = ctx.api_key()
+    if error:
+        raise Unavailable(f"{error}; run as a user that can read it or pass --api-key-file")
+    return chat.client(ctx.exp.router_url, key, ctx.options.chat_timeout)
+
+
+def _e2e(kind: str) -> Check:
+    def run(ctx: Context) -> CheckResult:
+        exp = ctx.exp
+        if kind == "reasoning" and exp.reasoning_parser is None:
+            return e2e.check_reasoning(exp, None)  # type: ignore[arg-type]
+        if kind == "tools" and exp.tool_call_parser is None:
+            return e2e.check_tools(exp, None)  # type: ignore[arg-type]
+        c = _openai(ctx)
+        if kind == "chat":
+            return e2e.check_chat(exp, chat.plain(c, exp.served_model))
+        if kind == "reasoning":
+            return e2e.check_reasoning(exp, chat.reasoning(c, exp.served_model))
+        if kind == "tools":
+            return e2e.check_tools(exp, chat.tools(c, exp.served_model))
+        return e2e.check_stream(exp, chat.stream(c, exp.served_model))
+    return run
+
+
+# ---- exposure
+def _exposure_ports(ctx: Context) -> CheckResult:
+    exp = ctx.exp
+    addresses = net.host_addresses()
+    targets = [(w.port, f"{role} port") for role, w in exp.workers.items()]
+    targets.append((exp.bootstrap_port, "prefill bootstrap port"))
+    results = [net.probe(a, port, what, min(ctx.options.probe_timeout, 2.0)) for a in addresses for port, what in targets]
+    return exposure.check_ports(exp, addresses, results)
+
+
+def _exposure_auth(ctx: Context) -> CheckResult:
+    exp = ctx.exp
+    if exp.api_key_file is None and ctx.options.api_key_file is None:
+        return exposure.check_auth(exp, None)
+    key, error = ctx.api_key()
+    if error:
+        return exposure.check_auth(exp, None, error)
+    return exposure.check_auth(exp, chat.auth(exp.router_url, exp.served_model, key, ctx.options.probe_timeout))
+
+
+CHECKS: dict[str, Check] = {
+    "units.prefill": _unit_check("prefill"),
+    "units.decode": _unit_check("decode"),
+    "units.router": _unit_check("router"),
+    "units.fallback": _unit_check("fallback"),
+    "router.readiness": _router_readiness,
+    "router.workers": _router_workers,
+    "kv.prefill": _kv_check("prefill"),
+    "kv.decode": _kv_check("decode"),
+    "server.prefill": _server_check("prefill"),
+    "server.decode": _server_check("decode"),
+    "gpu.memory": _gpu_memory,
+    "gpu.processes": _gpu_processes,
+    "numa.prefill": _numa_check("prefill"),
+    "numa.decode": _numa_check("decode"),
+    "e2e.chat": _e2e("chat"),
+    "e2e.reasoning": _e2e("reasoning"),
+    "e2e.tools": _e2e("tools"),
+    "e2e.stream": _e2e("stream"),
+    "exposure.ports": _exposure_ports,
+    "exposure.auth": _exposure_auth,
+    "versions.prefill": _version_check("prefill"),
+    "versions.decode": _version_check("decode"),
+    "versions.router": _router_version,
+}
