@@ -106,6 +106,13 @@ def test_what_is_not_right_exits_1(tmp_path):
     assert closed.exit_code == Exit.PROBLEMS and "not ready after 0 s" in closed.output
 
 
+def test_a_dry_run_that_cannot_observe_the_host_exits_4(tmp_path):
+    missing = tmp_path / "no-such-systemctl"
+    result = invoke(["cutover", "pd", "--dry-run", "--systemctl", str(missing)], tmp_path)
+    assert result.exit_code == Exit.UNKNOWN, result.output
+    assert "state unknown" in result.output
+
+
 @pytest.mark.parametrize("command", list(COMMANDS))
 def test_the_real_entry_point_exits_by_the_same_table(tmp_path, command):
     args = [a.replace("{file}", str(broken_toml(tmp_path))).replace("{out}", str(tmp_path / "out"))

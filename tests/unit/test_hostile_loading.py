@@ -211,3 +211,50 @@ def test_a_control_character_does_not_hide_the_cross_field_rules(reference_data)
     reference_data["model"]["served_name"] = "m\n"
     reference_data["decode"]["gpus"] = [3, 4, 5, 6]
     assert {"model.served_name", "decode.gpus"} <= set(problems(reference_data))
+
+
+# A broken field hides only the rule problems that depend on it (issue 15): every other problem of the
+# file, cross-field ones included, comes in the same report.
+SAME_PORT = ("router", "prometheus_port")  # a cross-field rule problem far from every broken field
+
+
+@pytest.mark.parametrize(("what", "breaks", "broken_field"), [
+    ("a whole section of the wrong type", lambda d: d.__setitem__("systemd", 5), "systemd"),
+    ("a section that is a list", lambda d: d.__setitem__("model", ["/m"]), "model"),
+    ("a broken list item", lambda d: d["prefill"]["gpus"].__setitem__(1, "x"), "prefill.gpus.1"),
+    ("a broken item of extra_args", lambda d: d["decode"].__setitem__("extra_args", ["--x", 5]), "decode.extra_args.1"),
+    ("a value of the wrong type in a table", lambda d: d["environment"].__setitem__("X", 5), "environment.X"),
+    ("a missing required section", lambda d: d.pop("prefill"), "prefill"),
+    ("two names for the SGLang Python", lambda d: d.__setitem__("tools", {"sglang_python": "/a/python",
+                                                                          "sglang_venv": "/v"}), "tools.sglang_venv"),
+])
+def test_a_broken_field_does_not_hide_the_rest(reference_data, what, breaks, broken_field):
+    breaks(reference_data)
+    reference_data[SAME_PORT[0]][SAME_PORT[1]] = reference_data["router"]["port"]
+    found = problems(reference_data)
+    assert {broken_field, "router.prometheus_port"} <= set(found), (what, sorted(found))
+
+
+def test_a_text_problem_a_field_problem_and_a_rule_problem_come_together(reference_data):
+    reference_data["model"]["served_name"] = "m\n"
+    reference_data["prefill"]["port"] = 70000
+    reference_data["decode"]["gpus"] = [3, 4, 5, 6]
+    assert {"model.served_name", "prefill.port", "decode.gpus"} <= set(problems(reference_data))
+
+
+def test_a_missing_model_does_not_hide_the_public_router_warning(reference_data):
+    # The warning's message says "anyone ... can use the model": an English word, not the model section.
+    del reference_data["model"]
+    reference_data["router"]["host"] = "0.0.0.0"
+    found = problems(reference_data)
+    assert {"model", "router.api_key_file"} <= set(found), sorted(found)
+    assert "without an API key" in found["router.api_key_file"].message
+
+
+def test_a_broken_flag_does_not_raise_a_rule_it_would_have_silenced(reference_data):
+    # allow_shared_gpus = "yes" is refused; its default (false) must not turn shared GPUs into a second error.
+    reference_data["allow_shared_gpus"] = "yes"
+    reference_data["decode"]["gpus"] = [0, 1, 2, 3]
+    reference_data["prefill"]["mem_fraction_static"] = reference_data["decode"]["mem_fraction_static"] = 0.4
+    found = problems(reference_data)
+    assert set(found) == {"allow_shared_gpus"}, sorted(found)

@@ -91,42 +91,41 @@ def test_fractions_strictly_between_zero_and_one(reference_data, value):
     assert problem.fix == "use a fraction strictly between 0 and 1, e.g. 0.85"
 
 
-def test_context_length_at_least_chunked_prefill(reference_data):
-    reference_data["model"]["context_length"] = 4096
-    problem = one_problem(reference_data, "prefill.chunked_prefill_size")
-    assert problem.message == "exceeds model.context_length (4096)"
+# One value set, one problem on one field, and what its message and fix say: (section or None for the
+# top level, key, value, field, [(attribute, "==" or "in", text)]).
+ONE_VALUE_ONE_PROBLEM = {
+    "context length below chunked prefill": ("model", "context_length", 4096, "prefill.chunked_prefill_size",
+                                             [("message", "==", "exceeds model.context_length (4096)")]),
+    "dashed tool-call parser": ("model", "tool_call_parser", "deepseek-v4", "model.tool_call_parser",
+                                [("message", "in", "not a tool-call parser of sglang 0.5.23"),
+                                 ("fix", "in", "did you mean 'deepseekv4'?")]),
+    "unknown reasoning parser": ("model", "reasoning_parser", "deepseekv4", "model.reasoning_parser",
+                                 [("fix", "in", "did you mean 'deepseek-v4'?")]),
+    "API key on a command line": ("router", "extra_args", ["--api-key", "sk-secret"], "router.extra_args",
+                                  [("message", "in", "ps"), ("fix", "in", "api_key_file")]),
+    "API key in the environment": ("environment", "OPENAI_API_KEY", "sk-secret", "environment",
+                                   [("message", "in", "looks like a secret")]),
+    "relative API key file": ("router", "api_key_file", "keys/router", "router.api_key_file",
+                              [("message", "==", "must be an absolute path")]),
+    "rendered flag in extra_args": ("decode", "extra_args", ["--port=31000"], "decode.extra_args",
+                                    [("fix", "==", "set decode.port instead")]),
+    "parser flag on the router": ("router", "extra_args", ["--tool-call-parser", "deepseekv4"], "router.extra_args",
+                                  [("fix", "in", "belong on the SGLang servers")]),
+    "unknown field": ("router", "prot", 30001, "router.prot",
+                      [("message", "in", "Extra inputs are not permitted"), ("fix", "in", "spelling")]),
+    "relative model path": ("model", "path", "./models/dsv4", "model.path", [("fix", "in", "absolute")]),
+    "unit-unsafe name": (None, "name", "DSV4 prod", "name", [("message", "in", "unit names")]),
+}
 
 
-def test_dashed_tool_call_parser_is_rejected_with_a_suggestion(reference_data):
-    reference_data["model"]["tool_call_parser"] = "deepseek-v4"
-    problem = one_problem(reference_data, "model.tool_call_parser")
-    assert "not a tool-call parser of sglang 0.5.23" in problem.message
-    assert "did you mean 'deepseekv4'?" in problem.fix
-
-
-def test_unknown_reasoning_parser(reference_data):
-    reference_data["model"]["reasoning_parser"] = "deepseekv4"
-    problem = one_problem(reference_data, "model.reasoning_parser")
-    assert "did you mean 'deepseek-v4'?" in problem.fix
-
-
-def test_api_key_on_a_command_line_is_refused(reference_data):
-    reference_data["router"]["extra_args"] = ["--api-key", "sk-secret"]
-    problem = one_problem(reference_data, "router.extra_args")
-    assert "ps" in problem.message
-    assert "api_key_file" in problem.fix
-
-
-def test_api_key_in_environment_is_refused(reference_data):
-    reference_data["environment"]["OPENAI_API_KEY"] = "sk-secret"
-    problem = one_problem(reference_data, "environment")
-    assert "looks like a secret" in problem.message
-
-
-def test_api_key_file_must_be_an_absolute_path(reference_data):
-    reference_data["router"]["api_key_file"] = "keys/router"
-    problem = one_problem(reference_data, "router.api_key_file")
-    assert problem.message == "must be an absolute path"
+@pytest.mark.parametrize("case", list(ONE_VALUE_ONE_PROBLEM))
+def test_one_bad_value_is_one_problem_that_says_what_to_do(reference_data, case):
+    section, key, value, field, expected = ONE_VALUE_ONE_PROBLEM[case]
+    (reference_data if section is None else reference_data[section])[key] = value
+    problem = one_problem(reference_data, field)
+    for attribute, op, text in expected:
+        said = getattr(problem, attribute)
+        assert said == text if op == "==" else text in said, (attribute, said)
 
 
 def test_public_router_without_key_is_a_loud_warning(reference_data):
@@ -138,41 +137,11 @@ def test_public_router_without_key_is_a_loud_warning(reference_data):
     assert "without an API key" in warning.message
 
 
-def test_rendered_flags_are_not_repeated_in_extra_args(reference_data):
-    reference_data["decode"]["extra_args"] = ["--port=31000"]
-    problem = one_problem(reference_data, "decode.extra_args")
-    assert problem.fix == "set decode.port instead"
-
-
-def test_parser_flags_never_go_on_the_router(reference_data):
-    reference_data["router"]["extra_args"] = ["--tool-call-parser", "deepseekv4"]
-    problem = one_problem(reference_data, "router.extra_args")
-    assert "belong on the SGLang servers" in problem.fix
-
-
-def test_unknown_field_names_the_field(reference_data):
-    reference_data["router"]["prot"] = 30001
-    problem = one_problem(reference_data, "router.prot")
-    assert "Extra inputs are not permitted" in problem.message
-    assert "spelling" in problem.fix
-
-
 def test_missing_field(reference_data):
     del reference_data["prefill"]["port"]
     problem = one_problem(reference_data, "prefill.port")
     assert problem.value is None
     assert problem.fix.startswith("add this field")
-
-
-def test_relative_model_path(reference_data):
-    reference_data["model"]["path"] = "./models/dsv4"
-    problem = one_problem(reference_data, "model.path")
-    assert "absolute" in problem.fix
-
-
-def test_unit_unsafe_name(reference_data):
-    reference_data["name"] = "DSV4 prod"
-    assert "unit names" in one_problem(reference_data, "name").message
 
 
 def test_every_problem_is_reported_at_once(reference_data):

@@ -17,7 +17,15 @@ from rich.console import Console
 
 from pdserve import __version__
 from pdserve.cli.exits import Exit, help_epilog
-from pdserve.cli.options import config_option, exit_with, load_or_exit, print_problems, tool_options, tool_overrides
+from pdserve.cli.options import (
+    config_option,
+    exit_with,
+    load_or_exit,
+    print_problems,
+    seconds_option,
+    tool_options,
+    tool_overrides,
+)
 from pdserve.render.renderable import load_renderable
 from pdserve.schema.config import Deployment
 from pdserve.schema.loading import json_schema
@@ -95,7 +103,7 @@ def plan(config_path: Path | None, as_json: bool, sglang_python: str | None, num
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report.")
 @click.option("--host/--no-host", "host", default=None,
               help="Check this host (GPUs, NUMA nodes, tools, the SGLang Python's sglang version, files), or "
-                   "not. Default: only on a host that looks like the target (see below).")
+                   "not. Default: only on a host that looks like the target (see above).")
 @click.option("--no-parsers", is_flag=True, help="Skip running the rendered argv through SGLang's and the router's parsers.")
 @tool_options
 def check(config_path: Path | None, more_configs: tuple[Path, ...], as_json: bool, host: bool | None,
@@ -210,12 +218,9 @@ def schema() -> None:
 @main.command("wait-ready", short_help="Wait until ROLE answers as ready (the units' gate).")
 @click.argument("role", metavar="ROLE", type=ROLE_CHOICE)
 @config_option
-@click.option("--timeout", metavar="SECONDS", type=click.FloatRange(min=0), default=600.0, show_default=True,
-              help="Seconds to wait before giving up.")
-@click.option("--interval", metavar="SECONDS", type=click.FloatRange(min=0.05), default=2.0, show_default=True,
-              help="Seconds between probes.")
-@click.option("--probe-timeout", metavar="SECONDS", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
-              help="Seconds each HTTP request may take.")
+@seconds_option("--timeout", 600.0, 0, "Seconds to wait before giving up.")
+@seconds_option("--interval", 2.0, 0.05, "Seconds between probes.")
+@seconds_option("--probe-timeout", 10.0, 0.1, "Seconds each HTTP request may take.")
 def wait_ready(role: str, config_path: Path | None, timeout: float, interval: float, probe_timeout: float) -> None:
     """Wait until ROLE (prefill, decode, router or fallback) answers as ready; exit 1 with the last state
     seen when the deadline passes."""

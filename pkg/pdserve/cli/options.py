@@ -35,6 +35,12 @@ def tool_options(command: Callable[..., Any]) -> Callable[..., Any]:
     return command
 
 
+def seconds_option(flag: str, default: float, minimum: float, help_text: str) -> Callable[..., Any]:
+    """A duration option: SECONDS, at least `minimum`, its default shown."""
+    return click.option(flag, metavar="SECONDS", type=click.FloatRange(min=minimum), default=default,
+                        show_default=True, help=help_text)
+
+
 def tool_overrides(sglang_python: str | None, numactl: str | None, pdserve: str | None) -> dict[str, str | None]:
     return {"sglang_python": sglang_python, "numactl": numactl, "pdserve": pdserve}
 

@@ -13,7 +13,7 @@ import httpx
 from rich.console import Console
 
 from pdserve.cli.exits import Exit
-from pdserve.cli.options import config_option, load_or_exit
+from pdserve.cli.options import config_option, load_or_exit, seconds_option
 from pdserve.verify import report
 from pdserve.verify.expect import expectations
 from pdserve.verify.runner import CHECKS, Context, Options, SelectionError, run, select
@@ -29,14 +29,11 @@ def _tokens(values: tuple[str, ...]) -> list[str]:
 @click.option("--only", multiple=True, metavar="IDS",
               help="Run only these checks: comma-separated ids or id prefixes (e.g. e2e,kv.decode). Repeatable.")
 @click.option("--skip", multiple=True, metavar="IDS", help="Do not run these checks (ids or prefixes). Repeatable.")
-@click.option("--wait", type=click.FloatRange(min=0), default=0.0, show_default=True, metavar="SECONDS",
-              help="Re-run failing checks until they pass or SECONDS have passed.")
-@click.option("--interval", metavar="SECONDS", type=click.FloatRange(min=0.1), default=2.0, show_default=True,
-              help="Seconds between --wait rounds.")
-@click.option("--probe-timeout", metavar="SECONDS", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
-              help="Seconds each HTTP request, systemctl/journalctl call or connect attempt may take.")
-@click.option("--chat-timeout", metavar="SECONDS", type=click.FloatRange(min=1), default=180.0, show_default=True,
-              help="Seconds each end-to-end chat request may take (a reasoning answer can be long).")
+@seconds_option("--wait", 0.0, 0, "Re-run failing checks until they pass or SECONDS have passed.")
+@seconds_option("--interval", 2.0, 0.1, "Seconds between --wait rounds.")
+@seconds_option("--probe-timeout", 10.0, 0.1,
+                "Seconds each HTTP request, systemctl/journalctl call or connect attempt may take.")
+@seconds_option("--chat-timeout", 180.0, 1, "Seconds each end-to-end chat request may take (a reasoning answer can be long).")
 @click.option("--kv-floor", type=click.IntRange(min=1), default=None, metavar="TOKENS",
               help="Least KV capacity (max_total_num_tokens) each server must have. "
                    "Default: model.context_length, else 65536.")
