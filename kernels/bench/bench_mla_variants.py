@@ -2,8 +2,9 @@
 """Variant table (not THE benchmark): fp8 sparse MLA decode, the launcher's default ("auto") against every
 kernel of the fatbin that can serve the shape, timed round-robin in one process on the same inputs:
 the first-version kernel ("old"), every "ds" kernel of the head block (16 heads for h <= 16, else 32), and on
-sm_90a every "wg" kernel of the layout. Each candidate is also checked against the fp32 reference (first
-rows). The launcher's default is chosen from this table (auto_fp8_kernel; NOTES.md records what it showed).
+sm_90a for h > 32 every "wg" kernel of the layout (64-head blocks). Each candidate is also checked against the
+fp32 reference (first rows). The launcher's default is chosen from this table (auto_fp8_kernel; NOTES.md
+records what it showed).
 
 Options: --fused also times the ds default with the fused split-combine; --splits 1,2,3 times the default
 kernel at those split counts. Timing as bench_sparse_mla.py (harness.Timer: CUDA events, L2 evicted before
@@ -32,7 +33,7 @@ def candidates(mla, layout: str, h: int, rows: int) -> list[tuple[str, str, dict
             continue
         if info.family == "ds" and info.shape["heads"] != (16 if h <= 16 else 32):
             continue
-        if info.family == "wg" and mla.capability[0] != 9:
+        if info.family == "wg" and (mla.capability[0] != 9 or h <= 32):   # sm_90a; 64-head blocks
             continue
         out.append((name.replace("sparse_mla_", ""), name, {}))
     return out

@@ -161,6 +161,28 @@ __device__ __forceinline__ uint32_t fp8x2_to_bf16x2_fast(uint32_t two, uint32_t 
 }
 #pragma nv_diag_default 177
 
+// The ds and wg kernels' part of the row's index list, validated once: positions start .. start + n_local - 1
+// (the main indices, then the extra ones), -1 for invalid entries and for the padding up to n_fill,
+// kExtraBit set for the extra source.
+template <int NTHR>
+__device__ __forceinline__ void index_list(const MlaParams& p, int row, int start, int n_local, int n_fill, int tid,
+                                           int* sidx) {
+  for (int j = tid; j < n_fill; j += NTHR) {
+    int v = -1;
+    if (j < n_local) {
+      const int pos = start + j;
+      if (pos < p.topk) {
+        const int i = __ldg(p.indices + static_cast<size_t>(row) * p.topk + pos);
+        v = (i >= 0 && i < p.num_entries) ? i : -1;
+      } else {
+        const int i = __ldg(p.indices_extra + static_cast<size_t>(row) * p.topk_extra + (pos - p.topk));
+        v = (i >= 0 && i < p.num_entries_extra) ? (i | kExtraBit) : -1;
+      }
+    }
+    sidx[j] = v;
+  }
+}
+
 // Base of the cache block holding a validated index (>= 0; kExtraBit: the extra source).
 __device__ __forceinline__ const uint8_t* entry_block(const MlaParams& p, int v) {
   const bool extra = v & kExtraBit;
@@ -648,20 +670,7 @@ __device__ __forceinline__ void ds_body(const MlaParams& p, uint8_t* smem) {
   const int sbase = warp * 64;                   // this warp's 64 fp8 dims (bytes of the record)
 
   // Index list, validated once: -1 for invalid and for the padding up to the last tile's end.
-  for (int j = tid; j < ntiles * T; j += NTHR) {
-    int v = -1;
-    if (j < n_local) {
-      const int pos = start + j;
-      if (pos < p.topk) {
-        const int i = __ldg(p.indices + static_cast<size_t>(row) * p.topk + pos);
-        v = (i >= 0 && i < p.num_entries) ? i : -1;
-      } else {
-        const int i = __ldg(p.indices_extra + static_cast<size_t>(row) * p.topk_extra + (pos - p.topk));
-        v = (i >= 0 && i < p.num_entries_extra) ? (i | kExtraBit) : -1;
-      }
-    }
-    sidx[j] = v;
-  }
+  index_list<NTHR>(p, row, start, n_local, ntiles * T, tid, sidx);
   if (tid < HB) qmax_s[tid] = 0u;
   if (tid == 0) {
 #pragma unroll
@@ -1372,20 +1381,7 @@ __device__ __forceinline__ void wg_body(const MlaParams& p, uint8_t* smem_raw) {
   const int page_mask = (1 << p.page_shift) - 1;
 
   // Index list, validated once: -1 for invalid entries and the padding up to the last tile's end.
-  for (int j = tid; j < ntiles * T; j += kWgThreads) {
-    int v = -1;
-    if (j < n_local) {
-      const int pos = start + j;
-      if (pos < p.topk) {
-        const int i = __ldg(p.indices + static_cast<size_t>(row) * p.topk + pos);
-        v = (i >= 0 && i < p.num_entries) ? i : -1;
-      } else {
-        const int i = __ldg(p.indices_extra + static_cast<size_t>(row) * p.topk_extra + (pos - p.topk));
-        v = (i >= 0 && i < p.num_entries_extra) ? (i | kExtraBit) : -1;
-      }
-    }
-    sidx[j] = v;
-  }
+  index_list<kWgThreads>(p, row, start, n_local, ntiles * T, tid, sidx);
   // H: per-head power-of-two exponent k that puts max |q| into [2^14, 2^15) (warp w: heads w, w + 12, ...).
   int* qexp = reinterpret_cast<int*>(fin);   // fin is not used before the epilogue
   if constexpr (H) {
