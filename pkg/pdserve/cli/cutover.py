@@ -1,7 +1,8 @@
 """`pdserve cutover pd|single`: the command line around the cutover state machine.
 
 Exit codes (pdserve.cli.exits): 0 success (or already serving), 1 failed and rolled back, refused by
-preflight (nothing changed), or the deployment file has problems; 2 usage; 3 the rollback failed too.
+preflight (nothing changed), or the deployment file has problems; 2 usage; 3 the rollback failed too;
+4 a dry run that could not read which units run (state unknown).
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ def cutover_command(target: str, config_path: Path | None, as_json: bool, dry_ru
     Boot links change only where this host lets them be written (not on NixOS); either way the report
     names the boot_layout line to change. A boot-link problem never fails a cutover that serves.
     Exit 0 success, 1 failed and rolled back (or refused, or the file has problems), 2 usage, 3 the
-    rollback failed too.
+    rollback failed too, 4 a dry run that could not read which units run.
     """
     from pdserve.cutover.host import HostEdge
 
