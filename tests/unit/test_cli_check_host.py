@@ -119,19 +119,23 @@ def test_this_venvs_python_has_the_pins(monkeypatch):
 def test_on_the_host_a_python_without_the_pinned_sglang_is_refused(tmp_path, monkeypatch, versions, found):
     monkeypatch.setattr(check_run, "THIS_HOST", reading(TARGET))
     python = fake_python(tmp_path, versions)
-    result = check("--host", "--no-parsers", "--sglang-python", python)
+    result = check("--host", "--sglang-python", python)
     assert result.exit_code == 1
+    # One error: the parsers of a Python without the pinned sglang are not run to repeat it.
     (line,) = [line for line in result.output.splitlines() if line.startswith("error: --sglang-python")]
     assert f"{found}, but pdserve is pinned to sglang {pins.SGLANG_VERSION}" in line
     assert "tools.sglang_python" in line and f"sglang=={pins.SGLANG_VERSION}" in line and "; fix: " in line
+    assert "skipped: parser check skipped: --sglang-python does not have the pinned sglang" in result.output
 
 
 def test_on_the_host_parsers_that_cannot_be_imported_are_an_error_not_a_skip(tmp_path, monkeypatch):
     monkeypatch.setattr(check_run, "THIS_HOST", reading(TARGET))
-    python = fake_python(tmp_path, {})
+    # The pinned versions are installed (dist-info) but nothing can be imported: a broken environment.
+    python = fake_python(tmp_path, {"sglang": pins.SGLANG_VERSION, "sglang-router": pins.SGLANG_ROUTER_VERSION})
     on = check("--host", "--json", "--sglang-python", python)
     messages = [p["message"] for p in json.loads(on.stdout)["problems"] if p["field"] == "--sglang-python"]
     assert any("cannot import the parser of prefill, decode, fallback" in m for m in messages), messages
+    assert any("cannot import the parser of router" in m for m in messages), messages
     # Off the host (a laptop, the NixOS build's --no-host) the same Python is a stated skip.
     off = json.loads(check("--no-host", "--json", "--sglang-python", python).stdout)
     assert off["valid"] is True and any("parser not importable" in s for s in off["skipped"])

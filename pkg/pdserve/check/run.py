@@ -95,7 +95,12 @@ def run_check(config_path: Path | None, tool_overrides: dict[str, str | None], p
     # On the target, the SGLang Python is what the units will run: it must be named and hold the pins.
     origin = sglang_python_origin(dep, tool_overrides)
     have_python = tools.sglang_python != SGLANG_PYTHON_PLACEHOLDER
-    if parsers and have_python:
+    pinned = pin_problems(tools.sglang_python, origin) if report.host.on and have_python else []
+    if parsers and pinned:
+        # The wrong (or no) sglang is already an error; its parsers would only repeat it, or judge the
+        # argv by another version's rules.
+        report.skipped.append(f"parser check skipped: {origin} does not have the pinned sglang (see its error)")
+    elif parsers and have_python:
         parsed = check_with_parsers(dep, tools.sglang_python, required_by=origin if report.host.on else None)
         report.problems += parsed.problems
         rejected = {p.field.split(".")[0].split(" ")[0] for p in parsed.problems}
@@ -116,7 +121,6 @@ def run_check(config_path: Path | None, tool_overrides: dict[str, str | None], p
         report.checked += seen.passed
         report.skipped += seen.skipped
         if have_python:
-            pinned = pin_problems(tools.sglang_python, origin)
             report.problems += pinned
             if not pinned:
                 report.checked.append(f"{origin} has the pinned sglang and sglang-router")
