@@ -49,6 +49,15 @@ def failing(report: dict) -> set[str]:
     return {c["id"] for c in report["checks"] if c["status"] == "fail"}
 
 
+def serve_pd(c: PDCluster) -> None:
+    """Both workers, then the router, each waited for (bounded by the cluster's own timeouts)."""
+    c.start_worker("prefill")
+    c.start_worker("decode")
+    c.start_router()
+    c.wait_workers()
+    c.wait_router_ready()
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("pd")
@@ -57,11 +66,7 @@ def cluster(tmp_path_factory):
     fast_health = ["--health-failure-threshold", "1"]
     c = PDCluster(write_deployment(workdir, router_extra_args=fast_health), workdir)
     try:
-        c.start_worker("prefill")
-        c.start_worker("decode")
-        c.start_router()
-        c.wait_workers()
-        c.wait_router_ready()
+        serve_pd(c)
         yield c
     finally:
         c.stop()
@@ -197,11 +202,7 @@ def test_api_key_enforced_and_a_router_without_it_caught(tmp_path):
     c = PDCluster(write_deployment(tmp_path, api_key_file=str(key_file)), tmp_path)
     assert c.launch["router"].argv[1].endswith("keyed_launch.py")  # rendered exactly as the unit runs it
     try:
-        c.start_worker("prefill")
-        c.start_worker("decode")
-        c.start_router()
-        c.wait_workers()
-        c.wait_router_ready()
+        serve_pd(c)
         # --wait as an operator would use it right after a start: a check that fails once on a loaded
         # 2-core machine is retried; one that keeps failing still fails the test.
         code, report = verify_in_process(c.config, "--only", "exposure,e2e,router", "--wait", "30")

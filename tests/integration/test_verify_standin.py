@@ -125,18 +125,16 @@ def test_standin_shim_and_keyed_launcher_enforce_api_key(tmp_path):
         stop(proc)
 
 
-def test_standin_crashes_on_request_and_rejects_unknown_faults(tmp_path):
+@pytest.mark.parametrize("knobs,status,says", [
+    ({"PDSERVE_STANDIN_CRASH_AFTER": "1"}, 1, "crashing on purpose"),
+    ({"PDSERVE_STANDIN_FAULTS": "no_such_fault"}, 2, "unknown fault(s) ['no_such_fault']"),
+], ids=["crash-after", "unknown-fault"])
+def test_standin_crashes_on_request_and_rejects_unknown_faults(tmp_path, knobs, status, says):
     """PDSERVE_STANDIN_CRASH_AFTER makes it exit 1 (what Restart=on-failure reacts to); an unknown fault exits 2."""
     (port,) = free_ports(1)
-    crashing = start_standin(_args(port, "null"), tmp_path / "crash.log", knobs={"PDSERVE_STANDIN_CRASH_AFTER": "1"})
+    proc = start_standin(_args(port, "null"), tmp_path / "standin.log", knobs=knobs)
     try:
-        assert crashing.wait(timeout=START_TIMEOUT) == 1
-        assert "crashing on purpose" in (tmp_path / "crash.log").read_text()
+        assert proc.wait(timeout=START_TIMEOUT) == status
+        assert says in (tmp_path / "standin.log").read_text()
     finally:
-        stop(crashing)
-    bad = start_standin(_args(port, "null"), tmp_path / "bad.log", knobs={"PDSERVE_STANDIN_FAULTS": "no_such_fault"})
-    try:
-        assert bad.wait(timeout=START_TIMEOUT) == 2
-        assert "unknown fault(s) ['no_such_fault']" in (tmp_path / "bad.log").read_text()
-    finally:
-        stop(bad)
+        stop(proc)

@@ -190,6 +190,15 @@ def dep(reference_data):
     return deployment_from_data(reference_data, "t").deployment
 
 
+def serving(dep, layout: str | None, files: UnitFiles | None = None, **ready_after: float) -> FakeSystemd:
+    """A fake systemd with `layout` up and enabled (None: nothing runs), its unit files as `files` say."""
+    fake = FakeSystemd(dep, **ready_after)
+    fake.files = files or fake.files
+    if layout:
+        fake.serve(layout)
+    return fake
+
+
 def run(dep, fake, target="pd", source="/etc/pdserve/t.toml"):
     return Cutover(plan_for(dep, target, source=source), fake).run()
 
@@ -199,8 +208,7 @@ def step(report, name):
 
 
 def test_single_to_pd_succeeds_in_order_and_enables_pd(dep):
-    fake = FakeSystemd(dep, prefill=8, decode=12, router=2)
-    fake.serve("single")
+    fake = serving(dep, "single", prefill=8, decode=12, router=2)
     report = run(dep, fake)
     assert report.outcome is Outcome.SUCCESS and report.exit_code == EXIT_SUCCESS
     assert report.previous == "single"
@@ -216,8 +224,7 @@ def test_single_to_pd_succeeds_in_order_and_enables_pd(dep):
 
 
 def test_never_ready_decode_rolls_back_to_the_fallback(dep):
-    fake = FakeSystemd(dep, decode=NEVER)
-    fake.serve("single")
+    fake = serving(dep, "single", decode=NEVER)
     report = run(dep, fake)
     assert report.outcome is Outcome.ROLLED_BACK and report.exit_code == EXIT_FAILED
     workers = step(report, "start workers")
@@ -231,23 +238,29 @@ def test_never_ready_decode_rolls_back_to_the_fallback(dep):
     assert not any(s.name == "start router" for s in report.steps)
 
 
-def test_sigterm_during_the_cutover_rolls_back_instead_of_leaving_it_half_done(dep):
-    fake = FakeSystemd(dep)
-    fake.serve("single")
-    start = fake.start
-    signalled = []
+def sigterm_once(fake: FakeSystemd, verb: str, when) -> list[tuple]:
+    """Wrap fake.<verb> so that one SIGTERM arrives right after the first call for which `when(*args)`
+    holds; returns the arguments of that call once it has happened."""
+    original, sent = getattr(fake, verb), []
 
-    def start_then_terminated(units):
-        start(units)
-        if not signalled:  # one SIGTERM, while the PD workers are starting
-            signalled.append(units)
+    def wrapped(*args):
+        result = original(*args)
+        if not sent and when(*args):
+            sent.append(args)
             os.kill(os.getpid(), signal.SIGTERM)
+        return result
 
-    fake.start = start_then_terminated
+    setattr(fake, verb, wrapped)
+    return sent
+
+
+def test_sigterm_during_the_cutover_rolls_back_instead_of_leaving_it_half_done(dep):
+    fake = serving(dep, "single")
+    sent = sigterm_once(fake, "start", lambda units: True)  # while the PD workers are starting
     before = signal.getsignal(signal.SIGTERM)
     with termination_interrupts():
         report = run(dep, fake)
-    assert signal.getsignal(signal.SIGTERM) is before
+    assert signal.getsignal(signal.SIGTERM) is before and sent
     assert report.outcome is Outcome.ROLLED_BACK and report.exit_code == EXIT_FAILED
     workers = step(report, "start workers")
     assert workers.result == "failed" and workers.detail == "interrupted (SIGTERM)"
@@ -256,23 +269,18 @@ def test_sigterm_during_the_cutover_rolls_back_instead_of_leaving_it_half_done(d
 
 
 def test_sigterm_while_reading_the_boot_links_back_keeps_the_serving_cutover(dep):
-    fake = FakeSystemd(dep)
-    fake.serve("single")
-    show = fake.show
+    fake = serving(dep, "single")
     shows_after_smoke = []
 
-    def show_then_terminated(units):
-        states = show(units)
+    def boot_steps_second_look(units):  # the boot step reads the units, relinks, then reads them again
         if "smoke" in fake.verbs():
             shows_after_smoke.append(units)
-            if len(shows_after_smoke) == 2:  # the boot step's second look, after relinking
-                os.kill(os.getpid(), signal.SIGTERM)
-        return states
+        return len(shows_after_smoke) == 2
 
-    fake.show = show_then_terminated
+    sent = sigterm_once(fake, "show", boot_steps_second_look)
     with termination_interrupts():
         report = run(dep, fake)
-    assert len(shows_after_smoke) == 2
+    assert sent and len(shows_after_smoke) == 2
     assert report.outcome is Outcome.SUCCESS and report.exit_code == EXIT_SUCCESS
     assert fake.active() == set(fake.pd)
     assert report.boot.result == "changed" and report.boot.at_boot == "unknown (interrupted: SIGTERM)"
@@ -301,20 +309,17 @@ def test_on_shared_gpus_the_workers_get_two_start_timeouts_and_the_plan_says_pre
 def test_on_shared_gpus_a_decode_ready_after_the_prefill_is_not_timed_out(dep):
     shared = shared_gpus(dep)
     # Each within its own 60 s start timeout; the decode only starts once the prefill is ready.
-    fake = FakeSystemd(shared, prefill=50, decode=50)
-    fake.serve("single")
+    fake = serving(shared, "single", prefill=50, decode=50)
     report = run(shared, fake)
     assert report.outcome is Outcome.SUCCESS, [s.as_dict() for s in report.steps]
     assert step(report, "start workers").duration_s == pytest.approx(100, abs=1)
     # The same timing on separate GPUs (in parallel) ends at 50 s.
-    fake = FakeSystemd(dep, prefill=50, decode=50)
-    fake.serve("single")
+    fake = serving(dep, "single", prefill=50, decode=50)
     assert step(run(dep, fake), "start workers").duration_s == pytest.approx(50, abs=1)
 
 
 def test_failed_smoke_rolls_back(dep):
-    fake = FakeSystemd(dep)
-    fake.serve("single")
+    fake = serving(dep, "single")
     fake.smoke_ok["pd"] = False
     report = run(dep, fake)
     assert report.exit_code == EXIT_FAILED
@@ -323,16 +328,14 @@ def test_failed_smoke_rolls_back(dep):
 
 
 def test_rollback_that_fails_exits_3(dep):
-    fake = FakeSystemd(dep, decode=NEVER, fallback=NEVER)
-    fake.serve("single")
+    fake = serving(dep, "single", decode=NEVER, fallback=NEVER)
     report = run(dep, fake)
     assert report.outcome is Outcome.ROLLBACK_FAILED and report.exit_code == EXIT_ROLLBACK_FAILED
     assert step(report, "rollback: start previous workers").result == "failed"
 
 
 def test_pd_to_single_stops_pd_and_enables_the_fallback(dep):
-    fake = FakeSystemd(dep)
-    fake.serve("pd")
+    fake = serving(dep, "pd")
     report = run(dep, fake, "single")
     assert report.exit_code == EXIT_SUCCESS and report.previous == "pd"
     assert fake.active() == {fake.role["fallback"]}
@@ -342,8 +345,7 @@ def test_pd_to_single_stops_pd_and_enables_the_fallback(dep):
 
 
 def test_pd_to_single_failure_restores_pd_router_after_workers(dep):
-    fake = FakeSystemd(dep, fallback=NEVER)
-    fake.serve("pd")
+    fake = serving(dep, "pd", fallback=NEVER)
     report = run(dep, fake, "single")
     assert report.exit_code == EXIT_FAILED
     names = [s.name for s in report.steps]
@@ -352,8 +354,7 @@ def test_pd_to_single_failure_restores_pd_router_after_workers(dep):
 
 
 def test_missing_unit_refuses_without_touching_anything(dep):
-    fake = FakeSystemd(dep)
-    fake.serve("single")
+    fake = serving(dep, "single")
     fake._set(fake.units[fake.role["router"]], load_state="not-found")
     report = run(dep, fake)
     assert report.outcome is Outcome.REFUSED and report.exit_code == EXIT_FAILED
@@ -362,8 +363,7 @@ def test_missing_unit_refuses_without_touching_anything(dep):
 
 
 def test_gpu_held_by_a_stranger_refuses(dep):
-    fake = FakeSystemd(dep)
-    fake.serve("single")
+    fake = serving(dep, "single")
     fake.gpu_holders = [GpuProcess(0, 4242, fake.role["fallback"]), GpuProcess(5, 777, "jupyter.service")]
     report = run(dep, fake)
     assert report.outcome is Outcome.REFUSED
@@ -373,8 +373,7 @@ def test_gpu_held_by_a_stranger_refuses(dep):
 
 
 def test_gpus_held_by_the_replaced_layout_pass(dep):
-    fake = FakeSystemd(dep)
-    fake.serve("single")
+    fake = serving(dep, "single")
     fake.gpu_holders = [GpuProcess(g, 4242, fake.role["fallback"]) for g in range(8)]
     report = run(dep, fake)
     assert report.exit_code == EXIT_SUCCESS
@@ -382,8 +381,7 @@ def test_gpus_held_by_the_replaced_layout_pass(dep):
 
 
 def test_no_nvml_is_a_skip_with_a_reason_not_a_pass(dep):
-    fake = FakeSystemd(dep)
-    fake.serve("single")
+    fake = serving(dep, "single")
     fake.gpu_holders = None
     report = run(dep, fake)
     gpu = step(report, "preflight: target GPUs free")
@@ -392,8 +390,7 @@ def test_no_nvml_is_a_skip_with_a_reason_not_a_pass(dep):
 
 
 def test_already_serving_target_only_smokes_and_enables(dep):
-    fake = FakeSystemd(dep)
-    fake.serve("pd")
+    fake = serving(dep, "pd")
     report = run(dep, fake)
     assert report.outcome is Outcome.UNCHANGED and report.exit_code == EXIT_SUCCESS
     assert "stop" not in fake.verbs() and "start" not in fake.verbs()
@@ -410,8 +407,7 @@ def test_from_nothing_failure_leaves_nothing_running(dep):
 def test_an_enablement_failure_never_rolls_back_a_serving_layout(dep):
     """The fault of issue 13: `systemctl enable` failed after the smoke test and the cutover rolled the
     serving PD layout back (exit 3 when re-enabling failed too). Now PD keeps serving, exit 0."""
-    fake = FakeSystemd(dep)
-    fake.serve("single")
+    fake = serving(dep, "single")
     fake.fail_calls.add("add-wants")
     report = run(dep, fake)
     assert report.outcome is Outcome.SUCCESS and report.exit_code == EXIT_SUCCESS
@@ -435,8 +431,7 @@ def test_measurements_cover_the_change_only(dep):
             events.append(("stop", fake.verbs().copy()))
             return {"address": "x", "refused_seconds": 1.0}
 
-    fake = FakeSystemd(dep)
-    fake.serve("single")
+    fake = serving(dep, "single")
     report = Cutover(plan_for(dep, "pd"), fake, [Probe()]).run()
     assert events[0] == ("start", [])  # before the first stop
     assert events[1][0] == "stop" and "smoke" in events[1][1]
@@ -444,8 +439,7 @@ def test_measurements_cover_the_change_only(dep):
 
 
 def test_dry_run_changes_nothing_and_lists_the_rollback(dep):
-    fake = FakeSystemd(dep)
-    fake.serve("single")
+    fake = serving(dep, "single")
     report = Cutover(plan_for(dep, "pd"), fake).dry_run()
     assert report.outcome is Outcome.DRY_RUN and report.exit_code == EXIT_SUCCESS
     assert fake.calls == []

@@ -17,7 +17,7 @@ from pdserve.cutover.plan import plan_for
 from pdserve.cutover.report import EXIT_SUCCESS, Outcome
 from pdserve.probes.systemctl import UnitState
 from pdserve.schema.loading import deployment_from_data
-from tests.unit.test_cutover import FakeSystemd, step
+from tests.unit.test_cutover import serving, step
 
 SOURCE = "/etc/pdserve/t.toml"
 STORE_UNITS = "/nix/store/0123abcd-pdserve-dsv4-units/lib/systemd/system"
@@ -43,8 +43,7 @@ def links(fake):
 
 
 def test_plain_host_links_the_target_first_then_unlinks_and_names_the_toml_line(dep):
-    fake = FakeSystemd(dep)
-    fake.serve("pd")
+    fake = serving(dep, "pd")
     report = run(dep, fake, "single")
     assert report.outcome is Outcome.SUCCESS
     # add-wants, not enable: the fallback of a pd boot layout has no [Install] for `enable` to read.
@@ -57,23 +56,19 @@ def test_plain_host_links_the_target_first_then_unlinks_and_names_the_toml_line(
 
 
 def test_plain_host_with_the_target_declared_has_nothing_to_change_in_the_file(dep):
-    fake = FakeSystemd(dep)
-    fake.serve("pd")
+    fake = serving(dep, "pd")
     report = run(declared(dep, "single"), fake, "single", source="/etc/pdserve/t.json")
     assert report.boot.result == "changed" and report.boot.change is None and report.boot.at_boot == "single"
 
 
 def test_a_json_deployment_gets_the_json_spelling(dep):
-    fake = FakeSystemd(dep)
-    fake.serve("single")
+    fake = serving(dep, "single")
     report = run(declared(dep, "single"), fake, "pd", source="/etc/systemd/system/pdserve-dsv4.json")
     assert report.boot.change == '"boot_layout": "pd"'
 
 
 def test_nixos_store_links_are_left_alone_and_the_option_line_is_named(dep):
-    fake = FakeSystemd(dep)
-    fake.serve("pd")
-    fake.files = NIXOS_DIR
+    fake = serving(dep, "pd", NIXOS_DIR)
     report = run(dep, fake, "single")
     assert report.outcome is Outcome.SUCCESS and report.exit_code == EXIT_SUCCESS
     assert links(fake) == []
@@ -92,8 +87,7 @@ def test_nixos_store_links_are_left_alone_and_the_option_line_is_named(dep):
 
 def test_nixos_seen_only_through_systemctl_fragment_paths(dep):
     """Driven through a wrapper (no filesystem facts): FragmentPath in the store is enough."""
-    fake = FakeSystemd(dep)
-    fake.serve("pd")
+    fake = serving(dep, "pd")
     for name in fake.units:
         fake._set(fake.units[name], fragment_path=f"{STORE_UNITS}/{name}")
     report = run(dep, fake, "single")
@@ -102,9 +96,7 @@ def test_nixos_seen_only_through_systemctl_fragment_paths(dep):
 
 
 def test_a_read_only_unit_directory_elsewhere_names_the_file_line(dep):
-    fake = FakeSystemd(dep)
-    fake.serve("single")
-    fake.files = UnitFiles(PathFacts("/etc/systemd/system", "/etc/systemd/system", True))
+    fake = serving(dep, "single", UnitFiles(PathFacts("/etc/systemd/system", "/etc/systemd/system", True)))
     report = run(declared(dep, "single"), fake, "pd")
     assert links(fake) == [] and report.exit_code == EXIT_SUCCESS
     assert report.boot.result == "read-only" and not report.boot.nixos
@@ -112,9 +104,7 @@ def test_a_read_only_unit_directory_elsewhere_names_the_file_line(dep):
 
 
 def test_a_unit_directory_this_user_may_not_write_says_so_not_read_only_file_system(dep):
-    fake = FakeSystemd(dep)
-    fake.serve("single")
-    fake.files = UnitFiles(PathFacts("/etc/systemd/system", "/etc/systemd/system", True, denied=True))
+    fake = serving(dep, "single", UnitFiles(PathFacts("/etc/systemd/system", "/etc/systemd/system", True, denied=True)))
     report = run(declared(dep, "single"), fake, "pd")
     assert links(fake) == [] and report.exit_code == EXIT_SUCCESS
     assert "/etc/systemd/system is not writable by this user (run as root" in report.boot.detail
@@ -145,8 +135,7 @@ def test_filesystem_facts_tell_a_read_only_mount_from_a_permission(tmp_path: Pat
 
 
 def test_read_only_found_only_when_systemctl_tries_is_still_a_success(dep):
-    fake = FakeSystemd(dep)
-    fake.serve("single")
+    fake = serving(dep, "single")
     fake.read_only_calls.add("add-wants")
     report = run(dep, fake, "pd")
     assert report.outcome is Outcome.SUCCESS and fake.active() == set(fake.pd)
@@ -157,16 +146,14 @@ def test_read_only_found_only_when_systemctl_tries_is_still_a_success(dep):
 
 
 def test_generated_units_are_not_enabled_by_hand(dep):
-    fake = FakeSystemd(dep)
-    fake.serve("pd")
+    fake = serving(dep, "pd")
     fake._set(fake.units[fake.role["fallback"]], unit_file_state="generated")
     report = run(dep, fake, "single")
     assert links(fake) == [] and "generator" in report.boot.detail and report.exit_code == EXIT_SUCCESS
 
 
 def test_unlinking_that_fails_half_way_is_reported_not_rolled_back(dep):
-    fake = FakeSystemd(dep)
-    fake.serve("pd")
+    fake = serving(dep, "pd")
     fake.fail_calls.add("disable")
     report = run(dep, fake, "single")
     assert report.outcome is Outcome.SUCCESS and fake.active() == {fake.role["fallback"]}
@@ -176,18 +163,14 @@ def test_unlinking_that_fails_half_way_is_reported_not_rolled_back(dep):
 
 
 def test_already_serving_with_read_only_links_is_unchanged_not_refused(dep):
-    fake = FakeSystemd(dep)
-    fake.serve("single")
-    fake.files = NIXOS_DIR
+    fake = serving(dep, "single", NIXOS_DIR)
     report = run(dep, fake, "single")
     assert report.outcome is Outcome.UNCHANGED and report.exit_code == EXIT_SUCCESS
     assert report.boot.result == "read-only" and report.boot.change is not None
 
 
 def test_declared_target_that_does_not_boot_says_the_rebuild_is_missing(dep):
-    fake = FakeSystemd(dep)
-    fake.serve("pd")
-    fake.files = NIXOS_DIR
+    fake = serving(dep, "pd", NIXOS_DIR)
     report = run(declared(dep, "single"), fake, "single")
     assert report.boot.change is None
     assert "`nixos-rebuild switch` has not run since" in report.boot.detail

@@ -1,81 +1,19 @@
 """One `systemctl show` parser and one UnitState for the verifier and the cutover, on output recorded from a
 real systemd: systemd 252 (252.39-1~deb12u2) in the container tier's Debian bookworm container, 2026-12-01,
 `systemctl show -p <PROPERTIES> -- pdserve-rec-sleep.service pdserve-rec-fail.service nothere.service
-systemd-journald.service`, where the first two were started with `systemd-run` (`sleep 600`, `sh -c 'exit 3'`)."""
+systemd-journald.service`, where the first two were started with `systemd-run` (`sleep 600`, `sh -c 'exit 3'`);
+the output is tests/fixtures/recorded/systemd-252-show.txt, byte for byte."""
 
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import pytest
 
 from pdserve.probes.systemctl import ENABLED_STATES, PROPERTIES, Systemctl, SystemctlError, UnitState, parse_show
 
-RECORDED_SHOW = """\
-MainPID=37
-Result=success
-NRestarts=0
-ExecMainStartTimestampMonotonic=11076748241
-ExecMainCode=0
-ExecMainStatus=0
-ControlGroup=/system.slice/pdserve-rec-sleep.service
-Id=pdserve-rec-sleep.service
-LoadState=loaded
-ActiveState=active
-SubState=running
-FragmentPath=/run/systemd/transient/pdserve-rec-sleep.service
-UnitFileState=transient
-InactiveExitTimestampMonotonic=11076748558
-ActiveEnterTimestampMonotonic=11076748558
-
-MainPID=0
-Result=exit-code
-NRestarts=0
-ExecMainStartTimestampMonotonic=11076785337
-ExecMainCode=1
-ExecMainStatus=3
-ControlGroup=
-Id=pdserve-rec-fail.service
-LoadState=loaded
-ActiveState=failed
-SubState=failed
-FragmentPath=/run/systemd/transient/pdserve-rec-fail.service
-UnitFileState=transient
-InactiveExitTimestampMonotonic=11076785785
-ActiveEnterTimestampMonotonic=11076785785
-
-MainPID=0
-Result=success
-NRestarts=0
-ExecMainStartTimestampMonotonic=0
-ExecMainCode=0
-ExecMainStatus=0
-ControlGroup=
-Id=nothere.service
-LoadState=not-found
-ActiveState=inactive
-SubState=dead
-FragmentPath=
-UnitFileState=
-InactiveExitTimestampMonotonic=0
-ActiveEnterTimestampMonotonic=0
-
-MainPID=19
-Result=success
-NRestarts=0
-ExecMainStartTimestampMonotonic=11076320850
-ExecMainCode=0
-ExecMainStatus=0
-ControlGroup=/system.slice/systemd-journald.service
-Id=systemd-journald.service
-LoadState=loaded
-ActiveState=active
-SubState=running
-FragmentPath=/lib/systemd/system/systemd-journald.service
-UnitFileState=static
-InactiveExitTimestampMonotonic=11076320895
-ActiveEnterTimestampMonotonic=11076344170
-"""
+RECORDED_SHOW = (Path(__file__).resolve().parents[1] / "fixtures/recorded/systemd-252-show.txt").read_text()
 # `systemctl is-enabled systemd-journald.service getty@tty1.service pdserve-rec-sleep.service`, same container.
 RECORDED_IS_ENABLED = {"systemd-journald.service": "static", "getty@tty1.service": "enabled",
                        "pdserve-rec-sleep.service": "transient"}

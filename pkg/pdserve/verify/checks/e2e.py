@@ -21,6 +21,26 @@ def _request_failed(cid: str, obs: ChatObs | StreamObs, expected: str, exp: Expe
     return failed(cid, f"request failed: {obs.error}", expected, hint)
 
 
+# check id -> the model field naming its parser, an example value, what the parser produces, what it does.
+PARSER_CHECKS = {
+    "e2e.reasoning": ("reasoning_parser", "deepseek-v4", "separated reasoning", "separate reasoning"),
+    "e2e.tools": ("tool_call_parser", "deepseekv4", "parsed tool calls", "parse tool calls"),
+}
+
+
+def _before_judging(cid: str, obs: ChatObs | None, expected: str, exp: Expectations) -> CheckResult | None:
+    """What a parser's check says before there is an answer to judge: a skip when the deployment sets no
+    such parser (SGLang does the job only with one), the failure when the request itself failed; else None."""
+    parser, example, result, job = PARSER_CHECKS[cid]
+    if getattr(exp, parser) is None:
+        return skipped(cid, f"model.{parser} is not set, so no {result} is expected", expected,
+                       f"set model.{parser} (e.g. {example}) to have SGLang {job}")
+    assert obs is not None  # the runner sends the request whenever the parser is set
+    if obs.error:
+        return _request_failed(cid, obs, expected, exp)
+    return None
+
+
 def _short(text: str | None, n: int = 80) -> str:
     if text is None:
         return "None"
@@ -42,11 +62,9 @@ def check_chat(exp: Expectations, obs: ChatObs) -> CheckResult:
 def check_reasoning(exp: Expectations, obs: ChatObs) -> CheckResult:
     cid = "e2e.reasoning"
     expected = "with chat_template_kwargs thinking=true: reasoning in reasoning_content, none in content"
-    if exp.reasoning_parser is None:
-        return skipped(cid, "model.reasoning_parser is not set, so no separated reasoning is expected",
-                       expected, "set model.reasoning_parser (e.g. deepseek-v4) to have SGLang separate reasoning")
-    if obs.error:
-        return _request_failed(cid, obs, expected, exp)
+    unjudged = _before_judging(cid, obs, expected, exp)
+    if unjudged:
+        return unjudged
     observed = f"reasoning_content {_short(obs.reasoning_content)}, content {_short(obs.content)}"
     leaked = any(m in (obs.content or "") for m in THINK_MARKERS)
     if not (obs.reasoning_content or "").strip() or leaked:
@@ -60,11 +78,9 @@ def check_reasoning(exp: Expectations, obs: ChatObs) -> CheckResult:
 def check_tools(exp: Expectations, obs: ChatObs) -> CheckResult:
     cid = "e2e.tools"
     expected = "2 parsed tool_calls, each with a name and JSON-object arguments"
-    if exp.tool_call_parser is None:
-        return skipped(cid, "model.tool_call_parser is not set, so no parsed tool calls are expected",
-                       expected, "set model.tool_call_parser (e.g. deepseekv4) to have SGLang parse tool calls")
-    if obs.error:
-        return _request_failed(cid, obs, expected, exp)
+    unjudged = _before_judging(cid, obs, expected, exp)
+    if unjudged:
+        return unjudged
     problems = []
     for i, call in enumerate(obs.tool_calls):
         try:
