@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from pdserve.cli.cutover import acts_locally, report_lines
-from pdserve.cutover.boot_links import PathFacts, UnitFiles, boot_access, layout_at_boot
-from pdserve.cutover.host import path_facts
+from pdserve.cutover.boot_links import UnitFiles, boot_access, layout_at_boot
 from pdserve.cutover.machine import Cutover
 from pdserve.cutover.plan import plan_for
 from pdserve.cutover.report import EXIT_SUCCESS, Outcome
+from pdserve.probes.paths import PathFacts, path_facts
 from pdserve.probes.systemctl import UnitState
 from pdserve.schema.loading import deployment_from_data
 from tests.unit.test_cutover import serving, step
@@ -114,11 +114,11 @@ def test_a_unit_directory_this_user_may_not_write_says_so_not_read_only_file_sys
 def test_filesystem_facts_tell_a_read_only_mount_from_a_permission(tmp_path: Path, monkeypatch):
     import os
 
-    from pdserve.cutover import host
+    from pdserve.probes import paths
 
     mine = path_facts(str(tmp_path))
     assert mine is not None and (mine.read_only, mine.denied) == (False, False)
-    monkeypatch.setattr(host.os, "access", lambda path, mode: False)
+    monkeypatch.setattr(paths.os, "access", lambda path, mode: False)
     denied = path_facts(str(tmp_path))
     assert denied is not None and (denied.read_only, denied.denied) == (True, True)
     real_statvfs = os.statvfs
@@ -127,7 +127,7 @@ def test_filesystem_facts_tell_a_read_only_mount_from_a_permission(tmp_path: Pat
         def __init__(self, where):
             self.f_flag = real_statvfs(where).f_flag | os.ST_RDONLY
 
-    monkeypatch.setattr(host.os, "statvfs", ReadOnlyMount)
+    monkeypatch.setattr(paths.os, "statvfs", ReadOnlyMount)
     mounted = path_facts(str(tmp_path))
     assert mounted is not None and (mounted.read_only, mounted.denied) == (True, False)
     reason = boot_access({}, UnitFiles(mounted)).reason

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from pdserve.probes.paths import PathFacts
 from pdserve.probes.systemctl import UnitState
 from pdserve.schema.boot import Layout
 
@@ -23,16 +24,6 @@ FIXED_STATES = {
     "masked": "masked (`systemctl unmask` it first, if that is meant)",
     "masked-runtime": "masked for this boot",
 }
-
-
-@dataclass(frozen=True)
-class PathFacts:
-    """One path as systemd names it, where its links lead, and whether it can be written."""
-
-    path: str
-    resolved: str
-    read_only: bool  # this process cannot write there: a read-only mount, or (denied) not for this user
-    denied: bool = False  # the mount is writable, but this user may not write there (permissions)
 
 
 @dataclass(frozen=True)

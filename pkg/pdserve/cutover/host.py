@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
-from pdserve.cutover.boot_links import PathFacts, UnitFiles
+from pdserve.cutover.boot_links import UnitFiles
 from pdserve.cutover.edge import Check, GpuProcess, GpuUnknown
 from pdserve.cutover.plan import Plan
+from pdserve.probes import chat
 from pdserve.probes.cgroups import unit_of
 from pdserve.probes.credentials import CredentialError, read_key
+from pdserve.probes.paths import path_facts
 from pdserve.probes.systemctl import Systemctl, UnitState
 from pdserve.render.argv import API_KEY_CREDENTIAL
 from pdserve.schema.boot import Layout
@@ -39,23 +39,6 @@ def nvml_gpu_processes(gpus: Sequence[int]) -> list[GpuProcess]:
 UNIT_CONFIG_DIR = "/etc/systemd/system"
 
 
-def path_facts(path: str) -> PathFacts | None:
-    """Where `path`'s links lead and whether this process could write there: a read-only mount (the
-    Nix store, a bind mount, `ro` in fstab) and a directory this user may not write both count, and
-    the facts say which of the two it is."""
-    try:
-        resolved = Path(path).resolve(strict=True)
-    except (OSError, RuntimeError):
-        return None
-    where = resolved if resolved.is_dir() else resolved.parent
-    try:
-        mounted_read_only = bool(os.statvfs(where).f_flag & os.ST_RDONLY)
-    except OSError:
-        mounted_read_only = False  # not known: what this user may do still is
-    denied = not mounted_read_only and not os.access(where, os.W_OK)
-    return PathFacts(path, str(resolved), mounted_read_only or denied, denied)
-
-
 def unit_files(local: bool, states: dict[str, UnitState]) -> UnitFiles:
     """The filesystem's side of the boot links, or nothing when systemctl acts on another host."""
     if not local:
@@ -78,26 +61,19 @@ def read_api_key(dep: Deployment) -> tuple[str | None, str | None]:
 
 def smoke_chat(dep: Deployment, url: str, timeout: float = SMOKE_TIMEOUT_SEC) -> Check:
     """One short chat completion through `url` with the official client: the smallest end-to-end proof."""
-    from openai import OpenAI, OpenAIError
-
     key, problem = read_api_key(dep)
     if problem:
         return Check(False, problem)
-    model = dep.model.served_name or dep.model.path
-    client = OpenAI(base_url=f"{url}/v1", api_key=key or "none", timeout=timeout, max_retries=0)
+    client = chat.client(url, key, timeout)
     began = time.monotonic()
     try:
-        response = client.chat.completions.create(
-            model=model, max_tokens=16, temperature=0,
-            messages=[{"role": "user", "content": "Reply with the single word: ready"}],
-        )
-    except OpenAIError as exc:
-        return Check(False, f"chat completion through {url} failed: {type(exc).__name__}: {exc}")
+        answer = chat.ready(client, dep.model.served_name or dep.model.path)
     finally:
         client.close()
     took = time.monotonic() - began
-    message = response.choices[0].message if response.choices else None
-    text = (message.content or getattr(message, "reasoning_content", None) or "") if message else ""
+    if answer.error:
+        return Check(False, f"chat completion through {url} failed: {answer.error}")
+    text = answer.content or answer.reasoning_content or ""
     if not text:
         return Check(False, f"chat completion through {url} returned no text ({took:.2f} s)")
     return Check(True, f"chat completion through {url}: {text.strip()[:40]!r} in {took:.2f} s")

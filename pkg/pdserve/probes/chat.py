@@ -12,6 +12,7 @@ if TYPE_CHECKING:
 from pdserve.probes.observations import AuthObs, ChatObs, StreamObs, ToolCallObs
 
 PLAIN = [{"role": "user", "content": "Say hello in one short sentence."}]
+READY = [{"role": "user", "content": "Reply with the single word: ready"}]
 THINK = [{"role": "user", "content": "What is 17 + 25? Think it through, then answer with the number."}]
 TOOLS_PROMPT = [{"role": "user", "content": "Use both tools: get the weather in Paris and the local time in Tokyo."}]
 TOOLS = [
@@ -48,6 +49,8 @@ def _chat(c: openai.OpenAI, model: str, messages, **kwargs) -> ChatObs:
     except _openai().OpenAIError as exc:
         error, status = _failure(exc)
         return ChatObs(error=error, status=status)
+    if not response.choices:
+        return ChatObs(status=200)  # an answer without a choice: no text, which the caller judges
     choice = response.choices[0]
     message = choice.message
     calls = tuple(ToolCallObs(t.function.name, t.function.arguments) for t in (message.tool_calls or []))
@@ -62,6 +65,11 @@ def _chat(c: openai.OpenAI, model: str, messages, **kwargs) -> ChatObs:
 
 def plain(c: openai.OpenAI, model: str) -> ChatObs:
     return _chat(c, model, PLAIN, max_tokens=64, temperature=0)
+
+
+def ready(c: openai.OpenAI, model: str) -> ChatObs:
+    """The cutover's smoke test: the smallest request that proves the public port serves the model."""
+    return _chat(c, model, READY, max_tokens=16, temperature=0)
 
 
 def reasoning(c: openai.OpenAI, model: str) -> ChatObs:
