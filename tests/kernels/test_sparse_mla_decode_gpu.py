@@ -204,9 +204,10 @@ def test_default_kernel_at_64_rows(mla, gen, layout, topk, extra):
 
 
 def test_ds_every_kernel(mla, gen):
-    from pdserve_kernels.sparse_mla_decode import DS_KERNELS
-
-    for name, (layout, hb, _T, _nst, _cv) in DS_KERNELS.items():
+    ds = mla.kernels.family("ds")   # from the fatbin's metadata
+    assert len(ds) == 16
+    for name, info in ds.items():
+        layout, hb = info.shape["layout"], info.shape["heads"]
         h = 8 if hb == 16 else 48   # half-used head blocks too
         if layout == "v4":
             run_and_check(mla, gen, "v4", 3, 1, h, 512, topk_extra=128, empty_rows=(1,), kernel=name)
