@@ -68,6 +68,23 @@ def test_untraceable_process_warns():
     assert result.status == "warn" and "pid 999 (python stray.py)" in result.details[0]
 
 
+def test_owners_come_from_the_unit_then_the_role_process_tree():
+    """The correlation the verifier runs on what NVML, the cgroups and /proc said (runner code before)."""
+    pids = {0: (100, 300), 4: (200,), 5: (400,), 6: (500,)}
+    units = {100: "sglang-dsv4-prefill.service", 200: None, 300: "jupyter.service", 400: None, 500: None}
+    commands = {100: "python3 -m sglang.launch_server", 300: "python3 -m ipykernel", 400: "python3 stray.py", 500: ""}
+    owners = gpu.trace_owners(EXP, gpus(HEALTHY, pids), units, commands, {"prefill": {100}, "decode": {200, 201}})
+    assert owners == {
+        100: ("prefill", "sglang-dsv4-prefill.service"),
+        200: ("decode", "decode process tree"),  # no unit (started by hand): its role's process tree
+        300: ("other", "unit jupyter.service (python3 -m ipykernel)"),
+        400: (None, "python3 stray.py"),
+        500: (None, "not in /proc"),
+    }
+    result = gpu.check_processes(EXP, gpus(HEALTHY, pids), owners)
+    assert result.status == "fail" and "GPU 0 belongs to prefill but pid 300 is unit jupyter.service" in result.details[0]
+
+
 def _shared_gpu_expectations():
     """A one-GPU rig: prefill and decode both on GPU 0 (allow_shared_gpus), 0.4 each."""
     dep = load().deployment

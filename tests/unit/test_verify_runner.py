@@ -122,3 +122,45 @@ def test_cli_exit_1_on_failure_and_3_when_a_check_crashes(monkeypatch):
     result = cli.invoke(main, ["verify", "--json", "--only", "kv.decode"])
     assert result.exit_code == 3
     assert "ZeroDivisionError" in json.loads(result.stdout)["verifier_errors"][0]
+
+
+def _context(dep, options=None, systemctl=None):
+    import httpx
+
+    from pdserve.verify.expect import expectations
+
+    return runner.Context(dep, expectations(dep), options or runner.Options(), httpx.Client(), systemctl)
+
+
+def test_the_key_is_read_through_the_one_reader(reference, tmp_path, monkeypatch):
+    """The configured file, or the unit's systemd credential when one is passed; --api-key-file names
+    the file itself. Errors name the file (exposure.auth reports them)."""
+    configured = tmp_path / "router.key"
+    configured.write_text("from-file\n")
+    dep = reference.model_copy(update={"router": reference.router.model_copy(update={"api_key_file": str(configured)})})
+    assert _context(dep).api_key() == ("from-file", None)
+    creds = tmp_path / "creds"
+    creds.mkdir()
+    (creds / "api-key").write_text("from-credential\n")
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(creds))
+    assert _context(dep).api_key() == ("from-credential", None)
+    other = tmp_path / "other.key"
+    other.write_text("")
+    key, error = _context(dep, runner.Options(api_key_file=str(other))).api_key()
+    assert key is None and error == f"the API key file {other} is empty; write the key into it"
+    assert _context(reference).api_key() == (None, None)
+
+
+def test_a_systemctl_that_fails_makes_the_unit_checks_skip(reference, monkeypatch):
+    import subprocess
+
+    from pdserve.probes.systemctl import Systemctl
+    from pdserve.verify import context
+
+    def refused(argv, **kwargs):
+        return subprocess.CompletedProcess(argv, 1, "", "Failed to connect to bus: Host is down\n")
+
+    monkeypatch.setattr(context, "unavailable_reason", lambda: None)
+    ctx = _context(reference, systemctl=Systemctl(runner=refused))
+    result, error = runner.run_one("units.prefill", runner.CHECKS["units.prefill"], ctx)
+    assert error is None and result.status == "skip" and "Host is down" in result.observed
