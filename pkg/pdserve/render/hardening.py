@@ -84,7 +84,10 @@ GPU_SERVER: Section = [
 # sglang-router (and its pdserve wait-ready gates): HTTP on the network, nothing else.
 ROUTER: Section = [
     ("PrivateDevices", "yes"),
-    ("ProcSubset", "pid"),
+    # Relaxed from "pid": sglang_router.launch_router imports sglang and with it PyTorch, whose cpuinfo
+    # reads /proc/cpuinfo and logs "Error in cpuinfo: failed to parse processor information" without it
+    # (seen in the container tier's journal).
+    ("ProcSubset", "all"),
     ("MemoryDenyWriteExecute", "yes"),
     ("PrivateUsers", "yes"),
     # AF_UNIX: glibc's NSS (nss-systemd) resolves users over a local socket.

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import require_or_skip
-from tests.integration.systemd.container import Container, PythonEnv, customize, prepared_rootfs
+from tests.integration.systemd.container import booted, fresh_container
 
 REPO = Path(__file__).resolve().parents[3]
 REQUIRE = "PDSERVE_REQUIRE_CONTAINER"
@@ -42,19 +42,8 @@ def _prerequisites() -> None:
 @pytest.fixture(scope="session")
 def container(tmp_path_factory):
     _prerequisites()
-    work = tmp_path_factory.mktemp("systemd-container")
-    env = PythonEnv.current(REPO)
-    from tests.integration.systemd.container import BASE_PACKAGES
-
-    root = prepared_rootfs(work, BASE_PACKAGES + env.rootfs_packages)
-    customize(root, env, "pdserve")
-    box = Container(root, env, work / "console.log")
-    box.boot()
-    try:
+    with booted(fresh_container(tmp_path_factory.mktemp("systemd-container"), REPO)) as box:
         yield box
-    finally:
-        box.shutdown()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

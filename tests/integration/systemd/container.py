@@ -17,7 +17,8 @@ import subprocess
 import sys
 import sysconfig
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -168,6 +169,26 @@ def customize(root: Path, env: PythonEnv, user: str) -> None:
     (root / "etc/systemd/system/console-getty.service").unlink(missing_ok=True)
     (root / "etc/systemd/system/console-getty.service").symlink_to("/dev/null")
     (root / "etc/pdserve").mkdir(mode=0o755, exist_ok=True)
+
+
+def fresh_container(work: Path, repo: Path, read_only_binds: tuple[str, ...] = ()) -> Container:
+    """A container on a fresh copy of the cached rootfs, ready for the units, not booted yet."""
+    env = PythonEnv.current(repo)
+    root = prepared_rootfs(work, BASE_PACKAGES + env.rootfs_packages)
+    customize(root, env, "pdserve")
+    return Container(root, env, work / "console.log", read_only_binds=read_only_binds)
+
+
+@contextmanager
+def booted(box: Container, *leftovers: Path) -> Iterator[Container]:
+    """Boot `box`; however the block ends, power it off and delete its rootfs and `leftovers`."""
+    box.boot()
+    try:
+        yield box
+    finally:
+        box.shutdown()
+        for path in (box.root, *leftovers):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _children(pid: int) -> list[tuple[int, str]]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import json
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,14 +22,7 @@ import pytest
 from pdserve.schema.loading import deployment_from_data
 from tests.integration.systemd import nixos_shape
 from tests.integration.systemd.conftest import REPO, _prerequisites
-from tests.integration.systemd.container import (
-    BASE_PACKAGES,
-    Container,
-    PythonEnv,
-    customize,
-    prepared_rootfs,
-    wait_for,
-)
+from tests.integration.systemd.container import booted, fresh_container, wait_for
 from tests.integration.systemd.lab import START_TIMEOUT_SEC, Lab
 from tests.integration.systemd.test_units_in_systemd import print_timeline
 
@@ -63,27 +55,26 @@ class NixosLab:
             print(f"  boot: {report['boot']}")
         return done.returncode, report
 
+    def cut_over_cleanly(self, target: str, previous: str, capsys) -> dict:
+        """A cutover that must succeed from `previous` without any rollback step; its report."""
+        code, report = self.cutover(target, capsys, f"NixOS-shaped cutover {target}")
+        assert code == 0 and report["outcome"] == "success" and report["previous"] == previous, self.lab.diagnostics()
+        assert no_rollback(report)
+        return report
+
 
 @pytest.fixture(scope="module")
 def nixos(tmp_path_factory):
     _prerequisites()
     work = tmp_path_factory.mktemp("nixos-shaped")
-    env = PythonEnv.current(REPO)
-    root = prepared_rootfs(work, BASE_PACKAGES + env.rootfs_packages)
-    customize(root, env, "pdserve")
     store = work / "store"
-    box = Container(root, env, work / "console.log", read_only_binds=(f"{store}:{nixos_shape.STORE}",))
+    box = fresh_container(work, REPO, read_only_binds=(f"{store}:{nixos_shape.STORE}",))
     lab = Lab.create(box, work)
     data = lab.variant()  # boot_layout left at its default: pd
-    build = nixos_shape.build(root, store, data, env, work)
+    build = nixos_shape.build(box.root, store, data, box.env, work)
     lab.dep, lab.data = deployment_from_data(copy.deepcopy(data), "lab").deployment, data
-    box.boot()
-    try:
+    with booted(box, store):
         yield NixosLab(lab, build)
-    finally:
-        box.shutdown()
-        shutil.rmtree(root, ignore_errors=True)
-        shutil.rmtree(store, ignore_errors=True)
 
 
 def no_rollback(report: dict) -> bool:
@@ -112,9 +103,7 @@ def test_the_store_decides_the_boot_links_and_pd_boots_as_declared(nixos, capsys
 
 def test_cutover_single_serves_and_names_the_nixos_line_instead_of_rolling_back(nixos, capsys):
     lab = nixos.lab
-    code, report = nixos.cutover("single", capsys, "NixOS-shaped cutover single")
-    assert code == 0 and report["outcome"] == "success" and report["previous"] == "pd", lab.diagnostics()
-    assert no_rollback(report)
+    report = nixos.cut_over_cleanly("single", "pd", capsys)
     boot_step = next(s for s in report["steps"] if s["name"] == "enable at boot")
     assert boot_step["result"] == "skipped" and "Nix store" in boot_step["detail"]
     boot = report["boot"]
@@ -130,9 +119,7 @@ def test_cutover_single_serves_and_names_the_nixos_line_instead_of_rolling_back(
 
 def test_cutover_pd_again_needs_no_change_to_the_configuration(nixos, capsys):
     lab = nixos.lab
-    code, report = nixos.cutover("pd", capsys, "NixOS-shaped cutover pd")
-    assert code == 0 and report["outcome"] == "success" and report["previous"] == "single", lab.diagnostics()
-    assert no_rollback(report)
+    report = nixos.cut_over_cleanly("pd", "single", capsys)
     boot = report["boot"]
     assert boot["result"] == "read-only" and boot["change"] is None and boot["at_boot"] == "pd"
     assert lab.running() == nixos.pd
@@ -141,8 +128,8 @@ def test_cutover_pd_again_needs_no_change_to_the_configuration(nixos, capsys):
 
 def test_after_a_reboot_the_declared_layout_serves_whatever_ran_before(nixos, capsys):
     lab, box = nixos.lab, nixos.lab.container
-    code, report = nixos.cutover("single", capsys, "NixOS-shaped cutover single, before the reboot")
-    assert code == 0 and lab.running() == {nixos.fallback}
+    nixos.cut_over_cleanly("single", "pd", capsys)
+    assert lab.running() == {nixos.fallback}
     # systemd's monotonic timestamps are the host's CLOCK_MONOTONIC: a container does not have its own.
     rebooted_at_us = time.monotonic_ns() // 1000
     boots = box.boots
