@@ -44,6 +44,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--ncu", default=None, help="case,B,h,variant: one launch only")
+    ap.add_argument("--shapes", default=None, help="case:B:h:variant,... instead of the built-in list")
+    ap.add_argument("--no-pools", action="store_true", help="skip the KV-pool size sweep")
     args = ap.parse_args()
     gen = torch.Generator(device="cuda")
     gen.manual_seed(1)
@@ -59,7 +61,9 @@ def main() -> int:
     print("| case | B | h | variant | host us/call | median us (200K head start) | median us (4M) | "
           "median us by pool 2^16 / 2^18 / 2^20 / 2^22 entries |")
     print("|---|---|---|---|---|---|---|---|")
-    for case, B, h, variant in SHAPES:
+    shapes = SHAPES if not args.shapes else [
+        (c, int(b), int(h), "" if v == "first" else v) for c, b, h, v in (x.split(":") for x in args.shapes.split(","))]
+    for case, B, h, variant in shapes:
         fn = make_call(mla, case, B, h, variant, 1 << 20, gen)
         fn()
         torch.cuda.synchronize()
@@ -71,7 +75,7 @@ def main() -> int:
         a = short.median_us(fn, args.reps)
         b = long_.median_us(fn, args.reps)
         pools = []
-        for e in (16, 18, 20, 22):
+        for e in () if args.no_pools else (16, 18, 20, 22):
             f2 = make_call(mla, case, B, h, variant, 1 << e, gen)
             pools.append(short.median_us(f2, args.reps))
             del f2

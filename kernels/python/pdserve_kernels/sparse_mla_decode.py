@@ -279,10 +279,10 @@ class SparseMlaDecode:
             # The ds kernels copy V4's scale record as the 16-byte aligned pair holding it: with page 1 that
             # reads 8 bytes past the entry, which must still be inside the tensor's storage.
             name = self.pick_kernel(layout, h, small, "")
-        known = sorted(n for n, k in self.kernels.kernels.items() if k.family != "combine")
-        if name not in known or kernel_shape(self.kernels[name])[0] != layout:
+        info = self.kernels.kernels.get(name)
+        if info is None or info.family == "combine" or kernel_shape(info)[0] != layout:
+            known = sorted(n for n, k in self.kernels.kernels.items() if k.family != "combine")
             raise ValueError(f"kernel {name!r} is not a {layout} kernel ({known})")
-        info = self.kernels[name]
         if info.family == "wg" and self.capability[0] != 9:
             raise ValueError(f"kernel {name!r} needs an sm_90a GPU (wgmma); this one is sm_{self.capability[0]}{self.capability[1]}")
         n_splits, per_split = self.plan(name, rows, h, ntot, splits)
