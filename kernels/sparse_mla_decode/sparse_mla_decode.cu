@@ -161,7 +161,20 @@ __device__ __forceinline__ uint32_t fp8x2_to_bf16x2_fast(uint32_t two, uint32_t 
 }
 #pragma nv_diag_default 177
 
-// The ds and wg kernels' part of the row's index list, validated once: positions start .. start + n_local - 1
+// 16 e4m3 values (one 16-byte chunk) times a power-of-two scale -> 16 bf16, in fp32 (exact unless a product
+// leaves bf16's normal range).
+__device__ __forceinline__ void fp8x16_to_bf16(const uint4 w, float sc, uint4& lo, uint4& hi) {
+  lo.x = fp8x2_to_bf16x2(w.x & 0xffff, sc);
+  lo.y = fp8x2_to_bf16x2(w.x >> 16, sc);
+  lo.z = fp8x2_to_bf16x2(w.y & 0xffff, sc);
+  lo.w = fp8x2_to_bf16x2(w.y >> 16, sc);
+  hi.x = fp8x2_to_bf16x2(w.z & 0xffff, sc);
+  hi.y = fp8x2_to_bf16x2(w.z >> 16, sc);
+  hi.z = fp8x2_to_bf16x2(w.w & 0xffff, sc);
+  hi.w = fp8x2_to_bf16x2(w.w >> 16, sc);
+}
+
+// This CTA's part of the row's index list, validated once: positions start .. start + n_local - 1
 // (the main indices, then the extra ones), -1 for invalid entries and for the padding up to n_fill,
 // kExtraBit set for the extra source.
 template <int NTHR>
@@ -205,14 +218,7 @@ __device__ __forceinline__ void dequant(const uint8_t* rb, uint8_t* tile, const 
       const uint8_t* rec = rb + e * L::kRec;
       const uint4 w = *reinterpret_cast<const uint4*>(rec + c * 16);
       const float sc = L::scale(rec, c);
-      lo.x = fp8x2_to_bf16x2(w.x & 0xffff, sc);
-      lo.y = fp8x2_to_bf16x2(w.x >> 16, sc);
-      lo.z = fp8x2_to_bf16x2(w.y & 0xffff, sc);
-      lo.w = fp8x2_to_bf16x2(w.y >> 16, sc);
-      hi.x = fp8x2_to_bf16x2(w.z & 0xffff, sc);
-      hi.y = fp8x2_to_bf16x2(w.z >> 16, sc);
-      hi.z = fp8x2_to_bf16x2(w.w & 0xffff, sc);
-      hi.w = fp8x2_to_bf16x2(w.w >> 16, sc);
+      fp8x16_to_bf16(w, sc, lo, hi);
     }
     *reinterpret_cast<uint4*>(tile + swz<ROWB>(e, 2 * c)) = lo;
     *reinterpret_cast<uint4*>(tile + swz<ROWB>(e, 2 * c + 1)) = hi;
@@ -264,18 +270,7 @@ __device__ __forceinline__ void mla_body(const MlaParams& p, uint8_t* smem) {
   const int ntiles = (n_local + T - 1) / T;
 
   // This CTA's indices, validated once: -1 for invalid, kExtraBit set for the extra source.
-  for (int j = tid; j < n_local; j += NTHR) {
-    const int pos = start + j;
-    int v;
-    if (pos < p.topk) {
-      const int i = __ldg(p.indices + static_cast<size_t>(row) * p.topk + pos);
-      v = (i >= 0 && i < p.num_entries) ? i : -1;
-    } else {
-      const int i = __ldg(p.indices_extra + static_cast<size_t>(row) * p.topk_extra + (pos - p.topk));
-      v = (i >= 0 && i < p.num_entries_extra) ? (i | kExtraBit) : -1;
-    }
-    sidx[j] = v;
-  }
+  index_list<NTHR>(p, row, start, n_local, n_local, tid, sidx);
   __syncthreads();
 
   const int page_mask = (1 << p.page_shift) - 1;
@@ -1292,14 +1287,7 @@ __device__ __forceinline__ void wg_convert16_regs(const uint4 w, const uint8_t* 
     hi.w = fp8x2_to_bf16x2_fast(w.w >> 16, s2);
   } else {
     const float sc = L::scale(srec, c16);
-    lo.x = fp8x2_to_bf16x2(w.x & 0xffff, sc);
-    lo.y = fp8x2_to_bf16x2(w.x >> 16, sc);
-    lo.z = fp8x2_to_bf16x2(w.y & 0xffff, sc);
-    lo.w = fp8x2_to_bf16x2(w.y >> 16, sc);
-    hi.x = fp8x2_to_bf16x2(w.z & 0xffff, sc);
-    hi.y = fp8x2_to_bf16x2(w.z >> 16, sc);
-    hi.z = fp8x2_to_bf16x2(w.w & 0xffff, sc);
-    hi.w = fp8x2_to_bf16x2(w.w >> 16, sc);
+    fp8x16_to_bf16(w, sc, lo, hi);
   }
 }
 
