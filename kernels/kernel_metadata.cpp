@@ -28,6 +28,9 @@ void field(Writer& w, const char* name, size_t offset, size_t size) {
   std::printf("    {\"name\": \"%s\", \"offset\": %zu, \"size\": %zu}", name, offset, size);
 }
 
+// Bytes of shared memory per entry of a sparse MLA CTA's index list (int32 sidx[], from the layouts' kSidx on).
+constexpr int kIndexBytes = sizeof(int);
+
 // One kernel: `unit` names what smem_per_unit counts ("entry": entries of the split's index list,
 // "chunk_page": pages of a fused scoring CTA's chunk, "": nothing).
 void kernel(Writer& w, const char* name, const char* family, int threads, int smem_fixed, int smem_per_unit,
@@ -55,26 +58,27 @@ void sparse_mla_decode() {
 #undef MLA_FIELD
   std::printf("\n  ]},\n  \"kernels\": [");
   Writer k;
-#define MLA_META(NAME, LAY, MT, T, G, NST, OPT)                                                             \
-  {                                                                                                       \
-    using S = MlaSmem<Geom##LAY, MT, T, G, NST>;                                                          \
-    std::snprintf(more, sizeof more, ", \"groups\": %d, \"opt\": %d", G, OPT);                              \
-    kernel(k, #NAME, "mla", S::kThreads, S::kSidx, 4, "entry", mla_shape<Geom##LAY>(buf, sizeof buf, 16 * MT, T, NST, more)); \
+#define MLA_META(NAME, LAY, MT, T, G, NST, OPT)                                                              \
+  {                                                                                                          \
+    using S = MlaSmem<Geom##LAY, MT, T, G, NST>;                                                             \
+    std::snprintf(more, sizeof more, ", \"groups\": %d, \"opt\": %d", G, OPT);                               \
+    kernel(k, #NAME, "mla", S::kThreads, S::kSidx, kIndexBytes, "entry",                                     \
+           mla_shape<Geom##LAY>(buf, sizeof buf, 16 * MT, T, NST, more));                                    \
   }
   SPARSE_MLA_FIRST_KERNELS(MLA_META)
-#define DS_META(NAME, LAY, MT, T, NST, CV)                                                                 \
-  {                                                                                                       \
-    std::snprintf(more, sizeof more, ", \"cv\": %d", CV);                                                  \
-    kernel(k, #NAME, "ds", kDsThreads, DsSmem<Geom##LAY, MT, T, NST>::kSidx, 4, "entry",                   \
-           mla_shape<Geom##LAY>(buf, sizeof buf, 16 * MT, T, NST, more));                                 \
+#define DS_META(NAME, LAY, MT, T, NST, CV)                                                                   \
+  {                                                                                                          \
+    std::snprintf(more, sizeof more, ", \"cv\": %d", CV);                                                    \
+    kernel(k, #NAME, "ds", kDsThreads, DsSmem<Geom##LAY, MT, T, NST>::kSidx, kIndexBytes, "entry",           \
+           mla_shape<Geom##LAY>(buf, sizeof buf, 16 * MT, T, NST, more));                                    \
   }
   SPARSE_MLA_DS_KERNELS(DS_META)
-#define WG_META(NAME, LAY, NST, PROBE, H, SC)                                                              \
-  {                                                                                                       \
-    std::snprintf(more, sizeof more, ", \"probe\": %d, \"f16\": %s, \"split_convert\": %s", PROBE,        \
-                  H ? "true" : "false", SC ? "true" : "false");                                            \
-    kernel(k, #NAME, "wg", kWgThreads, WgSmem<Geom##LAY, NST>::kSidx + kWgAlignSlack, 4, "entry",          \
-           mla_shape<Geom##LAY>(buf, sizeof buf, kWgHeads, kWgT, NST, more));                             \
+#define WG_META(NAME, LAY, NST, PROBE, H, SC)                                                                \
+  {                                                                                                          \
+    std::snprintf(more, sizeof more, ", \"probe\": %d, \"f16\": %s, \"split_convert\": %s", PROBE,           \
+                  H ? "true" : "false", SC ? "true" : "false");                                              \
+    kernel(k, #NAME, "wg", kWgThreads, WgSmem<Geom##LAY, NST>::kSidx + kWgAlignSlack, kIndexBytes, "entry",  \
+           mla_shape<Geom##LAY>(buf, sizeof buf, kWgHeads, kWgT, NST, more));                                \
   }
   SPARSE_MLA_WG_KERNELS(WG_META)
 #ifdef PDSERVE_TUNING_PROBES
@@ -96,12 +100,12 @@ void dsa_indexer() {
   std::printf("\n  ]},\n  \"kernels\": [");
   Writer k;
   char extra[128];
-#define DSA_META(NAME, NN, WGMMA, FUSED)                                                                  \
-  {                                                                                                      \
-    std::snprintf(extra, sizeof extra, ", \"next_n\": %d, \"impl\": \"%s\"", NN, WGMMA ? "wgmma" : "mma"); \
-    kernel(k, #NAME, FUSED ? "fused" : "score", kScoreThreads,                                           \
-           kAlignSlack + ScoreSmem<NN>::kLocal,                                                      \
-           FUSED ? ScoreSmem<NN>::kLocalPerPage : 0, FUSED ? "chunk_page" : "", extra);                  \
+#define DSA_META(NAME, NN, WGMMA, FUSED)                                                                     \
+  {                                                                                                          \
+    std::snprintf(extra, sizeof extra, ", \"next_n\": %d, \"impl\": \"%s\"", NN, WGMMA ? "wgmma" : "mma");   \
+    kernel(k, #NAME, FUSED ? "fused" : "score", kScoreThreads,                                               \
+           kAlignSlack + ScoreSmem<NN>::kLocal,                                                              \
+           FUSED ? ScoreSmem<NN>::kLocalPerPage : 0, FUSED ? "chunk_page" : "", extra);                      \
   }
   DSA_SCORE_KERNELS(DSA_META)
   kernel(k, "dsa_select", "select", kSelectThreads, kSelectSmem, 0, "", "");

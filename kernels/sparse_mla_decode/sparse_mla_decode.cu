@@ -174,6 +174,21 @@ __device__ __forceinline__ void fp8x16_to_bf16(const uint4 w, float sc, uint4& l
   hi.w = fp8x2_to_bf16x2(w.w >> 16, sc);
 }
 
+// Natural-log lse of a head's row from its log2-domain running maximum m and sum l (-inf: no valid entry).
+__device__ __forceinline__ float row_lse(float m, float l) {
+  return l > 0.f ? (m + log2f(l)) * 0.69314718055994531f : -INFINITY;
+}
+// The factor of a head's unnormalized O when the CTA writes the final output (splits == 1): 1 / l times the
+// sink's share 1 / (1 + exp(sink - lse)); 0 for a row with no valid entry.
+__device__ __forceinline__ float out_factor(const MlaParams& p, int head, float l, float lse) {
+  float f = 0.f;
+  if (l > 0.f) {
+    f = 1.f / l;
+    if (p.sinks) f *= 1.f / (1.f + expf(p.sinks[head] - lse));
+  }
+  return f;
+}
+
 // This CTA's part of the row's index list, validated once: positions start .. start + n_local - 1
 // (the main indices, then the extra ones), -1 for invalid entries and for the padding up to n_fill,
 // kExtraBit set for the extra source.
@@ -502,13 +517,9 @@ __device__ __forceinline__ void mla_body(const MlaParams& p, uint8_t* smem) {
     const int head = hblk * HB + qrow + 8 * r;
     if (head >= p.h) continue;
     const float l = l_run[r];
-    const float lse = l > 0.f ? (m_run[r] + log2f(l)) * 0.69314718055994531f : -INFINITY;
+    const float lse = row_lse(m_run[r], l);
     if (p.splits == 1) {
-      float f = 0.f;
-      if (l > 0.f) {
-        f = 1.f / l;
-        if (p.sinks) f *= 1.f / (1.f + expf(p.sinks[head] - lse));
-      }
+      const float f = out_factor(p, head, l, lse);
       __nv_bfloat16* o = p.out + (static_cast<size_t>(row) * p.h + head) * kDv + d0 + 2 * t;
 #pragma unroll
       for (int n = 0; n < NTV; ++n)
@@ -1063,14 +1074,10 @@ __device__ __forceinline__ void ds_body(const MlaParams& p, uint8_t* smem) {
       const int head = hblk * HB + r;
       if (head >= p.h) continue;
       const float l = fin_l[r];
-      const float lse = l > 0.f ? (fin_m[r] + log2f(l)) * 0.69314718055994531f : -INFINITY;
+      const float lse = row_lse(fin_m[r], l);
       float f;
       if (p.splits == 1) {
-        f = 0.f;
-        if (l > 0.f) {
-          f = 1.f / l;
-          if (p.sinks) f *= 1.f / (1.f + expf(p.sinks[head] - lse));
-        }
+        f = out_factor(p, head, l, lse);
       } else {
         f = l > 0.f ? 1.f / l : 0.f;
       }
@@ -1697,13 +1704,9 @@ __device__ __forceinline__ void wg_body(const MlaParams& p, uint8_t* smem_raw) {
     const int head = hblk * 64 + r0 + 8 * r;
     if (head >= p.h) continue;
     const float l = l_run[r];
-    const float lse = l > 0.f ? (m_run[r] + log2f(l)) * 0.69314718055994531f : -INFINITY;
+    const float lse = row_lse(m_run[r], l);
     if (p.splits == 1) {
-      float f = 0.f;
-      if (l > 0.f) {
-        f = 1.f / l;
-        if (p.sinks) f *= 1.f / (1.f + expf(p.sinks[head] - lse));
-      }
+      const float f = out_factor(p, head, l, lse);
       __nv_bfloat16* dst = p.out + (static_cast<size_t>(row) * p.h + head) * kDv + d0;
 #pragma unroll
       for (int j = 0; j < 32; ++j)

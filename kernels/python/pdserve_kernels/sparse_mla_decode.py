@@ -83,10 +83,10 @@ def auto_fp8_kernel(layout: str, h: int, rows: int | None, num_sms: int, sm90: b
     """The default fp8 kernel: a wg or ds kernel name, or None for the first-version kernel of that shape.
 
     On sm_90a with h >= 64 and >= 8 rows, the wg kernels (2026-11-30 H200 table, bench_wg.py, now part of
-    bench_mla_variants.py: 1.03-1.75x faster there, 0.82-0.98x at one row). Otherwise from the 2026-11-29 H200 table (bench_mla_variants.py; V4
-    CSA 640 entries, V3.2 2048; B = 1/8/64/128): V3.2 takes the ds kernels everywhere except 17-32 heads with
-    few rows; V4 only with >= 64 rows, and for h > 32 only while its 32-head blocks fit in one wave (they
-    gather every entry once per head block).
+    bench_mla_variants.py: 1.03-1.75x faster there, 0.82-0.98x at one row). Otherwise from the 2026-11-29 H200
+    table (bench_mla_variants.py; V4 CSA 640 entries, V3.2 2048; B = 1/8/64/128): V3.2 takes the ds kernels
+    everywhere except 17-32 heads with few rows; V4 only with >= 64 rows, and for h > 32 only while its 32-head
+    blocks fit in one wave (they gather every entry once per head block).
     """
     if sm90 and h >= WG_MIN_HEADS and rows is not None and rows >= WG_MIN_ROWS:
         return wg_kernel_name(layout)
@@ -111,9 +111,10 @@ WG_MIN_HEADS, WG_MIN_ROWS = 64, 8
 
 
 def wg_kernel_name(layout: str) -> str:
-    """The default wg kernel (2026-11-30 H200, bench_wg.py, now in bench_mla_variants.py): V3.2 "_c2" (warpgroup 1 converts half of each tile:
-    5-8% faster than the plain kernel at B >= 64, equal at B = 8); V4 the plain one (_c2 was 0-8% slower there:
-    a V4 entry is cheaper to convert, so the extra hand-off costs more than it saves)."""
+    """The default wg kernel (2026-11-30 H200, bench_wg.py, now in bench_mla_variants.py): V3.2 "_c2" (warpgroup
+    1 converts half of each tile: 5-8% faster than the plain kernel at B >= 64, equal at B = 8); V4 the plain one
+    (_c2 was 0-8% slower there: a V4 entry is cheaper to convert, so the extra hand-off costs more than it
+    saves)."""
     return f"sparse_mla_wg_{layout}_s3_c2" if layout == "v32" else f"sparse_mla_wg_{layout}_s3"
 
 
