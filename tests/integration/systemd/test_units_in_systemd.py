@@ -238,6 +238,47 @@ def test_a_keyed_fallback_takes_the_key_through_loadcredential_too(lab):
     assert key not in box.run(["ps", "-eo", "args"]).stdout
 
 
+def status_fields(box, pid: int) -> dict[str, str]:
+    text = box.run(["cat", f"/proc/{pid}/status"]).stdout
+    return dict(line.split(":\t", 1) for line in text.splitlines() if ":\t" in line)
+
+
+def test_the_sandbox_is_in_force_in_the_running_units(lab, capsys):
+    """The units ran above with render.hardening's sandbox; here each process shows it took hold: no
+    capability, no new privileges, a seccomp filter, a read-only root, and the router alone in a user
+    namespace of its own."""
+    lab.install(lab.variant())
+    done, _ = start(lab, "router")
+    assert done.returncode == 0, done.stderr + lab.diagnostics()
+    box = lab.container
+    init_userns = box.run(["readlink", "/proc/1/ns/user"]).stdout.strip()
+    lines = []
+    for role in ("prefill", "decode", "router"):
+        pid = lab.states()[lab.unit(role)].main_pid
+        status = status_fields(box, pid)
+        assert (status["CapBnd"].strip(), status["NoNewPrivs"].strip(), status["Seccomp"].strip()) == \
+            ("0000000000000000", "1", "2"), (role, status)
+        mounts = [line.split() for line in box.run(["cat", f"/proc/{pid}/mountinfo"]).stdout.splitlines()]
+        root_options = next(fields[5] for fields in mounts if fields[4] == "/").split(",")
+        assert "ro" in root_options, (role, root_options)
+        userns = box.run(["readlink", f"/proc/{pid}/ns/user"]).stdout.strip()
+        assert (userns != init_userns) == (role == "router"), (role, userns, init_userns)
+        lines.append(f"  {role}: CapBnd={status['CapBnd'].strip()} NoNewPrivs=1 Seccomp=2 / {','.join(root_options[:2])} "
+                     f"user namespace {'its own' if userns != init_userns else 'shared with PID 1'}")
+    # DevicePolicy=closed is set. On the cgroup v1 container of the development machine (2026-12-01) the
+    # devices controller is not delegated to the container's systemd (every process in its root cgroup,
+    # which allows "a *:* rwm"), so the allow list is accepted but not enforced there; the line says
+    # which case this run had. The allow list itself is left to a GPU host to prove.
+    policy = box.run(["systemctl", "show", "-P", "DevicePolicy", lab.unit("prefill")]).stdout.strip()
+    assert policy == "closed"
+    devices = box.run(["cat", "/sys/fs/cgroup/devices/devices.list"], check=False).stdout.strip()
+    lines.append(f"  DevicePolicy={policy}; cgroup v1 devices controller of the container allows: {devices}"
+                 if devices else f"  DevicePolicy={policy}; no cgroup v1 devices controller in the container")
+    with capsys.disabled():
+        print("\n=== the sandbox in the running units\n" + "\n".join(lines))
+    assert lab.wait_serving().status_code == 200
+
+
 def test_enabled_units_come_back_after_the_container_reboots(lab):
     lab.install(lab.variant())
     pd = {lab.unit(r) for r in ("prefill", "decode", "router")}
