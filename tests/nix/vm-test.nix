@@ -124,7 +124,7 @@ pkgs.testers.runNixOSTest {
             assert listeners.strip(), f"nothing listens on {port}"
             assert all("127.0.0.1:" in line for line in listeners.strip().splitlines()), listeners
 
-    with subtest("hardening drop-ins apply, with the GPU relaxations on workers only"):
+    with subtest("the rendered sandbox applies, with the GPU relaxations on the servers only"):
         show = lambda unit, prop: machine.succeed(f"systemctl show -P {prop} {unit}.service").strip()
         assert show("sglang-dsv4-prefill", "ProtectSystem") == "strict"
         assert show("sglang-dsv4-prefill", "DevicePolicy") == "closed"
