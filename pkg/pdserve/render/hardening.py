@@ -60,25 +60,27 @@ GPU_SERVER: Section = [
     # nvidia-uvm (without it CUDA cannot initialise), nvidia-caps (MIG), nvidia-nvswitch and nvidia-nvlink.
     ("DeviceAllow", "char-nvidia* rw"),
     # RDMA verbs (/dev/infiniband/uverbs*): UCX's ib transports under NIXL with ib_devices. Absent on a
-    # host without RDMA, where the entry matches nothing. /dev/infiniband/rdma_cm is not allowed: NIXL
-    # connects UCX endpoints by worker address, not through the RDMA connection manager.
+    # host without RDMA, where the entry matches nothing. Not /dev/infiniband/rdma_cm: NIXL connects UCX
+    # endpoints by worker address; a UCX_TLS with rdmacm needs `DeviceAllow=/dev/infiniband/rdma_cm rw` in
+    # a drop-in (a path entry would warn at every start on a host without it, so it is not rendered).
     ("DeviceAllow", "char-infiniband_verbs rw"),
     # Relaxed from "pid": the CUDA driver and NVML read /proc/driver/nvidia, SGLang reads /proc/meminfo
-    # and /proc/cpuinfo (psutil), NCCL reads /proc/sys/kernel (shm limits).
+    # and /proc/cpuinfo (psutil), NCCL reads /proc/sys/kernel/numa_balancing.
     ("ProcSubset", "all"),
     # AF_NETLINK: getifaddrs(), with which NCCL and UCX list interfaces, and the RDMA netlink of libibverbs.
     ("RestrictAddressFamilies", "AF_UNIX AF_INET AF_INET6 AF_NETLINK"),
     # Denied: calls that only a capability makes succeed (the bounding set is empty), plus obsolete ones;
     # EPERM is what they return without the capability anyway. Not denied: @debug (pidfd_getfd, which
     # cuMem-based CUDA IPC can use to take a peer's memory-handle fd), @resources (numactl's
-    # set_mempolicy and sched_setaffinity), @privileged (chown and setgroups, which succeed without a
-    # capability on a process's own files and IDs).
+    # set_mempolicy and sched_setaffinity), @privileged (chown, setuid and setgid to the process's own IDs
+    # and capset dropping capabilities succeed without a capability).
     ("SystemCallFilter", "~@clock @cpu-emulation @module @mount @obsolete @raw-io @reboot @swap"),
     ("SystemCallErrorNumber", "EPERM"),
     # Not set, on purpose:
     # - MemoryDenyWriteExecute: PyTorch, Triton and libffi (ctypes callbacks) map writable code.
-    # - PrivateUsers: prefill and decode hand KV over through CUDA IPC (UCX cuda_ipc), which needs both
-    #   processes in one user namespace with real IDs; the NVIDIA device nodes' owners must stay mapped.
+    # - PrivateUsers: prefill and decode are two units that hand KV over through CUDA IPC (UCX cuda_ipc);
+    #   a user namespace per unit would part them (pidfd_getfd needs ptrace access to the peer), and that
+    #   path has not been tried in separate namespaces.
 ]
 
 # sglang-router (and its pdserve wait-ready gates): HTTP on the network, nothing else.
