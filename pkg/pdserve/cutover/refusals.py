@@ -2,19 +2,20 @@
 
 A background thread opens a TCP connection to the public address about ten times a second and
 records whether it was accepted. A refusal window runs from the first refused attempt to the next
-accepted one (or to the end of the measurement), so the resolution is one probe interval.
+accepted one (or to the end of the measurement), so the resolution is one probe interval. The connection
+itself is pdserve.probes.net.tcp_accepts; the windows are computed here, from the samples alone.
 """
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from pdserve.probes.net import CONNECT_TIMEOUT_SEC, tcp_accepts
+
 PROBE_INTERVAL_SEC = 0.1
-CONNECT_TIMEOUT_SEC = 0.25
 
 
 @dataclass(frozen=True)
@@ -68,14 +69,6 @@ def summarize(address: str, samples: list[Sample], end: float) -> RefusalSummary
         refused_samples=sum(1 for s in samples if not s.accepted),
         duration=end,
     )
-
-
-def tcp_accepts(host: str, port: int, timeout: float = CONNECT_TIMEOUT_SEC) -> bool:
-    try:
-        with socket.create_connection((host.strip("[]"), port), timeout=timeout):
-            return True
-    except OSError:
-        return False
 
 
 @dataclass

@@ -10,6 +10,7 @@ import struct
 from pdserve.probes.observations import PortProbe
 
 _SIOCGIFADDR = 0x8915
+CONNECT_TIMEOUT_SEC = 0.25  # the cutover's refusal prober: a loopback connect answers in well under this
 
 
 def _ipv4_of(name: str) -> str | None:
@@ -55,3 +56,12 @@ def probe(address: str, port: int, what: str, timeout: float) -> PortProbe:
         except OSError as exc:
             return PortProbe(address, port, what, False, exc.strerror or type(exc).__name__)
     return PortProbe(address, port, what, True)
+
+
+def tcp_accepts(host: str, port: int, timeout: float = CONNECT_TIMEOUT_SEC) -> bool:
+    """Whether a TCP connection to host:port is accepted within `timeout` (a bracketed IPv6 host is fine)."""
+    try:
+        with socket.create_connection((host.strip("[]"), port), timeout=timeout):
+            return True
+    except OSError:
+        return False
