@@ -98,12 +98,12 @@ def preview(plan: Plan, running: Sequence[str] | None, serving: Sequence[str] = 
         stopping = ", ".join(stop) or "nothing running"
         bring_back = ", ".join(restore) or "nothing"
     else:
-        holders = f"the layout being replaced (state unknown: {', '.join(plan.all_units)} not read)"
+        holders = "the layout being replaced (which units run: state unknown)"
         stopping = f"state unknown: whichever of {', '.join(plan.all_units)} runs"
         bring_back = "what ran before (state unknown)"
     steps = [
         ("preflight: units installed", ", ".join(plan.all_units)),
-        ("preflight: target GPUs free", f"GPUs {list(plan.gpus[t])} free or held by {holders}"),
+        ("preflight: target GPUs free", f"checks that GPUs {list(plan.gpus[t])} are free or held by {holders}"),
         ("stop current layout", stopping),
         (f"start {'workers' if t == 'pd' else 'fallback'}", f"{how}, until active (<= {plan.worker_deadline:g} s)"),
     ]
