@@ -1,7 +1,9 @@
-"""What the verifier reads of the host for one deployment: the probes, bounded by its options.
+"""What several of the verifier's checks read of the host, once per run and bounded by its options.
 
-Checks never call a probe themselves: each check's gatherer (pdserve.verify.registry) asks this context,
-so the timeouts, the "is systemd here at all" answer and the key are decided once per run.
+The pure checks (pdserve.verify.checks) never read the host; their gatherers (pdserve.verify.registry)
+call pdserve.probes, and go through this context for what more than one of them needs: whether systemd
+can be asked at all, a unit's state, the API key, a worker's processes, the journal, HTTP with the
+run's client.
 """
 
 from __future__ import annotations
