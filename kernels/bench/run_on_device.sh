@@ -3,7 +3,8 @@
 # metadata/launcher tests), the variant table and both benchmarks; logs and JSON under $OUT.
 # Stages (default all on): BUILD=0 uses kernels/build as carried (a CPU build gives the same bytes: fatbins and
 # .json), TESTS=0, VARIANTS=0 (bench_mla_variants.py), BENCH=0 (bench_dsa_indexer.py), MLA_BENCH=0
-# (bench_sparse_mla.py). VARIANT_ARGS / BENCH_ARGS / MLA_BENCH_ARGS pass arguments on (a short smoke run:
+# (bench_sparse_mla.py), OPS_BENCH=0 (bench_ops.py: the serving ops' call overhead, eager and in a CUDA graph),
+# ACCURACY=0 (accuracy_amax448.py: V3.2 on SGLang's amax/448 scales). VARIANT_ARGS / BENCH_ARGS / MLA_BENCH_ARGS pass arguments on (a short smoke run:
 # e.g. MLA_BENCH_ARGS="--batches 64 --heads 16,128 --reps 30"). FlashMLA columns fill in when flash_mla is
 # importable (PYTHONPATH=.ext/flashmla after building it there; see flashmla_adapter.py).
 # Tuning runs (sweeps, probes, ncu) are in kernels/tuning/README.md.
@@ -44,4 +45,12 @@ fi
 if [[ "${MLA_BENCH:-1}" == 1 ]]; then
   timeout "${MLA_BENCH_TIMEOUT:-300}" python3 kernels/bench/bench_sparse_mla.py --json "$OUT/mla_bench.json" \
     ${MLA_BENCH_ARGS:-} 2>&1 | tee "$OUT/mla_bench.log" | grep -v '^{' | tail -60
+fi
+if [[ "${OPS_BENCH:-1}" == 1 ]]; then
+  timeout "${OPS_BENCH_TIMEOUT:-120}" python3 kernels/bench/bench_ops.py --json "$OUT/ops_bench.json" ${OPS_BENCH_ARGS:-} \
+    2>&1 | tee "$OUT/ops_bench.log" | grep -v '^{'
+fi
+if [[ "${ACCURACY:-1}" == 1 ]]; then
+  timeout "${ACCURACY_TIMEOUT:-200}" python3 kernels/bench/accuracy_amax448.py --json "$OUT/accuracy.json" \
+    ${ACCURACY_ARGS:-} 2>&1 | tee "$OUT/accuracy.log" | grep -v '^{'
 fi

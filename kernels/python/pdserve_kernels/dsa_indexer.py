@@ -22,8 +22,10 @@ workspace (12 B per position: fp32 scores and a candidate list) and the grids ar
 omitted it is read from ``context_lens`` (one device-to-host sync). Lengths above ``max_len`` are clamped
 to it: passing a wrong bound gives wrong results, not memory errors.
 
-The per-device workspace (histograms and counters) is left zeroed by each call; calls on different
-streams of one device must not overlap (use one ``DsaIndexer`` per stream).
+The workspace (histograms and counters, left zeroed by each call; scores and candidates) is kept per stream,
+so calls on different streams may overlap. The launch plan (chunk size, grids, workspace size) is pure host
+arithmetic, ``plan_dsa``; the serving API (``pdserve_kernels.ops``: a torch.library op, a plan made once per
+batch, a static workspace) uses the same plan and launch without a host sync.
 
 Two paths compute the same thing (``path=``): ``"split"`` launches the scoring grid, then the selection
 grid (PDL); ``"fused"`` is one cooperative launch whose CTAs, once every CTA of the request has scored
@@ -39,6 +41,7 @@ import ctypes
 import os
 import pathlib
 import threading
+from dataclasses import dataclass
 
 from ._driver import Module, locate_fatbin, torch_device
 from ._metadata import KernelTable, load_table, metadata_path
@@ -89,8 +92,85 @@ def _round_up(x: int, m: int) -> int:
     return (x + m - 1) // m * m
 
 
+STATE_INTS_PER_ROW = BINS1 + CTR          # the zero-kept part of the workspace: a row's histogram and counters
+SCRATCH_INTS_PER_POSITION = 3             # fp32 score + (uint2) candidate entry per position of a row
+
+
+def default_chunk_pages(batch: int, max_len: int, num_sms: int) -> int:
+    """Pages per scoring CTA: enough to amortise its setup, few enough that every SM gets work at small batch
+    (about two CTAs per SM; measured best on H200 within 10% at B=1..128, kernels/NOTES.md)."""
+    pages = batch * ((max_len + PAGE - 1) // PAGE)
+    per_cta = -(-pages // (num_sms * 2))
+    return max(2, min(32, per_cta))
+
+
+@dataclass(frozen=True)
+class DsaPlan:
+    """The launch of one indexer call, from what the caller knows before the step (no tensor is read):
+    batch, next_n, top-k, an upper bound on every length and the GPU's SM count. The same plan serves
+    every layer of a step; the kernels read the actual lengths on the device."""
+
+    batch: int
+    next_n: int
+    topk: int
+    max_len: int          # clamped to [1, max_blocks * 64]
+    len_stride: int       # positions per row in the scratch: max_len rounded up to 4096
+    chunk_pages: int      # pages per scoring CTA
+    n_chunks: int         # scoring grid x
+    runs: int             # 4096-position runs per row
+    select_subs: int      # runs per select CTA
+
+    @property
+    def rows(self) -> int:
+        return self.batch * self.next_n
+
+    @property
+    def score_grid(self) -> tuple[int, int, int]:
+        return (self.n_chunks, self.batch, 1)
+
+    @property
+    def select_grid(self) -> tuple[int, int, int]:
+        return (-(-self.runs // self.select_subs), self.rows, 1)
+
+    @property
+    def state_ints(self) -> int:
+        return self.rows * STATE_INTS_PER_ROW
+
+    @property
+    def scratch_ints(self) -> int:
+        return self.rows * self.len_stride * SCRATCH_INTS_PER_POSITION
+
+
+def plan_dsa(batch: int, next_n: int, topk: int, max_len: int, num_sms: int, *, max_blocks: int | None = None,
+             chunk_pages: int | None = None, select_subs: int | None = None) -> DsaPlan:
+    """The plan for `batch` requests of `next_n` query tokens whose lengths are all <= max_len (a host int:
+    the scheduler's longest request, or under CUDA graphs the captured bound). Raises ValueError on bad input."""
+    for name, v in (("batch", batch), ("topk", topk), ("num_sms", num_sms)):
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    if next_n not in (1, 2):
+        raise ValueError(f"next_n must be 1 or 2, got {next_n!r}")
+    if not isinstance(max_len, int) or max_len < 0:
+        raise ValueError(f"max_len must be a non-negative int (an upper bound of the lengths), got {max_len!r}")
+    max_len = max(1, max_len if max_blocks is None else min(max_len, max_blocks * PAGE))
+    len_stride = _round_up(max_len, SELECT_CHUNK)
+    if chunk_pages is None:
+        chunk_pages = default_chunk_pages(batch, max_len, num_sms)
+    if not 1 <= chunk_pages <= MAX_CHUNK_PAGES:
+        raise ValueError(f"chunk_pages must be in [1, {MAX_CHUNK_PAGES}], got {chunk_pages}")
+    rows = batch * next_n
+    runs = len_stride // SELECT_CHUNK
+    if select_subs is None:   # select CTAs: one wave of ~3 per SM, each covering `subs` runs of 4096 scores
+        select_subs = max(1, min(MAX_SUBS, -(-rows * runs // (3 * num_sms))))
+    if not 1 <= select_subs <= MAX_SUBS:
+        raise ValueError(f"select_subs must be in [1, {MAX_SUBS}], got {select_subs}")
+    n_chunks = -(-((max_len + PAGE - 1) // PAGE) // chunk_pages)
+    return DsaPlan(batch=batch, next_n=next_n, topk=topk, max_len=max_len, len_stride=len_stride,
+                   chunk_pages=chunk_pages, n_chunks=n_chunks, runs=runs, select_subs=select_subs)
+
+
 class DsaIndexer:
-    """Holds the loaded module and the zero-kept workspace for one device; call it like the function."""
+    """Holds the loaded module for one device and a zero-kept workspace per stream; call it like the function."""
 
     def __init__(self, device=None, fatbin: str | os.PathLike | None = None) -> None:
         import torch
@@ -106,31 +186,36 @@ class DsaIndexer:
         props = torch.cuda.get_device_properties(self.device)
         self.num_sms = props.multi_processor_count
         self.capability = (props.major, props.minor)
-        self._rows_cap = 0
+        self.default_impl = "wgmma" if self.capability == (9, 0) else "mma"
         self._occ: dict[tuple[str, int], int] = {}
         self._lock = threading.Lock()
+        self._states: dict[int, object] = {}   # per stream: int32 [rows_cap * (4096 + 8)], kept zeroed
 
-    def _workspace(self, rows: int):
+    def _state(self, rows: int):
+        """The zero-kept histograms and counters of the current stream (>= rows rows). Each stream has its own,
+        so calls on two streams may overlap; on one stream they are ordered."""
         torch = self.torch
-        if rows > self._rows_cap:
-            cap = max(rows, 2 * self._rows_cap, 64)
-            self._ghist = torch.zeros(cap * BINS1, dtype=torch.int32, device=self.device)
-            self._ctr = torch.zeros(cap * CTR, dtype=torch.int32, device=self.device)
-            self._rows_cap = cap
-        return self._ghist, self._ctr
+        key = torch.cuda.current_stream(self.device).cuda_stream
+        with self._lock:
+            state = self._states.get(key)
+            if state is None or state.numel() < rows * STATE_INTS_PER_ROW:
+                cap = max(rows, 2 * (state.numel() // STATE_INTS_PER_ROW) if state is not None else 0, 64)
+                state = torch.zeros(cap * STATE_INTS_PER_ROW, dtype=torch.int32, device=self.device)
+                self._states[key] = state
+        return state
 
     def reset_workspace(self) -> None:
-        """Zero the workspace (only needed after a launch that did not finish, e.g. a device error)."""
-        if self._rows_cap:
-            self._ghist.zero_()
-            self._ctr.zero_()
+        """Zero the workspaces (only needed after a launch that did not finish, e.g. a device error)."""
+        with self._lock:
+            for state in self._states.values():
+                state.zero_()
 
     def default_chunk_pages(self, batch: int, max_len: int, next_n: int) -> int:
-        # Enough pages per CTA to amortise its setup, few enough that every SM gets work at small batch
-        # (about two CTAs per SM; measured best on H200 within 10% at B=1..128, kernels/NOTES.md).
-        pages = batch * ((max_len + PAGE - 1) // PAGE)
-        per_cta = -(-pages // (self.num_sms * 2))
-        return max(2, min(32, per_cta))
+        return default_chunk_pages(batch, max_len, self.num_sms)
+
+    def plan(self, batch: int, next_n: int, topk: int, max_len: int, **kw) -> DsaPlan:
+        """plan_dsa for this GPU (see there)."""
+        return plan_dsa(batch, next_n, topk, max_len, self.num_sms, **kw)
 
     def fused_chunk_pages(self, batch: int, max_len: int, next_n: int, impl: str,
                           chunk_pages: int | None = None, grow: bool = True) -> int | None:
@@ -155,6 +240,45 @@ class DsaIndexer:
             c += 1
         return None
 
+    def check_impl(self, impl: str | None) -> str:
+        if impl is None:
+            return self.default_impl
+        if impl not in ("wgmma", "mma"):
+            raise ValueError(f"impl must be 'wgmma' or 'mma', got {impl!r}")
+        if impl == "wgmma" and self.capability != (9, 0):
+            raise ValueError(f"impl='wgmma' needs an sm_90 GPU, this one is sm_{self.capability[0]}{self.capability[1]}")
+        return impl
+
+    def launch(self, plan: DsaPlan, impl: str, q, weights, kv_cache, context_lens, block_table, *, out, scores_ptr: int,
+               cand_ptr: int, state, pdl: bool | None = None, fused: bool = False, select: bool = True,
+               cooperative: bool = True) -> None:
+        """Queue one call on the current stream: no allocation, no host sync, no planning. The inputs must
+        have passed _check_inputs and match `plan`; `state` holds >= plan.rows zeroed rows (histogram, counters:
+        `state.numel() // (4096 + 8)` rows, histograms first) and is left zeroed when the launches complete."""
+        cap = state.numel() // STATE_INTS_PER_ROW
+        p = _Params(
+            q=q.data_ptr(), weights=weights.data_ptr(), kv=kv_cache.data_ptr(), ctx=context_lens.data_ptr(),
+            block_table=block_table.data_ptr(), scores=scores_ptr, cand=cand_ptr,
+            ghist=state.data_ptr(), ctr=state.data_ptr() + 4 * cap * BINS1, out=out.data_ptr(),
+            batch=plan.batch, next_n=plan.next_n, ctx_mode=0 if context_lens.dim() == 1 else 1,
+            max_blocks=block_table.shape[1], topk=plan.topk, chunk_pages=plan.chunk_pages,
+            len_stride=plan.len_stride, select_subs=plan.select_subs)
+        stream = self.torch.cuda.current_stream(self.device).cuda_stream
+        if fused:
+            # One launch; the kernel waits for all CTAs of a request, so all must be resident.
+            k = self.kernels[f"dsa_fused_{impl}_n{plan.next_n}"]
+            self.module.launch(k.name, plan.score_grid, k.threads, k.smem_bytes(plan.chunk_pages), stream, p,
+                               cooperative=cooperative)  # False: tuning experiments only
+            return
+        k = self.kernels[f"dsa_score_{impl}_n{plan.next_n}"]
+        self.module.launch(k.name, plan.score_grid, k.threads, k.smem_bytes(), stream, p)
+        if select:  # False only to time the scoring pass alone (benchmark breakdown)
+            # Programmatic dependent launch (sm_90+): the select grid is scheduled while the scoring
+            # grid drains and waits in-kernel (griddepcontrol.wait) for its results.
+            use_pdl = self.capability[0] >= 9 if pdl is None else pdl
+            k = self.kernels["dsa_select"]
+            self.module.launch(k.name, plan.select_grid, k.threads, k.smem_bytes(), stream, p, programmatic=use_pdl)
+
     def __call__(self, q, weights, kv_cache, context_lens, block_table, topk: int, *, max_len: int | None = None,
                  out=None, scores=None, return_scores: bool = False, impl: str | None = None,
                  chunk_pages: int | None = None, pdl: bool | None = None, path: str | None = None,
@@ -164,11 +288,25 @@ class DsaIndexer:
         B, next_n = q.shape[0], q.shape[1]
         rows = B * next_n
         max_blocks = block_table.shape[1]
-        ctx_mode = 0 if context_lens.dim() == 1 else 1
-        if max_len is None:
+        if max_len is None:  # convenience for tests and benchmarks: one device-to-host sync (ops.py has none)
             max_len = int(context_lens.max().item()) if context_lens.numel() else 0
         max_len = max(1, min(int(max_len), max_blocks * PAGE))
-        len_stride = _round_up(max_len, SELECT_CHUNK)
+        impl = self.check_impl(impl)
+        if path not in (None, "fused", "split"):
+            raise ValueError(f"path must be None, 'fused' or 'split', got {path!r}")
+        fused_chunk = None
+        if path == "fused" and _select:
+            # Fused single launch: its grid must fit on the GPU at once; without an explicit chunk size
+            # the chunk grows from the default until it does.
+            fused_chunk = self.fused_chunk_pages(B, max_len, next_n, impl, chunk_pages, grow=chunk_pages is None)
+            if fused_chunk is None:
+                raise ValueError(
+                    f"path='fused' needs the whole grid resident at once: B={B}, max_len={max_len}"
+                    + (f", chunk_pages={chunk_pages}" if chunk_pages is not None else "")
+                    + f" does not fit with chunks of <= {FUSED_MAX_CHUNK_PAGES} pages; use path='split'")
+            chunk_pages = fused_chunk
+        plan = self.plan(B, next_n, topk, max_len, chunk_pages=chunk_pages)
+        len_stride = plan.len_stride
         if scores is None:
             scores = torch.empty((rows, len_stride), dtype=torch.float32, device=self.device)
         elif (scores.dtype != torch.float32 or tuple(scores.shape) != (rows, len_stride)
@@ -182,61 +320,10 @@ class DsaIndexer:
             raise ValueError(f"out must be a contiguous int32 tensor of shape {(rows, topk)} on {self.device}, "
                              f"got {out.dtype} {tuple(out.shape)} on {out.device}")
         cand = torch.empty((rows, len_stride, 2), dtype=torch.int32, device=self.device)
-        if impl is None:
-            impl = "wgmma" if self.capability == (9, 0) else "mma"
-        if impl not in ("wgmma", "mma"):
-            raise ValueError(f"impl must be 'wgmma' or 'mma', got {impl!r}")
-        if impl == "wgmma" and self.capability != (9, 0):
-            raise ValueError(f"impl='wgmma' needs an sm_90 GPU, this one is sm_{self.capability[0]}{self.capability[1]}")
-        if path not in (None, "fused", "split"):
-            raise ValueError(f"path must be None, 'fused' or 'split', got {path!r}")
-        fused_chunk = None
-        if path == "fused" and _select:
-            # Fused single launch: its grid must fit on the GPU at once; without an explicit chunk size
-            # the chunk grows from the default until it does.
-            fused_chunk = self.fused_chunk_pages(B, max_len, next_n, impl, chunk_pages, grow=chunk_pages is None)
-            if fused_chunk is None:
-                raise ValueError(
-                    f"path='fused' needs the whole grid resident at once: B={B}, max_len={max_len}"
-                    + (f", chunk_pages={chunk_pages}" if chunk_pages is not None else "")
-                    + f" does not fit with chunks of <= {FUSED_MAX_CHUNK_PAGES} pages; use path='split'")
-        if fused_chunk is not None:
-            chunk_pages = fused_chunk
-        elif chunk_pages is None:
-            chunk_pages = self.default_chunk_pages(B, max_len, next_n)
-        if not 1 <= chunk_pages <= MAX_CHUNK_PAGES:
-            raise ValueError(f"chunk_pages must be in [1, {MAX_CHUNK_PAGES}], got {chunk_pages}")
-
-        # Select CTAs: one wave of ~3 per SM, each covering `subs` runs of 4096 scores.
-        runs = len_stride // SELECT_CHUNK
-        subs = max(1, min(MAX_SUBS, -(-rows * runs // (3 * self.num_sms))))
-        with self._lock:
-            ghist, ctr = self._workspace(rows)
-            p = _Params(
-                q=q.data_ptr(), weights=weights.data_ptr(), kv=kv_cache.data_ptr(), ctx=context_lens.data_ptr(),
-                block_table=block_table.data_ptr(), scores=scores.data_ptr(), cand=cand.data_ptr(),
-                ghist=ghist.data_ptr(), ctr=ctr.data_ptr(), out=out.data_ptr(),
-                batch=B, next_n=next_n, ctx_mode=ctx_mode, max_blocks=max_blocks, topk=topk,
-                chunk_pages=chunk_pages, len_stride=len_stride, select_subs=subs)
-            stream = torch.cuda.current_stream(self.device).cuda_stream
-            n_chunks = -(-((max_len + PAGE - 1) // PAGE) // chunk_pages)
-            if fused_chunk is not None:
-                # One launch; the kernel waits for all CTAs of a request, so all must be resident.
-                k = self.kernels[f"dsa_fused_{impl}_n{next_n}"]
-                self.module.launch(k.name, (n_chunks, B, 1), k.threads, k.smem_bytes(chunk_pages), stream, p,
-                                   cooperative=_cooperative)  # False: tuning experiments only
-                self.last_path = ("fused", chunk_pages)
-            else:
-                k = self.kernels[f"dsa_score_{impl}_n{next_n}"]
-                self.module.launch(k.name, (n_chunks, B, 1), k.threads, k.smem_bytes(), stream, p)
-                self.last_path = ("split", chunk_pages)
-            if _select and fused_chunk is None:  # False only to time the scoring pass alone (benchmark breakdown)
-                # Programmatic dependent launch (sm_90+): the select grid is scheduled while the scoring
-                # grid drains and waits in-kernel (griddepcontrol.wait) for its results.
-                use_pdl = self.capability[0] >= 9 if pdl is None else pdl
-                k = self.kernels["dsa_select"]
-                self.module.launch(k.name, (-(-runs // subs), rows, 1), k.threads, k.smem_bytes(), stream, p,
-                                   programmatic=use_pdl)
+        self.launch(plan, impl, q, weights, kv_cache, context_lens, block_table, out=out,
+                    scores_ptr=scores.data_ptr(), cand_ptr=cand.data_ptr(), state=self._state(rows), pdl=pdl,
+                    fused=fused_chunk is not None, select=_select, cooperative=_cooperative)
+        self.last_path = ("fused" if fused_chunk is not None else "split", plan.chunk_pages)
         if return_scores:
             return out, scores
         return out

@@ -36,6 +36,7 @@ import math
 import os
 import pathlib
 import threading
+from dataclasses import dataclass
 
 from ._driver import Module, locate_fatbin, torch_device
 from ._metadata import KernelInfo, KernelTable, load_table, metadata_path
@@ -134,6 +135,34 @@ def load_kernel_table(fatbin: str | os.PathLike | None = None) -> KernelTable:
 def kernel_shape(info: KernelInfo) -> tuple[str, int, int]:
     """(layout, heads per CTA, entries per tile) of a kernel of the module (not the combine)."""
     return info.shape["layout"], info.shape["heads"], info.shape["tile"]
+
+
+@dataclass(frozen=True)
+class MlaPlan:
+    """The launch of one sparse MLA decode call, from what the caller knows before the step (no tensor is
+    read): layout, rows (batch x next_n), heads and indices per row. The same plan serves every layer."""
+
+    layout: str           # "v4", "v32", "v4_bf16", "v32_bf16"
+    rows: int
+    h: int
+    topk: int
+    topk_extra: int
+    kernel: str
+    splits: int
+    per_split: int        # entries per split CTA (a multiple of the kernel's tile)
+    heads_per_cta: int
+    threads: int
+    smem: int
+    fuse_combine: bool = False
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        return (self.splits, -(-self.h // self.heads_per_cta), self.rows)
+
+    @property
+    def workspace_floats(self) -> int:
+        """fp32 scratch for the split partials (o [rows, splits, h, 512], then lse [rows, splits, h]); 0 without splits."""
+        return self.rows * self.splits * self.h * (DV + 1) if self.splits > 1 else 0
 
 
 class SparseMlaDecode:
@@ -236,6 +265,55 @@ class SparseMlaDecode:
                              f"{self.smem_limit}")
         return splits, per_split
 
+    def make_plan(self, layout: str, rows: int, h: int, topk: int, topk_extra: int = 0, *, kernel: str | None = None,
+                  variant: str | None = None, small: bool | None = None, splits: int | None = None,
+                  fuse_combine: bool = False, page: int = 64) -> MlaPlan:
+        """The MlaPlan for `rows` query rows of h heads with topk (+ topk_extra) indices each in `layout`
+        (a bf16 layout name for bf16 KV). V4 with page 1 takes the first-version kernels (the ds and wg
+        kernels may read 8 bytes past a page-1 entry: see __call__)."""
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {sorted(LAYOUTS)}, got {layout!r}")
+        for name, v in (("rows", rows), ("h", h)):
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        if topk < 0 or topk_extra < 0 or topk + topk_extra < 1:
+            raise ValueError("at least one index per row is needed (topk + topk_extra >= 1)")
+        name = kernel or self.pick_kernel(layout, h, small, variant, rows)
+        info = self.kernels.kernels.get(name)
+        if (info is not None and info.family in ("ds", "wg") and layout == "v4" and page == 1 and kernel is None):
+            name = self.pick_kernel(layout, h, small, "")
+            info = self.kernels.kernels.get(name)
+        if info is None or info.family == "combine" or kernel_shape(info)[0] != layout:
+            known = sorted(n for n, k in self.kernels.kernels.items() if k.family != "combine")
+            raise ValueError(f"kernel {name!r} is not a {layout} kernel ({known})")
+        if info.family == "wg" and self.capability[0] != 9:
+            raise ValueError(f"kernel {name!r} needs an sm_90a GPU (wgmma); this one is sm_{self.capability[0]}{self.capability[1]}")
+        n_splits, per_split = self.plan(name, rows, h, topk + topk_extra, splits)
+        return MlaPlan(layout=layout, rows=rows, h=h, topk=topk, topk_extra=topk_extra, kernel=name, splits=n_splits,
+                       per_split=per_split, heads_per_cta=kernel_shape(info)[1], threads=info.threads,
+                       smem=info.smem_bytes(per_split),
+                       fuse_combine=bool(fuse_combine) and info.family == "ds" and n_splits > 1)
+
+    def launch(self, plan: MlaPlan, q4, kv, ind3, sm_scale: float, *, sinks, extra_kv, e3, out, lse,
+               o_part_ptr: int | None, lse_part_ptr: int | None, counters_ptr: int | None = None) -> None:
+        """Queue one call on the current stream: no allocation, no host sync, no planning. The inputs must have
+        passed _check and match `plan` (extra_kv / e3: the first source again when there is no second)."""
+        page, stride, n_entries = _cache_geometry(self.torch, LAYOUTS[plan.layout], kv, "kv")
+        _, estride, en = _cache_geometry(self.torch, LAYOUTS[plan.layout], extra_kv, "extra_kv")
+        p = _Params(
+            q=q4.data_ptr(), kv=kv.data_ptr(), kv_extra=extra_kv.data_ptr(), indices=ind3.data_ptr(),
+            indices_extra=e3.data_ptr(), sinks=sinks.data_ptr() if sinks is not None else None,
+            out=out.data_ptr(), lse=lse.data_ptr(), o_part=o_part_ptr, lse_part=lse_part_ptr,
+            block_stride=stride, block_stride_extra=estride, num_entries=n_entries, num_entries_extra=en,
+            page_shift=page.bit_length() - 1, rows=plan.rows, h=plan.h, topk=plan.topk, topk_extra=plan.topk_extra,
+            splits=plan.splits, per_split=plan.per_split, scale_log2=sm_scale * math.log2(math.e),
+            counters=counters_ptr)
+        stream = self.torch.cuda.current_stream(self.device).cuda_stream
+        self.module.launch(plan.kernel, plan.grid, plan.threads, plan.smem, stream, p)
+        if plan.splits > 1 and not plan.fuse_combine:
+            combine = self.kernels["sparse_mla_combine"]
+            self.module.launch(combine.name, (plan.h, plan.rows, 1), combine.threads, 0, stream, p)
+
     def __call__(self, q, kv, indices, sm_scale: float, *, layout: str = "v4", sinks=None, extra_kv=None,
                  extra_indices=None, out=None, lse=None, splits: int | None = None, kernel: str | None = None,
                  small: bool | None = None, variant: str | None = None, fuse_combine: bool | None = None):
@@ -250,19 +328,19 @@ class SparseMlaDecode:
         _check(torch, self.device, lay, q4, ind3, kv, "kv", "indices")
         B, next_n, h, _ = q4.shape
         rows = B * next_n
-        page, stride, n_entries = _cache_geometry(torch, lay, kv, "kv")
+        page, stride, _ = _cache_geometry(torch, lay, kv, "kv")
         topk = ind3.shape[2]
         if extra_kv is not None or extra_indices is not None:
             if extra_kv is None or extra_indices is None:
                 raise ValueError("extra_kv and extra_indices go together")
             e3 = extra_indices if extra_indices.dim() == 3 else extra_indices.unsqueeze(1)
             _check(torch, self.device, lay, q4, e3, extra_kv, "extra_kv", "extra_indices")
-            epage, estride, en = _cache_geometry(torch, lay, extra_kv, "extra_kv")
+            epage, estride, _ = _cache_geometry(torch, lay, extra_kv, "extra_kv")
             if epage != page:
                 raise ValueError(f"extra_kv's page ({epage}) must equal kv's page ({page})")
             topk_extra = e3.shape[2]
         else:
-            e3, estride, en, topk_extra = ind3, stride, n_entries, 0
+            e3, estride, topk_extra = ind3, stride, 0
             extra_kv = kv
         if sinks is not None and (sinks.dtype != torch.float32 or tuple(sinks.shape) != (h,)
                                   or sinks.device != self.device or not sinks.is_contiguous()):
@@ -280,13 +358,8 @@ class SparseMlaDecode:
             # The ds kernels copy V4's scale record as the 16-byte aligned pair holding it: with page 1 that
             # reads 8 bytes past the entry, which must still be inside the tensor's storage.
             name = self.pick_kernel(layout, h, small, "")
-        info = self.kernels.kernels.get(name)
-        if info is None or info.family == "combine" or kernel_shape(info)[0] != layout:
-            known = sorted(n for n, k in self.kernels.kernels.items() if k.family != "combine")
-            raise ValueError(f"kernel {name!r} is not a {layout} kernel ({known})")
-        if info.family == "wg" and self.capability[0] != 9:
-            raise ValueError(f"kernel {name!r} needs an sm_90a GPU (wgmma); this one is sm_{self.capability[0]}{self.capability[1]}")
-        n_splits, per_split = self.plan(name, rows, h, ntot, splits)
+        fuse = FUSE_COMBINE if fuse_combine is None else fuse_combine
+        plan = self.make_plan(layout, rows, h, topk, topk_extra, kernel=name, splits=splits, fuse_combine=fuse)
         if out is None:
             out = torch.empty((B, next_n, h, DV), dtype=torch.bfloat16, device=self.device)
         elif out.dtype != torch.bfloat16 or out.numel() != rows * h * DV or not out.is_contiguous():
@@ -295,34 +368,15 @@ class SparseMlaDecode:
             lse = torch.empty((B, next_n, h), dtype=torch.float32, device=self.device)
         elif lse.dtype != torch.float32 or lse.numel() != rows * h or not lse.is_contiguous():
             raise ValueError(f"lse must be a contiguous float32 tensor with {rows}x{h} elements")
-        if n_splits > 1:
-            o_part = torch.empty((rows, n_splits, h, DV), dtype=torch.float32, device=self.device)
-            lse_part = torch.empty((rows, n_splits, h), dtype=torch.float32, device=self.device)
-        else:
-            o_part = lse_part = None
-        _, hb, _ = kernel_shape(info)
-        fuse = (FUSE_COMBINE if fuse_combine is None else fuse_combine) and info.family == "ds" and n_splits > 1
-        counters = self._counters(rows * -(-h // hb)) if fuse else None
-        p = _Params(
-            q=q4.data_ptr(), kv=kv.data_ptr(), kv_extra=extra_kv.data_ptr(), indices=ind3.data_ptr(),
-            indices_extra=e3.data_ptr(), sinks=sinks.data_ptr() if sinks is not None else None,
-            out=out.data_ptr(), lse=lse.data_ptr(),
-            o_part=o_part.data_ptr() if o_part is not None else None,
-            lse_part=lse_part.data_ptr() if lse_part is not None else None,
-            block_stride=stride, block_stride_extra=estride, num_entries=n_entries, num_entries_extra=en,
-            page_shift=page.bit_length() - 1, rows=rows, h=h, topk=topk, topk_extra=topk_extra,
-            splits=n_splits, per_split=per_split, scale_log2=sm_scale * math.log2(math.e),
-            counters=counters.data_ptr() if counters is not None else None)
-        stream = torch.cuda.current_stream(self.device).cuda_stream
-        with self._lock:
-            self.module.launch(name, (n_splits, -(-h // hb), rows), info.threads, info.smem_bytes(per_split),
-                               stream, p)
-            if n_splits > 1 and not fuse:
-                combine = self.kernels["sparse_mla_combine"]
-                self.module.launch(combine.name, (h, rows, 1), combine.threads, 0, stream, p)
-        # Keep the workspace alive until the launches are queued (the caching allocator reuses it safely
-        # on the same stream afterwards).
-        del o_part, lse_part
+        ws = torch.empty(plan.workspace_floats, dtype=torch.float32, device=self.device) if plan.splits > 1 else None
+        counters = self._counters(rows * -(-h // plan.heads_per_cta)) if plan.fuse_combine else None
+        self.launch(plan, q4, kv, ind3, sm_scale, sinks=sinks, extra_kv=extra_kv, e3=e3, out=out, lse=lse,
+                    o_part_ptr=ws.data_ptr() if ws is not None else None,
+                    lse_part_ptr=ws.data_ptr() + 4 * rows * plan.splits * h * DV if ws is not None else None,
+                    counters_ptr=counters.data_ptr() if counters is not None else None)
+        # The workspace stays alive until the launches are queued (the caching allocator reuses it safely on
+        # the same stream afterwards).
+        del ws
         return out, lse
 
 

@@ -68,11 +68,24 @@ def quantize(torch, layout: Layout, values):
     return q8, exp.to(torch.int32), rope
 
 
-def write_entries(torch, layout: Layout, cache, page: int, idx, values, scale_factor: float = 1.0) -> None:
+def quantize_amax448(torch, layout: Layout, values):
+    """V3.2's cache as SGLang 0.5.17 writes it (quantize_k_cache_separate, ../shared/facts/sglang-dsa.md 5.1):
+    per 128-value tile an fp32 scale amax/448 (not a power of two, no epsilon), e4m3 = value / scale.
+    Returns (e4m3 [n, 512], fp32 scales [n, 4], rope bf16 [n, 64])."""
+    v = values.float()
+    nope = v[:, :layout.nope].reshape(-1, layout.groups, layout.group)
+    scale = (nope.abs().amax(-1) / 448.0).clamp_min(torch.finfo(torch.float32).tiny)
+    q8 = (nope / scale[..., None]).to(torch.float8_e4m3fn).reshape(-1, layout.nope)
+    return q8, scale, values[:, layout.nope:].to(torch.bfloat16)
+
+
+def write_entries(torch, layout: Layout, cache, page: int, idx, values, scale_factor: float = 1.0,
+                  scale_mode: str = "pow2") -> None:
     """Quantize `values` [n, dqk] and store them at entry indices `idx` [n] (int64) of `cache` [nb, stride].
 
     scale_factor (v32 only) multiplies the stored fp32 scales (1 + 2^-20 makes them non-powers of two, which
-    the kernel's fast conversion does not take: the tests use it to reach the fallback path)."""
+    the kernel's fast conversion does not take: the tests use it to reach the fallback path). scale_mode
+    "amax448" (v32 only): SGLang's own scales (quantize_amax448) instead of powers of two."""
     blk, off = idx // page, idx % page
     n = idx.numel()
     u8 = cache
@@ -93,9 +106,12 @@ def write_entries(torch, layout: Layout, cache, page: int, idx, values, scale_fa
         cols8 = torch.arange(8, device=cache.device)
         u8[blk[:, None], (page * 576 + off * 8)[:, None] + cols8[None, :]] = sc
     else:
+        scales = torch.exp2(exp.float()) * scale_factor
+        if scale_mode == "amax448":
+            q8, scales, rope = quantize_amax448(torch, layout, values)
         data = torch.empty((n, 656), dtype=torch.uint8, device=cache.device)
         data[:, :512] = q8.view(torch.uint8)
-        data[:, 512:528] = (torch.exp2(exp.float()) * scale_factor).contiguous().view(torch.uint8)
+        data[:, 512:528] = scales.contiguous().view(torch.uint8)
         data[:, 528:] = rope.contiguous().view(torch.uint8)
         cols = torch.arange(656, device=cache.device)
         u8[blk[:, None], (off * 656)[:, None] + cols[None, :]] = data
@@ -190,7 +206,7 @@ def random_indices(torch, rows: int, topk: int, pool: int, *, invalid_frac: floa
 
 
 def fill_selected(torch, layout: Layout, cache, page: int, indices, *, device, generator=None,
-                  scale_factor: float = 1.0):
+                  scale_factor: float = 1.0, scale_mode: str = "pow2"):
     """Write random quantized entries at every index some row selects; all other entries stay NaN."""
     sel = torch.unique(indices[indices >= 0].long())
     if sel.numel() == 0:
@@ -200,12 +216,12 @@ def fill_selected(torch, layout: Layout, cache, page: int, indices, *, device, g
     mag = torch.exp2(torch.randint(-3, 4, (sel.numel(), layout.groups), device=device, generator=generator).float())
     vals[:, :layout.nope] = (vals[:, :layout.nope].view(-1, layout.groups, layout.group) * mag[..., None]).view(
         -1, layout.nope)
-    write_entries(torch, layout, cache, page, sel, vals.to(torch.bfloat16), scale_factor)
+    write_entries(torch, layout, cache, page, sel, vals.to(torch.bfloat16), scale_factor, scale_mode)
 
 
 def make_inputs(layout_name: str, B: int, next_n: int, h: int, topk: int, *, topk_extra: int = 0, page: int = 64,
                 pool_entries: int | None = None, invalid_frac: float = 0.1, empty_rows=(), sinks: bool = True,
-                device="cuda", generator=None, scale_factor: float = 1.0):
+                device="cuda", generator=None, scale_factor: float = 1.0, scale_mode: str = "pow2"):
     """Random inputs in the kernel's layout, NaN in every cache entry no row selects.
 
     Returns dict(q [B, next_n, h, dqk] bf16, kv, indices [B, next_n, topk], sinks, and for topk_extra > 0
@@ -220,7 +236,8 @@ def make_inputs(layout_name: str, B: int, next_n: int, h: int, topk: int, *, top
     buf, view = make_cache(torch, layout, nb, page, device)
     ind = random_indices(torch, rows, topk, nb * page, invalid_frac=invalid_frac, device=device,
                          generator=generator, empty_rows=empty_rows)
-    fill_selected(torch, layout, buf, page, ind, device=device, generator=generator, scale_factor=scale_factor)
+    fill_selected(torch, layout, buf, page, ind, device=device, generator=generator, scale_factor=scale_factor,
+                  scale_mode=scale_mode)
     out = dict(layout=layout_name, kv=view, kv_buf=buf, page=page,
                indices=ind.view(B, next_n, topk))
     if topk_extra > 0:
@@ -230,7 +247,7 @@ def make_inputs(layout_name: str, B: int, next_n: int, h: int, topk: int, *, top
         eind = random_indices(torch, rows, topk_extra, enb * page, invalid_frac=invalid_frac, device=device,
                               generator=generator, empty_rows=empty_rows)
         fill_selected(torch, layout, ebuf, page, eind, device=device, generator=generator,
-                      scale_factor=scale_factor)
+                      scale_factor=scale_factor, scale_mode=scale_mode)
         out.update(extra_kv=eview, extra_buf=ebuf, extra_indices=eind.view(B, next_n, topk_extra))
     out["q"] = torch.randn((B, next_n, h, layout.dqk), device=device, generator=generator).to(torch.bfloat16)
     out["sinks"] = (torch.randn((h,), device=device, generator=generator) * 2) if sinks else None

@@ -1,0 +1,60 @@
+"""Accuracy of the sparse MLA decode kernels on V3.2 FP8 caches with SGLang's own scales (fp32 amax/448 per
+128-value tile, not powers of two; quantize_amax448 in sparse_mla_reference.py) against the fp32 reference
+(which dequantizes the same bytes), beside the same kernels on power-of-two scales. One table: relative L2
+error of o over all (row, head) pairs, the worst (row, head), max |lse - ref|.
+
+    python3 kernels/bench/accuracy_amax448.py [--heads 16,32,64,128] [--batches 1,8,64] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from harness import finish, run_env, seeded_generator, table_head
+from pdserve_kernels.sparse_mla_decode import SparseMlaDecode
+from pdserve_kernels.sparse_mla_reference import make_inputs, reference_from_inputs
+
+SCALE = 0.1352   # DeepSeek's softmax scale
+
+
+def errors(mla, inp, **kw):
+    o, lse = mla(inp["q"], inp["kv"], inp["indices"], SCALE, layout="v32", sinks=inp["sinks"], **kw)
+    ref_o, ref_lse = reference_from_inputs(inp, SCALE)
+    fin = ~torch.isinf(ref_lse)
+    num = (o.float() - ref_o)[fin].norm(dim=-1)
+    den = ref_o[fin].norm(dim=-1).clamp_min(1e-30)
+    return dict(rel=(num.norm() / den.norm()).item(), worst=(num / den).max().item(),
+                lse=(lse[fin] - ref_lse[fin]).abs().max().item(), nan=bool(torch.isnan(o.float()).any()))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--heads", default="16,32,64,128")
+    ap.add_argument("--batches", default="1,8,64")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    env, gen, mla = run_env(), seeded_generator(), SparseMlaDecode()
+    rows = []
+    for B in (int(x) for x in args.batches.split(",")):
+        for h in (int(x) for x in args.heads.split(",")):
+            for mode in ("amax448", "pow2"):
+                inp = make_inputs("v32", B, 1, h, 2048, generator=gen, scale_mode=mode)
+                default = mla.pick_kernel("v32", h, rows=B)
+                for variant, kernel in (("default", default), ("first version", mla.pick_kernel("v32", h, variant="", rows=B))):
+                    if variant != "default" and kernel == default:
+                        continue
+                    rows.append(dict(B=B, h=h, scales=mode, variant=variant, kernel=kernel,
+                                     **errors(mla, inp, kernel=kernel)))
+
+    def table(env, rows):
+        table_head(env, "", "| B | h | scales | kernel | rel L2 error of o | worst (row, head) | max abs lse error | NaN |")
+        for r in rows:
+            print(f"| {r['B']} | {r['h']} | {r['scales']} | {r['kernel']} ({r['variant']}) | {r['rel']:.2e} | "
+                  f"{r['worst']:.2e} | {r['lse']:.1e} | {r['nan']} |")
+
+    return finish(env, rows, args.json, table)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,187 @@
+"""CPU checks of the serving API (pdserve_kernels.ops): the torch.library ops are registered with the expected
+schemas (mutated workspaces declared), their fake implementations give the outputs' shapes and dtypes under
+FakeTensorMode and make_fx tracing (no GPU, no kernel runs), and the plans' arithmetic agrees with the built
+kernels' metadata (kernels/build/*.json). The ops themselves run in test_ops_gpu.py."""
+
+import importlib
+import pathlib
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed: the ops need it")
+from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
+from torch.fx.experimental.proxy_tensor import make_fx  # noqa: E402
+
+ops = importlib.import_module("pdserve_kernels.ops")
+dsa_mod = importlib.import_module("pdserve_kernels.dsa_indexer")
+mla_mod = importlib.import_module("pdserve_kernels.sparse_mla_decode")
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+BUILD = REPO / "kernels" / "build"
+
+DSA_SCHEMA = ("pdserve::dsa_indexer_topk(Tensor q, Tensor weights, Tensor kv_cache, Tensor context_lens, "
+              "Tensor block_table, Tensor(a5!) state, Tensor(a6!) scratch, SymInt topk, SymInt max_len, "
+              "SymInt chunk_pages, SymInt select_subs) -> Tensor")
+MLA_SCHEMA = ("pdserve::sparse_mla_decode(Tensor q, Tensor kv, Tensor indices, Tensor? sinks, Tensor? extra_kv, "
+              "Tensor? extra_indices, Tensor(a6!) workspace, float sm_scale, str layout, str kernel, SymInt splits, "
+              "SymInt per_split) -> (Tensor, Tensor)")
+
+
+def test_ops_are_registered_with_their_schemas():
+    assert str(torch.ops.pdserve.dsa_indexer_topk.default._schema) == DSA_SCHEMA
+    assert str(torch.ops.pdserve.sparse_mla_decode.default._schema) == MLA_SCHEMA
+    # the workspaces are the only mutated arguments, and no output aliases an input
+    for op, mutated in ((torch.ops.pdserve.dsa_indexer_topk, {"state", "scratch"}),
+                        (torch.ops.pdserve.sparse_mla_decode, {"workspace"})):
+        schema = op.default._schema
+        assert {a.name for a in schema.arguments if a.alias_info and a.alias_info.is_write} == mutated
+        assert all(r.alias_info is None for r in schema.returns)
+
+
+def _dsa_args(B, next_n, topk, max_len=5000, kv_dtype=torch.uint8, lens_2d=False):
+    plan = dsa_mod.plan_dsa(B, next_n, topk, max_len, 132)
+    return (torch.empty(B, next_n, 64, 128, dtype=torch.float8_e4m3fn, device="cuda"),
+            torch.empty(B * next_n, 64, device="cuda"),
+            torch.empty(50, 64, 1, 132, dtype=kv_dtype, device="cuda"),
+            torch.empty((B, next_n) if lens_2d else (B,), dtype=torch.int32, device="cuda"),
+            torch.empty(B, 100, dtype=torch.int32, device="cuda"),
+            torch.empty(plan.state_ints, dtype=torch.int32, device="cuda"),
+            torch.empty(plan.scratch_ints, dtype=torch.int32, device="cuda"),
+            topk, plan.max_len, plan.chunk_pages, plan.select_subs)
+
+
+@pytest.mark.parametrize("B,next_n,topk,lens_2d", [(1, 1, 2048, False), (5, 2, 512, True), (64, 1, 2048, True)])
+def test_indexer_fake_gives_shape_and_dtype(B, next_n, topk, lens_2d):
+    with FakeTensorMode():
+        out = torch.ops.pdserve.dsa_indexer_topk(*_dsa_args(B, next_n, topk, lens_2d=lens_2d))
+        assert tuple(out.shape) == (B * next_n, topk)
+        assert out.dtype == torch.int32 and out.device.type == "cuda"
+
+
+def _mla_args(layout, B, h, topk, q_rank=4, extra=0, splits=1):
+    lay = mla_mod.LAYOUTS[layout]
+    q = torch.empty(*((B, 1) if q_rank == 4 else (B,)), h, lay.dqk, dtype=torch.bfloat16, device="cuda")
+    if lay.bf16:   # SGLang's bf16 pool: [slots, 1, 576]
+        kv = torch.empty(4096, 1, lay.dqk, dtype=torch.bfloat16, device="cuda")
+    else:          # SGLang's fp8 pool viewed [pages, 64, 1, 656] as float8_e4m3fn
+        kv = torch.empty(64, 64, 1, lay.entry_bytes, dtype=torch.float8_e4m3fn, device="cuda")
+    ind = torch.empty(B, 1, topk, dtype=torch.int32, device="cuda")
+    e_kv = kv if extra else None
+    e_ind = torch.empty(B, 1, extra, dtype=torch.int32, device="cuda") if extra else None
+    ws = torch.empty(max(1, B * splits * h * 513), dtype=torch.float32, device="cuda")
+    return (q, kv, ind, torch.empty(h, device="cuda"), e_kv, e_ind, ws, 0.1352, layout, "any_kernel", splits, 512)
+
+
+@pytest.mark.parametrize("layout,B,h,topk,q_rank,extra", [
+    ("v32", 4, 128, 2048, 4, 0), ("v32_bf16", 3, 16, 2048, 3, 0), ("v4", 2, 64, 512, 4, 128), ("v4_bf16", 1, 8, 64, 3, 0)])
+def test_mla_fake_gives_shapes_and_dtypes(layout, B, h, topk, q_rank, extra):
+    with FakeTensorMode():
+        out, lse = torch.ops.pdserve.sparse_mla_decode(*_mla_args(layout, B, h, topk, q_rank, extra))
+        lead = (B, 1) if q_rank == 4 else (B,)
+        assert tuple(out.shape) == (*lead, h, 512) and out.dtype == torch.bfloat16 and out.device.type == "cuda"
+        assert tuple(lse.shape) == (*lead, h) and lse.dtype == torch.float32
+
+
+def test_both_ops_trace_with_fake_tensors():
+    """make_fx over fake CUDA tensors (what torch.compile's tracing does): the graph holds both ops, and the
+    traced outputs have the fake implementations' metadata."""
+    with FakeTensorMode():   # fake CUDA tensors: no GPU is touched
+        dsa = _dsa_args(2, 1, 2048)
+        mla = _mla_args("v32", 2, 64, 2048)
+
+    def layer(q, w, kv, ctx, bt, st, sc, mq, mkv, mws):
+        idx = torch.ops.pdserve.dsa_indexer_topk(q, w, kv, ctx, bt, st, sc, *dsa[7:])
+        o, lse = torch.ops.pdserve.sparse_mla_decode(mq, mkv, idx.view(2, 1, 2048), None, None, None, mws, *mla[7:])
+        return o * 2, lse
+
+    gm = make_fx(layer, tracing_mode="fake")(*dsa[:7], mla[0], mla[1], mla[6])
+    targets = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+    assert "pdserve.dsa_indexer_topk.default" in targets and "pdserve.sparse_mla_decode.default" in targets
+    outs = [n for n in gm.graph.nodes if n.op == "output"][0].args[0]
+    assert tuple(outs[0].meta["val"].shape) == (2, 1, 64, 512) and outs[1].meta["val"].dtype == torch.float32
+
+
+# ---- the plans' arithmetic ----
+
+@pytest.mark.parametrize("B,next_n,max_len,sms", [(1, 1, 131072, 132), (64, 1, 32768, 132), (8, 2, 5000, 78),
+                                                  (128, 1, 163840, 132), (3, 1, 1, 132)])
+def test_dsa_plan_arithmetic(B, next_n, max_len, sms):
+    p = dsa_mod.plan_dsa(B, next_n, 2048, max_len, sms)
+    pages = -(-max_len // 64)
+    assert p.rows == B * next_n and p.max_len == max_len
+    assert p.len_stride % 4096 == 0 and p.len_stride - 4096 < max_len <= p.len_stride
+    assert p.chunk_pages == max(2, min(32, -(-B * pages // (2 * sms))))
+    assert p.n_chunks * p.chunk_pages >= pages > (p.n_chunks - 1) * p.chunk_pages   # the grid covers every page once
+    assert p.select_grid[0] * p.select_subs >= p.runs == p.len_stride // 4096
+    assert p.select_grid[1] == p.rows and p.score_grid == (p.n_chunks, B, 1)
+    assert p.state_ints == p.rows * (4096 + 8) and p.scratch_ints == p.rows * p.len_stride * 3
+
+
+def test_dsa_plan_clamps_and_refuses():
+    assert dsa_mod.plan_dsa(2, 1, 2048, 10**6, 132, max_blocks=100).max_len == 6400   # to the block table
+    assert dsa_mod.plan_dsa(2, 1, 2048, 0, 132).max_len == 1
+    for bad in (dict(next_n=3), dict(topk=0), dict(max_len=-1), dict(chunk_pages=1024), dict(select_subs=17)):
+        args = dict(batch=2, next_n=1, topk=2048, max_len=100, num_sms=132) | bad
+        with pytest.raises(ValueError):
+            dsa_mod.plan_dsa(**args)
+
+
+def test_dsa_plan_constants_match_the_built_metadata():
+    if not (BUILD / "dsa_indexer.json").is_file():
+        pytest.skip("kernels/build/dsa_indexer.json not built (kernels/build.sh)")
+    table = dsa_mod.load_kernel_table(BUILD / "dsa_indexer.fatbin")   # refuses other constants
+    c = table.constants
+    assert dsa_mod.STATE_INTS_PER_ROW == c["bins1"] + c["ctr"]
+    assert dsa_mod.plan_dsa(1, 1, 2048, 10**6, 132).len_stride % c["select_chunk"] == 0
+
+
+class _Occupancy:
+    """The driver's occupancy answer, from the kernel's shared memory (the only driver call a plan makes)."""
+
+    def max_active_blocks(self, name, threads, smem):
+        return max(1, min(2048 // threads, 232448 // max(1, smem)))
+
+
+def _mla_launcher(capability=(9, 0)):
+    if not (BUILD / "sparse_mla_decode.json").is_file():
+        pytest.skip("kernels/build/sparse_mla_decode.json not built (kernels/build.sh)")
+    obj = object.__new__(mla_mod.SparseMlaDecode)
+    obj.smem_limit, obj.num_sms, obj.capability = 232448, 132, capability
+    obj.kernels = mla_mod.load_kernel_table(BUILD / "sparse_mla_decode.fatbin")
+    obj.module, obj._occ = _Occupancy(), {}
+    return obj
+
+
+@pytest.mark.parametrize("layout,rows,h,topk,extra", [
+    ("v32", 1, 128, 2048, 0), ("v32", 64, 128, 2048, 0), ("v32", 64, 16, 2048, 0), ("v32", 4, 64, 2048, 0),
+    ("v32_bf16", 5, 128, 2048, 0), ("v32_bf16", 64, 16, 2048, 0), ("v4", 64, 16, 512, 128), ("v4", 1, 64, 512, 128),
+    ("v4_bf16", 8, 32, 512, 128)])
+def test_mla_plan_against_the_metadata(layout, rows, h, topk, extra):
+    mla = _mla_launcher()
+    p = mla.make_plan(layout, rows, h, topk, extra)
+    info = mla.kernels[p.kernel]
+    lay, hb, tile = mla_mod.kernel_shape(info)
+    assert lay == layout and p.kernel == mla.pick_kernel(layout, h, rows=rows)
+    assert p.threads == info.threads and p.smem == info.smem_bytes(p.per_split) <= mla.smem_limit
+    assert p.heads_per_cta == hb and p.grid == (p.splits, -(-h // hb), rows)
+    ntot = topk + extra
+    assert p.per_split % tile == 0 and (p.splits - 1) * p.per_split < ntot <= p.splits * p.per_split
+    assert p.workspace_floats == (rows * p.splits * h * 513 if p.splits > 1 else 0)
+    assert (p.splits, p.per_split) == mla.plan(p.kernel, rows, h, ntot)   # the launcher's own split rule
+
+
+def test_mla_plan_choices_and_refusals():
+    mla = _mla_launcher()
+    # few rows with many SMs free: the entries are split (and the op needs the split workspace)
+    assert mla.make_plan("v32", 1, 16, 2048).splits > 1
+    # V4 with page 1 (SGLang's bf16-style flat pools): never the ds / wg kernels, which read past a page-1 entry
+    assert mla.kernels[mla.make_plan("v4", 64, 16, 512, 128, page=1).kernel].family not in ("ds", "wg")
+    assert mla.make_plan("v32", 8, 128, 2048, splits=1).splits == 1
+    with pytest.raises(ValueError, match="not a v32 kernel"):
+        mla.make_plan("v32", 8, 128, 2048, kernel="sparse_mla_wg_v4_s3")
+    with pytest.raises(ValueError, match="needs an sm_90a GPU"):
+        _mla_launcher(capability=(12, 0)).make_plan("v32", 8, 128, 2048, kernel="sparse_mla_wg_v32_s3_c2")
+    with pytest.raises(ValueError, match="at least one index"):
+        mla.make_plan("v32", 8, 128, 0)
+    with pytest.raises(ValueError, match="layout must be one of"):
+        mla.make_plan("v5", 8, 128, 2048)
