@@ -177,12 +177,15 @@ def _render(config_path: Path | None, out_dir: Path, runtime_config: str | None,
     out_dir.mkdir(parents=True, exist_ok=True)
     files = {unit.filename: unit.text for unit in units}
     files[f"pdserve-{dep.name}.json"] = dep.model_dump_json(indent=2) + "\n"
+    files.update(_monitoring_files(dep))
     staged = []
     try:
         for name, text in files.items():
-            tmp = out_dir / f".{name}.pdserve-tmp"
+            final = out_dir / name
+            final.parent.mkdir(parents=True, exist_ok=True)
+            tmp = final.with_name(f".{final.name}.pdserve-tmp")
             tmp.write_text(text, encoding="utf-8")
-            staged.append((tmp, out_dir / name))
+            staged.append((tmp, final))
     except OSError as exc:
         for tmp, _ in staged:
             tmp.unlink(missing_ok=True)
@@ -191,6 +194,15 @@ def _render(config_path: Path | None, out_dir: Path, runtime_config: str | None,
     for tmp, final in staged:
         tmp.replace(final)
         click.echo(str(final))
+
+
+def _monitoring_files(dep: Deployment) -> dict[str, str]:
+    """monitoring/<file> -> text when the deployment turns monitoring on (pdserve.render.monitoring)."""
+    if not dep.monitoring.enable:
+        return {}
+    from pdserve.render.monitoring import SUBDIR, monitoring_files
+
+    return {f"{SUBDIR}/{name}": text for name, text in monitoring_files(dep).items()}
 
 
 @main.command("render", short_help="Write the unit files and the deployment JSON they read.")
@@ -203,6 +215,9 @@ def _render(config_path: Path | None, out_dir: Path, runtime_config: str | None,
 def render_command(config_path: Path | None, out_dir: Path, runtime_config: str | None,
                    sglang_python: str | None, numactl: str | None, pdserve: str | None) -> None:
     """Write the unit files and the deployment JSON they read; nothing is written if anything is wrong.
+
+    With monitoring.enable, also DIR/monitoring/: prometheus-scrape.yml (scrape_configs), prometheus.yml
+    (a whole configuration around them), alerts.yml (rules) and dashboard.json (Grafana).
 
     Refuses without an SGLang Python (tools.sglang_python, tools.sglang_venv or --sglang-python).
     """

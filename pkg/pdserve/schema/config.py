@@ -32,6 +32,7 @@ from pdserve.schema.fields import (
     UserName,
     invalid,
 )
+from pdserve.schema.monitoring import MonitoringSpec
 from pdserve.schema.systemd_syntax import executable_problem
 
 Role = Literal["prefill", "decode", "router", "fallback"]
@@ -265,6 +266,7 @@ class Deployment(_Section):
         "or single (only the fallback). `pdserve cutover` switches what runs now; this decides what boots",
     )
     tools: ToolPaths = Field(default_factory=ToolPaths)
+    monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec)
 
     @field_validator("name")
     @classmethod

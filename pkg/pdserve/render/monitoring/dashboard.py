@@ -1,0 +1,128 @@
+"""A Grafana dashboard (JSON model, schemaVersion 39) for one deployment: one page, a row per concern.
+
+Queries use only the pinned SGLang's and sglang-router's metrics (pdserve.render.monitoring.metrics) and
+Grafana's `$__rate_interval`; the data source is the dashboard's `datasource` variable, so it imports
+into any Grafana with a Prometheus data source.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pdserve.render.monitoring import metrics as m
+from pdserve.schema.config import Deployment
+
+RATE = "$__rate_interval"
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+
+
+@dataclass(frozen=True)
+class Query:
+    expr: str
+    legend: str
+
+
+@dataclass(frozen=True)
+class Panel:
+    title: str
+    unit: str
+    queries: tuple[Query, ...]
+    description: str = ""
+    thresholds: tuple[float, ...] = field(default_factory=tuple)
+
+
+def panels(dep: Deployment) -> list[Panel]:
+    d = f'deployment="{dep.name}"'
+    by_role = "sum by (role, le)"
+
+    def quantiles(metric: str, scale: str = "") -> tuple[Query, ...]:
+        return tuple(Query(f"histogram_quantile({q}, {by_role} (rate({metric}_bucket{{{d}}}[{RATE}]))){scale}",
+                           f"{{{{role}}}} p{int(q * 100)}") for q in (0.5, 0.99))
+
+    return [
+        Panel("Time to first token", "s", quantiles(m.TTFT),
+              f"{m.TTFT} per role; the alert bound is {dep.monitoring.ttft_p99_seconds:g} s (p99)",
+              (dep.monitoring.ttft_p99_seconds,)),
+        Panel("Inter-token latency", "s", quantiles(m.ITL), f"{m.ITL} per role"),
+        Panel("Throughput", "none", (
+            Query(f"sum by (role) (rate({m.GENERATION_TOKENS}{{{d}}}[{RATE}]))", "{{role}} generated tokens/s"),
+            Query(f"sum by (role) (rate({m.PROMPT_TOKENS}{{{d}}}[{RATE}]))", "{{role}} prompt tokens/s"),
+            Query(f"sum by (role) ({m.GEN_THROUGHPUT}{{{d}}})", "{{role}} as the scheduler logs it"),
+        ), "tokens per second"),
+        Panel("Running and queued requests", "none", (
+            Query(f"sum by (role) ({m.RUNNING}{{{d}}})", "{{role}} running"),
+            Query(f"sum by (role) ({m.QUEUED}{{{d}}})", "{{role}} queued"),
+        ), f"{m.RUNNING}, {m.QUEUED}; the queue alert starts above {dep.monitoring.queue_max_requests}"),
+        Panel("KV cache usage", "percentunit", (
+            Query(f"max by (role) ({m.TOKEN_USAGE}{{{d}}})", "{{role}}"),
+        ), f"{m.TOKEN_USAGE}; the alert threshold is {dep.monitoring.kv_usage_threshold:g}",
+            (dep.monitoring.kv_usage_threshold,)),
+        Panel("KV transfer latency", "ms", quantiles(m.KV_TRANSFER_LATENCY_MS),
+              f"{m.KV_TRANSFER_LATENCY_MS}, observed by the prefill (the sender) in SGLang"),
+        Panel("KV transfer failures", "none", (
+            Query(f"sum by (role) (increase({m.TRANSFER_FAILED}{{{d}}}[{RATE}]))", "{{role}} failed transfers"),
+        ), f"{m.TRANSFER_FAILED}: no series until the first failure"),
+        Panel("Router requests", "reqps", (
+            Query(f"sum by (endpoint, streaming) (rate({m.ROUTER_REQUESTS}{{{d}}}[{RATE}]))",
+                  "{{endpoint}} streaming={{streaming}}"),
+            Query(f"sum by (status_code) (rate({m.ROUTER_HTTP_RESPONSES}{{{d}}}[{RATE}]))", "HTTP {{status_code}}"),
+        ), f"{m.ROUTER_REQUESTS}, {m.ROUTER_HTTP_RESPONSES}"),
+        Panel("Router errors and retries", "reqps", (
+            Query(f"sum by (worker_type, error_type) (rate({m.ROUTER_WORKER_ERRORS}{{{d}}}[{RATE}]))",
+                  "{{worker_type}} {{error_type}}"),
+            Query(f"sum by (worker_type) (rate({m.ROUTER_WORKER_RETRIES}{{{d}}}[{RATE}]))", "{{worker_type}} retries"),
+        ), f"{m.ROUTER_WORKER_ERRORS}, {m.ROUTER_WORKER_RETRIES}: worker errors the router saw and retried"),
+        Panel("Router request latency", "s", (
+            Query(f"histogram_quantile(0.99, sum by (le) (rate({m.ROUTER_REQUEST_DURATION}_bucket{{{d}}}[{RATE}])))",
+                  "p99"),
+            Query(f"histogram_quantile(0.5, sum by (le) (rate({m.ROUTER_REQUEST_DURATION}_bucket{{{d}}}[{RATE}])))",
+                  "p50"),
+        ), f"{m.ROUTER_REQUEST_DURATION}: client-facing, end to end"),
+        Panel("Workers and targets", "none", (
+            Query(f"sum({m.ROUTER_WORKER_HEALTH}{{{d}}})", "healthy workers (router)"),
+            Query(f"up{{{d}}}", "{{role}} up"),
+        ), f"{m.ROUTER_WORKER_HEALTH} summed over workers; Prometheus' up per scraped role"),
+        Panel("GPU memory held by SGLang", "decgbytes", tuple(
+            Query(f"sum by (role) ({name}{{{d}}})", f"{{{{role}}}} {name.split(':')[1].removesuffix('_memory_usage_gb')}")
+            for name in m.GPU_MEMORY_PARTS_GB
+        ), f"What SGLang allocated at start, summed over its ranks (weights, KV cache, CUDA graphs); "
+           f"{m.GPU_MEMORY_EXPORTER}"),
+    ]
+
+
+def _panel_json(panel: Panel, number: int) -> dict[str, Any]:
+    defaults: dict[str, Any] = {"unit": panel.unit}
+    if panel.thresholds:
+        defaults["thresholds"] = {"mode": "absolute", "steps": [{"color": "green", "value": None},
+                                                                *({"color": "red", "value": v}
+                                                                  for v in panel.thresholds)]}
+        defaults["custom"] = {"thresholdsStyle": {"mode": "line"}}
+    return {
+        "id": number + 1,
+        "type": "timeseries",
+        "title": panel.title,
+        "description": panel.description,
+        "datasource": DATASOURCE,
+        "gridPos": {"h": 8, "w": 8, "x": (number % 3) * 8, "y": (number // 3) * 8},
+        "fieldConfig": {"defaults": defaults, "overrides": []},
+        "options": {"legend": {"displayMode": "list", "placement": "bottom"}, "tooltip": {"mode": "multi"}},
+        "targets": [{"refId": chr(ord("A") + i), "datasource": DATASOURCE, "expr": q.expr,
+                     "legendFormat": q.legend} for i, q in enumerate(panel.queries)],
+    }
+
+
+def dashboard(dep: Deployment) -> dict[str, Any]:
+    return {
+        "uid": f"pdserve-{dep.name}",
+        "title": f"pdserve {dep.name}: SGLang prefill/decode",
+        "tags": ["pdserve", "sglang"],
+        "schemaVersion": 39,
+        "version": 1,
+        "editable": True,
+        "refresh": "30s",
+        "time": {"from": "now-1h", "to": "now"},
+        "templating": {"list": [{"name": "datasource", "label": "Prometheus", "type": "datasource",
+                                 "query": "prometheus", "current": {}, "hide": 0}]},
+        "panels": [_panel_json(p, i) for i, p in enumerate(panels(dep))],
+    }

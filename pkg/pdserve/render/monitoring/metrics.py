@@ -1,0 +1,50 @@
+"""The metric names the monitoring files use, each from the pinned software itself, never guessed.
+
+SGLang 0.5.23 (sglang/srt/observability/metrics_collector.py): the scheduler's families carry the labels
+model_name, engine_type (prefill / decode / unified, from DisaggregationMode.to_engine_type), tp_rank,
+pp_rank, moe_ep_rank; the tokenizer's carry model_name and engine_type, several also is_streaming.
+SGLang's /metrics registry holds only prometheus_client's MultiProcessCollector
+(sglang/srt/utils/common.py add_prometheus_middleware), so it exports no process_* metrics.
+
+sglang-router 0.3.2 (the Rust binary; names read from its Prometheus listener in
+tests/integration/test_prometheus_live.py): smg_* families; no process_* metrics either.
+
+A labelled prometheus_client counter has no series before its first increment: the failure counters
+appear with the first failure, and the tokenizer's histograms with the first finished request.
+"""
+
+from __future__ import annotations
+
+# SGLang scheduler (SchedulerMetricsCollector)
+RUNNING = "sglang:num_running_reqs"
+QUEUED = "sglang:num_queue_reqs"
+TOKEN_USAGE = "sglang:token_usage"  # used / capacity of the KV pool, 0-1
+GEN_THROUGHPUT = "sglang:gen_throughput"  # tokens/s, as the scheduler logs it
+KV_TRANSFER_LATENCY_MS = "sglang:kv_transfer_latency_ms"  # histogram, observed by the prefill (sender)
+TRANSFER_FAILED = "sglang:num_transfer_failed_reqs_total"  # counter, prefill.py and decode.py
+# Set once at start (emit_constants): what SGLang took of the GPU, not live GPU memory.
+GPU_MEMORY_PARTS_GB = ("sglang:weight_memory_usage_gb", "sglang:kv_cache_memory_usage_gb",
+                       "sglang:graph_memory_usage_gb")
+
+# SGLang tokenizer (TokenizerMetricsCollector)
+TTFT = "sglang:time_to_first_token_seconds"  # histogram, labels + is_streaming
+ITL = "sglang:inter_token_latency_seconds"  # histogram
+PROMPT_TOKENS = "sglang:prompt_tokens_total"
+GENERATION_TOKENS = "sglang:generation_tokens_total"
+# Gauge set once per start (emit_startup_time) from measured durations: its value changes at a restart.
+STARTUP_TIME = "sglang:startup_time_seconds"
+STARTUP_PHASE = "tokenizer_e2e"
+
+# sglang-router
+ROUTER_HEALTH_CHECKS = "smg_worker_health_checks_total"  # labels worker_type, result; every interval
+ROUTER_WORKER_HEALTH = "smg_worker_health"  # gauge per worker URL: 1 healthy, 0 not (label worker)
+ROUTER_REQUESTS = "smg_router_requests_total"  # labels endpoint, streaming, model, backend_type, ...
+ROUTER_REQUEST_DURATION = "smg_router_request_duration_seconds"  # histogram
+ROUTER_HTTP_RESPONSES = "smg_http_responses_total"  # label status_code
+ROUTER_HTTP_REQUESTS = "smg_http_requests_total"  # labels method, path; /readiness is polled at each start
+ROUTER_WORKER_ERRORS = "smg_worker_errors_total"  # labels worker_type, error_type
+ROUTER_WORKER_RETRIES = "smg_worker_retries_total"  # labels worker_type, endpoint
+
+# What no pinned metric tells, and who would.
+GPU_MEMORY_EXPORTER = ("live per-GPU memory comes from NVIDIA's dcgm-exporter (DCGM_FI_DEV_FB_USED, "
+                       "DCGM_FI_DEV_FB_FREE), which pdserve does not render")

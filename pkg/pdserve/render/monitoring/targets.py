@@ -1,0 +1,37 @@
+"""Who Prometheus scrapes for one deployment: one job per role, each with `role` and `deployment` labels."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pdserve.schema.config import Deployment, Role
+from pdserve.schema.derived import connect_host
+
+SCRAPED_ROLES: tuple[Role, ...] = ("prefill", "decode", "router", "fallback")
+
+
+@dataclass(frozen=True)
+class Target:
+    role: Role
+    job: str
+    address: str  # host:port as a scraper on this host reaches it
+
+    def labels(self, dep: Deployment) -> dict[str, str]:
+        return {"deployment": dep.name, "role": self.role}
+
+
+def job_name(dep: Deployment, role: Role) -> str:
+    return f"pdserve-{dep.name}-{role}"
+
+
+def targets(dep: Deployment) -> list[Target]:
+    """The router's Prometheus listener (not its API port), the two workers' and the fallback's /metrics.
+    The fallback has its own job: it answers only while it serves, and its `up` says which layout runs."""
+    where = {
+        "prefill": (dep.prefill.host, dep.prefill.port),
+        "decode": (dep.decode.host, dep.decode.port),
+        "router": (dep.router.prometheus_host, dep.router.prometheus_port),
+        "fallback": (dep.fallback_host, dep.fallback_port),
+    }
+    return [Target(role, job_name(dep, role), f"{connect_host(where[role][0])}:{where[role][1]}")
+            for role in SCRAPED_ROLES]

@@ -1,0 +1,259 @@
+"""The rendered monitoring files against Debian's promtool: `check config`, `check rules`, and `test rules`
+with input series, generated from the same deployment, that make every alert fire and others that keep
+each one silent (a rule that can never fire, or always does, fails here).
+
+Needs promtool (Debian's `prometheus` package); CI installs it and sets PDSERVE_REQUIRE_PROMETHEUS=1.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from pdserve.render.monitoring import ALERTS_FILE, PROMETHEUS_FILE, monitoring_files
+from pdserve.render.monitoring import metrics as m
+from pdserve.render.monitoring.alerts import Alert, alerts
+from pdserve.render.monitoring.targets import Target, targets
+from pdserve.schema.config import Deployment
+from pdserve.schema.loading import deployment_from_data
+from tests.conftest import require_or_skip
+
+pytestmark = pytest.mark.integration
+PROMTOOL_TIMEOUT = 60
+
+
+@pytest.fixture(scope="module")
+def promtool() -> str:
+    found = shutil.which("promtool")
+    require_or_skip(found is not None, "promtool not installed (apt-get install prometheus)",
+                    "PDSERVE_REQUIRE_PROMETHEUS")
+    return found
+
+
+def _deployment(reference_data: dict, **monitoring) -> Deployment:
+    reference_data["monitoring"] = {"enable": True, **monitoring}
+    return deployment_from_data(reference_data, "<test>").deployment
+
+
+@pytest.fixture(params=["pd", "single"], ids=["boot-pd", "boot-single"])
+def dep(request, reference_data) -> Deployment:
+    reference_data["boot_layout"] = request.param
+    # Thresholds away from the defaults, so a rule that ignored the deployment's would be caught.
+    return _deployment(reference_data, ttft_p99_seconds=7.5, kv_usage_threshold=0.8, queue_max_requests=5)
+
+
+def _written(dep: Deployment, directory: Path) -> Path:
+    for name, text in monitoring_files(dep).items():
+        (directory / name).write_text(text, encoding="utf-8")
+    return directory
+
+
+def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=PROMTOOL_TIMEOUT)
+
+
+def test_promtool_checks_config_and_rules(promtool, dep, tmp_path):
+    out = _written(dep, tmp_path)
+    config = _run([promtool, "check", "config", PROMETHEUS_FILE], out)
+    assert config.returncode == 0, config.stdout + config.stderr
+    rules = _run([promtool, "check", "rules", ALERTS_FILE], out)
+    assert rules.returncode == 0, rules.stdout + rules.stderr
+    assert f"SUCCESS: {len(alerts(dep))} rules found" in rules.stdout
+
+
+# ---- promtool test rules: one scenario per alert and outcome, built from the deployment's targets
+
+
+@dataclass
+class Scenario:
+    alert: str
+    fires: bool
+    why: str
+    series: dict[str, str]  # series selector -> promtool values notation, 1 minute apart
+    eval_minutes: int
+    labels: list[dict[str, str]] = field(default_factory=list)  # the firing alerts' labels beyond the rule's
+
+
+def _selector(metric: str, labels: dict[str, str]) -> str:
+    return metric + "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
+
+
+class Series:
+    def __init__(self, dep: Deployment) -> None:
+        self.dep = dep
+        self.by_role: dict[str, Target] = {t.role: t for t in targets(dep)}
+
+    def target_labels(self, role: str) -> dict[str, str]:
+        t = self.by_role[role]
+        return {"job": t.job, "instance": t.address, **t.labels(self.dep)}
+
+    def of(self, metric: str, role: str, **extra: str) -> tuple[str, dict[str, str]]:
+        labels = {**self.target_labels(role), **extra}
+        return _selector(metric, labels), labels
+
+    def sglang(self, metric: str, role: str, scheduler: bool = True, **extra: str) -> tuple[str, dict[str, str]]:
+        engine = {"fallback": "unified"}.get(role, role)
+        base = {"model_name": "m", "engine_type": engine}
+        if scheduler:
+            base.update(tp_rank="0", pp_rank="0", moe_ep_rank="0")
+        return self.of(metric, role, **base, **extra)
+
+
+def scenarios(dep: Deployment) -> list[Scenario]:
+    s = Series(dep)
+    mon = dep.monitoring
+    found: list[Scenario] = []
+    name = dep.name
+
+    def roles_up(*roles: str, values: str = "1x20") -> dict[str, str]:
+        return {s.of("up", r)[0]: values for r in roles}
+
+    def group(labels: dict[str, str], *keys: str) -> dict[str, str]:
+        return {k: labels[k] for k in keys}
+
+    # A PD role down, with and without the fallback serving in its place.
+    prefill_up, prefill_labels = s.of("up", "prefill")
+    found += [
+        Scenario("PdserveTargetDown", True, "the prefill stops answering",
+                 {**roles_up("decode", "router"), prefill_up: "1x4 0x16"}, 10, [prefill_labels]),
+        Scenario("PdserveTargetDown", False, "every PD role answers", roles_up("prefill", "decode", "router"), 10),
+        Scenario("PdserveTargetDown", False, "cut over to the fallback, which serves",
+                 {**roles_up("fallback"), **roles_up("prefill", "decode", "router", values="1x4 0x16")}, 10),
+    ]
+    if dep.boot_layout == "single":
+        fallback_up, fallback_labels = s.of("up", "fallback")
+        found += [
+            Scenario("PdserveFallbackDown", True, "the fallback stops answering, no router serves",
+                     {fallback_up: "1x4 0x16"}, 10, [fallback_labels]),
+            Scenario("PdserveFallbackDown", False, "cut over to PD: the router serves",
+                     {fallback_up: "1x4 0x16", **roles_up("router")}, 10),
+        ]
+    # The router's own count of healthy workers.
+    router_up = roles_up("router")
+    health = [s.of(m.ROUTER_WORKER_HEALTH, "router", worker=f"http://127.0.0.1:{p}")[0] for p in (1, 2)]
+    found += [
+        Scenario("PdserveRouterWorkersUnhealthy", True, "the router marks one worker unhealthy",
+                 {**router_up, health[0]: "1x20", health[1]: "1x4 0x16"}, 10, [{"deployment": name}]),
+        Scenario("PdserveRouterWorkersUnhealthy", True, "the router registered no worker at all",
+                 router_up, 10, [{}]),
+        Scenario("PdserveRouterWorkersUnhealthy", False, "both workers healthy",
+                 {**router_up, health[0]: "1x20", health[1]: "1x20"}, 10),
+    ]
+    # KV transfer failures on the decode: a rising counter, and a counter's first series.
+    failed, failed_labels = s.sglang(m.TRANSFER_FAILED, "decode")
+    by_role = group(failed_labels, "deployment", "role")
+    found += [
+        Scenario("PdserveKVTransferFailures", True, "the failure counter rises", {failed: "2x5 3x5"}, 7, [by_role]),
+        Scenario("PdserveKVTransferFailures", True, "the first failure creates the counter",
+                 {failed: "_x6 1x4"}, 8, [by_role]),
+        Scenario("PdserveKVTransferFailures", False, "old failures, none new", {failed: "3x20"}, 10),
+    ]
+    usage, usage_labels = s.sglang(m.TOKEN_USAGE, "decode")
+    found += [
+        Scenario("PdserveKVCacheFull", True, "usage above the threshold for 5 minutes",
+                 {usage: f"{(mon.kv_usage_threshold + 1) / 2:g}x20"}, 10, [group(usage_labels, "deployment", "role")]),
+        Scenario("PdserveKVCacheFull", False, "usage below the threshold",
+                 {usage: f"{mon.kv_usage_threshold * 0.9:g}x20"}, 10),
+    ]
+    queue, queue_labels = s.sglang(m.QUEUED, "prefill")
+    found += [
+        Scenario("PdserveQueueGrowing", True, "a long queue that keeps growing",
+                 {queue: f"{mon.queue_max_requests + 1}+1x20"}, 15, [group(queue_labels, "deployment", "role")]),
+        Scenario("PdserveQueueGrowing", False, "a long queue that does not grow",
+                 {queue: f"{mon.queue_max_requests + 10}x20"}, 15),
+        Scenario("PdserveQueueGrowing", False, "a growing queue below the bound",
+                 {queue: f"0+{max(mon.queue_max_requests, 1) / 40:g}x20"}, 15),
+    ]
+    # TTFT: every observation in one histogram bucket, just above or well below the bound.
+    bound = mon.ttft_p99_seconds
+
+    def ttft(slow: bool) -> dict[str, str]:
+        rows = {}
+        for le in (f"{bound / 2:g}", f"{bound * 2:g}", "+Inf"):
+            selector = s.sglang(f"{m.TTFT}_bucket", "decode", scheduler=False, is_streaming="false", le=le)[0]
+            counted = not slow or le != f"{bound / 2:g}"
+            rows[selector] = "0+10x30" if counted else "0x30"
+        return rows
+
+    ttft_labels = s.sglang(m.TTFT, "decode", scheduler=False)[1]
+    found += [
+        Scenario("PdserveTTFTHigh", True, "p99 above the bound for 10 minutes", ttft(True), 20,
+                 [group(ttft_labels, "deployment", "role")]),
+        Scenario("PdserveTTFTHigh", False, "p99 below the bound", ttft(False), 20),
+    ]
+    start, start_labels = s.sglang(m.STARTUP_TIME, "prefill", scheduler=False, phase=m.STARTUP_PHASE)
+    found += [
+        Scenario("PdserveWorkerRestarted", True, "startup time set again (a new start)",
+                 {start: "41.5x5 _x2 43.25x5"}, 10, [start_labels]),
+        Scenario("PdserveWorkerRestarted", False, "one start only", {start: "41.5x20"}, 10),
+    ]
+    checks, checks_labels = s.of(m.ROUTER_HEALTH_CHECKS, "router", worker_type="decode", result="success")
+    found += [
+        Scenario("PdserveRouterRestarted", True, "the health-check counter starts again from zero",
+                 {checks: "100+30x5 0+30x5"}, 10, [checks_labels]),
+        Scenario("PdserveRouterRestarted", False, "the counter only grows", {checks: "100+30x20"}, 10),
+    ]
+    return found
+
+
+def _annotations(rule: Alert, labels: dict[str, str]) -> dict[str, str]:
+    def expand(text: str) -> str:
+        return re.sub(r"\{\{ \$labels\.(\w+) \}\}", lambda mt: labels.get(mt.group(1), ""), text)
+
+    return {"summary": expand(rule.summary), "description": expand(rule.description)}
+
+
+def rule_tests(dep: Deployment) -> dict:
+    rules = {a.name: a for a in alerts(dep)}
+    tests = []
+    for sc in scenarios(dep):
+        rule = rules[sc.alert]
+        expected = []
+        for labels in sc.labels:
+            full = {**labels, "severity": rule.severity, "deployment": dep.name}
+            expected.append({"exp_labels": full, "exp_annotations": _annotations(rule, full)})
+        tests.append({
+            "name": f"{sc.alert} {'fires' if sc.fires else 'stays silent'}: {sc.why}",
+            "interval": "1m",
+            "input_series": [{"series": k, "values": v} for k, v in sc.series.items()],
+            "alert_rule_test": [{"eval_time": f"{sc.eval_minutes}m", "alertname": sc.alert,
+                                 "exp_alerts": expected}],
+        })
+    return {"rule_files": [ALERTS_FILE], "evaluation_interval": "1m", "tests": tests}
+
+
+def test_every_alert_has_a_firing_and_a_silent_case(dep):
+    cases = scenarios(dep)
+    for alert in alerts(dep):
+        outcomes = {sc.fires for sc in cases if sc.alert == alert.name}
+        assert outcomes == {True, False}, f"{alert.name}: cases for {outcomes}"
+    assert all(bool(sc.labels) == sc.fires for sc in cases)
+
+
+def test_promtool_test_rules(promtool, dep, tmp_path):
+    out = _written(dep, tmp_path)
+    (out / "rules_test.yml").write_text(json.dumps(rule_tests(dep), indent=2), encoding="utf-8")
+    result = _run([promtool, "test", "rules", "rules_test.yml"], out)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout, result.stdout
+
+
+def test_promtool_fails_every_case_with_its_expectation_flipped(promtool, dep, tmp_path):
+    """The rule tests can fail: expecting silence where a case fires (and an alert where it stays silent)
+    fails every single case, so none of them passes whatever the rules say."""
+    out = _written(dep, tmp_path)
+    flipped = rule_tests(dep)
+    for case in flipped["tests"]:
+        check = case["alert_rule_test"][0]
+        check["exp_alerts"] = [] if check["exp_alerts"] else [{"exp_labels": {"severity": "critical"}}]
+    (out / "rules_test.yml").write_text(json.dumps(flipped, indent=2), encoding="utf-8")
+    result = _run([promtool, "test", "rules", "rules_test.yml"], out)
+    assert result.returncode != 0
+    failed = re.findall(r"^\s+name: (.+),$", result.stdout + result.stderr, re.MULTILINE)
+    assert sorted(failed) == sorted(case["name"] for case in flipped["tests"])
