@@ -40,10 +40,13 @@ def main() -> int:
         for h in (int(x) for x in args.heads.split(",")):
             for mode in ("amax448", "pow2"):
                 inp = make_inputs("v32", B, 1, h, 2048, generator=gen, scale_mode=mode)
-                default = mla.pick_kernel("v32", h, rows=B)
-                for variant, kernel in (("default", default), ("first version", mla.pick_kernel("v32", h, variant="", rows=B))):
-                    if variant != "default" and kernel == default:
+                seen = set()
+                for variant, kernel in (("default", mla.pick_kernel("v32", h, rows=B)),
+                                        ("first version", mla.pick_kernel("v32", h, variant="", rows=B)),
+                                        ("fp32_scales plan", mla.make_plan("v32", B, h, 2048, fp32_scales=True).kernel)):
+                    if kernel in seen:
                         continue
+                    seen.add(kernel)
                     rows.append(dict(B=B, h=h, scales=mode, variant=variant, kernel=kernel,
                                      **errors(mla, inp, kernel=kernel)))
 

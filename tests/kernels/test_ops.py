@@ -20,10 +20,10 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 BUILD = REPO / "kernels" / "build"
 
 DSA_SCHEMA = ("pdserve::dsa_indexer_topk(Tensor q, Tensor weights, Tensor kv_cache, Tensor context_lens, "
-              "Tensor block_table, Tensor(a5!) state, Tensor(a6!) scratch, SymInt topk, SymInt max_len, "
+              "Tensor block_table, Tensor(a!) state, Tensor(b!) scratch, SymInt topk, SymInt max_len, "
               "SymInt chunk_pages, SymInt select_subs) -> Tensor")
 MLA_SCHEMA = ("pdserve::sparse_mla_decode(Tensor q, Tensor kv, Tensor indices, Tensor? sinks, Tensor? extra_kv, "
-              "Tensor? extra_indices, Tensor(a6!) workspace, float sm_scale, str layout, str kernel, SymInt splits, "
+              "Tensor? extra_indices, Tensor(a!) workspace, float sm_scale, str layout, str kernel, SymInt splits, "
               "SymInt per_split) -> (Tensor, Tensor)")
 
 
@@ -185,3 +185,15 @@ def test_mla_plan_choices_and_refusals():
         mla.make_plan("v32", 8, 128, 0)
     with pytest.raises(ValueError, match="layout must be one of"):
         mla.make_plan("v5", 8, 128, 2048)
+
+
+@pytest.mark.parametrize("rows,h", [(1, 16), (8, 32), (8, 64), (64, 128), (64, 16)])
+def test_fp32_scales_plan_takes_the_ds_kernels(rows, h):
+    """V3.2 caches with SGLang's amax/448 scales: only the ds kernels apply an fp32 scale exactly (the default
+    for h >= 64 from 8 rows is a wg kernel, for 17-32 heads with few rows a first-version one)."""
+    mla = _mla_launcher()
+    p = mla.make_plan("v32", rows, h, 2048, fp32_scales=True)
+    assert mla.kernels[p.kernel].family == "ds" and p.kernel == mla_mod.ds_kernel_name("v32", h, rows)
+    # no effect where scales are powers of two by format (V4) or there are none (bf16 KV)
+    assert mla.make_plan("v4", rows, h, 512, 128, fp32_scales=True).kernel == mla.make_plan("v4", rows, h, 512, 128).kernel
+    assert mla.make_plan("v32_bf16", rows, h, 2048, fp32_scales=True).kernel == mla.pick_kernel("v32_bf16", h, rows=rows)

@@ -105,6 +105,26 @@ def test_mla_op_takes_sglang_bf16_pool_as_is(ops, gen):
     assert torch.equal(o, lo.view(3, 128, 512)) and torch.equal(lse, llse.view(3, 128))
 
 
+@pytest.mark.parametrize("B,h", [(1, 16), (8, 32), (8, 128), (64, 64), (64, 128)])
+def test_fp32_scales_plan_is_accurate_on_sglang_scales(ops, gen, B, h):
+    """V3.2 FP8 caches written the way SGLang writes them (fp32 amax/448 tile scales): the fp32_scales plan's
+    output is within the kernel tests' bound of the fp32 reference of the same bytes (relative L2 error <= 5e-3,
+    worst (row, head) <= 1e-2, lse within 1e-3)."""
+    from pdserve_kernels.sparse_mla_reference import make_inputs, reference_from_inputs
+
+    inp = make_inputs("v32", B, 1, h, 2048, generator=gen, scale_mode="amax448")
+    plan = ops.SparseMlaPlan("v32", B, 1, h, 2048, fp32_scales=True)
+    o, lse = plan(inp["q"], inp["kv"], inp["indices"], 0.1352, sinks=inp["sinks"])
+    ref_o, ref_lse = reference_from_inputs(inp, 0.1352)
+    fin = ~torch.isinf(ref_lse)
+    num = (o.float() - ref_o)[fin].norm(dim=-1)
+    den = ref_o[fin].norm(dim=-1).clamp_min(1e-30)
+    rel, worst = (num.norm() / den.norm()).item(), (num / den).max().item()
+    print(f"{plan.plan.kernel}: rel {rel:.2e} worst {worst:.2e}")
+    assert rel <= 5e-3 and worst <= 1e-2, f"{plan.plan.kernel}: relative error {rel:.2e}, worst {worst:.2e}"
+    assert (lse[fin] - ref_lse[fin]).abs().max().item() <= 1e-3
+
+
 # ---- CUDA graphs ----
 
 def test_cuda_graph_of_layer_calls_replays_with_new_inputs(ops, gen):

@@ -1,5 +1,6 @@
 """The kernels as torch.library custom ops, for serving: ``torch.ops.pdserve.dsa_indexer_topk`` and
 ``torch.ops.pdserve.sparse_mla_decode`` (importing this module registers them; it needs torch >= 2.4).
+Both are CUDA-only (no CPU kernel); their fake implementations serve FakeTensor / meta tracing.
 
 What makes them fit for a serving loop (CUDA graphs, torch.compile, several streams):
 
@@ -89,10 +90,20 @@ def _check_buffer(t, name: str, dtype, numel: int, device) -> None:
 
 # ---- DSA indexer + exact top-k ----
 
-@torch.library.custom_op(f"{NAMESPACE}::dsa_indexer_topk", mutates_args=("state", "scratch"), device_types="cuda")
-def dsa_indexer_topk(q: torch.Tensor, weights: torch.Tensor, kv_cache: torch.Tensor, context_lens: torch.Tensor,
-                     block_table: torch.Tensor, state: torch.Tensor, scratch: torch.Tensor, topk: int, max_len: int,
-                     chunk_pages: int, select_subs: int) -> torch.Tensor:
+# Registered with torch.library.Library (define + impl + register_fake) rather than torch.library.custom_op:
+# the same dispatcher op, but custom_op's Python wrapper cost ~100 us more per call (measured on this CPU
+# machine: 127 against 25 us per call of an empty op), which an eager decode step pays per layer.
+_lib = torch.library.Library(NAMESPACE, "DEF")
+_lib.define("dsa_indexer_topk(Tensor q, Tensor weights, Tensor kv_cache, Tensor context_lens, Tensor block_table, "
+            "Tensor(a!) state, Tensor(b!) scratch, SymInt topk, SymInt max_len, SymInt chunk_pages, "
+            "SymInt select_subs) -> Tensor")
+_lib.define("sparse_mla_decode(Tensor q, Tensor kv, Tensor indices, Tensor? sinks, Tensor? extra_kv, "
+            "Tensor? extra_indices, Tensor(a!) workspace, float sm_scale, str layout, str kernel, SymInt splits, "
+            "SymInt per_split) -> (Tensor, Tensor)")
+
+
+def _dsa_indexer_topk_cuda(q, weights, kv_cache, context_lens, block_table, state, scratch, topk: int, max_len: int,
+                           chunk_pages: int, select_subs: int):
     """Top-`topk` positions per query row (int32 [B * next_n, topk]; see dsa_indexer.py for the conventions).
     max_len, chunk_pages and select_subs come from a DsaPlan; state / scratch from a DsaWorkspace."""
     ind = indexer_for(q.device)
@@ -109,11 +120,15 @@ def dsa_indexer_topk(q: torch.Tensor, weights: torch.Tensor, kv_cache: torch.Ten
     return out
 
 
-@dsa_indexer_topk.register_fake
 def _dsa_indexer_topk_fake(q, weights, kv_cache, context_lens, block_table, state, scratch, topk, max_len,
                            chunk_pages, select_subs):
     torch._check(q.dim() == 4, lambda: f"q must be [B, next_n, 64, 128], got {tuple(q.shape)}")
     return q.new_empty((q.shape[0] * q.shape[1], topk), dtype=torch.int32)
+
+
+_lib.impl("dsa_indexer_topk", _dsa_indexer_topk_cuda, "CUDA")
+torch.library.register_fake(f"{NAMESPACE}::dsa_indexer_topk", _dsa_indexer_topk_fake, lib=_lib)
+dsa_indexer_topk = torch.ops.pdserve.dsa_indexer_topk
 
 
 class DsaWorkspace:
@@ -164,11 +179,9 @@ def _mla_outputs_shape(q):
     return (*q.shape[:-1], DV), tuple(q.shape[:-1])
 
 
-@torch.library.custom_op(f"{NAMESPACE}::sparse_mla_decode", mutates_args=("workspace",), device_types="cuda")
-def sparse_mla_decode(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sinks: Optional[torch.Tensor],
-                      extra_kv: Optional[torch.Tensor], extra_indices: Optional[torch.Tensor],
-                      workspace: torch.Tensor, sm_scale: float, layout: str, kernel: str, splits: int,
-                      per_split: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _sparse_mla_decode_cuda(q, kv, indices, sinks: Optional[torch.Tensor], extra_kv: Optional[torch.Tensor],
+                            extra_indices: Optional[torch.Tensor], workspace, sm_scale: float, layout: str, kernel: str,
+                            splits: int, per_split: int):
     """(out bf16 [..., h, 512], lse fp32 [..., h]) over the indexed entries (see sparse_mla_decode.py).
     layout, kernel, splits and per_split come from a MlaPlan; workspace from an MlaWorkspace."""
     mla = mla_for(q.device)
@@ -219,12 +232,16 @@ def sparse_mla_decode(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, 
     return out, lse
 
 
-@sparse_mla_decode.register_fake
 def _sparse_mla_decode_fake(q, kv, indices, sinks, extra_kv, extra_indices, workspace, sm_scale, layout, kernel,
                             splits, per_split):
     torch._check(q.dim() in (3, 4), lambda: f"q must be [B, h, d_qk] or [B, next_n, h, d_qk], got {tuple(q.shape)}")
     out_shape, lse_shape = _mla_outputs_shape(q)
     return q.new_empty(out_shape, dtype=torch.bfloat16), q.new_empty(lse_shape, dtype=torch.float32)
+
+
+_lib.impl("sparse_mla_decode", _sparse_mla_decode_cuda, "CUDA")
+torch.library.register_fake(f"{NAMESPACE}::sparse_mla_decode", _sparse_mla_decode_fake, lib=_lib)
+sparse_mla_decode = torch.ops.pdserve.sparse_mla_decode
 
 
 class MlaWorkspace:
@@ -242,8 +259,10 @@ class SparseMlaPlan:
     """One step's sparse MLA decode launch, made once per batch and called for every layer.
 
     `layout` is "v4" / "v32" with `bf16_kv` for a bf16 cache (or "v4_bf16" / "v32_bf16"); `page` is the cache's
-    page size (V4 with page 1 takes the first-version kernels). The rest as SparseMlaDecode.make_plan. Without
-    a `workspace` one is allocated for exactly this plan."""
+    page size (V4 with page 1 takes the first-version kernels); `fp32_scales=True` for V3.2 FP8 caches whose
+    tile scales are not powers of two (SGLang's amax/448): only kernels exact for any scale (NOTES.md,
+    "Accuracy on SGLang's scales"). The rest as SparseMlaDecode.make_plan. Without a `workspace` one is
+    allocated for exactly this plan."""
 
     def __init__(self, layout: str, batch: int, next_n: int, h: int, topk: int, *, topk_extra: int = 0,
                  bf16_kv: bool = False, page: int = 64, device=None, workspace: MlaWorkspace | None = None,

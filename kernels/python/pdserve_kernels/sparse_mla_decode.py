@@ -267,10 +267,16 @@ class SparseMlaDecode:
 
     def make_plan(self, layout: str, rows: int, h: int, topk: int, topk_extra: int = 0, *, kernel: str | None = None,
                   variant: str | None = None, small: bool | None = None, splits: int | None = None,
-                  fuse_combine: bool = False, page: int = 64) -> MlaPlan:
+                  fuse_combine: bool = False, page: int = 64, fp32_scales: bool = False) -> MlaPlan:
         """The MlaPlan for `rows` query rows of h heads with topk (+ topk_extra) indices each in `layout`
         (a bf16 layout name for bf16 KV). V4 with page 1 takes the first-version kernels (the ds and wg
-        kernels may read 8 bytes past a page-1 entry: see __call__)."""
+        kernels may read 8 bytes past a page-1 entry: see __call__). `fp32_scales` (V3.2 FP8 whose tile scales
+        are not powers of two, as SGLang writes them: amax/448): the ds kernels, which multiply the fp32 partial
+        sums by the scale; the first-version and wg kernels round e4m3 x scale to bf16 (measured 7e-3 relative
+        error instead of 1.3-1.7e-3, NOTES.md "Accuracy on SGLang's scales")."""
+        if (fp32_scales and kernel is None and variant is None and layout == "v32"
+                and not (self.smem_limit < 200 * 1024 if small is None else small)):
+            kernel = ds_kernel_name("v32", h, rows)
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {sorted(LAYOUTS)}, got {layout!r}")
         for name, v in (("rows", rows), ("h", h)):
