@@ -29,7 +29,10 @@ def read_gpus() -> list[GpuObs]:
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
             memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
             name = pynvml.nvmlDeviceGetName(handle)
-            bus_id = pynvml.nvmlDeviceGetPciInfo(handle).busId
+            try:
+                bus_id = pynvml.nvmlDeviceGetPciInfo(handle).busId
+            except pynvml.NVMLError:
+                bus_id = ""  # only `pdserve check` needs it, and says so when a GPU's node is unknown
             try:
                 procs = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
                 pids = tuple(sorted({p.pid for p in procs}))
