@@ -65,6 +65,14 @@ def cases(gen):
         ind = ops.indexer_for()
         yield (f"indexer B={B} L={L}", lambda inp=inp: ind(**inp, topk=2048, max_len=L),
                lambda inp=inp, plan=plan: plan(**inp))
+    # Under CUDA graphs the plan's max_len is the captured bound, not the batch's longest request: short rows
+    # under a 160K bound (the grids are sized from the bound; CTAs past a row's length exit early).
+    for B, L, bound in ((1, 4096, 4096), (1, 4096, 163840), (32, 4096, 4096), (32, 4096, 163840)):
+        inp = dsa_inputs(B, 1, [L] * B, generator=gen, max_blocks=bound // 64)
+        plan = ops.DsaIndexerPlan(B, 1, 2048, bound)
+        ind = ops.indexer_for()
+        yield (f"indexer B={B} L={L} max_len={bound}", lambda inp=inp, bound=bound: ind(**inp, topk=2048, max_len=bound),
+               lambda inp=inp, plan=plan: plan(**inp))
     for layout, h, B in (("v32", 128, 64), ("v32", 16, 64), ("v32", 128, 1), ("v32_bf16", 128, 64)):
         m = mla_inputs(layout, B, 1, h, 2048, generator=gen)
         plan = ops.SparseMlaPlan(layout, B, 1, h, 2048)

@@ -286,3 +286,32 @@ def test_ops_under_torch_compile(ops, gen):
     torch.cuda.synchronize()
     assert torch.equal(_rows_sorted(got[0]), _rows_sorted(want[0]))
     assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
+
+
+def test_ops_refuse_mismatched_plans_and_workspaces(ops, gen):
+    """One clear error, before any launch, for a workspace or plan that does not fit the inputs."""
+    inp = _dsa_inputs(gen, [9000, 300])
+    small = ops.DsaWorkspace(1, 9000)
+    with pytest.raises(ValueError, match="too small"):
+        ops.DsaIndexerPlan(2, 1, 2048, 9000, workspace=small)
+    plan = ops.DsaIndexerPlan(2, 1, 2048, 9000)
+    args = [inp[k] for k in ("q", "weights", "kv_cache", "context_lens", "block_table")]
+    # a Python exception raised inside a dispatcher op keeps its message (its type may be re-raised as RuntimeError)
+    refused = (ValueError, RuntimeError)
+    with pytest.raises(refused, match="scratch must be"):
+        torch.ops.pdserve.dsa_indexer_topk(*args, plan.workspace.state, small.scratch, 2048, 9000,
+                                           plan.plan.chunk_pages, plan.plan.select_subs)
+    with pytest.raises(refused, match="context_lens must be int32"):
+        plan(*args[:3], args[3].long(), args[4])
+    m = _mla_inputs(gen, "v32", 2, 16, 2048)
+    mp = ops.SparseMlaPlan("v32", 2, 1, 16, 2048)
+    assert mp.plan.splits > 1
+    call = [m["q"], m["kv"], m["indices"], None, None, None]
+    with pytest.raises(refused, match="do not cover"):
+        torch.ops.pdserve.sparse_mla_decode(*call, mp.workspace.buffer, 0.1, "v32", mp.plan.kernel, 1, 64)
+    with pytest.raises(refused, match="is not a v32 kernel"):
+        torch.ops.pdserve.sparse_mla_decode(*call, mp.workspace.buffer, 0.1, "v32", "sparse_mla_wg_v4_s3",
+                                            mp.plan.splits, mp.plan.per_split)
+    with pytest.raises(refused, match="workspace must be"):
+        torch.ops.pdserve.sparse_mla_decode(*call, mp.workspace.buffer[:10], 0.1, "v32", mp.plan.kernel,
+                                            mp.plan.splits, mp.plan.per_split)
