@@ -61,7 +61,9 @@ def panels(dep: Deployment) -> list[Panel]:
         Panel("KV transfer latency", "ms", quantiles(m.KV_TRANSFER_LATENCY_MS),
               f"{m.KV_TRANSFER_LATENCY_MS}, observed by the prefill (the sender) in SGLang"),
         Panel("KV transfer failures", "none", (
-            Query(f"sum by (role) (increase({m.TRANSFER_FAILED}{{{d}}}[{RATE}]))", "{{role}} failed transfers"),
+            Query(f"sum by (role) (increase({m.TRANSFER_FAILED}{{{d}}}[{RATE}]))", "{{role}} failed in the interval"),
+            # The counter's series starts at the first failure, which increase() cannot see: the total can.
+            Query(f"sum by (role) ({m.TRANSFER_FAILED}{{{d}}})", "{{role}} failed since the server started"),
         ), f"{m.TRANSFER_FAILED}: no series until the first failure"),
         Panel("Router requests", "reqps", (
             Query(f"sum by (endpoint, streaming) (rate({m.ROUTER_REQUESTS}{{{d}}}[{RATE}]))",
