@@ -1,10 +1,12 @@
 """CPU checks of the serving API (pdserve_kernels.ops): the torch.library ops are registered with the expected
 schemas (mutated workspaces declared), their fake implementations give the outputs' shapes and dtypes under
 FakeTensorMode and make_fx tracing (no GPU, no kernel runs), and the plans' arithmetic agrees with the built
-kernels' metadata (kernels/build/*.json). The ops themselves run in test_ops_gpu.py."""
+kernels' metadata (built from the headers, as test_kernel_metadata.py does). The ops themselves run in test_ops_gpu.py."""
 
 import importlib
+import os
 import pathlib
+import subprocess
 
 import pytest
 
@@ -17,7 +19,16 @@ dsa_mod = importlib.import_module("pdserve_kernels.dsa_indexer")
 mla_mod = importlib.import_module("pdserve_kernels.sparse_mla_decode")
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-BUILD = REPO / "kernels" / "build"
+
+
+@pytest.fixture(scope="module")
+def built(nvcc, tmp_path_factory):
+    """The kernels' metadata from the headers (build.sh METADATA_ONLY=1: about a second, no fatbin), as
+    test_kernel_metadata.py builds it; needs nvcc (CI requires it: PDSERVE_REQUIRE_NVCC=1)."""
+    out = tmp_path_factory.mktemp("metadata")
+    subprocess.run(["bash", str(REPO / "kernels" / "build.sh"), str(out)], check=True, capture_output=True,
+                   text=True, timeout=300, env=dict(os.environ, NVCC=nvcc, METADATA_ONLY="1"))
+    return out
 
 DSA_SCHEMA = ("pdserve::dsa_indexer_topk(Tensor q, Tensor weights, Tensor kv_cache, Tensor context_lens, "
               "Tensor block_table, Tensor(a!) state, Tensor(b!) scratch, SymInt topk, SymInt max_len, "
@@ -126,10 +137,8 @@ def test_dsa_plan_clamps_and_refuses():
             dsa_mod.plan_dsa(**args)
 
 
-def test_dsa_plan_constants_match_the_built_metadata():
-    if not (BUILD / "dsa_indexer.json").is_file():
-        pytest.skip("kernels/build/dsa_indexer.json not built (kernels/build.sh)")
-    table = dsa_mod.load_kernel_table(BUILD / "dsa_indexer.fatbin")   # refuses other constants
+def test_dsa_plan_constants_match_the_built_metadata(built):
+    table = dsa_mod.load_kernel_table(built / "dsa_indexer.fatbin")   # refuses other constants
     c = table.constants
     assert dsa_mod.STATE_INTS_PER_ROW == c["bins1"] + c["ctr"]
     assert dsa_mod.plan_dsa(1, 1, 2048, 10**6, 132).len_stride % c["select_chunk"] == 0
@@ -142,12 +151,15 @@ class _Occupancy:
         return max(1, min(2048 // threads, 232448 // max(1, smem)))
 
 
-def _mla_launcher(capability=(9, 0)):
-    if not (BUILD / "sparse_mla_decode.json").is_file():
-        pytest.skip("kernels/build/sparse_mla_decode.json not built (kernels/build.sh)")
+@pytest.fixture(scope="module")
+def mla_table(built):
+    return mla_mod.load_kernel_table(built / "sparse_mla_decode.fatbin")
+
+
+def _launcher(table, capability=(9, 0)):
     obj = object.__new__(mla_mod.SparseMlaDecode)
     obj.smem_limit, obj.num_sms, obj.capability = 232448, 132, capability
-    obj.kernels = mla_mod.load_kernel_table(BUILD / "sparse_mla_decode.fatbin")
+    obj.kernels = table
     obj.module, obj._occ = _Occupancy(), {}
     return obj
 
@@ -156,8 +168,8 @@ def _mla_launcher(capability=(9, 0)):
     ("v32", 1, 128, 2048, 0), ("v32", 64, 128, 2048, 0), ("v32", 64, 16, 2048, 0), ("v32", 4, 64, 2048, 0),
     ("v32_bf16", 5, 128, 2048, 0), ("v32_bf16", 64, 16, 2048, 0), ("v4", 64, 16, 512, 128), ("v4", 1, 64, 512, 128),
     ("v4_bf16", 8, 32, 512, 128)])
-def test_mla_plan_against_the_metadata(layout, rows, h, topk, extra):
-    mla = _mla_launcher()
+def test_mla_plan_against_the_metadata(mla_table, layout, rows, h, topk, extra):
+    mla = _launcher(mla_table)
     p = mla.make_plan(layout, rows, h, topk, extra)
     info = mla.kernels[p.kernel]
     lay, hb, tile = mla_mod.kernel_shape(info)
@@ -170,8 +182,8 @@ def test_mla_plan_against_the_metadata(layout, rows, h, topk, extra):
     assert (p.splits, p.per_split) == mla.plan(p.kernel, rows, h, ntot)   # the launcher's own split rule
 
 
-def test_mla_plan_choices_and_refusals():
-    mla = _mla_launcher()
+def test_mla_plan_choices_and_refusals(mla_table):
+    mla = _launcher(mla_table)
     # few rows with many SMs free: the entries are split (and the op needs the split workspace)
     assert mla.make_plan("v32", 1, 16, 2048).splits > 1
     # V4 with page 1 (SGLang's bf16-style flat pools): never the ds / wg kernels, which read past a page-1 entry
@@ -180,7 +192,7 @@ def test_mla_plan_choices_and_refusals():
     with pytest.raises(ValueError, match="not a v32 kernel"):
         mla.make_plan("v32", 8, 128, 2048, kernel="sparse_mla_wg_v4_s3")
     with pytest.raises(ValueError, match="needs an sm_90a GPU"):
-        _mla_launcher(capability=(12, 0)).make_plan("v32", 8, 128, 2048, kernel="sparse_mla_wg_v32_s3_c2")
+        _launcher(mla_table, capability=(12, 0)).make_plan("v32", 8, 128, 2048, kernel="sparse_mla_wg_v32_s3_c2")
     with pytest.raises(ValueError, match="at least one index"):
         mla.make_plan("v32", 8, 128, 0)
     with pytest.raises(ValueError, match="layout must be one of"):
@@ -188,10 +200,10 @@ def test_mla_plan_choices_and_refusals():
 
 
 @pytest.mark.parametrize("rows,h", [(1, 16), (8, 32), (8, 64), (64, 128), (64, 16)])
-def test_fp32_scales_plan_takes_the_ds_kernels(rows, h):
+def test_fp32_scales_plan_takes_the_ds_kernels(mla_table, rows, h):
     """V3.2 caches with SGLang's amax/448 scales: only the ds kernels apply an fp32 scale exactly (the default
     for h >= 64 from 8 rows is a wg kernel, for 17-32 heads with few rows a first-version one)."""
-    mla = _mla_launcher()
+    mla = _launcher(mla_table)
     p = mla.make_plan("v32", rows, h, 2048, fp32_scales=True)
     assert mla.kernels[p.kernel].family == "ds" and p.kernel == mla_mod.ds_kernel_name("v32", h, rows)
     # no effect where scales are powers of two by format (V4) or there are none (bf16 KV)
