@@ -54,6 +54,11 @@ def panels(dep: Deployment) -> list[Panel]:
             Query(f"sum by (role) ({m.RUNNING}{{{d}}})", "{{role}} running"),
             Query(f"sum by (role) ({m.QUEUED}{{{d}}})", "{{role}} queued"),
         ), f"{m.RUNNING}, {m.QUEUED}; the queue alert starts above {dep.monitoring.queue_max_requests}"),
+        Panel("PD hand-off queues", "none", tuple(
+            Query(f"sum by (role) ({name}{{{d}}})", f"{{{{role}}}} {name.split(':')[1].removeprefix('num_')}")
+            for name in m.PD_QUEUES
+        ), "Requests between the roles: the prefill's bootstrap and in-flight queues, the decode's prealloc "
+           "(waiting for KV memory) and transfer (waiting for the KV) queues"),
         Panel("KV cache usage", "percentunit", (
             Query(f"max by (role) ({m.TOKEN_USAGE}{{{d}}})", "{{role}}"),
         ), f"{m.TOKEN_USAGE}; the alert threshold is {dep.monitoring.kv_usage_threshold:g}",

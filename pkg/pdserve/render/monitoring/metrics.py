@@ -20,6 +20,10 @@ RUNNING = "sglang:num_running_reqs"
 QUEUED = "sglang:num_queue_reqs"
 TOKEN_USAGE = "sglang:token_usage"  # used / capacity of the KV pool, 0-1
 GEN_THROUGHPUT = "sglang:gen_throughput"  # tokens/s, as the scheduler logs it
+# The PD hand-off queues (log_stats): prefill waiting for its decode's bootstrap / KV being sent; decode
+# waiting for KV memory / for the KV to arrive.
+PD_QUEUES = ("sglang:num_prefill_bootstrap_queue_reqs", "sglang:num_prefill_inflight_queue_reqs",
+             "sglang:num_decode_prealloc_queue_reqs", "sglang:num_decode_transfer_queue_reqs")
 KV_TRANSFER_LATENCY_MS = "sglang:kv_transfer_latency_ms"  # histogram, observed by the prefill (sender)
 TRANSFER_FAILED = "sglang:num_transfer_failed_reqs_total"  # counter, prefill.py and decode.py
 # Set once at start (emit_constants): what SGLang took of the GPU, not live GPU memory.
