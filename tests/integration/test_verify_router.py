@@ -90,7 +90,9 @@ def test_healthy_deployment_passes_through_the_cli(healthy):
     checks = by_id(report)
     for check_id in ("router.readiness", "router.workers", "kv.prefill", "kv.decode", "server.prefill",
                      "server.decode", "e2e.chat", "e2e.reasoning", "e2e.tools", "e2e.stream",
-                     "exposure.ports", "versions.prefill", "versions.decode", "versions.router"):
+                     "metrics.prefill", "metrics.decode", "metrics.router", "metrics.kv_transfer",
+                     "metrics.router_requests", "exposure.ports", "versions.prefill", "versions.decode",
+                     "versions.router"):
         assert checks[check_id]["status"] == "pass", checks[check_id]
     assert "0.3.2" in checks["versions.router"]["observed"]
     assert "bootstrap" in checks["router.workers"]["observed"]

@@ -3,7 +3,8 @@
 The pure checks (pdserve.verify.checks) never read the host; their gatherers (pdserve.verify.registry)
 call pdserve.probes, and go through this context for what more than one of them needs: whether systemd
 can be asked at all, a unit's state, the API key, a worker's processes, the journal, HTTP with the
-run's client.
+run's client, and the metrics read before the first end-to-end request with the count of the requests
+sent (the metrics checks compare the counters after them with these).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from pdserve.probes import cgroups, http, journal, procs
+from pdserve.probes import metrics as metrics_probe
 from pdserve.probes.credentials import CredentialError, read_key
 from pdserve.probes.observations import HttpObs, Unavailable
 from pdserve.probes.systemctl import Systemctl, SystemctlError, UnitState, service, unavailable_reason
@@ -39,6 +41,10 @@ class Context:
     systemctl: Systemctl | None = None  # None: this host's systemctl, bounded by the probe timeout
     _systemd_reason: str | None = field(default=None, init=False)
     _systemd_checked: bool = field(default=False, init=False)
+    # Set by the runner when a selected check compares counters before and after the end-to-end checks.
+    wants_metrics_baseline: bool = False
+    metrics_baseline: dict[str, metrics_probe.MetricsObs] | None = field(default=None, init=False)
+    e2e_requests: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         if self.systemctl is None:
@@ -97,3 +103,13 @@ class Context:
 
     def grep_journal(self, unit: str, needle: str) -> list[str]:
         return journal.grep_journal(unit, needle, self.options.probe_timeout)
+
+    def metrics(self, role: str) -> metrics_probe.MetricsObs:
+        """A role's /metrics (the router's: its Prometheus listener), bounded in size and time."""
+        return metrics_probe.read(self.client, self.exp.metrics_urls[role], self.options.probe_timeout)
+
+    def before_e2e_request(self) -> None:
+        """Called before each end-to-end request: the first one reads every role's metrics first."""
+        if self.wants_metrics_baseline and self.metrics_baseline is None:
+            self.metrics_baseline = {role: self.metrics(role) for role in self.exp.metrics_urls}
+        self.e2e_requests += 1

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from pdserve.render.monitoring.targets import targets
 from pdserve.schema import pins
 from pdserve.schema.config import WORKER_ROLES, Deployment, Role
 from pdserve.schema.derived import disaggregation_mode, role_url, unit_name
 
 # A server that cannot hold one request of the default context is unusable; the floor defaults to it.
 DEFAULT_KV_FLOOR = 65536
+METRICS_ROLES = ("prefill", "decode", "router")  # the PD layout's; the fallback's /metrics answers only in single
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,8 @@ class Expectations:
     kv_floor: int
     sglang_version: str = pins.SGLANG_VERSION
     router_version: str = pins.SGLANG_ROUTER_VERSION
+    # role -> the /metrics URL Prometheus scrapes (prefill, decode, and the router's Prometheus listener)
+    metrics_urls: dict[str, str] = field(default_factory=dict)
 
     @property
     def pd_units(self) -> dict[str, str]:
@@ -84,4 +88,5 @@ def expectations(dep: Deployment, kv_floor: int | None = None) -> Expectations:
         bootstrap_port=dep.transfer.bootstrap_port,
         api_key_file=dep.router.api_key_file,
         kv_floor=kv_floor if kv_floor is not None else (model.context_length or DEFAULT_KV_FLOOR),
+        metrics_urls={t.role: f"http://{t.address}/metrics" for t in targets(dep) if t.role in METRICS_ROLES},
     )

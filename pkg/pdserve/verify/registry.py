@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pdserve.probes import cgroups, chat, net, nvml, procs, topology
 from pdserve.probes import versions as version_probe
 from pdserve.probes.observations import HttpObs, Unavailable
-from pdserve.verify.checks import e2e, exposure, gpu, numa, router, servers, units, versions
+from pdserve.verify.checks import e2e, exposure, gpu, metrics, numa, router, servers, units, versions
 from pdserve.verify.context import Context
 from pdserve.verify.expect import WorkerExpectation
 from pdserve.verify.result import CheckResult
@@ -136,6 +136,7 @@ def _e2e(kind: str) -> Check:
         if kind == "tools" and exp.tool_call_parser is None:
             return e2e.check_tools(exp, None)  # type: ignore[arg-type]
         c = _openai(ctx)
+        ctx.before_e2e_request()  # one request each, through the router: metrics.router_requests counts them
         if kind == "chat":
             return e2e.check_chat(exp, chat.plain(c, exp.served_model))
         if kind == "reasoning":
@@ -144,6 +145,30 @@ def _e2e(kind: str) -> Check:
             return e2e.check_tools(exp, chat.tools(c, exp.served_model))
         return e2e.check_stream(exp, chat.stream(c, exp.served_model))
     return run
+
+
+# ---- metrics (after the end-to-end checks, which read them before their first request)
+def _metrics_endpoint(role: str) -> Check:
+    def run(ctx: Context) -> CheckResult:
+        return metrics.check_endpoint(ctx.exp, role, ctx.metrics(role))
+    return run
+
+
+def _before(ctx: Context, role: str):
+    return (ctx.metrics_baseline or {}).get(role)
+
+
+def _kv_transfer_failures(ctx: Context) -> CheckResult:
+    if not ctx.e2e_requests:
+        return metrics.check_transfer_failures(ctx.exp, {}, 0)
+    readings = {role: (_before(ctx, role), ctx.metrics(role)) for role in metrics.TRANSFER_ROLES}
+    return metrics.check_transfer_failures(ctx.exp, readings, ctx.e2e_requests)
+
+
+def _router_requests(ctx: Context) -> CheckResult:
+    if not ctx.e2e_requests:
+        return metrics.check_router_requests(ctx.exp, None, None, 0)
+    return metrics.check_router_requests(ctx.exp, _before(ctx, "router"), ctx.metrics("router"), ctx.e2e_requests)
 
 
 # ---- exposure
@@ -185,9 +210,16 @@ CHECKS: dict[str, Check] = {
     "e2e.reasoning": _e2e("reasoning"),
     "e2e.tools": _e2e("tools"),
     "e2e.stream": _e2e("stream"),
+    "metrics.prefill": _metrics_endpoint("prefill"),
+    "metrics.decode": _metrics_endpoint("decode"),
+    "metrics.router": _metrics_endpoint("router"),
+    "metrics.kv_transfer": _kv_transfer_failures,
+    "metrics.router_requests": _router_requests,
     "exposure.ports": _exposure_ports,
     "exposure.auth": _exposure_auth,
     "versions.prefill": _version_check("prefill"),
     "versions.decode": _version_check("decode"),
     "versions.router": _router_version,
 }
+# The checks that compare counters read before the first end-to-end request with the same counters after.
+BEFORE_AND_AFTER_E2E = frozenset({"metrics.kv_transfer", "metrics.router_requests"})

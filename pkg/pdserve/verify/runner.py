@@ -12,10 +12,10 @@ from collections.abc import Callable
 
 from pdserve.probes.observations import Unavailable
 from pdserve.verify.context import Context, Options
-from pdserve.verify.registry import CHECKS, Check
+from pdserve.verify.registry import BEFORE_AND_AFTER_E2E, CHECKS, Check
 from pdserve.verify.result import CheckResult, Status, skipped
 
-__all__ = ["CHECKS", "Context", "Options", "SelectionError", "run", "run_one", "select"]
+__all__ = ["BEFORE_AND_AFTER_E2E", "CHECKS", "Context", "Options", "SelectionError", "run", "run_one", "select"]
 
 
 class SelectionError(ValueError):
@@ -68,6 +68,8 @@ def run(ctx: Context, plan: dict[str, str | None], wait: float = 0.0, interval: 
     errors: dict[str, str] = {}
     attempts: dict[str, int] = {}
     pending = [i for i, reason in plan.items() if reason is None]
+    if ctx is not None:
+        ctx.wants_metrics_baseline = any(i in BEFORE_AND_AFTER_E2E for i in pending)
     for i, reason in plan.items():
         if reason is not None:
             results[i] = skipped(i, reason)
