@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from pdserve.probes import cgroups, chat, net, nvml, procs, topology
 from pdserve.probes import versions as version_probe
+from pdserve.probes.metrics import MetricsObs
 from pdserve.probes.observations import HttpObs, Unavailable
 from pdserve.verify.checks import e2e, exposure, gpu, metrics, numa, router, servers, units, versions
 from pdserve.verify.context import Context
@@ -154,7 +155,8 @@ def _metrics_endpoint(role: str) -> Check:
     return run
 
 
-def _before(ctx: Context, role: str):
+def _before(ctx: Context, role: str) -> MetricsObs | None:
+    """The role's reading before the first end-to-end request; None when none was taken."""
     return (ctx.metrics_baseline or {}).get(role)
 
 
