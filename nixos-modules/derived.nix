@@ -1,8 +1,10 @@
 # What the module derives from a deployment exactly as pdserve does: the unit names
-# (pdserve.schema.derived.unit_name) and whether a listen address is loopback
-# (pdserve.schema.rules.is_loopback, Python's ipaddress). Builtins only, so that CI's Nix 2.8 holds
-# both against the Python functions without nixpkgs (tests/nix/test_nix.py); the evaluation tier
-# holds the module's assertions against them (tests/nix/test_eval.py).
+# (pdserve.schema.derived.unit_name), whether a listen address is loopback
+# (pdserve.schema.rules.is_loopback, Python's ipaddress), the address a client on the host connects
+# to (pdserve.schema.derived.connect_host) and the Prometheus scrape jobs
+# (pdserve.render.monitoring.scrape.scrape_configs). Builtins only, so that CI's Nix 2.8 holds them
+# against the Python functions without nixpkgs (tests/nix/test_nix.py); the evaluation tier holds the
+# module's assertions and its services.prometheus wiring against them (tests/nix/test_eval.py).
 let
   splitOn = separator: text: builtins.filter builtins.isString (builtins.split separator text);
   matches = regex: text: builtins.match regex text != null;
@@ -36,8 +38,70 @@ let
     && groups != [ ]
     && allOf isZero leading
     && (if ipv4Tail then tail == "0.0.0.1" else isOne tail);
+
+  # pdserve.schema.derived.connect_host: where a client on this host reaches a listener bound to `host`.
+  connectHost =
+    host:
+    if host == "0.0.0.0" || host == "" then
+      "127.0.0.1"
+    else if host == "::" then
+      "[::1]"
+    else if matches ".*:.*" host then
+      "[${host}]"
+    else
+      host;
+
+  # A deployment key, else its default in pdserve's committed JSON Schema (`schema`, already read),
+  # so that a key left out means the same here as to pdserve.
+  orDefault =
+    schema: section: settings: key:
+    let
+      value = settings.${key} or null;
+    in
+    if value != null then value else schema."$defs".${section}.properties.${key}.default;
+
+  # pdserve.render.monitoring.targets + scrape.scrape_configs: one job per role, the router scraped on
+  # its Prometheus listener, the fallback (host and port default to the router's) on its own job.
+  scrapeConfigs =
+    schema: settings:
+    let
+      router = orDefault schema "RouterSpec" (settings.router or { });
+      worker = role: orDefault schema "WorkerSpec" settings.${role};
+      fallback = settings.fallback or { };
+      # Python's `fallback.host or router.host`: unset (null) or empty takes the router's.
+      fallbackOr = key: routerKey: if (fallback.${key} or null) == null || fallback.${key} == "" || fallback.${key} == 0
+        then router routerKey else fallback.${key};
+      where = {
+        prefill = { host = worker "prefill" "host"; port = worker "prefill" "port"; };
+        decode = { host = worker "decode" "host"; port = worker "decode" "port"; };
+        router = { host = router "prometheus_host"; port = router "prometheus_port"; };
+        fallback = { host = fallbackOr "host" "host"; port = fallbackOr "port" "port"; };
+      };
+      interval = orDefault schema "MonitoringSpec" (settings.monitoring or { }) "scrape_interval_secs";
+      seconds = n: "${toString n}s";
+    in
+    map (role: {
+      job_name = "pdserve-${settings.name}-${role}";
+      metrics_path = "/metrics";
+      scrape_interval = seconds interval;
+      scrape_timeout = seconds (if interval < 10 then interval else 10);
+      static_configs = [
+        {
+          targets = [ "${connectHost where.${role}.host}:${toString where.${role}.port}" ];
+          labels = {
+            deployment = settings.name;
+            inherit role;
+          };
+        }
+      ];
+    }) [ "prefill" "decode" "router" "fallback" ];
 in
 {
+  inherit connectHost scrapeConfigs;
+
+  # Whether `pdserve render` writes the monitoring files for these settings.
+  monitoringEnabled = schema: settings: orDefault schema "MonitoringSpec" (settings.monitoring or { }) "enable";
+
   isLoopback = host: host == "localhost" || isLoopbackIPv4 host || isLoopbackIPv6 host;
 
   unitNames = name: {

@@ -29,6 +29,8 @@ let
   inherit (derived) isLoopback;
   # The module needs the unit names for wantedBy, the workers' environment and the collision check.
   unitNames = d: derived.unitNames d.settings.name;
+  # Deployments whose settings turn monitoring on (`pdserve render` then writes DIR/monitoring/).
+  monitored = lib.filter (d: derived.monitoringEnabled schema d.settings) deployments;
 
   portOption =
     section: key: description:
@@ -206,7 +208,7 @@ let
       {
         nativeBuildInputs = [ cfg.package ];
       }
-      ''
+      (''
         pdserve render -c ${settingsFile} --out "$TMPDIR/units" \
           --config-path ${settingsFile} \
           --sglang-python ${cfg.sglangPackage}/bin/python \
@@ -216,7 +218,28 @@ let
         mv "$TMPDIR"/units/*.service $out/lib/systemd/system/
         # The deployment with every default filled in, as the units see it: for reading, not loading.
         mv "$TMPDIR"/units/pdserve-*.json $out/share/pdserve/
-      '';
+      ''
+      + lib.optionalString (derived.monitoringEnabled schema d.settings) ''
+        # settings.monitoring.enable: the scrape jobs, a whole prometheus.yml and the alert rules; the
+        # dashboard in a directory of its own, which Grafana's file provider reads whole (*.json).
+        mkdir -p $out/${monitoringDir} $out/${dashboardDir}
+        mv "$TMPDIR"/units/monitoring/dashboard.json $out/${dashboardDir}/pdserve-${d.settings.name}.json
+        mv "$TMPDIR"/units/monitoring/prometheus-scrape.yml "$TMPDIR"/units/monitoring/prometheus.yml \
+          "$TMPDIR"/units/monitoring/alerts.yml $out/${monitoringDir}/
+      '');
+
+  # Where renderedUnits puts the monitoring files (relative to its $out).
+  monitoringDir = "share/pdserve/monitoring";
+  dashboardDir = "${monitoringDir}/dashboards";
+  # Store paths only: referencing them is fine, reading them here would be import-from-derivation.
+  # The scrape jobs are computed from the settings instead (derived.nix, the same as Python's).
+  alertsFile = d: "${renderedUnits d}/${monitoringDir}/alerts.yml";
+
+  prometheusUrl =
+    let
+      p = config.services.prometheus;
+    in
+    "http://${derived.connectHost p.listenAddress}:${toString p.port}";
 
   gpuEnvironment = {
     # Triton finds libcuda.so.1 through `ldconfig -p`, which has no answer on NixOS; this is its
@@ -362,6 +385,48 @@ in
       '';
     };
 
+    monitoring = {
+      prometheus.enable = mkOption {
+        type = types.bool;
+        default = config.services.prometheus.enable;
+        defaultText = literalExpression "config.services.prometheus.enable";
+        description = ''
+          For every deployment whose `settings.monitoring.enable` is true, add its scrape jobs (one
+          per role, `pdserve-<name>-<role>`, with `deployment` and `role` labels) to
+          `services.prometheus.scrapeConfigs` and its rendered alert rules to
+          `services.prometheus.ruleFiles`. On by default where this host runs Prometheus; this does
+          not turn Prometheus on (`services.prometheus.enable`). Turn off when another host scrapes
+          these deployments: it takes the rendered `share/pdserve/monitoring/prometheus-scrape.yml`.
+        '';
+      };
+      grafana = {
+        enable = mkOption {
+          type = types.bool;
+          default = config.services.grafana.enable;
+          defaultText = literalExpression "config.services.grafana.enable";
+          description = ''
+            For every deployment whose `settings.monitoring.enable` is true, provision its dashboard in
+            `services.grafana` (a file provider reading the rendered dashboard directory) and, with
+            `datasourceUrl` set, a Prometheus data source. On by default where this host runs Grafana;
+            this does not turn Grafana on (`services.grafana.enable`).
+          '';
+        };
+        datasourceUrl = mkOption {
+          type = types.nullOr types.str;
+          default = if config.services.prometheus.enable then prometheusUrl else null;
+          defaultText = literalExpression ''
+            "http://127.0.0.1:''${toString config.services.prometheus.port}" where this host runs Prometheus, else null
+          '';
+          example = "http://prometheus.internal:9090";
+          description = ''
+            URL of the Prometheus Grafana reads, provisioned as the data source "pdserve Prometheus".
+            null provisions none: the dashboards' `datasource` variable then offers the Prometheus
+            data sources Grafana already has.
+          '';
+        };
+      };
+    };
+
     deployments = mkOption {
       type = types.attrsOf (types.submodule deploymentModule);
       default = { };
@@ -448,6 +513,16 @@ in
             ''
         ) cfg.deployments
       )
+      # Set by hand on a host that does not run the service: the wiring would go nowhere.
+      ++ lib.optional (cfg.monitoring.prometheus.enable && monitored != [ ] && !config.services.prometheus.enable) ''
+        services.pdserve.monitoring.prometheus.enable adds scrape jobs and alert rules, but
+        services.prometheus.enable is false, so nothing scrapes them. Write
+        services.prometheus.enable = true; or drop services.pdserve.monitoring.prometheus.enable.
+      ''
+      ++ lib.optional (cfg.monitoring.grafana.enable && monitored != [ ] && !config.services.grafana.enable) ''
+        services.pdserve.monitoring.grafana.enable provisions the dashboards, but services.grafana.enable
+        is false. Write services.grafana.enable = true; or drop services.pdserve.monitoring.grafana.enable.
+      ''
       ++ lib.optional (!config.hardware.graphics.enable) ''
         services.pdserve: hardware.graphics.enable is false, so /run/opengl-driver/lib (where the
         SGLang environment looks for libcuda) stays empty. On a GPU host write
@@ -476,5 +551,24 @@ in
     networking.firewall.allowedTCPPorts = lib.mkMerge (
       map (d: lib.mkIf d.openFirewall [ d.settings.router.port ]) deployments
     );
+
+    # Into a Prometheus and a Grafana the host runs, never turning either on (the options above).
+    services.prometheus = lib.mkIf (cfg.monitoring.prometheus.enable && monitored != [ ]) {
+      ruleFiles = map alertsFile monitored;
+      scrapeConfigs = lib.concatMap (d: derived.scrapeConfigs schema d.settings) monitored;
+    };
+    services.grafana.provision = lib.mkIf (cfg.monitoring.grafana.enable && monitored != [ ]) {
+      enable = true;
+      dashboards.settings.providers = map (d: {
+        name = "pdserve-${d.settings.name}";
+        type = "file";
+        options.path = "${renderedUnits d}/${dashboardDir}";
+      }) monitored;
+      datasources.settings.datasources = lib.optional (cfg.monitoring.grafana.datasourceUrl != null) {
+        name = "pdserve Prometheus";
+        type = "prometheus";
+        url = cfg.monitoring.grafana.datasourceUrl;
+      };
+    };
   };
 }

@@ -45,6 +45,53 @@ let
 
   dsv4 = settings: { services.pdserve.deployments.dsv4 = settings; };
 
+  # The option values as they are written out: the nixpkgs submodules' unset (null) fields dropped.
+  withoutNulls =
+    value:
+    if builtins.isAttrs value then
+      lib.mapAttrs (_: withoutNulls) (lib.filterAttrs (_: v: v != null) value)
+    else if builtins.isList value then
+      map withoutNulls value
+    else
+      value;
+
+  # What the tier reads of the monitoring wiring: all of services.prometheus' rule files and scrape
+  # jobs and Grafana's provisioning (the variants add none of their own), and the rendered units'
+  # store paths the wiring must point into.
+  monitoringSummary =
+    config:
+    let
+      provision = config.services.grafana.provision;
+      renderedUnits = lib.filter (p: builtins.match "pdserve-.*-units" p.name != null) config.systemd.packages;
+    in
+    {
+      failed = failedAssertions config;
+      inherit (config) warnings;
+      settings = lib.mapAttrs (_: d: d.settings) config.services.pdserve.deployments;
+      inherit (config.services.prometheus) ruleFiles;
+      scrapeConfigs = withoutNulls config.services.prometheus.scrapeConfigs;
+      grafana = {
+        inherit (provision) enable;
+        dashboards = withoutNulls provision.dashboards.settings;
+        datasources = withoutNulls provision.datasources.settings;
+      };
+      # Not outPath itself: JSON would turn the attribute set into that string.
+      renderedUnits = map (p: {
+        inherit (p) name drvPath;
+        out = p.outPath;
+      }) renderedUnits;
+      toplevel = config.system.build.toplevel.drvPath;
+    };
+
+  # The host's Prometheus and Grafana, as their user would turn them on (Grafana needs its secret key;
+  # a file provider keeps it out of the store and out of the warnings).
+  services = {
+    services.prometheus.enable = true;
+    services.grafana.enable = true;
+    services.grafana.settings.security.secret_key = "$__file{/run/keys/grafana-secret-key}";
+  };
+  monitoringOn = dsv4 { settings.monitoring.enable = true; };
+
   # A second deployment of the reference, every listener moved off the reference's.
   otherSettings = lib.recursiveUpdate reference {
     name = "other";
@@ -110,6 +157,49 @@ in
   storeKey = summary (variant [ (dsv4 { apiKeyFile = "${builtins.storeDir}/0000000000000000000000000000000a-key"; }) ]);
 
   twoDeployments = summary (variant [ (other otherSettings) ]);
+
+  # Monitoring: on with both services; two deployments on (the second's router Prometheus listener on
+  # every IPv6 address, its fallback on IPv6 loopback, a scrape interval under the 10 s timeout); on
+  # without the services; the services without monitoring; on, the services on, the module's wiring off.
+  monitoring = monitoringSummary (variant [
+    services
+    monitoringOn
+  ]);
+  monitoringTwo = monitoringSummary (variant [
+    services
+    monitoringOn
+    (other (
+      lib.recursiveUpdate otherSettings {
+        router.prometheus_host = "::";
+        fallback = {
+          host = "::1";
+          port = 31003;
+        };
+        monitoring = {
+          enable = true;
+          scrape_interval_secs = 5;
+        };
+      }
+    ))
+  ]);
+  monitoringWithoutServices = monitoringSummary (variant [ monitoringOn ]);
+  servicesWithoutMonitoring = monitoringSummary (variant [ services ]);
+  monitoringWiringOff = monitoringSummary (variant [
+    services
+    monitoringOn
+    {
+      services.pdserve.monitoring.prometheus.enable = false;
+      services.pdserve.monitoring.grafana.enable = false;
+    }
+  ]);
+  # The module's wiring asked for on a host that runs neither service: a warning each.
+  monitoringWiringWithoutServices = monitoringSummary (variant [
+    monitoringOn
+    {
+      services.pdserve.monitoring.prometheus.enable = true;
+      services.pdserve.monitoring.grafana.enable = true;
+    }
+  ]);
   collisions = lib.genAttrs listenerFields (field: summary (variant [ (other (collidingOn field)) ]));
   fallbackCollision = summary (variant [ (other (lib.recursiveUpdate otherSettings { fallback.port = referencePort "decode.port"; })) ]);
   sameName = summary (variant [ (other (otherSettings // { name = "dsv4"; })) ]);

@@ -3,7 +3,8 @@
 Every output evaluates with no error and no evaluation warning, and the evaluated configuration does
 what the module promises: boot layout -> wantedBy, openFirewall -> the router port only, apiKeyFile ->
 LoadCredential= with nothing of the key in the store, every assertion fires with its message, defaults
-are pdserve's. Nothing is built (no binary cache here).
+are pdserve's, settings.monitoring.enable -> Prometheus' scrape jobs and rule files and Grafana's
+provisioning on a host that runs them. Nothing is built (no binary cache here).
 
 It needs what CI cannot have (code from elsewhere is never committed), given by environment variables:
   PDSERVE_EVAL_NIX                 a Nix >= 2.18 command (words split like a shell), e.g. a chroot wrapper
@@ -22,6 +23,7 @@ import os
 import re
 import shlex
 import subprocess
+import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +32,9 @@ from typing import Any
 import pytest
 
 from pdserve.render.hardening import sandbox
+from pdserve.render.monitoring import ALERTS_FILE, DASHBOARD_FILE, monitoring_files
+from pdserve.render.monitoring.dashboard import dashboard
+from pdserve.render.monitoring.scrape import scrape_configs
 from pdserve.render.toolchain import Toolchain
 from pdserve.render.units import render_units
 from pdserve.schema.config import Deployment
@@ -131,6 +136,8 @@ SELECTION = """c: {
   openFirewall = { inherit (c.openFirewall) failed warnings allowedTCPPorts settings toplevel; };
   twoDeployments = { inherit (c.twoDeployments) failed warnings configFiles; };
   collisions = builtins.mapAttrs (_: v: v.failed) c.collisions;
+  inherit (c) monitoring monitoringTwo monitoringWithoutServices servicesWithoutMonitoring monitoringWiringOff
+    monitoringWiringWithoutServices;
 } // builtins.mapAttrs (_: v: { inherit (v) failed warnings; }) {
   inherit (c) openFirewallOnLoopback openFirewallWithoutKey publicWithoutKey relativeKey storeKey
     fallbackCollision sameName unitNameOfAnother;
@@ -365,3 +372,127 @@ def test_module_defaults_are_pdserves(cases, tmp_path):
     path = tmp_path / "bare.json"
     path.write_text(json.dumps(bare), encoding="utf-8")
     assert load(path).deployment.router == defaults["router"].default_factory()  # type: ignore[misc]
+
+
+# --- monitoring: services.prometheus and services.grafana ------------------------------------------
+
+MONITORING_OFF = ["monitoringWithoutServices", "servicesWithoutMonitoring", "monitoringWiringOff"]
+
+
+def deployments_of(summary: dict[str, Any]) -> list[Deployment]:
+    """The evaluated settings as pdserve reads them, in the module's order (attribute names)."""
+    return [deployment_from_data(settings, f"<evaluated {name}>").deployment
+            for name, settings in sorted(summary["settings"].items())]
+
+
+def units_out(summary: dict[str, Any], name: str) -> str:
+    (out,) = [u["out"] for u in summary["renderedUnits"] if u["name"] == f"pdserve-{name}-units"]
+    return out
+
+
+def units_build_command(nix: Evaluator, summary: dict[str, Any], name: str) -> str:
+    (drv,) = [u["drvPath"] for u in summary["renderedUnits"] if u["name"] == f"pdserve-{name}-units"]
+    (units,) = json.loads(nix.run("derivation", "show", drv).stdout).values()
+    return units["env"]["buildCommand"]
+
+
+@pytest.mark.parametrize("case", ["monitoring", "monitoringTwo"])
+def test_monitoring_on_evaluates_without_warnings_or_failed_assertions(cases, case):
+    summary = cases[case]
+    assert summary["failed"] == [] and summary["warnings"] == []
+    # The whole system, Prometheus' checked configuration included, evaluates without reading a build.
+    assert re.fullmatch(r"/nix/store/[a-z0-9]{32}-nixos-system-gpu-host-.+\.drv", summary["toplevel"])
+
+
+@pytest.mark.parametrize("case", ["monitoring", "monitoringTwo"])
+def test_monitoring_adds_the_rendered_alert_rules_to_prometheus(cases, case):
+    summary = cases[case]
+    names = [dep.name for dep in deployments_of(summary)]
+    assert summary["ruleFiles"] == [f"{units_out(summary, n)}/share/pdserve/monitoring/alerts.yml" for n in names]
+
+
+@pytest.mark.parametrize("case", ["monitoring", "monitoringTwo"])
+def test_monitoring_scrape_jobs_are_what_pdserve_renders(cases, case):
+    """services.prometheus.scrapeConfigs (nixpkgs' unset fields left out) is Python's scrape_configs of
+    each monitored deployment: job names, targets, labels, interval and timeout."""
+    summary = cases[case]
+    expected = [job for dep in deployments_of(summary) for job in scrape_configs(dep)]
+    assert summary["scrapeConfigs"] == expected
+    if case == "monitoringTwo":  # the variant with IPv6 listeners and a 5 s interval
+        targets = {job["job_name"]: job["static_configs"][0]["targets"] for job in expected}
+        assert targets["pdserve-other-router"] == ["[::1]:29001"]
+        assert targets["pdserve-other-fallback"] == ["[::1]:31003"]
+        assert {job["scrape_timeout"] for job in expected if "other" in job["job_name"]} == {"5s"}
+
+
+@pytest.mark.parametrize("case", ["monitoring", "monitoringTwo"])
+def test_monitoring_provisions_the_dashboards_and_a_prometheus_datasource_in_grafana(cases, case):
+    summary = cases[case]
+    grafana = summary["grafana"]
+    deps = deployments_of(summary)
+    assert grafana["enable"] is True
+    assert grafana["dashboards"]["providers"] == [
+        {"name": f"pdserve-{dep.name}", "type": "file",
+         "options": {"path": f"{units_out(summary, dep.name)}/share/pdserve/monitoring/dashboards"}}
+        for dep in deps
+    ]
+    (source,) = grafana["datasources"]["datasources"]
+    assert (source["name"], source["url"], source["access"]) == ("pdserve Prometheus", "http://127.0.0.1:9090", "proxy")
+    # The dashboards choose their data source through a variable of this type.
+    for dep in deps:
+        (variable,) = dashboard(dep)["templating"]["list"]
+        assert (variable["type"], variable["query"]) == ("datasource", source["type"])
+
+
+def test_the_rendered_units_install_every_monitoring_file(nix: Evaluator, cases, tmp_path):
+    """The install lines of the units derivation, run (with bash, as its builder would) on what `pdserve
+    render` writes for the evaluated settings: every monitoring file lands under share/pdserve/monitoring,
+    the dashboard alone in dashboards/ (Grafana's file provider reads every *.json there)."""
+    summary = cases["monitoring"]
+    command = units_build_command(nix, summary, "dsv4")
+    install = command[command.index("mkdir -p $out/lib/systemd/system"):]
+    assert "/nix/store/" not in install, install
+    settings = tmp_path / "settings.json"
+    settings.write_text(json.dumps(summary["settings"]["dsv4"]), encoding="utf-8")
+    work, out = tmp_path / "build", tmp_path / "out"
+    work.mkdir()
+    rendered = subprocess.run(
+        [sys.executable, "-m", "pdserve.cli.main", "render", "-c", str(settings), "--out", str(work / "units"),
+         "--sglang-python", sys.executable, "--numactl", "/bin/true", "--pdserve", "/bin/true"],
+        capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert rendered.returncode == 0, rendered.stdout + rendered.stderr
+    ran = subprocess.run(["bash", "-euo", "pipefail", "-c", install], capture_output=True, text=True, timeout=60,
+                         env={"PATH": os.environ["PATH"], "TMPDIR": str(work), "out": str(out)})
+    assert ran.returncode == 0, ran.stderr
+    installed = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+    monitoring = [p for p in installed if p.startswith("share/pdserve/monitoring/")]
+    assert monitoring == [f"share/pdserve/monitoring/{name}" for name in (
+        "alerts.yml", "dashboards/pdserve-dsv4.json", "prometheus-scrape.yml", "prometheus.yml")]
+    assert not list((work / "units").rglob("*.*")), "something pdserve rendered was left behind"
+    files = monitoring_files(deployments_of(summary)[0])
+    assert (out / "share/pdserve/monitoring/alerts.yml").read_text(encoding="utf-8") == files[ALERTS_FILE]
+    assert (out / "share/pdserve/monitoring/dashboards/pdserve-dsv4.json").read_text(encoding="utf-8") \
+        == files[DASHBOARD_FILE]
+
+
+@pytest.mark.parametrize("case", MONITORING_OFF)
+def test_without_monitoring_or_the_services_nothing_is_wired(nix: Evaluator, cases, case):
+    """Monitoring on without Prometheus or Grafana on the host; both on without monitoring; both on
+    with the module's wiring turned off: no rule file, no scrape job, no Grafana provisioning."""
+    summary = cases[case]
+    assert summary["failed"] == [] and summary["warnings"] == []
+    assert summary["ruleFiles"] == [] and summary["scrapeConfigs"] == []
+    assert summary["grafana"] == {"enable": False, "dashboards": None, "datasources": None}
+    if case == "servicesWithoutMonitoring":
+        assert "monitoring" not in units_build_command(nix, summary, "dsv4")
+
+
+def test_wiring_asked_for_without_the_services_warns(cases):
+    summary = cases["monitoringWiringWithoutServices"]
+    assert summary["failed"] == []
+    warnings = sorted(" ".join(w.split()) for w in summary["warnings"])
+    assert len(warnings) == 2, warnings
+    assert "Write services.grafana.enable = true;" in warnings[0]
+    assert "Write services.prometheus.enable = true;" in warnings[1]
+    # No Prometheus here, so no data source either: the dashboards' variable offers what Grafana has.
+    assert summary["grafana"]["datasources"]["datasources"] == []

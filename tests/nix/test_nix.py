@@ -120,6 +120,58 @@ def test_nix_names_the_units_as_pdserve_does(reference_data, name: str) -> None:
     assert nix_eval(f'(import {DERIVED}).unitNames "{name}"') == {role: unit_name(dep, role) for role in get_args(Role)}
 
 
+# Deployments whose scrape jobs the module computes (derived.nix scrapeConfigs) and pdserve renders
+# (pdserve.render.monitoring.scrape): the reference's defaults, and listeners on every address family the
+# connect-host rule turns into something else (any-address, IPv6, the fallback's own host and port).
+SCRAPE_VARIANTS: dict[str, dict[str, Any]] = {
+    "reference": {},
+    "public-router": {"name": "a-2", "router": {"host": "0.0.0.0", "prometheus_host": "::", "prometheus_port": 29100},
+                      "monitoring": {"enable": True, "scrape_interval_secs": 5}},
+    "ipv6-and-fallback": {
+        "name": "x", "router": {"host": "::", "prometheus_host": "::1"},
+        "prefill": {"host": "10.0.0.5", "allow_non_loopback": True},
+        "decode": {"host": "::1"},
+        "fallback": {"host": "0.0.0.0", "port": 31005},
+        "monitoring": {"enable": True, "scrape_interval_secs": 60},
+    },
+    "fallback-on-ipv6": {"router": {"host": "0.0.0.0"}, "fallback": {"host": "fe80::1"},
+                         "monitoring": {"scrape_interval_secs": 10}},
+}
+
+
+def merged(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in changes.items():
+        out[key] = merged(base.get(key, {}), value) if isinstance(value, dict) else value
+    return out
+
+
+@pytest.mark.parametrize("variant", SCRAPE_VARIANTS)
+def test_nix_computes_the_scrape_jobs_pdserve_renders(reference_data, variant: str) -> None:
+    """The module's services.prometheus.scrapeConfigs come from derived.nix, computed from the settings
+    (reading the rendered file at evaluation would be import-from-derivation): they must be exactly
+    Python's scrape_configs, job names, targets (connect_host), labels, interval and timeout."""
+    from pdserve.render.monitoring.scrape import scrape_configs
+    from pdserve.schema.loading import deployment_from_data
+
+    data = merged(reference_data, SCRAPE_VARIANTS[variant])
+    dep = deployment_from_data(data, "<test>").deployment
+    settings = json.dumps(json.dumps(data))
+    from_nix = nix_eval(f"(import {DERIVED}).scrapeConfigs (builtins.fromJSON (builtins.readFile {SCHEMA})) "
+                        f"(builtins.fromJSON {settings})")
+    assert from_nix == scrape_configs(dep)
+    assert nix_eval(f"(import {DERIVED}).monitoringEnabled (builtins.fromJSON (builtins.readFile {SCHEMA})) "
+                    f"(builtins.fromJSON {settings})") is dep.monitoring.enable
+
+
+def test_nix_connects_to_a_listener_as_pdserve_does() -> None:
+    from pdserve.schema.derived import connect_host
+
+    hosts = ["0.0.0.0", "::", "127.0.0.1", "::1", "fe80::1%eth0", "localhost", "10.0.0.5", *HOSTS]
+    from_nix = nix_eval(f"map (import {DERIVED}).connectHost (builtins.fromJSON {json.dumps(json.dumps(hosts))})")
+    assert from_nix == [connect_host(host) for host in hosts]
+
+
 def test_the_embedded_profile_is_the_host_file_byte_for_byte() -> None:
     embedded = REPO / "pkg" / "pdserve" / "schema" / "profiles" / "dsv4.toml"
     assert embedded.read_bytes() == DEPLOYMENT.read_bytes(), f"copy {DEPLOYMENT.relative_to(REPO)} to {embedded.relative_to(REPO)}"
