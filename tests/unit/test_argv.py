@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pdserve.render.argv import launch, launches, router_args, server_args
+from pdserve.schema.derived import listen_address
 from pdserve.schema.loading import deployment_from_data
 
 
@@ -40,6 +41,17 @@ def test_fallback_is_a_plain_server_on_the_router_port(reference):
     assert not any(arg.startswith("--disaggregation") for arg in args)
     assert flag_value(args, "--port") == "30001"
     assert flag_value(args, "--tp-size") == "8"
+
+
+def test_fallback_listens_where_the_file_says_else_where_the_router_does(reference_data):
+    reference_data["router"]["host"] = "0.0.0.0"
+    reference_data["fallback"]["port"] = 30100
+    dep = deployment_from_data(reference_data, "t").deployment
+    assert listen_address(dep, "fallback") == ("0.0.0.0", 30100)   # host from the router, port its own
+    args = server_args(dep, "fallback")
+    assert (flag_value(args, "--host"), flag_value(args, "--port")) == ("0.0.0.0", "30100")
+    assert flag_value(args, "--tp-size") == "8" and dep.server("fallback") is dep.fallback
+    assert listen_address(dep, "decode") == ("127.0.0.1", 30002) and dep.server("decode") is dep.decode
 
 
 def test_router_targets_workers_with_bootstrap_port(reference):

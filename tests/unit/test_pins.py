@@ -19,3 +19,31 @@ def test_parser_names_match_installed_sglang():
     assert version("sglang") == pins.SGLANG_VERSION
     assert set(REASONING_PARSER_NAMES) == pins.REASONING_PARSERS
     assert set(TOOL_CALL_PARSER_NAMES) == pins.TOOL_CALL_PARSERS
+
+
+def _choices(add_cli_args, dest: str) -> set[str]:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_cli_args(parser)
+    (action,) = [a for a in parser._actions if a.dest == dest]
+    return set(action.choices)
+
+
+def test_schema_choices_match_the_pinned_parsers():
+    # The schema's Literals are pdserve's copy of these choices, so `pdserve check` refuses a bad value
+    # without SGLang; the pinned parsers are what the units actually run.
+    require_or_skip(importlib.util.find_spec("sglang") is not None
+                    and importlib.util.find_spec("sglang_router") is not None,
+                    "sglang and sglang-router are not installed here", "PDSERVE_REQUIRE_PARSERS")
+    from typing import get_args
+
+    from sglang.srt.server_args import ServerArgs
+    from sglang_router.router_args import RouterArgs
+
+    from pdserve.schema.config import Policy, TransferSpec
+
+    backends = set(get_args(TransferSpec.model_fields["backend"].annotation))
+    assert backends == _choices(ServerArgs.add_cli_args, "disaggregation_transfer_backend") - {"fake"}
+    router = lambda parser: RouterArgs.add_cli_args(parser, use_router_prefix=False)  # noqa: E731
+    assert set(get_args(Policy)) == _choices(router, "policy")

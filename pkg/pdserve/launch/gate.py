@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from pdserve.probes.router import PD_WORKER_COUNT
+from pdserve.probes.router import PD_WORKER_COUNT, worker_counts
 from pdserve.schema.config import Deployment, Role
 from pdserve.schema.derived import disaggregation_mode, role_url
 
@@ -90,8 +90,7 @@ def router_observation(client: httpx.Client, base_url: str, expected_workers: in
         status, body = _get_json(client, f"{base_url}/readiness")
     except httpx.HTTPError as exc:
         return Observation(False, f"{base_url} unreachable: {type(exc).__name__}: {exc}")
-    counts = body if isinstance(body, dict) else {}
-    healthy, total = counts.get("healthy_workers"), counts.get("total_workers")
+    healthy, total = worker_counts(body)
     if status == 200 and healthy == total == expected_workers:
         return Observation(True, f"{base_url}/readiness: {healthy}/{total} workers healthy")
     return Observation(

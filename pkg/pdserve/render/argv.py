@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from pdserve.render.toolchain import Toolchain
 from pdserve.schema.config import ROLES, Deployment, Role, ServerSpec
-from pdserve.schema.derived import role_url, router_shutdown_grace, unit_name
+from pdserve.schema.derived import listen_address, role_url, router_shutdown_grace, unit_name
 
 # Name of the systemd credential that carries the API key (LoadCredential=<name>:<file>).
 API_KEY_CREDENTIAL = "api-key"
@@ -82,12 +82,8 @@ def server_args(dep: Deployment, role: Role) -> list[str]:
     """SGLang server flags of a role (prefill, decode or fallback), as `launch_server` takes them."""
     if role == "router":
         raise ValueError("the router is not an SGLang server; use router_args()")
-    if role == "fallback":
-        server: ServerSpec = dep.fallback
-        host, port = dep.fallback_host, dep.fallback_port
-    else:
-        worker = dep.worker(role)
-        server, host, port = worker, worker.host, worker.port
+    server = dep.server(role)
+    host, port = listen_address(dep, role)
     args = _model_args(dep)
     args += ["--host", host, "--port", str(port)]
     args += _gpu_placement(server)

@@ -128,6 +128,7 @@ class FallbackSpec(ServerSpec):
 class TransferSpec(_Section):
     """How KV moves from prefill to decode."""
 
+    # `--disaggregation-transfer-backend` choices of sglang 0.5.23, less "fake" (a decode-only test backend).
     backend: Literal["nixl", "mooncake", "mooncake_tcp", "mori", "ascend"] = "nixl"
     bootstrap_port: Port = Field(8998, description="Bound by the prefill server; distinct per deployment")
     ib_devices: list[str] = Field(default_factory=list, max_length=MAX_LIST_ITEMS,
@@ -143,6 +144,7 @@ class TransferSpec(_Section):
         return value
 
 
+# Load-balancing policies of sglang-router 0.3.2 (`--policy`, `--prefill-policy`, `--decode-policy`).
 Policy = Literal["random", "round_robin", "cache_aware", "power_of_two", "manual"]
 
 

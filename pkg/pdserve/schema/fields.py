@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from pathlib import PurePosixPath
 from collections.abc import Callable
+from pathlib import PurePosixPath
 from typing import Annotated
 
 from pydantic import AfterValidator, Field

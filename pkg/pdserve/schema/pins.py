@@ -31,9 +31,3 @@ TOOL_CALL_PARSERS = frozenset(
         "qwen3_coder", "response_template", "spark25", "step3", "step3p5", "trinity",
     }
 )
-
-# `--disaggregation-transfer-backend` choices of 0.5.23, less "fake" (decode-only test backend).
-TRANSFER_BACKENDS = ("nixl", "mooncake", "mooncake_tcp", "mori", "ascend")
-
-# Router load-balancing policies of sglang-router 0.3.2 (`--policy`, `--prefill-policy`, `--decode-policy`).
-ROUTER_POLICIES = ("random", "round_robin", "cache_aware", "power_of_two", "manual")
