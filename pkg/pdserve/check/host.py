@@ -2,16 +2,16 @@
 
 Every check either finds problems, passes, or is skipped with the reason it could not run; an
 unknown answer (no NVML, a GPU whose NUMA node the kernel reports as -1) is a skip, not a pass.
-The host is read through pdserve.probes (NVML for the GPUs, as the verifier reads them; sysfs for NUMA).
+The host is read through pdserve.probes (NVML for the GPUs, as the verifier reads them; sysfs for NUMA;
+probes.paths for the tools, the model directory and the key file).
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pdserve.probes import nvml, topology
+from pdserve.probes import nvml, paths, topology
 from pdserve.probes.observations import Unavailable
 from pdserve.render.toolchain import Toolchain
 from pdserve.schema.config import Deployment, ServerSpec
@@ -93,8 +93,7 @@ def check_files(dep: Deployment, tools: Toolchain, report: HostReport) -> None:
     needed = ["sglang_python", "pdserve"]
     if any(server.numa_node is not None for _, server in _servers(dep)):
         needed.append("numactl")
-    missing = [name for name in needed
-               if not (os.path.isfile(getattr(tools, name)) and os.access(getattr(tools, name), os.X_OK))]
+    missing = [name for name in needed if not paths.is_executable_file(getattr(tools, name))]
     for name in missing:
         report.problems.append(Problem(f"tools.{name}", getattr(tools, name), "is not an executable file on this host",
                                        f"install it or point tools.{name} at the right path"))
@@ -102,22 +101,20 @@ def check_files(dep: Deployment, tools: Toolchain, report: HostReport) -> None:
         report.passed.append(f"tool executables exist ({', '.join(needed)})")
     model = dep.model.path
     if model.startswith("/"):
-        if not Path(model).is_dir():
+        if not paths.is_directory(model):
             report.problems.append(Problem("model.path", model, "no such directory on this host",
                                            "download the model there or correct the path", Severity.WARNING))
     else:
         report.skipped.append(f"model.path: {model} is a hub id, resolved by SGLang at launch")
     key = dep.router.api_key_file
     if key is not None:
-        try:
-            mode = Path(key).stat().st_mode
-        except OSError:
+        mode = paths.file_mode(key)
+        if mode is None:
             report.problems.append(Problem("router.api_key_file", key, "does not exist on this host",
                                            "create it with the key as its only content, mode 0600"))
-        else:
-            if mode & 0o077:
-                report.problems.append(Problem("router.api_key_file", key, f"is readable by others (mode {oct(mode & 0o777)})",
-                                               f"chmod 600 {key}", Severity.WARNING))
+        elif mode & 0o077:
+            report.problems.append(Problem("router.api_key_file", key, f"is readable by others (mode {oct(mode & 0o777)})",
+                                           f"chmod 600 {key}", Severity.WARNING))
 
 
 def check_host(dep: Deployment, tools: Toolchain, host: HostView | None = None) -> HostReport:

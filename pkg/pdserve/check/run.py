@@ -10,6 +10,7 @@ from typing import Any
 from pdserve.check.host import HostView, check_host, read_host
 from pdserve.check.parsers import check_with_parsers, pin_problems
 from pdserve.check.target import HostRule, decide
+from pdserve.probes import paths
 from pdserve.render.renderable import load_renderable
 from pdserve.render.toolchain import (
     SGLANG_PYTHON_PLACEHOLDER,
@@ -65,7 +66,7 @@ class HostReading:
 
 
 def _systemd_missing() -> str | None:
-    if not Path("/run/systemd/system").is_dir():  # sd_booted(3)'s test
+    if not paths.systemd_running():
         return "systemd is not running here"
     return None
 

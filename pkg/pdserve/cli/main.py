@@ -27,11 +27,11 @@ from pdserve.cli.options import (
     tool_overrides,
 )
 from pdserve.render.renderable import load_renderable
-from pdserve.schema.config import Deployment
+from pdserve.schema.config import ROLES, Deployment
 from pdserve.schema.loading import json_schema
 from pdserve.schema.problems import ConfigError, Problem, errors
 
-ROLE_CHOICE = click.Choice(["prefill", "decode", "router", "fallback"])
+ROLE_CHOICE = click.Choice(ROLES)
 
 
 class Commands(click.Group):

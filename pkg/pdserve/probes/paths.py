@@ -1,7 +1,8 @@
-"""Facts about a path on this host: where its links lead, and whether this process could write there.
+"""Facts about a path on this host: where its links lead, whether this process could write there, what
+kind of file it is.
 
 The cutover asks them of the unit directory and each unit's file (on NixOS both lead into the read-only
-Nix store)."""
+Nix store); `pdserve check` asks of the tools, the model directory and the key file."""
 
 from __future__ import annotations
 
@@ -35,3 +36,25 @@ def path_facts(path: str) -> PathFacts | None:
         mounted_read_only = False  # not known: what this user may do still is
     denied = not mounted_read_only and not os.access(where, os.W_OK)
     return PathFacts(path, str(resolved), mounted_read_only or denied, denied)
+
+
+def is_executable_file(path: str) -> bool:
+    """A regular file (after links) this process may execute."""
+    return os.path.isfile(path) and os.access(path, os.X_OK)
+
+
+def is_directory(path: str) -> bool:
+    return Path(path).is_dir()
+
+
+def file_mode(path: str) -> int | None:
+    """st_mode of `path` (after links); None when it cannot be stat'ed (missing, or not ours to see)."""
+    try:
+        return Path(path).stat().st_mode
+    except OSError:
+        return None
+
+
+def systemd_running() -> bool:
+    """sd_booted(3)'s test: systemd is this host's init."""
+    return Path("/run/systemd/system").is_dir()

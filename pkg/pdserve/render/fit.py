@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from pdserve.render.argv import environment, router_args, server_args
-from pdserve.schema.config import Deployment, Role
+from pdserve.schema.config import ROLES, Deployment, Role
 from pdserve.schema.problems import Problem
 from pdserve.schema.systemd_syntax import LONG_LINE_MAX, PATH_MAX
 
@@ -35,8 +35,8 @@ def _quoted_size(arg: str) -> int:
 
 
 def command_lines_fit(dep: Deployment) -> Iterator[Problem]:
-    for role in ("prefill", "decode", "router", "fallback"):
-        args = _args(dep, role)  # type: ignore[arg-type]
+    for role in ROLES:
+        args = _args(dep, role)
         line = sum(_quoted_size(a) + 1 for a in args) + _TOOLS_MARGIN
         if line >= LONG_LINE_MAX:
             yield Problem(

@@ -11,11 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from pdserve.schema.config import Deployment, Role
+from pdserve.schema.config import ROLES, Deployment, Role
 from pdserve.schema.derived import unit_name
 from pdserve.schema.problems import Problem
-
-ROLES: tuple[Role, ...] = ("prefill", "decode", "router", "fallback")
 
 
 @dataclass(frozen=True)
