@@ -165,3 +165,12 @@ def test_every_command_with_a_deployment_has_the_one_config_option():
             continue
         (option,) = options
         assert (option.opts, option.metavar, option.help) == (shared.opts, shared.metavar, shared.help), name
+
+
+def test_the_verifiers_exit_codes_are_the_command_lines():
+    """verify, like cutover, cannot import pdserve.cli (a layer above it): its own numbers, which its
+    --json report publishes as exit_code, must be the table's."""
+    from pdserve.verify import report
+
+    assert (report.EXIT_OK, report.EXIT_FAILED, report.EXIT_USAGE, report.EXIT_BROKEN) == (
+        Exit.OK, Exit.PROBLEMS, Exit.USAGE, Exit.INTERNAL)

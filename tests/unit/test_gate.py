@@ -68,7 +68,11 @@ def test_unreachable_is_not_ready():
         raise httpx.ConnectError("connection refused", request=request)
 
     client = httpx.Client(transport=httpx.MockTransport(refuse))
-    assert "unreachable" in worker_observation(client, "http://w", "decode").state
+    # The state names the cause, as probes.http words it, for the journal line of a gate that gave up.
+    worker = worker_observation(client, "http://w", "decode")
+    assert not worker.ready and worker.state == "http://w unreachable: ConnectError: connection refused"
+    router = router_observation(client, "http://r", 2)
+    assert not router.ready and router.state == "http://r unreachable: ConnectError: connection refused"
 
 
 def test_wait_gives_up_at_the_deadline_with_the_last_state():

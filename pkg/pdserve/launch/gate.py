@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import httpx
 
+from pdserve.probes import http
 from pdserve.probes.router import PD_WORKER_COUNT, worker_counts
 from pdserve.schema.config import Deployment, Role
 from pdserve.schema.derived import disaggregation_mode, role_url
@@ -30,13 +31,16 @@ class Observation:
 Probe = Callable[[], Observation]
 
 
-def _get_json(client: httpx.Client, url: str) -> tuple[int, object | None]:
-    response = client.get(url)
-    try:
-        body = response.json()
-    except ValueError:
-        body = None
-    return response.status_code, body
+class _Unreachable(Exception):
+    """No HTTP answer at all (refused, timed out); its text is probes.http's error."""
+
+
+def _get(client: httpx.Client, url: str) -> tuple[int, object]:
+    """(status, body: parsed JSON, or the text) through probes.http, which bounds and reads the request."""
+    seen = http.get(client, url)
+    if seen.status is None:
+        raise _Unreachable(seen.error)
+    return seen.status, seen.body
 
 
 _ENGINE_TYPE = re.compile(r'^sglang:[^{\s]*\{[^}]*engine_type="([^"]+)"', re.MULTILINE)
@@ -51,8 +55,8 @@ def _mode_from_metrics(client: httpx.Client, base_url: str, expected_mode: str) 
     """A server started with an API key answers /model_info only with the key, which the gate does
     not hold (systemd 252 gives ExecStartPost= no readable credential). /metrics stays open and its
     series carry the engine_type label, which names the same mode."""
-    response = client.get(f"{base_url}/metrics")
-    types = set(_ENGINE_TYPE.findall(response.text)) if response.status_code == 200 else set()
+    status, text = _get(client, f"{base_url}/metrics")
+    types = set(_ENGINE_TYPE.findall(text)) if status == 200 and isinstance(text, str) else set()
     expected = engine_type_for(expected_mode)
     if types == {expected}:
         return Observation(True, f"{base_url} healthy, /metrics engine_type={expected}")
@@ -63,20 +67,20 @@ def _mode_from_metrics(client: httpx.Client, base_url: str, expected_mode: str) 
 
 def worker_observation(client: httpx.Client, base_url: str, expected_mode: str) -> Observation:
     try:
-        status, _ = _get_json(client, f"{base_url}/health")
+        status, _ = _get(client, f"{base_url}/health")
         if status != 200:
             return Observation(False, f"GET {base_url}/health answered {status}")
         source = "model_info"
-        status, info = _get_json(client, f"{base_url}/{source}")
+        status, info = _get(client, f"{base_url}/{source}")
         if status == 401:
             return _mode_from_metrics(client, base_url, expected_mode)
         if status == 200 and isinstance(info, dict) and "disaggregation_mode" not in info:
             # SGLang before 0.5.23 (0.5.17 on the GPU test machines) leaves the mode out of /model_info;
             # /server_info, the server's arguments, has it in every release.
             source = "server_info"
-            status, info = _get_json(client, f"{base_url}/{source}")
-    except httpx.HTTPError as exc:
-        return Observation(False, f"{base_url} unreachable: {type(exc).__name__}: {exc}")
+            status, info = _get(client, f"{base_url}/{source}")
+    except _Unreachable as exc:
+        return Observation(False, f"{base_url} unreachable: {exc}")
     if status != 200 or not isinstance(info, dict):
         return Observation(False, f"GET {base_url}/{source} answered {status}")
     mode = str(info.get("disaggregation_mode"))
@@ -87,9 +91,9 @@ def worker_observation(client: httpx.Client, base_url: str, expected_mode: str) 
 
 def router_observation(client: httpx.Client, base_url: str, expected_workers: int) -> Observation:
     try:
-        status, body = _get_json(client, f"{base_url}/readiness")
-    except httpx.HTTPError as exc:
-        return Observation(False, f"{base_url} unreachable: {type(exc).__name__}: {exc}")
+        status, body = _get(client, f"{base_url}/readiness")
+    except _Unreachable as exc:
+        return Observation(False, f"{base_url} unreachable: {exc}")
     healthy, total = worker_counts(body)
     if status == 200 and healthy == total == expected_workers:
         return Observation(True, f"{base_url}/readiness: {healthy}/{total} workers healthy")
