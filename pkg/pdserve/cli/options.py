@@ -29,7 +29,8 @@ _TOOL_FLAGS = (
 
 
 def tool_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """--sglang-python, --numactl and --pdserve, passed to the command as one `tools` dict."""
+    """--sglang-python, --numactl and --pdserve, passed to the command as sglang_python, numactl and pdserve
+    (tool_overrides makes them the one dict the toolchain reads)."""
     for flag, metavar, help_text in reversed(_TOOL_FLAGS):
         command = click.option(f"--{flag}", flag.replace("-", "_"), metavar=metavar, help=help_text)(command)
     return command
