@@ -13,6 +13,9 @@ import sys
 
 
 def read_key(credential: str) -> str:
+    # The one key reader outside pdserve.probes.credentials, which this Python cannot import. It reads only
+    # what systemd put in $CREDENTIALS_DIRECTORY: a regular file systemd wrote itself, within its own size
+    # limit, so that reader's refusals (FIFOs, oversized files) have nothing to refuse here.
     directory = os.environ.get("CREDENTIALS_DIRECTORY")
     if not directory:
         sys.exit("keyed_launch: $CREDENTIALS_DIRECTORY is unset; pass the key with LoadCredential=")
