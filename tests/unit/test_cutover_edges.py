@@ -90,9 +90,24 @@ def test_refusal_windows_run_from_first_refusal_to_next_accept():
     assert summarize("a", [Sample(0, True)], 1.0).refused_seconds == 0
 
 
+def _within(seconds: float, condition) -> bool:
+    """Poll `condition` until it holds or `seconds` have passed (a bounded wait, not a timing)."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        threading.Event().wait(0.01)
+    return True
+
+
 def test_prober_measures_a_real_closed_then_open_port():
-    """A real socket: refused until a listener appears 0.5 s in; the window must show it."""
+    """A real socket, refused until a listener appears: every probe that ended before the listener was
+    opened is refused, every probe begun after it is accepted, and the one window ends where that changes.
+    Causes, not durations (a loaded 2-core machine stretches those): the timings are printed."""
     import socket
+    import time
 
     holder = socket.socket()
     holder.bind(("127.0.0.1", 0))
@@ -100,23 +115,30 @@ def test_prober_measures_a_real_closed_then_open_port():
     holder.close()  # nothing listens: connections are refused
     listener = socket.socket()
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-
-    def open_later():
+    before_start = time.monotonic()
+    prober = PortProber("127.0.0.1", port, interval=0.05).start()
+    after_start = time.monotonic()  # the prober's zero lies between before_start and after_start
+    try:
+        assert _within(10, lambda: len(prober.samples) >= 4), "the prober took no samples"
+        opening = time.monotonic()
         listener.bind(("127.0.0.1", port))
         listener.listen(64)
-
-    timer = threading.Timer(0.5, open_later)
-    prober = PortProber("127.0.0.1", port, interval=0.05).start()
-    timer.start()
-    try:
-        threading.Event().wait(1.0)
+        opened = time.monotonic()
+        assert _within(10, lambda: sum(s.accepted for s in prober.samples) >= 3), "no probe got through"
     finally:
         summary = prober.stop()
-        timer.cancel()
         listener.close()
-    assert 0.35 <= summary.refused_seconds <= 0.75, summary
-    assert summary.windows[0][0] < 0.1
-    assert summary.samples >= 10
+    samples = list(prober.samples)
+    print(f"listener opened {opening - after_start:.3f}-{opened - before_start:.3f} s in; {summary}")
+    # Probes run one after another: probe i has ended when probe i + 1 begins.
+    ended_before = [s for s, following in zip(samples, samples[1:]) if following.at + after_start < opening]
+    begun_after = [s for s in samples if s.at + before_start > opened]
+    assert ended_before and not any(s.accepted for s in ended_before), samples
+    assert begun_after and all(s.accepted for s in begun_after), samples
+    assert len(summary.windows) == 1 and summary.windows[0][0] == samples[0].at, summary
+    first_accepted = next(s for s in samples if s.accepted)
+    assert summary.windows[0][1] == first_accepted.at
+    assert summary.refused_samples == sum(not s.accepted for s in samples) >= len(ended_before)
 
 
 def test_cli_usage_exits_2_and_an_invalid_config_1(tmp_path: Path):
