@@ -19,7 +19,7 @@ import pytest
 
 from pdserve.render.toolchain import Toolchain
 from tests.conftest import require_or_skip
-from tests.gpu.pd_run import PDRun, numactl_path, pdserve_executable, write_api_key, write_deployment
+from tests.gpu.pd_run import PDRun, free_ports, numactl_path, pdserve_executable, write_api_key, write_deployment
 from tests.gpu.tiny_model import make_tiny_model
 
 REQUIRE = "PDSERVE_REQUIRE_GPU_SGLANG"
@@ -33,19 +33,6 @@ def gpu_count() -> int:
     except (OSError, subprocess.TimeoutExpired):
         return 0
     return sum(1 for line in out.splitlines() if line.startswith("GPU "))
-
-
-def _free_ports(count: int) -> list[int]:
-    import socket
-
-    socks = [socket.socket() for _ in range(count)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def _node0_exists() -> bool:
@@ -73,7 +60,7 @@ def pd(tmp_path_factory, report) -> PDRun:
     model = make_tiny_model(workdir / "tiny-llama")
     numactl = numactl_path()
     numa_node = 0 if numactl and _node0_exists() else None
-    ports = dict(zip(("prefill", "decode", "router", "bootstrap", "prometheus"), _free_ports(5)))
+    ports = dict(zip(("prefill", "decode", "router", "bootstrap", "prometheus"), free_ports(5)))
     # Two GPUs: prefill and decode on their own; one: both on GPU 0 (allow_shared_gpus). The router
     # always has an API key, delivered as the units deliver it.
     layout = 2 if gpus >= 2 else 1

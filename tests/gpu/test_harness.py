@@ -11,14 +11,14 @@ import time
 import pytest
 
 from pdserve.render.toolchain import Toolchain
-from tests.gpu.pd_run import PDRun, pdserve_executable, write_deployment
-
-PORTS = {"prefill": 31100, "decode": 31102, "router": 31101, "bootstrap": 31198, "prometheus": 31190}
+from tests.gpu.pd_run import PDRun, free_ports, pdserve_executable, write_deployment
 
 
 @pytest.fixture
 def run(tmp_path) -> PDRun:
-    config = write_deployment(tmp_path, tmp_path / "tiny", PORTS, numa_node=None)
+    # Free ports, not fixed ones: CI's container tier shares the host network, and so do parallel runs.
+    ports = dict(zip(("prefill", "decode", "router", "bootstrap", "prometheus"), free_ports(5)))
+    config = write_deployment(tmp_path, tmp_path / "tiny", ports, numa_node=None)
     tools = Toolchain(sglang_python=sys.executable, numactl="/usr/bin/numactl", pdserve=pdserve_executable(tmp_path))
     pd = PDRun(config, tmp_path, tools)
     yield pd
