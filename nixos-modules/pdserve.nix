@@ -235,6 +235,19 @@ let
   # The scrape jobs are computed from the settings instead (derived.nix, the same as Python's).
   alertsFile = d: "${renderedUnits d}/${monitoringDir}/alerts.yml";
 
+  grafana = config.services.grafana.provision;
+  grafanaWired = cfg.monitoring.grafana.enable && monitored != [ ];
+  dashboardProviders = map (d: {
+    name = "pdserve-${d.settings.name}";
+    type = "file";
+    options.path = "${renderedUnits d}/${dashboardDir}";
+  }) monitored;
+  datasources = lib.optional (cfg.monitoring.grafana.datasourceUrl != null) {
+    name = "pdserve Prometheus";
+    type = "prometheus";
+    url = cfg.monitoring.grafana.datasourceUrl;
+  };
+
   prometheusUrl =
     let
       p = config.services.prometheus;
@@ -523,6 +536,15 @@ in
         services.pdserve.monitoring.grafana.enable provisions the dashboards, but services.grafana.enable
         is false. Write services.grafana.enable = true; or drop services.pdserve.monitoring.grafana.enable.
       ''
+      ++ lib.optional (grafanaWired && grafana.dashboards.path != null) ''
+        services.pdserve: services.grafana.provision.dashboards.path is set, so the pdserve dashboards are
+        not provisioned. Add to that file: ${builtins.toJSON dashboardProviders}
+      ''
+      ++ lib.optional (grafanaWired && datasources != [ ] && grafana.datasources.path != null) ''
+        services.pdserve: services.grafana.provision.datasources.path is set, so the data source
+        "pdserve Prometheus" is not provisioned. Add it to that file, or write
+        services.pdserve.monitoring.grafana.datasourceUrl = null; to leave it out.
+      ''
       ++ lib.optional (!config.hardware.graphics.enable) ''
         services.pdserve: hardware.graphics.enable is false, so /run/opengl-driver/lib (where the
         SGLang environment looks for libcuda) stays empty. On a GPU host write
@@ -557,18 +579,12 @@ in
       ruleFiles = map alertsFile monitored;
       scrapeConfigs = lib.concatMap (d: derived.scrapeConfigs schema d.settings) monitored;
     };
-    services.grafana.provision = lib.mkIf (cfg.monitoring.grafana.enable && monitored != [ ]) {
+    # A provisioning file of the user's own (provision.*.path) excludes the settings form nixpkgs
+    # writes; then nothing is added there (a warning says what to add) rather than failing its assertion.
+    services.grafana.provision = lib.mkIf grafanaWired {
       enable = true;
-      dashboards.settings.providers = map (d: {
-        name = "pdserve-${d.settings.name}";
-        type = "file";
-        options.path = "${renderedUnits d}/${dashboardDir}";
-      }) monitored;
-      datasources.settings.datasources = lib.optional (cfg.monitoring.grafana.datasourceUrl != null) {
-        name = "pdserve Prometheus";
-        type = "prometheus";
-        url = cfg.monitoring.grafana.datasourceUrl;
-      };
+      dashboards.settings = lib.mkIf (grafana.dashboards.path == null) { providers = dashboardProviders; };
+      datasources.settings = lib.mkIf (grafana.datasources.path == null) { inherit datasources; };
     };
   };
 }

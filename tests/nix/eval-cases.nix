@@ -192,6 +192,16 @@ in
       services.pdserve.monitoring.grafana.enable = false;
     }
   ]);
+  # Grafana provisioned from files of the user's own, which exclude nixpkgs' settings form: nothing
+  # added there, a warning each (rather than nixpkgs' "Cannot set both" assertion).
+  grafanaProvisionedByFiles = monitoringSummary (variant [
+    services
+    monitoringOn
+    {
+      services.grafana.provision.dashboards.path = "/etc/grafana/dashboards.yaml";
+      services.grafana.provision.datasources.path = "/etc/grafana/datasources.yaml";
+    }
+  ]);
   # The module's wiring asked for on a host that runs neither service: a warning each.
   monitoringWiringWithoutServices = monitoringSummary (variant [
     monitoringOn

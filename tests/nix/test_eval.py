@@ -139,6 +139,7 @@ SELECTION = """c: {
   inherit (c) monitoring monitoringTwo monitoringWithoutServices servicesWithoutMonitoring monitoringWiringOff;
   # Not its toplevel: building that prints the warnings this case expects, which the tier refuses.
   monitoringWiringWithoutServices = { inherit (c.monitoringWiringWithoutServices) failed warnings grafana; };
+  grafanaProvisionedByFiles = { inherit (c.grafanaProvisionedByFiles) failed warnings grafana scrapeConfigs; };
 } // builtins.mapAttrs (_: v: { inherit (v) failed warnings; }) {
   inherit (c) openFirewallOnLoopback openFirewallWithoutKey publicWithoutKey relativeKey storeKey
     fallbackCollision sameName unitNameOfAnother;
@@ -497,3 +498,18 @@ def test_wiring_asked_for_without_the_services_warns(cases):
     assert "Write services.prometheus.enable = true;" in warnings[1]
     # No Prometheus here, so no data source either: the dashboards' variable offers what Grafana has.
     assert summary["grafana"]["datasources"]["datasources"] == []
+
+
+def test_grafana_provisioned_from_the_users_files_gets_a_warning_not_a_failure(cases):
+    """nixpkgs refuses provision.*.settings beside provision.*.path; the module then adds nothing to
+    Grafana and says what to add to the user's files. Prometheus is wired as before."""
+    summary = cases["grafanaProvisionedByFiles"]
+    assert summary["failed"] == []
+    assert summary["grafana"]["dashboards"] is None and summary["grafana"]["datasources"] is None
+    warnings = sorted(" ".join(w.split()) for w in summary["warnings"])
+    assert len(warnings) == 2, warnings
+    assert "provision.dashboards.path is set, so the pdserve dashboards are not provisioned" in warnings[0]
+    assert "/share/pdserve/monitoring/dashboards" in warnings[0] and '"name":"pdserve-dsv4"' in warnings[0]
+    assert "provision.datasources.path is set" in warnings[1] and "datasourceUrl = null;" in warnings[1]
+    assert [job["job_name"] for job in summary["scrapeConfigs"]] == [
+        f"pdserve-dsv4-{role}" for role in ("prefill", "decode", "router", "fallback")]
