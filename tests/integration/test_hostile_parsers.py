@@ -12,7 +12,7 @@ import pytest
 
 from pdserve.check.parsers import check_with_parsers
 from pdserve.render.renderable import renderable_from_data
-from pdserve.schema.rules import _RENDERED_ROUTER_FLAGS, _RENDERED_SERVER_FLAGS
+from pdserve.schema.rules import RENDERED_ROUTER_FLAGS, RENDERED_SERVER_FLAGS
 from tests.conftest import require_or_skip
 
 PROGRAMS = ("router", "server")
@@ -62,8 +62,8 @@ def _guarded(program: str):
     from pdserve.schema import extra_args
 
     if program == "server":
-        return _RENDERED_SERVER_FLAGS, extra_args.SERVER_SECRET_FLAGS, extra_args.SERVER_EXACT_FLAGS
-    return _RENDERED_ROUTER_FLAGS, extra_args.ROUTER_SECRET_FLAGS, extra_args.ROUTER_EXACT_FLAGS
+        return RENDERED_SERVER_FLAGS, extra_args.SERVER_SECRET_FLAGS, extra_args.SERVER_EXACT_FLAGS
+    return RENDERED_ROUTER_FLAGS, extra_args.ROUTER_SECRET_FLAGS, extra_args.ROUTER_EXACT_FLAGS
 
 
 @pytest.mark.parametrize("program", PROGRAMS)

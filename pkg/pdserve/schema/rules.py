@@ -13,7 +13,7 @@ from pdserve.schema.problems import Problem, Severity
 Rule = Callable[[Deployment], Iterator[Problem]]
 
 # Flags pdserve renders from the schema; repeating one in extra_args would make two sources of truth.
-_RENDERED_SERVER_FLAGS = {
+RENDERED_SERVER_FLAGS = {
     "--model-path": "model.path",
     "--model": "model.path",
     "--trust-remote-code": "model.trust_remote_code",
@@ -39,7 +39,7 @@ _RENDERED_SERVER_FLAGS = {
     "--disaggregation-bootstrap-port": "transfer.bootstrap_port",
     "--disaggregation-ib-device": "transfer.ib_devices",
 }
-_RENDERED_ROUTER_FLAGS = {
+RENDERED_ROUTER_FLAGS = {
     "--pd-disaggregation": "the deployment itself",
     "--prefill": "prefill.host/port",
     "--decode": "decode.host/port",
@@ -225,8 +225,8 @@ def no_rendered_flags_in_extra_args(dep: Deployment) -> Iterator[Problem]:
                 )
 
     for role, server in _servers(dep):
-        yield from clashes(f"{role}.extra_args", server.extra_args, _RENDERED_SERVER_FLAGS, role)
-    yield from clashes("router.extra_args", dep.router.extra_args, _RENDERED_ROUTER_FLAGS, "router")
+        yield from clashes(f"{role}.extra_args", server.extra_args, RENDERED_SERVER_FLAGS, role)
+    yield from clashes("router.extra_args", dep.router.extra_args, RENDERED_ROUTER_FLAGS, "router")
 
 
 def router_drains_before_sigkill(dep: Deployment) -> Iterator[Problem]:
