@@ -18,6 +18,7 @@ from click.testing import CliRunner
 from pdserve.cli.main import main
 from pdserve.schema.loading import deployment_from_data, load
 from pdserve.schema.problems import ConfigError
+from tests.conftest import require_or_skip
 
 
 def problems(data) -> dict:
@@ -89,8 +90,8 @@ def test_timeouts_are_bounded_instead_of_silently_replaced_by_systemd(reference_
 
 def test_systemd_ignores_a_timeout_it_cannot_hold(tmp_path):
     """Why the bound exists: the value would not fail the unit, it would be dropped."""
-    if shutil.which("systemd-analyze") is None:
-        pytest.skip("systemd-analyze is missing")
+    require_or_skip(shutil.which("systemd-analyze") is not None, "systemd-analyze is missing (apt-get install systemd)",
+                    "PDSERVE_REQUIRE_SYSTEMD")
     unit = tmp_path / "etc/systemd/system/t.service"
     unit.parent.mkdir(parents=True)
     unit.write_text("[Service]\nExecStart=/bin/true\nTimeoutStartSec=1000000000000000\n")
