@@ -14,7 +14,7 @@ from pathlib import Path
 from pdserve.probes import nvml, paths, topology
 from pdserve.probes.observations import Unavailable
 from pdserve.render.toolchain import Toolchain
-from pdserve.schema.config import Deployment, ServerSpec
+from pdserve.schema.config import SERVER_ROLES, Deployment, ServerSpec
 from pdserve.schema.problems import Problem, Severity
 
 
@@ -36,7 +36,7 @@ class HostView:
 
 
 def _servers(dep: Deployment) -> list[tuple[str, ServerSpec]]:
-    return [("prefill", dep.prefill), ("decode", dep.decode), ("fallback", dep.fallback)]
+    return [(role, dep.server(role)) for role in SERVER_ROLES]
 
 
 def read_host(sys_root: Path = topology.SYS, read_gpus=nvml.read_gpus) -> HostView:

@@ -17,7 +17,7 @@ from importlib import resources
 
 from pdserve.render.argv import router_args, server_args
 from pdserve.schema import pins
-from pdserve.schema.config import Deployment, Role
+from pdserve.schema.config import SERVER_ROLES, Deployment, Role
 from pdserve.schema.problems import Problem
 
 PARSE_TIMEOUT_SEC = 180.0
@@ -36,7 +36,7 @@ def requests_for(dep: Deployment) -> list[dict]:
     """One parse per role; `extra` says how many trailing args come from the role's extra_args, so the
     parser check can tell a bad extra arg from a rendering bug."""
     items = [{"role": role, "program": "server", "args": server_args(dep, role), "extra": len(_extra_args(dep, role))}
-             for role in ("prefill", "decode", "fallback")]
+             for role in SERVER_ROLES]
     items.append({"role": "router", "program": "router", "args": router_args(dep),
                   "extra": len(_extra_args(dep, "router"))})
     return items

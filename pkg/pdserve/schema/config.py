@@ -38,6 +38,7 @@ from pdserve.schema.systemd_syntax import executable_problem
 Role = Literal["prefill", "decode", "router", "fallback"]
 WORKER_ROLES: tuple[Role, ...] = ("prefill", "decode")
 ROLES: tuple[Role, ...] = ("prefill", "decode", "router", "fallback")
+SERVER_ROLES: tuple[Role, ...] = ("prefill", "decode", "fallback")  # the SGLang servers: Deployment.server
 
 
 class _Section(BaseModel):

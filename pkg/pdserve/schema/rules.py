@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Callable, Iterator, Sequence
 
-from pdserve.schema.config import WORKER_ROLES, Deployment, ServerSpec
+from pdserve.schema.config import SERVER_ROLES, WORKER_ROLES, Deployment, ServerSpec
 from pdserve.schema.derived import router_shutdown_grace
 from pdserve.schema.extra_args import ROUTER_EXACT_FLAGS, SERVER_EXACT_FLAGS, long_flag, read_as
 from pdserve.schema.problems import Problem, Severity
@@ -74,9 +74,8 @@ def is_loopback(host: str) -> bool:
 
 
 def _servers(dep: Deployment) -> Iterator[tuple[str, ServerSpec]]:
-    yield "prefill", dep.prefill
-    yield "decode", dep.decode
-    yield "fallback", dep.fallback
+    for role in SERVER_ROLES:
+        yield role, dep.server(role)
 
 
 # Prefill and decode on one GPU (allow_shared_gpus) each size their static pool (weights + KV) as a fraction
