@@ -19,7 +19,8 @@ import pytest
 
 from pdserve.render.toolchain import Toolchain
 from tests.conftest import require_or_skip
-from tests.gpu.pd_run import PDRun, free_ports, numactl_path, pdserve_executable, write_api_key, write_deployment
+from tests.fixtures.ports import free_ports
+from tests.gpu.pd_run import PDRun, numactl_path, pdserve_executable, write_api_key, write_deployment
 from tests.gpu.tiny_model import make_tiny_model
 
 REQUIRE = "PDSERVE_REQUIRE_GPU_SGLANG"

@@ -36,19 +36,6 @@ STOP_TIMEOUT = 30.0
 RESTART_SEC = 5
 
 
-def free_ports(count: int) -> list[int]:
-    """Distinct free loopback ports, held open together so the kernel does not hand out one twice."""
-    import socket
-
-    socks = [socket.socket() for _ in range(count)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
 def write_deployment(directory: Path, model_dir: Path, ports: dict[str, int], *, numa_node: int | None,
                      gpus: int = 2, api_key_file: Path | None = None, transfer_backend: str = "nixl") -> Path:
     """A deployment of the tiny model: prefill on GPU 0, decode on GPU 1, router in front.

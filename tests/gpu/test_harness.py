@@ -11,7 +11,8 @@ import time
 import pytest
 
 from pdserve.render.toolchain import Toolchain
-from tests.gpu.pd_run import PDRun, free_ports, pdserve_executable, write_deployment
+from tests.fixtures.ports import free_ports
+from tests.gpu.pd_run import PDRun, pdserve_executable, write_deployment
 
 
 @pytest.fixture

@@ -34,11 +34,13 @@ class Panel:
 
 def panels(dep: Deployment) -> list[Panel]:
     d = f'deployment="{dep.name}"'
-    by_role = "sum by (role, le)"
 
-    def quantiles(metric: str, scale: str = "") -> tuple[Query, ...]:
-        return tuple(Query(f"histogram_quantile({q}, {by_role} (rate({metric}_bucket{{{d}}}[{RATE}]))){scale}",
-                           f"{{{{role}}}} p{int(q * 100)}") for q in (0.5, 0.99))
+    def quantiles(metric: str, by: str = "role") -> tuple[Query, ...]:
+        """p50 and p99 of a histogram, per `by` label (the router has one series, so by nothing)."""
+        group = f"sum by ({by}, le)" if by else "sum by (le)"
+        legend = f"{{{{{by}}}}} " if by else ""
+        return tuple(Query(f"histogram_quantile({q}, {group} (rate({metric}_bucket{{{d}}}[{RATE}])))",
+                           f"{legend}p{int(q * 100)}") for q in (0.5, 0.99))
 
     return [
         Panel("Time to first token", "s", quantiles(m.TTFT),
@@ -80,12 +82,8 @@ def panels(dep: Deployment) -> list[Panel]:
                   "{{worker_type}} {{error_type}}"),
             Query(f"sum by (worker_type) (rate({m.ROUTER_WORKER_RETRIES}{{{d}}}[{RATE}]))", "{{worker_type}} retries"),
         ), f"{m.ROUTER_WORKER_ERRORS}, {m.ROUTER_WORKER_RETRIES}: worker errors the router saw and retried"),
-        Panel("Router request latency", "s", (
-            Query(f"histogram_quantile(0.99, sum by (le) (rate({m.ROUTER_REQUEST_DURATION}_bucket{{{d}}}[{RATE}])))",
-                  "p99"),
-            Query(f"histogram_quantile(0.5, sum by (le) (rate({m.ROUTER_REQUEST_DURATION}_bucket{{{d}}}[{RATE}])))",
-                  "p50"),
-        ), f"{m.ROUTER_REQUEST_DURATION}: client-facing, end to end"),
+        Panel("Router request latency", "s", quantiles(m.ROUTER_REQUEST_DURATION, by=""),
+              f"{m.ROUTER_REQUEST_DURATION}: client-facing, end to end"),
         Panel("Workers and targets", "none", (
             Query(f"sum({m.ROUTER_WORKER_HEALTH}{{{d}}})", "healthy workers (router)"),
             Query(f"up{{{d}}}", "{{role}} up"),
