@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 import torch
-from harness import finish, run_env, seeded_generator, table_head
+from harness import finish, row_table, run_env, seeded_generator
 from pdserve_kernels.sparse_mla_decode import SparseMlaDecode
 from pdserve_kernels.sparse_mla_reference import make_inputs, reference_from_inputs
 
@@ -50,12 +50,8 @@ def main() -> int:
                     rows.append(dict(B=B, h=h, scales=mode, variant=variant, kernel=kernel,
                                      **errors(mla, inp, kernel=kernel)))
 
-    def table(env, rows):
-        table_head(env, "", "| B | h | scales | kernel | rel L2 error of o | worst (row, head) | max abs lse error | NaN |")
-        for r in rows:
-            print(f"| {r['B']} | {r['h']} | {r['scales']} | {r['kernel']} ({r['variant']}) | {r['rel']:.2e} | "
-                  f"{r['worst']:.2e} | {r['lse']:.1e} | {r['nan']} |")
-
+    table = row_table("", "| B | h | scales | kernel | rel L2 error of o | worst (row, head) | max abs lse error | NaN |",
+                      "| {B} | {h} | {scales} | {kernel} ({variant}) | {rel:.2e} | {worst:.2e} | {lse:.1e} | {nan} |")
     return finish(env, rows, args.json, table)
 
 

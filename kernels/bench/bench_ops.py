@@ -14,7 +14,7 @@ import statistics
 import time
 
 import torch
-from harness import finish, run_env, seeded_generator, table_head
+from harness import finish, row_table, run_env, seeded_generator
 from pdserve_kernels import ops
 from pdserve_kernels.reference import make_inputs as dsa_inputs
 from pdserve_kernels.sparse_mla_reference import make_inputs as mla_inputs
@@ -97,13 +97,9 @@ def main() -> int:
                          dev_launcher=device_us(launcher, args.calls, args.reps),
                          dev_op=device_us(op, args.calls, args.reps), dev_graph=graph_us(op, args.calls, args.reps)))
 
-    def table(env, rows):
-        table_head(env, f" | {args.calls} calls x {args.reps} reps",
-                   "| case | host us/call launcher | host us/call op | device us/call launcher | op | op in a CUDA graph |")
-        for r in rows:
-            print(f"| {r['case']} | {r['host_launcher']:.1f} | {r['host_op']:.1f} | {r['dev_launcher']:.1f} | "
-                  f"{r['dev_op']:.1f} | {r['dev_graph']:.1f} |")
-
+    table = row_table(f" | {args.calls} calls x {args.reps} reps",
+                      "| case | host us/call launcher | host us/call op | device us/call launcher | op | op in a CUDA graph |",
+                      "| {case} | {host_launcher:.1f} | {host_op:.1f} | {dev_launcher:.1f} | {dev_op:.1f} | {dev_graph:.1f} |")
     return finish(env, rows, args.json, table)
 
 

@@ -58,6 +58,17 @@ def table_head(env: dict, extras: str, columns: str) -> None:
     print("|" + "---|" * (columns.count("|") - 1))
 
 
+def row_table(extras: str, columns: str, row: str):
+    """A print_table for finish(): the header, then `row` (a str.format template over a row's keys) per row."""
+
+    def print_table(env: dict, rows: list) -> None:
+        table_head(env, extras, columns)
+        for r in rows:
+            print(row.format(**r))
+
+    return print_table
+
+
 def seeded_generator() -> torch.Generator:
     """Fresh random inputs every run (seeded from the clock)."""
     gen = torch.Generator(device="cuda")

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import errno
 import math
-import socket
 import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+
+# The public port's connect prober is the fault tier's own (the same 20 Hz bounded connects).
+from tests.fixtures.loadgen import PortProber  # noqa: F401 (crash.py and the tests take it from here)
 
 OK = "ok"
 EMPTY = "200 without tokens"  # an answer the client would take for one: a silent failure
@@ -64,40 +66,6 @@ def classify(exc: Exception) -> tuple[str, str]:
             return "connection closed without an answer", ""
         return "connection error", f"{type(exc.__cause__ or exc).__name__}: {exc.__cause__ or exc}"[:160]
     return f"error {type(exc).__name__}", str(exc)[:160]
-
-
-@dataclass
-class PortProber:
-    """Connects to host:port every 1/hz s, each connect bounded, and records whether it was accepted."""
-
-    host: str
-    port: int
-    hz: float = 20.0
-    samples: list[tuple[float, bool]] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
-
-    def start(self) -> PortProber:
-        self._thread = threading.Thread(target=self._run, name="port-prober", daemon=True)
-        self._thread.start()
-        return self
-
-    def _run(self) -> None:
-        period = 1.0 / self.hz
-        while not self._stop.is_set():
-            at = time.monotonic()
-            try:
-                with socket.create_connection((self.host, self.port), timeout=1.0):
-                    accepted = True
-            except OSError:
-                accepted = False
-            self.samples.append((at, accepted))
-            self._stop.wait(max(0.0, at + period - time.monotonic()))
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
 
 
 def longest_refused(samples: list[tuple[float, bool]]) -> float:

@@ -23,6 +23,7 @@ from pdserve.render.argv import Launch, launches
 from pdserve.render.toolchain import Toolchain
 from pdserve.schema.config import Deployment
 from pdserve.schema.loading import load
+from tests.fixtures.procstat import processes
 
 SERVED_NAME = "tiny"
 CONTEXT_LENGTH = 4096
@@ -274,19 +275,7 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
 
 def group_members(pgid: int) -> list[int]:
     """Live (not zombie) processes whose process group is `pgid`, read from /proc."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses, so split after the last ')'.
-        fields = stat[stat.rindex(")") + 2:].split()
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            members.append(int(entry.name))
-    return members
+    return [p.pid for p in processes() if p.pgrp == pgid and p.state != "Z"]
 
 
 def numactl_path() -> str | None:

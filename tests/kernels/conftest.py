@@ -2,6 +2,7 @@ import os
 import pathlib
 import shutil
 import sys
+import time
 
 import pytest
 
@@ -23,3 +24,15 @@ def nvcc() -> str:
             pytest.fail(f"{reason}, but PDSERVE_REQUIRE_NVCC=1 demands these tests")
         pytest.skip(reason)
     return found
+
+
+@pytest.fixture()
+def gen():
+    """A CUDA generator with a fresh seed per test, printed so a failing case can be replayed."""
+    import torch  # only the GPU tests ask for it; the CPU build tests run without a GPU
+
+    seed = time.time_ns() % (1 << 31)
+    g = torch.Generator(device="cuda")
+    g.manual_seed(seed)
+    print(f"seed {seed}")
+    return g

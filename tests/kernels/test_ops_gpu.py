@@ -8,7 +8,6 @@ under torch.compile(fullgraph=True).
 Top-k rows are compared as sets (sorted): the kernel's order within a row is not a contract. Attention outputs
 must be bit-equal: same kernel, same plan, deterministic reduction."""
 
-import time
 
 import pytest
 
@@ -25,15 +24,6 @@ def ops():
 
     ops.indexer_for(), ops.mla_for()   # load both modules before any capture
     return ops
-
-
-@pytest.fixture()
-def gen():
-    seed = time.time_ns() % (1 << 31)
-    g = torch.Generator(device="cuda")
-    g.manual_seed(seed)
-    print(f"seed {seed}")
-    return g
 
 
 def _dsa_inputs(gen, lens, next_n=1, lens_2d=False, max_blocks=None):

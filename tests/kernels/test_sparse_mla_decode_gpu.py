@@ -13,7 +13,6 @@ import os
 import pathlib
 import shutil
 import subprocess
-import time
 
 import pytest
 
@@ -39,15 +38,6 @@ def mla():
             subprocess.run(["bash", str(REPO / "kernels" / "build.sh")], check=True, timeout=900)
         fatbin = str(built)
     return SparseMlaDecode(fatbin=fatbin)
-
-
-@pytest.fixture()
-def gen():
-    seed = time.time_ns() % (1 << 31)
-    g = torch.Generator(device="cuda")
-    g.manual_seed(seed)
-    print(f"seed {seed}")
-    return g
 
 
 def run_and_check(mla, gen, layout, B, next_n, h, topk, *, topk_extra=0, empty_rows=(), invalid_frac=0.1,

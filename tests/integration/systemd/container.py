@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pdserve.probes.systemctl import Systemctl
+from tests.fixtures.procstat import processes
 
 SUITE = "bookworm"
 BASE_PACKAGES = ("systemd", "systemd-sysv", "dbus", "numactl", "procps")
@@ -192,19 +193,7 @@ def booted(box: Container, *leftovers: Path) -> Iterator[Container]:
 
 
 def _children(pid: int) -> list[tuple[int, str]]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        comm = stat[stat.index("(") + 1: stat.rindex(")")]
-        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
-        if ppid == pid:
-            found.append((int(entry.name), comm))
-    return found
+    return [(p.pid, p.comm) for p in processes() if p.ppid == pid]
 
 
 @dataclass
