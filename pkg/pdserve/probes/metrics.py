@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from pdserve.probes.observations import HttpAnswer
+
 MAX_BYTES = 8 * 1024 * 1024  # SGLang's scrape with every histogram is ~100 KB; anything near this is not /metrics
 BAD_LINE_EXAMPLES = 3
-
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ class Sample:
 
 
 @dataclass(frozen=True)
-class MetricsObs:
+class MetricsObs(HttpAnswer):
     url: str
     status: int | None = None  # None: no (usable) HTTP answer
     samples: tuple[Sample, ...] = ()
@@ -39,15 +40,6 @@ class MetricsObs:
     bad_lines: int = 0
     bad_examples: tuple[str, ...] = ()
     error: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.status == 200
-
-    def describe(self) -> str:
-        if self.status is None:
-            return f"{self.url}: no answer ({self.error})"
-        return f"{self.url}: HTTP {self.status}"
 
     def series(self, name: str) -> list[Sample]:
         """A family's samples: NAME itself, or a histogram's NAME_bucket / _count / _sum."""

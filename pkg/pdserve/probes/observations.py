@@ -6,12 +6,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-@dataclass(frozen=True)
-class HttpObs:
+class HttpAnswer:
+    """What every observation of one HTTP answer says of itself; the observation has the fields url,
+    status (None: no answer) and error."""
+
     url: str
-    status: int | None = None  # None: no HTTP answer at all
-    body: Any = None  # parsed JSON, or text for non-JSON answers
-    error: str | None = None  # connection/timeout error, when status is None
+    status: int | None
+    error: str | None
 
     @property
     def ok(self) -> bool:
@@ -21,6 +22,14 @@ class HttpObs:
         if self.status is None:
             return f"{self.url}: no answer ({self.error})"
         return f"{self.url}: HTTP {self.status}"
+
+
+@dataclass(frozen=True)
+class HttpObs(HttpAnswer):
+    url: str
+    status: int | None = None  # None: no HTTP answer at all
+    body: Any = None  # parsed JSON, or text for non-JSON answers
+    error: str | None = None  # connection/timeout error, when status is None
 
 
 @dataclass(frozen=True)
