@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pdserve.render.toolchain import Toolchain
 from pdserve.schema.config import ROLES, Deployment, Role, ServerSpec
 from pdserve.schema.derived import listen_address, role_url, router_shutdown_grace, unit_name
+from pdserve.schema.fields import DSA_KERNELS_ENV
 
 # Name of the systemd credential that carries the API key (LoadCredential=<name>:<file>).
 API_KEY_CREDENTIAL = "api-key"
@@ -158,7 +159,9 @@ def environment(dep: Deployment, role: Role) -> dict[str, str]:
     if role == "router":
         return dict(dep.router.env)
     server = dep.server(role)
-    return {**dep.environment, **server.env}
+    # Always rendered, "sglang" included: an explicit off, so a value inherited from elsewhere (the
+    # manager's environment, a drop-in's) cannot turn pdserve's kernels on behind the deployment's back.
+    return {**dep.environment, **server.env, DSA_KERNELS_ENV: server.attention_kernels}
 
 
 def launch(dep: Deployment, role: Role, tools: Toolchain) -> Launch:

@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from pdserve.schema import pins
+from pdserve.schema import fields, pins
 from pdserve.schema.fields import (
     IB_DEVICE,
     MAX_LIST_ITEMS,
@@ -103,6 +103,7 @@ class ServerSpec(_Section):
     max_running_requests: Count | None = None
     extra_args: ExtraArgs = Field(default_factory=list, description="Further SGLang flags, verbatim")
     env: Environment = Field(default_factory=dict, description="Environment for this server only")
+    attention_kernels: fields.AttentionKernels = "sglang"
 
     @property
     def tensor_parallel(self) -> int:

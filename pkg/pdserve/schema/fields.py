@@ -11,7 +11,7 @@ import ipaddress
 import re
 from collections.abc import Callable
 from pathlib import PurePosixPath
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field
 from pydantic_core import PydanticCustomError
@@ -107,12 +107,33 @@ UNIT_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,40}")
 IB_DEVICE = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 
 
+# Which DSA decode kernels an SGLang server runs: SGLang's own, or pdserve's (kernels/, through the
+# pdserve-kernels SGLang plugin, which reads DSA_KERNELS_ENV in every scheduler process).
+AttentionKernels = Annotated[Literal["sglang", "pdserve"], Field(
+    description="DeepSeek V3.2 DSA decode kernels: sglang (SGLang's own) or pdserve (the fused indexer + exact "
+    "top-k and the sparse MLA decode of pdserve's kernels/, through the pdserve-kernels SGLang plugin, which the "
+    "SGLang environment must contain). A shape pdserve's kernels do not support falls back to SGLang's kernel and "
+    "says so once in the server's log; `pdserve verify` reports what each server runs. Rendered as "
+    "PDSERVE_DSA_KERNELS in the unit's environment")]
+DSA_KERNELS_ENV = "PDSERVE_DSA_KERNELS"
+# Environment variables pdserve renders from a schema field (variable -> field): one source of truth,
+# so a value here can neither override the field nor be silently overridden by it.
+RESERVED_ENVIRONMENT = {DSA_KERNELS_ENV: "attention_kernels"}
+
+
 def _environment(value: dict[str, str]) -> dict[str, str]:
     if len(value) > MAX_LIST_ITEMS:
         raise invalid(f"has {len(value)} variables, more than {MAX_LIST_ITEMS}", "keep the environment to what the servers need")
     for name in value:
         if not _ENV_NAME.fullmatch(name):
             raise invalid(f"{name!r} is not a valid environment variable name", "use letters, digits and _")
+        if name in RESERVED_ENVIRONMENT:
+            field = RESERVED_ENVIRONMENT[name]
+            raise invalid(
+                f"{name} is rendered by pdserve from the SGLang servers' {field} field",
+                f"remove it here and set {field} = \"pdserve\" (or \"sglang\") on the server instead: "
+                f"prefill.{field}, decode.{field}, fallback.{field}",
+            )
         if _SECRET_NAME.search(name):
             raise invalid(
                 f"{name} looks like a secret, and environment values end up in unit files and the Nix store",
