@@ -1,0 +1,203 @@
+"""A Plan running on a cluster network: each process started inside its host's namespace with the
+argv and environment pdserve rendered (the workers are the stand-in behind `python -m
+sglang.launch_server`, the router is the real sglang-router 0.3.2), and what the tests read from it:
+the router's view of each worker (`smg_worker_health{worker=URL}` on its Prometheus port, read from
+the router host), each worker's request and KV hand-off counters (read from the router host too, the
+way the router reaches them), and the host faults: power off, power on, link cut, link mended.
+
+Every wait is bounded; `stop()` kills every process on every host (tests/fixtures/multihost_net.py
+removes the namespaces after it).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from pdserve.probes import metrics
+from tests.integration.multihost.plan import Plan, Process
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+if str(FIXTURES) not in sys.path:
+    sys.path.insert(0, str(FIXTURES))
+
+from multihost_net import Net  # noqa: E402
+from standin_sglang import make_shim  # noqa: E402
+from standin_sglang.launch import env_with_fixtures  # noqa: E402
+
+START_TIMEOUT = 120.0  # four stand-ins importing SGLang's argument parser at once on two cores
+
+
+class ClusterError(RuntimeError):
+    pass
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.25) -> object:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise ClusterError(f"timed out after {timeout:g} s waiting for {what} (last: {value!r})")
+        time.sleep(interval)
+
+
+def _get_status(url: str, timeout: float) -> int | None:
+    try:
+        return httpx.get(url, timeout=timeout).status_code
+    except httpx.HTTPError:
+        return None
+
+
+def _read_metrics(url: str, timeout: float) -> metrics.MetricsObs:
+    with httpx.Client() as client:
+        return metrics.read(client, url, timeout)
+
+
+@dataclass
+class Cluster:
+    net: Net
+    plan: Plan
+    logs: Path
+    shim: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.shim = make_shim(self.logs / "shim")
+
+    # -- processes ------------------------------------------------------------------------------
+
+    def log(self, process: Process) -> Path:
+        return self.logs / f"{process.role}@{process.host}.log"
+
+    def start(self, process: Process) -> None:
+        env = env_with_fixtures(dict(process.env), first=[str(self.shim)])
+        self.net[process.host].start(list(process.argv), self.log(process), env)
+
+    def start_host(self, host: str) -> None:
+        for process in self.plan.on(host):
+            self.start(process)
+
+    def start_all(self) -> None:
+        for host in self.plan.addresses:
+            self.start_host(host)
+
+    def stop(self) -> None:
+        for host in self.net.hosts.values():
+            host.kill_all()
+
+    def tail(self, process: Process, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log(process).read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def diagnostics(self) -> str:
+        return "\n".join(f"--- {p.name} ({p.url})\n{self.tail(p)}" for p in self.plan.processes)
+
+    # -- views from the router host -------------------------------------------------------------
+
+    @property
+    def router_host(self):
+        return self.net[self.plan.router.host]
+
+    def status_from_router_host(self, url: str, timeout: float = 2.0) -> int | None:
+        return self.router_host.call(_get_status, url, timeout, timeout=timeout + 5)
+
+    def metrics_from_router_host(self, url: str, timeout: float = 3.0) -> metrics.MetricsObs:
+        return self.router_host.call(_read_metrics, url, timeout, timeout=timeout + 5)
+
+    @property
+    def router_metrics_url(self) -> str:
+        argv = self.plan.router.argv
+        host, port = argv[argv.index("--prometheus-host") + 1], argv[argv.index("--prometheus-port") + 1]
+        return f"http://{host}:{port}/metrics"
+
+    def worker_health(self) -> dict[str, float]:
+        """The router's own view: worker URL -> smg_worker_health (1 healthy, 0 not); {} if unreadable."""
+        obs = self.metrics_from_router_host(self.router_metrics_url)
+        return {s.label("worker") or "": s.value for s in obs.series("smg_worker_health")}
+
+    def served(self, process: Process, family: str = "sglang:num_requests_total") -> float | None:
+        """A worker's own count of requests it answered (None: its /metrics did not answer)."""
+        obs = self.metrics_from_router_host(f"{process.url}/metrics")
+        if obs.status != 200:
+            return None
+        return metrics.total(obs, family) or 0.0
+
+    def wait_serving(self, timeout: float = START_TIMEOUT) -> None:
+        """Every worker answers /health (seen from the router host), the router is ready and marks every
+        worker healthy."""
+        workers = [p for p in self.plan.processes if p.role != "router"]
+        for process in workers:
+            wait_for(lambda p=process: self.status_from_router_host(f"{p.url}/health") == 200, timeout,
+                     f"{process.name} to answer /health at {process.url}\n{self.diagnostics()}", 0.5)
+        router = self.plan.router
+        wait_for(lambda: _get_status(f"{router.url}/readiness", 2.0) == 200, timeout,
+                 f"the router at {router.url} to be ready\n{self.tail(router)}", 0.5)
+        wanted = {p.url for p in workers}
+        wait_for(lambda: {u for u, v in self.worker_health().items() if v == 1.0} >= wanted, timeout,
+                 f"the router to mark every worker healthy ({sorted(wanted)})", 0.5)
+
+    # -- host faults ----------------------------------------------------------------------------
+
+    def power_off(self, host: str) -> None:
+        """Every process on the host killed and its link down: nothing answers, nothing refuses."""
+        self.net[host].link(False)
+        self.net[host].kill_all()
+
+    def power_on(self, host: str) -> None:
+        """The link back, then the host's processes started again (as its units would at boot)."""
+        self.net[host].link(True)
+        self.start_host(host)
+
+    def cut(self, host: str) -> None:
+        self.net[host].link(False)
+
+    def mend(self, host: str) -> None:
+        self.net[host].link(True)
+
+
+@dataclass
+class HealthWatch:
+    """Samples the router's worker health every `period` s on a thread: [(time, {url: health})]."""
+
+    cluster: Cluster
+    period: float = 0.25
+    samples: list[tuple[float, dict[str, float]]] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __enter__(self) -> HealthWatch:
+        self._thread = threading.Thread(target=self._run, name="health-watch", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            at = time.monotonic()
+            try:
+                health = self.cluster.worker_health()
+            except Exception:  # a read that failed is a gap in the samples, not a verdict
+                health = {}
+            if health:
+                self.samples.append((at, health))
+            self._stop.wait(max(0.0, self.period - (time.monotonic() - at)))
+
+    def first(self, since: float, urls: list[str], value: float) -> float | None:
+        """The first sample at or after `since` in which every one of `urls` has health `value`."""
+        for at, health in self.samples:
+            if at >= since and all(health.get(u) == value for u in urls):
+                return at
+        return None
