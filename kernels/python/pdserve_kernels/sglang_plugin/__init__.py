@@ -1,0 +1,65 @@
+"""pdserve's DSA kernels inside SGLang, as an SGLang general plugin.
+
+SGLang loads `load` through the `sglang.srt.plugins` entry point (kernels/python/pyproject.toml) in every
+scheduler process, after it has set up logging and before it builds the model. The plugin is inert unless
+the server's environment says ``PDSERVE_DSA_KERNELS=pdserve`` (pdserve's units set it from the deployment's
+``attention_kernels``); then it wraps SGLang's DeepSeek V3.2 decode path (hooks.py) so that the indexer +
+top-k and sparse MLA decode run pdserve's kernels, and SGLang's own kernel serves whatever shape or
+configuration they do not support (logged once per reason). Either way each DSA backend logs one status
+line saying which kernel serves each op (status.py), which `pdserve verify` reads.
+
+``PDSERVE_DSA_RECORD_DIR=<dir>`` (tests only) also runs SGLang's kernel beside each eager call and writes
+the comparison there (record.py).
+"""
+
+from __future__ import annotations
+
+import os
+
+from .status import PDSERVE, SGLANG
+
+ENV_SWITCH = "PDSERVE_DSA_KERNELS"
+ENV_RECORD = "PDSERVE_DSA_RECORD_DIR"
+
+_BACKEND = "sglang.srt.layers.attention.dsa_backend.DeepseekSparseAttnBackend"
+_INDEXER = "sglang.srt.layers.attention.dsa.dsa_indexer.Indexer"
+# target -> the Runtime method wrapped around it
+TARGETS = {
+    f"{_BACKEND}.__init__": "backend_init",
+    f"{_BACKEND}.forward_decode": "forward_decode",
+    f"{_INDEXER}._get_topk_paged": "indexer_topk",
+    f"{_BACKEND}._forward_flashmla_kv": "mla_fp8",
+    f"{_BACKEND}._forward_flashmla_sparse": "mla_bf16",
+}
+STATUS_ONLY = (f"{_BACKEND}.__init__",)  # what is wrapped when the kernels are not requested
+
+_runtime = None
+
+
+def requested() -> str:
+    value = os.environ.get(ENV_SWITCH, SGLANG).strip()
+    return PDSERVE if value == PDSERVE else SGLANG
+
+
+def load(registry=None):
+    """The entry point: register the hooks with SGLang's HookRegistry (SGLang applies them after every
+    plugin has loaded). Returns the Runtime. `registry` is for tests."""
+    global _runtime
+    if _runtime is not None:  # SGLang guards against a second load; so does the plugin
+        return _runtime
+    if registry is None:
+        from sglang.srt.plugins.hook_registry import HookRegistry as registry
+    from sglang.srt.plugins.hook_registry import HookType
+
+    from .hooks import Runtime
+
+    want = requested()
+    if want == PDSERVE:
+        from .. import ops  # noqa: F401 - registers torch.ops.pdserve.* in this process
+
+    runtime = Runtime(want, os.environ.get(ENV_RECORD) or None)
+    targets = TARGETS if want == PDSERVE else {t: TARGETS[t] for t in STATUS_ONLY}
+    for target, method in targets.items():
+        registry.register(target, getattr(runtime, method), HookType.AROUND)
+    _runtime = runtime
+    return runtime

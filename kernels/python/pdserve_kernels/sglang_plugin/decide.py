@@ -1,0 +1,73 @@
+"""Which ops the plugin takes over in one SGLang DSA backend, decided once when the backend is built, from
+what the backend was configured with. Pure: the facts come in as a BackendFacts, no torch or SGLang here.
+
+The rules follow what the kernels implement and what SGLang's call sites hand over (../shared/facts/
+sglang-dsa.md, §5): the indexer replaces DeepGEMM's paged logits + SGLang's fused top-k (which writes
+physical KV slots, SGLANG_DSA_FUSE_TOPK); sparse MLA decode replaces FlashMLA's fp8 decode kernel
+(`flashmla_kv`) and its sparse bf16 kernel (`flashmla_sparse`) on decode steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .status import OPS, PDSERVE, SGLANG
+
+# The fatbins carry sm_90a and sm_120a cubins; the "a" targets run on exactly that architecture.
+SUPPORTED_SM = ((9, 0), (12, 0))
+INDEX_HEADS, INDEX_DIM, PAGE = 64, 128, 64
+MLA_DECODE_IMPLS = ("flashmla_kv", "flashmla_sparse")
+
+
+@dataclass(frozen=True)
+class BackendFacts:
+    capability: tuple[int, int]
+    page_size: int
+    decode_impl: str
+    kv_store_fp8: bool
+    kv_cache_dim: int
+    fused_topk: bool  # SGLang's fused top-k: attention reads physical slots straight from the top-k
+    index_topk: int
+    modules_error: str | None = None  # why the fatbins could not be loaded on this device, if they could not
+
+
+def decide(facts: BackendFacts) -> tuple[dict[str, str], dict[str, str]]:
+    """(kernel per op, reason per op served by SGLang)."""
+    reasons: dict[str, str] = {}
+    common = _common_reason(facts)
+    if common:
+        reasons = {op: common for op in OPS}
+    else:
+        if not facts.fused_topk:
+            reasons["indexer_topk"] = ("SGLang's fused top-k is off (SGLANG_DSA_FUSE_TOPK=0, or IndexShare under PD): "
+                                       "attention then expects raw positions, which this plugin does not produce")
+        if facts.index_topk < 1:
+            reasons["indexer_topk"] = f"index_topk {facts.index_topk} is not a positive top-k"
+        mla = _mla_reason(facts)
+        if mla:
+            reasons["sparse_mla_decode"] = mla
+    return {op: (SGLANG if op in reasons else PDSERVE) for op in OPS}, reasons
+
+
+def _common_reason(facts: BackendFacts) -> str | None:
+    if facts.capability not in SUPPORTED_SM:
+        major, minor = facts.capability
+        return f"sm_{major}{minor} GPU: the kernels are built for sm_90a and sm_120a only"
+    if facts.page_size != PAGE:
+        return f"page size {facts.page_size}: the kernels read 64-token pages"
+    if facts.modules_error:
+        return f"the kernels could not be loaded: {facts.modules_error}"
+    return None
+
+
+def _mla_reason(facts: BackendFacts) -> str | None:
+    if facts.decode_impl not in MLA_DECODE_IMPLS:
+        return (f"decode backend {facts.decode_impl!r} is not replaced (only {', '.join(MLA_DECODE_IMPLS)}: "
+                "set --dsa-decode-backend)")
+    if facts.decode_impl == "flashmla_kv" and not facts.kv_store_fp8:
+        return "flashmla_kv over a bf16 cache (SGLang quantizes the whole cache per call): not replaced"
+    expected = 656 if facts.decode_impl == "flashmla_kv" else 576
+    if facts.kv_cache_dim != expected:
+        return (f"MLA cache entry of {facts.kv_cache_dim} {'bytes' if expected == 656 else 'values'}, expected "
+                f"{expected} (DeepSeek V3.2's 512 + 64 latent)")
+    return None

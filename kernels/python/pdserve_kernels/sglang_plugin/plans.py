@@ -1,0 +1,67 @@
+"""Launch plans and their workspaces, made on a shape's first call and kept.
+
+SGLang calls the hooked functions with shapes fixed per batch size (and, in a CUDA graph, per captured
+batch size), so a plan is keyed by (stream, shape) and reused by every layer and every later step. The
+first call of a batch size is an eager warm-up in SGLang's graph runner, so plans and workspaces are
+normally made outside any capture; one made during a capture is allocated from the graph's pool, which
+stays valid as long as the plan holds it (it is never freed).
+
+Workspaces are shared by all plans of one stream whose needs they cover: calls on one stream run one after
+another, and the indexer's histograms are left zeroed by every call. A plan that needs more gets a new,
+larger workspace; the older ones stay alive because graphs captured earlier point into them.
+"""
+
+from __future__ import annotations
+
+from .. import ops
+
+
+def _stream_key(device) -> int:
+    import torch
+
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+class PlanCache:
+    def __init__(self) -> None:
+        self._plans: dict[tuple, object] = {}
+        self._dsa_workspaces: dict[int, list[ops.DsaWorkspace]] = {}
+        self._mla_workspaces: dict[int, list[ops.MlaWorkspace]] = {}
+
+    def indexer(self, device, batch: int, topk: int, max_len: int, max_blocks: int) -> ops.DsaIndexerPlan:
+        stream = _stream_key(device)
+        key = ("dsa", device.index, stream, batch, topk, max_len, max_blocks)
+        plan = self._plans.get(key)
+        if plan is None:
+            shape = ops.indexer_for(device).plan(batch, 1, topk, max_len, max_blocks=max_blocks)
+            pool = self._dsa_workspaces.setdefault(stream, [])
+            workspace = next((w for w in pool if w.fits(shape)), None)
+            if workspace is None:
+                workspace = ops.DsaWorkspace(shape.rows, shape.max_len, device)
+                pool.append(workspace)
+            plan = ops.DsaIndexerPlan(batch, 1, topk, max_len, device=device, max_blocks=max_blocks,
+                                      workspace=workspace)
+            self._plans[key] = plan
+        return plan
+
+    def mla(self, device, layout: str, batch: int, h: int, topk: int, *, bf16_kv: bool, page: int,
+            fp32_scales: bool) -> ops.SparseMlaPlan:
+        stream = _stream_key(device)
+        key = ("mla", device.index, stream, layout, bf16_kv, batch, h, topk, page, fp32_scales)
+        plan = self._plans.get(key)
+        if plan is None:
+            name = layout + ("_bf16" if bf16_kv else "")
+            choice = {"fp32_scales": True} if fp32_scales else {}
+            shape = ops.mla_for(device).make_plan(name, batch, h, topk, 0, page=page, **choice)
+            pool = self._mla_workspaces.setdefault(stream, [])
+            workspace = next((w for w in pool if w.fits(shape)), None)
+            if workspace is None:
+                workspace = ops.MlaWorkspace(shape.workspace_floats, device)
+                pool.append(workspace)
+            plan = ops.SparseMlaPlan(layout, batch, 1, h, topk, bf16_kv=bf16_kv, page=page, device=device,
+                                     workspace=workspace, **choice)
+            self._plans[key] = plan
+        return plan
+
+    def __len__(self) -> int:
+        return len(self._plans)

@@ -1,0 +1,80 @@
+"""Shadow comparison, for tests: with $PDSERVE_DSA_RECORD_DIR set, every eager decode call runs SGLang's
+kernel too, on the same inputs, and appends one JSON line per layer call to
+`<dir>/records-<pid>.jsonl` comparing the two (the plugin's result is what the model goes on with).
+
+It syncs the device once per record and doubles the attention work, so it is for a test harness (run the
+server with --disable-cuda-graph, or with batches above the captured sizes, which run eagerly); calls
+inside a CUDA-graph capture are not recorded (there is nothing to read until a replay).
+
+Top-k rows are compared as sets (the order within a row is no contract of either kernel); attention
+outputs by relative L2 error over the rows that attend to anything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+
+
+class Recorder:
+    def __init__(self, directory: str) -> None:
+        os.makedirs(directory, exist_ok=True)
+        self.path = os.path.join(directory, f"records-{os.getpid()}.jsonl")
+        self._lock = threading.Lock()
+        self._calls: dict[tuple[str, int], int] = {}
+
+    @staticmethod
+    def active() -> bool:
+        import torch
+
+        return not torch.cuda.is_current_stream_capturing()
+
+    def _write(self, record: dict) -> None:
+        key = (record["op"], record["layer"])
+        with self._lock:
+            record["call"] = self._calls.get(key, 0)
+            self._calls[key] = record["call"] + 1
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(record, sort_keys=True) + "\n")
+
+    def topk(self, layer: int, ours, reference, lengths) -> None:
+        """ours / reference: int32 [rows, topk] physical slots, -1 padded; lengths: int32 [rows]."""
+        import torch
+
+        rows = min(ours.shape[0], reference.shape[0], lengths.shape[0])
+        a, b = ours[:rows].long(), reference[:rows].long()
+        b_sorted = b.sort(dim=1).values
+        pos = torch.searchsorted(b_sorted, a).clamp_max(b.shape[1] - 1)
+        hit = (b_sorted.gather(1, pos) == a) & (a >= 0)
+        valid_a, valid_b = (a >= 0).sum(1), (b >= 0).sum(1)
+        overlap = hit.sum(1).double() / valid_b.clamp_min(1).double()
+        same = (hit.sum(1) == valid_b) & (valid_a == valid_b)
+        self._write({
+            "op": "indexer_topk", "layer": int(layer), "rows": rows,
+            "lengths": lengths[:rows].tolist(),
+            "selected_ours": valid_a.tolist(), "selected_sglang": valid_b.tolist(),
+            "overlap_min": float(overlap.min()) if rows else 1.0,
+            "overlap_mean": float(overlap.mean()) if rows else 1.0,
+            "rows_identical_sets": int(same.sum()),
+        })
+
+    def attention(self, layer: int, variant: str, ours, reference) -> None:
+        """ours / reference: bf16 outputs of the same shape [rows, (1,) h, 512]."""
+        o, r = ours.float().flatten(1), reference.float().flatten(1)
+        diff = (o - r)
+        rows_live = r.abs().amax(1) > 0
+        row_err = diff.norm(dim=1) / r.norm(dim=1).clamp_min(1e-30)
+        self._write({
+            "op": "sparse_mla_decode", "variant": variant, "layer": int(layer), "rows": int(o.shape[0]),
+            "rel_l2": float(diff.norm() / r.norm().clamp_min(1e-30)),
+            "rel_l2_worst_row": float(row_err[rows_live].max()) if bool(rows_live.any()) else 0.0,
+            "max_abs": float(diff.abs().max()) if o.numel() else 0.0,
+            "nonfinite": int((~torch_isfinite(o)).sum()),
+        })
+
+
+def torch_isfinite(t):
+    import torch
+
+    return torch.isfinite(t)

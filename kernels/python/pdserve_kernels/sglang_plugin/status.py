@@ -1,0 +1,112 @@
+"""What the plugin says about itself: one status line per SGLang scheduler process, and one line per distinct
+run-time fallback. Both are one line of text, a fixed prefix and a JSON object, so that `pdserve verify`
+can read them back from the server's journal (pdserve parses them; this module is their only writer).
+
+    pdserve-kernels status: {"requested": "pdserve", "kernels": {"indexer_topk": "pdserve", ...}, ...}
+    pdserve-kernels fallback: {"op": "sparse_mla_decode", "reason": "...", "shape": "..."}
+    pdserve-kernels ran: {"op": "indexer_topk", "shape": "..."}
+
+The status line says what the backend was set up to run; a "ran" line is logged the first time each op
+really ran one of pdserve's kernels in the process, so a reader can tell "configured" from "used".
+
+Pure: no torch, no SGLang.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import threading
+from dataclasses import dataclass, field
+
+STATUS_PREFIX = "pdserve-kernels status: "
+FALLBACK_PREFIX = "pdserve-kernels fallback: "
+RAN_PREFIX = "pdserve-kernels ran: "
+OPS = ("indexer_topk", "sparse_mla_decode")
+PDSERVE, SGLANG = "pdserve", "sglang"
+
+logger = logging.getLogger("pdserve_kernels")
+
+
+def _ensure_handler() -> None:
+    # SGLang configures the root logger before it loads plugins; a process that did not (a test, a bare
+    # interpreter) would drop INFO lines, and the status line is the plugin's proof of what runs.
+    if not logging.getLogger().handlers and not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+    if logger.getEffectiveLevel() > logging.INFO:
+        logger.setLevel(logging.INFO)
+
+
+@dataclass
+class Status:
+    """Which kernel serves each op in this process, and why SGLang's does where it does."""
+
+    requested: str
+    kernels: dict[str, str]
+    reasons: dict[str, str] = field(default_factory=dict)
+    tp_rank: int | None = None
+    device: str | None = None
+    sm: str | None = None
+    sglang: str | None = None
+    pdserve_kernels: str | None = None
+
+    def line(self) -> str:
+        return STATUS_PREFIX + json.dumps(self.__dict__, sort_keys=True, separators=(", ", ": "))
+
+    def uses(self, op: str) -> bool:
+        return self.kernels.get(op) == PDSERVE
+
+
+def all_sglang(requested: str, reason: str, **where) -> Status:
+    return Status(requested=requested, kernels={op: SGLANG for op in OPS}, reasons={op: reason for op in OPS},
+                  **where)
+
+
+def log_status(status: Status) -> None:
+    _ensure_handler()
+    logger.info(status.line())
+
+
+class FallbackLog:
+    """Logs a run-time fallback once per (op, reason): a shape that keeps falling back would otherwise log
+    on every layer of every step."""
+
+    def __init__(self) -> None:
+        self._seen: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()
+
+    def note(self, op: str, reason: str, shape: str) -> bool:
+        """Log it if new; True when this call logged."""
+        with self._lock:
+            if (op, reason) in self._seen:
+                return False
+            self._seen.add((op, reason))
+        _ensure_handler()
+        logger.warning(FALLBACK_PREFIX + json.dumps({"op": op, "reason": reason, "shape": shape}, sort_keys=True))
+        return True
+
+    def seen(self) -> set[tuple[str, str]]:
+        with self._lock:
+            return set(self._seen)
+
+
+class RanLog:
+    """Logs the first call of each op that ran pdserve's kernel (once per op and process)."""
+
+    def __init__(self) -> None:
+        self._ran: set[str] = set()
+        self._lock = threading.Lock()
+
+    def note(self, op: str, shape: str) -> bool:
+        if op in self._ran:  # the hot path: one set lookup
+            return False
+        with self._lock:
+            if op in self._ran:
+                return False
+            self._ran.add(op)
+        _ensure_handler()
+        logger.info(RAN_PREFIX + json.dumps({"op": op, "shape": shape}, sort_keys=True))
+        return True

@@ -1,0 +1,313 @@
+"""The SGLang plugin on CPU: the decision rules, the status and fallback lines, registration with SGLang's
+real HookRegistry, that every hooked target exists in the installed SGLang with the parameters the hook
+takes, the fallback paths of the hooks, and the slot mapping. The kernels themselves run in the GPU tier
+(tests/gpu/dsa)."""
+
+import ast
+import importlib.util
+import json
+import logging
+import pathlib
+import tomllib
+import types
+
+import pytest
+
+from pdserve_kernels.sglang_plugin import decide as decision
+from pdserve_kernels.sglang_plugin import status as st
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+torch = pytest.importorskip("torch")
+
+
+def facts(**kw):
+    base = dict(capability=(9, 0), page_size=64, decode_impl="flashmla_kv", kv_store_fp8=True, kv_cache_dim=656,
+                fused_topk=True, index_topk=2048)
+    base.update(kw)
+    return decision.BackendFacts(**base)
+
+
+# ---- decisions ----
+
+def test_the_reference_v32_fp8_setup_is_served_by_both_kernels():
+    kernels, reasons = decision.decide(facts())
+    assert kernels == {"indexer_topk": "pdserve", "sparse_mla_decode": "pdserve"} and reasons == {}
+
+
+def test_bf16_cache_with_flashmla_sparse_is_served():
+    kernels, _ = decision.decide(facts(decode_impl="flashmla_sparse", kv_store_fp8=False, kv_cache_dim=576))
+    assert kernels["sparse_mla_decode"] == "pdserve"
+
+
+@pytest.mark.parametrize("change, ops, words", [
+    (dict(capability=(10, 0)), {"indexer_topk", "sparse_mla_decode"}, "sm_100"),
+    (dict(capability=(8, 0)), {"indexer_topk", "sparse_mla_decode"}, "sm_80"),
+    (dict(page_size=256), {"indexer_topk", "sparse_mla_decode"}, "page size 256"),
+    (dict(modules_error="RuntimeError: no fatbin"), {"indexer_topk", "sparse_mla_decode"}, "no fatbin"),
+    (dict(fused_topk=False), {"indexer_topk"}, "fused top-k is off"),
+    (dict(decode_impl="fa3"), {"sparse_mla_decode"}, "'fa3' is not replaced"),
+    (dict(kv_store_fp8=False), {"sparse_mla_decode"}, "bf16 cache"),
+    (dict(kv_cache_dim=584), {"sparse_mla_decode"}, "584"),
+])
+def test_what_the_kernels_do_not_cover_stays_with_sglang_and_says_why(change, ops, words):
+    kernels, reasons = decision.decide(facts(**change))
+    assert {op for op, k in kernels.items() if k == "sglang"} == ops
+    assert set(reasons) == ops and all(words in reasons[op] for op in ops)
+
+
+# ---- the lines pdserve verify reads ----
+
+def test_status_line_is_one_line_of_json_after_a_fixed_prefix():
+    s = st.Status(requested="pdserve", kernels={"indexer_topk": "pdserve", "sparse_mla_decode": "sglang"},
+                  reasons={"sparse_mla_decode": "decode backend 'fa3'\nis not replaced"}, tp_rank=3, device="cuda:3",
+                  sm="9.0", sglang="0.5.17", pdserve_kernels="0.1.0")
+    line = s.line()
+    assert "\n" not in line and line.startswith(st.STATUS_PREFIX)
+    assert json.loads(line[len(st.STATUS_PREFIX):]) == s.__dict__
+
+
+def test_a_fallback_is_logged_once_per_reason(caplog):
+    log = st.FallbackLog()
+    with caplog.at_level(logging.INFO, logger="pdserve_kernels"):
+        assert log.note("sparse_mla_decode", "h=7", "(1, 7, 576)")
+        assert not log.note("sparse_mla_decode", "h=7", "(2, 7, 576)")
+        assert log.note("sparse_mla_decode", "h=9", "(1, 9, 576)")
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith(st.FALLBACK_PREFIX)]
+    assert len(lines) == 2
+    assert json.loads(lines[0][len(st.FALLBACK_PREFIX):]) == {"op": "sparse_mla_decode", "reason": "h=7",
+                                                               "shape": "(1, 7, 576)"}
+
+
+def test_ran_is_logged_on_the_first_call_only(caplog):
+    ran = st.RanLog()
+    with caplog.at_level(logging.INFO, logger="pdserve_kernels"):
+        assert ran.note("indexer_topk", "(4, 64, 128)") and not ran.note("indexer_topk", "(4, 64, 128)")
+    assert sum(r.getMessage().startswith(st.RAN_PREFIX) for r in caplog.records) == 1
+
+
+# ---- registration ----
+
+def _fresh_plugin(monkeypatch, value):
+    import pdserve_kernels.sglang_plugin as plugin
+
+    monkeypatch.setattr(plugin, "_runtime", None)
+    if value is None:
+        monkeypatch.delenv(plugin.ENV_SWITCH, raising=False)
+    else:
+        monkeypatch.setenv(plugin.ENV_SWITCH, value)
+    return plugin
+
+
+@pytest.fixture()
+def registry():
+    hook_registry = pytest.importorskip("sglang.srt.plugins.hook_registry")
+
+    class Recording:
+        calls = []
+
+        @classmethod
+        def register(cls, target, hook, hook_type):
+            cls.calls.append((target, hook, hook_type))
+
+    Recording.calls = []
+    return Recording, hook_registry.HookType
+
+
+def test_requested_registers_an_around_hook_on_each_target(monkeypatch, registry):
+    reg, hook_type = registry
+    plugin = _fresh_plugin(monkeypatch, "pdserve")
+    runtime = plugin.load(reg)
+    assert {t for t, _, _ in reg.calls} == set(plugin.TARGETS)
+    assert all(ht is hook_type.AROUND for _, _, ht in reg.calls)
+    assert runtime.requested == "pdserve"
+    assert hasattr(torch.ops.pdserve, "sparse_mla_decode")  # the ops are registered in this process
+
+
+@pytest.mark.parametrize("value", [None, "sglang", "PDSERVE", "yes", ""])
+def test_anything_but_pdserve_only_reports_status(monkeypatch, registry, value):
+    reg, _ = registry
+    plugin = _fresh_plugin(monkeypatch, value)
+    runtime = plugin.load(reg)
+    assert [t for t, _, _ in reg.calls] == list(plugin.STATUS_ONLY) and runtime.requested == "sglang"
+
+
+def test_the_real_registry_wraps_a_target_and_the_original_still_runs(monkeypatch):
+    hook_registry = pytest.importorskip("sglang.srt.plugins.hook_registry")
+    module = types.ModuleType("pdserve_fake_backend")
+
+    seen = []
+
+    class Backend:
+        def forward_decode(self, x):
+            seen.append(rt.in_decode())
+            return x + 1
+
+    module.Backend = Backend
+    monkeypatch.setitem(__import__("sys").modules, "pdserve_fake_backend", module)
+    from pdserve_kernels.sglang_plugin.hooks import Runtime
+
+    rt = Runtime("pdserve")
+    hook_registry.HookRegistry.register("pdserve_fake_backend.Backend.forward_decode", rt.forward_decode,
+                                        hook_registry.HookType.AROUND)
+    try:
+        hook_registry.HookRegistry.apply_hooks()
+        assert Backend().forward_decode(1) == 2 and seen == [True] and not rt.in_decode()
+    finally:
+        hook_registry.HookRegistry._hooks.pop("pdserve_fake_backend.Backend.forward_decode", None)
+        hook_registry.HookRegistry._patched.discard("pdserve_fake_backend.Backend.forward_decode")
+
+
+def test_the_entry_point_names_load():
+    project = tomllib.loads((REPO / "kernels/python/pyproject.toml").read_text())
+    eps = project["project"]["entry-points"]["sglang.srt.plugins"]
+    assert eps == {"pdserve_kernels": "pdserve_kernels.sglang_plugin:load"}
+    assert set(project["tool"]["setuptools"]["packages"]) >= {"pdserve_kernels", "pdserve_kernels.sglang_plugin"}
+
+
+# ---- the targets in the installed SGLang ----
+
+def _method_params(target: str) -> list[str]:
+    module_name, cls_name, method = target.rsplit(".", 2)
+    spec = importlib.util.find_spec(module_name)
+    if spec is None or spec.origin is None:
+        pytest.skip(f"{module_name} is not installed")
+    tree = ast.parse(pathlib.Path(spec.origin).read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.name == cls_name:
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name == method:
+                    return [a.arg for a in item.args.args]
+    raise AssertionError(f"{target} is not in {spec.origin}")
+
+
+def _hook_params(method: str) -> list[str]:
+    import inspect
+
+    from pdserve_kernels.sglang_plugin.hooks import Runtime
+
+    params = list(inspect.signature(getattr(Runtime, method)).parameters.values())
+    return [p.name for p in params[2:] if p.kind is p.POSITIONAL_OR_KEYWORD]  # after self, original
+
+
+@pytest.mark.parametrize("target, method", [
+    ("sglang.srt.layers.attention.dsa.dsa_indexer.Indexer._get_topk_paged", "indexer_topk"),
+    ("sglang.srt.layers.attention.dsa_backend.DeepseekSparseAttnBackend._forward_flashmla_kv", "mla_fp8"),
+    ("sglang.srt.layers.attention.dsa_backend.DeepseekSparseAttnBackend._forward_flashmla_sparse", "mla_bf16"),
+])
+def test_each_target_takes_the_parameters_its_hook_names(target, method):
+    pytest.importorskip("sglang")
+    sglang_params = _method_params(target)
+    hook = _hook_params(method)
+    # The hook's first parameter stands for SGLang's self; every other one must be SGLang's, in order.
+    assert sglang_params[1:len(hook)] == hook[1:], (target, sglang_params, hook)
+
+
+@pytest.mark.parametrize("target", ["sglang.srt.layers.attention.dsa_backend.DeepseekSparseAttnBackend.__init__",
+                                    "sglang.srt.layers.attention.dsa_backend.DeepseekSparseAttnBackend.forward_decode"])
+def test_the_wrapped_backend_methods_exist(target):
+    pytest.importorskip("sglang")
+    assert _method_params(target)[:2] == ["self", "model_runner" if target.endswith("__init__") else "q"]
+
+
+# ---- the hooks' fallbacks (no GPU: SGLang's original must take every call) ----
+
+class _Mode:
+    def __init__(self, decode):
+        self.decode = decode
+
+    def is_decode(self):
+        return self.decode
+
+
+def _runtime(serving=True):
+    from pdserve_kernels.sglang_plugin.hooks import Runtime
+
+    rt = Runtime("pdserve")
+    if serving:
+        rt.kernels[None] = {"indexer_topk": "pdserve", "sparse_mla_decode": "pdserve"}  # CPU tensors: index None
+    return rt
+
+
+def _indexer_call(rt, *, decode=True, init_tokens=0, q_shape=(4, 64, 128), method="PAGED"):
+    calls = []
+
+    def original(*args):
+        calls.append(args)
+        return "sglang"
+
+    indexer = types.SimpleNamespace(num_init_tokens=init_tokens, num_local_tokens=0, index_topk=2048)
+    metadata = types.SimpleNamespace(force_unfused_topk=False, topk_transform_method=types.SimpleNamespace(name=method),
+                                     get_seqlens_int32=lambda: torch.ones(4, dtype=torch.int32))
+    q = torch.zeros(q_shape, dtype=torch.float8_e4m3fn)
+    out = rt.indexer_topk(original, indexer, types.SimpleNamespace(forward_mode=_Mode(decode)), 0, q,
+                          torch.zeros(4, 64, 1), metadata)
+    return out, calls
+
+
+def test_indexer_outside_decode_or_when_not_serving_is_sglangs():
+    assert _indexer_call(_runtime(), decode=False)[0] == "sglang"
+    assert _indexer_call(_runtime(serving=False))[0] == "sglang"
+
+
+@pytest.mark.parametrize("kw, words", [(dict(init_tokens=4), "index_init_tokens"),
+                                       (dict(q_shape=(4, 32, 128)), "64 heads"),
+                                       (dict(method="RAGGED"), "RAGGED")])
+def test_indexer_shapes_it_cannot_serve_fall_back_and_say_so(kw, words):
+    rt = _runtime()
+    out, calls = _indexer_call(rt, **kw)
+    assert out == "sglang" and len(calls) == 1
+    assert any(op == "indexer_topk" and words in reason for op, reason in rt.fallbacks.seen())
+
+
+def test_mla_outside_decode_is_sglangs_and_a_wrong_head_dim_falls_back():
+    rt = _runtime()
+    original = lambda backend, **kw: "sglang"  # noqa: E731
+    q = torch.zeros(2, 128, 576, dtype=torch.bfloat16)
+    layer = types.SimpleNamespace(tp_q_head_num=128, head_dim=576, layer_id=0)
+    backend = types.SimpleNamespace(real_page_size=64, kv_cache_dim=656)
+    args = dict(q_all=q, kv_cache=torch.zeros(64, 1, 656, dtype=torch.uint8), v_head_dim=512, sm_scale=0.1,
+                layer=layer, metadata=None, page_table_1=torch.zeros(2, 2048, dtype=torch.int32))
+    assert rt.mla_fp8(original, backend, **args) == "sglang" and not rt.fallbacks.seen()
+    rt.forward_decode(lambda: rt.mla_fp8(original, backend, **{**args, "v_head_dim": 128}))
+    assert any("v_head_dim 128" in reason for _, reason in rt.fallbacks.seen())
+
+
+def test_bf16_mla_with_an_attention_sink_falls_back():
+    rt = _runtime()
+    original = lambda backend, **kw: "sglang"  # noqa: E731
+    out = rt.forward_decode(lambda: rt.mla_bf16(original, object(), q_all=torch.zeros(1, 64, 576), kv_cache=None,
+                                                v_head_dim=512, page_table_1=None, sm_scale=0.1,
+                                                attn_sink=torch.zeros(64)))
+    assert out == "sglang" and any("attn_sink" in reason for _, reason in rt.fallbacks.seen())
+
+
+# ---- the slot mapping and the recorder's arithmetic ----
+
+def test_positions_map_through_the_page_table_to_physical_slots():
+    from pdserve_kernels.sglang_plugin.hooks import physical_slots
+
+    g = torch.Generator().manual_seed(5)
+    table = torch.randperm(1000, generator=g)[:3 * 40].view(3, 40).to(torch.int32)
+    positions = torch.randint(0, 40 * 64, (3, 300), generator=g, dtype=torch.int32)
+    positions[1, 100:] = -1
+    slots = physical_slots(positions.clone(), table)
+    for r in range(3):
+        for c in range(300):
+            p = int(positions[r, c])
+            assert int(slots[r, c]) == (-1 if p < 0 else int(table[r, p // 64]) * 64 + p % 64)
+
+
+def test_the_recorder_compares_rows_as_sets(tmp_path):
+    from pdserve_kernels.sglang_plugin.record import Recorder
+
+    rec = Recorder(str(tmp_path))
+    ref = torch.tensor([[5, 9, 2, -1], [1, 2, 3, 4]], dtype=torch.int32)
+    ours = torch.tensor([[2, 5, 9, -1], [4, 3, 2, 7]], dtype=torch.int32)
+    rec.topk(0, ours, ref, torch.tensor([3, 9], dtype=torch.int32))
+    o = torch.ones(2, 1, 4, 512, dtype=torch.bfloat16)
+    rec.attention(0, "fp8", o, o.clone())
+    topk, mla = [json.loads(line) for line in rec.path and open(rec.path)]
+    assert topk["rows_identical_sets"] == 1 and topk["overlap_min"] == pytest.approx(0.75)
+    assert topk["overlap_mean"] == pytest.approx(0.875) and topk["selected_ours"] == [3, 4]
+    assert mla["rel_l2"] == 0.0 and mla["nonfinite"] == 0 and mla["call"] == 0
