@@ -1,0 +1,165 @@
+"""The SGLang plugin's hooks on a GPU, with stand-ins for SGLang's objects shaped as SGLang 0.5.17 passes them
+(../shared/facts/sglang-dsa.md §5; marker `gpu`): the indexer hook gives the launcher's top-k mapped to
+physical slots through the page table, with SGLang's padded rows at -1; the fp8 MLA hook on a cache written
+with SGLang's amax/448 scales is within bf16-level error of the fp32 reference and so is the bf16 one;
+after the first call of a shape neither hook syncs the host, and both replay in a CUDA graph. The real
+SGLang runs them in tests/gpu/dsa."""
+
+import sys
+import types
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed: GPU kernel tests need it")
+
+pytestmark = pytest.mark.gpu
+
+SM_SCALE = 0.1352
+
+
+@pytest.fixture(scope="module")
+def runtime():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU visible to torch")
+    from pdserve_kernels.sglang_plugin.hooks import Runtime
+
+    rt = Runtime("pdserve")
+    backend = types.SimpleNamespace(device=torch.device("cuda", torch.cuda.current_device()), real_page_size=64,
+                                    dsa_decode_impl="flashmla_kv", dsa_kv_cache_store_fp8=True, kv_cache_dim=656,
+                                    use_fused_topk=True, dsa_index_topk=2048)
+    status = rt.on_backend(backend, types.SimpleNamespace(tp_rank=0))
+    assert status.kernels == {"indexer_topk": "pdserve", "sparse_mla_decode": "pdserve"}, status.reasons
+    return rt
+
+
+class _Mode:
+    def is_decode(self):
+        return True
+
+
+def _indexer_stage(monkeypatch, kv_2d):
+    """A module holding an Indexer class and get_token_to_kv_pool, as sglang's dsa_indexer does."""
+    module = types.ModuleType("pdserve_fake_dsa_indexer")
+
+    class Indexer:
+        num_init_tokens = num_local_tokens = 0
+        index_topk = 2048
+
+        def _get_index_k_read_buffer(self, pool, layer_id):
+            return pool
+
+    Indexer.__module__ = module.__name__
+    module.Indexer = Indexer
+    module.get_token_to_kv_pool = lambda: kv_2d
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    return Indexer()
+
+
+def _slots(positions, table):
+    out = positions.clone()
+    for r in range(positions.shape[0]):
+        for c in range(positions.shape[1]):
+            p = int(positions[r, c])
+            out[r, c] = -1 if p < 0 else int(table[r, p // 64]) * 64 + p % 64
+    return out
+
+
+@pytest.mark.parametrize("lens, pad", [([100, 2049, 5000, 9000], 0), ([3000, 2048], 2)])
+def test_indexer_hook_gives_physical_slots_of_the_kernels_top_k(runtime, monkeypatch, gen, lens, pad):
+    from pdserve_kernels import ops
+    from pdserve_kernels.reference import make_inputs
+
+    inp = make_inputs(len(lens), 1, lens, generator=gen, max_blocks=160)
+    kv_2d = inp["kv_cache"].view(inp["kv_cache"].shape[0], -1)
+    indexer = _indexer_stage(monkeypatch, kv_2d)
+    B = len(lens)
+    q = torch.cat([inp["q"][:, 0], torch.zeros((pad, 64, 128), device="cuda").to(torch.float8_e4m3fn)])
+    weights = torch.cat([inp["weights"], torch.zeros((pad, 64), device="cuda")]).unsqueeze(-1)
+    metadata = types.SimpleNamespace(force_unfused_topk=False, topk_transform_method=types.SimpleNamespace(name="PAGED"),
+                                     get_seqlens_int32=lambda: inp["context_lens"],
+                                     get_page_table_64=lambda: inp["block_table"])
+    out = runtime.indexer_topk(lambda *a: pytest.fail("SGLang's indexer was called"), indexer,
+                               types.SimpleNamespace(forward_mode=_Mode()), 0, q, weights, metadata)
+    positions = ops.DsaIndexerPlan(B, 1, 2048, 160 * 64, max_blocks=160)(
+        inp["q"], inp["weights"], inp["kv_cache"], inp["context_lens"], inp["block_table"])
+    expected = _slots(positions.cpu(), inp["block_table"].cpu())
+    assert out.shape == (B + pad, 2048) and out.dtype == torch.int32
+    assert torch.equal(out[:B].sort(dim=1).values.cpu(), expected.sort(dim=1).values)
+    assert bool((out[B:] == -1).all())
+
+
+def _fp8_case(gen, B, h):
+    from pdserve_kernels.sparse_mla_reference import LAYOUTS, make_inputs, reference_decode
+
+    inp = make_inputs("v32", B, 1, h, 2048, generator=gen, sinks=False, scale_mode="amax448")
+    o_ref, _ = reference_decode(LAYOUTS["v32"], inp["q"].view(B, h, 576), inp["kv_buf"], 64,
+                                inp["indices"].view(B, -1), SM_SCALE)
+    # SGLang's pool: [slots, 1, 656] uint8 with pages packed (the reference's blocks carry one spare entry)
+    kv_flat = inp["kv_buf"][:, :64 * 656].contiguous().view(-1, 1, 656)
+    return inp, kv_flat, o_ref
+
+
+def _rel_l2(a, b):
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+@pytest.mark.parametrize("B, h", [(1, 128), (4, 128), (8, 16)])
+def test_fp8_mla_hook_is_accurate_on_sglang_scales(runtime, gen, B, h):
+    inp, kv_flat, o_ref = _fp8_case(gen, B, h)
+    layer = types.SimpleNamespace(tp_q_head_num=h, head_dim=576, layer_id=0)
+    backend = types.SimpleNamespace(real_page_size=64, kv_cache_dim=656)
+    fail = lambda *a, **k: pytest.fail("FlashMLA was called")  # noqa: E731
+    out = runtime.forward_decode(lambda: runtime.mla_fp8(
+        fail, backend, q_all=inp["q"].view(B, h, 576), kv_cache=kv_flat, v_head_dim=512, sm_scale=SM_SCALE,
+        layer=layer, metadata=None, page_table_1=inp["indices"].view(B, -1)))
+    assert out.shape == (B, 1, h, 512)
+    assert _rel_l2(out.view(B, h, 512), o_ref) < 3e-3
+
+
+def test_bf16_mla_hook_matches_the_reference(runtime, gen):
+    from pdserve_kernels.sparse_mla_reference import LAYOUTS, reference_decode
+
+    B, h, slots = 4, 128, 8192 + 64
+    kv = torch.randn((slots, 1, 576), device="cuda", generator=gen).to(torch.bfloat16)
+    ind = torch.stack([torch.randperm(slots, device="cuda", generator=gen)[:2048] for _ in range(B)]).int()
+    ind[:, 1500:] = -1
+    q = torch.randn((B, h, 576), device="cuda", generator=gen).to(torch.bfloat16)
+    fail = lambda *a, **k: pytest.fail("FlashMLA was called")  # noqa: E731
+    out = runtime.forward_decode(lambda: runtime.mla_bf16(fail, object(), q_all=q, kv_cache=kv, v_head_dim=512,
+                                                          page_table_1=ind, sm_scale=SM_SCALE))
+    o_ref, _ = reference_decode(LAYOUTS["v32_bf16"], q, kv.view(torch.uint8).view(slots, 1152), 1, ind, SM_SCALE)
+    assert out.shape == (B, h, 512) and _rel_l2(out, o_ref) < 1e-2
+
+
+def test_hooks_do_not_sync_after_the_first_call_and_replay_in_a_graph(runtime, gen):
+    B, h = 4, 128
+    inp, kv_flat, o_ref = _fp8_case(gen, B, h)
+    layer = types.SimpleNamespace(tp_q_head_num=h, head_dim=576, layer_id=0)
+    backend = types.SimpleNamespace(real_page_size=64, kv_cache_dim=656)
+    q = inp["q"].view(B, h, 576).clone()
+    table = inp["indices"].view(B, -1).clone()
+
+    def step():
+        return runtime.forward_decode(lambda: runtime.mla_fp8(
+            None, backend, q_all=q, kv_cache=kv_flat, v_head_dim=512, sm_scale=SM_SCALE, layer=layer, metadata=None,
+            page_table_1=table))
+
+    eager = step()  # makes the plan and its workspace
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        again = step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.equal(eager, again)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()  # warm-up on the capture stream, as SGLang's graph runner does
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            captured = step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, eager)
