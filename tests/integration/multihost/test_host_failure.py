@@ -1,0 +1,167 @@
+"""One host goes away under load, and comes back: the real sglang-router marks that host's worker
+unhealthy, the other host of the same role keeps serving, and the host serves again once it is back.
+
+Two faults, each on a prefill host and on a decode host:
+- power off: the host's link goes down, then every process on it is killed (in that order, so no FIN
+  or RST reaches the router: a powered-off machine sends nothing); back = link up and its processes
+  started again, as its units would be at boot;
+- link cut: the host's link goes down, its processes keep running; back = link up.
+
+Load: RATE chat requests per second from the client (the root namespace) to the router
+(tests/fixtures/loadgen.py), each with a REQUEST_TIMEOUT. The router's view is sampled every 0.25 s
+from its own Prometheus port (`smg_worker_health{worker=URL}`). What is asserted is causal: the router
+marks exactly the host's workers unhealthy; every request sent after that sample succeeds (the rest
+serve them) until the host is back and after; what failed failed with an error the client sees (none
+silent), and only requests sent before the router had marked the host; the host's worker is taken back
+and answers requests again. The timings are printed as a table in the terminal summary, not asserted.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.integration.multihost.cluster import Cluster, HealthWatch, wait_for
+from tests.integration.multihost.conftest import HOST_FAILURE_HEADER, HOST_FAILURE_ROWS
+from tests.integration.multihost.plan import HEALTH_CHECK_TIMEOUT_SECS, MODEL
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "fixtures"))
+
+from loadgen import Load, Outcome  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+RATE = 10.0  # requests per second
+REQUEST_TIMEOUT = 20.0
+BASELINE_SECONDS = 3.0  # load before the fault
+# How long the host stays away after the router marked it: requests in this window can only be
+# served by the rest.
+OUTAGE_AFTER_MARKED = 4.0
+DETECT_TIMEOUT = 60.0
+BACK_TIMEOUT = 120.0
+TAIL_SECONDS = 2.0  # load after the host served again
+# What a client may see for a request that the router had sent to the host as it went away.
+CUT_OFF = {"timeout", "HTTP 500", "HTTP 502", "HTTP 503", "HTTP 504", "connection closed mid-request"}
+
+COLUMNS = (f"{'fault':<10} {'host':<10} {'sent':>5} {'outage ok':>9} {'failed':>6} {'after mark ok/failed':>20} "
+           f"{'unhealthy s':>11} {'taken back s':>12} {'serving s':>9}  failures by cause")
+
+
+@dataclass(frozen=True)
+class Figures:
+    fault: str
+    host: str
+    sent: int
+    outage_ok: int
+    outage_failed: int
+    after_mark_ok: int
+    after_mark_failed: int
+    unhealthy_s: float
+    readmitted_s: float
+    serving_again_s: float
+    causes: dict[str, int]
+
+    def row(self) -> str:
+        causes = ", ".join(f"{n} {c}" for c, n in sorted(self.causes.items(), key=lambda kv: -kv[1])) or "-"
+        return (f"{self.fault:<10} {self.host:<10} {self.sent:>5} {self.outage_ok:>9} {self.outage_failed:>6} "
+                f"{f'{self.after_mark_ok}/{self.after_mark_failed}':>20} {self.unhealthy_s:>11.1f} "
+                f"{self.readmitted_s:>12.1f} {self.serving_again_s:>9.1f}  {causes}")
+
+
+def record(capsys, figures: Figures, note: str) -> None:
+    if not HOST_FAILURE_HEADER:
+        HOST_FAILURE_HEADER.extend([
+            f"{RATE:g} chat req/s through the router, client timeout {REQUEST_TIMEOUT:g} s; router health checks every "
+            f"2 s, timeout {HEALTH_CHECK_TIMEOUT_SECS} s; outage held {OUTAGE_AFTER_MARKED:g} s after the router "
+            "marked the host; seconds from the fault (unhealthy) or from the host's return (taken back, serving)",
+            COLUMNS])
+    HOST_FAILURE_ROWS.append(figures.row())
+    HOST_FAILURE_ROWS.append(f"{'':<22}{note}")
+    with capsys.disabled():
+        print(f"\n{COLUMNS}\n{figures.row()}\n{'':<22}{note}")
+
+
+def _between(outcomes: list[Outcome], begin: float, end: float) -> list[Outcome]:
+    return [o for o in outcomes if begin <= o.start < end]
+
+
+def served_since(cluster: Cluster, host: str, baseline: dict[str, float]) -> bool:
+    """Every worker on `host` answered more requests than `baseline` (its count before)."""
+    for process in cluster.plan.on(host):
+        count = cluster.served(process)
+        if count is None or count <= baseline[process.name]:
+            return False
+    return True
+
+
+FAULTS = {
+    "power off": (Cluster.power_off, Cluster.power_on),
+    "link cut": (Cluster.cut, Cluster.mend),
+}
+
+
+@pytest.mark.parametrize(("fault", "host"), [("power off", "decode-b"), ("link cut", "prefill-a"),
+                                             ("power off", "prefill-b"), ("link cut", "decode-a")])
+def test_a_host_away_is_marked_unhealthy_the_rest_serve_and_it_serves_again(cluster, capsys, fault, host):
+    cluster.wait_serving()
+    plan = cluster.plan
+    away = [p.url for p in plan.on(host)]
+    rest = [p for p in plan.processes if p.role != "router" and p.host != host]
+    (role,) = {p.role for p in plan.on(host)}
+    before = {p.name: cluster.served(p) or 0.0 for p in plan.processes if p.role != "router"}
+    go, come_back = FAULTS[fault]
+
+    with HealthWatch(cluster) as watch:
+        load = Load(plan.router.url, rate=RATE, duration=300, timeout=REQUEST_TIMEOUT, model=MODEL).start()
+        try:
+            time.sleep(BASELINE_SECONDS)
+            fault_at = time.monotonic()
+            go(cluster, host)
+            marked_at = float(wait_for(lambda: watch.first(fault_at, away, 0.0), DETECT_TIMEOUT,
+                                       f"the router to mark {host}'s worker unhealthy"))
+            rest_at_mark = {p.name: cluster.served(p) or 0.0 for p in rest}
+            time.sleep(OUTAGE_AFTER_MARKED)
+            rest_served = {p.name: (cluster.served(p) or 0.0) - rest_at_mark[p.name] for p in rest}
+            back_at = time.monotonic()
+            come_back(cluster, host)
+            readmitted_at = float(wait_for(lambda: watch.first(back_at, away, 1.0), BACK_TIMEOUT,
+                                           f"the router to take {host}'s worker back\n{cluster.diagnostics()}"))
+            # A power-off restarts the processes: their counts begin at 0 again.
+            baseline = {p.name: 0.0 if fault == "power off" else before[p.name] for p in plan.on(host)}
+            wait_for(lambda: served_since(cluster, host, baseline), BACK_TIMEOUT,
+                     f"{host}'s worker to answer requests again")
+            serving_at = time.monotonic()
+            time.sleep(TAIL_SECONDS)
+        finally:
+            load.stop()
+    marked_sample = next(h for at, h in watch.samples if at == marked_at)
+
+    outcomes = sorted(load.outcomes, key=lambda o: o.start)
+    outage = _between(outcomes, fault_at, back_at)
+    after_mark = _between(outcomes, marked_at, float("inf"))
+    failures = [o for o in outcomes if not o.ok]
+    causes: dict[str, int] = {}
+    for o in failures:
+        causes[o.cause] = causes.get(o.cause, 0) + 1
+    figures = Figures(fault, host, len(outcomes), sum(o.ok for o in outage), sum(not o.ok for o in outage),
+                      sum(o.ok for o in after_mark), sum(not o.ok for o in after_mark),
+                      marked_at - fault_at, readmitted_at - back_at, serving_at - back_at, causes)
+    record(capsys, figures, f"{role} on {host}; the rest served {sum(rest_served.values()):g} requests in the "
+                            f"{OUTAGE_AFTER_MARKED:g} s after the mark ({rest_served})")
+
+    # The router marked the host's worker, and only it.
+    assert all(marked_sample.get(p.url) == 1.0 for p in rest), marked_sample
+    # The rest kept serving: every request sent after the mark succeeded, the host away or back, and the
+    # other worker of the same role answered requests meanwhile.
+    assert figures.after_mark_failed == 0, [f"{o.start - fault_at:.1f} s: {o.cause} {o.detail}" for o in after_mark
+                                            if not o.ok]
+    assert figures.after_mark_ok > 0
+    assert sum(n for name, n in rest_served.items() if name.startswith(f"{role}@")) > 0, rest_served
+    # What failed was sent to the host as it went away, and the client saw an error (nothing silent).
+    assert set(causes) <= CUT_OFF, causes
+    assert all(fault_at - REQUEST_TIMEOUT <= o.start < marked_at for o in failures), \
+        [f"{o.start - fault_at:.1f} s: {o.cause}" for o in failures]
