@@ -1,9 +1,13 @@
-"""A unit's recent journal through `journalctl`, each call bounded by the caller's timeout."""
+"""A unit's journal through `journalctl`: its recent lines, or one invocation's from its start; each call
+bounded by the caller's timeout."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
+import threading
+from dataclasses import dataclass
 
 from pdserve.probes.observations import Unavailable
 
@@ -41,3 +45,66 @@ def grep_journal(unit: str, needle: str, timeout: float, lines: int = 20000) -> 
         return [line for line in _lines(unit, lines, timeout) if needle in line]
     except Unavailable:
         return []
+
+
+_INVOCATION_ID = re.compile(r"[0-9a-f]{32}")
+
+
+@dataclass(frozen=True)
+class InvocationScan:
+    """Lines of one invocation of a unit that contain a needle, from its start; `incomplete` says why the
+    scan stopped before the invocation's last line (None: it read all of it)."""
+
+    lines: tuple[str, ...]
+    incomplete: str | None = None
+
+
+def grep_invocation(invocation_id: str, needle: str, timeout: float, max_lines: int = 1_000_000) -> InvocationScan:
+    """Lines of the invocation systemd calls `invocation_id` (`systemctl show -p InvocationID`) that contain
+    `needle`, read from its first line: what a server logged when it started stays readable however long it
+    ran (grep_journal reads the tail). Every process of the unit writes to the stream journald tags with the
+    invocation, so the lines of SGLang's scheduler processes are here too. Unavailable when journalctl is
+    missing or fails before printing anything; a scan cut short by `timeout` or `max_lines` keeps its lines."""
+    if not _INVOCATION_ID.fullmatch(invocation_id):
+        raise ValueError(f"not a systemd invocation id: {invocation_id!r}")
+    if shutil.which("journalctl") is None:
+        raise Unavailable("journalctl is not on PATH")
+    argv = ["journalctl", f"_SYSTEMD_INVOCATION_ID={invocation_id}", "-o", "cat", "--no-pager"]
+    try:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace")
+    except OSError as exc:
+        raise Unavailable(f"cannot run {argv[0]}: {exc.strerror}") from None
+    expired = threading.Event()
+
+    def expire() -> None:
+        expired.set()
+        proc.kill()
+
+    timer = threading.Timer(timeout, expire)
+    timer.start()
+    found: list[str] = []
+    read = 0
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            read += 1
+            if needle in line:
+                found.append(line.rstrip("\n"))
+            if read >= max_lines:
+                break
+    finally:
+        timer.cancel()
+        if proc.poll() is None and read >= max_lines:
+            proc.kill()
+        try:
+            _, stderr = proc.communicate(timeout=max(timeout, 1.0))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            stderr = ""
+    if expired.is_set():
+        return InvocationScan(tuple(found), f"journalctl did not finish within {timeout:g} s ({read} lines read)")
+    if read >= max_lines:
+        return InvocationScan(tuple(found), f"stopped after the first {max_lines} lines")
+    if proc.returncode != 0 and read == 0:
+        raise Unavailable(f"`{' '.join(argv)}` exited {proc.returncode}: {(stderr or '').strip()[:200]}")
+    return InvocationScan(tuple(found))

@@ -51,6 +51,7 @@ PROPERTIES = (
     "InactiveExitTimestampMonotonic",
     "ActiveEnterTimestampMonotonic",
     "ExecMainStartTimestampMonotonic",
+    "InvocationID",
 )
 
 
@@ -77,6 +78,9 @@ class UnitState:
     inactive_exit_us: int = 0
     active_enter_us: int = 0
     exec_main_start_us: int = 0
+    # The unit's current (or last) activation; journald tags every line the unit's processes write with
+    # it (_SYSTEMD_INVOCATION_ID), so one start's log can be read apart from earlier ones. "": none yet.
+    invocation_id: str = ""
 
     @property
     def installed(self) -> bool:
@@ -139,6 +143,7 @@ def parse_show(text: str) -> dict[str, UnitState]:
             inactive_exit_us=_int(props.get("InactiveExitTimestampMonotonic")),
             active_enter_us=_int(props.get("ActiveEnterTimestampMonotonic")),
             exec_main_start_us=_int(props.get("ExecMainStartTimestampMonotonic")),
+            invocation_id=props.get("InvocationID", ""),
         )
         states[state.name] = state
     return states

@@ -104,6 +104,13 @@ class Context:
     def grep_journal(self, unit: str, needle: str) -> list[str]:
         return journal.grep_journal(unit, needle, self.options.probe_timeout)
 
+    def grep_invocation(self, state: UnitState, needle: str) -> journal.InvocationScan:
+        """Lines of the unit's current invocation that contain `needle`, from its first line; none when
+        systemd names no invocation (never started)."""
+        if not state.invocation_id:
+            return journal.InvocationScan(())
+        return journal.grep_invocation(state.invocation_id, needle, self.options.probe_timeout)
+
     def metrics(self, role: str) -> metrics_probe.MetricsObs:
         """A role's /metrics (the router's: its Prometheus listener), bounded in size and time."""
         return metrics_probe.read(self.client, self.exp.metrics_urls[role], self.options.probe_timeout)

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from pdserve.probes import cgroups, chat, net, nvml, procs, topology
+from pdserve.probes import cgroups, chat, kernel_log, net, nvml, procs, topology
 from pdserve.probes import versions as version_probe
 from pdserve.probes.metrics import MetricsObs
 from pdserve.probes.observations import HttpObs, Unavailable
-from pdserve.verify.checks import e2e, exposure, gpu, metrics, numa, router, servers, units, versions
+from pdserve.schema.config import SERVER_ROLES
+from pdserve.schema.derived import unit_name
+from pdserve.verify.checks import e2e, exposure, gpu, kernels, metrics, numa, router, servers, units, versions
 from pdserve.verify.context import Context
 from pdserve.verify.expect import WorkerExpectation
 from pdserve.verify.result import CheckResult
@@ -92,6 +94,20 @@ def _router_version(ctx: Context) -> CheckResult:
         pids = procs.listening_pids(ctx.dep.router.port)
     version, source = version_probe.router_version(pids, ctx.options.probe_timeout)
     return versions.check_router_version(exp, version, source)
+
+
+# ---- kernels
+def _kernels_check(role: str) -> Check:
+    def run(ctx: Context) -> CheckResult:
+        server = ctx.dep.server(role)  # type: ignore[arg-type]
+        asked = kernels.KernelsAsked(role, unit_name(ctx.dep, role), server.attention_kernels,  # type: ignore[arg-type]
+                                     server.tensor_parallel)
+        if asked.requested != kernel_log.PDSERVE:
+            return kernels.check_kernels(asked, None, None)
+        state = ctx.unit_state(asked.unit)
+        scan = ctx.grep_invocation(state, kernel_log.MARK)
+        return kernels.check_kernels(asked, state, kernel_log.parse(list(scan.lines)), scan.incomplete)
+    return run
 
 
 # ---- GPUs
@@ -222,6 +238,7 @@ CHECKS: dict[str, Check] = {
     "versions.prefill": _version_check("prefill"),
     "versions.decode": _version_check("decode"),
     "versions.router": _router_version,
+    **{f"kernels.{role}": _kernels_check(role) for role in SERVER_ROLES},
 }
 # The checks that compare counters read before the first end-to-end request with the same counters after.
 BEFORE_AND_AFTER_E2E = frozenset({"metrics.kv_transfer", "metrics.router_requests"})
