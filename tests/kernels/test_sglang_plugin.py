@@ -204,6 +204,7 @@ def test_each_target_takes_the_parameters_its_hook_names(target, method):
 
 
 @pytest.mark.parametrize("target", ["sglang.srt.layers.attention.dsa_backend.DeepseekSparseAttnBackend.__init__",
+                                    "sglang.srt.layers.attention.deepseek_v4_backend.DeepseekV4AttnBackend.__init__",
                                     "sglang.srt.layers.attention.dsa_backend.DeepseekSparseAttnBackend.forward_decode"])
 def test_the_wrapped_backend_methods_exist(target):
     pytest.importorskip("sglang")

@@ -23,6 +23,7 @@ ENV_RECORD = "PDSERVE_DSA_RECORD_DIR"
 
 _BACKEND = "sglang.srt.layers.attention.dsa_backend.DeepseekSparseAttnBackend"
 _INDEXER = "sglang.srt.layers.attention.dsa.dsa_indexer.Indexer"
+_V4_BACKEND = "sglang.srt.layers.attention.deepseek_v4_backend.DeepseekV4AttnBackend"
 # target -> the Runtime method wrapped around it
 TARGETS = {
     f"{_BACKEND}.__init__": "backend_init",
@@ -30,8 +31,10 @@ TARGETS = {
     f"{_INDEXER}._get_topk_paged": "indexer_topk",
     f"{_BACKEND}._forward_flashmla_kv": "mla_fp8",
     f"{_BACKEND}._forward_flashmla_sparse": "mla_bf16",
+    # V4 is not served yet; its backend reports that, so a V4 server that asked says why it runs SGLang's.
+    f"{_V4_BACKEND}.__init__": "v4_backend_init",
 }
-STATUS_ONLY = (f"{_BACKEND}.__init__",)  # what is wrapped when the kernels are not requested
+STATUS_ONLY = (f"{_BACKEND}.__init__", f"{_V4_BACKEND}.__init__")  # what is wrapped when not requested
 
 _runtime = None
 

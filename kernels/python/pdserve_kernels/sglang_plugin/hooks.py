@@ -29,6 +29,8 @@ from .status import PDSERVE, FallbackLog, RanLog, Status, all_sglang, log_status
 
 PAGE = decision.PAGE
 OFF_REASON = "not requested (PDSERVE_DSA_KERNELS is not 'pdserve')"
+V4_REASON = ("DeepSeek V4 (the dsv4 attention backend: SWA + compressed caches) is not served by the plugin yet; "
+             "SGLang's kernels run")
 
 
 def _version(dist: str) -> str | None:
@@ -88,6 +90,17 @@ class Runtime:
         log_status(status)
         return status
 
+    def on_v4_backend(self, backend, model_runner) -> Status:
+        import torch
+
+        device = getattr(backend, "device", None)
+        where = dict(tp_rank=getattr(model_runner, "tp_rank", None), device=str(device) if device else None,
+                     sm=".".join(map(str, torch.cuda.get_device_capability(device))) if device else None,
+                     sglang=_version("sglang"), pdserve_kernels=_version("pdserve-kernels"))
+        status = all_sglang(self.requested, OFF_REASON if self.requested != PDSERVE else V4_REASON, **where)
+        log_status(status)
+        return status
+
     def serves(self, op: str, device) -> bool:
         return self.kernels.get(device.index, {}).get(op) == PDSERVE
 
@@ -101,6 +114,10 @@ class Runtime:
     def backend_init(self, original, backend, model_runner, *args, **kwargs):
         original(backend, model_runner, *args, **kwargs)
         self.on_backend(backend, model_runner)
+
+    def v4_backend_init(self, original, backend, model_runner, *args, **kwargs):
+        original(backend, model_runner, *args, **kwargs)
+        self.on_v4_backend(backend, model_runner)
 
     def forward_decode(self, original, *args, **kwargs):
         self._decode.depth = getattr(self._decode, "depth", 0) + 1
