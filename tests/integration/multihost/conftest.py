@@ -65,6 +65,7 @@ def net(plan):
     if left:
         print(f"\nremoved leftovers of an earlier multi-host run: {', '.join(left)}")
     with cluster_network(plan.addresses, plans.NETWORK) as net:
+        net.check_links()
         yield net
 
 
