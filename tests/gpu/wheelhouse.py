@@ -8,6 +8,11 @@ builds), rewrites each trimmed wheel's RECORD so pip installs it as usual, and p
 chunk directories small enough to travel one per call.
 
     python3 tests/gpu/wheelhouse.py --out .whl          # .whl is git-ignored
+    python3 tests/gpu/wheelhouse.py --dsa               # the DSA set of tests/gpu/dsa, into .whl/dsa
+
+`--dsa` builds the set a single DeepSeek-V3.2 server needs (tests/gpu/dsa/README.md): the same pins plus
+DeepGEMM, FlashMLA kept in sglang-kernel, and nothing of PD (NIXL, the router). It has its own pool
+(`.whl/dsa/all`), so the PD tier's chunks are left as they are.
 """
 
 from __future__ import annotations
@@ -37,12 +42,37 @@ TRIM = {
     "xgrammar": ["xgrammar/lib/*.a"],
 }
 
+# The DSA set (one DeepSeek-V3.2 server, tests/gpu/dsa): DeepGEMM is imported by the DSA backend and
+# indexer on CUDA, and FlashMLA (sgl_kernel/flashmla_ops) is its sparse MLA decode; PD is not run, so
+# NIXL and the router stay home (measured: ../shared/facts/sglang-dsa.md, "Wheels beyond").
+DSA_EXTRA_PINS = ["sgl_deep_gemm==0.1.5.post1"]
+DSA_LEFT_OUT = {"nixl", "nixl_cu13", "sglang_router"}
+DSA_KEPT = {"sglang_kernel": ["sgl_kernel/flashmla_ops.*.so"]}
 
-def download(out: Path) -> None:
+
+def dsa_pins(pins: str) -> str:
+    """wheelhouse.txt's pins without what PD alone needs, plus DeepGEMM."""
+    kept = [line for line in pins.splitlines()
+            if line.strip() and _pin_name(line) not in DSA_LEFT_OUT]
+    return "\n".join(kept + DSA_EXTRA_PINS) + "\n"
+
+
+def _pin_name(line: str) -> str:
+    return line.split("==", 1)[0].strip().lower().replace("-", "_")
+
+
+def trim_patterns(distribution: str, dsa: bool) -> list[str]:
+    patterns = TRIM.get(distribution, [])
+    if dsa:
+        patterns = [p for p in patterns if p not in DSA_KEPT.get(distribution, [])]
+    return patterns
+
+
+def download(out: Path, pins: Path = PINS) -> None:
     platform_args = [arg for p in PLATFORMS for arg in ("--platform", p)]
     subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
                     "--python-version", "3.12", "--implementation", "cp", *platform_args,
-                    "-d", str(out), "-r", str(PINS)], check=True, timeout=1800)
+                    "-d", str(out), "-r", str(pins)], check=True, timeout=1800)
 
 
 def _record_line(name: str, data: bytes) -> str:
@@ -84,18 +114,26 @@ def chunk(wheels: list[Path], limit: int) -> list[list[Path]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path(".whl"))
+    parser.add_argument("--out", type=Path, default=None, help="default .whl, or .whl/dsa with --dsa")
+    parser.add_argument("--dsa", action="store_true",
+                        help="the DSA set: + DeepGEMM, FlashMLA kept, no NIXL or router (tests/gpu/dsa)")
     parser.add_argument("--chunk-mib", type=int, default=58,
                         help="largest chunk (a call carries 64 MiB in all, the working tree included)")
     parser.add_argument("--no-download", action="store_true", help="only trim and chunk what --out/all holds")
     args = parser.parse_args()
+    if args.out is None:
+        args.out = Path(".whl/dsa") if args.dsa else Path(".whl")
     pool = args.out / "all"
     pool.mkdir(parents=True, exist_ok=True)
+    pins = PINS
+    if args.dsa:
+        pins = args.out / "pins.txt"
+        pins.write_text(dsa_pins(PINS.read_text(encoding="utf-8")), encoding="utf-8")
     if not args.no_download:
-        download(pool)
+        download(pool, pins)
     wheels = sorted(pool.glob("*.whl"))
     for wheel in wheels:
-        patterns = TRIM.get(wheel.name.split("-", 1)[0])
+        patterns = trim_patterns(wheel.name.split("-", 1)[0], args.dsa)
         if patterns:
             before = wheel.stat().st_size
             trim(wheel, patterns)

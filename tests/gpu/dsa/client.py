@@ -1,0 +1,160 @@
+"""Talking to SGLang's native /generate with the standard library only (the device carries no HTTP
+client library for this), and the arithmetic that turns streamed token timelines into decode figures.
+
+Every call has a deadline. The pure parts (prompts, parse_result, decode_figures) are tested on the CPU.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import random
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+FIRST_ID = 5  # ids 0-4 are the tokenizer's special tokens (tests/gpu/tiny_model.py); prompts avoid them
+
+
+def prompts(seed: int, lengths: list[int], vocab_size: int) -> list[list[int]]:
+    """Random token-id prompts, one per length, the same for a given seed on every machine."""
+    rng = random.Random(seed)
+    return [[rng.randrange(FIRST_ID, vocab_size) for _ in range(n)] for n in lengths]
+
+
+def greedy(max_new_tokens: int) -> dict:
+    return {"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": True}
+
+
+def post_json(url: str, payload: dict, timeout: float):
+    request = urllib.request.Request(url, data=json.dumps(payload).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as reply:
+        return json.loads(reply.read())
+
+
+def generate(base_url: str, input_ids: list[list[int]], *, max_new_tokens: int, top_logprobs: int,
+             timeout: float) -> list[dict]:
+    """One /generate call carrying all of `input_ids` (SGLang schedules them together), greedy, with the
+    chosen tokens' logprobs and the top `top_logprobs` per position. Returns parse_result per prompt."""
+    payload = {"input_ids": input_ids, "sampling_params": greedy(max_new_tokens), "return_logprob": True,
+               "top_logprobs_num": top_logprobs, "return_text_in_logprobs": False}
+    out = post_json(base_url + "/generate", payload, timeout)
+    outs = out if isinstance(out, list) else [out]
+    if len(outs) != len(input_ids):
+        raise ValueError(f"/generate answered {len(outs)} results for {len(input_ids)} prompts")
+    return [parse_result(o) for o in outs]
+
+
+def parse_result(out: dict) -> dict:
+    """The tokens and logprobs of one /generate result. SGLang gives output_token_logprobs as
+    [logprob, token_id, text|None] per generated token and output_top_logprobs as a list of such
+    triples per position."""
+    meta = out["meta_info"]
+    chosen = meta.get("output_token_logprobs") or []
+    ids = list(out.get("output_ids") or [t[1] for t in chosen])
+    if [t[1] for t in chosen] != ids:
+        raise ValueError("output_ids and output_token_logprobs disagree on the tokens")
+    top = [[[t[1], t[0]] for t in (position or [])] for position in (meta.get("output_top_logprobs") or [])]
+    return {
+        "output_ids": ids,
+        "logprobs": [t[0] for t in chosen],
+        "top_logprobs": top,  # per position: [[token_id, logprob], ...]
+        "prompt_tokens": meta.get("prompt_tokens"),
+        "completion_tokens": meta.get("completion_tokens"),
+        "e2e_latency_s": meta.get("e2e_latency"),
+    }
+
+
+def stream_timeline(base_url: str, input_ids: list[int], *, max_new_tokens: int, timeout: float,
+                    start: threading.Event | None = None) -> list[tuple[float, int]]:
+    """Stream one greedy request; (time.perf_counter(), completion tokens so far) per chunk received."""
+    parts = urlsplit(base_url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
+    body = json.dumps({"input_ids": input_ids, "sampling_params": greedy(max_new_tokens), "stream": True})
+    deadline = time.monotonic() + timeout
+    timeline: list[tuple[float, int]] = []
+    try:
+        if start is not None:
+            start.wait(timeout)
+        conn.request("POST", "/generate", body=body, headers={"Content-Type": "application/json"})
+        reply = conn.getresponse()
+        if reply.status != 200:
+            raise RuntimeError(f"/generate stream answered HTTP {reply.status}: {reply.read(500)!r}")
+        while time.monotonic() < deadline:
+            line = reply.readline()
+            if not line:
+                break
+            line = line.strip()
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                break
+            chunk = json.loads(data)
+            timeline.append((time.perf_counter(), int(chunk["meta_info"]["completion_tokens"])))
+        else:
+            raise TimeoutError(f"stream not finished after {timeout:.0f} s")
+    finally:
+        conn.close()
+    return timeline
+
+
+def concurrent_timelines(base_url: str, batch: list[list[int]], *, max_new_tokens: int,
+                         timeout: float) -> list[list[tuple[float, int]]]:
+    """Stream all of `batch` at once (one thread each, released together); every stream's timeline."""
+    start = threading.Event()
+    results: list = [None] * len(batch)
+
+    def run(i: int) -> None:
+        try:
+            results[i] = stream_timeline(base_url, batch[i], max_new_tokens=max_new_tokens, timeout=timeout,
+                                         start=start)
+        except Exception as exc:  # reported below, with the others
+            results[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(batch))]
+    for t in threads:
+        t.start()
+    start.set()
+    for t in threads:
+        t.join(timeout + 10)
+    failed = [r for r in results if not isinstance(r, list)]
+    if failed:
+        raise RuntimeError(f"{len(failed)} of {len(batch)} streams failed: {failed[0]!r}")
+    return results
+
+
+@dataclass(frozen=True)
+class DecodeFigures:
+    ms_per_step: float      # one decode step of the whole batch
+    tokens_per_s: float     # generated tokens per second, all requests together
+    steps: float            # decode steps per request inside the measured window
+    window_s: float
+    ttft_s: float           # median time to the first token (prefill of the batch included)
+
+
+def decode_figures(timelines: list[list[tuple[float, int]]], sent_at: float) -> DecodeFigures:
+    """Decode speed of a batch from its streams: only the window in which every request was decoding
+    counts (from the last request's first token to the first request's last token), so prefills of
+    late requests do not inflate the steps. Tokens in the window are those whose arrival falls inside it."""
+    if not timelines or any(len(t) < 2 for t in timelines):
+        raise ValueError("every stream needs at least two chunks")
+    t0 = max(t[0][0] for t in timelines)
+    t1 = min(t[-1][0] for t in timelines)
+    window = t1 - t0
+    if window <= 0:
+        raise ValueError("the streams never all decoded at the same time: raise max_new_tokens")
+    tokens = []
+    for timeline in timelines:
+        before = max(n for when, n in timeline if when <= t0)
+        upto = max(n for when, n in timeline if when <= t1)
+        tokens.append(upto - before)
+    steps = sum(tokens) / len(tokens)
+    if steps <= 0:
+        raise ValueError("no token arrived inside the common decode window")
+    firsts = sorted(t[0][0] - sent_at for t in timelines)
+    return DecodeFigures(ms_per_step=1000.0 * window / steps, tokens_per_s=sum(tokens) / window, steps=steps,
+                         window_s=window, ttft_s=firsts[len(firsts) // 2])

@@ -1,0 +1,221 @@
+"""Serve the tiny DeepSeek-V3.2 with SGLang's own DSA decode kernels and with pdserve's, and record what
+tells them apart: greedy tokens and logprobs of the same long prompts, and decode speed.
+
+Run on the GPU machine (tests/gpu/dsa/run_on_device.sh runs it), one server at a time:
+
+    python3 tests/gpu/dsa/compare.py --model DIR --out DIR [--phase compare|bench|all]
+        [--kernels sglang|pdserve|both] [--record-dir DIR]
+
+For each kernel choice a real `python -m sglang.launch_server` starts (env PDSERVE_DSA_KERNELS=...),
+is gated on its ready line, runs the phases and is stopped. `compare` sends the same seeded prompts
+(all longer than index_topk = 2048, so the top-k selects) one at a time and then all in one call,
+greedy, with logprobs and top logprobs, and writes compare-<kernels>.json; `bench` streams B
+concurrent requests of context C and writes bench-<kernels>.json and a table. With both kernel choices
+the comparison (diff.py) is printed at the end. Server logs go to --out. Every wait has a deadline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository root, for `tests.gpu.dsa`
+
+from tests.gpu.dsa import client, diff, server  # noqa: E402
+
+PHASES = ("compare", "bench", "all")
+VERSIONS = ("torch", "sglang", "sglang-kernel", "sgl-deep-gemm", "flashinfer-python", "transformers",
+            "pdserve-kernels")
+PLUGIN_GROUP = "sglang.srt.plugins"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", type=Path, required=True, help="the directory tiny_dsa_model.py wrote")
+    p.add_argument("--out", type=Path, required=True, help="results and server logs go here")
+    p.add_argument("--phase", choices=PHASES, default="compare")
+    p.add_argument("--kernels", choices=(*server.KERNELS, "both"), default="both")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--ready-timeout", type=float, default=330.0, help="seconds for one server start")
+    p.add_argument("--request-timeout", type=float, default=120.0, help="seconds for one /generate call")
+    p.add_argument("--record-dir", type=Path, default=None,
+                   help="PDSERVE_DSA_RECORD_DIR for the servers (one subdirectory per kernel choice): the "
+                        "plugin dumps per-layer intermediates; bench figures under it are marked 'recording'")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--prompt-lens", type=_ints, default=[2100, 2600, 3100, 4000, 5000, 6000],
+                   help="compare: prompt lengths in tokens, comma-separated (longer than 2048 to make the top-k select)")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--top-logprobs", type=int, default=5)
+    p.add_argument("--bench-batches", type=_ints, default=[1, 4, 16])
+    p.add_argument("--bench-contexts", type=_ints, default=[4096, 12288])
+    p.add_argument("--bench-new-tokens", type=int, default=128)
+    p.add_argument("--graph-bs", type=_ints, default=list(server.DEFAULT_GRAPH_BS),
+                   help="decode CUDA-graph batch sizes; 0 for none (--disable-cuda-graph: all eager)")
+    p.add_argument("--server-arg", action="append", default=[], help="one more launch_server argument (repeatable)")
+    p.add_argument("--dry-run", action="store_true", help="print the server commands and exit")
+    args = p.parse_args(argv)
+    if any(n <= 2048 for n in args.prompt_lens):
+        p.error(f"--prompt-lens: every prompt must be longer than index_topk 2048, got {args.prompt_lens}")
+    longest = max(args.prompt_lens + args.bench_contexts) + max(args.max_new_tokens, args.bench_new_tokens)
+    if longest > server.CONTEXT_LENGTH:
+        p.error(f"a prompt plus its new tokens ({longest}) exceeds the served context length {server.CONTEXT_LENGTH}")
+    if args.graph_bs == [0]:
+        args.graph_bs = []
+    return args
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text!r}") from None
+    if not values or any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"need one or more non-negative integers: {text!r}")
+    return values
+
+
+def kernel_choices(args: argparse.Namespace) -> list[str]:
+    return list(server.KERNELS) if args.kernels == "both" else [args.kernels]
+
+
+def make_servers(args: argparse.Namespace) -> dict[str, server.Server]:
+    servers = {}
+    for kernels in kernel_choices(args):
+        record = args.record_dir / kernels if args.record_dir is not None else None
+        servers[kernels] = server.make_server(args.model, args.port, kernels, args.out / f"server-{kernels}.log",
+                                              record_dir=record, graph_bs=tuple(args.graph_bs),
+                                              extra=args.server_arg)
+    return servers
+
+
+def versions() -> dict[str, str | None]:
+    found = {}
+    for name in VERSIONS:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def plugin_entry_points() -> list[str]:
+    """The `sglang.srt.plugins` entry points this Python (and so each scheduler process) would load."""
+    return sorted(f"{ep.name} = {ep.value}" for ep in importlib.metadata.entry_points(group=PLUGIN_GROUP))
+
+
+def vocab_size(model: Path) -> int:
+    return int(json.loads((model / "config.json").read_text(encoding="utf-8"))["vocab_size"])
+
+
+def compare_phase(srv: server.Server, args: argparse.Namespace) -> dict:
+    """The seeded prompts one at a time (decode at batch 1) and all in one call (batched decode)."""
+    batch = client.prompts(args.seed, args.prompt_lens, vocab_size(args.model))
+    sets: dict[str, list[dict]] = {"sequential": []}
+    for ids in batch:
+        sets["sequential"] += client.generate(srv.url, [ids], max_new_tokens=args.max_new_tokens,
+                                              top_logprobs=args.top_logprobs, timeout=args.request_timeout)
+    sets["batch"] = client.generate(srv.url, batch, max_new_tokens=args.max_new_tokens,
+                                    top_logprobs=args.top_logprobs, timeout=args.request_timeout)
+    return {"seed": args.seed, "prompt_lens": args.prompt_lens, "max_new_tokens": args.max_new_tokens,
+            "top_logprobs": args.top_logprobs, "sets": sets}
+
+
+def bench_phase(srv: server.Server, args: argparse.Namespace) -> dict:
+    """Decode speed at each (batch, context): B concurrent streams of C-token prompts, ignore_eos."""
+    vocab = vocab_size(args.model)
+    rows = []
+    for context in args.bench_contexts:
+        # First use of a context length JITs kernels for its shapes: keep that out of the figures.
+        warm = client.prompts(args.seed + context, [context], vocab)
+        client.concurrent_timelines(srv.url, warm, max_new_tokens=8, timeout=args.request_timeout)
+        for batch in args.bench_batches:
+            ids = client.prompts(args.seed * 7919 + context * 31 + batch, [context] * batch, vocab)
+            sent = time.perf_counter()
+            timelines = client.concurrent_timelines(srv.url, ids, max_new_tokens=args.bench_new_tokens,
+                                                    timeout=args.request_timeout)
+            fig = client.decode_figures(timelines, sent)
+            rows.append({"batch": batch, "context": context, "new_tokens": args.bench_new_tokens,
+                         "tokens_per_s": round(fig.tokens_per_s, 1), "ms_per_step": round(fig.ms_per_step, 3),
+                         "steps_in_window": round(fig.steps, 1), "window_s": round(fig.window_s, 3),
+                         "ttft_s": round(fig.ttft_s, 3)})
+            print(f"  bench {srv.env['PDSERVE_DSA_KERNELS']}: batch {batch} context {context}: "
+                  f"{fig.tokens_per_s:.0f} tok/s, {fig.ms_per_step:.2f} ms/step", flush=True)
+    return {"rows": rows, "recording": args.record_dir is not None, "graph_bs": args.graph_bs}
+
+
+def log_findings(srv: server.Server) -> dict:
+    """What the server's own log says about the weights and the plugin."""
+    lines = srv.log_text().splitlines()
+    return {
+        "unknown_weights": [line for line in lines if server.UNKNOWN_WEIGHT_LINE in line][:20],
+        "plugin_lines": [line for line in lines if "pdserve" in line.lower()][:40],
+    }
+
+
+def run_one(kernels: str, srv: server.Server, args: argparse.Namespace) -> dict:
+    record = {"kernels": kernels, "argv": srv.argv, "env": srv.env, "versions": versions(),
+              "plugin_entry_points": plugin_entry_points(),
+              "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+    if kernels == "pdserve" and not record["plugin_entry_points"]:
+        raise SystemExit(f"no {PLUGIN_GROUP} entry point is installed: a 'pdserve' run would run SGLang's "
+                         "kernels; install the pdserve-kernels wheel into the same --target (run_on_device.sh)")
+    print(f"[{kernels}] starting: {' '.join(srv.argv)}", flush=True)
+    srv.start()
+    try:
+        record["ready_after_s"] = round(srv.wait_ready(args.ready_timeout), 1)
+        print(f"[{kernels}] ready after {record['ready_after_s']} s", flush=True)
+        record.update(log_findings(srv))
+        if record["unknown_weights"]:
+            raise SystemExit(f"[{kernels}] SGLang ignored checkpoint tensors: {record['unknown_weights'][:3]}")
+        if args.phase in ("compare", "all"):
+            t = time.monotonic()
+            record["compare"] = compare_phase(srv, args)
+            record["compare_s"] = round(time.monotonic() - t, 1)
+            _write(args.out / f"compare-{kernels}.json", record)
+            print(f"[{kernels}] compare phase: {record['compare_s']} s", flush=True)
+        if args.phase in ("bench", "all"):
+            t = time.monotonic()
+            record["bench"] = bench_phase(srv, args)
+            record["bench_s"] = round(time.monotonic() - t, 1)
+            _write(args.out / f"bench-{kernels}.json", {k: v for k, v in record.items() if k != "compare"})
+        record.update(log_findings(srv))  # the plugin may log on first use, after ready
+    finally:
+        srv.stop()
+    return record
+
+
+def _write(path: Path, data: dict) -> None:
+    path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    servers = make_servers(args)
+    if args.dry_run:
+        for kernels, srv in servers.items():
+            env = " ".join(f"{k}={v}" for k, v in srv.env.items())
+            print(f"{kernels}: {env} {' '.join(srv.argv)}")
+        return 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    # `timeout` (run_on_device.sh) sends SIGTERM: exit through the `finally` that stops the server's
+    # process group, which would otherwise outlive this script (it runs in its own session).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
+    records = {}
+    for kernels, srv in servers.items():
+        records[kernels] = run_one(kernels, srv, args)
+    if args.phase in ("bench", "all"):
+        print(diff.bench_table({k: r["bench"] for k, r in records.items()}))
+    if args.phase in ("compare", "all") and len(records) == 2:
+        result = diff.compare_runs(records["sglang"], records["pdserve"])
+        _write(args.out / "diff.json", result)
+        print(diff.compare_table(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,155 @@
+"""Compare two runs of compare.py (SGLang's kernels against pdserve's) and print the tables.
+
+    python3 tests/gpu/dsa/diff.py OUT_DIR                 # compare-sglang.json vs compare-pdserve.json (+ bench)
+    python3 tests/gpu/dsa/diff.py A.json B.json [--max-logprob-diff 0.05] [--require-equal-tokens]
+
+Per request: are the greedy tokens equal, and if not where they first diverge; on the shared prefix
+(every position up to and including the first divergence, where both runs had the same context) the
+largest difference of the chosen token's logprob and of the top logprobs of tokens both runs list.
+Pure Python, so it runs anywhere the JSON is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    """Index of the first differing token (the shorter length if one is a prefix), None if equal."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def compare_request(a: dict, b: dict) -> dict:
+    ids_a, ids_b = a["output_ids"], b["output_ids"]
+    d = first_divergence(ids_a, ids_b)
+    shared = len(ids_a) if d is None else d  # positions with equal tokens
+    # The chosen-token logprobs are comparable where the tokens agree.
+    chosen = [abs(x - y) for x, y in zip(a["logprobs"][:shared], b["logprobs"][:shared])]
+    # Top logprobs are comparable up to and including the divergence: the context is still the same there.
+    upto = min(shared + 1, len(a["top_logprobs"]), len(b["top_logprobs"]))
+    top = []
+    top_overlap = []
+    for pa, pb in zip(a["top_logprobs"][:upto], b["top_logprobs"][:upto]):
+        da, db = {t: lp for t, lp in pa}, {t: lp for t, lp in pb}
+        common = da.keys() & db.keys()
+        top += [abs(da[t] - db[t]) for t in common]
+        if da or db:
+            top_overlap.append(len(common) / max(len(da), len(db)))
+    return {
+        "tokens": len(ids_a),
+        "tokens_equal": d is None,
+        "first_divergence": d,
+        "max_abs_logprob_diff": max(chosen) if chosen else None,
+        "mean_abs_logprob_diff": sum(chosen) / len(chosen) if chosen else None,
+        "max_abs_top_logprob_diff": max(top) if top else None,
+        "min_top_overlap": min(top_overlap) if top_overlap else None,
+    }
+
+
+def compare_runs(ref: dict, other: dict) -> dict:
+    """`ref` and `other` are compare.py records (or their "compare" parts) of the same prompts."""
+    ra, rb = ref.get("compare", ref), other.get("compare", other)
+    for key in ("seed", "prompt_lens", "max_new_tokens"):
+        if ra.get(key) != rb.get(key):
+            raise ValueError(f"the runs used different {key}: {ra.get(key)!r} vs {rb.get(key)!r}")
+    rows = []
+    for name in ra["sets"]:
+        if name not in rb["sets"]:
+            raise ValueError(f"request set {name!r} is in one run only")
+        if len(ra["sets"][name]) != len(rb["sets"][name]):
+            raise ValueError(f"request set {name!r}: {len(ra['sets'][name])} vs {len(rb['sets'][name])} results")
+        for i, (a, b) in enumerate(zip(ra["sets"][name], rb["sets"][name])):
+            rows.append({"set": name, "request": i, "prompt_len": ra["prompt_lens"][i], **compare_request(a, b)})
+    diffs = [r["max_abs_logprob_diff"] for r in rows if r["max_abs_logprob_diff"] is not None]
+    return {
+        "reference": ref.get("kernels", "a"), "other": other.get("kernels", "b"),
+        "requests": len(rows),
+        "tokens_equal": sum(r["tokens_equal"] for r in rows),
+        "max_abs_logprob_diff": max(diffs) if diffs else None,
+        "rows": rows,
+    }
+
+
+def _fmt(value, spec: str = ".4f") -> str:
+    if value is None:
+        return "-"
+    return format(value, spec) if isinstance(value, float) else str(value)
+
+
+def render(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
+    line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
+    return "\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])
+
+
+def compare_table(result: dict) -> str:
+    header = ["set", "request", "prompt tokens", "new tokens", "tokens equal", "first divergence",
+              "max |dlogprob| (chosen)", "max |dlogprob| (top)", "top overlap"]
+    rows = [[r["set"], str(r["request"]), str(r["prompt_len"]), str(r["tokens"]),
+             "yes" if r["tokens_equal"] else "no", _fmt(r["first_divergence"]), _fmt(r["max_abs_logprob_diff"]),
+             _fmt(r["max_abs_top_logprob_diff"]), _fmt(r["min_top_overlap"], ".2f")] for r in result["rows"]]
+    summary = (f"{result['other']} vs {result['reference']}: {result['tokens_equal']}/{result['requests']} requests "
+               f"with equal tokens; largest |dlogprob| on the shared prefix {_fmt(result['max_abs_logprob_diff'])}")
+    return render(header, rows) + "\n" + summary
+
+
+def bench_table(benches: dict[str, dict]) -> str:
+    """'kernels | batch | context | tokens/s | ms per step' for each kernel choice's bench rows."""
+    header = ["kernels", "batch", "context", "tokens/s", "ms per step", "ttft s"]
+    rows = []
+    for kernels, bench in benches.items():
+        mark = " (recording)" if bench.get("recording") else ""
+        for r in bench["rows"]:
+            rows.append([kernels + mark, str(r["batch"]), str(r["context"]), f"{r['tokens_per_s']:.1f}",
+                         f"{r['ms_per_step']:.3f}", f"{r['ttft_s']:.3f}"])
+    rows.sort(key=lambda r: (int(r[2]), int(r[1]), r[0]))
+    return render(header, rows)
+
+
+def _load(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("paths", nargs="+", type=Path, help="OUT_DIR, or two compare JSON files (reference first)")
+    p.add_argument("--max-logprob-diff", type=float, default=None,
+                   help="exit 1 if a chosen-token logprob differs by more than this on a shared prefix")
+    p.add_argument("--require-equal-tokens", action="store_true", help="exit 1 unless every request's tokens are equal")
+    args = p.parse_args(argv)
+    if len(args.paths) == 1 and args.paths[0].is_dir():
+        out = args.paths[0]
+        pair = [out / "compare-sglang.json", out / "compare-pdserve.json"]
+        benches = {k: _load(out / f"bench-{k}.json")["bench"] for k in ("sglang", "pdserve")
+                   if (out / f"bench-{k}.json").exists()}
+    elif len(args.paths) == 2:
+        pair, benches = args.paths, {}
+    else:
+        p.error("give one results directory or two compare JSON files")
+    missing = [str(x) for x in pair if not x.exists()]
+    if missing and not benches:
+        p.error(f"not found: {', '.join(missing)}")
+    failed = False
+    if not missing:
+        result = compare_runs(_load(pair[0]), _load(pair[1]))
+        print(compare_table(result))
+        if args.require_equal_tokens and result["tokens_equal"] != result["requests"]:
+            print(f"FAIL: tokens differ in {result['requests'] - result['tokens_equal']} requests")
+            failed = True
+        worst = result["max_abs_logprob_diff"]
+        if args.max_logprob_diff is not None and worst is not None and worst > args.max_logprob_diff:
+            print(f"FAIL: largest |dlogprob| {worst:.4f} > {args.max_logprob_diff}")
+            failed = True
+    if benches:
+        print(bench_table(benches))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

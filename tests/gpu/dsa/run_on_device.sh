@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The DSA comparison on a GPU machine that has torch but no SGLang and no network (the H200 test
+# machines). The wheel chunks of `tests/gpu/wheelhouse.py --dsa` arrive one device call at a time:
+#   bash tests/gpu/dsa/run_on_device.sh stage            # with .whl/dsa/cN carried: keep its wheels
+#   bash tests/gpu/dsa/run_on_device.sh run [ARGS...]    # with the last chunk (+ .whl/dsa/plugin) carried:
+#                                                        # install, write the model, run compare.py ARGS
+# ARGS go to tests/gpu/dsa/compare.py (default: --phase compare --kernels both). Results and server
+# logs go to $OUT (or ./dsa-out). PDSERVE_COMMIT, if set, is recorded. DSA_TIMEOUT (default 540 s)
+# bounds compare.py. The pdserve-kernels wheel, if carried in .whl/dsa/plugin/, is installed into the
+# same --target, so its dist-info (the sglang.srt.plugins entry point) is on sys.path.
+set -uo pipefail
+cd "$(dirname "$0")/../../.."
+out=${OUT:-$PWD/dsa-out}
+mkdir -p "$out"
+# Not the PD tier's /var/tmp/pdserve-wheels: the two sets hold differently trimmed sglang_kernel
+# wheels under the same file name.
+staged=/var/tmp/pdserve-dsa-wheels
+mkdir -p "$staged"
+for chunk in .whl/dsa/c*/; do
+  [ -d "$chunk" ] && cp -n "$chunk"*.whl "$staged"/ 2>/dev/null
+done
+echo "staged: $(ls "$staged" | wc -l) wheels, $(du -sh "$staged" | cut -f1)"
+[ "${1:-run}" = stage ] && exit 0
+[ "${1:-}" = run ] && shift
+
+site=/tmp/pdserve-dsa-site
+plugin=()
+for w in .whl/dsa/plugin/*.whl; do [ -f "$w" ] && plugin+=("$w"); done
+# Install once per distinct set of wheels (a second `run` on a warm machine skips the ~8 s).
+stamp=$(ls -l "$staged" "${plugin[@]}" 2>/dev/null | md5sum | cut -d' ' -f1)
+if [ "$(cat "$site/.stamp" 2>/dev/null)" != "$stamp" ]; then
+  rm -rf "$site"
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" \
+    "$staged"/*.whl "${plugin[@]}" || { echo "wheel install failed"; exit 1; }
+  echo "$stamp" > "$site/.stamp"
+fi
+echo "installed: $(ls -d "$site"/*.dist-info | wc -l) distributions; plugin wheels: ${plugin[*]:-none}"
+export PYTHONPATH="$site:$PWD/pkg:$PWD"
+# As in the probe that served (facts/sglang-dsa.md §4): DeepGEMM's _C.so and tvm-ffi find the image's
+# CUDA 13 libraries and torch's here.
+torch_lib=$(python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
+nvidia_libs=$(python3 -c 'import glob, os, torch; base = os.path.dirname(os.path.dirname(torch.__file__)); print(":".join(sorted(glob.glob(os.path.join(base, "nvidia", "*", "lib")))))')
+export LD_LIBRARY_PATH="${nvidia_libs}:${torch_lib}:$site/tvm_ffi/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+{
+  date -u '+%Y-%m-%d %H:%M:%S UTC'
+  nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader
+  python3 -c 'import importlib.metadata as m, sys
+def v(p):
+    try: return m.version(p)
+    except m.PackageNotFoundError: return "absent"
+print(sys.version.split()[0], *[f"{p} {v(p)}" for p in ("torch", "sglang", "sglang-kernel", "sgl-deep-gemm", "flashinfer-python", "transformers", "safetensors", "pdserve-kernels")], sep="; ")
+print("sglang.srt.plugins:", [f"{e.name}={e.value}" for e in m.entry_points(group="sglang.srt.plugins")])'
+  echo "commit ${PDSERVE_COMMIT:-unknown}"
+} 2>&1 | tee "$out/machine.txt"
+
+model=/tmp/pdserve-dsa-model
+if [ ! -f "$model/model.safetensors" ]; then
+  python3 tests/gpu/dsa/tiny_dsa_model.py "$model" --check 2>&1 | tee "$out/model.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || { echo "model writing or its check failed"; rm -rf "$model"; exit 1; }
+fi
+[ $# -gt 0 ] || set -- --phase compare --kernels both
+timeout "${DSA_TIMEOUT:-540}" python3 tests/gpu/dsa/compare.py --model "$model" --out "$out" "$@" 2>&1 \
+  | tee "$out/compare.log"
+exit "${PIPESTATUS[0]}"

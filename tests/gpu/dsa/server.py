@@ -1,0 +1,160 @@
+"""One real SGLang 0.5.17 server of the tiny DeepSeek-V3.2 model on the H200 FP8 DSA path: its command
+line, its environment, and starting, gating and stopping it with deadlines.
+
+The flags are those that served in the probe (facts/sglang-dsa.md §4), with the real weights loaded
+(`--load-format auto` on the written model.safetensors) instead of dummy ones. Which kernels run is
+chosen by PDSERVE_DSA_KERNELS, read by pdserve's SGLang plugin in every scheduler process.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+KERNELS = ("sglang", "pdserve")
+READY_LINE = "The server is fired up and ready to roll"
+# A checkpoint name the model does not have is only warned about by SGLang's DeepSeek loader.
+UNKNOWN_WEIGHT_LINE = "not found in params_dict"
+CONTEXT_LENGTH = 16384
+DEFAULT_GRAPH_BS = (1, 2, 4, 8, 16)
+STOP_TIMEOUT = 30.0
+
+# The H200 FP8 DSA path of the probe: FlashMLA's sparse FP8 decode, DeepGEMM's paged MQA logits and
+# the v2 JIT top-k; radix cache off so every request prefills in full and the two runs see the same
+# batches; torch sampling (no FlashInfer sampling JIT); prefill CUDA graphs off (decode is compared).
+DSA_FLAGS = [
+    "--attention-backend", "dsa", "--kv-cache-dtype", "fp8_e4m3",
+    "--dsa-prefill-backend", "flashmla_kv", "--dsa-decode-backend", "flashmla_kv",
+    "--page-size", "64", "--sampling-backend", "pytorch", "--cuda-graph-backend-prefill", "disabled",
+    "--disable-radix-cache",
+]
+# By default short prefills take a dense path (FA3, whose library is not carried); 0 sends every
+# prefill through the sparse path.
+DSA_ENV = {"SGLANG_DSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD": "0"}
+
+
+def server_args(model: Path, port: int, *, graph_bs: tuple[int, ...] = DEFAULT_GRAPH_BS,
+                max_running: int = 32, mem_fraction: float = 0.25, extra: list[str] | None = None) -> list[str]:
+    """The arguments after `python -m sglang.launch_server`."""
+    args = [
+        "--model-path", str(model), "--load-format", "auto", "--trust-remote-code", "--tp-size", "1",
+        "--host", "127.0.0.1", "--port", str(port), "--context-length", str(CONTEXT_LENGTH),
+        "--mem-fraction-static", str(mem_fraction), "--max-running-requests", str(max_running),
+        *DSA_FLAGS, "--log-level", "info",
+    ]
+    if graph_bs:
+        args += ["--cuda-graph-bs-decode", *map(str, graph_bs)]
+    else:
+        args += ["--disable-cuda-graph"]
+    return args + list(extra or [])
+
+
+def server_env(kernels: str, record_dir: Path | None) -> dict[str, str]:
+    """What the server adds to the environment: the DSA switch, the plugin's kernel choice and, for an
+    eager recording run, where the plugin dumps its per-layer intermediates."""
+    if kernels not in KERNELS:
+        raise ValueError(f"kernels must be one of {', '.join(KERNELS)}, not {kernels!r}")
+    env = {**DSA_ENV, "PDSERVE_DSA_KERNELS": kernels, "PYTHONUNBUFFERED": "1"}
+    if record_dir is not None:
+        env["PDSERVE_DSA_RECORD_DIR"] = str(record_dir)
+    return env
+
+
+class ServerFailed(RuntimeError):
+    pass
+
+
+@dataclass
+class Server:
+    argv: list[str]
+    env: dict[str, str]
+    log: Path
+    port: int
+    proc: subprocess.Popen | None = None
+    started: float = 0.0
+    ready_after: float | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
+                                         env={**os.environ, **self.env}, start_new_session=True)
+        self.started = time.monotonic()
+
+    def log_text(self) -> str:
+        try:
+            return self.log.read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def wait_ready(self, timeout: float) -> float:
+        """Until the server logs its ready line and answers /model_info; fails at once if it exits."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is None or self.proc.poll() is not None:
+                code = None if self.proc is None else self.proc.returncode
+                raise ServerFailed(f"server exited with {code} before it was ready; log: {self.log}\n"
+                                   + tail(self.log_text(), 30))
+            if READY_LINE in self.log_text() and _answers(self.url + "/model_info"):
+                self.ready_after = time.monotonic() - self.started
+                return self.ready_after
+            time.sleep(1.0)
+        raise ServerFailed(f"server not ready after {timeout:.0f} s; log: {self.log}\n" + tail(self.log_text(), 30))
+
+    def stop(self, timeout: float = STOP_TIMEOUT) -> None:
+        """SIGTERM to the server's process group, SIGKILL after `timeout`."""
+        if self.proc is None:
+            return
+        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(timeout=wait)
+                # The group may outlive its leader (schedulers, detokenizer): give it the same deadline.
+                if _group_gone(self.proc.pid, wait):
+                    break
+            except subprocess.TimeoutExpired:
+                continue
+
+
+def _group_gone(pgid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def _answers(url: str, timeout: float = 5.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as reply:
+            return reply.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def tail(text: str, lines: int) -> str:
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def make_server(model: Path, port: int, kernels: str, log: Path, *, record_dir: Path | None = None,
+                graph_bs: tuple[int, ...] = DEFAULT_GRAPH_BS, extra: list[str] | None = None,
+                python: str = sys.executable) -> Server:
+    argv = [python, "-m", "sglang.launch_server", *server_args(model, port, graph_bs=graph_bs, extra=extra)]
+    return Server(argv=argv, env=server_env(kernels, record_dir), log=log, port=port)

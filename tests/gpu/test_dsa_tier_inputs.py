@@ -1,0 +1,398 @@
+"""What the DSA GPU tier (tests/gpu/dsa) feeds SGLang, checked on the CPU: the wheel set's pins and
+trim, the tiny DeepSeek-V3.2 model (config, checkpoint names and shapes against SGLang 0.5.17's
+loader, the file format, the weights' spread), the driver's command line against the real SGLang
+parser, and the comparator and timing arithmetic on made-up runs."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import math
+import struct
+import zipfile
+
+import pytest
+
+from tests.conftest import require_or_skip
+from tests.gpu import wheelhouse
+from tests.gpu.dsa import client, compare, diff, safetensors_file, server
+from tests.gpu.dsa.tiny_dsa_model import (
+    BASE_CONFIG,
+    TensorSpec,
+    checkpoint_spec,
+    dsa_config,
+    make_tensor,
+    make_tiny_dsa_model,
+)
+
+# --- the wheel set -----------------------------------------------------------------------------------
+
+
+def test_dsa_pins_add_deepgemm_and_leave_out_pd_only_wheels():
+    base = wheelhouse.PINS.read_text(encoding="utf-8")
+    pins = wheelhouse.dsa_pins(base).splitlines()
+    names = {wheelhouse._pin_name(p) for p in pins}
+    assert "sgl_deep_gemm==0.1.5.post1" in pins
+    assert names.isdisjoint({"nixl", "nixl_cu13", "sglang_router"})
+    # Everything else of the PD tier's set stays, at the same pins.
+    kept = [p for p in base.splitlines() if p.strip() and wheelhouse._pin_name(p) not in wheelhouse.DSA_LEFT_OUT]
+    assert pins == kept + ["sgl_deep_gemm==0.1.5.post1"]
+    assert "sglang==0.5.17" in pins and "sglang_kernel==0.4.5" in pins
+
+
+def _fake_wheel(path):
+    with zipfile.ZipFile(path, "w") as z:
+        for name in ("sgl_kernel/flashmla_ops.abi3.so", "sgl_kernel/flash_ops.abi3.so", "sgl_kernel/common_ops.so",
+                     "sgl_kernel/sm100/x.so"):
+            z.writestr(name, name.encode() * 10)
+        z.writestr("sglang_kernel-0.4.5.dist-info/RECORD", "stale\n")
+    return path
+
+
+@pytest.mark.parametrize("dsa", [False, True])
+def test_trim_keeps_flashmla_only_for_the_dsa_set(tmp_path, dsa):
+    wheel = _fake_wheel(tmp_path / "sglang_kernel-0.4.5-cp310-abi3-manylinux2014_x86_64.whl")
+    wheelhouse.trim(wheel, wheelhouse.trim_patterns("sglang_kernel", dsa))
+    with zipfile.ZipFile(wheel) as z:
+        names = set(z.namelist())
+        record = z.read("sglang_kernel-0.4.5.dist-info/RECORD").decode().splitlines()
+    assert ("sgl_kernel/flashmla_ops.abi3.so" in names) is dsa
+    assert "sgl_kernel/flash_ops.abi3.so" not in names and "sgl_kernel/sm100/x.so" not in names
+    assert {line.split(",")[0] for line in record} == names
+
+
+def test_default_trim_is_unchanged():
+    assert wheelhouse.trim_patterns("sglang_kernel", False) == wheelhouse.TRIM["sglang_kernel"]
+    assert "sgl_kernel/flashmla_ops.*.so" in wheelhouse.TRIM["sglang_kernel"]
+    assert wheelhouse.trim_patterns("xgrammar", True) == wheelhouse.TRIM["xgrammar"]
+
+
+# --- the model -----------------------------------------------------------------------------------------
+
+CONFIG = dsa_config(468, 0, 1)
+
+
+def sglang_parameters(c: dict) -> dict[str, tuple[int, ...]]:
+    """The parameters SGLang 0.5.17's DeepseekV32ForCausalLM has for this config (dense layers, q_lora
+    set, NeoX indexer): models/deepseek_v2.py DeepseekV2AttentionMLA.__init__ (fused_qkv_a_proj_with_mqa,
+    q_a_layernorm, q_b_proj, kv_b_proj, o_proj, kv_a_layernorm), DeepseekV2MLP (gate_up_proj,
+    down_proj), the decoder layer's two RMSNorms, DeepseekV2Model (embed_tokens, norm), the LM head;
+    layers/attention/dsa/dsa_indexer.py Indexer.__init__ (wq_b, wk, weights_proj, k_norm LayerNorm)."""
+    h, v, heads = c["hidden_size"], c["vocab_size"], c["num_attention_heads"]
+    qlr, kvlr, rope = c["q_lora_rank"], c["kv_lora_rank"], c["qk_rope_head_dim"]
+    nope, vd, ih, idim, inter = (c["qk_nope_head_dim"], c["v_head_dim"], c["index_n_heads"], c["index_head_dim"],
+                                 c["intermediate_size"])
+    params = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,), "lm_head.weight": (v, h)}
+    for i in range(c["num_hidden_layers"]):
+        p, a = f"model.layers.{i}", f"model.layers.{i}.self_attn"
+        params.update({
+            f"{p}.input_layernorm.weight": (h,), f"{p}.post_attention_layernorm.weight": (h,),
+            f"{a}.fused_qkv_a_proj_with_mqa.weight": (qlr + kvlr + rope, h),
+            f"{a}.q_a_layernorm.weight": (qlr,), f"{a}.q_b_proj.weight": (heads * (nope + rope), qlr),
+            f"{a}.kv_a_layernorm.weight": (kvlr,), f"{a}.kv_b_proj.weight": (heads * (nope + vd), kvlr),
+            f"{a}.o_proj.weight": (h, heads * vd),
+            f"{a}.indexer.wq_b.weight": (ih * idim, qlr), f"{a}.indexer.wk.weight": (idim, h),
+            f"{a}.indexer.weights_proj.weight": (ih, h),
+            f"{a}.indexer.k_norm.weight": (idim,), f"{a}.indexer.k_norm.bias": (idim,),
+            f"{p}.mlp.gate_up_proj.weight": (2 * inter, h), f"{p}.mlp.down_proj.weight": (h, inter),
+        })
+    return params
+
+
+def load_like_sglang(specs: list[TensorSpec]) -> dict[str, tuple[int, ...]]:
+    """Where SGLang 0.5.17's do_load_weights puts each checkpoint tensor (deepseek_weight_loader.py):
+    gate_proj/up_proj are shards 0/1 of gate_up_proj; q_a_proj and kv_a_proj_with_mqa are concatenated
+    along dim 0 into fused_qkv_a_proj_with_mqa once both are seen; every other name loads as it is."""
+    loaded: dict[str, list[tuple[int, ...]]] = {}
+    for s in specs:
+        name = s.name
+        for ckpt, param in (("gate_proj", "gate_up_proj"), ("up_proj", "gate_up_proj"),
+                            ("q_a_proj", "fused_qkv_a_proj_with_mqa"),
+                            ("kv_a_proj_with_mqa", "fused_qkv_a_proj_with_mqa")):
+            if f".{ckpt}." in name:
+                name = name.replace(ckpt, param)
+                break
+        loaded.setdefault(name, []).append(s.shape)
+    out = {}
+    for name, shapes in loaded.items():
+        fused = "gate_up_proj" in name or "fused_qkv_a_proj_with_mqa" in name
+        assert len(shapes) == (2 if fused else 1), f"{name}: {len(shapes)} shards"
+        assert len({sh[1:] for sh in shapes}) == 1, f"{name}: shards disagree beyond dim 0: {shapes}"
+        out[name] = (sum(sh[0] for sh in shapes), *shapes[0][1:])
+    return out
+
+
+def test_checkpoint_fills_exactly_the_parameters_sglang_loads():
+    specs = checkpoint_spec(CONFIG)
+    assert len({s.name for s in specs}) == len(specs)
+    assert load_like_sglang(specs) == sglang_parameters(CONFIG)
+    assert all(s.dtype == "bfloat16" for s in specs)
+
+
+def test_config_is_the_probes_with_what_sglang_asserts():
+    c = CONFIG
+    assert {k: v for k, v in c.items() if k not in ("vocab_size", "bos_token_id", "eos_token_id")} == BASE_CONFIG
+    # is_deepseek_dsa: the architecture and a non-null index_topk; deepseek_v32 is SGLang's alias model_type.
+    assert c["architectures"] == ["DeepseekV32ForCausalLM"] and c["model_type"] == "deepseek_v32"
+    assert c["index_topk"] == 2048
+    # Hard asserts of DSATokenToKVPool and the FP8 KV quantizer (656 B per token).
+    assert c["index_head_dim"] == 128 and c["kv_lora_rank"] == 512 and c["qk_rope_head_dim"] == 64
+    assert c["kv_lora_rank"] + 4 * 4 + 2 * c["qk_rope_head_dim"] == 656
+    for key in ("index_head_dim", "index_n_heads"):
+        assert c[key] & (c[key] - 1) == 0, f"{key} must be a power of two"
+    assert c["first_k_dense_replace"] == c["num_hidden_layers"]  # no MoE layer
+    assert "quantization_config" not in c and c["torch_dtype"] == "bfloat16"
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    require_or_skip(importlib.util.find_spec("tokenizers") is not None and importlib.util.find_spec("torch") is not None,
+                    "the tokenizers and torch packages are not installed", "PDSERVE_REQUIRE_PARSERS")
+    return make_tiny_dsa_model(tmp_path_factory.mktemp("dsa") / "tiny-dsa", seed=0)
+
+
+def test_written_directory_has_the_config_tokenizer_and_every_tensor(model_dir):
+    from tokenizers import Tokenizer
+
+    config = json.loads((model_dir / "config.json").read_text())
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    assert config["vocab_size"] == tokenizer.get_vocab_size() == 468
+    assert (config["bos_token_id"], config["eos_token_id"]) == (tokenizer.token_to_id("<s>"), tokenizer.token_to_id("</s>"))
+    path = model_dir / "model.safetensors"
+    header = safetensors_file.read_header(path)
+    assert header.pop("__metadata__") == {"format": "pt", "seed": "0"}
+    specs = checkpoint_spec(config)
+    assert list(header) == [s.name for s in specs]
+    with open(path, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+    assert (8 + length) % safetensors_file.ALIGN == 0
+    offset = 0
+    for s in specs:
+        entry = header[s.name]
+        assert entry["dtype"] == "BF16" and tuple(entry["shape"]) == s.shape
+        assert entry["data_offsets"] == [offset, offset + 2 * math.prod(s.shape)]
+        offset = entry["data_offsets"][1]
+    assert path.stat().st_size == 8 + length + offset
+
+
+def test_file_bytes_are_the_seeded_tensors(model_dir):
+    import torch
+
+    path = model_dir / "model.safetensors"
+    header = safetensors_file.read_header(path)
+    spec = TensorSpec("model.layers.1.self_attn.indexer.k_norm.bias", (128,))
+    begin, end = header[spec.name]["data_offsets"]
+    with open(path, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        f.seek(8 + length + begin)
+        stored = torch.frombuffer(bytearray(f.read(end - begin)), dtype=torch.bfloat16)
+    assert torch.equal(stored, make_tensor(spec, 0))
+    assert torch.equal(make_tensor(spec, 0), make_tensor(spec, 0))
+    assert not torch.equal(make_tensor(spec, 0), make_tensor(spec, 1))
+
+
+def _rms_norm(x, w, eps=1e-6):
+    return x * (x.pow(2).mean(-1, keepdim=True) + eps).rsqrt() * w
+
+
+def _attention_logit_spread(weights: dict, c: dict, tokens: int = 1024) -> tuple[float, float]:
+    """Layer 0's MLA logits (nope + un-rotated rope parts, softmax scale with the yarn mscale) of the
+    last token over `tokens` keys: (std across keys averaged over heads, largest softmax weight x keys)."""
+    import torch
+
+    heads, nope, rope, kvlr = (c["num_attention_heads"], c["qk_nope_head_dim"], c["qk_rope_head_dim"],
+                               c["kv_lora_rank"])
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(5, c["vocab_size"], (tokens,), generator=g)
+    a = "model.layers.0.self_attn"
+    x = _rms_norm(weights["model.embed_tokens.weight"][ids], weights["model.layers.0.input_layernorm.weight"])
+    q = _rms_norm(x[-1:] @ weights[f"{a}.q_a_proj.weight"].T, weights[f"{a}.q_a_layernorm.weight"])
+    q = (q @ weights[f"{a}.q_b_proj.weight"].T).view(heads, nope + rope)
+    kv_a = x @ weights[f"{a}.kv_a_proj_with_mqa.weight"].T
+    c_kv = _rms_norm(kv_a[:, :kvlr], weights[f"{a}.kv_a_layernorm.weight"])
+    k_nope = (c_kv @ weights[f"{a}.kv_b_proj.weight"].T).view(tokens, heads, -1)[..., :nope]
+    k_rope = kv_a[:, kvlr:]
+    mscale = 0.1 * math.log(c["rope_scaling"]["factor"]) + 1.0
+    scale = (nope + rope) ** -0.5 * mscale * mscale
+    logits = scale * (torch.einsum("hd,thd->ht", q[:, :nope], k_nope) + q[:, nope:] @ k_rope.T)
+    peak = torch.softmax(logits, dim=-1).max(dim=-1).values.mean().item() * tokens
+    return logits.std(dim=-1).mean().item(), peak
+
+
+def test_weights_make_attention_far_from_uniform():
+    import torch
+
+    specs = {s.name: s for s in checkpoint_spec(CONFIG) if ".layers.0." in s.name or "embed" in s.name}
+    weights = {name: make_tensor(s, 0).float() for name, s in specs.items()}
+    std, peak = _attention_logit_spread(weights, CONFIG)
+    # SGLang's dummy weights, uniform(-1e-3, 1e-3), for contrast.
+    g = torch.Generator().manual_seed(1234)
+    dummy = {name: (torch.rand(s.shape, generator=g) * 2e-3 - 1e-3) for name, s in specs.items()}
+    dummy_std, dummy_peak = _attention_logit_spread(dummy, CONFIG)
+    print(f"\nlayer-0 attention logits over 1024 keys: std {std:.2f}, top weight {peak:.0f}x uniform "
+          f"(dummy weights: std {dummy_std:.2g}, top weight {dummy_peak:.2f}x uniform)")
+    assert std > 1.5 and peak > 20  # most weight on few keys: which keys the top-k keeps matters
+    assert dummy_std < 0.01 and dummy_peak < 1.1
+
+
+# --- the driver ----------------------------------------------------------------------------------------
+
+
+def test_driver_defaults_run_both_kernels_with_the_probes_fp8_flags(tmp_path):
+    args = compare.parse_args(["--model", str(tmp_path), "--out", str(tmp_path / "o")])
+    assert args.phase == "compare" and compare.kernel_choices(args) == ["sglang", "pdserve"]
+    assert all(n > 2048 for n in args.prompt_lens) and len(args.prompt_lens) >= 4
+    servers = compare.make_servers(args)
+    for kernels, srv in servers.items():
+        assert srv.argv[1:3] == ["-m", "sglang.launch_server"]
+        joined = " ".join(srv.argv)
+        for flag in ("--attention-backend dsa", "--kv-cache-dtype fp8_e4m3", "--dsa-prefill-backend flashmla_kv",
+                     "--dsa-decode-backend flashmla_kv", "--page-size 64", "--sampling-backend pytorch",
+                     "--cuda-graph-backend-prefill disabled", "--disable-radix-cache", "--load-format auto"):
+            assert flag in joined
+        assert srv.env["PDSERVE_DSA_KERNELS"] == kernels
+        assert srv.env["SGLANG_DSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD"] == "0"
+        assert "PDSERVE_DSA_RECORD_DIR" not in srv.env
+        assert srv.log == tmp_path / "o" / f"server-{kernels}.log"
+
+
+def test_driver_options(tmp_path, capsys):
+    base = ["--model", str(tmp_path), "--out", str(tmp_path)]
+    args = compare.parse_args(base + ["--kernels", "pdserve", "--record-dir", str(tmp_path / "rec"),
+                                      "--graph-bs", "0", "--phase", "bench", "--bench-batches", "1,4"])
+    (srv,) = compare.make_servers(args).values()
+    assert srv.env["PDSERVE_DSA_RECORD_DIR"] == str(tmp_path / "rec" / "pdserve")
+    assert "--disable-cuda-graph" in srv.argv and "--cuda-graph-bs-decode" not in srv.argv
+    assert args.bench_batches == [1, 4]
+    for bad in (["--prompt-lens", "2048"], ["--prompt-lens", "16370"], ["--bench-batches", "x"],
+                ["--kernels", "triton"], ["--phase", "everything"]):
+        with pytest.raises(SystemExit):
+            compare.parse_args(base + bad)
+    assert "--prompt-lens" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="kernels must be one of"):
+        server.server_env("flashmla", None)
+
+
+def test_dry_run_prints_both_commands(tmp_path, capsys):
+    assert compare.main(["--model", str(tmp_path), "--out", str(tmp_path / "o"), "--dry-run"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in out] == ["sglang", "pdserve"]
+    assert "PDSERVE_DSA_KERNELS=pdserve" in out[1] and not (tmp_path / "o").exists()
+
+
+def test_server_command_accepted_by_the_real_sglang_parser(tmp_path):
+    require_or_skip(importlib.util.find_spec("sglang") is not None, "sglang is not installed in this Python",
+                    "PDSERVE_REQUIRE_PARSERS")
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    args = compare.parse_args(["--model", str(tmp_path), "--out", str(tmp_path)])
+    srv = compare.make_servers(args)["pdserve"]
+    parsed = parser.parse_args(srv.argv[3:])
+    assert (parsed.attention_backend, parsed.kv_cache_dtype) == ("dsa", "fp8_e4m3")
+    assert (parsed.dsa_prefill_backend, parsed.dsa_decode_backend) == ("flashmla_kv", "flashmla_kv")
+    assert parsed.cuda_graph_bs_decode == list(server.DEFAULT_GRAPH_BS)
+    assert (parsed.page_size, parsed.load_format, parsed.disable_radix_cache) == (64, "auto", True)
+    assert parsed.context_length == server.CONTEXT_LENGTH and parsed.max_running_requests >= 16
+
+
+# --- client arithmetic and the comparator --------------------------------------------------------------
+
+
+def test_prompts_are_seeded_and_avoid_special_tokens():
+    a = client.prompts(0, [2100, 3000], 468)
+    assert [len(p) for p in a] == [2100, 3000]
+    assert a == client.prompts(0, [2100, 3000], 468) != client.prompts(1, [2100, 3000], 468)
+    assert min(min(p) for p in a) >= client.FIRST_ID and max(max(p) for p in a) < 468
+
+
+def test_parse_result_reads_sglangs_logprob_triples():
+    out = {"output_ids": [7, 9], "meta_info": {
+        "output_token_logprobs": [[-0.5, 7, None], [-1.25, 9, None]],
+        "output_top_logprobs": [[[-0.5, 7, None], [-1.0, 8, None]], [[-1.25, 9, None], [-1.5, 7, None]]],
+        "prompt_tokens": 2100, "completion_tokens": 2, "e2e_latency": 0.1}}
+    r = client.parse_result(out)
+    assert r["output_ids"] == [7, 9] and r["logprobs"] == [-0.5, -1.25]
+    assert r["top_logprobs"] == [[[7, -0.5], [8, -1.0]], [[9, -1.25], [7, -1.5]]]
+    out["output_ids"] = [7, 8]
+    with pytest.raises(ValueError, match="disagree"):
+        client.parse_result(out)
+
+
+def test_decode_figures_count_only_the_common_decode_window():
+    # Request A starts decoding at t=1 (one token per 10 ms); B is prefilled later, first token at t=1.5.
+    a = [(1.0 + 0.01 * i, 1 + i) for i in range(200)]          # last token at 2.99
+    b = [(1.5 + 0.01 * i, 1 + i) for i in range(100)]          # last token at 2.49
+    fig = client.decode_figures([a, b], sent_at=0.5)
+    assert fig.window_s == pytest.approx(0.99)
+    assert fig.ms_per_step == pytest.approx(10.0, rel=0.02)
+    assert fig.tokens_per_s == pytest.approx(200.0, rel=0.02)
+    assert fig.ttft_s == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="never all decoded"):
+        client.decode_figures([[(0.0, 1), (1.0, 2)], [(2.0, 1), (3.0, 2)]], 0.0)
+
+
+def _req(ids, lps, top=None):
+    return {"output_ids": ids, "logprobs": lps, "top_logprobs": top or [[[t, lp]] for t, lp in zip(ids, lps)]}
+
+
+def _record(kernels, reqs):
+    return {"kernels": kernels, "compare": {"seed": 0, "prompt_lens": [2100] * len(reqs), "max_new_tokens": 3,
+                                            "sets": {"sequential": reqs}}}
+
+
+def test_comparator_finds_divergence_and_logprob_differences():
+    assert diff.first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert diff.first_divergence([1, 2, 3], [1, 5, 3]) == 1
+    assert diff.first_divergence([1, 2], [1, 2, 3]) == 2
+    ref = _record("sglang", [_req([1, 2, 3], [-0.1, -0.2, -0.3]), _req([4, 5, 6], [-1.0, -1.0, -1.0])])
+    other = _record("pdserve", [_req([1, 2, 3], [-0.1, -0.25, -0.3]),
+                                _req([4, 7, 6], [-1.5, -2.0, -0.1], top=[[[4, -1.5]], [[7, -2.0], [5, -2.1]], [[6, -0.1]]])])
+    result = diff.compare_runs(ref, other)
+    rows = result["rows"]
+    assert result["tokens_equal"] == 1 and result["requests"] == 2
+    assert rows[0]["tokens_equal"] and rows[0]["max_abs_logprob_diff"] == pytest.approx(0.05)
+    # Diverges at 1: chosen logprobs compared at 0 only; top logprobs up to and including 1 (token 5 in both).
+    assert rows[1]["first_divergence"] == 1 and rows[1]["max_abs_logprob_diff"] == pytest.approx(0.5)
+    assert rows[1]["max_abs_top_logprob_diff"] == pytest.approx(1.1)
+    assert result["max_abs_logprob_diff"] == pytest.approx(0.5)
+    table = diff.compare_table(result)
+    assert "| sequential | 1       | 2100" in table and "1/2 requests with equal tokens" in table
+
+
+def test_comparator_refuses_runs_of_different_prompts():
+    ref = _record("sglang", [_req([1], [-0.1])])
+    other = _record("pdserve", [_req([1], [-0.1])])
+    other["compare"]["seed"] = 1
+    with pytest.raises(ValueError, match="different seed"):
+        diff.compare_runs(ref, other)
+
+
+def test_comparator_command_line_exit_codes(tmp_path, capsys):
+    ref = _record("sglang", [_req([1, 2], [-0.1, -0.2])])
+    other = _record("pdserve", [_req([1, 3], [-0.3, -0.2])])
+    (tmp_path / "compare-sglang.json").write_text(json.dumps(ref))
+    (tmp_path / "compare-pdserve.json").write_text(json.dumps(other))
+    bench = {"rows": [{"batch": 4, "context": 4096, "tokens_per_s": 1000.0, "ms_per_step": 4.0, "ttft_s": 0.2}],
+             "recording": False}
+    (tmp_path / "bench-pdserve.json").write_text(json.dumps({"kernels": "pdserve", "bench": bench}))
+    assert diff.main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "0/1 requests with equal tokens" in out and "| pdserve | 4     | 4096" in out
+    assert diff.main([str(tmp_path), "--require-equal-tokens"]) == 1
+    assert diff.main([str(tmp_path / "compare-sglang.json"), str(tmp_path / "compare-pdserve.json"),
+                      "--max-logprob-diff", "0.1"]) == 1
+    assert diff.main([str(tmp_path / "compare-sglang.json"), str(tmp_path / "compare-pdserve.json"),
+                      "--max-logprob-diff", "0.3"]) == 0
+
+
+def test_safetensors_header_is_aligned_and_exact():
+    head, total = safetensors_file.header_for([("a", "bfloat16", (3,)), ("b", "float32", (2, 2))], {"format": "pt"})
+    (length,) = struct.unpack("<Q", head[:8])
+    assert len(head) == 8 + length and len(head) % 8 == 0 and total == 6 + 16
+    parsed = json.load(io.BytesIO(head[8:]))
+    assert parsed["b"] == {"dtype": "F32", "shape": [2, 2], "data_offsets": [6, 22]}
