@@ -10,8 +10,9 @@ from dataclasses import dataclass
 
 from pdserve.render.toolchain import Toolchain
 from pdserve.schema.config import ROLES, Deployment, Role, ServerSpec
-from pdserve.schema.derived import listen_address, role_url, router_shutdown_grace, unit_name
+from pdserve.schema.derived import listen_address, role_url, router_shutdown_grace, unit_name, url_of
 from pdserve.schema.fields import DSA_KERNELS_ENV
+from pdserve.schema.topology import Node, host_address, servers
 
 # Name of the systemd credential that carries the API key (LoadCredential=<name>:<file>).
 API_KEY_CREDENTIAL = "api-key"
@@ -38,6 +39,9 @@ class Launch:
     url: str
     # credential name -> host file; the process reads it from $CREDENTIALS_DIRECTORY/<name>.
     credentials: dict[str, str]
+    # Multi-host files (pdserve.render.host_units): the server (its name) and node this process is.
+    server: str | None = None
+    node_rank: int = 0
 
 
 def _gpu_placement(server: ServerSpec) -> list[str]:
@@ -80,36 +84,59 @@ def _capacity_args(server: ServerSpec) -> list[str]:
 
 
 def server_args(dep: Deployment, role: Role) -> list[str]:
-    """SGLang server flags of a role (prefill, decode or fallback), as `launch_server` takes them."""
+    """SGLang server flags of a single-host file's role (prefill, decode or fallback), as `launch_server`
+    takes them (node_args: any server of any layout)."""
     if role == "router":
         raise ValueError("the router is not an SGLang server; use router_args()")
-    server = dep.server(role)
-    host, port = listen_address(dep, role)
-    args = _model_args(dep)
-    args += ["--host", host, "--port", str(port)]
-    args += _gpu_placement(server)
-    args += _capacity_args(server)
-    if role != "fallback":
-        transfer = dep.transfer
-        args += ["--disaggregation-mode", role, "--disaggregation-transfer-backend", transfer.backend]
-        if role == "prefill":
-            # Only the prefill binds the bootstrap server; decode learns the port from the router.
-            args += ["--disaggregation-bootstrap-port", str(transfer.bootstrap_port)]
-        if transfer.ib_devices:
-            args += ["--disaggregation-ib-device", ",".join(transfer.ib_devices)]
+    if role == "fallback":
+        host, port = listen_address(dep, role)
+        args = [*_model_args(dep), "--host", host, "--port", str(port)]
+        return _closing_args(args + _gpu_placement(dep.fallback) + _capacity_args(dep.fallback), dep.fallback)
+    return node_args(dep, Node(servers(dep, role)[0], 0))
+
+
+def _multi_node_args(dep: Deployment, node: Node) -> list[str]:
+    server = node.server
+    if server.nnodes == 1:
+        return []
+    # torch's TCPStore on node 0; every node of the server connects there to form the TP group.
+    init = url_of(host_address(dep, server.hosts[0]) or server.listen_host, server.dist_init_port or 0)
+    return ["--nnodes", str(server.nnodes), "--node-rank", str(node.rank),
+            "--dist-init-addr", init.removeprefix("http://")]
+
+
+def node_args(dep: Deployment, node: Node) -> list[str]:
+    """SGLang server flags of one node of a PD server: node 0 serves HTTP on the listen address; the
+    others of a multi-node server listen on their own host's address (SGLang serves nothing there)."""
+    server = node.server
+    host = server.listen_host if node.rank == 0 else (host_address(dep, node.host) or server.listen_host)
+    args = [*_model_args(dep), "--host", host, "--port", str(server.port)]
+    args += _gpu_placement(server.spec)
+    args += _multi_node_args(dep, node)
+    args += _capacity_args(server.spec)
+    args += ["--disaggregation-mode", server.role, "--disaggregation-transfer-backend", dep.transfer.backend]
+    if server.bootstrap_port is not None:
+        # Only a prefill binds a bootstrap server; decode learns the port from the router.
+        args += ["--disaggregation-bootstrap-port", str(server.bootstrap_port)]
+    if server.ib_devices:
+        args += ["--disaggregation-ib-device", ",".join(server.ib_devices)]
+    return _closing_args(args, server.spec)
+
+
+def _closing_args(args: list[str], spec: ServerSpec) -> list[str]:
     # /metrics for Prometheus scrapes (the verifier itself reads KV capacity from /server_info).
-    args.append("--enable-metrics")
-    args += server.extra_args
-    return args
+    return [*args, "--enable-metrics", *spec.extra_args]
 
 
 def router_args(dep: Deployment) -> list[str]:
     """sglang-router flags for PD mode, as `sglang_router.launch_router` takes them."""
     router = dep.router
-    args = [
-        "--pd-disaggregation",
-        "--prefill", role_url(dep, "prefill"), str(dep.transfer.bootstrap_port),
-        "--decode", role_url(dep, "decode"),
+    args = ["--pd-disaggregation"]
+    # Every server of the deployment: each router is a full view (a prefill with its bootstrap port).
+    for server in servers(dep):
+        args += [f"--{server.role}", server.url]
+        args += [str(server.bootstrap_port)] if server.bootstrap_port is not None else []
+    args += [
         "--host", router.host,
         "--port", str(router.port),
         "--prometheus-host", router.prometheus_host,
@@ -155,10 +182,11 @@ def numa_binding(dep: Deployment, role: Role) -> NumaBinding | None:
     return NumaBinding(server.numa_node, server.numa_node)
 
 
-def environment(dep: Deployment, role: Role) -> dict[str, str]:
+def environment(dep: Deployment, role: Role, spec: ServerSpec | None = None) -> dict[str, str]:
+    """A role's environment; `spec`: the server's own settings where the role has several (multi-host)."""
     if role == "router":
         return dict(dep.router.env)
-    server = dep.server(role)
+    server = spec or dep.server(role)
     # Always rendered, "sglang" included: an explicit off, so a value inherited from elsewhere (the
     # manager's environment, a drop-in's) cannot turn pdserve's kernels on behind the deployment's back.
     return {**dep.environment, **server.env, DSA_KERNELS_ENV: server.attention_kernels}

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from pdserve.render.argv import environment, router_args, server_args
-from pdserve.schema.config import ROLES, Deployment, Role
+from pdserve.render.argv import environment, node_args, router_args, server_args
+from pdserve.schema.config import Deployment
 from pdserve.schema.problems import Problem
 from pdserve.schema.systemd_syntax import LONG_LINE_MAX, PATH_MAX
+from pdserve.schema.topology import Node, servers
 
 # Room for what the rule does not know yet: the tool paths (numactl, python, keyed launcher), each at
 # most PATH_MAX and at most doubled by escaping, and their fixed flags.
@@ -25,8 +26,14 @@ _TOOLS_MARGIN = 4 * 2 * PATH_MAX + 256
 EXEC_BUDGET = 2 * 1024 * 1024 - 64 * 1024
 
 
-def _args(dep: Deployment, role: Role) -> list[str]:
-    return router_args(dep) if role == "router" else server_args(dep, role)
+def _commands(dep: Deployment) -> Iterator[tuple[str, str, list[str], dict[str, str]]]:
+    """(where it is written, what it is, argv, environment) of every process the deployment runs: a
+    multi-node server's nodes differ only in --node-rank and --host, so its node 0 stands for them."""
+    for server in servers(dep):
+        yield server.field, server.role, node_args(dep, Node(server, 0)), environment(dep, server.role, server.spec)
+    yield "router", "router", router_args(dep), environment(dep, "router")
+    if dep.fallback is not None:
+        yield "fallback", "fallback", server_args(dep, "fallback"), environment(dep, "fallback")
 
 
 def _quoted_size(arg: str) -> int:
@@ -35,25 +42,23 @@ def _quoted_size(arg: str) -> int:
 
 
 def command_lines_fit(dep: Deployment) -> Iterator[Problem]:
-    for role in ROLES:
-        args = _args(dep, role)
+    for field, role, args, env in _commands(dep):
         line = sum(_quoted_size(a) + 1 for a in args) + _TOOLS_MARGIN
         if line >= LONG_LINE_MAX:
             yield Problem(
-                f"{role}.extra_args", f"({len(args)} arguments)",
+                f"{field}.extra_args", f"({len(args)} arguments)",
                 f"makes the ExecStart= line about {line} bytes; systemd refuses lines of {LONG_LINE_MAX} bytes "
                 "or more (LONG_LINE_MAX) and the unit would not load",
                 "pass fewer or shorter extra arguments",
             )
             continue
-        env = environment(dep, role)  # type: ignore[arg-type]
         env_bytes = sum(len(f"{k}={v}".encode("utf-8", "surrogatepass")) + 1 for k, v in env.items())
         arg_bytes = sum(len(a.encode("utf-8", "surrogatepass")) + 1 for a in args) + 3 * PATH_MAX
         if env_bytes + arg_bytes > EXEC_BUDGET:
-            field = "environment" if role != "router" and env_bytes > arg_bytes else (
-                "router.env" if role == "router" and env_bytes > arg_bytes else f"{role}.extra_args")
+            where = "environment" if role != "router" and env_bytes > arg_bytes else (
+                "router.env" if role == "router" and env_bytes > arg_bytes else f"{field}.extra_args")
             yield Problem(
-                field, f"({env_bytes} bytes of environment, {arg_bytes} of arguments)",
+                where, f"({env_bytes} bytes of environment, {arg_bytes} of arguments)",
                 f"the {role} process's argv and environment exceed {EXEC_BUDGET} bytes; execve would fail (E2BIG)",
                 "shorten the environment values or the extra arguments",
             )

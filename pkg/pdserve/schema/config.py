@@ -7,19 +7,17 @@ reported with every other problem rather than stopping at the first.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
 
-from pdserve.schema import fields, pins
+from pdserve.schema import fields
 from pdserve.schema.fields import (
     IB_DEVICE,
     MAX_LIST_ITEMS,
     UNIT_NAME,
-    AbsolutePath,
     Count,
     Environment,
-    ExecutablePath,
     ExtraArgs,
     FilePath,
     Fraction,
@@ -32,8 +30,10 @@ from pdserve.schema.fields import (
     UserName,
     invalid,
 )
+from pdserve.schema.hosts import HostName, HostSpec, IbDevice
+from pdserve.schema.model import ModelSpec
 from pdserve.schema.monitoring import MonitoringSpec
-from pdserve.schema.systemd_syntax import executable_problem
+from pdserve.schema.tools import ToolPaths, venv_python  # noqa: F401 - venv_python is read from here too
 
 Role = Literal["prefill", "decode", "router", "fallback"]
 WORKER_ROLES: tuple[Role, ...] = ("prefill", "decode")
@@ -44,50 +44,6 @@ SERVER_ROLES: tuple[Role, ...] = ("prefill", "decode", "fallback")  # the SGLang
 class _Section(BaseModel):
     # strict: no coercion (`port = true` is not port 1, `"8000"` is not 8000, 1800.0 is not 1800).
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
-
-class ModelSpec(_Section):
-    """What is served. Parsers go on both SGLang servers, never on the router."""
-
-    path: str = Field(description="Model directory (absolute) or a Hugging Face repository id")
-    served_name: str | None = Field(None, description="Name clients send as `model`; defaults to the path")
-    reasoning_parser: str | None = Field(None, description="SGLang --reasoning-parser, e.g. deepseek-v4")
-    tool_call_parser: str | None = Field(None, description="SGLang --tool-call-parser, e.g. deepseekv4")
-    chat_template: str | None = Field(None, description="SGLang --chat-template (a name or an absolute path)")
-    context_length: Count | None = Field(None, description="--context-length; unset keeps the model's own")
-    kv_cache_dtype: str = Field("auto", description="--kv-cache-dtype")
-    trust_remote_code: bool = False
-
-    @field_validator("path")
-    @classmethod
-    def _path_not_relative(cls, value: str) -> str:
-        if value.startswith((".", "~")):
-            raise invalid(
-                "a relative model path resolves against the unit's working directory (/)",
-                "write the absolute path of the model directory",
-            )
-        return value
-
-    @field_validator("reasoning_parser")
-    @classmethod
-    def _known_reasoning_parser(cls, value: str | None) -> str | None:
-        return _known(value, pins.REASONING_PARSERS, "reasoning parser")
-
-    @field_validator("tool_call_parser")
-    @classmethod
-    def _known_tool_call_parser(cls, value: str | None) -> str | None:
-        return _known(value, pins.TOOL_CALL_PARSERS, "tool-call parser")
-
-
-def _known(value: str | None, names: frozenset[str], what: str) -> str | None:
-    if value is None or value in names:
-        return value
-    near = [n for n in sorted(names) if n.replace("-", "") == value.replace("-", "")]
-    hint = f"did you mean {near[0]!r}? " if near else ""
-    raise invalid(
-        f"not a {what} of sglang {pins.SGLANG_VERSION}",
-        f"{hint}use one of: {', '.join(sorted(names))}",
-    )
 
 
 class ServerSpec(_Section):
@@ -118,6 +74,50 @@ class WorkerSpec(ServerSpec):
     allow_non_loopback: bool = Field(
         False, description="Permit a non-loopback host (workers then bypass the router's API key)"
     )
+
+
+class PlacedWorkerSpec(ServerSpec):
+    """A prefill or decode server of a multi-host deployment (`[[prefill]]`, `[[decode]]`): on one host, or
+    on several as one multi-node tensor-parallel server (SGLang's --nnodes/--node-rank/--dist-init-addr)."""
+
+    name: str | None = Field(None, description="Names its units: sglang-<deployment>-<name>; default <role>-<n>, "
+                             "n counting the role's servers from 1 in file order")
+    hosts: list[HostName] = Field(min_length=1, max_length=MAX_LIST_ITEMS, description="The host(s) it runs on: "
+                                  "one, or several for multi-node TP (node rank = position; the first serves HTTP)")
+    host: Host | None = Field(None, description="Listen address; defaults to, and must be, the first host's address")
+    port: Port
+    dist_init_port: Port | None = Field(None, description="Multi-node servers only: --dist-init-addr is the first "
+                                        "host's address and this port; SGLang also binds the 6 ports above it")
+    bootstrap_port: Port | None = Field(None, description="Prefill only: the KV bootstrap port it binds; defaults "
+                                        "to transfer.bootstrap_port")
+    ib_devices: list[IbDevice] | None = Field(None, max_length=MAX_LIST_ITEMS, description="Its "
+                                              "--disaggregation-ib-device entries; default transfer.ib_devices")
+
+    @field_validator("name")
+    @classmethod
+    def _unit_safe_name(cls, value: str | None) -> str | None:
+        if value is not None and not UNIT_NAME.fullmatch(value):
+            raise invalid("must be lowercase letters, digits and dashes (it becomes part of unit names)",
+                          "e.g. name = \"decode-big\"")
+        return value
+
+    @property
+    def tensor_parallel(self) -> int:
+        # SGLang's --tp-size counts every node's GPUs: the same gpus on each host.
+        return self.tp_size or len(self.gpus) * len(self.hosts)
+
+
+def _table_or_array(value: object) -> str:
+    return "array" if isinstance(value, list) else "table"
+
+
+# `[prefill]` (one server, on the one implied host) or `[[prefill]]` (servers placed on [hosts]); the
+# tag is the TOML shape, so an error names the fields of the shape that was written, not of both.
+RoleServers = Annotated[
+    Annotated[WorkerSpec, Tag("table")] | Annotated[list[PlacedWorkerSpec], Tag("array")],
+    Discriminator(_table_or_array),
+]
+SHAPE_TAGS = ("table", "array")
 
 
 class FallbackSpec(ServerSpec):
@@ -155,6 +155,8 @@ class RouterSpec(_Section):
 
     host: Host = "127.0.0.1"
     port: Port = 30001
+    hosts: list[HostName] = Field(default_factory=list, max_length=MAX_LIST_ITEMS, description="Multi-host "
+                                  "deployments: the host(s) that run a router, each a full view of every server")
     prometheus_host: Host = "127.0.0.1"
     prometheus_port: Port = 29000
     policy: Policy | None = Field(None, description="--policy for both roles; unset keeps the router's default")
@@ -210,48 +212,17 @@ class SystemdSpec(_Section):
     wanted_by: UnitName = "multi-user.target"
 
 
-class ToolPaths(_Section):
-    """Executables the units call (NixOS passes store paths). numactl and pdserve, when unset, are found
-    on PATH when rendering; the SGLang Python never is: a `python3` on PATH is rarely the one with the
-    pinned sglang, so it is given (sglang_python) or found in a named virtual environment (sglang_venv)."""
-
-    sglang_python: ExecutablePath | None = Field(
-        None, description="Python with sglang and sglang-router; or set sglang_venv instead")
-    sglang_venv: AbsolutePath | None = Field(
-        None, description="Virtual environment with sglang and sglang-router: its bin/python is used "
-        "(instead of sglang_python, not beside it)")
-    numactl: ExecutablePath | None = None
-    pdserve: ExecutablePath | None = None
-
-    @field_validator("sglang_venv")
-    @classmethod
-    def _one_runnable_sglang_python(cls, value: str | None, info: ValidationInfo) -> str | None:
-        if value is None:
-            return value
-        if info.data.get("sglang_python") is not None:  # declared above, so validated before this field
-            raise invalid(
-                f"is set beside tools.sglang_python ({info.data['sglang_python']}): two names for the SGLang Python",
-                "keep one of tools.sglang_python and tools.sglang_venv",
-            )
-        # Its bin/python goes into ExecStart=: the same rules as any executable path.
-        problem = executable_problem(venv_python(value))
-        if problem:
-            raise invalid(problem, "give the plain absolute path of the virtual environment's directory")
-        return value
-
-
-def venv_python(venv: str) -> str:
-    """The Python of a virtual environment (what `python -m venv` and uv create)."""
-    return f"{venv.rstrip('/')}/bin/python"
-
-
 class Deployment(_Section):
     """One PD deployment: prefill + decode + router, and the single-server fallback."""
 
     name: str = Field(description="Unit names derive from it: sglang-<name>-prefill, ...")
     model: ModelSpec
-    prefill: WorkerSpec
-    decode: WorkerSpec
+    hosts: dict[HostName, HostSpec] = Field(
+        default_factory=dict, max_length=MAX_LIST_ITEMS,
+        description="The machines of a multi-host deployment (`[hosts.<name>]`); unset: one host, implied, where "
+        "the units are rendered. With hosts, prefill and decode are arrays of servers placed on them")
+    prefill: RoleServers
+    decode: RoleServers
     allow_shared_gpus: bool = Field(
         False,
         description="Permit prefill and decode on the same GPU(s), for small test rigs; their "
@@ -262,7 +233,8 @@ class Deployment(_Section):
     environment: Environment = Field(
         default_factory=dict, description="Pinned environment of every SGLang server (CUDA, NCCL, UCX, SGLANG_*)"
     )
-    fallback: FallbackSpec
+    fallback: FallbackSpec | None = Field(
+        None, description="Required on one host; a multi-host deployment has none")
     systemd: SystemdSpec = Field(default_factory=SystemdSpec)
     boot_layout: Literal["pd", "single"] = Field(
         "pd",
@@ -282,7 +254,12 @@ class Deployment(_Section):
             )
         return value
 
+    @property
+    def multi_host(self) -> bool:
+        return bool(self.hosts)
+
     def worker(self, role: Role) -> WorkerSpec:
+        """A single-host file's worker (pdserve.schema.topology.servers covers every layout)."""
         return {"prefill": self.prefill, "decode": self.decode}[role]
 
     def server(self, role: Role) -> ServerSpec:
@@ -293,8 +270,8 @@ class Deployment(_Section):
 
     @property
     def fallback_host(self) -> str:
-        return self.fallback.host or self.router.host
+        return (self.fallback.host if self.fallback else None) or self.router.host
 
     @property
     def fallback_port(self) -> int:
-        return self.fallback.port or self.router.port
+        return (self.fallback.port if self.fallback else None) or self.router.port

@@ -16,7 +16,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from pdserve.schema.config import Deployment
+from pdserve.schema import rules_hosts, rules_ports
+from pdserve.schema.config import SHAPE_TAGS, WORKER_ROLES, Deployment
 from pdserve.schema.problems import ConfigError, Problem, errors
 from pdserve.schema.rules import RULES, Rule, validate
 from pdserve.schema.systemd_syntax import TEXT_FIX, text_problem
@@ -136,12 +137,22 @@ def field_name(path: str, key: Any) -> str:
 _PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
 
+def data_location(loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Where an error is in the document: without the shape tag that `prefill`/`decode` carry in pydantic's
+    location (a table or an array of servers, pdserve.schema.config.RoleServers)."""
+    if len(loc) > 1 and loc[0] in WORKER_ROLES and loc[1] in SHAPE_TAGS:
+        return (loc[0], *loc[2:])
+    return tuple(loc)
+
+
 def problems_from_validation(exc: ValidationError) -> list[Problem]:
     problems = []
     for error in exc.errors(include_url=False):
         field = ""
-        for part in error["loc"]:
-            field = field_name(field, part)
+        for part in data_location(error["loc"]):
+            # The servers of a multi-host file as the rules name them: prefill[0].port.
+            placed = isinstance(part, int) and field in WORKER_ROLES
+            field = f"{field}[{part}]" if placed else field_name(field, part)
         field = field or "(deployment)"
         value = None if error["type"] == "missing" else error.get("input")
         problems.append(Problem(field, value, error["msg"], _fix_for(error, field)))
@@ -208,7 +219,8 @@ def _mentions(problem: Problem, fields: set[str]) -> bool:
 def deployment_from_data(data: dict[str, Any], source: str, extra_rules: Sequence[Rule] = ()) -> Loaded:
     """Validate a parsed document: fields, then the cross-field rules and `extra_rules` (the render
     layer's, see pdserve.render.renderable), every problem at once."""
-    rules = (*RULES, *extra_rules)
+    # The hosts' rules first: a file of the wrong shape is told so before what follows from it.
+    rules = (*rules_hosts.RULES, *RULES, *rules_ports.RULES, *extra_rules)
     text_problems = _text_problems(data)
     try:
         deployment = Deployment.model_validate(data)
@@ -219,7 +231,7 @@ def deployment_from_data(data: dict[str, Any], source: str, extra_rules: Sequenc
         # Report the cross-field rules too, so a user fixes everything in one pass: replace the bad
         # values (by defaults, or the reference's value for a required field) and run the rules on the
         # rest, leaving out what a replaced value took part in.
-        patched, replaced = _patched(data, [e["loc"] for e in exc.errors()])
+        patched, replaced = _patched(data, [data_location(e["loc"]) for e in exc.errors()])
         try:
             rest = Deployment.model_validate(patched)
         except ValidationError:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Callable, Iterator, Sequence
 
-from pdserve.schema.config import SERVER_ROLES, WORKER_ROLES, Deployment, ServerSpec
+from pdserve.schema.config import WORKER_ROLES, Deployment, ServerSpec, WorkerSpec
 from pdserve.schema.derived import router_shutdown_grace
 from pdserve.schema.extra_args import ROUTER_EXACT_FLAGS, SERVER_EXACT_FLAGS, long_flag, read_as
 from pdserve.schema.problems import Problem, Severity
+from pdserve.schema.topology import servers
 
 Rule = Callable[[Deployment], Iterator[Problem]]
 
@@ -38,11 +39,14 @@ RENDERED_SERVER_FLAGS = {
     "--disaggregation-transfer-backend": "transfer.backend",
     "--disaggregation-bootstrap-port": "transfer.bootstrap_port",
     "--disaggregation-ib-device": "transfer.ib_devices",
+    "--nnodes": "<role>.hosts (a multi-host deployment's multi-node server)",
+    "--node-rank": "<role>.hosts (a multi-host deployment's multi-node server)",
+    "--dist-init-addr": "<role>.dist_init_port (a multi-host deployment's multi-node server)",
 }
 RENDERED_ROUTER_FLAGS = {
     "--pd-disaggregation": "the deployment itself",
-    "--prefill": "prefill.host/port",
-    "--decode": "decode.host/port",
+    "--prefill": "prefill.host/port (every prefill server)",
+    "--decode": "decode.host/port (every decode server)",
     "--host": "router.host",
     "--port": "router.port",
     "--prometheus-host": "router.prometheus_host",
@@ -73,9 +77,12 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _servers(dep: Deployment) -> Iterator[tuple[str, ServerSpec]]:
-    for role in SERVER_ROLES:
-        yield role, dep.server(role)
+def _servers(dep: Deployment) -> Iterator[tuple[str, ServerSpec, int]]:
+    """(where it is written, its settings, how many nodes) of every SGLang server, the fallback included."""
+    for server in servers(dep):
+        yield server.field, server.spec, server.nnodes
+    if dep.fallback is not None:
+        yield "fallback", dep.fallback, 1
 
 
 # Prefill and decode on one GPU (allow_shared_gpus) each size their static pool (weights + KV) as a fraction
@@ -86,7 +93,14 @@ def _servers(dep: Deployment) -> Iterator[tuple[str, ServerSpec]]:
 SHARED_GPU_FRACTION_LIMIT = 0.9
 
 
+def _one_host(dep: Deployment) -> bool:
+    """A single-host file whose prefill and decode are tables (rules_hosts reports any other shape)."""
+    return not dep.multi_host and isinstance(dep.prefill, WorkerSpec) and isinstance(dep.decode, WorkerSpec)
+
+
 def disjoint_gpus(dep: Deployment) -> Iterator[Problem]:
+    if not _one_host(dep):
+        return  # multi-host: per host, rules_hosts.disjoint_gpus_per_host
     shared = sorted(set(dep.prefill.gpus) & set(dep.decode.gpus))
     if shared and not dep.allow_shared_gpus:
         yield Problem(
@@ -122,17 +136,19 @@ def disjoint_gpus(dep: Deployment) -> Iterator[Problem]:
 
 
 def gpu_layout(dep: Deployment) -> Iterator[Problem]:
-    for role, server in _servers(dep):
+    for role, server, nodes in _servers(dep):
         gpus = server.gpus
         if len(set(gpus)) != len(gpus):
             yield Problem(f"{role}.gpus", gpus, "lists a GPU twice", "list each GPU once")
             continue
-        if server.tp_size is not None and server.tp_size != len(gpus):
+        if server.tp_size is not None and server.tp_size != len(gpus) * nodes:
             yield Problem(
                 f"{role}.tp_size",
                 server.tp_size,
-                f"differs from the number of GPUs in {role}.gpus ({len(gpus)})",
-                f"set tp_size = {len(gpus)} or remove it (it defaults to len(gpus))",
+                f"differs from the number of GPUs in {role}.gpus ({len(gpus)})" if nodes == 1 else
+                f"differs from the GPUs of its {nodes} nodes ({len(gpus)} in {role}.gpus on each: {len(gpus) * nodes})",
+                f"set tp_size = {len(gpus) * nodes} or remove it (it defaults to "
+                f"{'len(gpus)' if nodes == 1 else 'len(gpus) x len(hosts)'})",
             )
         # SGLang places ranks at base-gpu-id + i * gpu-id-step: only evenly spaced ascending sets fit.
         step = gpus[1] - gpus[0] if len(gpus) > 1 else 1
@@ -146,6 +162,8 @@ def gpu_layout(dep: Deployment) -> Iterator[Problem]:
 
 
 def distinct_ports(dep: Deployment) -> Iterator[Problem]:
+    if not _one_host(dep):
+        return  # multi-host: per host, rules_hosts.distinct_ports_per_host
     ports = {
         "prefill.port": dep.prefill.port,
         "decode.port": dep.decode.port,
@@ -162,7 +180,7 @@ def distinct_ports(dep: Deployment) -> Iterator[Problem]:
     # The fallback stands in for the router while the PD units are stopped (Conflicts=), so it may take
     # the router's port: clients keep their URL. Any other shared port is a mistake.
     port = dep.fallback_port
-    if port != dep.router.port and port in seen:
+    if dep.fallback is not None and port != dep.router.port and port in seen:
         yield Problem(
             "fallback.port",
             port,
@@ -172,6 +190,8 @@ def distinct_ports(dep: Deployment) -> Iterator[Problem]:
 
 
 def loopback_workers(dep: Deployment) -> Iterator[Problem]:
+    if not _one_host(dep):
+        return  # multi-host: placed servers listen on their host's cluster address: rules_hosts.listen_on_cluster_address
     for role in WORKER_ROLES:
         worker = dep.worker(role)
         if not is_loopback(worker.host) and not worker.allow_non_loopback:
@@ -198,7 +218,7 @@ def context_fits_chunk(dep: Deployment) -> Iterator[Problem]:
     context = dep.model.context_length
     if context is None:
         return
-    for role, server in _servers(dep):
+    for role, server, _ in _servers(dep):
         chunk = server.chunked_prefill_size
         if chunk is not None and chunk > context:
             yield Problem(
@@ -223,7 +243,7 @@ def no_rendered_flags_in_extra_args(dep: Deployment) -> Iterator[Problem]:
                     f"set {rendered[flag].replace('<role>', role)} instead",
                 )
 
-    for role, server in _servers(dep):
+    for role, server, _ in _servers(dep):
         yield from clashes(f"{role}.extra_args", server.extra_args, RENDERED_SERVER_FLAGS, role)
     yield from clashes("router.extra_args", dep.router.extra_args, RENDERED_ROUTER_FLAGS, "router")
 

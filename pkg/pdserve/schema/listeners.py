@@ -1,0 +1,81 @@
+"""What every host of a multi-host deployment listens on, and which hosts must reach each listener. Pure.
+
+The per-host port rule (pdserve.schema.rules_ports) and the per-host firewall (pdserve.render.firewall)
+both read this, so a port the rules accept is exactly a port the firewall opens, to exactly the hosts
+that use it:
+- a server's HTTP API (node 0): the router host(s), which proxy to it and probe /health;
+- a prefill's bootstrap port (node 0): the decode servers' hosts, which fetch the KV hand-off from it, and
+  the prefill's own other nodes, whose ranks register there;
+- a multi-node server's dist-init ports (node 0): its other nodes (torch's TCPStore, SGLang's ZMQ ports);
+- the other nodes' HTTP port (SGLang's health-only server there): nobody from elsewhere.
+The router's own port and its metrics port are public endpoints, not worker ports: the host's own
+firewall (NixOS: services.pdserve's openFirewall) decides who reaches them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pdserve.schema.config import Deployment
+from pdserve.schema.topology import DIST_INIT_SPAN, Server, router_hosts, servers
+
+
+@dataclass(frozen=True)
+class Listener:
+    host: str
+    field: str  # the field that sets the port, as written
+    first: int
+    last: int  # a range for the dist-init ports, else == first
+    purpose: str
+    reached_from: tuple[str, ...]  # hosts that must reach it (loopback always may)
+    worker_port: bool = True  # False: the router's public ports, which the deployment's firewall leaves alone
+
+    def overlaps(self, other: Listener) -> bool:
+        return self.host == other.host and self.first <= other.last and other.first <= self.last
+
+    @property
+    def ports(self) -> str:
+        return str(self.first) if self.first == self.last else f"{self.first}-{self.last}"
+
+
+def _unique(hosts: list[str], but: str) -> tuple[str, ...]:
+    """`hosts` once each, in order, without `but` (a host reaches itself over loopback or its own address)."""
+    return tuple(dict.fromkeys(h for h in hosts if h != but))
+
+
+def _server_listeners(dep: Deployment, server: Server, routers: list[str], decode_hosts: list[str]) -> list[Listener]:
+    head = server.hosts[0]
+    found = [Listener(head, f"{server.field}.port", server.port, server.port, f"{server.name} HTTP API",
+                      _unique(routers, head))]
+    found += [Listener(host, f"{server.field}.port", server.port, server.port,
+                       f"{server.name} node {rank} health (SGLang's health-only server)", ())
+              for rank, host in enumerate(server.hosts) if rank > 0]
+    if server.bootstrap_port is not None:
+        field = f"{server.field}.bootstrap_port" if getattr(server.spec, "bootstrap_port", None) else \
+            "transfer.bootstrap_port"
+        found.append(Listener(head, field, server.bootstrap_port, server.bootstrap_port,
+                              f"{server.name} KV bootstrap", _unique([*decode_hosts, *server.hosts[1:]], head)))
+    if server.nnodes > 1 and server.dist_init_port is not None:
+        found.append(Listener(head, f"{server.field}.dist_init_port", server.dist_init_port,
+                              server.dist_init_port + DIST_INIT_SPAN - 1, f"{server.name} dist-init (multi-node TP)",
+                              _unique(list(server.hosts[1:]), head)))
+    return found
+
+
+def listeners(dep: Deployment) -> list[Listener]:
+    """Every listener of a multi-host deployment, per host (nothing for a single-host file)."""
+    if not dep.multi_host:
+        return []
+    routers = list(router_hosts(dep))
+    decode_hosts = [h for s in servers(dep, "decode") for h in s.hosts]
+    found = [item for server in servers(dep) for item in _server_listeners(dep, server, routers, decode_hosts)]
+    for host in routers:
+        found.append(Listener(host, "router.port", dep.router.port, dep.router.port, "router", (), False))
+        found.append(Listener(host, "router.prometheus_port", dep.router.prometheus_port,
+                              dep.router.prometheus_port, "router metrics", (), False))
+    return found
+
+
+def listeners_on(dep: Deployment, host: str) -> list[Listener]:
+    return [item for item in listeners(dep) if item.host == host]
+

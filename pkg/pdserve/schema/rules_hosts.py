@@ -1,0 +1,181 @@
+"""Rules of placement: servers and routers on the hosts of a multi-host deployment. Each returns every
+problem it finds, named by the field as it is written (prefill[0].hosts, hosts.gpu-a.address, ...).
+
+What a single-host file must hold (its fallback; no placement fields) is checked here too, so the two
+shapes of a deployment are told apart in one place. Per-host ports and GPUs: pdserve.schema.rules_ports.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterator
+
+from pdserve.schema.config import WORKER_ROLES, Deployment, WorkerSpec
+from pdserve.schema.problems import Problem, Severity
+from pdserve.schema.topology import DIST_INIT_SPAN, Node, router_hosts, router_unit, server_unit, servers
+
+
+def _first_host(dep: Deployment) -> str:
+    return next(iter(dep.hosts), "gpu-a")
+
+
+def one_host_shape(dep: Deployment) -> Iterator[Problem]:
+    """A file without [hosts]: one [prefill] and one [decode] table, a fallback, no placement."""
+    if dep.multi_host:
+        return
+    for role in WORKER_ROLES:
+        written = getattr(dep, role)
+        if isinstance(written, list):
+            yield Problem(role, f"(an array of {len(written)} servers)",
+                          f"is an array of servers ([[{role}]]), which places servers on hosts, but the file "
+                          "declares no [hosts]",
+                          f"declare each machine as [hosts.<name>] with its address and give every [[{role}]] "
+                          f"hosts = [\"<name>\"], or write one [{role}] table (one host)")
+    if dep.router.hosts:
+        yield Problem("router.hosts", dep.router.hosts, "places the router, but the file declares no [hosts]",
+                      "remove router.hosts (one host: the router runs where the units are rendered), or declare "
+                      "the hosts as [hosts.<name>]")
+    if dep.fallback is None:
+        # As pydantic says it of any missing field: a single-host file reads as it always did.
+        yield Problem("fallback", None, "Field required", "add this field (see `pdserve schema`)")
+
+
+def multi_host_shape(dep: Deployment) -> Iterator[Problem]:
+    """A file with [hosts]: arrays of placed servers, a placed router, no single-server fallback."""
+    if not dep.multi_host:
+        return
+    for role in WORKER_ROLES:
+        written = getattr(dep, role)
+        if isinstance(written, WorkerSpec):
+            yield Problem(role, "(a table)", f"is one [{role}] table, but with [hosts] every server names the "
+                          "host(s) it runs on",
+                          f"write [[{role}]] (an array of tables, one per server) with hosts = "
+                          f"[\"{_first_host(dep)}\"] in each")
+        elif not written:
+            yield Problem(role, [], "lists no server", f"add a [[{role}]] with hosts = [\"{_first_host(dep)}\"]")
+    if not dep.router.hosts:
+        yield Problem("router.hosts", [], "names no host: with [hosts] the router runs where it is placed",
+                      f"set router.hosts = [\"{_first_host(dep)}\"] (one or more hosts; each router is a full view "
+                      "of every server)")
+    if dep.fallback is not None:
+        yield Problem("fallback", "(a table)", "is the single-server layout of one host; a multi-host deployment "
+                      "has none (its servers span hosts, and `pdserve cutover` cannot fold them onto one)",
+                      "remove [fallback]")
+    elif dep.boot_layout == "single":
+        yield Problem("boot_layout", "single", "boots the single-server fallback, which a multi-host deployment "
+                      "has none of", "set boot_layout = \"pd\" or remove it")
+
+
+def _host_list_problems(dep: Deployment, field: str, hosts: list[str], what: str) -> Iterator[Problem]:
+    names = ", ".join(dep.hosts)
+    for host in hosts:
+        if host not in dep.hosts:
+            yield Problem(field, hosts, f"names host {host!r}, which [hosts] does not declare",
+                          f"use one of: {names}; or declare [hosts.{host}] with its address")
+    twice = sorted({h for h in hosts if hosts.count(h) > 1})
+    if twice:
+        yield Problem(field, hosts, f"lists host(s) {twice} twice", f"list each host once ({what})")
+
+
+def known_hosts(dep: Deployment) -> Iterator[Problem]:
+    if not dep.multi_host:
+        return
+    for server in servers(dep):
+        yield from _host_list_problems(dep, f"{server.field}.hosts", list(server.hosts),
+                                       "several hosts make one multi-node server, one node per host")
+    yield from _host_list_problems(dep, "router.hosts", list(dep.router.hosts), "one router per host")
+
+
+def distinct_addresses(dep: Deployment) -> Iterator[Problem]:
+    seen: dict[str, str] = {}
+    for name, host in dep.hosts.items():
+        if host.address in seen:
+            yield Problem(f"hosts.{name}.address", host.address, f"is already hosts.{seen[host.address]}.address",
+                          "give every host its own cluster address")
+        seen.setdefault(host.address, name)
+
+
+def _is_wildcard(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_unspecified
+    except ValueError:
+        return False
+
+
+def listen_on_cluster_address(dep: Deployment) -> Iterator[Problem]:
+    """Every cross-host listener binds its host's cluster address: the router, the peers and the other
+    nodes connect there, and nothing else on the host is opened (not loopback, not 0.0.0.0)."""
+    if not dep.multi_host:
+        return
+    for server in servers(dep):
+        written = server.spec.host
+        home = dep.hosts.get(server.hosts[0])
+        if written is None or home is None or written == home.address:
+            continue
+        fix = f"remove {server.field}.host: it listens on hosts.{server.hosts[0]}.address ({home.address})"
+        if written in dep.hosts:
+            why = "is a host's name; host is the listen address, and hosts places the server"
+        elif written == "localhost" or _loopback(written):
+            why = "is loopback: the router and the peers on the other hosts cannot reach it there"
+        elif _is_wildcard(written):
+            why = "listens on every interface; a worker answers without the router's API key, so it binds only " \
+                  "the cluster address"
+        else:
+            why = f"is not the cluster address of its host {server.hosts[0]} ({home.address})"
+        yield Problem(f"{server.field}.host", written, why, fix)
+    router = dep.router.host
+    if len(router_hosts(dep)) > 1 and not (_is_wildcard(router) or _loopback(router) or router == "localhost"):
+        yield Problem("router.host", router, f"is one address, but routers run on {len(router_hosts(dep))} hosts "
+                      f"({', '.join(router_hosts(dep))}); each binds router.host on its own host",
+                      "use 0.0.0.0 (or ::) so each router listens on its own host, or place the router on one host")
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def multi_node_fields(dep: Deployment) -> Iterator[Problem]:
+    """--dist-init-addr only for servers on several hosts; a bootstrap port only for a prefill."""
+    for server in servers(dep):
+        spec = server.spec
+        port = getattr(spec, "dist_init_port", None)
+        if server.nnodes > 1 and port is None:
+            yield Problem(f"{server.field}.dist_init_port", None,
+                          f"is unset, but the server spans {server.nnodes} hosts {list(server.hosts)}: its nodes "
+                          "meet at --dist-init-addr, which needs a port",
+                          f"set dist_init_port to a free port of {server.hosts[0]}, e.g. 5000 (SGLang also binds "
+                          f"the {DIST_INIT_SPAN - 1} ports above it)")
+        elif server.nnodes == 1 and port is not None:
+            yield Problem(f"{server.field}.dist_init_port", port, "is set on a server of one host; only a multi-node "
+                          "server (several hosts) uses --dist-init-addr", "remove it", Severity.WARNING)
+        if port is not None and port + DIST_INIT_SPAN - 1 > 65535:
+            yield Problem(f"{server.field}.dist_init_port", port, f"leaves no room for the {DIST_INIT_SPAN - 1} "
+                          "ports SGLang binds above it", f"use a port at most {65536 - DIST_INIT_SPAN}")
+        if server.role == "decode" and getattr(spec, "bootstrap_port", None) is not None:
+            yield Problem(f"{server.field}.bootstrap_port", spec.bootstrap_port, "is set on a decode server; only a "
+                          "prefill binds a bootstrap port (decode learns it from the router)", "remove it")
+
+
+def unique_units(dep: Deployment) -> Iterator[Problem]:
+    """Unit names stay unique across the deployment, so every host's units can be told apart."""
+    taken: dict[str, str] = {}
+    for server in servers(dep):
+        for rank in range(server.nnodes):
+            unit = server_unit(dep, Node(server, rank))
+            if unit in taken:
+                yield Problem(f"{server.field}.name", server.name, f"gives unit {unit}.service, which "
+                              f"{taken[unit]} already has", f"give {server.field} a name of its own "
+                              f"(name = \"{server.role}-{len(taken) + 1}\")")
+            taken.setdefault(unit, server.field)
+    for host in router_hosts(dep):
+        unit = router_unit(dep, host)
+        if unit in taken:
+            yield Problem(f"{taken[unit]}.name", unit, f"gives unit {unit}.service, the router's",
+                          "give the server a name that is not \"router\"")
+
+
+RULES = (one_host_shape, multi_host_shape, known_hosts, distinct_addresses, listen_on_cluster_address,
+         multi_node_fields, unique_units)

@@ -1,0 +1,154 @@
+"""Per-host rules of a multi-host deployment: ports distinct on each host, GPU sets disjoint on each host,
+GPUs and NUMA nodes that exist there, and RDMA devices where the KV transfer needs them. Each returns
+every problem it finds. (The same port on two hosts is fine: each host binds its own.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from pdserve.schema.config import Deployment
+from pdserve.schema.listeners import listeners
+from pdserve.schema.problems import Problem, Severity
+from pdserve.schema.rules import SHARED_GPU_FRACTION_LIMIT
+from pdserve.schema.topology import Server, servers
+
+
+def distinct_ports_per_host(dep: Deployment) -> Iterator[Problem]:
+    seen = []
+    for listener in listeners(dep):
+        clash = next((other for other in seen if other.overlaps(listener)), None)
+        if clash is None:
+            seen.append(listener)
+            continue
+        yield Problem(listener.field, listener.first if listener.first == listener.last else listener.ports,
+                      f"is already used on host {listener.host} by {clash.field} ({clash.purpose}, port "
+                      f"{clash.ports})", "give every listener on a host its own port (ports may repeat on "
+                      "different hosts)")
+
+
+def _on_host(dep: Deployment) -> dict[str, list[Server]]:
+    placed: dict[str, list[Server]] = {}
+    for server in servers(dep):
+        for host in server.hosts:
+            placed.setdefault(host, []).append(server)
+    return placed
+
+
+def disjoint_gpus_per_host(dep: Deployment) -> Iterator[Problem]:
+    if not dep.multi_host:
+        return
+    for host, placed in _on_host(dep).items():
+        for index, server in enumerate(placed):
+            for earlier in placed[:index]:
+                shared = sorted(set(server.spec.gpus) & set(earlier.spec.gpus))
+                if not shared:
+                    continue
+                if not dep.allow_shared_gpus:
+                    yield Problem(f"{server.field}.gpus", server.spec.gpus,
+                                  f"shares GPU(s) {shared} of host {host} with {earlier.field}.gpus {earlier.spec.gpus}",
+                                  f"give the servers on host {host} disjoint GPU sets (on a small test rig: set "
+                                  f"allow_shared_gpus = true, with memory fractions adding up to at most "
+                                  f"{SHARED_GPU_FRACTION_LIMIT:g})")
+                    continue
+                total = server.spec.mem_fraction_static + earlier.spec.mem_fraction_static
+                if total > SHARED_GPU_FRACTION_LIMIT + 1e-9:
+                    yield Problem(f"{server.field}.mem_fraction_static", server.spec.mem_fraction_static,
+                                  f"with {earlier.field}.mem_fraction_static {earlier.spec.mem_fraction_static:g} on "
+                                  f"the same GPU(s) {shared} of host {host} the static pools take {total:g} of its "
+                                  "memory", f"lower the two so that they add up to at most {SHARED_GPU_FRACTION_LIMIT:g}")
+
+
+def hardware_exists(dep: Deployment) -> Iterator[Problem]:
+    """GPUs and NUMA nodes a server names exist on every host it runs on (where [hosts] says what a host has)."""
+    for server in servers(dep):
+        spec = server.spec
+        for host in server.hosts:
+            known = dep.hosts.get(host)
+            if known is None:
+                continue
+            if known.gpus is not None and max(spec.gpus) >= known.gpus:
+                missing = [g for g in spec.gpus if g >= known.gpus]
+                yield Problem(f"{server.field}.gpus", spec.gpus, f"names GPU(s) {missing}, but host {host} has "
+                              f"{known.gpus} (hosts.{host}.gpus: indices 0-{known.gpus - 1})",
+                              f"use GPUs 0-{known.gpus - 1}, or correct hosts.{host}.gpus")
+            layout = known.numa_nodes
+            if layout is None or spec.numa_node is None:
+                continue
+            if spec.numa_node >= len(layout):
+                yield Problem(f"{server.field}.numa_node", spec.numa_node, f"does not exist on host {host} "
+                              f"(hosts.{host}.numa_nodes lists {len(layout)} node(s): 0-{len(layout) - 1})",
+                              f"use a node of 0-{len(layout) - 1}, or remove numa_node (no binding)")
+            elif not set(spec.gpus) <= set(layout[spec.numa_node]):
+                yield Problem(f"{server.field}.numa_node", spec.numa_node, f"binds CPUs and memory to node "
+                              f"{spec.numa_node} of host {host}, but GPU(s) "
+                              f"{sorted(set(spec.gpus) - set(layout[spec.numa_node]))} sit on another node",
+                              "bind to the node of its GPUs (hosts.<host>.numa_nodes), or remove numa_node",
+                              Severity.WARNING)
+
+
+# UCX transports that move data only within one host, and those that need RDMA devices (UCX_TLS names).
+_LOCAL_TRANSPORTS = {"self", "sm", "shm", "posix", "sysv", "cma", "knem", "xpmem", "cuda_copy", "cuda_ipc",
+                     "gdr_copy", "rocm_copy", "rocm_ipc", "rocm_gdr"}
+_RDMA_TRANSPORTS = {"rc", "rc_v", "rc_x", "rc_verbs", "rc_mlx5", "dc", "dc_x", "dc_mlx5", "ud", "ud_v", "ud_x",
+                    "ud_verbs", "ud_mlx5", "ib", "rdmacm"}
+
+
+def _ucx_tls(dep: Deployment, server: Server) -> tuple[str, set[str]] | None:
+    """(field, transports) of the UCX_TLS a server runs with; None where unset or an exclusion list (^...)."""
+    if "UCX_TLS" in server.spec.env:
+        field, value = f"{server.field}.env.UCX_TLS", server.spec.env["UCX_TLS"]
+    elif "UCX_TLS" in dep.environment:
+        field, value = "environment.UCX_TLS", dep.environment["UCX_TLS"]
+    else:
+        return None
+    if value.startswith("^"):
+        return None
+    return field, {t.strip() for t in value.split(",") if t.strip()}
+
+
+def _needs_rdma(dep: Deployment, server: Server) -> str | None:
+    """Why this server's KV transfer needs RDMA devices named, or None."""
+    backend = dep.transfer.backend
+    if backend == "mooncake":
+        return "transfer.backend mooncake moves KV over RDMA"
+    tls = _ucx_tls(dep, server) if backend == "nixl" else None
+    if tls and tls[1] & _RDMA_TRANSPORTS:
+        return f"{tls[0]} ({','.join(sorted(tls[1] & _RDMA_TRANSPORTS))}) moves KV over RDMA"
+    return None
+
+
+def rdma_devices(dep: Deployment) -> Iterator[Problem]:
+    """Where the transfer backend needs RDMA, every server names its devices, and they exist on its hosts; a
+    NIXL transfer between hosts needs a UCX transport that leaves the host."""
+    if not dep.multi_host:
+        return
+    hosts_of = {role: {h for s in servers(dep, role) for h in s.hosts} for role in ("prefill", "decode")}
+    crosses = hosts_of["prefill"] != hosts_of["decode"] or len(hosts_of["prefill"]) > 1
+    said: set[str] = set()
+    for server in servers(dep):
+        field = f"{server.field}.ib_devices"
+        why = _needs_rdma(dep, server)
+        if why and not server.ib_devices:
+            have = next((dep.hosts[h].ib_devices for h in server.hosts if h in dep.hosts and dep.hosts[h].ib_devices),
+                        ["mlx5_0"])
+            yield Problem(field, None, f"is unset, and {why}: SGLang needs the RDMA device(s) this server uses "
+                          "(--disaggregation-ib-device)", f"set {field} (or transfer.ib_devices) to devices of its "
+                          f"host, e.g. {list(have)}")
+        for host in server.hosts:
+            present = dep.hosts[host].ib_devices if host in dep.hosts else []
+            absent = [d for d in server.ib_devices if present and d not in present]
+            if absent:
+                yield Problem(field if getattr(server.spec, "ib_devices", None) is not None else "transfer.ib_devices",
+                              list(server.ib_devices), f"names {absent}, which host {host} does not have "
+                              f"(hosts.{host}.ib_devices: {present})", f"use devices of host {host}: {present}")
+        tls = _ucx_tls(dep, server) if dep.transfer.backend == "nixl" else None
+        if crosses and tls and tls[1] <= _LOCAL_TRANSPORTS and tls[0] not in said:
+            said.add(tls[0])
+            yield Problem(tls[0], ",".join(sorted(tls[1])), f"lists only transports within one host, but "
+                          f"{server.field}'s KV crosses hosts (prefill on {sorted(hosts_of['prefill'])}, decode on "
+                          f"{sorted(hosts_of['decode'])})", "add tcp, or an RDMA transport such as rc with "
+                          "ib_devices named (e.g. UCX_TLS = \"cuda_copy,cuda_ipc,rc,tcp\")")
+
+
+RULES = (distinct_ports_per_host, disjoint_gpus_per_host, hardware_exists, rdma_devices)
