@@ -9,6 +9,7 @@ import importlib.util
 import io
 import json
 import math
+import re
 import struct
 import zipfile
 
@@ -360,8 +361,8 @@ def test_comparator_finds_divergence_and_logprob_differences():
     assert rows[1]["first_divergence"] == 1 and rows[1]["max_abs_logprob_diff"] == pytest.approx(0.5)
     assert rows[1]["max_abs_top_logprob_diff"] == pytest.approx(1.1)
     assert result["max_abs_logprob_diff"] == pytest.approx(0.5)
-    table = diff.compare_table(result)
-    assert "| sequential | 1       | 2100" in table and "1/2 requests with equal tokens" in table
+    table = re.sub(r" +", " ", diff.compare_table(result))
+    assert "| sequential | 1 | 2100 | 3 | no | 1 | 0.5 | 1.1 |" in table and "1/2 requests with equal tokens" in table
 
 
 def test_comparator_refuses_runs_of_different_prompts():
@@ -380,9 +381,15 @@ def test_comparator_command_line_exit_codes(tmp_path, capsys):
     bench = {"rows": [{"batch": 4, "context": 4096, "tokens_per_s": 1000.0, "ms_per_step": 4.0, "ttft_s": 0.2}],
              "recording": False}
     (tmp_path / "bench-pdserve.json").write_text(json.dumps({"kernels": "pdserve", "bench": bench}))
+    slower = {"rows": [{"batch": 4, "context": 4096, "tokens_per_s": 500.0, "ms_per_step": 8.0, "ttft_s": 0.2},
+                       {"batch": 16, "context": 4096, "error": "no token arrived inside the common decode window"}],
+              "recording": True}
+    (tmp_path / "bench-sglang.json").write_text(json.dumps({"kernels": "sglang", "bench": slower}))
     assert diff.main([str(tmp_path)]) == 0
-    out = capsys.readouterr().out
-    assert "0/1 requests with equal tokens" in out and "| pdserve | 4     | 4096" in out
+    out = re.sub(r" +", " ", capsys.readouterr().out)
+    assert "0/1 requests with equal tokens" in out and "| pdserve | 4 | 4096 | 1000.0 | 4.000 |" in out
+    assert "| sglang (recording) | 16 | 4096 | - | - | no token arrived" in out
+    assert "| 4 | 4096 | 8.000 | 4.000 | 2.00x |" in out
     assert diff.main([str(tmp_path), "--require-equal-tokens"]) == 1
     assert diff.main([str(tmp_path / "compare-sglang.json"), str(tmp_path / "compare-pdserve.json"),
                       "--max-logprob-diff", "0.1"]) == 1
@@ -396,3 +403,116 @@ def test_safetensors_header_is_aligned_and_exact():
     assert len(head) == 8 + length and len(head) % 8 == 0 and total == 6 + 16
     parsed = json.load(io.BytesIO(head[8:]))
     assert parsed["b"] == {"dtype": "F32", "shape": [2, 2], "data_offsets": [6, 22]}
+
+
+# --- the driver end to end, on a CPU stand-in of launch_server ----------------------------------------
+
+
+def _standin_env(tmp_path) -> dict[str, str]:
+    """A PYTHONPATH on which `python -m sglang.launch_server` is tests/gpu/dsa/standin_server.py, and
+    a dist-info with a `sglang.srt.plugins` entry point (what the pdserve-kernels wheel provides)."""
+    import os
+    from pathlib import Path
+
+    fake = tmp_path / "fake"
+    (fake / "sglang").mkdir(parents=True)
+    (fake / "sglang" / "__init__.py").write_text("")
+    standin = Path(server.__file__).with_name("standin_server.py")
+    (fake / "sglang" / "launch_server.py").write_text(f"import runpy\nrunpy.run_path({str(standin)!r}, run_name='__main__')\n")
+    info = fake / "pdserve_standin_plugin-0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: pdserve-standin-plugin\nVersion: 0\n")
+    (info / "entry_points.txt").write_text("[sglang.srt.plugins]\nstandin = os:getcwd\n")
+    root = Path(__file__).resolve().parents[2]
+    return {**os.environ, "PYTHONPATH": f"{fake}:{root}"}
+
+
+def test_driver_end_to_end_on_a_standin_server(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.fixtures.ports import free_ports
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"vocab_size": 468}))
+    out = tmp_path / "out"
+    (port,) = free_ports(1)
+    argv = [sys.executable, str(compare.__file__), "--model", str(model), "--out", str(out), "--phase", "all",
+            "--port", str(port), "--ready-timeout", "60", "--request-timeout", "30", "--prompt-lens", "2100,2201",
+            "--max-new-tokens", "6", "--bench-batches", "1,3", "--bench-contexts", "2100",
+            "--bench-new-tokens", "40"]
+    done = subprocess.run(argv, env=_standin_env(tmp_path), capture_output=True, text=True, timeout=240)
+    print(done.stdout[-3000:], done.stderr[-3000:])
+    assert done.returncode == 0
+    for kernels in ("sglang", "pdserve"):
+        record = json.loads((out / f"compare-{kernels}.json").read_text())
+        assert record["ready_after_s"] < 60 and record["env"]["PDSERVE_DSA_KERNELS"] == kernels
+        assert "standin = os:getcwd" in record["plugin_entry_points"]
+        assert any(f"kernels={kernels}" in line for line in record["plugin_lines"])
+        assert [len(r["output_ids"]) for r in record["compare"]["sets"]["sequential"]] == [6, 6]
+        assert len(record["compare"]["sets"]["batch"]) == 2
+        bench = json.loads((out / f"bench-{kernels}.json").read_text())["bench"]
+        assert [(r["batch"], r["context"]) for r in bench["rows"]] == [(1, 2100), (3, 2100)]
+        assert all(r["ms_per_step"] > 1.0 and r["tokens_per_s"] > 0 for r in bench["rows"])
+        assert (out / f"server-{kernels}.log").read_text().count("ready to roll") == 1
+    result = json.loads((out / "diff.json").read_text())
+    # The stand-in's pdserve run diverges at token 2 on the odd-length prompt, in both request sets.
+    assert result["requests"] == 4 and result["tokens_equal"] == 2
+    assert {r["first_divergence"] for r in result["rows"] if not r["tokens_equal"]} == {2}
+    assert result["max_abs_logprob_diff"] == pytest.approx(1e-4, rel=0.01)
+    assert "| kernels | batch | context | tokens/s | ms per step" in done.stdout
+    assert "2/4 requests with equal tokens" in done.stdout
+
+
+def test_driver_refuses_a_pdserve_run_without_the_plugin(tmp_path, monkeypatch):
+    monkeypatch.setattr(compare, "plugin_entry_points", lambda: [])
+    args = compare.parse_args(["--model", str(tmp_path), "--out", str(tmp_path / "o"), "--kernels", "pdserve"])
+    srv = compare.make_servers(args)["pdserve"]
+    with pytest.raises(SystemExit, match="no sglang.srt.plugins entry point is installed"):
+        compare.run_one("pdserve", srv, args)
+    assert srv.proc is None  # refused before starting anything
+
+
+def test_server_gate_fails_at_once_when_the_server_dies(tmp_path):
+    import sys
+    import time
+
+    srv = server.Server(argv=[sys.executable, "-c", "print('boom'); raise SystemExit(3)"], env={},
+                        log=tmp_path / "s.log", port=1)
+    srv.start()
+    started = time.monotonic()
+    with pytest.raises(server.ServerFailed, match="exited with 3 before it was ready"):
+        srv.wait_ready(60)
+    assert time.monotonic() - started < 10
+    srv.stop()
+
+
+def test_server_stop_takes_the_whole_process_group(tmp_path):
+    import os
+    import sys
+    import time
+
+    child = tmp_path / "child.pid"
+    code = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']);"
+            f" open({str(child)!r}, 'w').write(str(p.pid)); time.sleep(300)")
+    srv = server.Server(argv=[sys.executable, "-c", code], env={}, log=tmp_path / "s.log", port=1)
+    srv.start()
+    deadline = time.monotonic() + 30
+    while not (child.exists() and child.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    pid = int(child.read_text())
+    srv.stop(timeout=10)
+    assert srv.proc.poll() is not None
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "Z":  # killed, waiting for init to reap it
+                break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"child {pid} of the server survived stop()")

@@ -138,9 +138,14 @@ def bench_phase(srv: server.Server, args: argparse.Namespace) -> dict:
             sent = time.perf_counter()
             timelines = client.concurrent_timelines(srv.url, ids, max_new_tokens=args.bench_new_tokens,
                                                     timeout=args.request_timeout)
-            fig = client.decode_figures(timelines, sent)
-            rows.append({"batch": batch, "context": context, "new_tokens": args.bench_new_tokens,
-                         "tokens_per_s": round(fig.tokens_per_s, 1), "ms_per_step": round(fig.ms_per_step, 3),
+            row = {"batch": batch, "context": context, "new_tokens": args.bench_new_tokens}
+            try:
+                fig = client.decode_figures(timelines, sent)
+            except ValueError as exc:  # e.g. the first requests finished before the last began decoding
+                rows.append({**row, "error": str(exc)})
+                print(f"  bench {srv.env['PDSERVE_DSA_KERNELS']}: batch {batch} context {context}: {exc}", flush=True)
+                continue
+            rows.append({**row, "tokens_per_s": round(fig.tokens_per_s, 1), "ms_per_step": round(fig.ms_per_step, 3),
                          "steps_in_window": round(fig.steps, 1), "window_s": round(fig.window_s, 3),
                          "ttft_s": round(fig.ttft_s, 3)})
             print(f"  bench {srv.env['PDSERVE_DSA_KERNELS']}: batch {batch} context {context}: "

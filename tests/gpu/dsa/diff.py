@@ -76,7 +76,7 @@ def compare_runs(ref: dict, other: dict) -> dict:
     }
 
 
-def _fmt(value, spec: str = ".4f") -> str:
+def _fmt(value, spec: str = ".3g") -> str:
     if value is None:
         return "-"
     return format(value, spec) if isinstance(value, float) else str(value)
@@ -100,16 +100,36 @@ def compare_table(result: dict) -> str:
 
 
 def bench_table(benches: dict[str, dict]) -> str:
-    """'kernels | batch | context | tokens/s | ms per step' for each kernel choice's bench rows."""
+    """'kernels | batch | context | tokens/s | ms per step' for each kernel choice's bench rows, and with
+    both choices a side-by-side table of the same (batch, context)."""
     header = ["kernels", "batch", "context", "tokens/s", "ms per step", "ttft s"]
     rows = []
     for kernels, bench in benches.items():
         mark = " (recording)" if bench.get("recording") else ""
         for r in bench["rows"]:
+            if "error" in r:
+                rows.append([kernels + mark, str(r["batch"]), str(r["context"]), "-", "-", r["error"]])
+                continue
             rows.append([kernels + mark, str(r["batch"]), str(r["context"]), f"{r['tokens_per_s']:.1f}",
                          f"{r['ms_per_step']:.3f}", f"{r['ttft_s']:.3f}"])
     rows.sort(key=lambda r: (int(r[2]), int(r[1]), r[0]))
-    return render(header, rows)
+    table = render(header, rows)
+    if {"sglang", "pdserve"} <= benches.keys():
+        table += "\n\n" + _side_by_side(benches["sglang"]["rows"], benches["pdserve"]["rows"])
+    return table
+
+
+def _side_by_side(ref: list[dict], other: list[dict]) -> str:
+    by_key = {(r["batch"], r["context"]): r for r in other if "error" not in r}
+    rows = []
+    for r in ref:
+        o = by_key.get((r["batch"], r["context"]))
+        if "error" in r or o is None:
+            continue
+        rows.append([str(r["batch"]), str(r["context"]), f"{r['ms_per_step']:.3f}", f"{o['ms_per_step']:.3f}",
+                     f"{r['ms_per_step'] / o['ms_per_step']:.2f}x"])
+    rows.sort(key=lambda row: (int(row[1]), int(row[0])))
+    return render(["batch", "context", "sglang ms/step", "pdserve ms/step", "sglang / pdserve"], rows)
 
 
 def _load(path: Path) -> dict:

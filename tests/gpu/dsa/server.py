@@ -113,32 +113,25 @@ class Server:
         raise ServerFailed(f"server not ready after {timeout:.0f} s; log: {self.log}\n" + tail(self.log_text(), 30))
 
     def stop(self, timeout: float = STOP_TIMEOUT) -> None:
-        """SIGTERM to the server's process group, SIGKILL after `timeout`."""
+        """SIGTERM to the server's process group, then SIGKILL to what is left of it (as pd_run.py does):
+        scheduler and detokenizer children share the group and must not keep holding the GPU."""
         if self.proc is None:
             return
-        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
+        if self.proc.poll() is None:
+            _signal_group(self.proc.pid, signal.SIGTERM)
             try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                self.proc.wait(timeout=wait)
-                # The group may outlive its leader (schedulers, detokenizer): give it the same deadline.
-                if _group_gone(self.proc.pid, wait):
-                    break
+                self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
-                continue
+                pass
+        _signal_group(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout)
 
 
-def _group_gone(pgid: int, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.2)
-    return False
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _answers(url: str, timeout: float = 5.0) -> bool:

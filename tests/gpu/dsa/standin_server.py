@@ -1,0 +1,98 @@
+"""A CPU stand-in for `python -m sglang.launch_server` with just what compare.py uses, for testing the
+driver end to end without a GPU: the ready log line, /model_info, and /generate (one or many
+input_ids; greedy logprobs in SGLang's [logprob, token_id, text] triples; SSE streaming with
+meta_info.completion_tokens). Tokens are a function of the prompt; with PDSERVE_DSA_KERNELS=pdserve
+the logprobs move by 1e-4 and the last prompt's tokens diverge at position 2, so a comparison has
+something to find. Not SGLang: nothing here says anything about SGLang's numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+READY = "The server is fired up and ready to roll!"
+STEP_S = 0.002
+
+
+def tokens_for(ids: list[int], n: int, vocab: int, kernels: str) -> list[tuple[int, float, list]]:
+    base = sum(ids)
+    out = []
+    for i in range(n):
+        tok = 5 + (base + 31 * i) % (vocab - 5)
+        if kernels == "pdserve" and len(ids) % 2 == 1 and i >= 2:  # odd-length prompts diverge at 2
+            tok = 5 + (tok + 1 - 5) % (vocab - 5)
+        lp = -0.05 - 0.1 * (i % 5) + (1e-4 if kernels == "pdserve" else 0.0)
+        top = [[lp, tok, None], [lp - 1.0, 5 + (tok + 1 - 5) % (vocab - 5), None]]
+        out.append((tok, lp, top))
+    return out
+
+
+def result(ids: list[int], params: dict, vocab: int, kernels: str) -> dict:
+    gen = tokens_for(ids, int(params.get("max_new_tokens", 16)), vocab, kernels)
+    return {"text": "", "output_ids": [t for t, _, _ in gen],
+            "meta_info": {"prompt_tokens": len(ids), "completion_tokens": len(gen), "e2e_latency": 0.01,
+                          "output_token_logprobs": [[lp, t, None] for t, lp, _ in gen],
+                          "output_top_logprobs": [top for _, _, top in gen]}}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--model-path", required=True)
+    args, _ = p.parse_known_args()
+    vocab = json.load(open(os.path.join(args.model_path, "config.json")))["vocab_size"]
+    kernels = os.environ.get("PDSERVE_DSA_KERNELS", "sglang")
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.0"
+
+        def log_message(self, *a) -> None:
+            pass
+
+        def _json(self, obj) -> None:
+            body = json.dumps(obj).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:
+            if self.path == "/model_info":
+                self._json({"model_path": args.model_path})
+            else:
+                self.send_error(404)
+
+        def do_POST(self) -> None:
+            req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            ids, params = req["input_ids"], req.get("sampling_params", {})
+            if not req.get("stream"):
+                batch = ids if ids and isinstance(ids[0], list) else None
+                outs = [result(x, params, vocab, kernels) for x in (batch or [ids])]
+                self._json(outs if batch is not None else outs[0])
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            time.sleep(STEP_S * 5)  # "prefill"
+            for n in range(1, int(params.get("max_new_tokens", 16)) + 1):
+                chunk = {"text": "", "meta_info": {"completion_tokens": n}}
+                self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                self.wfile.flush()
+                time.sleep(STEP_S)
+            self.wfile.write(b"data: [DONE]\n\n")
+
+    server = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
+    print(f"stand-in server, pdserve plugin stand-in: kernels={kernels}", flush=True)
+    print(READY, flush=True)
+    server.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
