@@ -8,6 +8,8 @@
 # logs go to $OUT (or ./dsa-out). PDSERVE_COMMIT, if set, is recorded. DSA_TIMEOUT (default 540 s)
 # bounds compare.py. The pdserve-kernels wheel, if carried in .whl/dsa/plugin/, is installed into the
 # same --target, so its dist-info (the sglang.srt.plugins entry point) is on sys.path.
+# JIT caches (a bare machine spends ~2 min of its first start compiling): DSA_JIT_CACHE=save writes
+# them to $OUT/jit-cache.tgz after the run; with .whl/dsa/jit-cache.tgz carried they are restored first.
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 out=${OUT:-$PWD/dsa-out}
@@ -54,6 +56,13 @@ print("sglang.srt.plugins:", [f"{e.name}={e.value}" for e in m.entry_points(grou
   echo "commit ${PDSERVE_COMMIT:-unknown}"
 } 2>&1 | tee "$out/machine.txt"
 
+# SGLang's tvm-ffi kernels, DeepGEMM, Triton, FlashInfer and TorchInductor (the indexer's head gate is
+# torch.compile'd) each keep their own cache.
+jit_dirs=("$HOME/.cache/tvm-ffi" "$HOME/.deep_gemm" "$HOME/.triton" "$HOME/.cache/flashinfer" "/tmp/torchinductor_$(id -un)")
+if [ -f .whl/dsa/jit-cache.tgz ]; then
+  tar -xPzf .whl/dsa/jit-cache.tgz && echo "restored JIT caches ($(du -h .whl/dsa/jit-cache.tgz | cut -f1))"
+fi
+
 model=/tmp/pdserve-dsa-model
 if [ ! -f "$model/model.safetensors" ]; then
   python3 tests/gpu/dsa/tiny_dsa_model.py "$model" --check 2>&1 | tee "$out/model.log"
@@ -62,4 +71,10 @@ fi
 [ $# -gt 0 ] || set -- --phase compare --kernels both
 timeout "${DSA_TIMEOUT:-540}" python3 tests/gpu/dsa/compare.py --model "$model" --out "$out" "$@" 2>&1 \
   | tee "$out/compare.log"
-exit "${PIPESTATUS[0]}"
+rc=${PIPESTATUS[0]}
+if [ "${DSA_JIT_CACHE:-}" = save ]; then
+  present=(); for d in "${jit_dirs[@]}"; do [ -d "$d" ] && present+=("$d"); done
+  [ ${#present[@]} -gt 0 ] && tar -cPzf "$out/jit-cache.tgz" "${present[@]}" \
+    && echo "saved JIT caches: $(du -h "$out/jit-cache.tgz" | cut -f1) from ${present[*]}"
+fi
+exit "$rc"
