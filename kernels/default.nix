@@ -5,6 +5,11 @@
 #
 #   packages.kernels = pkgs.callPackage ./kernels { };
 #
+# The SGLang environment does not take the package from here: SGLang finds the plugin through a
+# distribution's entry points, so pkg/sglang-env/kernels.nix builds kernels/python as one (its own build
+# backend, so its dist-info and entry_points.txt) with this derivation's fatbins and metadata inside, from
+# share/pdserve-kernels/.
+#
 # Builds need no GPU. The output is bit-identical for a given nvcc (tests/kernels checks two build
 # directories against each other); sm_120a needs CUDA >= 12.8, the flags were checked with nvcc 13.0.
 {

@@ -1,6 +1,6 @@
 # SGLang's serving environment, built with uv2nix from ./uv.lock (only wheels: the lock has no
-# sdist-only package). The flake calls this with its pinned inputs; the result's `env` is
-# packages.sglang-env, whose bin/python the units run.
+# sdist-only package), and pdserve's kernels as a Python distribution (./kernels.nix). The flake calls
+# this with its pinned inputs; the result's `env` is packages.sglang-env, whose bin/python the units run.
 {
   lib,
   pkgs,
@@ -10,6 +10,9 @@
   pyproject-build-systems,
   # Overlays shared with pdserve's own Python set (e.g. the NVML library lookup).
   extraOverlays ? [ ],
+  # pdserve's kernels (kernels/default.nix: the fatbins, built with CUDA). The flake's pkgs has its
+  # overlay (CUDA 13.0), so this is packages.kernels itself.
+  kernels ? pkgs.callPackage ../../kernels { },
 }:
 let
   workspace = uv2nix.lib.workspace.loadWorkspace { workspaceRoot = ./.; };
@@ -90,6 +93,14 @@ let
             pyproject-build-systems.overlays.wheel
             (workspace.mkPyprojectOverlay { sourcePreference = "wheel"; })
             cudaWheels
+            (import ./kernels.nix {
+              inherit
+                lib
+                pyproject-nix
+                python
+                kernels
+                ;
+            })
           ]
           ++ extraOverlays
         )
@@ -98,8 +109,21 @@ in
 {
   inherit pythonSet workspace;
 
-  # pdserve-sglang-env is a virtual project: its default dependencies are the whole serving stack.
-  env = pythonSet.mkVirtualEnv "pdserve-sglang-env" workspace.deps.default;
+  # pdserve-sglang-env is a virtual project: its default dependencies are the whole serving stack. With
+  # them, pdserve's kernels and their SGLang plugin (./kernels.nix): off until a unit sets
+  # PDSERVE_DSA_KERNELS=pdserve (the deployment's attention_kernels).
+  env =
+    let
+      venv = pythonSet.mkVirtualEnv "pdserve-sglang-env" (
+        workspace.deps.default // { pdserve-kernels = [ ]; }
+      );
+    in
+    venv.overrideAttrs (old: {
+      # What the evaluation tier reads (tests/nix/test_eval.py); no part of the derivation.
+      passthru = (old.passthru or { }) // {
+        kernelsPackage = pythonSet.pdserve-kernels;
+      };
+    });
 
   # Only the router and its dependencies (no torch): the VM test pairs it with the stand-in worker.
   routerEnv = pythonSet.mkVirtualEnv "pdserve-sglang-router-env" { sglang-router = [ ]; };

@@ -173,6 +173,30 @@ def test_every_output_evaluates(nix: Evaluator):
     assert re.fullmatch(r"/nix/store/[a-z0-9]{32}-pdserve-verify/bin/pdserve-verify", program), program
 
 
+def test_the_sglang_env_holds_the_kernels_distribution_sglang_finds_its_plugin_by(nix: Evaluator):
+    """pkg/sglang-env/kernels.nix (issue 16 item 4): the environment the units run has pdserve-kernels as a
+    distribution built by its own build backend from kernels/python, so its dist-info carries the
+    sglang.srt.plugins entry point SGLang discovers; the fatbins put beside the package are packages.kernels'."""
+    env = nix.json(f".#packages.{SYSTEM}.sglang-env", "--apply", """e: let k = e.kernelsPackage; in {
+      deps = e.NIX_PYPROJECT_DEPS; out = k.outPath; inherit (k) pname preBuild;
+      fatbins = k.kernels.drvPath; fatbinsOut = k.kernels.outPath;
+      tools = map (p: p.pname or p.name) k.nativeBuildInputs;
+      pyproject = builtins.fromTOML (builtins.readFile "${k.src}/pyproject.toml");
+      plugin = builtins.pathExists "${k.src}/pdserve_kernels/sglang_plugin/__init__.py"; }""")
+    assert env["out"] in env["deps"].split(":"), "the kernels distribution is not in the environment"
+    assert env["pname"] == "pdserve-kernels" and env["plugin"]
+    project = env["pyproject"]
+    assert project["project"]["entry-points"]["sglang.srt.plugins"] == {
+        "pdserve_kernels": "pdserve_kernels.sglang_plugin:load"}
+    # The backend the pyproject names builds it (its dist-info, entry_points.txt included), through pyproject.nix.
+    assert project["build-system"]["build-backend"] == "setuptools.build_meta"
+    assert "setuptools" in env["tools"] and "pyproject-hook" in env["tools"], env["tools"]
+    assert env["fatbins"] == nix.json(f".#packages.{SYSTEM}.kernels.drvPath")
+    assert "for module in dsa_indexer sparse_mla_decode; do" in env["preBuild"]
+    assert f"{env['fatbinsOut']}/share/pdserve-kernels/$file pdserve_kernels/$file" in env["preBuild"]
+    assert set(project["tool"]["setuptools"]["package-data"]["pdserve_kernels"]) >= {"*.fatbin", "*.json"}
+
+
 def test_the_vm_test_node_evaluates_without_warnings(nix: Evaluator):
     node = nix.json(f".#checks.{SYSTEM}.vm-test", "--apply", """t: let m = t.nodes.machine; in {
       toplevel = m.system.build.toplevel.drvPath; inherit (m) warnings;
