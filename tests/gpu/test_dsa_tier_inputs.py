@@ -264,7 +264,7 @@ def test_driver_options(tmp_path, capsys):
                                       "--graph-bs", "0", "--phase", "bench", "--bench-batches", "1,4"])
     (srv,) = compare.make_servers(args).values()
     assert srv.env["PDSERVE_DSA_RECORD_DIR"] == str(tmp_path / "rec" / "pdserve")
-    assert "--disable-cuda-graph" in srv.argv and "--cuda-graph-bs-decode" not in srv.argv
+    assert " --cuda-graph-backend-decode disabled" in " ".join(srv.argv) and "--cuda-graph-bs-decode" not in srv.argv
     assert args.bench_batches == [1, 4]
     for bad in (["--prompt-lens", "2048"], ["--prompt-lens", "16370"], ["--bench-batches", "x"],
                 ["--kernels", "triton"], ["--phase", "everything"]):
@@ -299,6 +299,9 @@ def test_server_command_accepted_by_the_real_sglang_parser(tmp_path):
     assert parsed.cuda_graph_bs_decode == list(server.DEFAULT_GRAPH_BS)
     assert (parsed.page_size, parsed.load_format, parsed.disable_radix_cache) == (64, "auto", True)
     assert parsed.context_length == server.CONTEXT_LENGTH and parsed.max_running_requests >= 16
+    eager = compare.make_servers(compare.parse_args(["--model", str(tmp_path), "--out", str(tmp_path),
+                                                     "--graph-bs", "0"]))["sglang"]
+    assert parser.parse_args(eager.argv[3:]).cuda_graph_backend_decode == "disabled"
 
 
 # --- client arithmetic and the comparator --------------------------------------------------------------

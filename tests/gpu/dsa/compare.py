@@ -55,7 +55,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bench-contexts", type=_ints, default=[4096, 12288])
     p.add_argument("--bench-new-tokens", type=int, default=128)
     p.add_argument("--graph-bs", type=_ints, default=list(server.DEFAULT_GRAPH_BS),
-                   help="decode CUDA-graph batch sizes; 0 for none (--disable-cuda-graph: all eager)")
+                   help="decode CUDA-graph batch sizes; 0 for none (--cuda-graph-backend-decode disabled: all eager)")
     p.add_argument("--server-arg", action="append", default=[], help="one more launch_server argument (repeatable)")
     p.add_argument("--dry-run", action="store_true", help="print the server commands and exit")
     args = p.parse_args(argv)

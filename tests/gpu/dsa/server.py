@@ -52,7 +52,7 @@ def server_args(model: Path, port: int, *, graph_bs: tuple[int, ...] = DEFAULT_G
     if graph_bs:
         args += ["--cuda-graph-bs-decode", *map(str, graph_bs)]
     else:
-        args += ["--disable-cuda-graph"]
+        args += ["--cuda-graph-backend-decode", "disabled"]  # all decode eager
     return args + list(extra or [])
 
 
