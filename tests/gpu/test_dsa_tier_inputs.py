@@ -365,7 +365,10 @@ def test_comparator_finds_divergence_and_logprob_differences():
     assert rows[1]["max_abs_top_logprob_diff"] == pytest.approx(1.1)
     assert result["max_abs_logprob_diff"] == pytest.approx(0.5)
     table = re.sub(r" +", " ", diff.compare_table(result))
-    assert "| sequential | 1 | 2100 | 3 | no | 1 | 0.5 | 1.1 |" in table and "1/2 requests with equal tokens" in table
+    assert "| sequential | 1 | 2100 | 3 | 3 | no | 1 | 0.5 | 1.1 |" in table and "1/2 requests with equal tokens" in table
+    assert "NaN" not in table
+    other["compare"]["sets"]["sequential"][0]["logprobs"][1] = float("nan")
+    assert "1 logprobs are NaN or infinite" in diff.compare_table(diff.compare_runs(ref, other))
 
 
 def test_comparator_refuses_runs_of_different_prompts():

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -43,6 +44,9 @@ def compare_request(a: dict, b: dict) -> dict:
             top_overlap.append(len(common) / max(len(da), len(db)))
     return {
         "tokens": len(ids_a),
+        # Dummy-like weights fall into 2-cycles; many distinct tokens say the outputs depend on the context.
+        "distinct_tokens": len(set(ids_a)),
+        "nonfinite_logprobs": sum(not math.isfinite(x) for x in a["logprobs"] + b["logprobs"]),
         "tokens_equal": d is None,
         "first_divergence": d,
         "max_abs_logprob_diff": max(chosen) if chosen else None,
@@ -89,13 +93,16 @@ def render(header: list[str], rows: list[list[str]]) -> str:
 
 
 def compare_table(result: dict) -> str:
-    header = ["set", "request", "prompt tokens", "new tokens", "tokens equal", "first divergence",
+    header = ["set", "request", "prompt tokens", "new tokens", "distinct", "tokens equal", "first divergence",
               "max |dlogprob| (chosen)", "max |dlogprob| (top)", "top overlap"]
-    rows = [[r["set"], str(r["request"]), str(r["prompt_len"]), str(r["tokens"]),
+    rows = [[r["set"], str(r["request"]), str(r["prompt_len"]), str(r["tokens"]), str(r["distinct_tokens"]),
              "yes" if r["tokens_equal"] else "no", _fmt(r["first_divergence"]), _fmt(r["max_abs_logprob_diff"]),
              _fmt(r["max_abs_top_logprob_diff"]), _fmt(r["min_top_overlap"], ".2f")] for r in result["rows"]]
     summary = (f"{result['other']} vs {result['reference']}: {result['tokens_equal']}/{result['requests']} requests "
                f"with equal tokens; largest |dlogprob| on the shared prefix {_fmt(result['max_abs_logprob_diff'])}")
+    nonfinite = sum(r["nonfinite_logprobs"] for r in result["rows"])
+    if nonfinite:
+        summary += f"; {nonfinite} logprobs are NaN or infinite"
     return render(header, rows) + "\n" + summary
 
 
