@@ -129,6 +129,46 @@ def pin_problems(sglang_python: str, origin: str, timeout: float = VERSION_TIMEO
     return problems
 
 
+# The entry point pdserve's SGLang plugin is found by (kernels/python/pyproject.toml): SGLang loads the
+# sglang.srt.plugins entry points of the distributions on its sys.path in every scheduler process.
+KERNEL_PLUGIN = ("pdserve_kernels", "pdserve_kernels.sglang_plugin:load")
+_PLUGINS = (
+    "import importlib.metadata as m, json\n"
+    "print(json.dumps(sorted([e.name, e.value] for e in m.entry_points(group='sglang.srt.plugins'))))\n"
+)
+
+
+def kernel_plugin_problems(dep: Deployment, sglang_python: str, origin: str,
+                           timeout: float = VERSION_TIMEOUT_SEC) -> tuple[list[Problem], bool]:
+    """(errors, asked): when a server sets attention_kernels = "pdserve", `sglang_python` must hold the
+    plugin's distribution (its sglang.srt.plugins entry point), or SGLang would run its own kernels with
+    nothing but a missing log line to show for it. Asks only when some server asks for the kernels."""
+    fields = [f"{role}.attention_kernels" for role in SERVER_ROLES if dep.server(role).attention_kernels == "pdserve"]
+    if not fields:
+        return [], False
+    name, value = KERNEL_PLUGIN
+    fix = (f"use an SGLang environment with the pdserve-kernels distribution (the flake's sglang-env has it), or "
+           f"build and install it into this one: `bash kernels/build.sh && bash kernels/python/build_wheel.sh && "
+           f"uv pip install --python {sglang_python} dist/pdserve_kernels-*.whl`; or set {fields[0]} = \"sglang\"")
+    try:
+        done = subprocess.run([sglang_python, "-c", _PLUGINS], capture_output=True, text=True, timeout=timeout,
+                              check=False)
+        found = [tuple(pair) for pair in json.loads(done.stdout.strip().splitlines()[-1])]
+    except OSError as exc:
+        return [_cannot_run(origin, sglang_python, f"cannot be run here: {exc.strerror or exc}")], True
+    except subprocess.TimeoutExpired:
+        return [_cannot_run(origin, sglang_python, f"did not list its SGLang plugins within {timeout:.0f} s")], True
+    except (IndexError, TypeError, ValueError):
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return [_cannot_run(origin, sglang_python, f"failed when asked its SGLang plugins: {tail}")], True
+    if (name, value) in found:
+        return [], True
+    has = ", ".join(f"{n} = {v}" for n, v in found) or "none"
+    return [Problem(fields[0], "pdserve",
+                    f"asks for pdserve's kernels, but {origin} ({sglang_python}) has no sglang.srt.plugins entry "
+                    f"point {name} = {value} (it has: {has}): SGLang would run its own kernels", fix)], True
+
+
 def check_with_parsers(dep: Deployment, sglang_python: str, timeout: float = PARSE_TIMEOUT_SEC,
                        required_by: str | None = None) -> ParserReport:
     """The parsers' verdict on every role's argv. With `required_by` (where the SGLang Python came from,

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from pdserve.check.host import HostView, check_host, read_host
-from pdserve.check.parsers import check_with_parsers, pin_problems
+from pdserve.check.parsers import check_with_parsers, kernel_plugin_problems, pin_problems
 from pdserve.check.target import HostRule, decide
 from pdserve.probes import paths
 from pdserve.render.renderable import load_renderable
@@ -125,6 +125,10 @@ def run_check(config_path: Path | None, tool_overrides: dict[str, str | None], p
             report.problems += pinned
             if not pinned:
                 report.checked.append(f"{origin} has the pinned sglang and sglang-router")
+            plugin, asked = kernel_plugin_problems(dep, tools.sglang_python, origin)
+            report.problems += plugin
+            if asked and not plugin:
+                report.checked.append(f"{origin} has pdserve's SGLang plugin (attention_kernels = \"pdserve\")")
     else:
         # Without the host check nobody looks at the tools; say which were only assumed.
         report.skipped += tool_notes
