@@ -131,6 +131,28 @@
 
       gpuHost = self.nixosConfigurations.gpu-host;
 
+      hostSystem =
+        configuration:
+        lib.nixosSystem {
+          modules = [
+            # The flake's one pkgs (CUDA configuration and overlay included); NixOS may not alter it.
+            nixpkgs.nixosModules.readOnlyPkgs
+            { nixpkgs.pkgs = pkgs; }
+            self.nixosModules.default
+            configuration
+          ];
+        };
+
+      # The multi-host examples: one deployment file each (hosts/<example>/deployment.toml) and, for every
+      # [hosts.<host>] in it, hosts/<example>/<host>/configuration.nix, evaluated as
+      # nixosConfigurations.<example>-<host> (the examples are alternatives and share host names).
+      exampleHosts =
+        example:
+        lib.mapAttrs' (
+          host: _:
+          lib.nameValuePair "${example}-${host}" (hostSystem ./hosts/${example}/${host}/configuration.nix)
+        ) (lib.importTOML ./hosts/${example}/deployment.toml).hosts;
+
       formatter = pkgs.treefmt.withConfig {
         runtimeInputs = [ pkgs.nixfmt ];
         settings = {
@@ -210,15 +232,13 @@
 
       nixosModules.default = ./nixos-modules/pdserve.nix;
 
-      nixosConfigurations.gpu-host = lib.nixosSystem {
-        modules = [
-          # The flake's one pkgs (CUDA configuration and overlay included); NixOS may not alter it.
-          nixpkgs.nixosModules.readOnlyPkgs
-          { nixpkgs.pkgs = pkgs; }
-          self.nixosModules.default
-          ./hosts/gpu-host/configuration.nix
-        ];
-      };
+      # The reference host, and one system per host of each multi-host example: the host names are the
+      # `[hosts]` of the example's deployment file, so the flake lists exactly the hosts it places servers on.
+      nixosConfigurations = {
+        gpu-host = hostSystem ./hosts/gpu-host/configuration.nix;
+      }
+      // exampleHosts "two-host"
+      // exampleHosts "four-host";
 
       devShells.${system}.default = pkgs.mkShell {
         packages = [

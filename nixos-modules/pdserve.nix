@@ -29,8 +29,18 @@ let
   inherit (derived) isLoopback;
   # The module needs the unit names for wantedBy, the workers' environment and the collision check.
   unitNames = d: derived.unitNames d.settings.name;
+  multiHost = d: derived.multiHost d.settings;
+  # The units this machine runs of a deployment, unit name -> role: all four of a single-host file;
+  # of a multi-host file those `pdserve render --host <services.pdserve.host>` writes.
+  hostUnitsOf =
+    d:
+    if multiHost d then
+      derived.hostUnits d.settings cfg.host
+    else
+      lib.mapAttrs' (role: unit: lib.nameValuePair unit role) (unitNames d);
   # Deployments whose settings turn monitoring on (`pdserve render` then writes DIR/monitoring/).
-  monitored = lib.filter (d: derived.monitoringEnabled schema d.settings) deployments;
+  # A multi-host deployment's scrape targets span hosts: the module wires monitoring of single-host ones.
+  monitored = lib.filter (d: !multiHost d && derived.monitoringEnabled schema d.settings) deployments;
 
   portOption =
     section: key: description:
@@ -39,6 +49,36 @@ let
       default = schemaDefault section key;
       defaultText = literalExpression "${toString (schemaDefault section key)} (pdserve's default)";
       inherit description;
+    };
+
+  # `[prefill]`: the one server of a single-host file (it listens on loopback); `[[prefill]]`: the
+  # servers of a multi-host file, each placed on `hosts`. Only what the module reads is typed.
+  serversOption =
+    role: port:
+    mkOption {
+      type = types.either (types.submodule {
+        freeformType = json.type;
+        options.port = mkOption {
+          type = types.port;
+          example = port;
+          description = "Port of the ${role} server (listens on loopback).";
+        };
+      }) (types.nonEmptyListOf (types.submodule {
+        freeformType = json.type;
+        options = {
+          port = mkOption {
+            type = types.port;
+            example = port;
+            description = "Port of this ${role} server (on its first host's cluster address).";
+          };
+          hosts = mkOption {
+            type = types.nonEmptyListOf types.str;
+            example = [ "node-a" ];
+            description = "The `[hosts]` it runs on: one, or several for multi-node tensor parallelism.";
+          };
+        };
+      }));
+      description = "The ${role} server (a single-host file) or servers (`[[${role}]]` of a multi-host file).";
     };
 
   deploymentModule =
@@ -66,16 +106,8 @@ let
                 defaultText = literalExpression "<the attribute name under services.pdserve.deployments>";
                 description = "Unit names derive from it: sglang-<name>-prefill, -decode, -router and the fallback sglang-<name>.";
               };
-              prefill.port = mkOption {
-                type = types.port;
-                example = 30000;
-                description = "Port of the prefill server (listens on loopback).";
-              };
-              decode.port = mkOption {
-                type = types.port;
-                example = 30002;
-                description = "Port of the decode server (listens on loopback).";
-              };
+              prefill = serversOption "prefill" 30000;
+              decode = serversOption "decode" 30002;
               router = {
                 host = mkOption {
                   type = types.str;
@@ -210,7 +242,7 @@ let
       }
       (''
         pdserve render -c ${settingsFile} --out "$TMPDIR/units" \
-          --config-path ${settingsFile} \
+          --config-path ${settingsFile} ${lib.optionalString (multiHost d) "--host ${lib.escapeShellArg cfg.host}"} \
           --sglang-python ${cfg.sglangPackage}/bin/python \
           --numactl ${pkgs.numactl}/bin/numactl \
           --pdserve ${cfg.package}/bin/pdserve
@@ -219,7 +251,7 @@ let
         # The deployment with every default filled in, as the units see it: for reading, not loading.
         mv "$TMPDIR"/units/pdserve-*.json $out/share/pdserve/
       ''
-      + lib.optionalString (derived.monitoringEnabled schema d.settings) ''
+      + lib.optionalString (!multiHost d && derived.monitoringEnabled schema d.settings) ''
         # settings.monitoring.enable: the scrape jobs, a whole prometheus.yml and the alert rules; the
         # dashboard in a directory of its own, which Grafana's file provider reads whole (*.json).
         mkdir -p $out/${monitoringDir} $out/${dashboardDir}
@@ -278,13 +310,17 @@ let
         path = [ pkgs.numactl ];
       };
     in
-    {
-      ${names.prefill} = worker // atBoot "pd";
-      ${names.decode} = worker // atBoot "pd";
-      ${names.router} = atBoot "pd";
-      # Always installed; wanted at boot only in the single layout. `pdserve cutover` switches now.
-      ${names.fallback} = worker // atBoot "single";
-    };
+    if multiHost d then
+      # Only this host's units; a multi-host file has no fallback, so they are the PD layout's.
+      lib.mapAttrs (_: role: (if role == "router" then { } else worker) // atBoot "pd") (hostUnitsOf d)
+    else
+      {
+        ${names.prefill} = worker // atBoot "pd";
+        ${names.decode} = worker // atBoot "pd";
+        ${names.router} = atBoot "pd";
+        # Always installed; wanted at boot only in the single layout. `pdserve cutover` switches now.
+        ${names.fallback} = worker // atBoot "single";
+      };
 
   # Across deployments, checked here at evaluation (before anything builds) so the message can name
   # the option to change; `pdserve check` of all deployments (checkedDeployments) holds the same rule
@@ -293,10 +329,17 @@ let
   listenersOf =
     attrName: d:
     map
-      (field: {
-        inherit attrName field;
-        port = lib.getAttrFromPath (lib.splitString "." field) d.settings;
-      })
+      (
+        field:
+        let
+          port = lib.getAttrFromPath (lib.splitString "." field) d.settings;
+        in
+        {
+          inherit attrName field port;
+          first = port;
+          last = port;
+        }
+      )
       (
         [
           "prefill.port"
@@ -310,15 +353,29 @@ let
           && d.settings.fallback.port != d.settings.router.port
         ) "fallback.port"
       );
-  allListeners = lib.concatLists (lib.mapAttrsToList listenersOf cfg.deployments);
-  takenPorts = map (l: l.port) allListeners;
-  # The first port above `port` that no deployment uses: what the messages suggest.
-  freePortFrom = port: if lib.elem port takenPorts then freePortFrom (port + 1) else port;
+  allListeners = lib.concatLists (
+    lib.mapAttrsToList (attrName: d: if multiHost d then placedListenersOf attrName d else listenersOf attrName d) cfg.deployments
+  );
+  # A multi-host file's listeners on this host (pdserve.schema.listeners.listeners_on, through derived.nix):
+  # each with the port range it binds and the hosts that must reach it.
+  hostListenersOf = d: derived.hostListeners schema d.settings cfg.host;
+  placedListenersOf =
+    attrName: d:
+    map (l: {
+      inherit attrName;
+      inherit (l) field first last;
+      port = l.first;
+    }) (hostListenersOf d);
+  overlaps = a: b: a.first <= b.last && b.first <= a.last;
+
+  # The first port above `port` that no deployment's listener (a port or a range) holds: what the messages suggest.
+  freePortFrom =
+    port: if lib.any (l: overlaps l { first = port; last = port; }) allListeners then freePortFrom (port + 1) else port;
   portCollisions = lib.concatLists (
     lib.imap0 (
       i: l:
       let
-        earlier = lib.findFirst (o: o.port == l.port && o.attrName != l.attrName) null (lib.take i allListeners);
+        earlier = lib.findFirst (o: overlaps o l && o.attrName != l.attrName) null (lib.take i allListeners);
       in
       lib.optional (earlier != null) {
         assertion = false;
@@ -334,7 +391,7 @@ let
   # One message per deployment whose units another deployment (earlier in attribute order) has.
   deploymentUnits = lib.mapAttrsToList (attrName: d: {
     inherit attrName;
-    units = lib.attrValues (unitNames d);
+    units = lib.attrNames (hostUnitsOf d);
   }) cfg.deployments;
   unitCollisions = lib.concatLists (
     lib.imap0 (
@@ -354,6 +411,38 @@ let
       }
     ) deploymentUnits
   );
+
+  # The worker ports this host's multi-host deployments listen on, each opened to the cluster addresses of
+  # the hosts that must reach it and to no other (NixOS' firewall refuses every port it does not allow).
+  # `pdserve render --host` writes the same rules as nftables for hosts without NixOS.
+  firewallRules = lib.concatMap (
+    d:
+    map (l: {
+      inherit (l) first last purpose;
+      deployment = d.settings.name;
+      sources = map (host: d.settings.hosts.${host}.address) l.reached_from;
+    }) (lib.filter (l: l.worker_port && l.reached_from != [ ]) (hostListenersOf d))
+  ) (lib.filter multiHost deployments);
+  isIPv6 = lib.hasInfix ":";
+  nftRule =
+    r:
+    let
+      ports = if r.first == r.last then toString r.first else "${toString r.first}-${toString r.last}";
+      family = name: addresses: lib.optional (addresses != [ ]) "${name} saddr { ${lib.concatStringsSep ", " addresses} } tcp dport ${ports} accept";
+    in
+    [ "# pdserve ${r.deployment}: ${r.purpose}" ]
+    ++ family "ip" (lib.filter (a: !isIPv6 a) r.sources)
+    ++ family "ip6" (lib.filter isIPv6 r.sources);
+  iptablesRule =
+    r:
+    let
+      ports = if r.first == r.last then toString r.first else "${toString r.first}:${toString r.last}";
+    in
+    [ "# pdserve ${r.deployment}: ${r.purpose}" ]
+    ++ map (
+      a: "${if isIPv6 a then "ip6tables" else "iptables"} -A nixos-fw -p tcp -s ${a} --dport ${ports} -j nixos-fw-accept"
+    ) r.sources;
+  nftables = config.networking.nftables.enable;
 
   users = lib.unique (map (d: d.settings.systemd.user) deployments);
   groups = lib.unique (map (d: d.settings.systemd.group) deployments);
@@ -375,6 +464,18 @@ in
         An environment whose `bin/python` has sglang, sglang-router and NIXL (pdserve's flake builds
         it from pkg/sglang-env/uv.lock: `pdserve.packages.x86_64-linux.sglang-env`). Kept apart from
         `package` so torch never enters the orchestrator's closure.
+      '';
+    };
+
+    host = mkOption {
+      type = types.str;
+      default = config.networking.hostName;
+      defaultText = literalExpression "config.networking.hostName";
+      example = "node-a";
+      description = ''
+        This machine's name among the `[hosts]` of the multi-host deployments: of each, only the units
+        placed on it are installed (`pdserve render --host`), and the firewall opens their ports to the
+        hosts that must reach them and to no other. Single-host deployments (no `[hosts]`) ignore it.
       '';
     };
 
@@ -495,6 +596,14 @@ in
             '';
           }
           {
+            assertion = multiHost d -> lib.elem cfg.host (derived.hostNames d.settings);
+            message = ''
+              ${at} is a multi-host deployment of the hosts ${lib.concatStringsSep ", " (derived.hostNames d.settings)},
+              and services.pdserve.host = "${cfg.host}" is none of them. Write services.pdserve.host = "${lib.head (derived.hostNames d.settings ++ [ "" ])}";
+              (this machine's name among the deployment's [hosts]; it defaults to networking.hostName).
+            '';
+          }
+          {
             assertion = d.apiKeyFile == null || lib.hasPrefix "/" d.apiKeyFile;
             message = ''
               ${at}.apiKeyFile = "${toString d.apiKeyFile}" is not an absolute path. Write the full
@@ -526,6 +635,21 @@ in
             ''
         ) cfg.deployments
       )
+      ++ lib.concatLists (
+        lib.mapAttrsToList (
+          attrName: d:
+          lib.optional (multiHost d && lib.elem cfg.host (derived.hostNames d.settings) && hostUnitsOf d == { }) ''
+            services.pdserve: deployment ${attrName} places no server and no router on host ${cfg.host}, so
+            nothing of it is installed here. Place something on it, or drop the deployment from this host.
+          ''
+        ) cfg.deployments
+      )
+      ++ lib.optional (firewallRules != [ ] && !config.networking.firewall.enable) ''
+        services.pdserve: networking.firewall.enable is false, so every host that reaches this one can use
+        the worker ports of ${lib.concatStringsSep ", " (lib.unique (map (r: r.deployment) firewallRules))}, which bypass the
+        router's API key; with the firewall on they are open only to the hosts that must reach them.
+        Write networking.firewall.enable = true;
+      ''
       # Set by hand on a host that does not run the service: the wiring would go nowhere.
       ++ lib.optional (cfg.monitoring.prometheus.enable && monitored != [ ] && !config.services.prometheus.enable) ''
         services.pdserve.monitoring.prometheus.enable adds scrape jobs and alert rules, but
@@ -567,11 +691,21 @@ in
     );
     users.groups = lib.mkIf cfg.createUsers (lib.genAttrs groups (_: { }));
 
-    systemd.packages = map renderedUnits deployments;
+    # A multi-host deployment that places nothing here has nothing to install (a warning says so).
+    systemd.packages = map renderedUnits (lib.filter (d: hostUnitsOf d != { }) deployments);
     systemd.services = lib.mkMerge (map unitsOf deployments);
 
     networking.firewall.allowedTCPPorts = lib.mkMerge (
-      map (d: lib.mkIf d.openFirewall [ d.settings.router.port ]) deployments
+      map (d: lib.mkIf (d.openFirewall && lib.elem "router" (lib.attrValues (hostUnitsOf d))) [
+        d.settings.router.port
+      ]) deployments
+    );
+
+    networking.firewall.extraInputRules = lib.mkIf (nftables && firewallRules != [ ]) (
+      lib.concatStringsSep "\n" (lib.concatMap nftRule firewallRules)
+    );
+    networking.firewall.extraCommands = lib.mkIf (!nftables && firewallRules != [ ]) (
+      lib.concatStringsSep "\n" (lib.concatMap iptablesRule firewallRules)
     );
 
     # Into a Prometheus and a Grafana the host runs, never turning either on (the options above).

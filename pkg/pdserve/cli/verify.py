@@ -4,6 +4,7 @@ verifier itself broke."""
 
 from __future__ import annotations
 
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -14,9 +15,12 @@ from rich.console import Console
 
 from pdserve.cli.exits import Exit
 from pdserve.cli.options import config_option, load_or_exit, seconds_option
+from pdserve.probes import net
 from pdserve.verify import report
 from pdserve.verify.expect import expectations
-from pdserve.verify.runner import CHECKS, Context, Options, SelectionError, run, select
+from pdserve.verify.here import HostChoiceError, choose_host
+from pdserve.verify.hosts import checks_for
+from pdserve.verify.runner import Context, Options, SelectionError, run, select
 
 
 def _tokens(values: tuple[str, ...]) -> list[str]:
@@ -39,25 +43,41 @@ def _tokens(values: tuple[str, ...]) -> list[str]:
                    "Default: model.context_length, else 65536.")
 @click.option("--api-key-file", metavar="FILE", type=click.Path(dir_okay=False), default=None,
               help="Read the router's API key from this file instead of router.api_key_file.")
+@click.option("--host", "host", metavar="NAME", default=None,
+              help="Multi-host deployments: the host this run stands on, whose host-local checks (units, journal, "
+                   "GPUs, NUMA, ports) it makes; the other hosts' are skipped, naming the host to run them on. "
+                   "Default: the host whose cluster address this machine has, else the router's host.")
 @click.option("--schema", "print_schema", is_flag=True, help="Print the JSON Schema of the --json report and exit.")
-@click.option("--list", "list_checks", is_flag=True, help="List the check ids and exit.")
+@click.option("--list", "list_checks", is_flag=True, help="List the check ids of the deployment and exit.")
 def verify(config_path: Path | None, as_json: bool, only: tuple[str, ...], skip: tuple[str, ...], wait: float,
            interval: float, probe_timeout: float, chat_timeout: float, kv_floor: int | None,
-           api_key_file: str | None, print_schema: bool, list_checks: bool) -> None:
+           api_key_file: str | None, host: str | None, print_schema: bool, list_checks: bool) -> None:
     """Prove the running deployment works: units, router, KV capacity, GPUs, NUMA, end to end, exposure, versions."""
     if print_schema:
         click.echo(report.to_json(report.json_schema()))
         return
-    if list_checks:
-        click.echo("\n".join(CHECKS))
-        return
-    loaded = load_or_exit(config_path)
+    loaded = load_or_exit(config_path, print_warnings=not list_checks)
+    dep = loaded.deployment
     try:
-        plan = select(list(CHECKS), _tokens(only), _tokens(skip))
+        here = choose_host(dep, host, net.host_addresses() if dep.multi_host and host is None else [])
+    except HostChoiceError as exc:
+        raise click.UsageError(str(exc)) from None
+    exp = expectations(dep, kv_floor, here.host)
+    checks = checks_for(exp)
+    if list_checks:
+        click.echo("\n".join(checks))
+        return
+    try:
+        plan = select(list(checks), _tokens(only), _tokens(skip))
     except SelectionError as exc:
         raise click.UsageError(str(exc)) from None
+    rerun = "pdserve verify" + (f" -c {shlex.quote(str(config_path))}" if config_path else "")
+    if dep.multi_host:
+        Console(stderr=True).print(f"verifying {dep.name} from host {here.host} ({here.why})", style="dim",
+                                   soft_wrap=True)
     try:
-        code = _verify(loaded, plan, as_json, wait, interval, probe_timeout, chat_timeout, kv_floor, api_key_file)
+        code = _verify(loaded, exp, checks, plan, here.host, rerun, as_json, wait, interval, probe_timeout,
+                       chat_timeout, api_key_file)
     except Exception as exc:  # noqa: BLE001 - the contract is exit 3, with the reason, not a traceback
         click.echo(f"pdserve verify: internal error: {type(exc).__name__}: {exc}; this is a bug in pdserve",
                    err=True)
@@ -65,9 +85,10 @@ def verify(config_path: Path | None, as_json: bool, only: tuple[str, ...], skip:
     raise SystemExit(code)
 
 
-def _verify(loaded, plan, as_json, wait, interval, probe_timeout, chat_timeout, kv_floor, api_key_file) -> int:
+def _verify(loaded, exp, checks, plan, here, rerun, as_json, wait, interval, probe_timeout, chat_timeout,
+            api_key_file) -> int:
     dep = loaded.deployment
-    options = Options(probe_timeout=probe_timeout, chat_timeout=chat_timeout, api_key_file=api_key_file)
+    options = Options(probe_timeout=probe_timeout, chat_timeout=chat_timeout, api_key_file=api_key_file, rerun=rerun)
     started = time.monotonic()
     err = Console(stderr=True)
 
@@ -75,9 +96,10 @@ def _verify(loaded, plan, as_json, wait, interval, probe_timeout, chat_timeout, 
         err.print(f"waiting: {len(pending)} failing ({', '.join(pending)}); {remaining:.0f} s left", style="dim")
 
     with httpx.Client(timeout=probe_timeout) as client:
-        ctx = Context(dep, expectations(dep, kv_floor), options, client)
-        results, broken = run(ctx, plan, wait=wait, interval=interval, on_retry=on_retry)
-    data = report.build(dep.name, loaded.source, results, broken, int((time.monotonic() - started) * 1000))
+        ctx = Context(dep, exp, options, client, here=here)
+        results, broken = run(ctx, plan, wait=wait, interval=interval, checks=checks, on_retry=on_retry)
+    data = report.build(dep.name, loaded.source, results, broken, int((time.monotonic() - started) * 1000),
+                        here or None)
     if as_json:
         click.echo(report.to_json(data))
     else:

@@ -9,7 +9,7 @@ sent (the metrics checks compare the counters after them with these).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import httpx
 
@@ -20,6 +20,7 @@ from pdserve.probes.observations import HttpObs, Unavailable
 from pdserve.probes.systemctl import Systemctl, SystemctlError, UnitState, service, unavailable_reason
 from pdserve.render.argv import API_KEY_CREDENTIAL
 from pdserve.schema.config import Deployment
+from pdserve.schema.topology import IMPLIED_HOST
 from pdserve.verify.expect import Expectations, WorkerExpectation
 
 JOURNAL_LINES = 15
@@ -30,6 +31,7 @@ class Options:
     probe_timeout: float = 10.0
     chat_timeout: float = 180.0
     api_key_file: str | None = None  # overrides router.api_key_file for reading the key
+    rerun: str = "pdserve verify"  # the command line a host-local check of another host names
 
 
 @dataclass
@@ -39,6 +41,9 @@ class Context:
     options: Options
     client: httpx.Client
     systemctl: Systemctl | None = None  # None: this host's systemctl, bounded by the probe timeout
+    # The host this run stands on: its host-local checks (systemd, the journal, NVML, processes, NUMA)
+    # are made; another host's are skipped naming it (pdserve.verify.hosts). IMPLIED_HOST on one host.
+    here: str = IMPLIED_HOST
     _systemd_reason: str | None = field(default=None, init=False)
     _systemd_checked: bool = field(default=False, init=False)
     # Set by the runner when a selected check compares counters before and after the end-to-end checks.
@@ -49,6 +54,10 @@ class Context:
     def __post_init__(self) -> None:
         if self.systemctl is None:
             self.systemctl = Systemctl(timeout=self.options.probe_timeout)
+
+    def local(self) -> Expectations:
+        """The expectations with only the worker processes of this host (on one host: all of them)."""
+        return replace(self.exp, workers=self.exp.on(self.here))
 
     def systemd_reason(self) -> str | None:
         if not self._systemd_checked:

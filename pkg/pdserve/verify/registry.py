@@ -37,7 +37,7 @@ def _unit_check(role: str) -> Check:
 # ---- router
 def _workers_health(ctx: Context) -> dict[str, HttpObs]:
     """Each worker's own /health, read directly: the router's view may be a health check old."""
-    return {role: ctx.get(f"{w.url}/health") for role, w in ctx.exp.workers.items()}
+    return {key: ctx.get(f"{w.url}/health") for key, w in ctx.exp.servers.items()}
 
 
 def _router_readiness(ctx: Context) -> CheckResult:
@@ -63,7 +63,8 @@ def _kv_check(role: str) -> Check:
         info = ctx.get(f"{w.url}/server_info")
         journal = None
         has_capacity = info.ok and isinstance(info.body, dict) and "max_total_num_tokens" in info.body
-        if not has_capacity and not ctx.systemd_reason():
+        # The journal is the server's host's: from another host only /server_info can say.
+        if not has_capacity and ctx.here == w.on_host and not ctx.systemd_reason():
             journal = ctx.grep_journal(w.unit, "max_total_num_tokens=")
         return servers.check_kv(ctx.exp, w, info, journal)
     return run
@@ -111,17 +112,19 @@ def _kernels_check(role: str) -> Check:
 
 
 # ---- GPUs
+# NVML and the processes are this host's: the checks judge the workers placed here (on one host: all).
 def _gpu_memory(ctx: Context) -> CheckResult:
-    return gpu.check_memory(ctx.exp, nvml.read_gpus())
+    return gpu.check_memory(ctx.local(), nvml.read_gpus())
 
 
 def _gpu_processes(ctx: Context) -> CheckResult:
     gpus = nvml.read_gpus()
     on_gpus = {pid for g in gpus for pid in g.pids}
-    trees = {role: ctx.worker_pids(w) for role, w in ctx.exp.workers.items()}
-    owners = gpu.trace_owners(ctx.exp, gpus, {pid: cgroups.unit_of(pid) for pid in on_gpus},
+    here = ctx.local()
+    trees = {key: ctx.worker_pids(w) for key, w in here.workers.items()}
+    owners = gpu.trace_owners(here, gpus, {pid: cgroups.unit_of(pid) for pid in on_gpus},
                               {pid: procs.command(pid) for pid in on_gpus}, trees)
-    return gpu.check_processes(ctx.exp, gpus, owners)
+    return gpu.check_processes(here, gpus, owners)
 
 
 # ---- NUMA
@@ -179,7 +182,8 @@ def _before(ctx: Context, role: str) -> MetricsObs | None:
 def _kv_transfer_failures(ctx: Context) -> CheckResult:
     if not ctx.e2e_requests:
         return metrics.check_transfer_failures(ctx.exp, {}, 0)
-    readings = {role: (_before(ctx, role), ctx.metrics(role)) for role in metrics.TRANSFER_ROLES}
+    # Every prefill and decode server counts failures (SGLang's prefill.py and decode.py).
+    readings = {key: (_before(ctx, key), ctx.metrics(key)) for key in ctx.exp.servers}
     return metrics.check_transfer_failures(ctx.exp, readings, ctx.e2e_requests)
 
 
@@ -191,10 +195,11 @@ def _router_requests(ctx: Context) -> CheckResult:
 
 # ---- exposure
 def _exposure_ports(ctx: Context) -> CheckResult:
-    exp = ctx.exp
+    exp = ctx.local()
     addresses = net.host_addresses()
-    targets = [(w.port, f"{role} port") for role, w in exp.workers.items()]
-    targets.append((exp.bootstrap_port, "prefill bootstrap port"))
+    listening = {key: w for key, w in exp.workers.items() if w.serves_http}
+    targets = [(w.port, f"{key} port") for key, w in listening.items()]
+    targets += [(w.bootstrap_port, f"{key} bootstrap port") for key, w in listening.items() if w.bootstrap_port]
     results = [net.probe(a, port, what, min(ctx.options.probe_timeout, 2.0)) for a in addresses for port, what in targets]
     return exposure.check_ports(exp, addresses, results)
 

@@ -49,6 +49,8 @@ class Report(_Strict):
     schema_version: Literal[1]
     deployment: str
     source: str
+    host: str | None = Field(None, description="Multi-host deployments: the host this run stood on, whose "
+                             "host-local checks it made (the others' are skipped, naming their host)")
     ok: bool = Field(description="No check failed and the verifier did not break")
     exit_code: Literal[0, 1, 3]
     duration_ms: int = Field(ge=0)
@@ -63,13 +65,15 @@ def exit_code(results: list[CheckResult], broken: list[str]) -> int:
     return EXIT_FAILED if any(r.status is Status.FAIL for r in results) else EXIT_OK
 
 
-def build(deployment: str, source: str, results: list[CheckResult], broken: list[str], duration_ms: int) -> dict:
+def build(deployment: str, source: str, results: list[CheckResult], broken: list[str], duration_ms: int,
+          host: str | None = None) -> dict:
     counts = {s.value: sum(r.status is s for r in results) for s in Status}
     code = exit_code(results, broken)
     data = {
         "schema_version": SCHEMA_VERSION,
         "deployment": deployment,
         "source": source,
+        **({"host": host} if host else {}),
         "ok": code == EXIT_OK,
         "exit_code": code,
         "duration_ms": duration_ms,
@@ -100,7 +104,8 @@ def _deselected(check: dict) -> bool:
 
 
 def print_table(console: Console, data: dict) -> None:
-    table = Table(title=f"pdserve verify: {data['deployment']} ({data['source']})", expand=True)
+    on = f" on host {data['host']}" if data.get("host") else ""
+    table = Table(title=f"pdserve verify: {data['deployment']} ({data['source']}){on}", expand=True)
     table.add_column("check", no_wrap=True)
     table.add_column("status", no_wrap=True)
     table.add_column("observed", ratio=3)

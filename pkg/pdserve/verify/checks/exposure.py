@@ -10,7 +10,11 @@ LOOPBACK = {"127.0.0.1", "::1", "localhost"}
 
 
 def check_ports(exp: Expectations, addresses: list[str], probes: list[PortProbe]) -> CheckResult:
+    """exp: this host's workers. On one host they listen on loopback; on several, each listens on its host's
+    cluster address (where the router and its peers reach it; the firewall decides who may) and nowhere else."""
     cid = "exposure.ports"
+    if exp.multi_host:
+        return _check_cluster_ports(exp, addresses, probes)
     expected = "worker and bootstrap ports refuse connections on every non-loopback address"
     if not addresses:
         return skipped(cid, "this host has no non-loopback address to test from", expected)
@@ -20,7 +24,7 @@ def check_ports(exp: Expectations, addresses: list[str], probes: list[PortProbe]
     if not open_:
         return passed(cid, observed, expected)
     allowed = {w.port for w in exp.workers.values() if w.allow_non_loopback}
-    if exp.workers["prefill"].allow_non_loopback:
+    if any(w.role == "prefill" and w.allow_non_loopback for w in exp.workers.values()):
         allowed.add(exp.bootstrap_port)
     unexpected = [p for p in open_ if p.port not in allowed]
     if unexpected:
@@ -31,6 +35,25 @@ def check_ports(exp: Expectations, addresses: list[str], probes: list[PortProbe]
     return warned(cid, observed, expected,
                   "allow_non_loopback is set: anyone who reaches these ports bypasses the router's API key; "
                   "restrict them with a firewall")
+
+
+def _check_cluster_ports(exp: Expectations, addresses: list[str], probes: list[PortProbe]) -> CheckResult:
+    cid = "exposure.ports"
+    expected = ("worker and bootstrap ports answer on this host's cluster address only (its firewall limits who "
+                "reaches them there); every other address refuses")
+    if not exp.workers:
+        return skipped(cid, "no server runs on this host", expected)
+    on_cluster = {(w.host, port) for w in exp.workers.values() for port in (w.port, w.bootstrap_port) if port}
+    open_ = [p for p in probes if p.reachable]
+    observed = (f"tried {len(probes)} address:port pairs on {', '.join(addresses) or 'no address'}; "
+                + (", ".join(f"{p.what} open on {p.address}:{p.port}" for p in open_) or "none reachable"))
+    elsewhere = [p for p in open_ if (p.address, p.port) not in on_cluster]
+    if elsewhere:
+        return failed(cid, observed, expected,
+                      "a server listens on more than its host's cluster address (a wildcard or another interface): "
+                      "set its host to the cluster address (or leave it unset: it defaults to it), re-render and "
+                      "restart it", [f"{p.what} {p.port} reachable at {p.address}" for p in elsewhere])
+    return passed(cid, observed, expected)
 
 
 def check_auth(exp: Expectations, obs: AuthObs | None, key_error: str | None = None) -> CheckResult:

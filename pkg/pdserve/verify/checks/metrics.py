@@ -17,7 +17,6 @@ from pdserve.verify.result import CheckResult, failed, passed, skipped, warned
 
 WORKER_FAMILIES = (m.RUNNING, m.QUEUED, m.TOKEN_USAGE, m.GEN_THROUGHPUT, *m.GPU_MEMORY_PARTS_GB, m.STARTUP_TIME)
 ROUTER_FAMILIES = (m.ROUTER_WORKER_HEALTH, m.ROUTER_HTTP_REQUESTS)
-TRANSFER_ROLES = ("prefill", "decode")  # both count failures (SGLang's prefill.py and decode.py)
 CHAT_PATH = "/v1/chat/completions"
 
 
@@ -102,7 +101,7 @@ def check_transfer_failures(exp: Expectations, readings: dict[str, tuple[Metrics
             went_back.append(role)
     observed = f"over {requests} requests: " + "; ".join(parts)
     if increased:
-        units = " -u ".join(exp.workers[r].unit for r in TRANSFER_ROLES)
+        units = " -u ".join(exp.workers[r].unit for r in readings)
         return failed(cid, observed, expected,
                       f"KV transfers from prefill to decode failed ({', '.join(increased)}): `journalctl -u {units}` "
                       f"names the room and the reason; check transfer.backend and transfer.ib_devices, and that the "

@@ -11,9 +11,9 @@ LOCAL_SHARE = 0.90  # of a process's resident pages on its node; a few shared-li
 
 
 def check_numa(w: WorkerExpectation, node_cpus: frozenset[int] | None, procs: list[ProcNuma]) -> CheckResult:
-    cid = f"numa.{w.role}"
+    cid = f"numa.{w.id}"
     if w.numa_node is None:
-        return skipped(cid, f"{w.role}.numa_node is not set, so no binding is expected")
+        return skipped(cid, f"{w.field}.numa_node is not set, so no binding is expected")
     if node_cpus is None:
         return skipped(cid, f"NUMA node {w.numa_node} is unknown on this host (no "
                             f"/sys/devices/system/node/node{w.numa_node})")

@@ -8,14 +8,15 @@ describe a worker that is already down.
 from __future__ import annotations
 
 from pdserve.probes.observations import HttpObs
-from pdserve.probes.router import PD_WORKER_COUNT, worker_counts
+from pdserve.probes.router import worker_counts
 from pdserve.verify.expect import Expectations
 from pdserve.verify.result import CheckResult, failed, passed
 
 
 def check_readiness(exp: Expectations, readiness: HttpObs, workers_health: dict[str, HttpObs]) -> CheckResult:
     cid = "router.readiness"
-    expected = f"{exp.router_url}/readiness: 200 with {PD_WORKER_COUNT}/{PD_WORKER_COUNT} workers healthy"
+    count = len(exp.servers)  # one prefill and one decode on one host; every server of a multi-host file
+    expected = f"{exp.router_url}/readiness: 200 with {count}/{count} workers healthy"
     if readiness.status is None:
         return failed(cid, readiness.describe(), expected,
                       f"the router is not listening: `systemctl status {exp.router_unit}`; "
@@ -28,7 +29,7 @@ def check_readiness(exp: Expectations, readiness: HttpObs, workers_health: dict[
         observed = f"/readiness {readiness.status}, {healthy}/{total} workers healthy"
     down = {role: obs for role, obs in workers_health.items() if not obs.ok}
     details = [f"{role} /health: {obs.describe()}" for role, obs in workers_health.items()]
-    if readiness.status == 200 and healthy == total == PD_WORKER_COUNT:
+    if readiness.status == 200 and healthy == total == count:
         if not down:
             return passed(cid, observed, expected)
         return failed(cid, f"{observed} by the router's last health check, but {_down(down)}", expected,
@@ -42,7 +43,8 @@ def check_readiness(exp: Expectations, readiness: HttpObs, workers_health: dict[
                       "; sglang-router 0.3.2 stops trying to register workers after --worker-startup-timeout-secs: "
                       f"if they come up later, `systemctl restart {exp.router_unit}`",
                       details)
-    return failed(cid, f"{observed}, although both workers answer /health 200", expected,
+    every = "both workers answer" if count == 2 else f"all {count} workers answer"
+    return failed(cid, f"{observed}, although {every} /health 200", expected,
                   f"the router did not (yet) register its workers: sglang-router 0.3.2 gives up after "
                   f"--worker-startup-timeout-secs and never picks them up later; "
                   f"`systemctl restart {exp.router_unit}` now that the workers are ready", details)
@@ -62,10 +64,7 @@ def _stale_view_fix(exp: Expectations, down: dict[str, HttpObs]) -> str:
 
 def check_workers(exp: Expectations, workers: HttpObs, workers_health: dict[str, HttpObs] | None = None) -> CheckResult:
     cid = "router.workers"
-    want = {
-        exp.workers["prefill"].url: ("prefill", exp.bootstrap_port),
-        exp.workers["decode"].url: ("decode", None),
-    }
+    want = {w.url: (w.role, w.bootstrap_port if w.role == "prefill" else None) for w in exp.servers.values()}
     expected = "; ".join(f"{kind} {url}" + (f" bootstrap {port}" if port else "")
                          for url, (kind, port) in want.items())
     if not workers.ok or not isinstance(workers.body, dict):

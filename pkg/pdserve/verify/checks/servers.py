@@ -21,7 +21,7 @@ def capacity_from_journal(lines: list[str]) -> int | None:
 
 
 def check_kv(exp: Expectations, w: WorkerExpectation, info: HttpObs, journal: list[str] | None) -> CheckResult:
-    cid = f"kv.{w.role}"
+    cid = f"kv.{w.id}"
     expected = f"max_total_num_tokens >= {exp.kv_floor} (floor; --kv-floor)"
     tokens, source = None, ""
     if info.ok and isinstance(info.body, dict) and isinstance(info.body.get("max_total_num_tokens"), int):
@@ -39,7 +39,7 @@ def check_kv(exp: Expectations, w: WorkerExpectation, info: HttpObs, journal: li
     observed = f"{tokens} tokens (from {source})"
     if tokens < exp.kv_floor:
         return failed(cid, observed, expected,
-                      f"raise {w.role}.mem_fraction_static (now {w.mem_fraction_static:g}), lower "
+                      f"raise {w.field}.mem_fraction_static (now {w.mem_fraction_static:g}), lower "
                       f"max_running_requests or the CUDA graph batch sizes, or use a smaller kv_cache_dtype; "
                       f"a KV pool below the floor cannot hold one full request")
     return passed(cid, observed, expected)
@@ -52,7 +52,7 @@ def _parser(info: dict, model_info: dict | None, key: str):
 
 
 def check_server_args(exp: Expectations, w: WorkerExpectation, info: HttpObs, model_info: HttpObs) -> CheckResult:
-    cid = f"server.{w.role}"
+    cid = f"server.{w.id}"
     want: dict[str, object] = {"disaggregation_mode": w.mode, "tp_size": w.tp_size,
                                "mem_fraction_static": w.mem_fraction_static}
     if exp.context_length:

@@ -17,7 +17,7 @@ def _against_pin(cid: str, package: str, found: object, pinned: str, source: str
 
 
 def check_version(exp: Expectations, w: WorkerExpectation, info: HttpObs) -> CheckResult:
-    cid = f"versions.{w.role}"
+    cid = f"versions.{w.id}"
     if not info.ok or not isinstance(info.body, dict):
         return skipped(cid, f"no /server_info from the {w.role} server ({info.describe()})",
                        f"sglang {exp.sglang_version} (pdserve.schema.pins)")
