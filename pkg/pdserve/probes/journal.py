@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pdserve.probes.observations import Unavailable
@@ -59,17 +60,19 @@ class InvocationScan:
     incomplete: str | None = None
 
 
-def grep_invocation(invocation_id: str, needle: str, timeout: float, max_lines: int = 1_000_000) -> InvocationScan:
+def grep_invocation(invocation_id: str, needle: str, timeout: float, max_lines: int = 1_000_000,
+                    command: Sequence[str] = ("journalctl",)) -> InvocationScan:
     """Lines of the invocation systemd calls `invocation_id` (`systemctl show -p InvocationID`) that contain
     `needle`, read from its first line: what a server logged when it started stays readable however long it
     ran (grep_journal reads the tail). Every process of the unit writes to the stream journald tags with the
     invocation, so the lines of SGLang's scheduler processes are here too. Unavailable when journalctl is
-    missing or fails before printing anything; a scan cut short by `timeout` or `max_lines` keeps its lines."""
+    missing or fails before printing anything; a scan cut short by `timeout` or `max_lines` keeps its lines.
+    `command`: a prefix ending in journalctl (the container tier's nsenter), like probes.systemctl's."""
     if not _INVOCATION_ID.fullmatch(invocation_id):
         raise ValueError(f"not a systemd invocation id: {invocation_id!r}")
-    if shutil.which("journalctl") is None:
-        raise Unavailable("journalctl is not on PATH")
-    argv = ["journalctl", f"_SYSTEMD_INVOCATION_ID={invocation_id}", "-o", "cat", "--no-pager"]
+    if shutil.which(command[0]) is None:
+        raise Unavailable(f"{command[0]} is not on PATH")
+    argv = [*command, f"_SYSTEMD_INVOCATION_ID={invocation_id}", "-o", "cat", "--no-pager"]
     try:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace")
     except OSError as exc:
