@@ -96,7 +96,7 @@ def check_kernels(asked: KernelsAsked, state: UnitState | None, log: KernelLog |
         if state.active_state != "active":
             # The plugin logs while the model loads; the unit is active only once the server is ready.
             return failed(cid, f"{state.describe()}, not ready yet: {observed}", expected,
-                          f"wait for {asked.unit} to be ready (pdserve verify --wait)", details)
+                          f"wait for {asked.unit} to be ready (pdserve verify --wait SECONDS)", details)
         return failed(cid, observed, expected, f"{asked.unit} is ready but the plugin did not report: "
                       f"{PLUGIN_FIX}; then restart {asked.unit}", details)
     observed = f"pdserve's kernels on all {asked.tp_size} TP rank(s)"
