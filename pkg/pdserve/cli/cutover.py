@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 import click
 
+from pdserve.cli.exits import Exit
 from pdserve.cli.options import config_option, load_or_exit
 from pdserve.cutover.machine import Cutover
 from pdserve.cutover.plan import Plan, plan_for
@@ -93,7 +94,11 @@ def report_lines(report: Report) -> list[str]:
               "exit 4 (state unknown) when what is running cannot be read.")
 @click.option("--systemctl", "systemctl_command", metavar="COMMAND", default="systemctl", show_default=True,
               help="systemctl command to drive, e.g. 'systemctl --root=...' or a wrapper that enters a container.")
-def cutover_command(target: str, config_path: Path | None, as_json: bool, dry_run: bool, systemctl_command: str) -> None:
+@click.option("--host", "host", metavar="NAME", default=None,
+              help="Multi-host deployments: the host this runs on; only its units are cut over (default: the host "
+                   "whose cluster address this machine has). The order across hosts: --dry-run.")
+def cutover_command(target: str, config_path: Path | None, as_json: bool, dry_run: bool, systemctl_command: str,
+                    host: str | None) -> None:
     """Move the deployment to TARGET (pd or single) with a way back: stop, start, wait ready, smoke, enable.
 
     Boot links change only where this host lets them be written (not on NixOS); either way the report
@@ -105,10 +110,17 @@ def cutover_command(target: str, config_path: Path | None, as_json: bool, dry_ru
 
     loaded = load_or_exit(config_path, print_warnings=False)  # the report carries them
     dep = loaded.deployment
-    plan = plan_for(dep, target, [p.line() for p in loaded.warnings], loaded.source)  # type: ignore[arg-type]
+    warnings = [p.line() for p in loaded.warnings]
+    if dep.multi_host:
+        plan = _host_plan_or_exit(dep, target, host, dry_run, as_json, config_path, warnings, loaded.source)
+    elif host is not None:
+        raise click.UsageError(f"--host {host}: deployment {dep.name} describes one host (no [hosts]); leave it out")
+    else:
+        plan = plan_for(dep, target, warnings, loaded.source)  # type: ignore[arg-type]
     command = shlex.split(systemctl_command)
     edge = HostEdge(dep, plan, Systemctl(command), acts_locally(command))
-    machine = Cutover(plan, edge, probers(plan))
+    # One host of several probes the public port only where its router runs.
+    machine = Cutover(plan, edge, probers(plan) if not plan.host or plan.fronts["pd"] else [])
     with termination_interrupts():
         report = machine.dry_run() if dry_run else machine.run()
     if as_json:
@@ -117,3 +129,37 @@ def cutover_command(target: str, config_path: Path | None, as_json: bool, dry_ru
         click.echo("\n".join(report_lines(report)))
     if report.outcome not in DRY_RUNS or report.exit_code:
         raise SystemExit(report.exit_code)
+
+
+def _host_plan_or_exit(dep, target: str, host: str | None, dry_run: bool, as_json: bool, config_path: Path | None,
+                       warnings: list[str], source: str) -> Plan:
+    """One host's plan of a multi-host cutover; or the order across hosts and the exit, when this run
+    cannot act (no fallback to cut over to; no host named and none with this machine's address)."""
+    from dataclasses import asdict
+
+    from pdserve.cutover.hosts import NO_FALLBACK, UnknownHost, host_plan, order, order_lines, this_host
+    from pdserve.probes import net
+
+    config = str(config_path) if config_path else "FILE"
+    if target == "single":
+        click.echo(f"pdserve cutover single: {NO_FALLBACK}", err=True)
+        raise SystemExit(Exit.PROBLEMS)
+    try:
+        here = this_host(dep, host, net.host_addresses() if host is None else [])
+    except UnknownHost as exc:
+        raise click.UsageError(str(exc)) from None
+    if here is None or (dry_run and host is None):
+        refused = here is None and not dry_run
+        if as_json:
+            click.echo(json.dumps({"schema_version": SCHEMA_VERSION, "deployment": dep.name, "target": "pd",
+                                   "outcome": "refused-by-preflight" if refused else "dry-run",
+                                   "order": [asdict(step) for step in order(dep, config)]}, indent=2))
+        else:
+            click.echo("\n".join(order_lines(dep, config)))
+            if here is None:
+                click.echo(f"no host of {dep.name} has this machine's address: pass --host NAME (one of "
+                           f"{', '.join(dep.hosts)}) to cut over that host's units here; nothing was changed")
+        raise SystemExit(Exit.PROBLEMS if refused else Exit.OK)
+    if dry_run and not as_json:
+        click.echo("\n".join(order_lines(dep, config)))
+    return host_plan(dep, here, warnings, source)

@@ -85,18 +85,22 @@ PD_SMOKE_CHECKS = ("router.readiness", "router.workers", "e2e.chat")
 
 
 def smoke_verify(dep: Deployment, checks: Sequence[str] = PD_SMOKE_CHECKS,
-                 probe_timeout: float = 10.0, chat_timeout: float = SMOKE_TIMEOUT_SEC) -> Check:
-    """Run a subset of the verifier's checks; pass when none fails (a skip names its reason)."""
+                 probe_timeout: float = 10.0, chat_timeout: float = SMOKE_TIMEOUT_SEC, here: str = "") -> Check:
+    """Run a subset of the verifier's checks (from host `here` of a multi-host deployment); pass when none
+    fails (a skip names its reason)."""
     import httpx
 
     from pdserve.verify.expect import expectations
+    from pdserve.verify.hosts import checks_for
     from pdserve.verify.result import Status
-    from pdserve.verify.runner import CHECKS, Context, Options, run, select
+    from pdserve.verify.runner import Context, Options, run, select
 
-    plan = select(list(CHECKS), list(checks), [])
+    exp = expectations(dep, here=here)
+    registry = checks_for(exp)
+    plan = select(list(registry), list(checks), [])
     options = Options(probe_timeout=probe_timeout, chat_timeout=chat_timeout)
     with httpx.Client(timeout=probe_timeout) as client:
-        results, errors = run(Context(dep, expectations(dep), options, client), plan)
+        results, errors = run(Context(dep, exp, options, client, here=here), plan, checks=registry)
     chosen = [r for r in results if plan[r.id] is None]
     bad = [r for r in chosen if r.status is Status.FAIL]
     summary = "; ".join(f"{r.id} {r.status}: {r.observed}" for r in chosen)
@@ -138,6 +142,8 @@ class HostEdge:
         return unit_files(self.local, states)
 
     def smoke(self, layout: Layout) -> Check:
+        if layout == "pd" and self.plan.host:
+            return smoke_verify(self.dep, self.plan.smoke_checks, here=self.plan.host)
         if layout == "pd":
             return smoke_verify(self.dep)
         # The verifier's checks describe the PD layout; the fallback gets one chat through its own address.

@@ -36,6 +36,8 @@ class Plan:
     source: str = "the deployment file"  # where the deployment was loaded from
     nixos_change: str = ""  # the NixOS option line that declares `target` as the boot layout
     workers_in_turn: bool = False  # prefill and decode share GPUs: the decode unit is After= the prefill
+    host: str = ""  # a multi-host deployment's host whose units these are (pdserve.cutover.hosts); "" on one host
+    smoke_checks: tuple[str, ...] = ()  # that host's smoke test: verify check ids run from it
 
     def units(self, layout: Layout) -> tuple[str, ...]:
         return self.workers[layout] + self.fronts[layout]
@@ -109,12 +111,19 @@ def preview(plan: Plan, running: Sequence[str] | None, serving: Sequence[str] = 
     ]
     if plan.fronts[t]:
         steps.append(("start router", f"{', '.join(plan.fronts[t])} (<= {plan.front_deadline:g} s)"))
+    if plan.smoke_checks:
+        smoke = f"pdserve verify --host {plan.host} --only {','.join(plan.smoke_checks)}"
+    elif t == "pd":
+        smoke = f"pdserve verify --only router.readiness,router.workers,e2e.chat through {plan.public_url[t]}"
+    else:
+        smoke = f"chat completion through {plan.public_url[t]}"
+    others = plan.units(plan.other)
     steps += [
-        ("smoke test", (f"pdserve verify --only router.readiness,router.workers,e2e.chat through {plan.public_url[t]}"
-                        if t == "pd" else f"chat completion through {plan.public_url[t]}")),
-        ("enable at boot", f"link {', '.join(plan.units(t))} into {plan.wanted_by}; disable "
-                           f"{', '.join(plan.units(plan.other))}; where the unit directory is read-only (NixOS) "
-                           f"leave it and name the boot_layout line (declared now: {plan.declared})"),
+        ("smoke test", smoke),
+        ("enable at boot", f"link {', '.join(plan.units(t))} into {plan.wanted_by}"
+                           + (f"; disable {', '.join(others)}" if others else "")
+                           + "; where the unit directory is read-only (NixOS) leave it and name the boot_layout line "
+                           f"(declared now: {plan.declared})"),
         ("on failure: roll back", f"stop {', '.join(plan.units(t))}; start {bring_back}; smoke test"),
     ]
     return steps
