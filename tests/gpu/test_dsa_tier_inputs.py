@@ -221,11 +221,18 @@ def _attention_logit_spread(weights: dict, c: dict, tokens: int = 1024) -> tuple
     return logits.std(dim=-1).mean().item(), peak
 
 
-def test_weights_make_attention_far_from_uniform():
+@pytest.fixture(scope="module")
+def fp32_weights():
+    """The seed-0 weights, as the model file holds them (bf16), widened to fp32 for the CPU references."""
+    require_or_skip(importlib.util.find_spec("torch") is not None, "torch is not installed", "PDSERVE_REQUIRE_PARSERS")
+    return {s.name: make_tensor(s, 0).float() for s in checkpoint_spec(CONFIG)}
+
+
+def test_weights_make_attention_far_from_uniform(fp32_weights):
     import torch
 
     specs = {s.name: s for s in checkpoint_spec(CONFIG) if ".layers.0." in s.name or "embed" in s.name}
-    weights = {name: make_tensor(s, 0).float() for name, s in specs.items()}
+    weights = {name: fp32_weights[name] for name in specs}
     std, peak = _attention_logit_spread(weights, CONFIG)
     # SGLang's dummy weights, uniform(-1e-3, 1e-3), for contrast.
     g = torch.Generator().manual_seed(1234)
@@ -235,6 +242,64 @@ def test_weights_make_attention_far_from_uniform():
           f"(dummy weights: std {dummy_std:.2g}, top weight {dummy_peak:.2f}x uniform)")
     assert std > 1.5 and peak > 20  # most weight on few keys: which keys the top-k keeps matters
     assert dummy_std < 0.01 and dummy_peak < 1.1
+
+
+def _reference_next_token_logprobs(weights: dict, c: dict, ids: list[int]):
+    """An fp32 dense reference of the whole model (NeoX rope on the rope dims, no top-k, no FP8): the
+    log-softmax over the vocabulary after the last of `ids`."""
+    import torch
+
+    heads, nope, rope, vd, kvlr = (c["num_attention_heads"], c["qk_nope_head_dim"], c["qk_rope_head_dim"],
+                                   c["v_head_dim"], c["kv_lora_rank"])
+    t = len(ids)
+    inv = 1.0 / (c["rope_theta"] ** (torch.arange(0, rope, 2).float() / rope))
+    freqs = torch.arange(t)[:, None].float() * inv[None]
+    cos, sin = freqs.cos(), freqs.sin()
+
+    def rotate(x):
+        x1, x2 = x[..., : rope // 2], x[..., rope // 2:]
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
+
+    mscale = 0.1 * math.log(c["rope_scaling"]["factor"]) + 1.0
+    scale = (nope + rope) ** -0.5 * mscale * mscale
+    causal = torch.triu(torch.ones(t, t, dtype=torch.bool), 1)
+    h = weights["model.embed_tokens.weight"][torch.tensor(ids)]
+    for i in range(c["num_hidden_layers"]):
+        p, a = f"model.layers.{i}", f"model.layers.{i}.self_attn"
+        x = _rms_norm(h, weights[f"{p}.input_layernorm.weight"])
+        q = _rms_norm(x @ weights[f"{a}.q_a_proj.weight"].T, weights[f"{a}.q_a_layernorm.weight"])
+        q = (q @ weights[f"{a}.q_b_proj.weight"].T).view(t, heads, nope + rope).transpose(0, 1)
+        kv_a = x @ weights[f"{a}.kv_a_proj_with_mqa.weight"].T
+        c_kv = _rms_norm(kv_a[:, :kvlr], weights[f"{a}.kv_a_layernorm.weight"])
+        kv = (c_kv @ weights[f"{a}.kv_b_proj.weight"].T).view(t, heads, nope + vd).transpose(0, 1)
+        logits = scale * (q[..., :nope] @ kv[..., :nope].transpose(1, 2) + rotate(q[..., nope:]) @ rotate(kv_a[:, kvlr:]).T)
+        o = torch.softmax(logits.masked_fill(causal, float("-inf")), -1) @ kv[..., nope:]
+        h = h + o.transpose(0, 1).reshape(t, heads * vd) @ weights[f"{a}.o_proj.weight"].T
+        x = _rms_norm(h, weights[f"{p}.post_attention_layernorm.weight"])
+        gate, up = x @ weights[f"{p}.mlp.gate_proj.weight"].T, x @ weights[f"{p}.mlp.up_proj.weight"].T
+        h = h + (torch.nn.functional.silu(gate) * up) @ weights[f"{p}.mlp.down_proj.weight"].T
+    return torch.log_softmax(_rms_norm(h[-1], weights["model.norm.weight"]) @ weights["lm_head.weight"].T, -1)
+
+
+def test_next_token_depends_on_the_context(fp32_weights):
+    import random
+
+    import torch
+
+    weights = fp32_weights
+    rng = random.Random(4)
+    last = 123
+    a = [rng.randrange(5, 468) for _ in range(63)] + [last]
+    b = [rng.randrange(5, 468) for _ in range(63)] + [last]
+    la, lb = _reference_next_token_logprobs(weights, CONFIG, a), _reference_next_token_logprobs(weights, CONFIG, b)
+    tv = 0.5 * (la.exp() - lb.exp()).abs().sum().item()
+    top = la.topk(5).values.tolist()
+    print(f"\nsame last token, different contexts: total variation {tv:.2f} between next-token distributions; "
+          f"top-5 logprobs {[round(x, 2) for x in top]}")
+    # The context moves the next-token distribution a lot (total variation is at most 1).
+    assert tv > 0.2
+    assert top[0] - top[-1] > 0.5 and top[0] > -4.0  # a peaked distribution, not uniform (log 1/468 = -6.1)
+    assert torch.isfinite(la).all()
 
 
 # --- the driver ----------------------------------------------------------------------------------------
