@@ -190,3 +190,10 @@ def test_server_names_give_unique_units():
     data["prefill"][0]["name"] = "decode-1"
     problem = one(problems_of(data), "decode[0].name")
     assert "gives unit sglang-dsv4-decode-1.service, which prefill[0] already has" in problem.message
+
+
+def test_monitoring_is_refused_on_several_hosts_until_it_renders_per_host():
+    data = two_host()
+    data["monitoring"] = {"enable": True}
+    problem = one(problems_of(data), "monitoring.enable")
+    assert "not supported for a multi-host deployment yet" in problem.message

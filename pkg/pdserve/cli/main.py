@@ -27,7 +27,7 @@ from pdserve.cli.options import (
     tool_overrides,
 )
 from pdserve.render.renderable import load_renderable
-from pdserve.schema.config import ROLES, Deployment
+from pdserve.schema.config import ROLES
 from pdserve.schema.loading import json_schema
 from pdserve.schema.problems import ConfigError, Problem, errors
 
@@ -68,27 +68,34 @@ def main() -> None:
 @main.command(short_help="Show what would run: topology, commands, environment, units.")
 @config_option
 @click.option("--json", "as_json", is_flag=True, help="The same content as JSON, for machines.")
+@click.option("--host", "host", metavar="NAME", help="Multi-host deployments: the host whose plan to show.")
 @tool_options
-def plan(config_path: Path | None, as_json: bool, sglang_python: str | None, numactl: str | None,
+def plan(config_path: Path | None, as_json: bool, host: str | None, sglang_python: str | None, numactl: str | None,
          pdserve: str | None) -> None:
     """Show what would run: topology, exact commands, environment and unit files.
 
     On a terminal: tables and panels. Piped or redirected: plain shell to copy from (each command quoted
     so the shell gives back its exact argv, the environment as KEY=value lines, the unit files as
-    here-documents, the rest as # comments). --json: the same content for machines.
+    here-documents, the rest as # comments). --json: the same content for machines. A multi-host
+    deployment is shown one host at a time (--host), its firewall ruleset included.
     """
-    from pdserve.render.plan import plain_text, plan_data, print_rich
+    from pdserve.render.firewall import render_firewall
+    from pdserve.render.host_units import render_host_units
+    from pdserve.render.plan import host_plan_data, plain_text, plan_data, print_rich
     from pdserve.render.toolchain import preview_toolchain
     from pdserve.render.units import render_units
 
     loaded = load_or_exit(config_path)
     dep = loaded.deployment
+    chosen = chosen_host(dep, host)
     tools, notes = preview_toolchain(dep, tool_overrides(sglang_python, numactl, pdserve))
+    runtime = default_config_path(dep, Path("/etc/systemd/system"))
     try:
-        units = render_units(dep, tools, default_config_path(dep, Path("/etc/systemd/system")))
+        units = render_host_units(dep, chosen, tools, runtime) if chosen else render_units(dep, tools, runtime)
     except ConfigError as exc:  # e.g. a previewed tool path systemd cannot execute
         exit_with(exc.problems)
-    data = plan_data(dep, tools, units, notes, loaded.source)
+    data = (host_plan_data(dep, chosen, tools, units, notes, loaded.source, render_firewall(dep, chosen)) if chosen
+            else plan_data(dep, tools, units, notes, loaded.source))
     if as_json:
         click.echo(json.dumps(data, indent=2))
     elif sys.stdout.isatty():
@@ -157,73 +164,6 @@ def _check_across(paths: list[Path | None]) -> list[Problem]:
     return validate_across(deployments)
 
 
-def default_config_path(dep: Deployment, out: Path) -> str:
-    return str((out / f"pdserve-{dep.name}.json").absolute())
-
-
-def _render(config_path: Path | None, out_dir: Path, runtime_config: str | None,
-            overrides: dict[str, str | None]) -> None:
-    from pdserve.render.toolchain import resolve_toolchain
-    from pdserve.render.units import render_units
-
-    dep = load_or_exit(config_path).deployment
-    target_config = runtime_config or default_config_path(dep, out_dir)
-    try:
-        tools = resolve_toolchain(dep, overrides)
-        units = render_units(dep, tools, target_config)
-    except ConfigError as exc:
-        exit_with(exc.problems)
-    # Write everything to temporary names first, then rename: a failed render leaves nothing half written.
-    out_dir.mkdir(parents=True, exist_ok=True)
-    files = {unit.filename: unit.text for unit in units}
-    files[f"pdserve-{dep.name}.json"] = dep.model_dump_json(indent=2) + "\n"
-    files.update(_monitoring_files(dep))
-    staged = []
-    try:
-        for name, text in files.items():
-            final = out_dir / name
-            final.parent.mkdir(parents=True, exist_ok=True)
-            tmp = final.with_name(f".{final.name}.pdserve-tmp")
-            tmp.write_text(text, encoding="utf-8")
-            staged.append((tmp, final))
-    except OSError as exc:
-        for tmp, _ in staged:
-            tmp.unlink(missing_ok=True)
-        click.echo(f"error: cannot write into {out_dir}: {exc.strerror}; fix: choose a writable --out", err=True)
-        raise SystemExit(Exit.PROBLEMS) from None
-    for tmp, final in staged:
-        tmp.replace(final)
-        click.echo(str(final))
-
-
-def _monitoring_files(dep: Deployment) -> dict[str, str]:
-    """monitoring/<file> -> text when the deployment turns monitoring on (pdserve.render.monitoring)."""
-    if not dep.monitoring.enable:
-        return {}
-    from pdserve.render.monitoring import SUBDIR, monitoring_files
-
-    return {f"{SUBDIR}/{name}": text for name, text in monitoring_files(dep).items()}
-
-
-@main.command("render", short_help="Write the unit files and the deployment JSON they read.")
-@config_option
-@click.option("--out", "out_dir", required=True, metavar="DIR", type=click.Path(path_type=Path, file_okay=False),
-              help="Directory for the unit files (e.g. /etc/systemd/system).")
-@click.option("--config-path", "runtime_config", metavar="PATH",
-              help="Where the units read the deployment at run time (default: the pdserve-<name>.json written into --out).")
-@tool_options
-def render_command(config_path: Path | None, out_dir: Path, runtime_config: str | None,
-                   sglang_python: str | None, numactl: str | None, pdserve: str | None) -> None:
-    """Write the unit files and the deployment JSON they read; nothing is written if anything is wrong.
-
-    With monitoring.enable, also DIR/monitoring/: prometheus-scrape.yml (scrape_configs), prometheus.yml
-    (a whole configuration around them), alerts.yml (rules) and dashboard.json (Grafana).
-
-    Refuses without an SGLang Python (tools.sglang_python, tools.sglang_venv or --sglang-python).
-    """
-    _render(config_path, out_dir, runtime_config, tool_overrides(sglang_python, numactl, pdserve))
-
-
 @main.command(short_help="Print the deployment's JSON Schema.")
 def schema() -> None:
     """Print the deployment's JSON Schema."""
@@ -236,7 +176,10 @@ def schema() -> None:
 @seconds_option("--timeout", 600.0, 0, "Seconds to wait before giving up.")
 @seconds_option("--interval", 2.0, 0.05, "Seconds between probes.")
 @seconds_option("--probe-timeout", 10.0, 0.1, "Seconds each HTTP request may take.")
-def wait_ready(role: str, config_path: Path | None, timeout: float, interval: float, probe_timeout: float) -> None:
+@click.option("--server", metavar="NAME", help="Multi-host deployments: which of the role's servers (prefill-1, "
+              "decode-2, ...); it is reached at its host's cluster address.")
+def wait_ready(role: str, config_path: Path | None, timeout: float, interval: float, probe_timeout: float,
+               server: str | None) -> None:
     """Wait until ROLE (prefill, decode, router or fallback) answers as ready; exit 1 with the last state
     seen when the deadline passes."""
     import httpx
@@ -245,17 +188,29 @@ def wait_ready(role: str, config_path: Path | None, timeout: float, interval: fl
     from pdserve.schema.derived import unit_name
 
     dep = load_or_exit(config_path).deployment
+    unit = f"sglang-{dep.name}-{server}" if server and role != "router" else unit_name(dep, role)
     with httpx.Client(timeout=probe_timeout) as client:
+        try:
+            probe = probe_for(dep, role, client, server)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--server") from None
         result = wait_until_ready(
-            probe_for(dep, role, client), timeout, interval,
-            on_change=lambda o: click.echo(f"{role}: {o.state}", err=True),
+            probe, timeout, interval,
+            on_change=lambda o: click.echo(f"{server or role}: {o.state}", err=True),
         )
     if result.ready:
-        click.echo(f"{unit_name(dep, role)} ready: {result.state}")
+        click.echo(f"{unit} ready: {result.state}")
         return
-    click.echo(f"error: {unit_name(dep, role)} not ready after {timeout:g} s; last state: {result.state}; "
-               f"fix: read `journalctl -u {unit_name(dep, role)}`", err=True)
+    where = " on its host" if dep.multi_host else ""
+    click.echo(f"error: {unit} not ready after {timeout:g} s; last state: {result.state}; "
+               f"fix: read `journalctl -u {unit}`{where}", err=True)
     raise SystemExit(Exit.PROBLEMS)
+
+
+# `pdserve render` (pdserve.cli.render).
+from pdserve.cli.render import chosen_host, default_config_path, render_command  # noqa: E402
+
+main.add_command(render_command)
 
 
 # `pdserve cutover pd|single` (pkg/pdserve/cutover/).

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 import httpx
 
 from pdserve.probes import http
-from pdserve.probes.router import PD_WORKER_COUNT, worker_counts
+from pdserve.probes.router import worker_counts
 from pdserve.schema.config import Deployment, Role
 from pdserve.schema.derived import disaggregation_mode, role_url
+from pdserve.schema.topology import server_named, servers
 
 
 @dataclass(frozen=True)
@@ -103,10 +104,20 @@ def router_observation(client: httpx.Client, base_url: str, expected_workers: in
     )
 
 
-def probe_for(dep: Deployment, role: Role, client: httpx.Client) -> Probe:
-    url = role_url(dep, role)
+def probe_for(dep: Deployment, role: Role, client: httpx.Client, server: str | None = None) -> Probe:
+    """The readiness probe of a role, or of the named server (a multi-host deployment has several per role;
+    a gate on another host reaches it at its cluster address). The router counts every server."""
     if role == "router":
-        return lambda: router_observation(client, url, PD_WORKER_COUNT)
+        url, expected = role_url(dep, "router"), len(servers(dep))
+        return lambda: router_observation(client, url, expected)
+    if server is not None or dep.multi_host:
+        placed = server_named(dep, server or "")
+        if placed is None or placed.role != role:
+            names = ", ".join(s.name for s in servers(dep, role))
+            raise ValueError(f"deployment {dep.name} has no {role} server named {server!r}; its {role} servers: {names}")
+        url = placed.url
+    else:
+        url = role_url(dep, role)
     mode = disaggregation_mode(role)
     return lambda: worker_observation(client, url, mode)
 

@@ -6,13 +6,13 @@ lines from here, so there is exactly one place that decides what SGLang and the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pdserve.render.toolchain import Toolchain
 from pdserve.schema.config import ROLES, Deployment, Role, ServerSpec
 from pdserve.schema.derived import listen_address, role_url, router_shutdown_grace, unit_name, url_of
 from pdserve.schema.fields import DSA_KERNELS_ENV
-from pdserve.schema.topology import Node, host_address, servers
+from pdserve.schema.topology import Node, host_address, nodes_on, router_hosts, router_unit, server_unit, servers
 
 # Name of the systemd credential that carries the API key (LoadCredential=<name>:<file>).
 API_KEY_CREDENTIAL = "api-key"
@@ -216,4 +216,29 @@ def launch(dep: Deployment, role: Role, tools: Toolchain) -> Launch:
 
 
 def launches(dep: Deployment, tools: Toolchain) -> dict[Role, Launch]:
+    """A single-host file's four processes (host_launches: one host of a multi-host file)."""
     return {role: launch(dep, role, tools) for role in ROLES}
+
+
+def node_launch(dep: Deployment, node: Node, tools: Toolchain) -> Launch:
+    """One node of a PD server. Workers never hold the API key: only the router and the fallback do."""
+    server = node.server
+    numa = server.spec.numa_node
+    binding = NumaBinding(numa, numa) if numa is not None else None
+    prefix = [tools.numactl, *binding.numactl_args()] if binding else []
+    # Node 0 serves the API; the others only SGLang's health-only server, on their own address.
+    url = server.url if node.rank == 0 else url_of(host_address(dep, node.host) or server.listen_host, server.port)
+    return Launch(
+        role=server.role, unit=server_unit(dep, node),
+        argv=tuple(prefix + [tools.sglang_python, "-m", "sglang.launch_server", *node_args(dep, node)]),
+        env=environment(dep, server.role, server.spec), numa=binding, url=url, credentials={},
+        server=server.name, node_rank=node.rank,
+    )
+
+
+def host_launches(dep: Deployment, host: str, tools: Toolchain) -> list[Launch]:
+    """The processes one host of a multi-host deployment runs: its server nodes, then its router."""
+    found = [node_launch(dep, node, tools) for node in nodes_on(dep, host)]
+    if host in router_hosts(dep):
+        found.append(replace(launch(dep, "router", tools), unit=router_unit(dep, host)))
+    return found

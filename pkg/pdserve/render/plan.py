@@ -18,11 +18,12 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
-from pdserve.render.argv import Launch, launches
+from pdserve.render.argv import Launch, host_launches, launches
 from pdserve.render.toolchain import Toolchain
 from pdserve.render.units import Unit
 from pdserve.schema.boot import wanted_at_boot
 from pdserve.schema.config import Deployment, Role
+from pdserve.schema.topology import server_named
 
 SCHEMA_VERSION = 1
 # Ends each unit's here-document. No unit line can equal it: every line is a [section], a Key=value
@@ -45,6 +46,41 @@ def _role_data(dep: Deployment, role: Role, run: Launch) -> dict[str, Any]:
         "env": dict(sorted(run.env.items())),
         # credential name -> host file; the process reads $CREDENTIALS_DIRECTORY/<name> (LoadCredential=).
         "credentials": dict(run.credentials),
+    }
+
+
+def _node_data(dep: Deployment, run: Launch) -> dict[str, Any]:
+    """_role_data of one process of a multi-host file's host: a server node, or the router."""
+    server = server_named(dep, run.server) if run.server else None
+    spec = server.spec if server else None
+    return {
+        "role": run.role, "server": run.server, "node_rank": run.node_rank, "unit": run.unit,
+        "wanted_at_boot": wanted_at_boot(dep, run.role), "url": run.url,
+        "gpus": list(spec.gpus) if spec else [],
+        "tensor_parallel": spec.tensor_parallel if spec else None,
+        "mem_fraction_static": spec.mem_fraction_static if spec else None,
+        "numa": {"cpu_node": run.numa.cpu_node, "memory_node": run.numa.memory_node} if run.numa else None,
+        "argv": list(run.argv), "env": dict(sorted(run.env.items())), "credentials": dict(run.credentials),
+    }
+
+
+def _process_key(run: Launch) -> str:
+    if run.server is None:
+        return run.role
+    return run.server if run.node_rank == 0 else f"{run.server} node {run.node_rank}"
+
+
+def host_plan_data(dep: Deployment, host: str, tools: Toolchain, units: list[Unit], notes: list[str],
+                   source: str, firewall: str) -> dict[str, Any]:
+    """plan_data of one host of a multi-host deployment: its processes (keyed by server, or "router"),
+    its units and its firewall ruleset."""
+    return {
+        "schema_version": SCHEMA_VERSION, "deployment": dep.name, "host": host, "source": source,
+        "model": dep.model.served_name or dep.model.path,
+        "roles": {_process_key(run): _node_data(dep, run) for run in host_launches(dep, host, tools)},
+        "units": {unit.filename: unit.text for unit in units},
+        "firewall": firewall,
+        "notes": list(notes),
     }
 
 
@@ -100,7 +136,8 @@ def environment_lines(env: dict[str, str]) -> list[str]:
 def plain_text(data: dict[str, Any]) -> str:
     """The plan as shell a person can copy from: commands and KEY=value lines run as shown, the rest
     is comments. Not meant to be piped into sh: each command runs a server in the foreground."""
-    lines = [f"# pdserve plan of deployment {data['deployment']} ({data['model']}), from {data['source']}",
+    where = f", host {data['host']}" if data.get("host") else ""
+    lines = [f"# pdserve plan of deployment {data['deployment']}{where} ({data['model']}), from {data['source']}",
              "# Each command runs one server in the foreground: copy what you need; this is no script to run whole."]
     rows = [_COLUMNS, *_topology_rows(data)]
     widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
@@ -117,11 +154,17 @@ def plain_text(data: dict[str, Any]) -> str:
     for filename, text in data["units"].items():
         lines += ["", f"# --- unit file {filename} ---", f"cat > {shlex.quote(filename)} <<'{HEREDOC_END}'",
                   text.rstrip("\n"), HEREDOC_END]
+    if data.get("firewall"):
+        # No ruleset line equals HEREDOC_END: each is a comment, a rule, a brace or empty (render.firewall).
+        name = f"pdserve-{data['deployment']}-firewall.nft"
+        lines += ["", f"# --- firewall {name} (nftables: load with nft -f) ---",
+                  f"cat > {shlex.quote(name)} <<'{HEREDOC_END}'", data["firewall"].rstrip("\n"), HEREDOC_END]
     return "\n".join(lines) + "\n"
 
 
 def topology_table(data: dict[str, Any]) -> Table:
-    table = Table(title=f"deployment {data['deployment']}: {data['model']}", title_justify="left")
+    where = f" on host {data['host']}" if data.get("host") else ""
+    table = Table(title=f"deployment {data['deployment']}{where}: {data['model']}", title_justify="left")
     for column in _COLUMNS:
         table.add_column(column, overflow="fold")
     for row in _topology_rows(data):
@@ -147,3 +190,5 @@ def print_rich(console: Console, data: dict[str, Any]) -> None:
         console.print(launch_panel(role, item))
     for filename, text in data["units"].items():
         console.print(Panel(Syntax(text, "ini", word_wrap=True), title=filename, title_align="left"))
+    if data.get("firewall"):
+        console.print(Panel(Text(data["firewall"]), title="firewall (nftables)", title_align="left"))

@@ -8,6 +8,7 @@ with every PD unit; the API key arrives through LoadCredential=. The sandbox is 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pdserve.render.argv import Launch, launches
@@ -111,8 +112,22 @@ def _unit_section(dep: Deployment, role: Role, description: str) -> Section:
 
 
 def _service_section(dep: Deployment, launch: Launch, config_path: str, tools: Toolchain) -> Section:
+    start_timeout = ROUTER_START_TIMEOUT_SEC if launch.role == "router" else dep.systemd.start_timeout_sec
+    ready = [tools.pdserve, "wait-ready", launch.role, "--config", config_path,
+             "--timeout", str(max(start_timeout - READY_MARGIN_SEC, 1))]
+    gates = []
+    if launch.role == "router":
+        # By the time this runs (After=) both workers' starts have ended, ready or failed: the gate only
+        # confirms, so it is short. sglang-router 0.3.2 never registers a worker it found down at start.
+        gates = [[tools.pdserve, "wait-ready", worker, "--config", config_path, "--timeout", str(WORKER_GATE_SEC),
+                  "--interval", "0.5"] for worker in ("prefill", "decode")]
+    return service_section(dep, launch, tools, start_timeout=start_timeout, gates=gates, ready=ready)
+
+
+def service_section(dep: Deployment, launch: Launch, tools: Toolchain, *, start_timeout: int,
+                    gates: list[list[str]], ready: list[str]) -> Section:
+    """[Service] of any unit: `gates` run as ExecStartPre=, `ready` as ExecStartPost= (After= means ready)."""
     sd = dep.systemd
-    start_timeout = ROUTER_START_TIMEOUT_SEC if launch.role == "router" else sd.start_timeout_sec
     state = f"pdserve/{dep.name}"
     entries: Section = [
         # Type=exec: the unit fails at once if the binary cannot be executed; readiness is ExecStartPost's job.
@@ -133,14 +148,7 @@ def _service_section(dep: Deployment, launch: Launch, config_path: str, tools: T
     entries += [("Environment", environment_line(k, v)) for k, v in sorted(launch.env.items())]
     entries += [("LoadCredential", systemd_syntax.credential_value(name, path))
                 for name, path in sorted(launch.credentials.items())]
-    ready = [tools.pdserve, "wait-ready", launch.role, "--config", config_path,
-             "--timeout", str(max(start_timeout - READY_MARGIN_SEC, 1))]
-    if launch.role == "router":
-        # By the time this runs (After=) both workers' starts have ended, ready or failed: the gate only
-        # confirms, so it is short. sglang-router 0.3.2 never registers a worker it found down at start.
-        entries += [("ExecStartPre", command_line(
-            [tools.pdserve, "wait-ready", worker, "--config", config_path, "--timeout", str(WORKER_GATE_SEC),
-             "--interval", "0.5"])) for worker in ("prefill", "decode")]
+    entries += [("ExecStartPre", command_line(gate)) for gate in gates]
     entries += [
         ("ExecStart", command_line(launch.argv)),
         ("ExecStartPost", command_line(ready)),
@@ -159,20 +167,24 @@ def _service_section(dep: Deployment, launch: Launch, config_path: str, tools: T
     return entries + sandbox(launch.role)
 
 
-def render_unit(dep: Deployment, launch: Launch, config_path: str, tools: Toolchain) -> Unit:
-    header = (
+def unit_header(dep: Deployment) -> str:
+    return (
         f"Rendered by pdserve from deployment {dep.name!r}. Do not edit: change the deployment and\n"
         "render again (NixOS: override with systemd.services.<name>.* drop-ins)."
     )
+
+
+def render_unit(dep: Deployment, launch: Launch, config_path: str, tools: Toolchain) -> Unit:
+    header = unit_header(dep)
     sections = [
         ("Unit", _unit_section(dep, launch.role, _describe(dep, launch))),
         ("Service", _service_section(dep, launch, config_path, tools)),
     ]
-    sections += _install_sections(dep, launch.role)
+    sections += install_sections(dep, launch.role)
     return Unit(launch.unit, render_ini(sections, header))
 
 
-def _install_sections(dep: Deployment, role: Role) -> list[tuple[str, Section]]:
+def install_sections(dep: Deployment, role: Role) -> list[tuple[str, Section]]:
     """[Install] only on the units of the declared boot layout (`boot_layout`): `systemctl enable` of
     all four units then links in exactly that layout, and a unit of the other layout has nothing to
     enable (systemd calls it "static"). `pdserve cutover` changes what runs; this decides what boots."""
@@ -184,11 +196,17 @@ def _install_sections(dep: Deployment, role: Role) -> list[tuple[str, Section]]:
 def render_units(dep: Deployment, tools: Toolchain, config_path: str) -> list[Unit]:
     """All four units, or a ConfigError naming the input that cannot be rendered exactly (the loader
     refuses such deployment values first; the config path and the tool paths come from flags too)."""
+    return exactly(config_path, lambda: [render_unit(dep, launch, config_path, tools)
+                                         for launch in launches(dep, tools).values()])
+
+
+def exactly(config_path: str, render: Callable[[], list[Unit]]) -> list[Unit]:
+    """`render()`'s units, or one ConfigError: a config path or a value systemd could not carry exactly."""
     problem = systemd_syntax.text_problem(config_path) or systemd_syntax.path_length_problem(config_path)
     if problem:
         raise ConfigError([Problem("--config-path", config_path, problem, systemd_syntax.TEXT_FIX)], "render")
     try:
-        return [render_unit(dep, launch, config_path, tools) for launch in launches(dep, tools).values()]
+        return render()
     except systemd_syntax.Unrepresentable as exc:
         # Only reachable with a deployment that bypassed loading (or a pdserve bug): nothing is written.
         raise ConfigError([Problem("(rendering)", None, str(exc), "fix the value named in the message")], "render") from None

@@ -61,7 +61,13 @@ def multi_host_shape(dep: Deployment) -> Iterator[Problem]:
         yield Problem("fallback", "(a table)", "is the single-server layout of one host; a multi-host deployment "
                       "has none (its servers span hosts, and `pdserve cutover` cannot fold them onto one)",
                       "remove [fallback]")
-    elif dep.boot_layout == "single":
+    if dep.monitoring.enable:
+        # pdserve.render.monitoring scrapes one host's prefill, decode and fallback; per-host targets are not
+        # rendered yet, and a half-right scrape config would hide the hosts it misses.
+        yield Problem("monitoring.enable", True, "is not supported for a multi-host deployment yet: the rendered "
+                      "scrape jobs, alerts and dashboard cover one host's servers", "set monitoring.enable = false "
+                      "and scrape each server's /metrics (its cluster address and port) from your own Prometheus")
+    if dep.fallback is None and dep.boot_layout == "single":
         yield Problem("boot_layout", "single", "boots the single-server fallback, which a multi-host deployment "
                       "has none of", "set boot_layout = \"pd\" or remove it")
 
