@@ -193,6 +193,29 @@ def test_file_bytes_are_the_seeded_tensors(model_dir):
     assert not torch.equal(make_tensor(spec, 0), make_tensor(spec, 1))
 
 
+def test_real_safetensors_and_transformers_read_the_directory(model_dir):
+    """Where the Hugging Face libraries are importable (not in the CI venv: its tokenizers and
+    huggingface_hub are newer than transformers 5.12.1 accepts), they read what the device's SGLang
+    will: the config through SGLang's alias of DeepseekV3Config, every tensor through safetensors."""
+    have = all(importlib.util.find_spec(m) is not None for m in ("safetensors", "transformers"))
+    require_or_skip(have, "safetensors and transformers are not installed here (the device run checks with them: "
+                    "tiny_dsa_model.py --check)", "PDSERVE_REQUIRE_HF_LIBS")
+    from safetensors import safe_open
+    from transformers import DeepseekV3Config
+
+    class DeepseekV32Alias(DeepseekV3Config):  # as sglang/srt/utils/hf_transformers/common.py registers it
+        model_type = "deepseek_v32"
+
+    config = DeepseekV32Alias.from_pretrained(str(model_dir))
+    assert (config.index_topk, config.index_n_heads, config.index_head_dim) == (2048, 64, 128)
+    assert (config.q_lora_rank, config.kv_lora_rank, config.first_k_dense_replace) == (1536, 512, 2)
+    specs = {s.name: s for s in checkpoint_spec(json.loads((model_dir / "config.json").read_text()))}
+    with safe_open(str(model_dir / "model.safetensors"), framework="pt") as f:
+        assert set(f.keys()) == set(specs)
+        t = f.get_tensor("model.layers.1.self_attn.indexer.k_norm.bias")
+        assert t.equal(make_tensor(specs["model.layers.1.self_attn.indexer.k_norm.bias"], 0))
+
+
 def _rms_norm(x, w, eps=1e-6):
     return x * (x.pow(2).mean(-1, keepdim=True) + eps).rsqrt() * w
 
