@@ -24,6 +24,19 @@ done
 echo "staged: $(ls "$staged" | wc -l) wheels, $(du -sh "$staged" | cut -f1)"
 [ "${1:-run}" = stage ] && exit 0
 [ "${1:-}" = run ] && shift
+# A fresh machine has lost what earlier calls staged: say so before installing half a set.
+missing=$(python3 - "$staged" <<'EOF_PY'
+import sys
+from pathlib import Path
+sys.path.insert(0, ".")
+from tests.gpu.wheelhouse import PINS, _pin_name, dsa_pins
+have = {w.name.split("-", 1)[0].lower() for w in Path(sys.argv[1]).glob("*.whl")}
+print(" ".join(p for p in (_pin_name(line) for line in dsa_pins(PINS.read_text()).splitlines()) if p not in have))
+EOF_PY
+)
+if [ -n "$missing" ]; then
+  echo "not staged: $missing (stage .whl/dsa/c1..c3 on this machine first)"; exit 1
+fi
 
 site=/tmp/pdserve-dsa-site
 plugin=()
