@@ -78,8 +78,11 @@ fi
 
 model=/tmp/pdserve-dsa-model
 if [ ! -f "$model/model.safetensors" ]; then
-  python3 tests/gpu/dsa/tiny_dsa_model.py "$model" --check 2>&1 | tee "$out/model.log"
-  [ "${PIPESTATUS[0]}" = 0 ] || { echo "model writing or its check failed"; rm -rf "$model"; exit 1; }
+  # Written beside and renamed when checked, so an interrupted call leaves no half-written model behind.
+  rm -rf "$model.tmp"
+  python3 tests/gpu/dsa/tiny_dsa_model.py "$model.tmp" --check 2>&1 | tee "$out/model.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || { echo "model writing or its check failed"; exit 1; }
+  rm -rf "$model" && mv "$model.tmp" "$model"
 fi
 [ $# -gt 0 ] || set -- --phase compare --kernels both
 timeout "${DSA_TIMEOUT:-540}" python3 tests/gpu/dsa/compare.py --model "$model" --out "$out" "$@" 2>&1 \
