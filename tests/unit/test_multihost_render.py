@@ -208,3 +208,33 @@ def test_plan_per_host():
     assert data["roles"]["decode-1 node 1"]["tensor_parallel"] == 16
     assert list(data["units"]) == ["sglang-dsv4-decode-1-node1.service"] and "table inet pdserve_dsv4" in data["firewall"]
     assert run("plan", "-c", str(FOUR_HOST), *TOOL_FLAGS).exit_code == 2
+
+
+def test_every_hosts_units_verify_cleanly(tmp_path):
+    """systemd-analyze verify (tests/unit/test_systemd_analyze.py's harness: any stderr line fails)."""
+    from tests.unit.test_systemd_analyze import HOST_UNITS, analyze, make_root
+
+    require_or_skip(shutil.which("systemd-analyze") is not None and HOST_UNITS.is_dir(),
+                    "systemd-analyze or /usr/lib/systemd/system is missing", "PDSERVE_REQUIRE_SYSTEMD")
+    for path in (TWO_HOST, FOUR_HOST):
+        dep = load(path).deployment
+        for host in dep.hosts:
+            units = render_host_units(dep, host, TOOLS, CONFIG)
+            done = analyze(make_root(tmp_path / path.parent.name / host, units, TOOLS), units)
+            assert done.returncode == 0 and done.stderr.strip() == "", (path.name, host, done.stderr)
+
+
+def test_every_example_argv_passes_the_real_parsers():
+    """Each server's node-0 argv (--nnodes/--node-rank/--dist-init-addr included) and the router's argv with
+    every server, through sglang 0.5.23's and sglang-router 0.3.2's own parsers (pdserve.check.parsers)."""
+    import importlib.util
+    import sys
+
+    from pdserve.check.parsers import check_with_parsers
+
+    have = all(importlib.util.find_spec(m) is not None for m in ("sglang", "sglang_router"))
+    require_or_skip(have, "sglang and sglang-router are not installed in this Python", "PDSERVE_REQUIRE_PARSERS")
+    for path, fields in ((FOUR_HOST, ["prefill[0]", "prefill[1]", "decode[0]", "router"]),
+                         (TWO_HOST, ["prefill[0]", "decode[0]", "router"])):
+        report = check_with_parsers(load(path).deployment, sys.executable, required_by="test")
+        assert report.problems == [] and report.checked == fields, (path.name, report)

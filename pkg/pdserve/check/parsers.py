@@ -15,10 +15,11 @@ import subprocess
 from dataclasses import dataclass
 from importlib import resources
 
-from pdserve.render.argv import router_args, server_args
+from pdserve.render.argv import node_args, router_args, server_args
 from pdserve.schema import pins
-from pdserve.schema.config import SERVER_ROLES, Deployment, Role
+from pdserve.schema.config import Deployment
 from pdserve.schema.problems import Problem
+from pdserve.schema.topology import Node, servers
 
 PARSE_TIMEOUT_SEC = 180.0
 
@@ -35,20 +36,28 @@ class ParserReport:
 def requests_for(dep: Deployment) -> list[dict]:
     """One parse per role; `extra` says how many trailing args come from the role's extra_args, so the
     parser check can tell a bad extra arg from a rendering bug."""
-    items = [{"role": role, "program": "server", "args": server_args(dep, role), "extra": len(_extra_args(dep, role))}
-             for role in SERVER_ROLES]
+    # "role" names the server as its fields are written: prefill, decode (one host), prefill[0], ... (several).
+    # A multi-node server's nodes differ only in --node-rank and --host: node 0 stands for them.
+    items = [{"role": server.field, "program": "server", "args": node_args(dep, Node(server, 0)),
+              "extra": len(server.spec.extra_args)} for server in servers(dep)]
+    if dep.fallback is not None:
+        items.append({"role": "fallback", "program": "server", "args": server_args(dep, "fallback"),
+                      "extra": len(dep.fallback.extra_args)})
     items.append({"role": "router", "program": "router", "args": router_args(dep),
                   "extra": len(_extra_args(dep, "router"))})
     return items
 
 
-def _extra_args(dep: Deployment, role: Role) -> list[str]:
+def _extra_args(dep: Deployment, role: str) -> list[str]:
+    """The extra_args of the router, the fallback, or the server written at `role` (prefill, prefill[0], ...)."""
     if role == "router":
         return dep.router.extra_args
-    return dep.server(role).extra_args
+    if role == "fallback":
+        return dep.server(role).extra_args
+    return next(server.spec.extra_args for server in servers(dep) if server.field == role)
 
 
-def problem_for(dep: Deployment, role: Role, detail: str, culprit: str | None = None, arg: str | None = None) -> Problem:
+def problem_for(dep: Deployment, role: str, detail: str, culprit: str | None = None, arg: str | None = None) -> Problem:
     """Turn a parser's error into a problem that points at the field the bad flag came from: the extra
     arg the parser check found guilty (`culprit`/`arg`), else a flag of extra_args the message names."""
     extra = _extra_args(dep, role)
@@ -143,7 +152,9 @@ def kernel_plugin_problems(dep: Deployment, sglang_python: str, origin: str,
     """(errors, asked): when a server sets attention_kernels = "pdserve", `sglang_python` must hold the
     plugin's distribution (its sglang.srt.plugins entry point), or SGLang would run its own kernels with
     nothing but a missing log line to show for it. Asks only when some server asks for the kernels."""
-    fields = [f"{role}.attention_kernels" for role in SERVER_ROLES if dep.server(role).attention_kernels == "pdserve"]
+    written = [(server.field, server.spec) for server in servers(dep)]
+    written += [("fallback", dep.fallback)] if dep.fallback is not None else []
+    fields = [f"{field}.attention_kernels" for field, spec in written if spec.attention_kernels == "pdserve"]
     if not fields:
         return [], False
     name, value = KERNEL_PLUGIN
