@@ -535,7 +535,7 @@ def test_driver_end_to_end_on_a_standin_server(tmp_path):
     argv = [sys.executable, str(compare.__file__), "--model", str(model), "--out", str(out), "--phase", "all",
             "--port", str(port), "--ready-timeout", "60", "--request-timeout", "30", "--prompt-lens", "2100,2201",
             "--max-new-tokens", "6", "--bench-batches", "1,3", "--bench-contexts", "2100",
-            "--bench-new-tokens", "40"]
+            "--bench-new-tokens", "40", "--record-dir", str(out / "record")]
     done = subprocess.run(argv, env=_standin_env(tmp_path), capture_output=True, text=True, timeout=240)
     print(done.stdout[-3000:], done.stderr[-3000:])
     assert done.returncode == 0
@@ -543,7 +543,13 @@ def test_driver_end_to_end_on_a_standin_server(tmp_path):
         record = json.loads((out / f"compare-{kernels}.json").read_text())
         assert record["ready_after_s"] < 60 and record["env"]["PDSERVE_DSA_KERNELS"] == kernels
         assert "standin = os:getcwd" in record["plugin_entry_points"]
-        assert any(f"kernels={kernels}" in line for line in record["plugin_lines"])
+        assert any("pdserve-kernels status" in line for line in record["plugin_lines"])
+        assert [st["requested"] for st in record["plugin"]["status"]] == [kernels]
+        assert [r["op"] for r in record["plugin"]["ran"]] == (["indexer_topk"] if kernels == "pdserve" else [])
+        assert record["env"]["PDSERVE_DSA_RECORD_DIR"] == str(out / "record" / kernels)
+        summary = json.loads((out / f"records-summary-{kernels}.json").read_text())["rows"]
+        assert [(r["op"], r["layer"], r["calls"]) for r in summary] == [("indexer_topk", 0, 1), ("sparse_mla_decode", 0, 1)]
+        assert summary[0]["rows_identical_sets"] == 1 and summary[1]["rel_l2_max"] == 0.004
         assert [len(r["output_ids"]) for r in record["compare"]["sets"]["sequential"]] == [6, 6]
         assert len(record["compare"]["sets"]["batch"]) == 2
         bench = json.loads((out / f"bench-{kernels}.json").read_text())["bench"]
@@ -555,8 +561,33 @@ def test_driver_end_to_end_on_a_standin_server(tmp_path):
     assert result["requests"] == 4 and result["tokens_equal"] == 2
     assert {r["first_divergence"] for r in result["rows"] if not r["tokens_equal"]} == {2}
     assert result["max_abs_logprob_diff"] == pytest.approx(1e-4, rel=0.01)
-    assert "| kernels | batch | context | tokens/s | ms per step" in done.stdout
+    assert "| kernels | batch | context | tokens/s | ms per step" in re.sub(r" +", " ", done.stdout)
+    assert "| pdserve (recording) |" in re.sub(r" +", " ", done.stdout)  # bench under the shadow comparison
     assert "2/4 requests with equal tokens" in done.stdout
+    assert "[pdserve] plugin status lines 1" in done.stdout and "ran pdserve's: indexer_topk" in done.stdout
+    assert re.search(r"\| indexer_topk +\| 0 +\| 1 +\| 2 +\| 1/2 +\| 0.9990", done.stdout)
+
+
+def test_plugin_line_prefixes_are_the_plugins(monkeypatch):
+    """compare.py reads the plugin's lines by their prefixes; they must be the ones its writer uses."""
+    import importlib.util as iu
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "kernels/python/pdserve_kernels/sglang_plugin/status.py"
+    spec = iu.spec_from_file_location("dsa_tier_plugin_status", path)
+    status = iu.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, status)  # its dataclasses look their module up
+    spec.loader.exec_module(status)  # pure: no torch, no SGLang
+    assert compare.PLUGIN_PREFIXES == {"status": status.STATUS_PREFIX, "fallback": status.FALLBACK_PREFIX,
+                                       "ran": status.RAN_PREFIX}
+    lines = ["INFO x " + status.Status(requested="pdserve", kernels={"indexer_topk": "pdserve"}).line(),
+             "WARN " + status.FALLBACK_PREFIX + json.dumps({"op": "sparse_mla_decode", "reason": "r"}),
+             status.RAN_PREFIX + "not json"]
+    found = compare.plugin_report(lines)
+    assert found["status"][0]["kernels"] == {"indexer_topk": "pdserve"}
+    assert found["fallback"] == [{"op": "sparse_mla_decode", "reason": "r"}]
+    assert found["ran"] == [{"unparsed": "not json"}]
 
 
 def test_driver_refuses_a_pdserve_run_without_the_plugin(tmp_path, monkeypatch):
@@ -610,3 +641,23 @@ def test_server_stop_takes_the_whole_process_group(tmp_path):
         time.sleep(0.1)
     else:
         pytest.fail(f"child {pid} of the server survived stop()")
+
+
+def test_records_summary_takes_the_worst_call_per_layer(tmp_path):
+    recs = [{"op": "indexer_topk", "layer": 1, "rows": 4, "lengths": [3000, 2100], "overlap_min": 0.99,
+             "overlap_mean": 0.995, "rows_identical_sets": 3},
+            {"op": "indexer_topk", "layer": 1, "rows": 4, "lengths": [6000], "overlap_min": 0.97,
+             "overlap_mean": 0.985, "rows_identical_sets": 2},
+            {"op": "sparse_mla_decode", "variant": "fp8", "layer": 0, "rows": 4, "rel_l2": 0.002,
+             "rel_l2_worst_row": 0.004, "max_abs": 0.01, "nonfinite": 0},
+            {"op": "sparse_mla_decode", "variant": "fp8", "layer": 0, "rows": 4, "rel_l2": 0.003,
+             "rel_l2_worst_row": 0.003, "max_abs": 0.02, "nonfinite": 1}]
+    (tmp_path / "records-11.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs[:3]))
+    (tmp_path / "records-12.jsonl").write_text(json.dumps(recs[3]) + "\n\n")
+    topk, mla = sorted(diff.summarize_records(tmp_path), key=lambda r: r["op"])
+    assert (topk["calls"], topk["rows"], topk["rows_identical_sets"], topk["longest"]) == (2, 8, 5, 6000)
+    assert topk["overlap_min"] == 0.97 and topk["overlap_mean"] == pytest.approx(0.99)
+    assert (mla["variant"], mla["calls"], mla["rel_l2_max"], mla["rel_l2_worst_row"]) == ("fp8", 2, 0.003, 0.004)
+    assert (mla["max_abs"], mla["nonfinite"]) == (0.02, 1)
+    table = re.sub(r" +", " ", diff.records_table([topk, mla]))
+    assert "| indexer_topk | 1 | 2 | 8 | 5/8 | 0.9700 |" in table and "| sparse_mla_decode (fp8) | 0 | 2 | 8 |" in table

@@ -153,13 +153,41 @@ def bench_phase(srv: server.Server, args: argparse.Namespace) -> dict:
     return {"rows": rows, "recording": args.record_dir is not None, "graph_bs": args.graph_bs}
 
 
+# The plugin's own lines (kernels/python/pdserve_kernels/sglang_plugin/status.py, its only writer): a fixed
+# prefix and a JSON object, one status line per scheduler process, one per distinct fallback, and one the
+# first time each op really ran pdserve's kernel.
+PLUGIN_PREFIXES = {"status": "pdserve-kernels status: ", "fallback": "pdserve-kernels fallback: ",
+                   "ran": "pdserve-kernels ran: "}
+
+
+def plugin_report(lines: list[str]) -> dict[str, list]:
+    found: dict[str, list] = {kind: [] for kind in PLUGIN_PREFIXES}
+    for line in lines:
+        for kind, prefix in PLUGIN_PREFIXES.items():
+            if prefix in line:
+                text = line.split(prefix, 1)[1].strip()
+                try:
+                    found[kind].append(json.loads(text))
+                except json.JSONDecodeError:
+                    found[kind].append({"unparsed": text})
+    return found
+
+
 def log_findings(srv: server.Server) -> dict:
     """What the server's own log says about the weights and the plugin."""
     lines = srv.log_text().splitlines()
     return {
         "unknown_weights": [line for line in lines if server.UNKNOWN_WEIGHT_LINE in line][:20],
+        "plugin": plugin_report(lines),
         "plugin_lines": [line for line in lines if "pdserve" in line.lower()][:40],
     }
+
+
+def plugin_summary(plugin: dict[str, list]) -> str:
+    kernels = [s.get("kernels") for s in plugin["status"]]
+    ran = sorted({r.get("op", "?") for r in plugin["ran"]})
+    return (f"plugin status lines {len(plugin['status'])} (kernels {kernels[0] if kernels else '-'}); "
+            f"ran pdserve's: {', '.join(ran) or 'none'}; fallbacks {len(plugin['fallback'])}")
 
 
 def run_one(kernels: str, srv: server.Server, args: argparse.Namespace) -> dict:
@@ -189,8 +217,13 @@ def run_one(kernels: str, srv: server.Server, args: argparse.Namespace) -> dict:
             record["bench_s"] = round(time.monotonic() - t, 1)
             _write(args.out / f"bench-{kernels}.json", {k: v for k, v in record.items() if k != "compare"})
         record.update(log_findings(srv))  # the plugin may log on first use, after ready
+        print(f"[{kernels}] {plugin_summary(record['plugin'])}", flush=True)
     finally:
         srv.stop()
+    if args.record_dir is not None:
+        record["records"] = diff.summarize_records(args.record_dir / kernels)
+        _write(args.out / f"records-summary-{kernels}.json", {"kernels": kernels, "rows": record["records"]})
+        print(diff.records_table(record["records"]), flush=True)
     return record
 
 

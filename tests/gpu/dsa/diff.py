@@ -2,6 +2,7 @@
 
     python3 tests/gpu/dsa/diff.py OUT_DIR                 # compare-sglang.json vs compare-pdserve.json (+ bench)
     python3 tests/gpu/dsa/diff.py A.json B.json [--max-logprob-diff 0.05] [--require-equal-tokens]
+    python3 tests/gpu/dsa/diff.py OUT_DIR --records OUT_DIR/record/pdserve   # + the plugin's shadow records
 
 Per request: are the greedy tokens equal, and if not where they first diverge; on the shared prefix
 (every position up to and including the first divergence, where both runs had the same context) the
@@ -139,6 +140,47 @@ def _side_by_side(ref: list[dict], other: list[dict]) -> str:
     return render(["batch", "context", "sglang ms/step", "pdserve ms/step", "sglang / pdserve"], rows)
 
 
+def summarize_records(directory: Path) -> list[dict]:
+    """The plugin's shadow comparison (PDSERVE_DSA_RECORD_DIR: records-<pid>.jsonl, one JSON line per
+    eager decode call of an op in a layer, pdserve's result against SGLang's kernel on the same inputs),
+    folded per (op, variant, layer): worst and mean figures over the calls."""
+    groups: dict[tuple, list[dict]] = {}
+    for path in sorted(directory.glob("records-*.jsonl")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                r = json.loads(line)
+                groups.setdefault((r["op"], r.get("variant", ""), r["layer"]), []).append(r)
+    rows = []
+    for (op, variant, layer), recs in sorted(groups.items()):
+        row = {"op": op, "variant": variant, "layer": layer, "calls": len(recs), "rows": sum(r["rows"] for r in recs)}
+        if op == "indexer_topk":
+            row.update(overlap_min=min(r["overlap_min"] for r in recs),
+                       overlap_mean=sum(r["overlap_mean"] for r in recs) / len(recs),
+                       rows_identical_sets=sum(r["rows_identical_sets"] for r in recs),
+                       longest=max((max(r["lengths"]) for r in recs if r["lengths"]), default=0))
+        else:
+            row.update(rel_l2_max=max(r["rel_l2"] for r in recs),
+                       rel_l2_worst_row=max(r["rel_l2_worst_row"] for r in recs),
+                       max_abs=max(r["max_abs"] for r in recs), nonfinite=sum(r["nonfinite"] for r in recs))
+        rows.append(row)
+    return rows
+
+
+def records_table(rows: list[dict]) -> str:
+    header = ["op", "layer", "calls", "rows", "identical top-k sets", "min overlap", "rel L2 (max call)",
+              "rel L2 (worst row)", "max |diff|", "non-finite"]
+    out = []
+    for r in rows:
+        name = r["op"] + (f" ({r['variant']})" if r["variant"] else "")
+        if r["op"] == "indexer_topk":
+            out.append([name, str(r["layer"]), str(r["calls"]), str(r["rows"]),
+                        f"{r['rows_identical_sets']}/{r['rows']}", f"{r['overlap_min']:.4f}", "-", "-", "-", "-"])
+        else:
+            out.append([name, str(r["layer"]), str(r["calls"]), str(r["rows"]), "-", "-", _fmt(r["rel_l2_max"]),
+                        _fmt(r["rel_l2_worst_row"]), _fmt(r["max_abs"]), str(r["nonfinite"])])
+    return render(header, out)
+
+
 def _load(path: Path) -> dict:
     return json.loads(path.read_text(encoding="utf-8"))
 
@@ -149,7 +191,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-logprob-diff", type=float, default=None,
                    help="exit 1 if a chosen-token logprob differs by more than this on a shared prefix")
     p.add_argument("--require-equal-tokens", action="store_true", help="exit 1 unless every request's tokens are equal")
+    p.add_argument("--records", type=Path, default=None,
+                   help="also summarize the plugin's shadow-comparison records in this directory (records-*.jsonl)")
     args = p.parse_args(argv)
+    if args.records is not None:
+        print(records_table(summarize_records(args.records)))
     if len(args.paths) == 1 and args.paths[0].is_dir():
         out = args.paths[0]
         pair = [out / "compare-sglang.json", out / "compare-pdserve.json"]

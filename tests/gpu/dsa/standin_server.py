@@ -88,7 +88,21 @@ def main() -> int:
             self.wfile.write(b"data: [DONE]\n\n")
 
     server = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
-    print(f"stand-in server, pdserve plugin stand-in: kernels={kernels}", flush=True)
+    # Lines in the shape of the plugin's (kernels/python/pdserve_kernels/sglang_plugin/status.py).
+    ops = {"indexer_topk": kernels, "sparse_mla_decode": kernels}
+    print(f"[stand-in] pdserve-kernels status: {json.dumps({'requested': kernels, 'kernels': ops})}", flush=True)
+    if kernels == "pdserve":
+        print('[stand-in] pdserve-kernels ran: {"op": "indexer_topk", "shape": "B=1"}', flush=True)
+    record_dir = os.environ.get("PDSERVE_DSA_RECORD_DIR")
+    if record_dir:  # two records of the plugin's shadow comparison, in its format
+        os.makedirs(record_dir, exist_ok=True)
+        with open(os.path.join(record_dir, f"records-{os.getpid()}.jsonl"), "w") as f:
+            f.write(json.dumps({"op": "indexer_topk", "layer": 0, "rows": 2, "lengths": [2100, 2201],
+                                "selected_ours": [2048, 2048], "selected_sglang": [2048, 2048], "overlap_min": 0.999,
+                                "overlap_mean": 0.9995, "rows_identical_sets": 1, "call": 0}) + "\n")
+            f.write(json.dumps({"op": "sparse_mla_decode", "variant": "fp8", "layer": 0, "rows": 2, "rel_l2": 0.004,
+                                "rel_l2_worst_row": 0.006, "max_abs": 0.01, "nonfinite": 0, "call": 0}) + "\n")
+    print(f"stand-in server: kernels={kernels}", flush=True)
     print(READY, flush=True)
     server.serve_forever()
     return 0
