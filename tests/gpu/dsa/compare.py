@@ -66,6 +66,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"a prompt plus its new tokens ({longest}) exceeds the served context length {server.CONTEXT_LENGTH}")
     if args.graph_bs == [0]:
         args.graph_bs = []
+    if args.record_dir is not None and args.graph_bs:
+        # The plugin records eager calls only (nothing can be read inside a graph capture or replay).
+        print(f"note: --record-dir with decode CUDA graphs for batch {args.graph_bs}: only eager decode steps "
+              "(larger batches) are recorded; --graph-bs 0 records every step", file=sys.stderr)
     return args
 
 
