@@ -197,3 +197,43 @@ def test_monitoring_is_refused_on_several_hosts_until_it_renders_per_host():
     data["monitoring"] = {"enable": True}
     problem = one(problems_of(data), "monitoring.enable")
     assert "not supported for a multi-host deployment yet" in problem.message
+
+
+def four_host() -> dict:
+    return tomllib.loads(FOUR_HOST.read_text())
+
+
+@pytest.mark.parametrize("change, field, words", [
+    (lambda d: d["prefill"][0].__setitem__("dist_init_port", 6000), "prefill[0].dist_init_port",
+     "only a multi-node server (several hosts) uses --dist-init-addr"),
+    (lambda d: d["decode"][0].__setitem__("dist_init_port", 65530), "decode[0].dist_init_port",
+     "leaves no room for the 6 ports SGLang binds above it"),
+    (lambda d: d["decode"][0].__setitem__("bootstrap_port", 9000), "decode[0].bootstrap_port",
+     "only a prefill binds a bootstrap port"),
+    (lambda d: d["decode"][0].__setitem__("hosts", ["gpu-c", "gpu-c"]), "decode[0].hosts",
+     "lists host(s) ['gpu-c'] twice"),
+    (lambda d: d["router"].update(hosts=["gpu-c", "gpu-d"], host="10.20.0.3"), "router.host",
+     "is one address, but routers run on 2 hosts (gpu-c, gpu-d)"),
+    (lambda d: d.update(boot_layout="single"), "boot_layout", "boots the single-server fallback"),
+    (lambda d: d["prefill"][1].__setitem__("port", 8998), "transfer.bootstrap_port",
+     "is already used on host gpu-b by prefill[1].port"),
+    (lambda d: d["decode"][0].__setitem__("port", 5003), "decode[0].dist_init_port",
+     "is already used on host gpu-c by decode[0].port"),
+    (lambda d: d["prefill"][0].update(numa_node=0), "prefill[0].numa_node",
+     "GPU(s) [4, 5, 6, 7] sit on another node"),
+])
+def test_each_placement_rule_names_field_value_and_fix(change, field, words):
+    data = four_host()
+    change(data)
+    problem = one(problems_of(data), field)
+    assert words in problem.message and problem.fix, problem.line()
+
+
+def test_routers_on_several_hosts_are_each_a_full_view():
+    data = four_host()
+    data["router"]["hosts"] = ["gpu-c", "gpu-d"]
+    dep = renderable_from_data(data, "t").deployment
+    assert [router_unit(dep, h) for h in dep.router.hosts] == ["sglang-dsv4-router-gpu-c", "sglang-dsv4-router-gpu-d"]
+    found = {(item.host, item.first): item.reached_from for item in listeners(dep) if item.worker_port}
+    assert found[("gpu-a", 30000)] == ("gpu-c", "gpu-d")   # both routers reach every server
+    assert found[("gpu-c", 30002)] == ("gpu-d",)            # and the decode's API, from the other router

@@ -49,7 +49,9 @@ def _render(config_path: Path | None, out_dir: Path, runtime_config: str | None,
     # Write everything to temporary names first, then rename: a failed render leaves nothing half written.
     out_dir.mkdir(parents=True, exist_ok=True)
     files = {unit.filename: unit.text for unit in units}
-    files[f"pdserve-{dep.name}.json"] = dep.model_dump_json(indent=2) + "\n"
+    # A single-host file's JSON stays what it was before [hosts] existed: without the empty placement keys.
+    one_host = None if dep.multi_host else {"hosts": True, "router": {"hosts"}}
+    files[f"pdserve-{dep.name}.json"] = dep.model_dump_json(indent=2, exclude=one_host) + "\n"
     if chosen:
         files[firewall_filename(dep)] = render_firewall(dep, chosen)
     files.update(_monitoring_files(dep))
