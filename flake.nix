@@ -311,6 +311,14 @@
           builtins.unsafeDiscardStringContext gpuHost.config.system.build.toplevel.drvPath
         );
 
+        # The same for every host of the multi-host examples (nixosConfigurations.<example>-<host>).
+        multi-host-eval = pkgs.writeText "multi-host-toplevel-drvs" (
+          lib.concatMapStringsSep "\n" (
+            name:
+            "${name} ${builtins.unsafeDiscardStringContext self.nixosConfigurations.${name}.config.system.build.toplevel.drvPath}"
+          ) (lib.attrNames (removeAttrs self.nixosConfigurations [ "gpu-host" ]))
+        );
+
         # The gpu-host's deployment as the module writes it, through `pdserve check`.
         gpu-host-settings = gpuHost.config.services.pdserve.deployments.dsv4.configFile;
 

@@ -13,8 +13,10 @@
   };
   hardware.graphics.enable = true;
 
-  # RDMA for NIXL/UCX (rc) and Mooncake: the InfiniBand verbs of the mlx5 NICs, and their tools
-  # (`ibv_devices` lists the names the deployment's ib_devices must match).
+  # RDMA for NIXL/UCX (rc) and Mooncake: the InfiniBand verbs of the mlx5 NICs. `ibv_devices` (nixpkgs'
+  # rdma-core) lists the names the deployment's ib_devices must match; add pkgs.rdma-core to
+  # environment.systemPackages to have it (left out here: its man pages build with pandoc, which the
+  # evaluation tier's nixpkgs, without Haskell packages, cannot evaluate).
   boot.kernelModules = [
     "mlx5_ib"
     "ib_uverbs"
@@ -23,7 +25,6 @@
   environment.systemPackages = [
     config.hardware.nvidia.package.bin # nvidia-smi
     pkgs.numactl
-    pkgs.rdma-core
   ];
   # Where the deployments' model.path points (not managed by Nix), readable by the pdserve group.
   systemd.tmpfiles.rules = [

@@ -391,7 +391,7 @@ let
   # One message per deployment whose units another deployment (earlier in attribute order) has.
   deploymentUnits = lib.mapAttrsToList (attrName: d: {
     inherit attrName;
-    units = lib.attrNames (hostUnitsOf d);
+    units = if multiHost d then lib.attrNames (hostUnitsOf d) else lib.attrValues (unitNames d);
   }) cfg.deployments;
   unitCollisions = lib.concatLists (
     lib.imap0 (
@@ -476,6 +476,17 @@ in
         This machine's name among the `[hosts]` of the multi-host deployments: of each, only the units
         placed on it are installed (`pdserve render --host`), and the firewall opens their ports to the
         hosts that must reach them and to no other. Single-host deployments (no `[hosts]`) ignore it.
+      '';
+    };
+
+    hostFirewall = mkOption {
+      type = types.listOf (types.attrsOf types.anything);
+      readOnly = true;
+      internal = true;
+      default = firewallRules;
+      description = ''
+        What the module opens in the firewall for the multi-host deployments' worker ports on this host:
+        one entry per listener (deployment, purpose, first and last port, source addresses).
       '';
     };
 

@@ -151,15 +151,18 @@ SELECTION = """c: {
 def test_flake_show_lists_every_output(nix: Evaluator):
     shown = json.loads(nix.run("flake", "show", "--json").stdout)
     assert set(shown["packages"][SYSTEM]) == {"default", "pdserve", "sglang-env", "kernels"}
-    assert set(shown["checks"][SYSTEM]) == {"pytest", "treefmt", "gpu-host-eval", "gpu-host-settings", "vm-test"}
+    assert set(shown["checks"][SYSTEM]) == {"pytest", "treefmt", "gpu-host-eval", "multi-host-eval",
+                                            "gpu-host-settings", "vm-test"}
     assert "gpu-host" in shown["nixosConfigurations"] and "default" in shown["nixosModules"]
+    # tests/nix/test_eval_hosts.py holds the multi-host examples' systems.
+    assert {"two-host-gpu-a", "four-host-gpu-d"} <= set(shown["nixosConfigurations"])
     assert "verify" in shown["apps"][SYSTEM] and "default" in shown["devShells"][SYSTEM]
 
 
 def test_flake_check_without_building(nix: Evaluator):
     result = nix.run("flake", "check", "--no-build")
     evaluated = re.findall(r"derivation evaluated to (/nix/store/\S+\.drv)", result.stderr)
-    assert len(evaluated) >= 11, result.stderr  # 4 packages, formatter, devShell, 5 checks
+    assert len(evaluated) >= 12, result.stderr  # 4 packages, formatter, devShell, 6 checks
 
 
 def test_every_output_evaluates(nix: Evaluator):

@@ -1,0 +1,125 @@
+"""The evaluation tier for the multi-host examples (marker nix_eval): every nixosConfigurations.<example>-<host>
+evaluates against the real nixpkgs with no warning and no failed assertion, and each host's system is what
+pdserve makes of the deployment for that host: exactly its units (pdserve.schema.topology), rendered by
+`pdserve render --host <host>`, wanted at boot; its worker ports opened to exactly the cluster addresses of
+the hosts that must reach them (pdserve.schema.listeners), as iptables or nftables rules; the router's port
+published only where the router runs; a host name the deployment lacks refused with the line to write.
+Needs what tests/nix/test_eval.py needs (PDSERVE_EVAL_*); nothing is built."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from typing import Any
+
+import pytest
+
+from pdserve.schema.listeners import listeners_on
+from pdserve.schema.loading import deployment_from_data
+from pdserve.schema.topology import nodes_on, router_hosts, router_unit, server_unit
+from tests.nix.test_eval import REPO, Evaluator, nix  # noqa: F401 - nix is the tier's fixture
+from tests.nix.test_nix_hosts import EXAMPLES, example
+
+pytestmark = pytest.mark.nix_eval
+
+CASES = REPO / "tests" / "nix" / "eval-hosts.nix"
+HOSTS = [(name, host) for name in EXAMPLES for host in example(name)["hosts"]]
+SYSTEMS = [f"{name}-{host}" for name, host in HOSTS]
+
+
+@pytest.fixture(scope="module")
+def systems(nix: Evaluator) -> dict[str, Any]:
+    """Every example host's summary (eval-hosts.nix), in one evaluation."""
+    return nix.json("--impure", ".#nixosConfigurations", "--apply", f"configs: import {CASES} {{ inherit configs; }}")
+
+
+def deployment(summary: dict[str, Any]):
+    (settings,) = summary["settings"].values()
+    return deployment_from_data(copy.deepcopy(settings), "<evaluated settings>").deployment
+
+
+def test_the_flake_has_one_system_per_example_host(systems):
+    assert sorted(systems) == sorted(SYSTEMS)
+
+
+@pytest.mark.parametrize(("name", "host"), HOSTS, ids=SYSTEMS)
+def test_each_host_evaluates_without_warnings_or_failed_assertions(systems, name, host):
+    summary = systems[f"{name}-{host}"]
+    assert summary["failed"] == [] and summary["warnings"] == []
+    assert summary["host"] == host
+    assert re.fullmatch(rf"/nix/store/[a-z0-9]{{32}}-nixos-system-{host}-.+\.drv", summary["toplevel"])
+    # The settings are the example's file as pdserve reads it (the module's defaults add nothing it lacks).
+    assert deployment(summary) == deployment_from_data(example(name), "<example>").deployment
+
+
+@pytest.mark.parametrize(("name", "host"), HOSTS, ids=SYSTEMS)
+def test_each_host_declares_exactly_the_units_pdserve_places_on_it(systems, name, host):
+    summary = systems[f"{name}-{host}"]
+    dep = deployment(summary)
+    placed = {server_unit(dep, node): node.server.role for node in nodes_on(dep, host)}
+    if host in router_hosts(dep):
+        placed[router_unit(dep, host)] = "router"
+    assert set(summary["units"]) == set(placed)
+    for unit, role in placed.items():
+        declared = summary["units"][unit]
+        assert "multi-user.target" in declared["wantedBy"], unit  # boot_layout pd: every unit boots
+        assert ("TRITON_LIBCUDA_PATH" in declared["environment"]) is (role != "router"), unit
+        # No sandbox or command of the module's own: the rendered unit files carry both.
+        assert not {"ExecStart", "ProtectSystem", "User"} & set(declared["serviceConfig"]), unit
+
+
+@pytest.mark.parametrize(("name", "host"), HOSTS, ids=SYSTEMS)
+def test_the_units_are_rendered_for_this_host(nix: Evaluator, systems, name, host):
+    (drv,) = systems[f"{name}-{host}"]["renderedUnits"]
+    (units,) = json.loads(nix.run("derivation", "show", drv).stdout).values()
+    command = units["env"]["buildCommand"]
+    assert re.search(rf"pdserve render -c /nix/store/\S+ --out \S+ \\\s+--config-path /nix/store/\S+ --host '?{host}'? ",
+                     command), command
+
+
+def opened(dep, host: str) -> list[dict[str, Any]]:
+    """What the firewall must open on `host`: each worker listener to the addresses of its peers."""
+    return [{"deployment": dep.name, "purpose": item.purpose, "first": item.first, "last": item.last,
+             "sources": [dep.hosts[peer].address for peer in item.reached_from]}
+            for item in listeners_on(dep, host) if item.worker_port and item.reached_from]
+
+
+@pytest.mark.parametrize(("name", "host"), HOSTS, ids=SYSTEMS)
+def test_the_firewall_opens_each_worker_port_to_exactly_the_hosts_that_use_it(systems, name, host):
+    summary = systems[f"{name}-{host}"]
+    dep = deployment(summary)
+    expected = opened(dep, host)
+    assert summary["firewall"] == expected
+    iptables = [line for line in summary["extraCommands"].splitlines() if "nixos-fw-accept" in line]
+    nftables = [line for line in summary["nftables"]["extraInputRules"].splitlines() if line.endswith("accept")]
+    assert iptables == [f"iptables -A nixos-fw -p tcp -s {source} --dport {_ports(rule, ':')} -j nixos-fw-accept"
+                        for rule in expected for source in rule["sources"]]
+    assert nftables == [f"ip saddr {{ {', '.join(rule['sources'])} }} tcp dport {_ports(rule, '-')} accept"
+                        for rule in expected]
+    assert summary["nftables"]["failed"] == [] and summary["nftables"]["warnings"] == []
+    assert "nixos-fw-accept" not in summary["nftables"]["extraCommands"]
+    # The router's port is published (openFirewall) where the router runs, and nowhere else.
+    assert (dep.router.port in summary["allowedTCPPorts"]) is (host in router_hosts(dep))
+
+
+def _ports(rule: dict[str, Any], separator: str) -> str:
+    return str(rule["first"]) if rule["first"] == rule["last"] else f"{rule['first']}{separator}{rule['last']}"
+
+
+def test_the_firewall_cases_cover_ranges_and_several_sources(systems):
+    """The examples hold a dist-init range (four-host gpu-c) and a port two hosts reach (four-host's
+    bootstrap ports): the comparisons above are not about single ports only."""
+    rules = [rule for summary in systems.values() for rule in summary["firewall"]]
+    assert any(rule["first"] < rule["last"] for rule in rules)
+    assert any(len(rule["sources"]) > 1 for rule in rules)
+
+
+@pytest.mark.parametrize(("name", "host"), HOSTS[:1], ids=SYSTEMS[:1])
+def test_a_host_the_deployment_lacks_fails_with_the_line_to_write(systems, name, host):
+    (message,) = systems[f"{name}-{host}"]["elsewhere"]
+    text = " ".join(message.split())
+    hosts = ", ".join(example(name)["hosts"])
+    assert f"is a multi-host deployment of the hosts {hosts}" in text
+    assert 'services.pdserve.host = "not-a-host" is none of them.' in text
+    assert f'Write services.pdserve.host = "{next(iter(example(name)["hosts"]))}";' in text
