@@ -552,6 +552,7 @@ def test_driver_end_to_end_on_a_standin_server(tmp_path):
         assert summary[0]["rows_identical_sets"] == 1 and summary[1]["rel_l2_max"] == 0.004
         assert [len(r["output_ids"]) for r in record["compare"]["sets"]["sequential"]] == [6, 6]
         assert len(record["compare"]["sets"]["batch"]) == 2
+        assert record["compare"]["repeat"] == {"tokens_equal": 2, "requests": 2, "max_abs_logprob_diff": 0.0}
         bench = json.loads((out / f"bench-{kernels}.json").read_text())["bench"]
         assert [(r["batch"], r["context"]) for r in bench["rows"]] == [(1, 2100), (3, 2100)]
         assert all(r["ms_per_step"] > 1.0 and r["tokens_per_s"] > 0 for r in bench["rows"])

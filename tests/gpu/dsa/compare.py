@@ -125,8 +125,16 @@ def compare_phase(srv: server.Server, args: argparse.Namespace) -> dict:
                                               top_logprobs=args.top_logprobs, timeout=args.request_timeout)
     sets["batch"] = client.generate(srv.url, batch, max_new_tokens=args.max_new_tokens,
                                     top_logprobs=args.top_logprobs, timeout=args.request_timeout)
-    return {"seed": args.seed, "prompt_lens": args.prompt_lens, "max_new_tokens": args.max_new_tokens,
-            "top_logprobs": args.top_logprobs, "sets": sets}
+    result = {"seed": args.seed, "prompt_lens": args.prompt_lens, "max_new_tokens": args.max_new_tokens,
+              "top_logprobs": args.top_logprobs, "sets": sets}
+    # The noise floor: the same requests again on the same server and kernels. Any difference here is
+    # not the kernels' doing (SGLang's greedy outputs repeated exactly in the probe).
+    again = [client.generate(srv.url, [ids], max_new_tokens=args.max_new_tokens, top_logprobs=args.top_logprobs,
+                             timeout=args.request_timeout)[0] for ids in batch]
+    rows = [diff.compare_request(a, b) for a, b in zip(sets["sequential"], again)]
+    result["repeat"] = {"tokens_equal": sum(r["tokens_equal"] for r in rows), "requests": len(rows),
+                        "max_abs_logprob_diff": max((r["max_abs_logprob_diff"] or 0.0) for r in rows)}
+    return result
 
 
 def bench_phase(srv: server.Server, args: argparse.Namespace) -> dict:
@@ -214,7 +222,10 @@ def run_one(kernels: str, srv: server.Server, args: argparse.Namespace) -> dict:
             record["compare"] = compare_phase(srv, args)
             record["compare_s"] = round(time.monotonic() - t, 1)
             _write(args.out / f"compare-{kernels}.json", record)
-            print(f"[{kernels}] compare phase: {record['compare_s']} s", flush=True)
+            rep = record["compare"]["repeat"]
+            print(f"[{kernels}] compare phase: {record['compare_s']} s; the sequential requests again on the same "
+                  f"server: {rep['tokens_equal']}/{rep['requests']} with equal tokens, largest |dlogprob| "
+                  f"{rep['max_abs_logprob_diff']:.3g}", flush=True)
         if args.phase in ("bench", "all"):
             t = time.monotonic()
             record["bench"] = bench_phase(srv, args)
