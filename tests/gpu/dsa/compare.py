@@ -231,8 +231,10 @@ def run_one(kernels: str, srv: server.Server, args: argparse.Namespace) -> dict:
             record["bench"] = bench_phase(srv, args)
             record["bench_s"] = round(time.monotonic() - t, 1)
             _write(args.out / f"bench-{kernels}.json", {k: v for k, v in record.items() if k != "compare"})
-        record.update(log_findings(srv))  # the plugin may log on first use, after ready
+        record.update(log_findings(srv))  # the plugin logs "ran" on first use, after ready
         print(f"[{kernels}] {plugin_summary(record['plugin'])}", flush=True)
+        if "compare" in record:  # again, with those lines
+            _write(args.out / f"compare-{kernels}.json", record)
     finally:
         srv.stop()
     if args.record_dir is not None:
