@@ -535,7 +535,7 @@ def test_driver_end_to_end_on_a_standin_server(tmp_path):
     argv = [sys.executable, str(compare.__file__), "--model", str(model), "--out", str(out), "--phase", "all",
             "--port", str(port), "--ready-timeout", "60", "--request-timeout", "30", "--prompt-lens", "2100,2201",
             "--max-new-tokens", "6", "--bench-batches", "1,3", "--bench-contexts", "2100",
-            "--bench-new-tokens", "40", "--record-dir", str(out / "record")]
+            "--bench-new-tokens", "150", "--record-dir", str(out / "record")]
     done = subprocess.run(argv, env=_standin_env(tmp_path), capture_output=True, text=True, timeout=240)
     print(done.stdout[-3000:], done.stderr[-3000:])
     assert done.returncode == 0
