@@ -110,6 +110,8 @@ def test_gate_probes_the_named_server_and_the_router_counts_every_server():
     assert not probe_for(dep, "router", two_of_three)().ready
     with pytest.raises(ValueError, match="its prefill servers: prefill-1, prefill-2"):
         probe_for(dep, "prefill", client, "decode-1")
+    with pytest.raises(ValueError, match="name the prefill server with --server"):
+        probe_for(dep, "prefill", client)
 
 
 def rules_of(ruleset: str) -> dict[str, list[str]]:

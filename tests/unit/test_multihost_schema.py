@@ -237,3 +237,18 @@ def test_routers_on_several_hosts_are_each_a_full_view():
     found = {(item.host, item.first): item.reached_from for item in listeners(dep) if item.worker_port}
     assert found[("gpu-a", 30000)] == ("gpu-c", "gpu-d")   # both routers reach every server
     assert found[("gpu-c", 30002)] == ("gpu-d",)            # and the decode's API, from the other router
+
+
+def test_a_bad_host_name_is_named_and_what_followed_from_it_too():
+    data = two_host()
+    data["hosts"]["GPU A"] = data["hosts"].pop("gpu-a")
+    found = problems_of(data)
+    assert "lowercase letters, digits and dashes" in one(found, 'hosts["GPU A"]').message
+    assert "names host 'gpu-a', which [hosts] does not declare" in one(found, "prefill[0].hosts").message
+
+
+def test_a_host_that_runs_nothing_is_a_warning():
+    data = two_host()
+    data["hosts"]["gpu-z"] = {"address": "10.10.0.9"}
+    problem = one(problems_of(data), "hosts.gpu-z")
+    assert problem.severity == "warning" and "runs nothing" in problem.message

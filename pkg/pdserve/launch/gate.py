@@ -110,8 +110,12 @@ def probe_for(dep: Deployment, role: Role, client: httpx.Client, server: str | N
     if role == "router":
         url, expected = role_url(dep, "router"), len(servers(dep))
         return lambda: router_observation(client, url, expected)
-    if server is not None or dep.multi_host:
-        placed = server_named(dep, server or "")
+    if server is None and dep.multi_host:
+        names = ", ".join(s.name for s in servers(dep, role)) or "none"
+        raise ValueError(f"deployment {dep.name} spans hosts: name the {role} server with --server (its {role} "
+                         f"servers: {names})")
+    if server is not None:
+        placed = server_named(dep, server)
         if placed is None or placed.role != role:
             names = ", ".join(s.name for s in servers(dep, role))
             raise ValueError(f"deployment {dep.name} has no {role} server named {server!r}; its {role} servers: {names}")

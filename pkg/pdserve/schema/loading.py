@@ -139,7 +139,10 @@ _PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
 def data_location(loc: tuple[Any, ...]) -> tuple[Any, ...]:
     """Where an error is in the document: without the shape tag that `prefill`/`decode` carry in pydantic's
-    location (a table or an array of servers, pdserve.schema.config.RoleServers)."""
+    location (a table or an array of servers, pdserve.schema.config.RoleServers), and a bad key's location
+    as the entry it names."""
+    if loc and loc[-1] == "[key]":  # a bad key of a table (a host's name): the entry it names
+        loc = loc[:-1]
     if len(loc) > 1 and loc[0] in WORKER_ROLES and loc[1] in SHAPE_TAGS:
         return (loc[0], *loc[2:])
     return tuple(loc)

@@ -172,9 +172,11 @@ def unique_units(dep: Deployment) -> Iterator[Problem]:
         for rank in range(server.nnodes):
             unit = server_unit(dep, Node(server, rank))
             if unit in taken:
+                free = next(n for n in range(1, len(taken) + 2)
+                            if f"sglang-{dep.name}-{server.role}-{n}" not in taken)
                 yield Problem(f"{server.field}.name", server.name, f"gives unit {unit}.service, which "
                               f"{taken[unit]} already has", f"give {server.field} a name of its own "
-                              f"(name = \"{server.role}-{len(taken) + 1}\")")
+                              f"(e.g. name = \"{server.role}-{free}\")")
             taken.setdefault(unit, server.field)
     for host in router_hosts(dep):
         unit = router_unit(dep, host)
@@ -183,5 +185,14 @@ def unique_units(dep: Deployment) -> Iterator[Problem]:
                           "give the server a name that is not \"router\"")
 
 
+def hosts_in_use(dep: Deployment) -> Iterator[Problem]:
+    used = {h for s in servers(dep) for h in s.hosts} | set(dep.router.hosts)
+    for name in dep.hosts:
+        if name not in used:
+            yield Problem(f"hosts.{name}", dep.hosts[name].address, "runs nothing: no server and no router names it",
+                          f"place a server or the router on it (hosts = [\"{name}\"]), or remove [hosts.{name}]",
+                          Severity.WARNING)
+
+
 RULES = (one_host_shape, multi_host_shape, known_hosts, distinct_addresses, listen_on_cluster_address,
-         multi_node_fields, unique_units)
+         multi_node_fields, unique_units, hosts_in_use)
