@@ -312,3 +312,20 @@ def test_the_recorder_compares_rows_as_sets(tmp_path):
     assert topk["rows_identical_sets"] == 1 and topk["overlap_min"] == pytest.approx(0.75)
     assert topk["overlap_mean"] == pytest.approx(0.875) and topk["selected_ours"] == [3, 4]
     assert mla["rel_l2"] == 0.0 and mla["nonfinite"] == 0 and mla["call"] == 0
+
+
+def test_the_recorders_fp32_reference_reads_sglangs_packed_bf16_pool():
+    from pdserve_kernels.sglang_plugin.hooks import _exact_attention
+
+    g = torch.Generator().manual_seed(3)
+    slots, h, topk = 300, 4, 16
+    kv = torch.randn((slots, 1, 576), generator=g).to(torch.bfloat16)
+    q = torch.randn((2, h, 576), generator=g).to(torch.bfloat16)
+    ind = torch.randint(0, slots, (2, topk), generator=g, dtype=torch.int32)
+    ind[1, 10:] = -1
+    o = _exact_attention(q, kv, ind, 0.1, bf16_kv=True, page=1)
+    for r in range(2):
+        sel = ind[r][ind[r] >= 0].long()
+        k = kv[sel, 0].float()
+        p = torch.softmax(q[r].float() @ k.T * 0.1, dim=-1)
+        assert torch.allclose(o[r], p @ k[:, :512], atol=1e-5)

@@ -162,6 +162,11 @@ def summarize_records(directory: Path) -> list[dict]:
             row.update(rel_l2_max=max(r["rel_l2"] for r in recs),
                        rel_l2_worst_row=max(r["rel_l2_worst_row"] for r in recs),
                        max_abs=max(r["max_abs"] for r in recs), nonfinite=sum(r["nonfinite"] for r in recs))
+            exact = [r for r in recs if "rel_l2_ours_vs_fp32" in r]  # the fp32 reference of the first rows
+            if exact:
+                row.update(exact_rows=sum(r["exact_rows"] for r in exact),
+                           ours_vs_fp32_max=max(r["rel_l2_ours_vs_fp32"] for r in exact),
+                           sglang_vs_fp32_max=max(r["rel_l2_sglang_vs_fp32"] for r in exact))
         rows.append(row)
     return rows
 
@@ -178,7 +183,14 @@ def records_table(rows: list[dict]) -> str:
         else:
             out.append([name, str(r["layer"]), str(r["calls"]), str(r["rows"]), "-", "-", _fmt(r["rel_l2_max"]),
                         _fmt(r["rel_l2_worst_row"]), _fmt(r["max_abs"]), str(r["nonfinite"])])
-    return render(header, out)
+    table = render(header, out)
+    exact = [r for r in rows if "exact_rows" in r]
+    if exact:
+        table += "\n\n" + render(
+            ["op", "layer", "rows vs fp32", "pdserve rel L2 vs fp32 (max)", "SGLang rel L2 vs fp32 (max)"],
+            [[r["op"] + (f" ({r['variant']})" if r["variant"] else ""), str(r["layer"]), str(r["exact_rows"]),
+              _fmt(r["ours_vs_fp32_max"]), _fmt(r["sglang_vs_fp32_max"])] for r in exact])
+    return table
 
 
 def _load(path: Path) -> dict:

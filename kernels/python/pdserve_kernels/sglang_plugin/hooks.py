@@ -71,7 +71,7 @@ class Runtime:
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         major, minor = torch.cuda.get_device_capability(device)
-        where = dict(tp_rank=getattr(model_runner, "tp_rank", None), device=str(device), sm=f"{major}.{minor}",
+        where = dict(tp_rank=_tp_rank(model_runner), device=str(device), sm=f"{major}.{minor}",
                      sglang=_version("sglang"), pdserve_kernels=_version("pdserve-kernels"))
         if self.requested != PDSERVE:
             status = all_sglang(self.requested, OFF_REASON, **where)
@@ -94,7 +94,7 @@ class Runtime:
         import torch
 
         device = getattr(backend, "device", None)
-        where = dict(tp_rank=getattr(model_runner, "tp_rank", None), device=str(device) if device else None,
+        where = dict(tp_rank=_tp_rank(model_runner), device=str(device) if device else None,
                      sm=".".join(map(str, torch.cuda.get_device_capability(device))) if device else None,
                      sglang=_version("sglang"), pdserve_kernels=_version("pdserve-kernels"))
         status = all_sglang(self.requested, OFF_REASON if self.requested != PDSERVE else V4_REASON, **where)
@@ -204,8 +204,35 @@ class Runtime:
         self.ran.note("sparse_mla_decode", str(shape))
         if self.recorder is not None and self.recorder.active():
             self.recorder.attention(getattr(kwargs.get("layer"), "layer_id", -1), variant, out,
-                                    original(backend, **kwargs))
+                                    original(backend, **kwargs),
+                                    exact=_exact_attention(q, cache, indices, sm_scale, bf16_kv=bf16_kv, page=page))
         return out
+
+
+def _exact_attention(q, cache, indices, sm_scale, *, bf16_kv: bool, page: int):
+    """The fp32 reference (sparse_mla_reference) of the first rows, read from the same cache bytes."""
+    import torch
+
+    from ..sparse_mla_reference import LAYOUTS, reference_decode
+    from .record import EXACT_ROWS
+
+    layout = LAYOUTS["v32_bf16" if bf16_kv else "v32"]
+    h = q.shape[-2]
+    rows = q.reshape(-1, h, q.shape[-1])[:EXACT_ROWS]
+    n = rows.shape[0]
+    # The reference reads raw bytes per block: SGLang's pool is packed, page entries per block.
+    blocks = cache.reshape(cache.shape[0], -1).view(torch.uint8).reshape(-1, page * layout.entry_bytes)
+    o, _ = reference_decode(layout, rows, blocks, page, indices.reshape(-1, indices.shape[-1])[:n], float(sm_scale))
+    return o
+
+
+def _tp_rank(model_runner):
+    """The runner's tensor-parallel rank (SGLang 0.5.17 keeps it in model_runner.ps)."""
+    for holder in (model_runner, getattr(model_runner, "ps", None)):
+        rank = getattr(holder, "tp_rank", None)
+        if isinstance(rank, int):
+            return rank
+    return None
 
 
 def _load_modules(device) -> str | None:

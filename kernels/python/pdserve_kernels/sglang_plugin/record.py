@@ -7,7 +7,9 @@ server with --disable-cuda-graph, or with batches above the captured sizes, whic
 inside a CUDA-graph capture are not recorded (there is nothing to read until a replay).
 
 Top-k rows are compared as sets (the order within a row is no contract of either kernel); attention
-outputs by relative L2 error over the rows that attend to anything.
+outputs by relative L2 error over the rows that attend to anything, against each other and, for the first
+EXACT_ROWS rows, both against the fp32 reference computed from the same cache bytes (SGLang's own
+quantizer wrote them, so this is the accuracy on SGLang's amax/448 scales).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from __future__ import annotations
 import json
 import os
 import threading
+
+EXACT_ROWS = 4  # rows per call checked against the fp32 reference (it gathers topk x 576 values per row)
 
 
 class Recorder:
@@ -59,13 +63,21 @@ class Recorder:
             "rows_identical_sets": int(same.sum()),
         })
 
-    def attention(self, layer: int, variant: str, ours, reference) -> None:
-        """ours / reference: bf16 outputs of the same shape [rows, (1,) h, 512]."""
+    def attention(self, layer: int, variant: str, ours, reference, exact=None) -> None:
+        """ours / reference: bf16 outputs of the same shape [rows, (1,) h, 512]; exact: the fp32 reference of
+        the first rows ([n, h, 512]), or None."""
         o, r = ours.float().flatten(1), reference.float().flatten(1)
         diff = (o - r)
         rows_live = r.abs().amax(1) > 0
         row_err = diff.norm(dim=1) / r.norm(dim=1).clamp_min(1e-30)
-        self._write({
+        versus_exact = {}
+        if exact is not None:
+            e = exact.float().flatten(1)
+            n = e.shape[0]
+            norm = e.norm().clamp_min(1e-30)
+            versus_exact = {"exact_rows": n, "rel_l2_ours_vs_fp32": float((o[:n] - e).norm() / norm),
+                            "rel_l2_sglang_vs_fp32": float((r[:n] - e).norm() / norm)}
+        self._write({**versus_exact,
             "op": "sparse_mla_decode", "variant": variant, "layer": int(layer), "rows": int(o.shape[0]),
             "rel_l2": float(diff.norm() / r.norm().clamp_min(1e-30)),
             "rel_l2_worst_row": float(row_err[rows_live].max()) if bool(rows_live.any()) else 0.0,
