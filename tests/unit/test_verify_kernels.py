@@ -142,6 +142,14 @@ def test_a_ready_server_with_a_silent_rank_fails_and_names_the_plugin():
     assert nothing.status == "fail" and nothing.observed.startswith("no pdserve-kernels status line")
 
 
+def test_a_node_of_a_multi_node_server_is_judged_on_its_own_ranks():
+    second_node = replace(ASKED, first_rank=2)
+    assert judged([status_line(2), status_line(3)], asked=second_node).status == "pass"
+    result = judged([status_line(0), status_line(1)], asked=second_node)
+    assert result.status == "fail" and result.observed.endswith("none from TP rank(s) 2, 3")
+    assert "TP rank 2-3" in result.expected
+
+
 def test_a_server_still_starting_fails_as_not_ready_so_wait_retries():
     starting = replace(ACTIVE, active_state="activating", sub_state="start-post")
     result = judged([status_line(0)], state=starting)

@@ -22,7 +22,12 @@ class KernelsAsked:
     role: str
     unit: str
     requested: str  # <role>.attention_kernels
-    tp_size: int
+    tp_size: int  # the TP ranks this unit runs (of a multi-node server: one node's share)
+    first_rank: int = 0  # the first of them: SGLang numbers ranks across the nodes (node n: n * tp_size ...)
+
+    @property
+    def ranks(self) -> range:
+        return range(self.first_rank, self.first_rank + self.tp_size)
 
 
 def _cid(asked: KernelsAsked) -> str:
@@ -30,7 +35,8 @@ def _cid(asked: KernelsAsked) -> str:
 
 
 def _expected(asked: KernelsAsked) -> str:
-    ranks = f"TP rank 0-{asked.tp_size - 1}" if asked.tp_size > 1 else "TP rank 0"
+    first, last = asked.ranks[0], asked.ranks[-1]
+    ranks = f"TP rank {first}-{last}" if last > first else f"TP rank {first}"
     return f"pdserve's kernels for {' and '.join(OPS)} on {ranks} (pdserve-kernels status lines)"
 
 
@@ -87,7 +93,7 @@ def check_kernels(asked: KernelsAsked, state: UnitState | None, log: KernelLog |
             "the reasons (observed, details) say why the plugin kept SGLang's kernel: fix that, or set "
             f"{asked.role}.attention_kernels = \"sglang\"")
         return failed(cid, "; ".join(off), expected, fix, details)
-    missing = [rank for rank in range(asked.tp_size) if rank not in by_rank]
+    missing = [rank for rank in asked.ranks if rank not in by_rank]
     if missing:
         seen = f"{len(log.statuses)} status line(s)" if log.statuses else "no pdserve-kernels status line"
         observed = f"{seen} in this invocation; none from TP rank(s) {', '.join(map(str, missing))}"
