@@ -472,7 +472,9 @@ def test_comparator_command_line_exit_codes(tmp_path, capsys):
     other = _record("pdserve", [_req([1, 3], [-0.3, -0.2])])
     (tmp_path / "compare-sglang.json").write_text(json.dumps(ref))
     (tmp_path / "compare-pdserve.json").write_text(json.dumps(other))
-    bench = {"rows": [{"batch": 4, "context": 4096, "tokens_per_s": 1000.0, "ms_per_step": 4.0, "ttft_s": 0.2}],
+    bench = {"rows": [{"batch": 4, "context": 4096, "tokens_per_s": 1000.0, "ms_per_step": 4.0, "ttft_s": 0.2,
+                       "server_log": {"lines": 3, "gen_throughput": [990.0, 1010.0, 1005.0],
+                                      "graph": ["cuda graph: True"]}}],
              "recording": False}
     (tmp_path / "bench-pdserve.json").write_text(json.dumps({"kernels": "pdserve", "bench": bench}))
     slower = {"rows": [{"batch": 4, "context": 4096, "tokens_per_s": 500.0, "ms_per_step": 8.0, "ttft_s": 0.2},
@@ -481,7 +483,8 @@ def test_comparator_command_line_exit_codes(tmp_path, capsys):
     (tmp_path / "bench-sglang.json").write_text(json.dumps({"kernels": "sglang", "bench": slower}))
     assert diff.main([str(tmp_path)]) == 0
     out = re.sub(r" +", " ", capsys.readouterr().out)
-    assert "0/1 requests with equal tokens" in out and "| pdserve | 4 | 4096 | 1000.0 | 4.000 |" in out
+    assert "0/1 requests with equal tokens" in out
+    assert "| pdserve | 4 | 4096 | 1000.0 | 4.000 | 0.200 | 1005.0 | cuda graph: True |" in out
     assert "| sglang (recording) | 16 | 4096 | - | - | no token arrived" in out
     assert "| 4 | 4096 | 8.000 | 4.000 | 2.00x |" in out
     assert diff.main([str(tmp_path), "--require-equal-tokens"]) == 1
@@ -662,3 +665,18 @@ def test_records_summary_takes_the_worst_call_per_layer(tmp_path):
     assert (mla["max_abs"], mla["nonfinite"]) == (0.02, 1)
     table = re.sub(r" +", " ", diff.records_table([topk, mla]))
     assert "| indexer_topk | 1 | 2 | 8 | 5/8 | 0.9700 |" in table and "| sparse_mla_decode (fp8) | 0 | 2 | 8 |" in table
+
+
+def test_decode_log_stats_reads_sglangs_decode_lines():
+    text = (
+        "[2026-12-01 10:00:00] Decode batch, #running-req: 4, #token: 16640, token usage: 0.00, cuda graph: True, "
+        "gen throughput (token/s): 1234.56, #queue-req: 0\n"
+        "[2026-12-01 10:00:01] Prefill batch, #new-seq: 1, #new-token: 4096, #running-req: 4\n"
+        "[2026-12-01 10:00:01] Decode batch, #running-req: 4, #token: 16800, token usage: 0.00, cuda graph: True, "
+        "gen throughput (token/s): 1300.00, #queue-req: 0\n"
+        "[2026-12-01 10:00:02] Decode batch, #running-req: 3, #token: 12000, token usage: 0.00, cuda graph: False, "
+        "gen throughput (token/s): 900.00, #queue-req: 0\n")
+    assert server.decode_log_stats(text, 4) == {"lines": 2, "gen_throughput": [1234.56, 1300.0],
+                                                "graph": ["cuda graph: True"]}
+    assert server.decode_log_stats(text, 3)["graph"] == ["cuda graph: False"]
+    assert server.decode_log_stats(text, 16) == {"lines": 0, "gen_throughput": [], "graph": []}

@@ -147,10 +147,13 @@ def bench_phase(srv: server.Server, args: argparse.Namespace) -> dict:
         client.concurrent_timelines(srv.url, warm, max_new_tokens=8, timeout=args.request_timeout)
         for batch in args.bench_batches:
             ids = client.prompts(args.seed * 7919 + context * 31 + batch, [context] * batch, vocab)
+            log_from = len(srv.log_text())
             sent = time.perf_counter()
             timelines = client.concurrent_timelines(srv.url, ids, max_new_tokens=args.bench_new_tokens,
                                                     timeout=args.request_timeout)
-            row = {"batch": batch, "context": context, "new_tokens": args.bench_new_tokens}
+            # The server's own decode log lines for this batch: its throughput and whether it ran in a graph.
+            row = {"batch": batch, "context": context, "new_tokens": args.bench_new_tokens,
+                   "server_log": server.decode_log_stats(srv.log_text()[log_from:], batch)}
             try:
                 fig = client.decode_figures(timelines, sent)
             except ValueError as exc:  # e.g. the first requests finished before the last began decoding

@@ -108,18 +108,23 @@ def compare_table(result: dict) -> str:
 
 
 def bench_table(benches: dict[str, dict]) -> str:
-    """'kernels | batch | context | tokens/s | ms per step' for each kernel choice's bench rows, and with
-    both choices a side-by-side table of the same (batch, context)."""
-    header = ["kernels", "batch", "context", "tokens/s", "ms per step", "ttft s"]
+    """'kernels | batch | context | tokens/s | ms per step' for each kernel choice's bench rows (with the
+    median of the server's own logged decode throughput for that batch size, and whether those steps ran
+    in a CUDA graph), and with both choices a side-by-side table of the same (batch, context)."""
+    header = ["kernels", "batch", "context", "tokens/s", "ms per step", "ttft s", "server's tokens/s", "graph"]
     rows = []
     for kernels, bench in benches.items():
         mark = " (recording)" if bench.get("recording") else ""
         for r in bench["rows"]:
+            logged = r.get("server_log") or {}
+            figures = sorted(logged.get("gen_throughput") or [])
+            server = f"{figures[len(figures) // 2]:.1f}" if figures else "-"
+            graph = ", ".join(logged.get("graph") or []) or "-"
             if "error" in r:
-                rows.append([kernels + mark, str(r["batch"]), str(r["context"]), "-", "-", r["error"]])
+                rows.append([kernels + mark, str(r["batch"]), str(r["context"]), "-", "-", r["error"], server, graph])
                 continue
             rows.append([kernels + mark, str(r["batch"]), str(r["context"]), f"{r['tokens_per_s']:.1f}",
-                         f"{r['ms_per_step']:.3f}", f"{r['ttft_s']:.3f}"])
+                         f"{r['ms_per_step']:.3f}", f"{r['ttft_s']:.3f}", server, graph])
     rows.sort(key=lambda r: (int(r[2]), int(r[1]), r[0]))
     table = render(header, rows)
     if {"sglang", "pdserve"} <= benches.keys():

@@ -9,6 +9,7 @@ chosen by PDSERVE_DSA_KERNELS, read by pdserve's SGLang plugin in every schedule
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -140,6 +141,21 @@ def _answers(url: str, timeout: float = 5.0) -> bool:
             return reply.status == 200
     except (urllib.error.URLError, OSError):
         return False
+
+
+# SGLang's scheduler logs every decode_log_interval (40) decode steps, e.g.
+# "Decode batch, #running-req: 4, #token: 16640, token usage: 0.00, cuda graph: True, gen throughput (token/s): 1234.56, #queue-req: 0"
+_DECODE_LINE = re.compile(r"Decode batch\b.*?#running-req: (\d+),.*?([A-Za-z][\w ]*): (True|False), "
+                          r"gen throughput \(token/s\): ([\d.]+)")
+
+
+def decode_log_stats(text: str, batch: int) -> dict:
+    """What the server itself logged about decode batches of exactly `batch` requests in `text`: its
+    throughput figures and whether those steps ran in a CUDA graph."""
+    rows = [(int(m[1]), m[2].strip(), m[3] == "True", float(m[4])) for m in _DECODE_LINE.finditer(text)]
+    mine = [r for r in rows if r[0] == batch]
+    return {"lines": len(mine), "gen_throughput": [r[3] for r in mine],
+            "graph": sorted({f"{r[1]}: {r[2]}" for r in mine})}
 
 
 def tail(text: str, lines: int) -> str:
