@@ -5,8 +5,8 @@
 #   bash tests/gpu/dsa/run_on_device.sh run [ARGS...]    # with the last chunk (+ .whl/dsa/plugin) carried:
 #                                                        # install, write the model, run compare.py ARGS
 # ARGS go to tests/gpu/dsa/compare.py (default: --phase compare --kernels both). Results and server
-# logs go to $OUT (or ./dsa-out). PDSERVE_COMMIT, if set, is recorded. DSA_TIMEOUT (default 540 s)
-# bounds compare.py. The pdserve-kernels wheel, if carried in .whl/dsa/plugin/, is installed into the
+# logs go to $OUT (or ./dsa-out). PDSERVE_COMMIT, if set, is recorded. DSA_TIMEOUT (default: 560 s less the
+# time the steps before took) bounds compare.py. The pdserve-kernels wheel, if carried in .whl/dsa/plugin/, is installed into the
 # same --target, so its dist-info (the sglang.srt.plugins entry point) is on sys.path.
 # JIT caches (a bare machine spends ~2 min of its first start compiling): DSA_JIT_CACHE=save writes
 # them to $OUT/jit-cache.tgz after the run; with .whl/dsa/jit-cache.tgz carried they are restored first.
@@ -85,7 +85,9 @@ if [ ! -f "$model/model.safetensors" ]; then
   rm -rf "$model" && mv "$model.tmp" "$model"
 fi
 [ $# -gt 0 ] || set -- --phase compare --kernels both
-timeout "${DSA_TIMEOUT:-540}" python3 tests/gpu/dsa/compare.py --model "$model" --out "$out" "$@" 2>&1 \
+# A device call ends at 600 s: what is left of 560 s after the steps above (about 35 s on a fresh
+# machine) goes to compare.py, which then has ~40 s to stop its server on SIGTERM.
+timeout "${DSA_TIMEOUT:-$((560 - SECONDS))}" python3 tests/gpu/dsa/compare.py --model "$model" --out "$out" "$@" 2>&1 \
   | tee "$out/compare.log"
 rc=${PIPESTATUS[0]}
 if [ "${DSA_JIT_CACHE:-}" = save ]; then

@@ -25,7 +25,7 @@ READY_LINE = "The server is fired up and ready to roll"
 UNKNOWN_WEIGHT_LINE = "not found in params_dict"
 CONTEXT_LENGTH = 16384
 DEFAULT_GRAPH_BS = (1, 2, 4, 8, 16)
-STOP_TIMEOUT = 30.0
+STOP_TIMEOUT = 20.0
 
 # The H200 FP8 DSA path of the probe: FlashMLA's sparse FP8 decode, DeepGEMM's paged MQA logits and
 # the v2 JIT top-k; radix cache off so every request prefills in full and the two runs see the same
