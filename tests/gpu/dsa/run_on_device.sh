@@ -5,9 +5,10 @@
 #   bash tests/gpu/dsa/run_on_device.sh run [ARGS...]    # with the last chunk (+ .whl/dsa/plugin) carried:
 #                                                        # install, write the model, run compare.py ARGS
 # ARGS go to tests/gpu/dsa/compare.py (default: --phase compare --kernels both). Results and server
-# logs go to $OUT (or ./dsa-out). PDSERVE_COMMIT, if set, is recorded. DSA_TIMEOUT (default: 560 s less the
-# time the steps before took) bounds compare.py. The pdserve-kernels wheel, if carried in .whl/dsa/plugin/, is installed into the
-# same --target, so its dist-info (the sglang.srt.plugins entry point) is on sys.path.
+# logs go to $OUT (or ./dsa-out). PDSERVE_COMMIT, if set, is recorded. DSA_TIMEOUT (default: 560 s
+# less the time the steps before took) bounds compare.py. The pdserve-kernels wheel, if carried in
+# .whl/dsa/plugin/, is installed into the same --target, so its dist-info (the sglang.srt.plugins
+# entry point) is on sys.path.
 # JIT caches (a bare machine spends ~2 min of its first start compiling): DSA_JIT_CACHE=save writes
 # them to $OUT/jit-cache.tgz after the run; with .whl/dsa/jit-cache.tgz carried they are restored first.
 set -uo pipefail
