@@ -251,6 +251,10 @@ let
         # The deployment with every default filled in, as the units see it: for reading, not loading.
         mv "$TMPDIR"/units/pdserve-*.json $out/share/pdserve/
       ''
+      + lib.optionalString (multiHost d) ''
+        # The host's nftables ruleset for hosts without NixOS; here networking.firewall has the same ports.
+        mv "$TMPDIR"/units/pdserve-*-firewall.nft $out/share/pdserve/
+      ''
       + lib.optionalString (!multiHost d && derived.monitoringEnabled schema d.settings) ''
         # settings.monitoring.enable: the scrape jobs, a whole prometheus.yml and the alert rules; the
         # dashboard in a directory of its own, which Grafana's file provider reads whole (*.json).
@@ -412,36 +416,82 @@ let
     ) deploymentUnits
   );
 
-  # The worker ports this host's multi-host deployments listen on, each opened to the cluster addresses of
-  # the hosts that must reach it and to no other (NixOS' firewall refuses every port it does not allow).
-  # `pdserve render --host` writes the same rules as nftables for hosts without NixOS.
-  firewallRules = lib.concatMap (
+  # The firewall of this host's multi-host deployments, on top of NixOS' (which refuses every port it does
+  # not allow): each worker port (pdserve.schema.listeners) opened to the cluster addresses of the hosts
+  # that use it, closed to the deployment's other hosts, and, with openToPeers, everything else open to
+  # them (SGLang's KV side channel on random ports, NCCL's and UCX's sockets). `pdserve render --host`
+  # writes the worker ports' part as nftables for hosts without NixOS.
+  firewallOf =
     d:
-    map (l: {
-      inherit (l) first last purpose;
+    let
+      listeners = lib.filter (l: l.worker_port) (hostListenersOf d);
+      address = host: d.settings.hosts.${host}.address;
+    in
+    {
       deployment = d.settings.name;
-      sources = map (host: d.settings.hosts.${host}.address) l.reached_from;
-    }) (lib.filter (l: l.worker_port && l.reached_from != [ ]) (hostListenersOf d))
-  ) (lib.filter multiHost deployments);
+      opened = map (l: {
+        inherit (l) first last purpose;
+        sources = map address l.reached_from;
+      }) (lib.filter (l: l.reached_from != [ ]) listeners);
+      closed = map (l: { inherit (l) first last; }) listeners;
+      peers = lib.optionals cfg.openToPeers (map address (lib.filter (h: h != cfg.host) (derived.hostNames d.settings)));
+    };
+  firewalls = map firewallOf (lib.filter (d: multiHost d && hostUnitsOf d != { }) deployments);
   isIPv6 = lib.hasInfix ":";
-  nftRule =
-    r:
-    let
-      ports = if r.first == r.last then toString r.first else "${toString r.first}-${toString r.last}";
-      family = name: addresses: lib.optional (addresses != [ ]) "${name} saddr { ${lib.concatStringsSep ", " addresses} } tcp dport ${ports} accept";
-    in
-    [ "# pdserve ${r.deployment}: ${r.purpose}" ]
-    ++ family "ip" (lib.filter (a: !isIPv6 a) r.sources)
-    ++ family "ip6" (lib.filter isIPv6 r.sources);
-  iptablesRule =
-    r:
-    let
-      ports = if r.first == r.last then toString r.first else "${toString r.first}:${toString r.last}";
-    in
-    [ "# pdserve ${r.deployment}: ${r.purpose}" ]
-    ++ map (
-      a: "${if isIPv6 a then "ip6tables" else "iptables"} -A nixos-fw -p tcp -s ${a} --dport ${ports} -j nixos-fw-accept"
-    ) r.sources;
+  byFamily =
+    addresses: rule:
+    lib.optional (lib.any (a: !isIPv6 a) addresses) (rule "ip" (lib.filter (a: !isIPv6 a) addresses))
+    ++ lib.optional (lib.any isIPv6 addresses) (rule "ip6" (lib.filter isIPv6 addresses));
+  nftSet = items: "{ ${lib.concatStringsSep ", " items} }";
+  nftPorts = r: if r.first == r.last then toString r.first else "${toString r.first}-${toString r.last}";
+  iptPorts = r: if r.first == r.last then toString r.first else "${toString r.first}:${toString r.last}";
+  iptables = a: if isIPv6 a then "ip6tables" else "iptables";
+  # All opened ports first, then the closed ones, then the peers: one deployment's peers must not pass
+  # another's worker ports.
+  nftRules =
+    lib.concatMap (
+      f:
+      lib.concatMap (r: [ "# pdserve ${f.deployment}: ${r.purpose}" ]
+        ++ byFamily r.sources (family: addresses: "${family} saddr ${nftSet addresses} tcp dport ${nftPorts r} accept")
+      ) f.opened
+    ) firewalls
+    ++ lib.concatMap (
+      f:
+      lib.optionals (f.peers != [ ] && f.closed != [ ]) (
+        [ "# pdserve ${f.deployment}: its worker ports, from its other hosts not named above" ]
+        ++ byFamily f.peers (family: addresses: "${family} saddr ${nftSet addresses} tcp dport ${nftSet (map nftPorts f.closed)} drop")
+      )
+    ) firewalls
+    ++ lib.concatMap (
+      f:
+      lib.optionals (f.peers != [ ]) (
+        [ "# pdserve ${f.deployment}: anything else from its other hosts (KV side channel, NCCL, UCX)" ]
+        ++ byFamily f.peers (family: addresses: "${family} saddr ${nftSet addresses} accept")
+      )
+    ) firewalls;
+  iptablesRules =
+    lib.concatMap (
+      f:
+      lib.concatMap (r: [ "# pdserve ${f.deployment}: ${r.purpose}" ]
+        ++ map (a: "${iptables a} -A nixos-fw -p tcp -s ${a} --dport ${iptPorts r} -j nixos-fw-accept") r.sources
+      ) f.opened
+    ) firewalls
+    ++ lib.concatMap (
+      f:
+      lib.optionals (f.peers != [ ] && f.closed != [ ]) (
+        [ "# pdserve ${f.deployment}: its worker ports, from its other hosts not named above" ]
+        ++ map (
+          a: "${iptables a} -A nixos-fw -p tcp -s ${a} -m multiport --dports ${lib.concatMapStringsSep "," iptPorts f.closed} -j DROP"
+        ) f.peers
+      )
+    ) firewalls
+    ++ lib.concatMap (
+      f:
+      lib.optionals (f.peers != [ ]) (
+        [ "# pdserve ${f.deployment}: anything else from its other hosts (KV side channel, NCCL, UCX)" ]
+        ++ map (a: "${iptables a} -A nixos-fw -s ${a} -j nixos-fw-accept") f.peers
+      )
+    ) firewalls;
   nftables = config.networking.nftables.enable;
 
   users = lib.unique (map (d: d.settings.systemd.user) deployments);
@@ -483,10 +533,23 @@ in
       type = types.listOf (types.attrsOf types.anything);
       readOnly = true;
       internal = true;
-      default = firewallRules;
+      default = firewalls;
       description = ''
-        What the module opens in the firewall for the multi-host deployments' worker ports on this host:
-        one entry per listener (deployment, purpose, first and last port, source addresses).
+        What the module opens and closes in the firewall for this host's multi-host deployments: per
+        deployment, the worker ports opened (first and last port, source addresses), the worker ports
+        closed to its other hosts, and those hosts' addresses (openToPeers).
+      '';
+    };
+
+    openToPeers = mkOption {
+      type = types.bool;
+      default = true;
+      description = ''
+        Multi-host deployments: accept every other connection from the deployment's other hosts (their
+        cluster addresses): SGLang's KV side channel (random ports on every rank), NCCL's and UCX's sockets
+        between nodes and roles. Their worker ports stay open only to the hosts that use them, and hosts
+        outside the deployment reach nothing but what the firewall allows otherwise. false: open what
+        the transfer backend and NCCL need yourself (networking.firewall).
       '';
     };
 
@@ -655,9 +718,9 @@ in
           ''
         ) cfg.deployments
       )
-      ++ lib.optional (firewallRules != [ ] && !config.networking.firewall.enable) ''
+      ++ lib.optional (firewalls != [ ] && !config.networking.firewall.enable) ''
         services.pdserve: networking.firewall.enable is false, so every host that reaches this one can use
-        the worker ports of ${lib.concatStringsSep ", " (lib.unique (map (r: r.deployment) firewallRules))}, which bypass the
+        the worker ports of ${lib.concatStringsSep ", " (map (f: f.deployment) firewalls)}, which bypass the
         router's API key; with the firewall on they are open only to the hosts that must reach them.
         Write networking.firewall.enable = true;
       ''
@@ -712,11 +775,9 @@ in
       ]) deployments
     );
 
-    networking.firewall.extraInputRules = lib.mkIf (nftables && firewallRules != [ ]) (
-      lib.concatStringsSep "\n" (lib.concatMap nftRule firewallRules)
-    );
-    networking.firewall.extraCommands = lib.mkIf (!nftables && firewallRules != [ ]) (
-      lib.concatStringsSep "\n" (lib.concatMap iptablesRule firewallRules)
+    networking.firewall.extraInputRules = lib.mkIf (nftables && nftRules != [ ]) (lib.concatStringsSep "\n" nftRules);
+    networking.firewall.extraCommands = lib.mkIf (!nftables && iptablesRules != [ ]) (
+      lib.concatStringsSep "\n" iptablesRules
     );
 
     # Into a Prometheus and a Grafana the host runs, never turning either on (the options above).

@@ -78,6 +78,11 @@ class Evaluator:
 
 @pytest.fixture(scope="module")
 def nix() -> Evaluator:
+    return evaluator()
+
+
+def evaluator() -> Evaluator:
+    """The tier's Nix with the prepared inputs; skips (fails under PDSERVE_REQUIRE_EVAL=1) without them."""
     missing = [name for name in ("PDSERVE_EVAL_NIX", *INPUTS.values()) if not os.environ.get(name)]
     require_or_skip(
         not missing,

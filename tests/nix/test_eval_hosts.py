@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
+import subprocess
+import sys
 from typing import Any
 
 import pytest
 
+from pdserve.render.firewall import render_firewall
 from pdserve.schema.listeners import listeners_on
 from pdserve.schema.loading import deployment_from_data
 from pdserve.schema.topology import nodes_on, router_hosts, router_unit, server_unit
-from tests.nix.test_eval import REPO, Evaluator, nix  # noqa: F401 - nix is the tier's fixture
+from tests.nix.test_eval import REPO, Evaluator, evaluator
 from tests.nix.test_nix_hosts import EXAMPLES, example
 
 pytestmark = pytest.mark.nix_eval
@@ -26,6 +30,11 @@ pytestmark = pytest.mark.nix_eval
 CASES = REPO / "tests" / "nix" / "eval-hosts.nix"
 HOSTS = [(name, host) for name in EXAMPLES for host in example(name)["hosts"]]
 SYSTEMS = [f"{name}-{host}" for name, host in HOSTS]
+
+
+@pytest.fixture(scope="module")
+def nix() -> Evaluator:
+    return evaluator()
 
 
 @pytest.fixture(scope="module")
@@ -78,41 +87,108 @@ def test_the_units_are_rendered_for_this_host(nix: Evaluator, systems, name, hos
                      command), command
 
 
-def opened(dep, host: str) -> list[dict[str, Any]]:
-    """What the firewall must open on `host`: each worker listener to the addresses of its peers."""
-    return [{"deployment": dep.name, "purpose": item.purpose, "first": item.first, "last": item.last,
-             "sources": [dep.hosts[peer].address for peer in item.reached_from]}
-            for item in listeners_on(dep, host) if item.worker_port and item.reached_from]
-
-
-@pytest.mark.parametrize(("name", "host"), HOSTS, ids=SYSTEMS)
-def test_the_firewall_opens_each_worker_port_to_exactly_the_hosts_that_use_it(systems, name, host):
-    summary = systems[f"{name}-{host}"]
-    dep = deployment(summary)
-    expected = opened(dep, host)
-    assert summary["firewall"] == expected
-    iptables = [line for line in summary["extraCommands"].splitlines() if "nixos-fw-accept" in line]
-    nftables = [line for line in summary["nftables"]["extraInputRules"].splitlines() if line.endswith("accept")]
-    assert iptables == [f"iptables -A nixos-fw -p tcp -s {source} --dport {_ports(rule, ':')} -j nixos-fw-accept"
-                        for rule in expected for source in rule["sources"]]
-    assert nftables == [f"ip saddr {{ {', '.join(rule['sources'])} }} tcp dport {_ports(rule, '-')} accept"
-                        for rule in expected]
-    assert summary["nftables"]["failed"] == [] and summary["nftables"]["warnings"] == []
-    assert "nixos-fw-accept" not in summary["nftables"]["extraCommands"]
-    # The router's port is published (openFirewall) where the router runs, and nowhere else.
-    assert (dep.router.port in summary["allowedTCPPorts"]) is (host in router_hosts(dep))
+def firewall(dep, host: str) -> dict[str, Any]:
+    """What the module's firewall must do on `host` for `dep`: each worker listener opened to its peers'
+    addresses, every worker port closed to the deployment's other hosts, those hosts trusted otherwise."""
+    workers = [item for item in listeners_on(dep, host) if item.worker_port]
+    return {
+        "deployment": dep.name,
+        "opened": [{"purpose": item.purpose, "first": item.first, "last": item.last,
+                    "sources": [dep.hosts[peer].address for peer in item.reached_from]}
+                   for item in workers if item.reached_from],
+        "closed": [{"first": item.first, "last": item.last} for item in workers],
+        "peers": [spec.address for name, spec in dep.hosts.items() if name != host],
+    }
 
 
 def _ports(rule: dict[str, Any], separator: str) -> str:
     return str(rule["first"]) if rule["first"] == rule["last"] else f"{rule['first']}{separator}{rule['last']}"
 
 
+def rules(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line and not line.startswith("#")
+            and ("nixos-fw" in line or "saddr" in line)]
+
+
+@pytest.mark.parametrize(("name", "host"), HOSTS, ids=SYSTEMS)
+def test_the_firewall_opens_each_worker_port_to_exactly_the_hosts_that_use_it(systems, name, host):
+    summary = systems[f"{name}-{host}"]
+    dep = deployment(summary)
+    (expected,) = summary["firewall"]
+    assert expected == firewall(dep, host)
+    peers, closed = expected["peers"], expected["closed"]
+    assert rules(summary["extraCommands"]) == [
+        *(f"iptables -A nixos-fw -p tcp -s {source} --dport {_ports(rule, ':')} -j nixos-fw-accept"
+          for rule in expected["opened"] for source in rule["sources"]),
+        *(f"iptables -A nixos-fw -p tcp -s {peer} -m multiport --dports {','.join(_ports(r, ':') for r in closed)} -j DROP"
+          for peer in peers),
+        *(f"iptables -A nixos-fw -s {peer} -j nixos-fw-accept" for peer in peers),
+    ]
+    assert rules(summary["nftables"]["extraInputRules"]) == [
+        *(f"ip saddr {{ {', '.join(rule['sources'])} }} tcp dport {_ports(rule, '-')} accept" for rule in expected["opened"]),
+        f"ip saddr {{ {', '.join(peers)} }} tcp dport {{ {', '.join(_ports(r, '-') for r in closed)} }} drop",
+        f"ip saddr {{ {', '.join(peers)} }} accept",
+    ]
+    assert summary["nftables"]["failed"] == [] and summary["nftables"]["warnings"] == []
+    assert "nixos-fw" not in summary["nftables"]["extraCommands"]
+    # The router's port is published (openFirewall) where the router runs, and nowhere else.
+    assert (dep.router.port in summary["allowedTCPPorts"]) is (host in router_hosts(dep))
+
+
+NFT_ACCEPT = re.compile(r"^\s*tcp dport (\S+) ip6? saddr \{ ([^}]*) \} accept$", re.M)
+NFT_DROP = re.compile(r"^\s*tcp dport \{ ([^}]*) \} counter drop$", re.M)
+
+
+@pytest.mark.parametrize(("name", "host"), HOSTS, ids=SYSTEMS)
+def test_the_module_opens_what_pdserve_renders_for_the_host(systems, name, host):
+    """The same ports to the same hosts as the ruleset `pdserve render --host` writes for hosts without NixOS
+    (which leaves every other port to the host's own policy; on NixOS that is openToPeers)."""
+    summary = systems[f"{name}-{host}"]
+    dep = deployment(summary)
+    (module,) = summary["firewall"]
+    rendered = render_firewall(dep, host)
+    assert sorted((ports, sorted(s.strip() for s in sources.split(","))) for ports, sources in NFT_ACCEPT.findall(rendered)) \
+        == sorted((_ports(rule, "-"), sorted(rule["sources"])) for rule in module["opened"])
+    (dropped,) = NFT_DROP.findall(rendered)
+    assert sorted(p.strip() for p in dropped.split(",")) == sorted(_ports(rule, "-") for rule in module["closed"])
+
+
 def test_the_firewall_cases_cover_ranges_and_several_sources(systems):
     """The examples hold a dist-init range (four-host gpu-c) and a port two hosts reach (four-host's
     bootstrap ports): the comparisons above are not about single ports only."""
-    rules = [rule for summary in systems.values() for rule in summary["firewall"]]
-    assert any(rule["first"] < rule["last"] for rule in rules)
-    assert any(len(rule["sources"]) > 1 for rule in rules)
+    opened = [rule for summary in systems.values() for f in summary["firewall"] for rule in f["opened"]]
+    assert any(rule["first"] < rule["last"] for rule in opened)
+    assert any(len(rule["sources"]) > 1 for rule in opened)
+
+
+@pytest.mark.parametrize(("name", "host"), HOSTS, ids=SYSTEMS)
+def test_the_units_derivation_installs_exactly_the_declared_units(nix: Evaluator, systems, name, host, tmp_path):
+    """The install lines of the host's units derivation, run (with bash, as its builder would) on what
+    `pdserve render --host` writes for the evaluated settings: the unit files it ships are exactly the
+    units the module declares (wantedBy, environment), the firewall file goes to share/pdserve."""
+    summary = systems[f"{name}-{host}"]
+    (drv,) = summary["renderedUnits"]
+    (units,) = json.loads(nix.run("derivation", "show", drv).stdout).values()
+    command = units["env"]["buildCommand"]
+    install = command[command.index("mkdir -p $out/lib/systemd/system"):]
+    assert "/nix/store/" not in install, install
+    settings = tmp_path / "settings.json"
+    (data,) = summary["settings"].values()
+    settings.write_text(json.dumps(data), encoding="utf-8")
+    work, out = tmp_path / "build", tmp_path / "out"
+    work.mkdir()
+    rendered = subprocess.run(
+        [sys.executable, "-m", "pdserve.cli.main", "render", "-c", str(settings), "--out", str(work / "units"),
+         "--host", host, "--sglang-python", sys.executable, "--numactl", "/bin/true", "--pdserve", "/bin/true"],
+        capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert rendered.returncode == 0, rendered.stdout + rendered.stderr
+    ran = subprocess.run(["bash", "-euo", "pipefail", "-c", install], capture_output=True, text=True, timeout=60,
+                         env={"PATH": os.environ["PATH"], "TMPDIR": str(work), "out": str(out)})
+    assert ran.returncode == 0, ran.stderr
+    shipped = sorted(p.name.removesuffix(".service") for p in (out / "lib/systemd/system").iterdir())
+    assert shipped == sorted(summary["units"])
+    assert (out / "share/pdserve" / f"pdserve-{data['name']}-firewall.nft").is_file()
+    assert not list((work / "units").rglob("*.*")), "something pdserve rendered was left behind"
 
 
 @pytest.mark.parametrize(("name", "host"), HOSTS[:1], ids=SYSTEMS[:1])

@@ -66,7 +66,7 @@ def _kv_check(role: str) -> Check:
         # The journal is the server's host's: from another host only /server_info can say.
         if not has_capacity and ctx.here == w.on_host and not ctx.systemd_reason():
             journal = ctx.grep_journal(w.unit, "max_total_num_tokens=")
-        return servers.check_kv(ctx.exp, w, info, journal)
+        return servers.check_kv(ctx.exp, w, info, journal, None if ctx.here == w.on_host else w.on_host)
     return run
 
 

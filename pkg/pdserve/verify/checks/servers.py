@@ -20,7 +20,9 @@ def capacity_from_journal(lines: list[str]) -> int | None:
     return None
 
 
-def check_kv(exp: Expectations, w: WorkerExpectation, info: HttpObs, journal: list[str] | None) -> CheckResult:
+def check_kv(exp: Expectations, w: WorkerExpectation, info: HttpObs, journal: list[str] | None,
+             journal_on: str | None = None) -> CheckResult:
+    """journal_on: the host whose journal holds the server's lines, when it is not this one (multi-host)."""
     cid = f"kv.{w.id}"
     expected = f"max_total_num_tokens >= {exp.kv_floor} (floor; --kv-floor)"
     tokens, source = None, ""
@@ -30,7 +32,9 @@ def check_kv(exp: Expectations, w: WorkerExpectation, info: HttpObs, journal: li
         tokens, source = capacity_from_journal(journal), f"journal of {w.unit}"
     if tokens is None:
         why = info.describe() if not info.ok else "/server_info has no max_total_num_tokens"
-        if journal is None:
+        if journal_on:
+            why += f"; its journal is on host {journal_on} (`pdserve verify --host {journal_on}` there reads it)"
+        elif journal is None:
             why += "; no journal to fall back on (no systemd)"
         else:
             why += "; no `max_total_num_tokens=` line in the journal"
