@@ -655,7 +655,8 @@ def test_records_summary_takes_the_worst_call_per_layer(tmp_path):
             {"op": "sparse_mla_decode", "variant": "fp8", "layer": 0, "rows": 4, "rel_l2": 0.002,
              "rel_l2_worst_row": 0.004, "max_abs": 0.01, "nonfinite": 0},
             {"op": "sparse_mla_decode", "variant": "fp8", "layer": 0, "rows": 4, "rel_l2": 0.003,
-             "rel_l2_worst_row": 0.003, "max_abs": 0.02, "nonfinite": 1}]
+             "rel_l2_worst_row": 0.003, "max_abs": 0.02, "nonfinite": 1,
+             "exact_rows": 2, "rel_l2_ours_vs_fp32": 0.0021, "rel_l2_sglang_vs_fp32": 0.0035}]
     (tmp_path / "records-11.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs[:3]))
     (tmp_path / "records-12.jsonl").write_text(json.dumps(recs[3]) + "\n\n")
     topk, mla = sorted(diff.summarize_records(tmp_path), key=lambda r: r["op"])
@@ -665,6 +666,9 @@ def test_records_summary_takes_the_worst_call_per_layer(tmp_path):
     assert (mla["max_abs"], mla["nonfinite"]) == (0.02, 1)
     table = re.sub(r" +", " ", diff.records_table([topk, mla]))
     assert "| indexer_topk | 1 | 2 | 8 | 5/8 | 0.9700 |" in table and "| sparse_mla_decode (fp8) | 0 | 2 | 8 |" in table
+    # Only the calls that carry the fp32 reference of their first rows count for it.
+    assert (mla["exact_rows"], mla["ours_vs_fp32_max"], mla["sglang_vs_fp32_max"]) == (2, 0.0021, 0.0035)
+    assert "| sparse_mla_decode (fp8) | 0 | 2 | 0.0021 | 0.0035 |" in table
 
 
 def test_decode_log_stats_reads_sglangs_decode_lines():
