@@ -252,3 +252,28 @@ def test_a_host_that_runs_nothing_is_a_warning():
     data["hosts"]["gpu-z"] = {"address": "10.10.0.9"}
     problem = one(problems_of(data), "hosts.gpu-z")
     assert problem.severity == "warning" and "runs nothing" in problem.message
+
+
+def test_deployments_together_collide_per_host_address():
+    from pdserve.schema.rules_across import validate_across
+
+    first = load(TWO_HOST).deployment
+    data = two_host()
+    data["name"] = "other"
+    data["hosts"]["gpu-a"]["address"] = "10.10.0.7"  # its own host there, gpu-b's address shared
+    second = renderable_from_data(data, "t").deployment
+    found = validate_across([first, second])
+    assert {p.field for p in found} == {"other: decode[0].port", "other: router.port", "other: router.prometheus_port"}
+    assert "two deployments on host 10.10.0.2" in found[0].message
+    one_host = load().deployment.model_copy(update={"name": "ref"})
+    assert validate_across([first, one_host]) == []   # one host and several: their ports are not compared
+
+
+def test_check_says_why_it_does_not_check_a_host_of_several():
+    from click.testing import CliRunner
+
+    from pdserve.cli.main import main
+
+    result = CliRunner().invoke(main, ["check", "-c", str(TWO_HOST), "--no-parsers", "--host"])
+    assert result.exit_code == 0, result.output
+    assert "host checks: off: deployment dsv4 spans hosts (gpu-a, gpu-b)" in result.output

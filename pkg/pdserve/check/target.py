@@ -51,6 +51,11 @@ def _span(values: list[int]) -> str:
 def decide(dep: Deployment, asked: bool | None, systemd_missing: str | None, view: HostView | None) -> HostRule:
     """The rule for one deployment: `asked` is --host (True), --no-host (False) or neither (None);
     `view` may be None only when `asked` is not None (then the host is not read to decide)."""
+    if dep.multi_host and asked is not False:
+        # The host checks compare one host's GPUs, NUMA nodes and files with what the file places there;
+        # which of a multi-host deployment's hosts this one is, `check` cannot tell yet.
+        return HostRule(False, f"off: deployment {dep.name} spans hosts ({', '.join(dep.hosts)}); checking one of "
+                               "them against its placement is not supported yet")
     if asked is True:
         return HostRule(True, "on (asked with --host)")
     if asked is False:

@@ -13,18 +13,29 @@ from dataclasses import dataclass
 
 from pdserve.schema.config import ROLES, Deployment, Role
 from pdserve.schema.derived import unit_name
+from pdserve.schema.listeners import listeners as placed_listeners
 from pdserve.schema.problems import Problem
+from pdserve.schema.topology import Node, router_hosts, router_unit, server_unit, servers
 
 
 @dataclass(frozen=True)
 class Listener:
     field: str
     port: int
+    # Multi-host deployments: the cluster address of the host that binds it. "" is a single-host file's
+    # one host; listeners of a single-host and a multi-host deployment are not compared (where the one
+    # host sits among the other's hosts, no file says).
+    address: str = ""
 
 
 def listeners(dep: Deployment) -> list[Listener]:
     """Every port a deployment binds, in either layout. The fallback counts only where it has a port of
-    its own: by default it takes the router's, which is the same deployment's and never runs beside it."""
+    its own: by default it takes the router's, which is the same deployment's and never runs beside it.
+    A multi-host deployment's: per host (pdserve.schema.listeners), each port of a range on its own."""
+    if dep.multi_host:
+        return [Listener(item.field, port, dep.hosts[item.host].address)
+                for item in placed_listeners(dep) if item.host in dep.hosts
+                for port in range(item.first, item.last + 1)]
     found = [
         Listener("prefill.port", dep.prefill.port),
         Listener("decode.port", dep.decode.port),
@@ -38,19 +49,23 @@ def listeners(dep: Deployment) -> list[Listener]:
 
 
 def unit_names(dep: Deployment) -> dict[str, Role]:
+    if dep.multi_host:
+        found: dict[str, Role] = {server_unit(dep, Node(s, rank)): s.role for s in servers(dep) for rank in range(s.nnodes)}
+        return found | {router_unit(dep, host): "router" for host in router_hosts(dep)}
     return {unit_name(dep, role): role for role in ROLES}
 
 
 def colliding_ports(deployments: Sequence[Deployment]) -> Iterator[Problem]:
-    taken: dict[int, tuple[int, str, str]] = {}
+    taken: dict[tuple[str, int], tuple[int, str, str]] = {}
     for index, dep in enumerate(deployments):
         for listener in listeners(dep):
-            owner = taken.setdefault(listener.port, (index, dep.name, listener.field))
+            owner = taken.setdefault((listener.address, listener.port), (index, dep.name, listener.field))
             if owner[0] != index:
+                where = f"host {listener.address}" if listener.address else "one host"
                 yield Problem(
                     f"{dep.name}: {listener.field}",
                     listener.port,
-                    f"is already taken by deployment {owner[1]}'s {owner[2]}; two deployments on one host "
+                    f"is already taken by deployment {owner[1]}'s {owner[2]}; two deployments on {where} "
                     "cannot listen on the same port",
                     f"give deployment {dep.name} a free port for {listener.field}",
                 )
