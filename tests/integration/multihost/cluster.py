@@ -11,6 +11,7 @@ removes the namespaces after it).
 
 from __future__ import annotations
 
+import secrets
 import sys
 import threading
 import time
@@ -49,9 +50,9 @@ def wait_for(predicate: Callable[[], object], timeout: float, what: str, interva
         time.sleep(interval)
 
 
-def _get_status(url: str, timeout: float) -> int | None:
+def _get_status(url: str, timeout: float, headers: dict[str, str] | None = None) -> int | None:
     try:
-        return httpx.get(url, timeout=timeout).status_code
+        return httpx.get(url, timeout=timeout, headers=headers).status_code
     except httpx.HTTPError:
         return None
 
@@ -67,17 +68,34 @@ class Cluster:
     plan: Plan
     logs: Path
     shim: Path = field(init=False)
+    # The router's API key where the deployment names one (api_key_file): made up for the test.
+    api_key: str = field(default_factory=lambda: secrets.token_urlsafe(24))
 
     def __post_init__(self) -> None:
         self.shim = make_shim(self.logs / "shim")
 
+    @property
+    def keyed(self) -> bool:
+        return bool(self.plan.router.credentials)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.keyed else {}
+
     # -- processes ------------------------------------------------------------------------------
 
     def log(self, process: Process) -> Path:
-        return self.logs / f"{process.role}@{process.host}.log"
+        return self.logs / f"{process.unit}@{process.host}.log"
 
     def start(self, process: Process) -> None:
         env = env_with_fixtures(dict(process.env), first=[str(self.shim)])
+        if process.credentials:
+            # What systemd's LoadCredential= gives the unit: the key in $CREDENTIALS_DIRECTORY/<name>.
+            credentials = self.logs / f"credentials-{process.unit}"
+            credentials.mkdir(mode=0o700, exist_ok=True)
+            for name in process.credentials:
+                (credentials / name).write_text(self.api_key)
+            env["CREDENTIALS_DIRECTORY"] = str(credentials)
         self.net[process.host].start(list(process.argv), self.log(process), env)
 
     def start_host(self, host: str) -> None:
@@ -99,7 +117,7 @@ class Cluster:
             return "(no log)"
 
     def diagnostics(self) -> str:
-        return "\n".join(f"--- {p.name} ({p.url})\n{self.tail(p)}" for p in self.plan.processes)
+        return "\n".join(f"--- {p.name} {p.unit} ({p.url})\n{self.tail(p)}" for p in self.plan.processes)
 
     # -- views from the router host -------------------------------------------------------------
 
@@ -107,8 +125,8 @@ class Cluster:
     def router_host(self):
         return self.net[self.plan.router.host]
 
-    def status_from_router_host(self, url: str, timeout: float = 2.0) -> int | None:
-        return self.router_host.call(_get_status, url, timeout, timeout=timeout + 5)
+    def status_from(self, host: str, url: str, timeout: float = 2.0, headers: dict[str, str] | None = None) -> int | None:
+        return self.net[host].call(_get_status, url, timeout, headers, timeout=timeout + 5)
 
     def metrics_from_router_host(self, url: str, timeout: float = 3.0) -> metrics.MetricsObs:
         return self.router_host.call(_read_metrics, url, timeout, timeout=timeout + 5)
@@ -117,7 +135,7 @@ class Cluster:
     def router_metrics_url(self) -> str:
         argv = self.plan.router.argv
         host, port = argv[argv.index("--prometheus-host") + 1], argv[argv.index("--prometheus-port") + 1]
-        return f"http://{host}:{port}/metrics"
+        return f"http://{'127.0.0.1' if host == '0.0.0.0' else host}:{port}/metrics"
 
     def worker_health(self) -> dict[str, float]:
         """The router's own view: worker URL -> smg_worker_health (1 healthy, 0 not); {} if unreadable."""
@@ -132,16 +150,15 @@ class Cluster:
         return metrics.total(obs, family) or 0.0
 
     def wait_serving(self, timeout: float = START_TIMEOUT) -> None:
-        """Every worker answers /health (seen from the router host), the router is ready and marks every
-        worker healthy."""
-        workers = [p for p in self.plan.processes if p.role != "router"]
-        for process in workers:
-            wait_for(lambda p=process: self.status_from_router_host(f"{p.url}/health") == 200, timeout,
+        """Every server node answers /health (seen from its own host: a firewall may keep others out of
+        a node's port), the router is ready and marks every server healthy."""
+        for process in [p for p in self.plan.processes if p.role != "router"]:
+            wait_for(lambda p=process: self.status_from(p.host, f"{p.url}/health") == 200, timeout,
                      f"{process.name} to answer /health at {process.url}\n{self.diagnostics()}", 0.5)
         router = self.plan.router
-        wait_for(lambda: _get_status(f"{router.url}/readiness", 2.0) == 200, timeout,
+        wait_for(lambda: self.status_from(router.host, f"{router.url}/readiness", headers=self.headers) == 200, timeout,
                  f"the router at {router.url} to be ready\n{self.tail(router)}", 0.5)
-        wanted = {p.url for p in workers}
+        wanted = {p.url for p in self.plan.heads}
         wait_for(lambda: {u for u, v in self.worker_health().items() if v == 1.0} >= wanted, timeout,
                  f"the router to mark every worker healthy ({sorted(wanted)})", 0.5)
 

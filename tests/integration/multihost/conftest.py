@@ -1,16 +1,18 @@
-"""The multi-host tier's fixtures: five "hosts" as network namespaces on one bridge (router, two prefill,
-two decode hosts), the deployment's processes started on them once per session, and the host-failure
-table printed in pytest's terminal summary (so CI's log has it without -s).
+"""The multi-host tier's fixtures: each host of a deployment as a network namespace on one bridge, the
+deployment rendered per host by `pdserve render --host`, each host's firewall applied and its processes
+started, and the host-failure table printed in pytest's terminal summary (so CI's log has it without -s).
 
-Why network namespaces and not one systemd-nspawn container per host: what this tier tests is the
-network between hosts (cluster addresses, links, firewalls, a host going away), and the units' own
-behaviour under a real systemd is the container tier's (tests/integration/systemd). Each host here is
-its own network stack (interfaces, addresses, routes, netfilter tables) joined to the others by a veth
-on a Linux bridge; its processes are started with pdserve's rendered argv and environment. Five booted
-containers would add five systemds to two cores without testing anything more about the network.
+Why network namespaces running the rendered processes, and not one systemd-nspawn container per host:
+what this tier tests is the network between hosts (cluster addresses, links, firewalls, a host going
+away), and the units' own behaviour under a real systemd is the container tier's (tests/integration/
+systemd). Each host here is its own network stack (interfaces, addresses, routes, netfilter tables)
+joined to the others by a veth on a Linux bridge; its processes are started with the argv and
+environment its units run. Five booted containers would add five systemds to two cores and test
+nothing more about the network. (test_router_host_under_systemd.py boots one, for the router host's
+units, whose readiness gates reach across hosts.)
 
-Skipped, with the reason, when not root or iproute2 / the router / SGLang's parser are missing;
-PDSERVE_REQUIRE_MULTIHOST=1 (CI) turns each of those skips into a failure.
+Skipped, with the reason, when not root or iproute2 / nftables / the router / SGLang's parser are
+missing; PDSERVE_REQUIRE_MULTIHOST=1 (CI) turns each of those skips into a failure.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import importlib.util
 import os
 import shutil
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -34,6 +38,7 @@ if str(FIXTURES) not in sys.path:
 from multihost_net import cluster_network, remove_leftovers  # noqa: E402
 
 REQUIRE = "PDSERVE_REQUIRE_MULTIHOST"
+
 # Rows of the host-failure table (tests/integration/multihost/test_host_failure.py appends them).
 HOST_FAILURE_ROWS: list[str] = []
 HOST_FAILURE_HEADER: list[str] = []
@@ -42,42 +47,41 @@ HOST_FAILURE_HEADER: list[str] = []
 def prerequisites() -> None:
     require_or_skip(sys.platform == "linux" and os.geteuid() == 0,
                     "the multi-host tier needs root (network namespaces, veths, a bridge)", REQUIRE)
-    missing = [tool for tool in ("ip",) if shutil.which(tool) is None]
-    require_or_skip(not missing, f"missing {', '.join(missing)} (apt-get install iproute2)", REQUIRE)
+    missing = [tool for tool in ("ip", "nft") if shutil.which(tool) is None]
+    require_or_skip(not missing, f"missing {', '.join(missing)} (apt-get install iproute2 nftables)", REQUIRE)
     absent = [m for m in ("sglang_router", "sglang") if importlib.util.find_spec(m) is None]
     require_or_skip(not absent, f"the test environment lacks {', '.join(absent)} (sglang-router 0.3.2, sglang 0.5.23)",
                     REQUIRE)
 
 
-def require_nft() -> None:
-    require_or_skip(shutil.which("nft") is not None, "nft is missing (apt-get install nftables)", REQUIRE)
-
-
-@pytest.fixture(scope="session")
-def plan() -> plans.Plan:
-    return plans.from_single_host_renders()
-
-
-@pytest.fixture(scope="session")
-def net(plan):
+@contextmanager
+def running(source: Path, tag: str, work: Path) -> Iterator[Cluster]:
+    """The deployment at `source` rendered per host, on a bridge of its own (names tagged `tag`), every
+    host's firewall applied, every process started and serving; all of it removed on exit."""
     prerequisites()
     left = remove_leftovers()
     if left:
         print(f"\nremoved leftovers of an earlier multi-host run: {', '.join(left)}")
-    with cluster_network(plan.addresses, plans.NETWORK) as net:
+    plan = plans.render(source, work / "rendered")
+    with cluster_network(plan.addresses, plan.network, tag=tag) as net:
         net.check_links()
-        yield net
+        cluster = Cluster(net, plan, work)
+        try:
+            # As on real hosts, each firewall is up before anything listens (NixOS applies it at boot).
+            for host, ruleset in plan.firewalls.items():
+                net[host].apply_nftables(ruleset)
+            cluster.start_all()
+            cluster.wait_serving()
+            yield cluster
+        finally:
+            cluster.stop()
 
 
 @pytest.fixture(scope="session")
-def cluster(net, plan, tmp_path_factory):
-    running = Cluster(net, plan, tmp_path_factory.mktemp("multihost"))
-    try:
-        running.start_all()
-        running.wait_serving()
-        yield running
-    finally:
-        running.stop()
+def cluster(tmp_path_factory):
+    """The tier's own deployment (tests/integration/multihost/deployment.toml), once per session."""
+    with running(plans.OWN, "m", tmp_path_factory.mktemp("multihost")) as cluster:
+        yield cluster
 
 
 class _HostFailureTable:
@@ -98,7 +102,8 @@ def pytest_configure(config) -> None:
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
-    if report.when == "call" and report.failed and "cluster" in item.fixturenames:
-        running = item.funcargs.get("cluster")
-        if running is not None:
-            report.sections.append(("multi-host logs", running.diagnostics()))
+    if report.when == "call" and report.failed:
+        for name in ("cluster", "example"):
+            running_cluster = item.funcargs.get(name)
+            if isinstance(running_cluster, Cluster):
+                report.sections.append((f"multi-host logs ({name})", running_cluster.diagnostics()))

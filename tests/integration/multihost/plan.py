@@ -1,62 +1,67 @@
-"""What runs on which host of the multi-host tier: each process's host, role, argv, environment and URL,
-and each host's firewall file, taken from pdserve's own rendering (never written by the test).
-
-Topology of the tier: one router host and two prefill and two decode hosts, so that every request
-crosses links twice (router -> prefill, router -> decode) and every KV hand-off once (decode ->
-prefill's bootstrap port), and every role keeps a worker when one host goes away.
+"""What runs on which host of a multi-host deployment, as pdserve renders it (never written by the test):
+`pdserve render --host NAME` (the real CLI) writes each host's units and nftables ruleset, and
+`pdserve.render.argv.host_launches` gives the argv and environment of each unit's process, which the tier
+starts inside that host's network namespace (the unit files are checked to be the same set).
 """
 
 from __future__ import annotations
 
+import ipaddress
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from pdserve.render.argv import launches
+from pdserve.render.argv import host_launches
+from pdserve.render.firewall import firewall_filename
 from pdserve.render.toolchain import Toolchain
-from pdserve.schema.loading import deployment_from_data
+from pdserve.schema.config import Deployment
+from pdserve.schema.loading import load
+from pdserve.schema.topology import Server, host_address, host_names, servers
 
-MODEL = "standin"
-ROUTER_PORT = 30080
-ROUTER_METRICS_PORT = 29080
-PREFILL_PORT = 30100
-DECODE_PORT = 30200
-BOOTSTRAP_PORT = 8998
-# A link cut leaves the router's health check waiting for an answer that never comes: this bounds
-# each check (pdserve's default, 30 s, is sized for a loaded GPU server's slow /health).
-HEALTH_CHECK_TIMEOUT_SECS = 3
-
-# host name -> address on the cluster network (tests/fixtures/multihost_net.py makes one namespace each).
-ADDRESSES = {
-    "router": "10.77.0.10",
-    "prefill-a": "10.77.0.11",
-    "prefill-b": "10.77.0.12",
-    "decode-a": "10.77.0.21",
-    "decode-b": "10.77.0.22",
-}
-NETWORK = "10.77.0.0/24"
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[2]
+# The tier's own deployment (two servers per role on four hosts, the router on a fifth) and the examples.
+OWN = HERE / "deployment.toml"
+EXAMPLES = {"two-host": REPO / "hosts/two-host/deployment.toml", "four-host": REPO / "hosts/four-host/deployment.toml"}
+RENDER_TIMEOUT = 60
 
 
 @dataclass(frozen=True)
 class Process:
     host: str
     role: str  # prefill, decode or router
+    unit: str
     argv: tuple[str, ...]
     env: dict[str, str]
-    url: str
+    url: str  # how other hosts reach its HTTP port (a router listening on 0.0.0.0: at its host's address)
+    server: str | None = None  # the server it is a node of (None: the router)
+    node_rank: int = 0
+    credentials: dict[str, str] = field(default_factory=dict)  # systemd credential name -> file
 
     @property
     def name(self) -> str:
-        return f"{self.role}@{self.host}"
+        return f"{self.server or self.role}@{self.host}" if self.node_rank == 0 else \
+            f"{self.server}-node{self.node_rank}@{self.host}"
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
+
+    def flag(self, name: str) -> str | None:
+        """The value of `name` in its argv (the last one given), or None."""
+        at = [i for i, arg in enumerate(self.argv) if arg == name]
+        return self.argv[at[-1] + 1] if at else None
 
 
 @dataclass(frozen=True)
 class Plan:
+    dep: Deployment
+    source: Path
     addresses: dict[str, str]
     processes: tuple[Process, ...]
-    firewalls: dict[str, Path] = field(default_factory=dict)  # host -> nftables file rendered for it
-    source: str = ""  # how the plan was rendered, for the test log
+    firewalls: dict[str, Path]  # host -> the nftables file `render --host` wrote for it
+    units: dict[str, Path]  # host -> the directory `render --host` wrote its units to
 
     def on(self, host: str) -> list[Process]:
         return [p for p in self.processes if p.host == host]
@@ -69,44 +74,65 @@ class Plan:
         (router,) = self.role("router")
         return router
 
+    @property
+    def heads(self) -> list[Process]:
+        """The servers' node-0 processes: the ones with the HTTP API the router uses."""
+        return [p for p in self.processes if p.role != "router" and p.node_rank == 0]
+
     def hosts_of(self, role: str) -> list[str]:
         return sorted({p.host for p in self.role(role)})
 
+    def servers(self) -> list[Server]:
+        return servers(self.dep)
 
-def _pair_deployment(prefill_host: str, decode_host: str) -> dict[str, Any]:
-    """A single-host deployment file whose prefill, decode and router listen on three hosts' addresses."""
-    return {
-        "name": "mh",
-        "model": {"path": "/models/standin", "served_name": MODEL, "context_length": 32768},
-        "prefill": {"gpus": [0], "host": ADDRESSES[prefill_host], "allow_non_loopback": True, "port": PREFILL_PORT,
-                    "mem_fraction_static": 0.8},
-        "decode": {"gpus": [1], "host": ADDRESSES[decode_host], "allow_non_loopback": True, "port": DECODE_PORT,
-                   "mem_fraction_static": 0.8},
-        "transfer": {"backend": "nixl", "bootstrap_port": BOOTSTRAP_PORT},
-        "router": {"host": ADDRESSES["router"], "port": ROUTER_PORT, "prometheus_host": ADDRESSES["router"],
-                   "prometheus_port": ROUTER_METRICS_PORT, "health_check_timeout_secs": HEALTH_CHECK_TIMEOUT_SECS,
-                   "worker_startup_timeout_secs": 120, "request_timeout_secs": 60},
-        "fallback": {"gpus": [0, 1]},
-    }
+    @property
+    def network(self) -> str:
+        """The /24 every host address is in (the test bridge's network)."""
+        nets = {ipaddress.ip_network(f"{a}/24", strict=False) for a in self.addresses.values()}
+        if len(nets) != 1:
+            raise ValueError(f"{self.source}: the hosts' addresses are not in one /24: {sorted(self.addresses.values())}")
+        return str(nets.pop())
 
 
-def from_single_host_renders() -> Plan:
-    """Interim, until `pdserve render --host` exists: one single-host deployment per prefill/decode pair,
-    each rendered by pdserve's `launches`; the router is pair a's, given pair b's workers too."""
-    tools = Toolchain(sglang_python=sys.executable, numactl="/usr/bin/numactl", pdserve="pdserve")
+def tools() -> Toolchain:
+    python = sys.executable
+    return Toolchain(sglang_python=python, numactl="/usr/bin/numactl", pdserve=str(Path(python).parent / "pdserve"))
+
+
+def render(source: Path, out: Path) -> Plan:
+    """Render every host of `source` with the real CLI into out/<host>/ and collect what each runs."""
+    dep = load(source).deployment
+    chain = tools()
     processes: list[Process] = []
-    router_argv: list[str] = []
-    for index, (prefill_host, decode_host) in enumerate((("prefill-a", "decode-a"), ("prefill-b", "decode-b"))):
-        dep = deployment_from_data(_pair_deployment(prefill_host, decode_host), f"pair {index}").deployment
-        launch = launches(dep, tools)
-        for role, host in (("prefill", prefill_host), ("decode", decode_host)):
-            processes.append(Process(host, role, launch[role].argv, dict(launch[role].env), launch[role].url))
-        if index == 0:
-            router_argv = list(launch["router"].argv)
-            router_url = launch["router"].url
-        else:
-            at = router_argv.index("--host")
-            router_argv[at:at] = ["--prefill", launch["prefill"].url, str(BOOTSTRAP_PORT),
-                                  "--decode", launch["decode"].url]
-    processes.append(Process("router", "router", tuple(router_argv), {}, router_url))
-    return Plan(dict(ADDRESSES), tuple(processes), source="single-host renders (interim)")
+    firewalls: dict[str, Path] = {}
+    units: dict[str, Path] = {}
+    # One `pdserve render --host` per host, side by side (each is a Python start: about 2 s).
+    renders = {host: subprocess.Popen(
+        [chain.pdserve, "render", "--host", host, "-c", str(source), "--out", str(out / host), "--sglang-python",
+         chain.sglang_python, "--numactl", chain.numactl, "--pdserve", chain.pdserve],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for host in host_names(dep)}
+    for host, proc in renders.items():
+        try:
+            _, stderr = proc.communicate(timeout=RENDER_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise RuntimeError(f"pdserve render --host {host} -c {source} took over {RENDER_TIMEOUT} s") from None
+        if proc.returncode != 0:
+            raise RuntimeError(f"pdserve render --host {host} -c {source} failed ({proc.returncode}): {stderr}")
+    for host in host_names(dep):
+        directory = out / host
+        firewalls[host], units[host] = directory / firewall_filename(dep), directory
+        launches = host_launches(dep, host, chain)
+        rendered = sorted(p.stem for p in directory.glob("*.service"))
+        if rendered != sorted(launch.unit for launch in launches):
+            raise RuntimeError(f"render --host {host} wrote units {rendered}, host_launches has "
+                               f"{sorted(launch.unit for launch in launches)}")
+        address = host_address(dep, host) or ""
+        for launch in launches:
+            # A router on a wildcard address is reached at its host's cluster address from elsewhere.
+            public = launch.role == "router" and dep.router.host in ("0.0.0.0", "::")
+            url = f"http://{address}:{dep.router.port}" if public else launch.url
+            processes.append(Process(host, launch.role, launch.unit, launch.argv, dict(launch.env), url,
+                                     launch.server, launch.node_rank, dict(launch.credentials)))
+    addresses = {host: host_address(dep, host) or "" for host in host_names(dep)}
+    return Plan(dep, source, addresses, tuple(processes), firewalls, units)

@@ -172,12 +172,14 @@ def customize(root: Path, env: PythonEnv, user: str) -> None:
     (root / "etc/pdserve").mkdir(mode=0o755, exist_ok=True)
 
 
-def fresh_container(work: Path, repo: Path, read_only_binds: tuple[str, ...] = ()) -> Container:
+def fresh_container(work: Path, repo: Path, read_only_binds: tuple[str, ...] = (),
+                    network_namespace: str | None = None) -> Container:
     """A container on a fresh copy of the cached rootfs, ready for the units, not booted yet."""
     env = PythonEnv.current(repo)
     root = prepared_rootfs(work, BASE_PACKAGES + env.rootfs_packages)
     customize(root, env, "pdserve")
-    return Container(root, env, work / "console.log", read_only_binds=read_only_binds)
+    return Container(root, env, work / "console.log", read_only_binds=read_only_binds,
+                     network_namespace=network_namespace)
 
 
 @contextmanager
@@ -206,14 +208,20 @@ class Container:
     boots: int = 0
     # Further read-only mounts, "HOST:INSIDE" as --bind-ro= takes them (a stand-in /nix/store).
     read_only_binds: tuple[str, ...] = ()
+    # A named network namespace (`ip netns`) to boot in instead of the host's network: one host of the
+    # multi-host tier (tests/integration/multihost). Its name is also the machine's.
+    network_namespace: str | None = None
     _console: object = field(default=None, repr=False)
 
     # -- lifecycle --------------------------------------------------------------------------------
 
     def boot(self) -> None:
+        machine = self.network_namespace or f"pdserve-test-{os.getpid()}"
         argv = ["systemd-nspawn", "-D", str(self.root), "--boot", "--register=no", "--keep-unit",
-                "--console=read-only", f"--machine=pdserve-test-{os.getpid()}",
+                "--console=read-only", f"--machine={machine}",
                 *[f"--bind-ro={b}" for b in (*self.env.binds, *self.read_only_binds)]]
+        if self.network_namespace:
+            argv.append(f"--network-namespace-path=/run/netns/{self.network_namespace}")
         self.boots += 1
         self._console = self.log.open("ab")
         self._console.write(f"\n=== boot {self.boots}: {' '.join(argv)}\n".encode())

@@ -1,0 +1,57 @@
+"""The examples under hosts/ (two-host: prefill on one host, decode and router on the other; four-host:
+two prefill hosts, one decode server spanning two hosts as one multi-node TP, the router on the decode's
+first host) run as written: every host rendered by `pdserve render --host`, its firewall applied, its
+processes started on a network namespace with the example's own cluster address. Nothing of the file is
+changed for the test; the GPU-free parts are the stand-in behind `python -m sglang.launch_server` and
+the router's API key, made up and handed over as systemd's LoadCredential= would.
+
+The stand-in has no multi-node TP: a node of rank > 0 starts (its argv parsed by SGLang's own parser,
+--nnodes/--node-rank/--dist-init-addr included) and answers on its own host, but nothing joins it to
+node 0; what is checked of it is the firewall around it and that the router never uses it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.integration.multihost.checks import chat, listeners_off_their_address, wrong_firewall_paths
+from tests.integration.multihost.conftest import running
+from tests.integration.multihost.plan import EXAMPLES
+
+pytestmark = pytest.mark.integration
+
+REQUESTS = 12
+TAGS = {"two-host": "x2", "four-host": "x4"}
+
+
+@pytest.fixture(scope="module", params=sorted(EXAMPLES))
+def example(request, tmp_path_factory):
+    with running(EXAMPLES[request.param], TAGS[request.param], tmp_path_factory.mktemp(request.param)) as cluster:
+        yield cluster
+
+
+def test_the_example_serves_across_its_hosts(example):
+    assert listeners_off_their_address(example) == []
+    served = chat(example, REQUESTS)
+    heads = example.plan.heads
+    assert all(served[p.name] > 0 for p in heads), served
+    for role in ("prefill", "decode"):
+        assert sum(served[p.name] for p in heads if p.role == role) == REQUESTS, served
+    # Each hand-off went from a decode host to a prefill on another host.
+    assert sum(v for k, v in served.items() if k.startswith("hand-offs from ")) == REQUESTS, served
+    assert set(example.plan.hosts_of("prefill")).isdisjoint(example.plan.hosts_of("decode"))
+    # The router was given node 0 of every server and nothing else.
+    assert set(example.worker_health()) == {p.url for p in heads}, example.worker_health()
+
+
+def test_the_examples_firewalls_open_each_worker_port_only_to_the_hosts_that_use_it(example):
+    assert wrong_firewall_paths(example) == []
+
+
+def test_the_router_refuses_a_request_without_the_key(example):
+    import httpx
+
+    assert example.keyed, "the examples name router.api_key_file"
+    response = httpx.post(f"{example.plan.router.url}/v1/chat/completions", timeout=10,
+                          json={"model": example.plan.dep.model.served_name, "messages": [{"role": "user", "content": "hi"}]})
+    assert response.status_code == 401, response.text
