@@ -42,6 +42,7 @@ RENDERED_SERVER_FLAGS = {
     "--nnodes": "<role>.hosts (a multi-host deployment's multi-node server)",
     "--node-rank": "<role>.hosts (a multi-host deployment's multi-node server)",
     "--dist-init-addr": "<role>.dist_init_port (a multi-host deployment's multi-node server)",
+    "--nccl-init-addr": "<role>.dist_init_port (a multi-host deployment's multi-node server)",  # its alias
 }
 RENDERED_ROUTER_FLAGS = {
     "--pd-disaggregation": "the deployment itself",
