@@ -240,3 +240,16 @@ def test_every_example_argv_passes_the_real_parsers():
                          (TWO_HOST, ["prefill[0]", "decode[0]", "router"])):
         report = check_with_parsers(load(path).deployment, sys.executable, required_by="test")
         assert report.problems == [] and report.checked == fields, (path.name, report)
+
+
+def test_plain_host_plan_here_documents_write_the_exact_units_and_ruleset(tmp_path):
+    """Piped, `plan --host` is copyable shell: its here-documents give back the unit files and the ruleset."""
+    require_or_skip(shutil.which("bash") is not None, "bash is missing", "PDSERVE_REQUIRE_SYSTEMD")
+    text = run("plan", "-c", str(FOUR_HOST), "--host", "gpu-a", *TOOL_FLAGS).output
+    heredocs = "\n".join(re.findall(r"^cat > .*?^PDSERVE_UNIT_END$", text, re.MULTILINE | re.DOTALL))
+    out = tmp_path / "out"
+    out.mkdir()
+    subprocess.run(["bash", "-c", heredocs], cwd=out, timeout=30, check=True)
+    data = json.loads(run("plan", "-c", str(FOUR_HOST), "--host", "gpu-a", "--json", *TOOL_FLAGS).output)
+    written = {p.name: p.read_text() for p in out.iterdir()}
+    assert written == {**data["units"], "pdserve-dsv4-firewall.nft": data["firewall"]}
