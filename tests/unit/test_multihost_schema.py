@@ -221,6 +221,10 @@ def four_host() -> dict:
      "is already used on host gpu-c by decode[0].port"),
     (lambda d: d["prefill"][0].update(numa_node=0), "prefill[0].numa_node",
      "GPU(s) [4, 5, 6, 7] sit on another node"),
+    (lambda d: d["hosts"]["gpu-b"].update(numa_nodes=[[0, 1, 2, 3], [3, 4, 5, 6, 7]]), "hosts.gpu-b.numa_nodes",
+     "lists GPU(s) [3] on more than one node"),
+    (lambda d: d["hosts"]["gpu-b"].update(gpus=4, numa_nodes=[[0, 1], [2, 3, 4]]), "hosts.gpu-b.numa_nodes",
+     "lists GPU(s) [4], but hosts.gpu-b.gpus is 4"),
 ])
 def test_each_placement_rule_names_field_value_and_fix(change, field, words):
     data = four_host()

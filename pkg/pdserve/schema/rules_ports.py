@@ -87,6 +87,22 @@ def hardware_exists(dep: Deployment) -> Iterator[Problem]:
                               Severity.WARNING)
 
 
+def host_layouts(dep: Deployment) -> Iterator[Problem]:
+    """A host's NUMA layout agrees with itself and with its GPU count: each GPU on one node, none beyond it."""
+    for name, host in dep.hosts.items():
+        if host.numa_nodes is None:
+            continue
+        listed = [g for node in host.numa_nodes for g in node]
+        twice = sorted({g for g in listed if listed.count(g) > 1})
+        if twice:
+            yield Problem(f"hosts.{name}.numa_nodes", host.numa_nodes, f"lists GPU(s) {twice} on more than one node",
+                          "list each GPU under the one NUMA node it is attached to (`nvidia-smi topo -m`)")
+        beyond = sorted({g for g in listed if host.gpus is not None and g >= host.gpus})
+        if beyond:
+            yield Problem(f"hosts.{name}.numa_nodes", host.numa_nodes, f"lists GPU(s) {beyond}, but hosts.{name}.gpus "
+                          f"is {host.gpus}", f"list only GPUs 0-{host.gpus - 1}, or correct hosts.{name}.gpus")
+
+
 # UCX transports that move data only within one host, and those that need RDMA devices (UCX_TLS names).
 _LOCAL_TRANSPORTS = {"self", "sm", "shm", "posix", "sysv", "cma", "knem", "xpmem", "cuda_copy", "cuda_ipc",
                      "gdr_copy", "rocm_copy", "rocm_ipc", "rocm_gdr"}
@@ -151,4 +167,4 @@ def rdma_devices(dep: Deployment) -> Iterator[Problem]:
                           "ib_devices named (e.g. UCX_TLS = \"cuda_copy,cuda_ipc,rc,tcp\")")
 
 
-RULES = (distinct_ports_per_host, disjoint_gpus_per_host, hardware_exists, rdma_devices)
+RULES = (distinct_ports_per_host, disjoint_gpus_per_host, hardware_exists, host_layouts, rdma_devices)
