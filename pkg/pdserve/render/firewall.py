@@ -13,6 +13,9 @@ pyzmq's bind_to_random_port range 49152-65535, sglang 0.5.23 disaggregation/comm
 UCX's own sockets between nodes, and RDMA traffic (which bypasses netfilter). Their ports are ephemeral and
 chosen at run time, so no rule here could name them without opening or closing far more than the
 deployment's; the ruleset leaves them to the host's policy, and says so in its text.
+
+Every value in the file is an IP address, a port number or a name of [a-z0-9-] (host, server and
+deployment names, as the schema validates them), so no value can end a rule or a comment early.
 """
 
 from __future__ import annotations
@@ -61,8 +64,8 @@ def render_firewall(dep: Deployment, host: str) -> str:
     guarded = [item for item in listeners_on(dep, host) if item.worker_port]
     lines = [
         "#!/usr/sbin/nft -f",
-        f"# Rendered by pdserve from deployment {dep.name!r} for host {host} ({host_address(dep, host)}). Do not",
-        "# edit: change the deployment and render again. Load with `nft -f FILE`: it replaces the table whole.",
+        f"# Rendered by pdserve from deployment {dep.name!r} for host {host} ({host_address(dep, host)}).",
+        "# Do not edit: change the deployment and render again. Load with `nft -f FILE` (it replaces the table).",
         "# Each worker port of this host is open only to the hosts that use it; new connections to it from",
         "# anywhere else are dropped. Other ports are not this table's: SGLang's KV side channel (random ports",
         "# 49152-65535 on every rank), NCCL's and UCX's sockets and RDMA are left to the host's own policy.",
