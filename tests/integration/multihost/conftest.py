@@ -77,9 +77,10 @@ def running(source: Path, tag: str, work: Path) -> Iterator[Cluster]:
             cluster.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def cluster(tmp_path_factory):
-    """The tier's own deployment (tests/integration/multihost/deployment.toml), once per session."""
+    """The tier's own deployment (tests/integration/multihost/deployment.toml), once for this directory's
+    tests (removed after its last, not left running through the rest of the suite)."""
     with running(plans.OWN, "m", tmp_path_factory.mktemp("multihost")) as cluster:
         yield cluster
 
