@@ -221,8 +221,8 @@ class Deployment(_Section):
         default_factory=dict, max_length=MAX_LIST_ITEMS,
         description="The machines of a multi-host deployment (`[hosts.<name>]`); unset: one host, implied, where "
         "the units are rendered. With hosts, prefill and decode are arrays of servers placed on them")
-    prefill: RoleServers
-    decode: RoleServers
+    prefill: RoleServers = Field(description="One [prefill] table (one host), or [[prefill]] servers placed on [hosts]")
+    decode: RoleServers = Field(description="One [decode] table (one host), or [[decode]] servers placed on [hosts]")
     allow_shared_gpus: bool = Field(
         False,
         description="Permit prefill and decode on the same GPU(s), for small test rigs; their "
