@@ -242,7 +242,7 @@ let
       }
       (''
         pdserve render -c ${settingsFile} --out "$TMPDIR/units" \
-          --config-path ${settingsFile} ${lib.optionalString (multiHost d) "--host ${lib.escapeShellArg cfg.host}"} \
+          --config-path ${settingsFile}${lib.optionalString (multiHost d) " --host ${lib.escapeShellArg cfg.host}"} \
           --sglang-python ${cfg.sglangPackage}/bin/python \
           --numactl ${pkgs.numactl}/bin/numactl \
           --pdserve ${cfg.package}/bin/pdserve
