@@ -106,6 +106,7 @@ def _worker(dep: Deployment, node: Node) -> WorkerExpectation:
         mem_fraction_static=spec.mem_fraction_static,
         chunked_prefill_size=spec.chunked_prefill_size,
         numa_node=spec.numa_node,
+        # Only a single-host worker has the switch; placed servers listen on their cluster address by rule.
         allow_non_loopback=getattr(spec, "allow_non_loopback", False),
         server=server.name,
         id=server.role if not dep.multi_host else unit.removeprefix(f"sglang-{dep.name}-"),
