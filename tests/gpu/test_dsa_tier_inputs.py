@@ -548,7 +548,7 @@ def test_driver_end_to_end_on_a_standin_server(tmp_path):
         assert "standin = os:getcwd" in record["plugin_entry_points"]
         assert any("pdserve-kernels status" in line for line in record["plugin_lines"])
         assert [st["requested"] for st in record["plugin"]["status"]] == [kernels]
-        assert [r["op"] for r in record["plugin"]["ran"]] == (["indexer_topk"] if kernels == "pdserve" else [])
+        assert [r["op"] for r in record["plugin"]["ran"]] == (["indexer_topk", "sparse_mla_decode"] if kernels == "pdserve" else [])
         assert record["env"]["PDSERVE_DSA_RECORD_DIR"] == str(out / "record" / kernels)
         summary = json.loads((out / f"records-summary-{kernels}.json").read_text())["rows"]
         assert [(r["op"], r["layer"], r["calls"]) for r in summary] == [("indexer_topk", 0, 1), ("sparse_mla_decode", 0, 1)]
@@ -684,3 +684,51 @@ def test_decode_log_stats_reads_sglangs_decode_lines():
                                                 "graph": ["cuda graph: True"]}
     assert server.decode_log_stats(text, 3)["graph"] == ["cuda graph: False"]
     assert server.decode_log_stats(text, 16) == {"lines": 0, "gen_throughput": [], "graph": []}
+
+
+# ---- what makes a run pass (tests/gpu/dsa/verdict.py) ----
+
+def _verdict():
+    from tests.gpu.dsa import verdict
+
+    return verdict
+
+
+def test_the_recorded_h200_runs_meet_the_criteria():
+    import json
+    import pathlib
+
+    verdict = _verdict()
+    results = pathlib.Path(__file__).parent / "dsa" / "results" / "2026-12-01-h200x1"
+    for variant in ("fp8", "bf16"):
+        rows = json.loads((results / f"record-{variant}" / "records-summary-pdserve.json").read_text())["rows"]
+        assert verdict.record_failures(rows) == [], variant
+    assert verdict.diff_failures(json.loads((results / "repeat-graphs-both" / "diff.json").read_text())) == []
+
+
+def test_a_server_that_did_not_run_what_it_asked_for_fails():
+    verdict = _verdict()
+    both = {"indexer_topk": "pdserve", "sparse_mla_decode": "pdserve"}
+    good = {"status": [{"kernels": both}], "ran": [{"op": "indexer_topk"}, {"op": "sparse_mla_decode"}],
+            "fallback": []}
+    assert verdict.plugin_failures("pdserve", good) == []
+    assert verdict.plugin_failures("pdserve", {**good, "status": []})
+    assert verdict.plugin_failures("pdserve", {**good, "ran": [{"op": "indexer_topk"}]})
+    assert verdict.plugin_failures("pdserve", {**good, "fallback": [{"op": "sparse_mla_decode"}]})
+    assert verdict.plugin_failures("sglang", good)  # asked for SGLang's, got pdserve's
+    off = {"status": [{"kernels": {"indexer_topk": "sglang", "sparse_mla_decode": "sglang"}}], "ran": [],
+           "fallback": []}
+    assert verdict.plugin_failures("sglang", off) == []
+
+
+def test_records_outside_the_bounds_fail():
+    verdict = _verdict()
+    topk = {"op": "indexer_topk", "layer": 0, "overlap_min": 1.0}
+    mla = {"op": "sparse_mla_decode", "layer": 0, "nonfinite": 0, "rel_l2_max": 5e-3, "ours_vs_fp32_max": 1.7e-3}
+    assert verdict.record_failures([topk, mla]) == []
+    assert verdict.record_failures([])
+    assert verdict.record_failures([{**topk, "overlap_min": 0.99}])
+    assert verdict.record_failures([{**mla, "ours_vs_fp32_max": 6e-3}])
+    assert verdict.record_failures([{**mla, "rel_l2_max": 2e-2}])
+    assert verdict.record_failures([{**mla, "nonfinite": 1}])
+    assert verdict.diff_failures({"max_abs_logprob_diff": 0.9})

@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository root, for `tests.gpu.dsa`
 
-from tests.gpu.dsa import client, diff, server  # noqa: E402
+from tests.gpu.dsa import client, diff, server, verdict  # noqa: E402
 
 PHASES = ("compare", "bench", "all")
 VERSIONS = ("torch", "sglang", "sglang-kernel", "sgl-deep-gemm", "flashinfer-python", "transformers",
@@ -264,15 +264,23 @@ def main(argv: list[str] | None = None) -> int:
     # process group, which would otherwise outlive this script (it runs in its own session).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
     records = {}
+    failures: list[str] = []
     for kernels, srv in servers.items():
         records[kernels] = run_one(kernels, srv, args)
+        failures += verdict.plugin_failures(kernels, records[kernels]["plugin"])
+        if "records" in records[kernels]:
+            failures += verdict.record_failures(records[kernels]["records"])
     if args.phase in ("bench", "all"):
         print(diff.bench_table({k: r["bench"] for k, r in records.items()}))
     if args.phase in ("compare", "all") and len(records) == 2:
         result = diff.compare_runs(records["sglang"], records["pdserve"])
         _write(args.out / "diff.json", result)
         print(diff.compare_table(result))
-    return 0
+        failures += verdict.diff_failures(result)
+    for failure in failures:
+        print(f"FAIL: {failure}", flush=True)
+    print("PASS" if not failures else f"{len(failures)} failure(s)", flush=True)
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":

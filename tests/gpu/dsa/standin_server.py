@@ -93,6 +93,7 @@ def main() -> int:
     print(f"[stand-in] pdserve-kernels status: {json.dumps({'requested': kernels, 'kernels': ops})}", flush=True)
     if kernels == "pdserve":
         print('[stand-in] pdserve-kernels ran: {"op": "indexer_topk", "shape": "B=1"}', flush=True)
+        print('[stand-in] pdserve-kernels ran: {"op": "sparse_mla_decode", "shape": "B=1"}', flush=True)
     record_dir = os.environ.get("PDSERVE_DSA_RECORD_DIR")
     if record_dir:  # two records of the plugin's shadow comparison, in its format
         os.makedirs(record_dir, exist_ok=True)
@@ -101,7 +102,9 @@ def main() -> int:
                                 "selected_ours": [2048, 2048], "selected_sglang": [2048, 2048], "overlap_min": 0.999,
                                 "overlap_mean": 0.9995, "rows_identical_sets": 1, "call": 0}) + "\n")
             f.write(json.dumps({"op": "sparse_mla_decode", "variant": "fp8", "layer": 0, "rows": 2, "rel_l2": 0.004,
-                                "rel_l2_worst_row": 0.006, "max_abs": 0.01, "nonfinite": 0, "call": 0}) + "\n")
+                                "rel_l2_worst_row": 0.006, "max_abs": 0.01, "nonfinite": 0, "call": 0,
+                                "exact_rows": 2, "rel_l2_ours_vs_fp32": 0.0017,
+                                "rel_l2_sglang_vs_fp32": 0.0055}) + "\n")
     print(f"stand-in server: kernels={kernels}", flush=True)
     print(READY, flush=True)
     server.serve_forever()
