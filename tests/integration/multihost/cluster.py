@@ -12,6 +12,7 @@ removes the namespaces after it).
 from __future__ import annotations
 
 import secrets
+import signal
 import sys
 import threading
 import time
@@ -125,7 +126,8 @@ class Cluster:
     def router_host(self):
         return self.net[self.plan.router.host]
 
-    def status_from(self, host: str, url: str, timeout: float = 2.0, headers: dict[str, str] | None = None) -> int | None:
+    def status_from(self, host: str, url: str, timeout: float = 2.0,
+                    headers: dict[str, str] | None = None) -> int | None:
         return self.net[host].call(_get_status, url, timeout, headers, timeout=timeout + 5)
 
     def metrics_from_router_host(self, url: str, timeout: float = 3.0) -> metrics.MetricsObs:
@@ -173,6 +175,14 @@ class Cluster:
         """The link back, then the host's processes started again (as its units would at boot)."""
         self.net[host].link(True)
         self.start_host(host)
+
+    def freeze(self, host: str) -> None:
+        """Every process on the host stopped (SIGSTOP), its link up: a hung machine. Its kernel still
+        accepts connections; nothing answers on them."""
+        self.net[host].signal_all(signal.SIGSTOP)
+
+    def thaw(self, host: str) -> None:
+        self.net[host].signal_all(signal.SIGCONT)
 
     def cut(self, host: str) -> None:
         self.net[host].link(False)

@@ -90,7 +90,8 @@ class Plan:
         """The /24 every host address is in (the test bridge's network)."""
         nets = {ipaddress.ip_network(f"{a}/24", strict=False) for a in self.addresses.values()}
         if len(nets) != 1:
-            raise ValueError(f"{self.source}: the hosts' addresses are not in one /24: {sorted(self.addresses.values())}")
+            raise ValueError(f"{self.source}: the hosts' addresses are not in one /24: "
+                             f"{sorted(self.addresses.values())}")
         return str(nets.pop())
 
 

@@ -12,6 +12,7 @@ node 0; what is checked of it is the firewall around it and that the router neve
 
 from __future__ import annotations
 
+import httpx
 import pytest
 
 from tests.integration.multihost.checks import chat, listeners_off_their_address, wrong_firewall_paths
@@ -49,9 +50,7 @@ def test_the_examples_firewalls_open_each_worker_port_only_to_the_hosts_that_use
 
 
 def test_the_router_refuses_a_request_without_the_key(example):
-    import httpx
-
     assert example.keyed, "the examples name router.api_key_file"
-    response = httpx.post(f"{example.plan.router.url}/v1/chat/completions", timeout=10,
-                          json={"model": example.plan.dep.model.served_name, "messages": [{"role": "user", "content": "hi"}]})
+    body = {"model": example.plan.dep.model.served_name, "messages": [{"role": "user", "content": "hi"}]}
+    response = httpx.post(f"{example.plan.router.url}/v1/chat/completions", timeout=10, json=body)
     assert response.status_code == 401, response.text

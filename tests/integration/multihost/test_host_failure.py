@@ -1,11 +1,13 @@
 """One host goes away under load, and comes back: the real sglang-router marks that host's worker
 unhealthy, the other host of the same role keeps serving, and the host serves again once it is back.
 
-Two faults, each on a prefill host and on a decode host:
+Three faults, the first two each on a prefill host and on a decode host:
 - power off: the host's link goes down, then every process on it is killed (in that order, so no FIN
   or RST reaches the router: a powered-off machine sends nothing); back = link up and its processes
   started again, as its units would be at boot;
-- link cut: the host's link goes down, its processes keep running; back = link up.
+- link cut: the host's link goes down, its processes keep running; back = link up;
+- hang (on a decode host): every process on it stopped (SIGSTOP), the link up: its kernel still accepts
+  connections and nothing answers on them; back = SIGCONT.
 
 Load: RATE chat requests per second from the client (the root namespace) to the router
 (tests/fixtures/loadgen.py), each with a REQUEST_TIMEOUT. The router's view is sampled every 0.25 s
@@ -102,11 +104,13 @@ def served_since(cluster: Cluster, host: str, baseline: dict[str, float]) -> boo
 FAULTS = {
     "power off": (Cluster.power_off, Cluster.power_on),
     "link cut": (Cluster.cut, Cluster.mend),
+    "hang": (Cluster.freeze, Cluster.thaw),
 }
 
 
 @pytest.mark.parametrize(("fault", "host"), [("power off", "decode-b"), ("link cut", "prefill-a"),
-                                             ("power off", "prefill-b"), ("link cut", "decode-a")])
+                                             ("power off", "prefill-b"), ("link cut", "decode-a"),
+                                             ("hang", "decode-b")])
 def test_a_host_away_is_marked_unhealthy_the_rest_serve_and_it_serves_again(cluster, capsys, fault, host):
     cluster.wait_serving()
     plan = cluster.plan
