@@ -700,10 +700,11 @@ def test_the_recorded_h200_runs_meet_the_criteria():
 
     verdict = _verdict()
     results = pathlib.Path(__file__).parent / "dsa" / "results" / "2026-12-01-h200x1"
-    for variant in ("fp8", "bf16"):
-        rows = json.loads((results / f"record-{variant}" / "records-summary-pdserve.json").read_text())["rows"]
-        assert verdict.record_failures(rows) == [], variant
-    assert verdict.diff_failures(json.loads((results / "repeat-graphs-both" / "diff.json").read_text())) == []
+    for run in ("record-fp8", "record-bf16", "verdict-eager-both"):
+        rows = json.loads((results / run / "records-summary-pdserve.json").read_text())["rows"]
+        assert verdict.record_failures(rows) == [], run
+    for run in ("repeat-graphs-both", "verdict-eager-both"):
+        assert verdict.diff_failures(json.loads((results / run / "diff.json").read_text())) == [], run
 
 
 def test_a_server_that_did_not_run_what_it_asked_for_fails():
