@@ -162,6 +162,33 @@ def test_a_router_on_loopback_is_checked_on_its_own_host_only(reference_data, mo
         assert result.status is Status.SKIP and "the router's API on loopback" in result.observed, result
 
 
+def test_several_routers_are_each_checked(reference_data, monkeypatch):
+    """Routers on both hosts, each a full view: each gets its unit, readiness, workers and version checks
+    (ids by host), made through its own address; the end-to-end checks go through this host's router."""
+    data = two_hosts(reference_data, router_host="0.0.0.0")
+    data["router"]["hosts"] = ["node-a", "node-b"]
+    dep = deployment_from_data(data, "t").deployment
+    asked, seen = [], []
+
+    def systemctl(argv, **kwargs):
+        asked.append(argv[-1])
+        return show_active(argv)
+
+    def handler(request):
+        seen.append(str(request.url))
+        return httpx.Response(200, json={"status": "ready", "healthy_workers": 3, "total_workers": 3})
+
+    results = run_from(dep, "node-b", ["units.router", "router.readiness", "versions.router"], handler, monkeypatch,
+                       systemctl)
+    assert set(results) == {"units.router.node-a", "units.router.node-b", "router.readiness.node-a",
+                            "router.readiness.node-b", "versions.router.node-a", "versions.router.node-b"}
+    assert set(asked) == {"sglang-dsv4-router-node-b.service"}  # node-a's router unit is node-a's to read
+    assert "--host node-a` on node-a" in results["units.router.node-a"].observed
+    assert results["units.router.node-b"].status is Status.PASS
+    assert {"http://10.0.0.1:30001/readiness", "http://10.0.0.2:30001/readiness"} <= set(seen)
+    assert expectations(dep, here="node-b").router_url == "http://10.0.0.2:30001"
+
+
 def test_kv_capacity_of_a_remote_server_does_not_read_this_hosts_journal(dep, monkeypatch):
     """/server_info answers over the network; the journal fallback is the server's host's, never this one's
     (the same unit name here would be another process, or none)."""

@@ -69,6 +69,8 @@ class Expectations:
     metrics_urls: dict[str, str] = field(default_factory=dict)
     hosts: dict[str, str] = field(default_factory=dict)  # host name -> cluster address; empty on one host
     router_on: str = IMPLIED_HOST  # the host whose router the router and end-to-end checks go through
+    # Every router of a multi-host deployment: host -> (its unit, its URL), each a full view of the servers.
+    routers: dict[str, tuple[str, str]] = field(default_factory=dict)
     # The router's API / its Prometheus listener on loopback: only the router's own host reaches it.
     router_local: bool = True
     router_metrics_local: bool = True
@@ -186,6 +188,8 @@ def _multi_host(dep: Deployment, workers: dict[str, WorkerExpectation], kv_floor
         metrics_urls=metrics,
         hosts={name: spec.address for name, spec in dep.hosts.items()},
         router_on=router_on,
+        routers={host: (router_unit(dep, host), url_of(_reachable(router.host, host, dep), router.port))
+                 for host in router_hosts(dep)},
         router_local=is_loopback(router.host),
         router_metrics_local=is_loopback(router.prometheus_host),
     )

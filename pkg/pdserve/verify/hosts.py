@@ -59,11 +59,33 @@ def _kernels(w: WorkerExpectation) -> Check:
     return run
 
 
+def through(router_host: str, check: Check) -> Check:
+    """`check` made against the router of `router_host` (a deployment with several routers)."""
+    def run(ctx: Context) -> CheckResult:
+        unit, url = ctx.exp.routers[router_host]
+        view = replace(ctx.exp, router_on=router_host, router_unit=unit, router_url=url)
+        return check(replace(ctx, exp=view))
+    return run
+
+
+def _per_router(exp: Expectations, make: Callable[[str, str, str], tuple[str, Callable[[str], Check]]]):
+    """One check per router: `make(host, unit, check-id suffix)` gives (id, check); ids keep the single
+    router's (units.router, router.readiness) when there is one."""
+    several = len(exp.routers) > 1
+    return [make(host, unit, f".{host}" if several else "") for host, (unit, _) in exp.routers.items()]
+
+
 def multi_host_checks(exp: Expectations) -> dict[str, Check]:
     """Every check of a multi-host deployment, in the order of the single-host registry."""
     servers = exp.servers
     hosts = sorted({w.on_host for w in exp.workers.values()})
     router_host = exp.router_on
+
+    def via(host: str, check: Check) -> Callable[[str], Check]:
+        """Through the router of `host`: from anywhere, or only on that host when it listens on loopback."""
+        if exp.router_local:
+            return on_host(host, "the router's API on loopback", through(host, check))
+        return anywhere(through(host, check))
 
     def via_router(check: Check) -> Callable[[str], Check]:
         if exp.router_local:
@@ -78,9 +100,10 @@ def multi_host_checks(exp: Expectations) -> dict[str, Check]:
     plan: list[tuple[str, Callable[[str], Check]]] = [
         *((f"units.{k}", on_host(w.on_host, f"systemd's state of {w.unit}", r._unit_check(k)))
           for k, w in exp.workers.items()),
-        ("units.router", on_host(router_host, f"systemd's state of {exp.router_unit}", r._unit_check("router"))),
-        ("router.readiness", via_router(r._router_readiness)),
-        ("router.workers", via_router(r._router_workers)),
+        *_per_router(exp, lambda host, unit, at: (
+            f"units.router{at}", on_host(host, f"systemd's state of {unit}", through(host, r._unit_check("router"))))),
+        *_per_router(exp, lambda host, unit, at: (f"router.readiness{at}", via(host, r._router_readiness))),
+        *_per_router(exp, lambda host, unit, at: (f"router.workers{at}", via(host, r._router_workers))),
         *((f"kv.{k}", anywhere(r._kv_check(k))) for k in servers),
         *((f"server.{k}", anywhere(r._server_check(k))) for k in servers),
         *((f"kernels.{k}", on_host(w.on_host, f"the journal of {w.unit}", _kernels(w))) for k, w in exp.workers.items()),
@@ -96,7 +119,8 @@ def multi_host_checks(exp: Expectations) -> dict[str, Check]:
         *((f"exposure.ports.{h}", on_host(h, "the ports this host answers on", r._exposure_ports)) for h in hosts),
         ("exposure.auth", via_router(r._exposure_auth)),
         *((f"versions.{k}", anywhere(r._version_check(k))) for k in servers),
-        ("versions.router", on_host(router_host, f"the process of {exp.router_unit}", r._router_version)),
+        *_per_router(exp, lambda host, unit, at: (
+            f"versions.router{at}", on_host(host, f"the process of {unit}", through(host, r._router_version)))),
     ]
     return {check_id: make(check_id) for check_id, make in plan}
 
