@@ -19,6 +19,9 @@ from pdserve.cutover.machine import Cutover
 from pdserve.cutover.report import Outcome
 from pdserve.probes.systemctl import UnitState
 from pdserve.schema.loading import load
+from pdserve.verify.expect import expectations
+from pdserve.verify.hosts import checks_for
+from pdserve.verify.runner import select
 
 REPO = Path(__file__).resolve().parents[2]
 FOUR = REPO / "hosts" / "four-host" / "deployment.toml"
@@ -59,6 +62,16 @@ def test_one_hosts_plan_holds_only_its_units(four):
     assert plan.smoke_checks == ("router.readiness", "router.workers", "e2e.chat")
     assert host_plan(four, "gpu-a").smoke_checks == ("server.prefill-1",)
     assert host_plan(four, "gpu-d").smoke_checks == ("units.decode-1-node1",)
+    # Several routers: each router host's step smoke-tests its own router (the verifier's ids name the host).
+    two_routers = four.model_copy(update={"router": four.router.model_copy(update={"hosts": ["gpu-c", "gpu-a"]})})
+    assert host_plan(two_routers, "gpu-a").smoke_checks == ("router.readiness.gpu-a", "router.workers.gpu-a", "e2e.chat")
+    assert host_plan(two_routers, "gpu-a").fronts["pd"] == ("sglang-dsv4-router-gpu-a.service",)
+    # Every smoke test names checks the verifier has for that host (select refuses an unknown id).
+    for dep in (four, two_routers):
+        for host in dep.hosts:
+            registry = checks_for(expectations(dep, here=host))
+            chosen = select(list(registry), list(host_plan(dep, host).smoke_checks), [])
+            assert [i for i, reason in chosen.items() if reason is None]
 
 
 def test_the_host_is_named_or_found_by_address_never_guessed(four):
