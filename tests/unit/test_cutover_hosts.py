@@ -151,6 +151,16 @@ def test_another_hosts_units_are_not_installed_here_so_the_step_refuses(four):
     assert "not installed: sglang-dsv4-prefill-1.service" in report.steps[-1].detail
 
 
+def fake_systemctl(tmp_path: Path) -> Path:
+    """A systemctl that answers `show` with every unit loaded and stopped."""
+    script = tmp_path / "systemctl"
+    script.write_text('#!/bin/sh\n[ "$1" = show ] || exit 1\nfor arg; do case "$arg" in *.service) '
+                      'printf "Id=%s\\nLoadState=loaded\\nActiveState=inactive\\nSubState=dead\\n\\n" "$arg";; esac; '
+                      'done\n', encoding="utf-8")
+    script.chmod(0o755)
+    return script
+
+
 def test_the_command_prints_the_order_and_refuses_without_a_host(tmp_path):
     runner = CliRunner()
     refused = runner.invoke(main, ["cutover", "pd", "-c", str(FOUR), "--systemctl", "false"])
@@ -161,6 +171,12 @@ def test_the_command_prints_the_order_and_refuses_without_a_host(tmp_path):
     data = json.loads(dry.stdout)
     assert dry.exit_code == 0 and data["outcome"] == "dry-run"
     assert [s["host"] for s in data["order"]] == ["gpu-a", "gpu-b", "gpu-d", "gpu-c"]
+    # One host's dry run: its units only, and the host in the report.
+    step = runner.invoke(main, ["cutover", "pd", "-c", str(FOUR), "--host", "gpu-d", "--dry-run", "--json",
+                                "--systemctl", str(fake_systemctl(tmp_path))])
+    data = json.loads(step.stdout)
+    assert step.exit_code == 0 and data["host"] == "gpu-d" and data["outcome"] == "dry-run", step.output
+    assert data["steps"][0]["detail"] == "sglang-dsv4-decode-1-node1.service"
     unknown = runner.invoke(main, ["cutover", "pd", "-c", str(FOUR), "--host", "gpu-z"])
     assert unknown.exit_code == Exit.USAGE and "its hosts are" in unknown.output
 

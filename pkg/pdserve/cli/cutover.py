@@ -124,7 +124,8 @@ def cutover_command(target: str, config_path: Path | None, as_json: bool, dry_ru
     with termination_interrupts():
         report = machine.dry_run() if dry_run else machine.run()
     if as_json:
-        click.echo(json.dumps({"schema_version": SCHEMA_VERSION, **report.as_dict()}, indent=2))
+        host = {"host": plan.host} if plan.host else {}  # one host's step of a multi-host deployment
+        click.echo(json.dumps({"schema_version": SCHEMA_VERSION, **host, **report.as_dict()}, indent=2))
     else:
         click.echo("\n".join(report_lines(report)))
     if report.outcome not in DRY_RUNS or report.exit_code:
