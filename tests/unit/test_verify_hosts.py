@@ -189,6 +189,23 @@ def test_several_routers_are_each_checked(reference_data, monkeypatch):
     assert expectations(dep, here="node-b").router_url == "http://10.0.0.2:30001"
 
 
+def test_a_multi_node_servers_kernels_are_judged_per_node_on_its_own_ranks(reference_data, monkeypatch):
+    """decode-wide is TP8 over two nodes: node 1 (on node-b) logs ranks 4-7, and only those are asked of it."""
+    from pdserve.probes import journal, kernel_log
+    from pdserve.verify.checks import kernels
+
+    data = two_hosts(reference_data)
+    data["decode"][1]["attention_kernels"] = "pdserve"
+    dep = deployment_from_data(data, "t").deployment
+    asked: list = []
+    monkeypatch.setattr(kernels, "check_kernels", lambda a, *rest: asked.append(a) or kernels.skipped("x", "y"))
+    monkeypatch.setattr(journal, "grep_invocation", lambda *a, **k: journal.InvocationScan(()))
+    monkeypatch.setattr(kernel_log, "parse", lambda lines: None)
+    run_from(dep, "node-b", ["kernels.decode-wide-node1"], refuse, monkeypatch)
+    (node1,) = asked
+    assert (node1.unit, list(node1.ranks)) == ("sglang-dsv4-decode-wide-node1", [4, 5, 6, 7])
+
+
 def test_kv_capacity_of_a_remote_server_does_not_read_this_hosts_journal(dep, monkeypatch):
     """/server_info answers over the network; the journal fallback is the server's host's, never this one's
     (the same unit name here would be another process, or none)."""

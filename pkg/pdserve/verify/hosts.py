@@ -49,8 +49,9 @@ def _kernels(w: WorkerExpectation) -> Check:
     def run(ctx: Context) -> CheckResult:
         server = server_named(ctx.dep, w.server)
         assert server is not None  # expectations come from the same deployment
-        # Each node's journal holds its own TP ranks only.
-        asked = kernels.KernelsAsked(w.role, w.unit, server.spec.attention_kernels, w.tp_size // w.nnodes)
+        # Each node's journal holds its own TP ranks only: node n runs n*k .. n*k+k-1 of k per node.
+        per_node = w.tp_size // w.nnodes
+        asked = kernels.KernelsAsked(w.role, w.unit, server.spec.attention_kernels, per_node, w.rank * per_node)
         if asked.requested != kernel_log.PDSERVE:
             return kernels.check_kernels(asked, None, None)
         state = ctx.unit_state(w.unit)
