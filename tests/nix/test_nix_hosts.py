@@ -101,9 +101,13 @@ def test_every_host_of_each_example_has_its_configuration() -> None:
             path = REPO / "hosts" / name / host / "configuration.nix"
             assert path.is_file(), f"{path.relative_to(REPO)} is missing"
             text = path.read_text(encoding="utf-8")
-            assert f'networking.hostName = "{host}";' in text and f'host = "{host}";' in text
-            assert f"deployment.hosts.{host}" in text
+            # hosts/example-node.nix takes the name for networking.hostName, services.pdserve.host and the
+            # cluster address ([hosts.<name>].address of the same deployment file).
+            assert f'name = "{host}";' in text and "deploymentFile = ../deployment.toml;" in text
             assert (path.parent / "hardware-configuration.nix").is_file()
+    node = (REPO / "hosts" / "example-node.nix").read_text(encoding="utf-8")
+    assert "networking.hostName = name;" in node and "host = name;" in node
+    assert "deployment.hosts.${name}" in node
 
 
 def test_derived_nix_dist_init_span_is_pdserves() -> None:

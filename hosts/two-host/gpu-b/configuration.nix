@@ -1,35 +1,14 @@
 # gpu-b of the two-host example (hosts/two-host/deployment.toml): the decode server (TP8) and the router, the public endpoint.
-# Built on that machine by `nixos-rebuild switch --flake .#two-host-gpu-b`; every host of the example
-# takes the same deployment file, and the module installs only the units placed on this one.
-{ lib, ... }:
-let
-  deployment = lib.importTOML ../deployment.toml;
-in
+# Built on that machine by `nixos-rebuild switch --flake .#two-host-gpu-b`.
+# Every host of the example takes the same deployment file; hosts/example-node.nix does the rest.
+{ ... }:
 {
   imports = [
-    ../../cluster-node.nix
+    (import ../../example-node.nix {
+      deploymentFile = ../deployment.toml;
+      name = "gpu-b";
+      publishRouter = true;
+    })
     ./hardware-configuration.nix
   ];
-
-  networking.hostName = "gpu-b";
-  # The cluster address of [hosts.gpu-b], on the NIC of the cluster network (adapt the interface name):
-  # the servers placed here listen on it and the firewall opens their ports to the other hosts' addresses.
-  networking.interfaces.ens1f0.ipv4.addresses = [
-    {
-      inherit (deployment.hosts.gpu-b) address;
-      prefixLength = 24;
-    }
-  ];
-
-  services.pdserve = {
-    enable = true;
-    # This machine's name among the deployment's [hosts] (the default is networking.hostName).
-    host = "gpu-b";
-    deployments.dsv4 = {
-      settings = deployment;
-      # This host runs the router: publish its port (router.host = "0.0.0.0" and router.api_key_file in the
-      # deployment file; the key stays outside the store, e.g. provisioned by agenix or sops-nix).
-      openFirewall = true;
-    };
-  };
 }
