@@ -21,7 +21,9 @@ from tests.integration.multihost.plan import EXAMPLES
 
 pytestmark = pytest.mark.integration
 
-REQUESTS = 12
+# Enough that four-host's power_of_two prefill policy (a random pair, ties either way) uses both prefills:
+# all 24 on one of them has odds 2^-23.
+REQUESTS = 24
 TAGS = {"two-host": "x2", "four-host": "x4"}
 
 

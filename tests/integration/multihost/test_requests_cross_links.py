@@ -35,8 +35,8 @@ def test_every_listener_is_on_its_hosts_cluster_address(cluster):
 def test_chat_completions_cross_the_links_to_every_server_and_every_hand_off_crosses_one(cluster):
     served = chat(cluster, REQUESTS)
     heads = cluster.plan.heads
-    # The router spread the requests: every prefill and every decode server answered some (its default
-    # policy picks at random: all 24 on one of two has odds 2^-23), and each role answered all of them.
+    # The router spread the requests (round_robin): every prefill and every decode server answered some,
+    # and each role answered all of them.
     assert all(served[p.name] > 0 for p in heads), served
     for role in ("prefill", "decode"):
         assert sum(served[p.name] for p in heads if p.role == role) == REQUESTS, served
