@@ -1,12 +1,14 @@
 """What runs on which host of a multi-host deployment, as pdserve renders it (never written by the test):
 `pdserve render --host NAME` (the real CLI) writes each host's units and nftables ruleset, and
 `pdserve.render.argv.host_launches` gives the argv and environment of each unit's process, which the tier
-starts inside that host's network namespace (the unit files are checked to be the same set).
+starts inside that host's network namespace (checked against the unit files: the same units, each one's
+ExecStart= the same argv).
 """
 
 from __future__ import annotations
 
 import ipaddress
+import shlex
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -100,6 +102,12 @@ def tools() -> Toolchain:
     return Toolchain(sglang_python=python, numactl="/usr/bin/numactl", pdserve=str(Path(python).parent / "pdserve"))
 
 
+def exec_start(unit: Path) -> list[str]:
+    """The argv of a rendered unit's one ExecStart= line (pdserve writes no specifiers or variables there)."""
+    (line,) = [line for line in unit.read_text().splitlines() if line.startswith("ExecStart=")]
+    return shlex.split(line.removeprefix("ExecStart="))
+
+
 def render(source: Path, out: Path) -> Plan:
     """Render every host of `source` with the real CLI into out/<host>/ and collect what each runs."""
     dep = load(source).deployment
@@ -130,6 +138,10 @@ def render(source: Path, out: Path) -> Plan:
                                f"{sorted(launch.unit for launch in launches)}")
         address = host_address(dep, host) or ""
         for launch in launches:
+            unit_argv = exec_start(directory / f"{launch.unit}.service")
+            if unit_argv != list(launch.argv):
+                raise RuntimeError(f"{launch.unit} on {host}: the unit's ExecStart= is {unit_argv}, host_launches "
+                                   f"gives {list(launch.argv)}")
             # A router on a wildcard address is reached at its host's cluster address from elsewhere.
             public = launch.role == "router" and dep.router.host in ("0.0.0.0", "::")
             url = f"http://{address}:{dep.router.port}" if public else launch.url
