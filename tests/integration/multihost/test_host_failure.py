@@ -14,8 +14,9 @@ Load: RATE chat requests per second from the client (the root namespace) to the 
 from its own Prometheus port (`smg_worker_health{worker=URL}`). What is asserted is causal: the router
 marks exactly the host's workers unhealthy; every request sent after that sample succeeds (the rest
 serve them) until the host is back and after; what failed failed with an error the client sees (none
-silent), and only requests sent before the router had marked the host; the host's worker is taken back
-and answers requests again. The timings are printed as a table in the terminal summary, not asserted.
+silent), and only requests sent before the router had marked the host; the host's worker is taken back,
+answers requests again and keeps answering those routed to it after its return. The timings are printed
+as a table in the terminal summary, not asserted.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ BASELINE_SECONDS = 3.0  # load before the fault
 OUTAGE_AFTER_MARKED = 4.0
 DETECT_TIMEOUT = 60.0
 BACK_TIMEOUT = 120.0
-TAIL_SECONDS = 2.0  # load after the host served again
+TAIL_SECONDS = 3.0  # load after the host served again: it must answer requests in it
 # What a client may see for a request that the router had sent to the host as it went away.
 CUT_OFF = {"timeout", "HTTP 500", "HTTP 502", "HTTP 503", "HTTP 504", "connection closed mid-request"}
 
@@ -79,8 +80,9 @@ def record(capsys, cluster: Cluster, figures: Figures, note: str) -> None:
         HOST_FAILURE_HEADER.extend([
             f"{RATE:g} chat req/s through the router, client timeout {REQUEST_TIMEOUT:g} s; router health checks every "
             f"{router.health_check_interval_secs} s, timeout {router.health_check_timeout_secs} s; outage held "
-            f"{OUTAGE_AFTER_MARKED:g} s after the router marked the host; seconds from the fault (unhealthy) or "
-            "from the host's return (taken back, serving)",
+            f"{OUTAGE_AFTER_MARKED:g} s after the router marked the host; seconds from the fault until the router "
+            "marked it (unhealthy), from the host's return until the router marked it healthy (taken back) and until "
+            "its server answered a request again (serving; one held through the outage counts)",
             COLUMNS])
     HOST_FAILURE_ROWS.append(figures.row())
     HOST_FAILURE_ROWS.append(f"{'':<22}{note}")
@@ -117,7 +119,6 @@ def test_a_host_away_is_marked_unhealthy_the_rest_serve_and_it_serves_again(clus
     away = [p.url for p in plan.on(host)]
     rest = [p for p in plan.heads if p.host != host]
     (role,) = {p.role for p in plan.on(host)}
-    before = {p.name: cluster.served(p) or 0.0 for p in plan.heads}
     go, come_back = FAULTS[fault]
 
     back_at = None
@@ -126,6 +127,7 @@ def test_a_host_away_is_marked_unhealthy_the_rest_serve_and_it_serves_again(clus
                     model=plan.dep.model.served_name or plan.dep.model.path, headers=cluster.headers).start()
         try:
             time.sleep(BASELINE_SECONDS)
+            at_fault = {p.name: cluster.served(p) or 0.0 for p in plan.on(host)}
             fault_at = time.monotonic()
             go(cluster, host)
             marked_at = float(wait_for(lambda: watch.first(fault_at, away, 0.0), DETECT_TIMEOUT,
@@ -138,11 +140,15 @@ def test_a_host_away_is_marked_unhealthy_the_rest_serve_and_it_serves_again(clus
             readmitted_at = float(wait_for(lambda: watch.first(back_at, away, 1.0), BACK_TIMEOUT,
                                            f"the router to take {host}'s worker back\n{cluster.diagnostics()}"))
             # A power-off restarts the processes: their counts begin at 0 again.
-            baseline = {p.name: 0.0 if fault == "power off" else before[p.name] for p in plan.on(host)}
+            baseline = {name: 0.0 if fault == "power off" else n for name, n in at_fault.items()}
             wait_for(lambda: served_since(cluster, host, baseline), BACK_TIMEOUT,
                      f"{host}'s worker to answer requests again")
             serving_at = time.monotonic()
+            # What it answers from now on was routed to it after it came back (a request held through the
+            # outage was answered by now): it must keep answering.
+            at_serving = {p.name: cluster.served(p) or 0.0 for p in plan.on(host)}
             time.sleep(TAIL_SECONDS)
+            kept_serving = served_since(cluster, host, at_serving)
         finally:
             load.stop()
             if back_at is None:  # the test failed with the host away: bring it back for the next one
@@ -169,6 +175,7 @@ def test_a_host_away_is_marked_unhealthy_the_rest_serve_and_it_serves_again(clus
     assert figures.after_mark_failed == 0, [f"{o.start - fault_at:.1f} s: {o.cause} {o.detail}" for o in after_mark
                                             if not o.ok]
     assert figures.after_mark_ok > 0
+    assert kept_serving, f"{host}'s server answered nothing in the {TAIL_SECONDS:g} s after it answered again"
     assert sum(rest_served[p.name] for p in rest if p.role == role) > 0, rest_served
     # What failed was sent to the host as it went away, and the client saw an error (nothing silent).
     assert set(causes) <= CUT_OFF, causes
