@@ -133,9 +133,11 @@ def test_the_routers_host_is_named_from_a_worker_host(dep, monkeypatch):
         assert "--host node-a` on node-a" in results[check_id].observed, results[check_id]
 
 
-def test_the_router_is_checked_over_the_network_from_any_host(dep, monkeypatch):
-    """The router's API on its cluster address: node-b reads its /readiness and /workers, and every
-    server's /health, itself; the router must list all three servers with the prefill's bootstrap port."""
+def test_the_router_is_checked_from_a_router_host_and_skipped_where_the_firewall_blocks(dep, monkeypatch):
+    """router.readiness / router.workers also read every server's /health, and the rendered firewall opens
+    the servers' ports only to their own host and the router hosts: from the router's host node-a they run
+    over the cluster network (the router must list all three servers with the prefill's bootstrap port);
+    from the worker host node-b they would time out on a healthy cluster, so they skip, naming node-a."""
     seen: list[str] = []
     workers = [{"url": "http://10.0.0.1:30000", "worker_type": "prefill", "bootstrap_port": 8998, "is_healthy": True},
                {"url": "http://10.0.0.2:30002", "worker_type": "decode", "is_healthy": True},
@@ -149,10 +151,14 @@ def test_the_router_is_checked_over_the_network_from_any_host(dep, monkeypatch):
             return httpx.Response(200, json={"workers": workers})
         return httpx.Response(200, json={})
 
-    results = run_from(dep, "node-b", ["router"], handler, monkeypatch)
+    results = run_from(dep, "node-a", ["router"], handler, monkeypatch)
     assert results["router.readiness"].status is Status.PASS, results["router.readiness"]
     assert results["router.workers"].status is Status.PASS, results["router.workers"]
     assert "http://10.0.0.1:30001/readiness" in seen and "http://10.0.0.2:30002/health" in seen
+    blocked = run_from(dep, "node-b", ["router", "kv.", "server.", "metrics.kv_transfer"], refuse, monkeypatch)
+    remote = {k: v for k, v in blocked.items() if k.startswith(("router.", "metrics.kv_transfer"))
+              or (k.startswith(("kv.", "server.")) and "decode-1" not in k)}
+    assert remote and all(v.status is Status.SKIP and "--host node-a" in v.observed for v in remote.values()), remote
 
 
 def test_a_router_on_loopback_is_checked_on_its_own_host_only(reference_data, monkeypatch):

@@ -1,9 +1,10 @@
 """The checks of a multi-host deployment, and which host each one must run on.
 
 One host: the checks of pdserve.verify.registry.CHECKS, all made here. Several hosts: one set per server
-process, with the same gatherers. A check that reads over the cluster network (a server's /health,
-/server_info, /metrics; the router's API and the end-to-end requests through it) is made from wherever
-verify runs. A host-local one (systemd's unit state and journal, NVML, the processes' NUMA binding, the
+process, with the same gatherers. A check that reads over the cluster network is made from where it can
+reach: the router's API and the end-to-end requests through it from anywhere; a server's /server_info,
+/metrics and version from its own host and the router hosts, the only ones the rendered firewall opens its
+port to (elsewhere a healthy cluster would time out). A host-local one (systemd's unit state and journal, NVML, the processes' NUMA binding, the
 ports a host answers on, the router's loaded version; the router's API or Prometheus listener when it is
 bound to loopback) only on its own host: elsewhere it is skipped, saying which host to run
 `pdserve verify --host NAME` on. Which host a run stands on: pdserve.verify.here.
@@ -34,6 +35,37 @@ def on_host(host: str, what: str, check: Check) -> Callable[[str], Check]:
                 return replace(check(ctx), id=check_id)
             return skipped(check_id, f"host-local: it reads {what} on host {host}, which this run (on "
                            f"{ctx.here}) cannot; run `{ctx.options.rerun} --host {host}` on {host}")
+        return run
+    return named
+
+
+def past_the_firewall(exp: Expectations, w: WorkerExpectation, check: Check) -> Callable[[str], Check]:
+    """`check` of a server's HTTP port, made only where the rendered firewall lets the probe through: the
+    server's own host (loopback traffic is accepted) and the router hosts (the only ones its port is opened
+    to). Elsewhere it would time out on a healthy cluster, so it is skipped, naming a host that can."""
+    reachers = [w.on_host, *(h for h in exp.routers if h != w.on_host)]
+
+    def named(check_id: str) -> Check:
+        def run(ctx: Context) -> CheckResult:
+            if ctx.here in reachers:
+                return replace(check(ctx), id=check_id)
+            return skipped(check_id, f"{w.server}'s port {w.port} on {w.on_host} is open only to "
+                           f"{', '.join(reachers)} (the rendered firewall), not to {ctx.here}; run "
+                           f"`{ctx.options.rerun} --host {reachers[-1]}` on {reachers[-1]}")
+        return run
+    return named
+
+
+def from_router_hosts(exp: Expectations, check: Check) -> Callable[[str], Check]:
+    """`check` that reads every server's port (e.g. the KV-transfer counters of all): only from a router host."""
+    def named(check_id: str) -> Check:
+        def run(ctx: Context) -> CheckResult:
+            if ctx.here in exp.routers:
+                return replace(check(ctx), id=check_id)
+            host = next(iter(exp.routers))
+            return skipped(check_id, f"it reads every server's port, which the rendered firewall opens only to "
+                           f"the router host(s) {', '.join(exp.routers)}; run `{ctx.options.rerun} --host {host}` "
+                           f"on {host}")
         return run
     return named
 
@@ -83,10 +115,11 @@ def multi_host_checks(exp: Expectations) -> dict[str, Check]:
     router_host = exp.router_on
 
     def via(host: str, check: Check) -> Callable[[str], Check]:
-        """Through the router of `host`: from anywhere, or only on that host when it listens on loopback."""
+        """Through the router of `host`, also reading each server's /health: from a router host (the only
+        ones the servers' ports are open to), or only on that host when the router listens on loopback."""
         if exp.router_local:
             return on_host(host, "the router's API on loopback", through(host, check))
-        return anywhere(through(host, check))
+        return from_router_hosts(exp, through(host, check))
 
     def via_router(check: Check) -> Callable[[str], Check]:
         if exp.router_local:
@@ -105,21 +138,21 @@ def multi_host_checks(exp: Expectations) -> dict[str, Check]:
             f"units.router{at}", on_host(host, f"systemd's state of {unit}", through(host, r._unit_check("router"))))),
         *_per_router(exp, lambda host, unit, at: (f"router.readiness{at}", via(host, r._router_readiness))),
         *_per_router(exp, lambda host, unit, at: (f"router.workers{at}", via(host, r._router_workers))),
-        *((f"kv.{k}", anywhere(r._kv_check(k))) for k in servers),
-        *((f"server.{k}", anywhere(r._server_check(k))) for k in servers),
+        *((f"kv.{k}", past_the_firewall(exp, w, r._kv_check(k))) for k, w in servers.items()),
+        *((f"server.{k}", past_the_firewall(exp, w, r._server_check(k))) for k, w in servers.items()),
         *((f"kernels.{k}", on_host(w.on_host, f"the journal of {w.unit}", _kernels(w))) for k, w in exp.workers.items()),
         *((f"gpu.memory.{h}", on_host(h, "NVML", r._gpu_memory)) for h in hosts),
         *((f"gpu.processes.{h}", on_host(h, "NVML and the processes", r._gpu_processes)) for h in hosts),
         *((f"numa.{k}", on_host(w.on_host, f"the NUMA binding of {w.unit}'s processes", r._numa_check(k)))
           for k, w in exp.workers.items()),
         *((f"e2e.{kind}", via_router(r._e2e(kind))) for kind in ("chat", "reasoning", "tools", "stream")),
-        *((f"metrics.{k}", anywhere(r._metrics_endpoint(k))) for k in servers),
+        *((f"metrics.{k}", past_the_firewall(exp, w, r._metrics_endpoint(k))) for k, w in servers.items()),
         ("metrics.router", router_metrics),
-        ("metrics.kv_transfer", anywhere(r._kv_transfer_failures)),
+        ("metrics.kv_transfer", from_router_hosts(exp, r._kv_transfer_failures)),
         ("metrics.router_requests", router_requests),
         *((f"exposure.ports.{h}", on_host(h, "the ports this host answers on", r._exposure_ports)) for h in hosts),
         ("exposure.auth", via_router(r._exposure_auth)),
-        *((f"versions.{k}", anywhere(r._version_check(k))) for k in servers),
+        *((f"versions.{k}", past_the_firewall(exp, w, r._version_check(k))) for k, w in servers.items()),
         *_per_router(exp, lambda host, unit, at: (
             f"versions.router{at}", on_host(host, f"the process of {unit}", through(host, r._router_version)))),
     ]

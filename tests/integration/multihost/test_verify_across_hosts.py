@@ -19,10 +19,12 @@ pytestmark = pytest.mark.integration
 REMOTE = ("kv", "server", "metrics", "versions")
 
 
-def verify(cluster: Cluster, *args: str) -> tuple[int, dict[str, dict]]:
+def verify(cluster: Cluster, *args: str, host: str | None = None) -> tuple[int, dict[str, dict]]:
+    """`pdserve verify --json` inside `host`'s namespace (default: the router's host)."""
+    host = host or cluster.plan.router.host
     pdserve = cluster.plan.router.argv[0].rsplit("/", 1)[0] + "/pdserve"
-    done = cluster.router_host.run([pdserve, "verify", "-c", str(OWN), "--host", cluster.plan.router.host, "--json",
-                                    *args], timeout=240, check=False)
+    done = cluster.net[host].run([pdserve, "verify", "-c", str(OWN), "--host", host, "--json", *args],
+                                 timeout=240, check=False)
     assert done.stdout.strip(), done.stderr
     return done.returncode, {check["id"]: check for check in json.loads(done.stdout)["checks"]}
 
@@ -44,6 +46,27 @@ def test_verify_on_the_router_host_checks_every_server_over_the_cluster_network(
         assert local, f"no host-local check of {host}"
         for check in local:
             assert check["status"] == "skip" and f"--host {host}" in check["observed"], check
+
+
+def test_verify_on_a_worker_host_checks_its_own_server_and_leaves_the_rest_to_the_router_host(cluster):
+    """The rendered firewall opens a server's port only to its own host and the router's: run on a worker
+    host, verify reads its own server over the cluster address and skips every check that would have to
+    cross another host's firewall, naming the router's host, instead of failing a healthy cluster."""
+    head = next(p for p in cluster.plan.heads if p.role == "prefill")
+    code, checks = verify(cluster, "--probe-timeout", "2", host=head.host)
+    failed = {i: c["observed"] for i, c in checks.items() if c["status"] == "fail"}
+    assert code == 0 and failed == {}, failed
+    for kind in REMOTE:
+        assert checks[f"{kind}.{head.server}"]["status"] == "pass", checks[f"{kind}.{head.server}"]
+    router_host = cluster.plan.router.host
+    for server in cluster.plan.servers():
+        if server.name == head.server:
+            continue
+        for kind in REMOTE:
+            check = checks[f"{kind}.{server.name}"]
+            assert check["status"] == "skip" and f"--host {router_host}" in check["observed"], check
+    for check_id in ("router.readiness", "router.workers", "metrics.kv_transfer"):
+        assert checks[check_id]["status"] == "skip" and f"--host {router_host}" in checks[check_id]["observed"]
 
 
 def test_verify_fails_exactly_the_server_behind_a_cut_link(cluster):
