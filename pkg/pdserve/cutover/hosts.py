@@ -21,11 +21,11 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pdserve.cutover.plan import DEADLINE_MARGIN_SEC, Plan
+from pdserve.cutover.plan import DEADLINE_MARGIN_SEC, Plan, plan_common
 from pdserve.probes.systemctl import service
 from pdserve.schema.boot import nixos_line
 from pdserve.schema.config import Deployment
-from pdserve.schema.derived import ROUTER_START_TIMEOUT_SEC, url_of
+from pdserve.schema.derived import url_of
 from pdserve.schema.topology import nodes_on, router_hosts, router_unit, server_unit
 from pdserve.verify.expect import expectations
 
@@ -112,13 +112,7 @@ def host_plan(dep: Deployment, host: str, warnings: Sequence[str] = (), source: 
         gpus={"pd": tuple(gpus), "single": ()},
         public_url={"pd": url, "single": url},
         worker_deadline=dep.systemd.start_timeout_sec + DEADLINE_MARGIN_SEC,
-        front_deadline=ROUTER_START_TIMEOUT_SEC + DEADLINE_MARGIN_SEC,
-        stop_deadline=dep.systemd.stop_timeout_sec + DEADLINE_MARGIN_SEC,
-        warnings=tuple(warnings),
-        declared=dep.boot_layout,
-        wanted_by=dep.systemd.wanted_by,
-        source=source,
-        nixos_change=nixos_line(dep, "pd"),
+        **plan_common(dep, "pd", warnings, source),
         host=host,
         smoke_checks=smoke_checks(dep, host),
     )

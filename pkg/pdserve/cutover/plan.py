@@ -51,6 +51,14 @@ class Plan:
         return "single" if self.target == "pd" else "pd"
 
 
+def plan_common(dep: Deployment, target: Layout, warnings: Sequence[str], source: str) -> dict:
+    """The fields of a Plan that one host's cutover (cutover.hosts) and the whole host's share."""
+    return dict(front_deadline=ROUTER_START_TIMEOUT_SEC + DEADLINE_MARGIN_SEC,
+                stop_deadline=dep.systemd.stop_timeout_sec + DEADLINE_MARGIN_SEC, warnings=tuple(warnings),
+                declared=dep.boot_layout, wanted_by=dep.systemd.wanted_by, source=source,
+                nixos_change=nixos_line(dep, target))
+
+
 def plan_for(dep: Deployment, target: Layout, warnings: Sequence[str] = (), source: str = "the deployment file") -> Plan:
     def svc(role: str) -> str:
         return service(unit_name(dep, role))  # type: ignore[arg-type]
@@ -66,13 +74,7 @@ def plan_for(dep: Deployment, target: Layout, warnings: Sequence[str] = (), sour
         gpus={"pd": tuple(sorted({*dep.prefill.gpus, *dep.decode.gpus})), "single": tuple(sorted(dep.fallback.gpus))},
         public_url={"pd": role_url(dep, "router"), "single": role_url(dep, "fallback")},
         worker_deadline=(2 if in_turn else 1) * dep.systemd.start_timeout_sec + DEADLINE_MARGIN_SEC,
-        front_deadline=ROUTER_START_TIMEOUT_SEC + DEADLINE_MARGIN_SEC,
-        stop_deadline=dep.systemd.stop_timeout_sec + DEADLINE_MARGIN_SEC,
-        warnings=tuple(warnings),
-        declared=dep.boot_layout,
-        wanted_by=dep.systemd.wanted_by,
-        source=source,
-        nixos_change=nixos_line(dep, target),
+        **plan_common(dep, target, warnings, source),
         workers_in_turn=in_turn,
     )
 

@@ -134,13 +134,8 @@ def expectations(dep: Deployment, kv_floor: int | None = None, here: str = IMPLI
             workers[w.id] = w
     if dep.multi_host:
         return _multi_host(dep, workers, kv_floor, router_host_for(dep, here), here)
-    model = dep.model
     return Expectations(
-        name=dep.name,
-        served_model=model.served_name or model.path,
-        context_length=model.context_length,
-        reasoning_parser=model.reasoning_parser,
-        tool_call_parser=model.tool_call_parser,
+        **_model_expectations(dep, kv_floor),
         workers=workers,
         router_url=role_url(dep, "router"),
         router_host=dep.router.host,
@@ -148,9 +143,16 @@ def expectations(dep: Deployment, kv_floor: int | None = None, here: str = IMPLI
         fallback_unit=unit_name(dep, "fallback"),
         bootstrap_port=dep.transfer.bootstrap_port,
         api_key_file=dep.router.api_key_file,
-        kv_floor=kv_floor if kv_floor is not None else (model.context_length or DEFAULT_KV_FLOOR),
         metrics_urls={t.role: f"http://{t.address}/metrics" for t in targets(dep) if t.role in METRICS_ROLES},
     )
+
+
+def _model_expectations(dep: Deployment, kv_floor: int | None) -> dict:
+    """What the served model makes every server and the router answer with, on one host or several."""
+    model = dep.model
+    return dict(name=dep.name, served_model=model.served_name or model.path, context_length=model.context_length,
+                reasoning_parser=model.reasoning_parser, tool_call_parser=model.tool_call_parser,
+                kv_floor=kv_floor if kv_floor is not None else (model.context_length or DEFAULT_KV_FLOOR))
 
 
 def _reachable(listen: str, host: str, dep: Deployment) -> str:
@@ -163,7 +165,6 @@ def _reachable(listen: str, host: str, dep: Deployment) -> str:
 
 def _multi_host(dep: Deployment, workers: dict[str, WorkerExpectation], kv_floor: int | None,
                 router_on: str, here: str) -> Expectations:
-    model = dep.model
     router = dep.router
     metrics_host = _reachable(router.prometheus_host, router_on, dep)
     metrics = {key: f"{w.url}/metrics" for key, w in workers.items() if w.serves_http}
@@ -172,11 +173,7 @@ def _multi_host(dep: Deployment, workers: dict[str, WorkerExpectation], kv_floor
         metrics["router"] = f"{url_of(metrics_host, router.prometheus_port)}/metrics"
     prefill = next((w for w in workers.values() if w.role == "prefill"), None)
     return Expectations(
-        name=dep.name,
-        served_model=model.served_name or model.path,
-        context_length=model.context_length,
-        reasoning_parser=model.reasoning_parser,
-        tool_call_parser=model.tool_call_parser,
+        **_model_expectations(dep, kv_floor),
         workers=workers,
         router_url=url_of(_reachable(router.host, router_on, dep), router.port),
         router_host=router.host,
@@ -184,7 +181,6 @@ def _multi_host(dep: Deployment, workers: dict[str, WorkerExpectation], kv_floor
         fallback_unit="",
         bootstrap_port=prefill.bootstrap_port if prefill and prefill.bootstrap_port else dep.transfer.bootstrap_port,
         api_key_file=router.api_key_file,
-        kv_floor=kv_floor if kv_floor is not None else (model.context_length or DEFAULT_KV_FLOOR),
         metrics_urls=metrics,
         hosts={name: spec.address for name, spec in dep.hosts.items()},
         router_on=router_on,
