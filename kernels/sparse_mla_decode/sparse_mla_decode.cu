@@ -83,6 +83,19 @@ struct LayoutV32B : GeomV32B {};
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
+// Programmatic dependent launch (sm_90+; no-ops without the launch attribute and before sm_90): a main
+// kernel lets the split combine be scheduled from its start (the combine's launch and prologue then overlap
+// the main kernel instead of following it), and the combine waits until the main kernel's memory is visible.
+__device__ __forceinline__ void griddep_launch_dependents() {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void griddep_wait() {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(dst)), "l"(src) : "memory");
 }
@@ -1739,19 +1752,22 @@ __device__ __forceinline__ void wg_entry(const MlaParams& p, uint8_t* smem) {
 }  // namespace
 
 // The kernels (tables in sparse_mla_decode.h, which kernels/kernel_metadata.cpp also reads).
-#define MLA_KERNEL(NAME, LAY, MT, T, G, NST, OPT)                                                   \
+#define MLA_KERNEL(NAME, LAY, MT, T, G, NST, OPT)                                                          \
   extern "C" __global__ void __launch_bounds__(32 * MT * G, 1) NAME(const __grid_constant__ MlaParams p) { \
-    extern __shared__ __align__(128) uint8_t smem[];                                                \
-    mla_body<Layout##LAY, MT, T, G, NST, OPT>(p, smem);                                             \
+    extern __shared__ __align__(128) uint8_t smem[];                                                       \
+    griddep_launch_dependents();                                                                           \
+    mla_body<Layout##LAY, MT, T, G, NST, OPT>(p, smem);                                                    \
   }
-#define DS_KERNEL(NAME, LAY, MT, T, NST, CV)                                                                \
+#define DS_KERNEL(NAME, LAY, MT, T, NST, CV)                                                              \
   extern "C" __global__ void __launch_bounds__(kDsThreads, 1) NAME(const __grid_constant__ MlaParams p) { \
     extern __shared__ __align__(128) uint8_t smem[];                                                      \
+    griddep_launch_dependents();                                                                          \
     ds_body<Layout##LAY, MT, T, NST, CV>(p, smem);                                                        \
   }
-#define WG_KERNEL(NAME, LAY, NST, PROBE, H, SC)                                                            \
+#define WG_KERNEL(NAME, LAY, NST, PROBE, H, SC)                                                           \
   extern "C" __global__ void __launch_bounds__(kWgThreads, 1) NAME(const __grid_constant__ MlaParams p) { \
     extern __shared__ __align__(128) uint8_t smem[];                                                      \
+    griddep_launch_dependents();                                                                          \
     wg_entry<Layout##LAY, NST, PROBE, H, SC>(p, smem);                                                    \
   }
 
@@ -1763,28 +1779,60 @@ SPARSE_MLA_WG_PROBE_KERNELS(WG_KERNEL)
 #endif
 
 // Merge the splits of one (row, head): lse = log sum_s exp(lse_s); o = sum_s exp(lse_s - lse) o_s,
-// times the sink factor; lse = +inf and o = 0 when no split saw a valid entry. grid (h, rows), 128 threads.
+// times the sink factor; lse = +inf and o = 0 when no split saw a valid entry. grid (h, rows), 128 threads,
+// each owning 4 of the 512 output dims.
+// Latency, not bandwidth, sets this kernel's time at small batch (a few KB per CTA): it reads the splits
+// kCombineBatch at a time with every load of a batch issued before any is used, and merges each batch into
+// a running maximum, so a call waits for ceil(splits / kCombineBatch) round trips to L2. (Reading the
+// maximum first and then, per split, its lse and, only if non-empty, its partial cost two dependent round
+// trips per split: ~2x32 for V3.2 at one row.) An empty split's partial is never written: it is loaded but
+// selected away, never multiplied, so stale bytes there cannot turn into NaN.
+// Launched behind the main kernel with programmatic stream serialization: the grid is scheduled while the
+// main kernel drains and waits here until the main kernel's partials are visible.
+constexpr int kCombineBatch = 16;   // one round trip for V4 CSA at one row (10 splits), two for V3.2 (32)
 extern "C" __global__ void __launch_bounds__(kCombineThreads) sparse_mla_combine(const __grid_constant__ MlaParams p) {
+  griddep_wait();
   const int head = blockIdx.x, row = blockIdx.y, tid = threadIdx.x;
   const size_t base = static_cast<size_t>(row) * p.splits * p.h + head;
-  float m = -INFINITY;
-  for (int s = 0; s < p.splits; ++s) m = fmaxf(m, p.lse_part[base + static_cast<size_t>(s) * p.h]);
+  float m = -INFINITY, wsum = 0.f;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  float lse = INFINITY, f = 0.f;
-  if (m != -INFINITY) {
-    float wsum = 0.f;
-    for (int s = 0; s < p.splits; ++s) {
-      const size_t b = base + static_cast<size_t>(s) * p.h;
-      const float w = expf(p.lse_part[b] - m);   // 0 for an empty split (lse -inf)
-      wsum += w;
-      if (w > 0.f) {
-        const float4 o = reinterpret_cast<const float4*>(p.o_part + b * kDv)[tid];
-        acc.x += w * o.x;
-        acc.y += w * o.y;
-        acc.z += w * o.z;
-        acc.w += w * o.w;
+  for (int s0 = 0; s0 < p.splits; s0 += kCombineBatch) {
+    float l[kCombineBatch];
+    float4 o[kCombineBatch];
+#pragma unroll
+    for (int j = 0; j < kCombineBatch; ++j) {   // predicated, independent loads: all in flight at once
+      l[j] = -INFINITY;
+      o[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (s0 + j < p.splits) {
+        const size_t b = base + static_cast<size_t>(s0 + j) * p.h;
+        l[j] = p.lse_part[b];
+        o[j] = reinterpret_cast<const float4*>(p.o_part + b * kDv)[tid];
       }
     }
+    float mb = m;
+#pragma unroll
+    for (int j = 0; j < kCombineBatch; ++j) mb = fmaxf(mb, l[j]);
+    if (mb == -INFINITY) continue;                 // no valid entry so far
+    const float r = expf(m - mb);                  // rescale what was merged before (0 while m = -inf)
+    wsum *= r;
+    acc.x *= r;
+    acc.y *= r;
+    acc.z *= r;
+    acc.w *= r;
+#pragma unroll
+    for (int j = 0; j < kCombineBatch; ++j) {
+      if (l[j] == -INFINITY) continue;             // empty split (or past the end): its partial is unwritten
+      const float w = expf(l[j] - mb);
+      wsum += w;
+      acc.x += w * o[j].x;
+      acc.y += w * o[j].y;
+      acc.z += w * o[j].z;
+      acc.w += w * o[j].w;
+    }
+    m = mb;
+  }
+  float lse = INFINITY, f = 0.f;
+  if (m != -INFINITY) {
     lse = m + logf(wsum);
     f = 1.f / wsum;
     if (p.sinks) f *= 1.f / (1.f + expf(p.sinks[head] - lse));

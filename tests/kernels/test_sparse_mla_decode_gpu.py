@@ -41,11 +41,15 @@ def mla():
 
 
 def run_and_check(mla, gen, layout, B, next_n, h, topk, *, topk_extra=0, empty_rows=(), invalid_frac=0.1,
-                  sinks=True, sm_scale=None, call_layout=None, scale_factor=1.0, page=64, q_scale=1.0, **kw):
+                  sinks=True, sm_scale=None, call_layout=None, scale_factor=1.0, page=64, q_scale=1.0,
+                  invalid_span=None, **kw):
     from pdserve_kernels.sparse_mla_reference import LAYOUTS, make_inputs, reference_from_inputs
 
     inp = make_inputs(layout, B, next_n, h, topk, topk_extra=topk_extra, empty_rows=empty_rows,
                       invalid_frac=invalid_frac, sinks=sinks, generator=gen, scale_factor=scale_factor, page=page)
+    if invalid_span is not None:   # indices lo..hi-1 of every row -1: whole splits empty between full ones
+        lo, hi = invalid_span
+        inp["indices"][:, :, lo:hi] = -1
     if q_scale != 1.0:   # a power of two: exact in bf16
         inp["q"] = (inp["q"].float() * q_scale).to(torch.bfloat16)
     sm_scale = sm_scale or LAYOUTS[layout].dqk ** -0.5
@@ -98,6 +102,22 @@ def test_split_kv_and_empty_rows(mla, gen, splits):
     # Rows 0 and 2 all -1; splits > 1 goes through the combine kernel (empty splits have lse = -inf).
     run_and_check(mla, gen, "v4", 4, 1, 16, 512, topk_extra=128, empty_rows=(0, 2), splits=splits)
     run_and_check(mla, gen, "v32", 3, 1, 64, 2048, empty_rows=(2,), splits=splits)
+
+
+@pytest.mark.parametrize("pdl", [True, False])
+@pytest.mark.parametrize("layout,kernel,topk,extra,span,splits", [
+    ("v32", "sparse_mla_ds_v32_h16_t32_s4", 2048, 0, (256, 1536), 22),   # 22 splits of 96: a partial batch
+    ("v32", "sparse_mla_ds_v32_h16_t32_s4", 2048, 0, (256, 1536), 64),   # four full batches
+    ("v4", "sparse_mla_v4_h16_t64", 1024, 128, (64, 900), 18),           # first-version kernel, 18 splits
+])
+def test_combine_batches_with_empty_splits_between(mla, gen, layout, kernel, topk, extra, span, splits, pdl):
+    # The combine reads the splits 16 at a time into a running maximum: split counts that leave a partial
+    # last batch, and a run of empty splits (lse -inf, partial never written) between non-empty ones, in the
+    # programmatic (default on sm_90) and the ordinary launch.
+    plan = mla.make_plan(layout, 2, 16, topk, extra, kernel=kernel, splits=splits)
+    assert plan.splits == splits and plan.splits > 16, plan
+    run_and_check(mla, gen, layout, 2, 1, 16, topk, topk_extra=extra, invalid_span=span, splits=splits, pdl=pdl,
+                  kernel=kernel)
 
 
 def test_mostly_invalid_indices(mla, gen):

@@ -301,9 +301,13 @@ class SparseMlaDecode:
                        fuse_combine=bool(fuse_combine) and info.family == "ds" and n_splits > 1)
 
     def launch(self, plan: MlaPlan, q4, kv, ind3, sm_scale: float, *, sinks, extra_kv, e3, out, lse,
-               o_part_ptr: int | None, lse_part_ptr: int | None, counters_ptr: int | None = None) -> None:
+               o_part_ptr: int | None, lse_part_ptr: int | None, counters_ptr: int | None = None,
+               pdl: bool | None = None) -> None:
         """Queue one call on the current stream: no allocation, no host sync, no planning. The inputs must have
-        passed _check and match `plan` (extra_kv / e3: the first source again when there is no second)."""
+        passed _check and match `plan` (extra_kv / e3: the first source again when there is no second).
+        `pdl` (default: on sm_90 and later): the split combine is a programmatic dependent launch, scheduled
+        while the main kernel runs and waiting in-kernel for its partials (False: an ordinary launch after it,
+        for timing the difference)."""
         page, stride, n_entries = _cache_geometry(self.torch, LAYOUTS[plan.layout], kv, "kv")
         _, estride, en = _cache_geometry(self.torch, LAYOUTS[plan.layout], extra_kv, "extra_kv")
         p = _Params(
@@ -318,11 +322,14 @@ class SparseMlaDecode:
         self.module.launch(plan.kernel, plan.grid, plan.threads, plan.smem, stream, p)
         if plan.splits > 1 and not plan.fuse_combine:
             combine = self.kernels["sparse_mla_combine"]
-            self.module.launch(combine.name, (plan.h, plan.rows, 1), combine.threads, 0, stream, p)
+            use_pdl = self.capability[0] >= 9 if pdl is None else pdl
+            self.module.launch(combine.name, (plan.h, plan.rows, 1), combine.threads, 0, stream, p,
+                               programmatic=use_pdl)
 
     def __call__(self, q, kv, indices, sm_scale: float, *, layout: str = "v4", sinks=None, extra_kv=None,
                  extra_indices=None, out=None, lse=None, splits: int | None = None, kernel: str | None = None,
-                 small: bool | None = None, variant: str | None = None, fuse_combine: bool | None = None):
+                 small: bool | None = None, variant: str | None = None, fuse_combine: bool | None = None,
+                 pdl: bool | None = None):
         torch = self.torch
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {sorted(LAYOUTS)}, got {layout!r}")
@@ -379,7 +386,7 @@ class SparseMlaDecode:
         self.launch(plan, q4, kv, ind3, sm_scale, sinks=sinks, extra_kv=extra_kv, e3=e3, out=out, lse=lse,
                     o_part_ptr=ws.data_ptr() if ws is not None else None,
                     lse_part_ptr=ws.data_ptr() + 4 * rows * plan.splits * h * DV if ws is not None else None,
-                    counters_ptr=counters.data_ptr() if counters is not None else None)
+                    counters_ptr=counters.data_ptr() if counters is not None else None, pdl=pdl)
         # The workspace stays alive until the launches are queued (the caching allocator reuses it safely on
         # the same stream afterwards).
         del ws
