@@ -324,9 +324,10 @@ def test_wge_any_fp32_scale(mla, gen, sm90, name):
                   **AMAX448)
 
 
-def test_wge_variant(mla, gen, sm90):
+def test_wge_variant_and_fp32_scales_default(mla, gen, sm90):
     run_and_check(mla, gen, "v32", 8, 1, 128, 2048, variant="wge", **AMAX448)
     assert mla.pick_kernel("v32", 128, variant="wge", rows=8) == WGE_KERNELS[0]
+    assert mla.make_plan("v32", 8, 128, 2048, fp32_scales=True).kernel == WGE_KERNELS[0]
 
 # ---- bf16 KV (V4: 512-dim entry, K = V incl. RoPE; V3.2: 576-dim key, V = first 512) ----
 

@@ -23,7 +23,9 @@ Kernel choice (fp8): by default ("auto", ``auto_fp8_kernel``) the fastest kernel
 layout, head count and number of query rows: on sm_90a with h >= 64 and >= 8 rows the "wg" kernels (wgmma,
 64 heads per CTA, a producer warpgroup converting each tile once), else the "ds" kernels (warps split the head
 dimension, e4m3 converted inside the MMA operands) or the first-version kernels. ``variant=`` ("wg", "wge",
-"ds", "" ...) / ``kernel=`` force one. The ds kernels
+"ds", "" ...) / ``kernel=`` force one. V3.2 caches whose fp32 tile scales are not powers of two (SGLang's
+amax/448) need ``make_plan(fp32_scales=True)``: the "wge" kernels on sm_90a at h >= 64 from 8 rows, else the ds
+kernels, which both apply the scale exactly (``fp32_scales_kernel``). The ds kernels
 without ``_c4`` multiply V by its scale in f16: |dequantized V| must stay below 65504 (true for scales up to
 2^7). ``fuse_combine=True`` (ds kernels with splits) merges the splits in the main kernel instead of a second
 launch: correct, but measured slower (NOTES.md).
@@ -126,9 +128,17 @@ def wg_kernel_name(layout: str) -> str:
 # fp32 scale, where the wg kernels round e4m3 x scale to bf16. No range limit on scales, q or RoPE. "_e_c2":
 # warpgroup 1 converts half of each tile, as "_c2".
 def wge_kernel_name() -> str:
-    """The wge kernel variant "wge" takes (not yet measured on a GPU against "_e_c2" or the ds kernels: CPU
+    """The wge kernel fp32_scales plans take (not yet measured on a GPU against "_e_c2" or the ds kernels: CPU
     lane-level emulation only, NOTES.md "wge kernels")."""
     return "sparse_mla_wg_v32_s3_e"
+
+
+def fp32_scales_kernel(h: int, rows: int, sm90: bool) -> str:
+    """The V3.2 fp8 kernel for fp32 tile scales that are not powers of two (SGLang's amax/448): the wge kernel where
+    the default is a wg kernel (sm_90a, h >= 64, >= 8 rows), else the ds kernel. Both apply the scale exactly."""
+    if sm90 and h >= WG_MIN_HEADS and rows >= WG_MIN_ROWS:
+        return wge_kernel_name()
+    return ds_kernel_name("v32", h, rows)
 
 
 # ds kernels with splits: the last split CTA merges the splits itself instead of a second (combine) launch.
@@ -286,12 +296,12 @@ class SparseMlaDecode:
         """The MlaPlan for `rows` query rows of h heads with topk (+ topk_extra) indices each in `layout`
         (a bf16 layout name for bf16 KV). V4 with page 1 takes the first-version kernels (the ds and wg
         kernels may read 8 bytes past a page-1 entry: see __call__). `fp32_scales` (V3.2 FP8 whose tile scales
-        are not powers of two, as SGLang writes them: amax/448): the ds kernels, which multiply the fp32 partial
-        sums by the scale; the first-version and wg kernels round e4m3 x scale to bf16 (measured 7e-3 relative
-        error instead of 1.3-1.7e-3, NOTES.md "Accuracy on SGLang's scales")."""
+        are not powers of two, as SGLang writes them: amax/448): fp32_scales_kernel, the wge or ds kernels, which
+        apply the scale exactly; the first-version and wg kernels round e4m3 x scale to bf16 (measured 7e-3
+        relative error instead of 1.3-1.7e-3, NOTES.md "Accuracy on SGLang's scales")."""
         if (fp32_scales and kernel is None and variant is None and layout == "v32"
                 and not (self.smem_limit < 200 * 1024 if small is None else small)):
-            kernel = ds_kernel_name("v32", h, rows)
+            kernel = fp32_scales_kernel(h, rows, self.capability[0] == 9)
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {sorted(LAYOUTS)}, got {layout!r}")
         for name, v in (("rows", rows), ("h", h)):
