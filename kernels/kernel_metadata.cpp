@@ -75,12 +75,20 @@ void sparse_mla_decode() {
   SPARSE_MLA_DS_KERNELS(DS_META)
 #define WG_META(NAME, LAY, NST, PROBE, H, SC)                                                                \
   {                                                                                                          \
-    std::snprintf(more, sizeof more, ", \"probe\": %d, \"f16\": %s, \"split_convert\": %s", PROBE,           \
-                  H ? "true" : "false", SC ? "true" : "false");                                              \
+    std::snprintf(more, sizeof more, ", \"probe\": %d, \"f16\": %s, \"split_convert\": %s, \"exact_scales\": false", \
+                  PROBE, H ? "true" : "false", SC ? "true" : "false");                                       \
     kernel(k, #NAME, "wg", kWgThreads, WgSmem<Geom##LAY, NST>::kSidx + kWgAlignSlack, kIndexBytes, "entry",  \
            mla_shape<Geom##LAY>(buf, sizeof buf, kWgHeads, kWgT, NST, more));                                \
   }
   SPARSE_MLA_WG_KERNELS(WG_META)
+#define WGE_META(NAME, NST, SC)                                                                             \
+  {                                                                                                         \
+    std::snprintf(more, sizeof more, ", \"probe\": 0, \"f16\": true, \"split_convert\": %s, \"exact_scales\": true", \
+                  SC ? "true" : "false");                                                                   \
+    kernel(k, #NAME, "wg", kWgThreads, WgeSmem<NST>::kSidx + kWgAlignSlack, kIndexBytes, "entry",           \
+           mla_shape<GeomV32>(buf, sizeof buf, kWgHeads, kWgT, NST, more));                                 \
+  }
+  SPARSE_MLA_WGE_KERNELS(WGE_META)
 #ifdef PDSERVE_TUNING_PROBES
   SPARSE_MLA_WG_PROBE_KERNELS(WG_META)
 #endif

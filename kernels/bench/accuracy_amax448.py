@@ -1,6 +1,7 @@
 """Accuracy of the sparse MLA decode kernels on V3.2 FP8 caches with SGLang's own scales (fp32 amax/448 per
 128-value tile, not powers of two; quantize_amax448 in sparse_mla_reference.py) against the fp32 reference
-(which dequantizes the same bytes), beside the same kernels on power-of-two scales. One table: relative L2
+(which dequantizes the same bytes), beside the same kernels on power-of-two scales: the default, the first
+version, the fp32_scales plan's kernel, the ds kernel and (sm_90a) the wge kernels. One table: relative L2
 error of o over all (row, head) pairs, the worst (row, head), max |lse - ref|.
 
     python3 kernels/bench/accuracy_amax448.py [--heads 16,32,64,128] [--batches 1,8,64] [--json FILE]
@@ -28,6 +29,18 @@ def errors(mla, inp, **kw):
                 lse=(lse[fin] - ref_lse[fin]).abs().max().item(), nan=bool(torch.isnan(o.float()).any()))
 
 
+def kernels(mla, B: int, h: int) -> list[tuple[str, str]]:
+    """(label, kernel): the default, the first version, the fp32_scales plan's kernel, the ds kernel and, on sm_90a,
+    every wge kernel (the exact-scale wg kernels), each once (the first label wins)."""
+    out = [("default", mla.pick_kernel("v32", h, rows=B)),
+           ("first version", mla.pick_kernel("v32", h, variant="", rows=B)),
+           ("fp32_scales plan", mla.make_plan("v32", B, h, 2048, fp32_scales=True).kernel),
+           ("ds", mla.pick_kernel("v32", h, variant="ds", rows=B))]
+    if mla.capability[0] == 9:
+        out += [("wge", n) for n, k in sorted(mla.kernels.family("wg").items()) if k.shape.get("exact_scales")]
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--heads", default="16,32,64,128")
@@ -41,9 +54,7 @@ def main() -> int:
             for mode in ("amax448", "pow2"):
                 inp = make_inputs("v32", B, 1, h, 2048, generator=gen, scale_mode=mode)
                 seen = set()
-                for variant, kernel in (("default", mla.pick_kernel("v32", h, rows=B)),
-                                        ("first version", mla.pick_kernel("v32", h, variant="", rows=B)),
-                                        ("fp32_scales plan", mla.make_plan("v32", B, h, 2048, fp32_scales=True).kernel)):
+                for variant, kernel in kernels(mla, B, h):
                     if kernel in seen:
                         continue
                     seen.add(kernel)

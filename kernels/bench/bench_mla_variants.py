@@ -2,7 +2,8 @@
 """Variant table (not THE benchmark): fp8 sparse MLA decode, the launcher's default ("auto") against every
 kernel of the fatbin that can serve the shape, timed round-robin in one process on the same inputs:
 the first-version kernel ("old"), every "ds" kernel of the head block (16 heads for h <= 16, else 32), and on
-sm_90a for h > 32 every "wg" kernel of the layout (64-head blocks). Each candidate is also checked against the
+sm_90a for h > 32 every "wg" kernel of the layout (64-head blocks; for V3.2 also the exact-scale "wge" kernels
+wg_v32_s3_e and wg_v32_s3_e_c2, on these power-of-two-scale inputs like the others). Each candidate is also checked against the
 fp32 reference (first rows). The launcher's default is chosen from this table (auto_fp8_kernel; NOTES.md
 records what it showed).
 

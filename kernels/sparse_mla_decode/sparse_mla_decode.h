@@ -136,6 +136,28 @@ struct WgSmem {
   static constexpr int kSidx = kBar + ((2 * NST * 8 + 15) / 16) * 16;   // + 4 B per entry of the split
 };
 
+// Shared-memory layout of a wge kernel (V3.2 only; from a 1024-aligned base, + kWgAlignSlack): the wg layout with
+// the NoPE part of the tile in f16 holding the raw e4m3 values, per tile buffer the entries' fp32 scales
+// [4 scale tiles][T], and P handed to warpgroup 1 with one rescale factor per head (not per thread), which keeps
+// a 2048-entry index list within 227 KB.
+template <int NST>
+struct WgeSmem {
+  static constexpr int kQ = 0;                          // Q [9][64 heads][128 B]: f16 NoPE, bf16 RoPE, x 2^k per head
+  static constexpr int kTileBytes = kWgT * 576 * 2;     // tile [9][T][128 B]: f16 e4m3 values, bf16 RoPE
+  static constexpr int kTile = kQ + 64 * 576 * 2;       // two tile buffers
+  static constexpr int kSclBytes = 4 * kWgT * 4;        // fp32 scales [4][T] per tile buffer
+  static constexpr int kScl = kTile + 2 * kTileBytes;
+  static constexpr int kRaw = kScl + 2 * kSclBytes;     // NST x T raw records
+  static constexpr int kPBytes = 128 * 32 + 64 * 4;     // per buffer: 128 threads x 32 B of f16 P, 64 x float alpha
+  static constexpr int kP = kRaw + NST * kWgT * 656;
+  static constexpr int kFin = kP + 2 * kPBytes;         // 128 x float4 (m0, m1, l0, l1)
+  static constexpr int kBar = kFin + 128 * 16;          // NST ring mbarriers (full), NST (SC: free)
+  static constexpr int kSidx = kBar + ((2 * NST * 8 + 15) / 16) * 16;   // + 4 B per entry of the split
+  static_assert(kTile % 1024 == 0 && kTileBytes % 1024 == 0, "tile buffers hold whole 1024-byte swizzle atoms");
+  static_assert(kRaw % 16 == 0 && kP % 16 == 0 && kPBytes % 16 == 0, "bulk copies and uint4 P stores");
+  static_assert(kSidx + kWgAlignSlack + 4 * 2048 <= 232448, "a V3.2 top-2048 split fits the 227 KB of an H200 CTA");
+};
+
 constexpr int kCombineThreads = 128;
 
 }  // namespace
@@ -192,6 +214,13 @@ constexpr int kCombineThreads = 128;
   X(sparse_mla_wg_v32_s3_h, V32, 3, 0, true, false)       \
   X(sparse_mla_wg_v4_s3_c2, V4, 3, 0, false, true)        \
   X(sparse_mla_wg_v32_s3_c2, V32, 3, 0, false, true)
+
+// wge kernels (sm_90a, V3.2 fp8 only; kWgThreads, 64 heads per CTA, kWgT-entry tiles): the wg kernels exact for any
+// fp32 tile scale (raw e4m3 in f16, the scales applied to the fp32 partial S and to P): sparse_mla_wg_v32_s<stages>_e.
+// X(NAME, NST, SC): _c2 (SC) warpgroup 1 converts half of each tile.
+#define SPARSE_MLA_WGE_KERNELS(X)                         \
+  X(sparse_mla_wg_v32_s3_e, 3, false)                     \
+  X(sparse_mla_wg_v32_s3_e_c2, 3, true)
 
 // Tuning probes (PROBE bits: 1 = no conversion, 2 = no wgmma): wrong results by design, so they exist only
 // in the tuning build (kernels/tuning/build.sh defines PDSERVE_TUNING_PROBES), never in the production fatbin.

@@ -96,7 +96,7 @@ def test_every_kernel_the_launcher_picks_is_in_the_fatbin(mla_table):
     picked = set()
     for gpu, layout, h, rows, variant in itertools.product(
             gpus, ("v4", "v32", "v4_bf16", "v32_bf16"), (1, 8, 16, 24, 32, 48, 64, 96, 128),
-            (None, 1, 8, 63, 64, 128, 1024), (None, "auto", "", "ds", "wg", "wgh")):
+            (None, 1, 8, 63, 64, 128, 1024), (None, "auto", "", "ds", "wg", "wgh", "wge")):
         name = gpu.pick_kernel(layout, h, variant=variant, rows=rows)
         assert name in mla_table, (layout, h, rows, variant, name)
         info = mla_table[name]

@@ -199,13 +199,21 @@ def test_mla_plan_choices_and_refusals(mla_table):
         mla.make_plan("v5", 8, 128, 2048)
 
 
-@pytest.mark.parametrize("rows,h", [(1, 16), (8, 32), (8, 64), (64, 128), (64, 16)])
-def test_fp32_scales_plan_takes_the_ds_kernels(mla_table, rows, h):
-    """V3.2 caches with SGLang's amax/448 scales: only the ds kernels apply an fp32 scale exactly (the default
-    for h >= 64 from 8 rows is a wg kernel, for 17-32 heads with few rows a first-version one)."""
+@pytest.mark.parametrize("rows,h", [(1, 16), (8, 32), (8, 64), (64, 128), (64, 16), (4, 128)])
+def test_fp32_scales_plan_takes_an_exact_kernel(mla_table, rows, h):
+    """V3.2 caches with SGLang's amax/448 scales: only the wge and ds kernels apply an fp32 scale exactly (the
+    default for h >= 64 from 8 rows is a wg kernel, for 17-32 heads with few rows a first-version one). On sm_90a
+    the wge kernel where the default is a wg kernel, else the ds kernel; on other GPUs always the ds kernel."""
     mla = _launcher(mla_table)
     p = mla.make_plan("v32", rows, h, 2048, fp32_scales=True)
-    assert mla.kernels[p.kernel].family == "ds" and p.kernel == mla_mod.ds_kernel_name("v32", h, rows)
+    if h >= 64 and rows >= 8:
+        assert p.kernel == "sparse_mla_wg_v32_s3_e" and mla.kernels[p.kernel].shape["exact_scales"]
+        # as for the wg kernels a whole top-2048 row fits one CTA (splits only to fill the GPU)
+        assert p.smem <= mla.smem_limit and mla.kernels[p.kernel].smem_bytes(2048) <= mla.smem_limit
+    else:
+        assert mla.kernels[p.kernel].family == "ds" and p.kernel == mla_mod.ds_kernel_name("v32", h, rows)
+    other = _launcher(mla_table, capability=(12, 0)).make_plan("v32", rows, h, 2048, fp32_scales=True)
+    assert other.kernel == mla_mod.ds_kernel_name("v32", h, rows)
     # no effect where scales are powers of two by format (V4) or there are none (bf16 KV)
     assert mla.make_plan("v4", rows, h, 512, 128, fp32_scales=True).kernel == mla.make_plan("v4", rows, h, 512, 128).kernel
     assert mla.make_plan("v32_bf16", rows, h, 2048, fp32_scales=True).kernel == mla.pick_kernel("v32_bf16", h, rows=rows)

@@ -98,8 +98,9 @@ def test_mla_op_takes_sglang_bf16_pool_as_is(ops, gen):
 @pytest.mark.parametrize("B,h", [(1, 16), (8, 32), (8, 128), (64, 64), (64, 128)])
 def test_fp32_scales_plan_is_accurate_on_sglang_scales(ops, gen, B, h):
     """V3.2 FP8 caches written the way SGLang writes them (fp32 amax/448 tile scales): the fp32_scales plan's
-    output is within the kernel tests' bound of the fp32 reference of the same bytes (relative L2 error <= 5e-3,
-    worst (row, head) <= 1e-2, lse within 1e-3)."""
+    output (the wge kernel on sm_90a from 8 rows at h >= 64, else a ds kernel) is at the bf16 level of the fp32
+    reference of the same bytes: relative L2 error <= 3e-3, worst (row, head) <= 5e-3, lse within 1e-3 (the ds
+    kernels measured 1.63-1.68e-3, worst <= 2.55e-3; the wg kernels 6.9-7.6e-3, worst 5-10e-2: NOTES.md)."""
     from pdserve_kernels.sparse_mla_reference import make_inputs, reference_from_inputs
 
     inp = make_inputs("v32", B, 1, h, 2048, generator=gen, scale_mode="amax448")
@@ -111,7 +112,11 @@ def test_fp32_scales_plan_is_accurate_on_sglang_scales(ops, gen, B, h):
     den = ref_o[fin].norm(dim=-1).clamp_min(1e-30)
     rel, worst = (num.norm() / den.norm()).item(), (num / den).max().item()
     print(f"{plan.plan.kernel}: rel {rel:.2e} worst {worst:.2e}")
-    assert rel <= 5e-3 and worst <= 1e-2, f"{plan.plan.kernel}: relative error {rel:.2e}, worst {worst:.2e}"
+    assert rel <= 3e-3 and worst <= 5e-3, f"{plan.plan.kernel}: relative error {rel:.2e}, worst {worst:.2e}"
+    if ops.mla_for().capability[0] == 9 and h >= 64 and B >= 8:
+        assert plan.plan.kernel == "sparse_mla_wg_v32_s3_e"
+    else:
+        assert ops.mla_for().kernels[plan.plan.kernel].family == "ds"
     assert (lse[fin] - ref_lse[fin]).abs().max().item() <= 1e-3
 
 

@@ -58,3 +58,19 @@ def test_explicit_variants_and_small_smem_gpus(monkeypatch):
     assert big.pick_kernel("v4", 64, variant="wgh", rows=64) == "sparse_mla_wg_v4_s3_h"
     assert sm100.pick_kernel("v32", 128, variant="wg", rows=128) == sm100.pick_kernel("v32", 128, rows=128)
     assert sm100.pick_kernel("v32", 128, rows=128) == "sparse_mla_ds_v32_h32_t64_s2"
+
+
+def test_wge_variant_and_fp32_scales_rule(monkeypatch):
+    """"wge" (the exact-scale V3.2 wg kernel) on sm_90a; V4's UE8M0 scales are powers of two, so there "wge" is the
+    default wg kernel; elsewhere the default choice. fp32_scales_kernel: wge where the default is a wg kernel."""
+    monkeypatch.setattr(mla_mod, "FP8_VARIANT", "auto")
+    big, sm100 = _launcher(), _launcher(capability=(10, 0))
+    assert big.pick_kernel("v32", 128, variant="wge", rows=64) == "sparse_mla_wg_v32_s3_e"
+    assert big.pick_kernel("v4", 64, variant="wge", rows=64) == "sparse_mla_wg_v4_s3"
+    assert sm100.pick_kernel("v32", 128, variant="wge", rows=64) == sm100.pick_kernel("v32", 128, rows=64)
+    assert _launcher(smem_limit=101376).pick_kernel("v32", 128, variant="wge", rows=64) == "sparse_mla_v32_h16_t32"
+    for h, rows in ((64, 8), (128, 64), (96, 128)):
+        assert mla_mod.fp32_scales_kernel(h, rows, sm90=True) == "sparse_mla_wg_v32_s3_e"
+        assert mla_mod.fp32_scales_kernel(h, rows, sm90=False) == mla_mod.ds_kernel_name("v32", h, rows)
+    for h, rows in ((32, 64), (128, 1), (64, 7), (16, 128)):
+        assert mla_mod.fp32_scales_kernel(h, rows, sm90=True) == mla_mod.ds_kernel_name("v32", h, rows)

@@ -22,8 +22,10 @@ valid entries, without the sink; a row with no valid entry gets out = 0, lse = +
 Kernel choice (fp8): by default ("auto", ``auto_fp8_kernel``) the fastest kernel measured on H200 for the
 layout, head count and number of query rows: on sm_90a with h >= 64 and >= 8 rows the "wg" kernels (wgmma,
 64 heads per CTA, a producer warpgroup converting each tile once), else the "ds" kernels (warps split the head
-dimension, e4m3 converted inside the MMA operands) or the first-version kernels. ``variant=`` ("wg", "ds",
-"" ...) / ``kernel=`` force one. The ds kernels
+dimension, e4m3 converted inside the MMA operands) or the first-version kernels. ``variant=`` ("wg", "wge",
+"ds", "" ...) / ``kernel=`` force one. V3.2 caches whose fp32 tile scales are not powers of two (SGLang's
+amax/448) need ``make_plan(fp32_scales=True)``: the "wge" kernels on sm_90a at h >= 64 from 8 rows, else the ds
+kernels, which both apply the scale exactly (``fp32_scales_kernel``). The ds kernels
 without ``_c4`` multiply V by its scale in f16: |dequantized V| must stay below 65504 (true for scales up to
 2^7). ``fuse_combine=True`` (ds kernels with splits) merges the splits in the main kernel instead of a second
 launch: correct, but measured slower (NOTES.md).
@@ -65,7 +67,8 @@ class _Params(ctypes.Structure):
 _PREFIX = {"v4": "v4", "v32": "v32", "v4_bf16": "v4b", "v32_bf16": "v32b"}
 # The fp8 kernel choice: "auto" (default) = auto_fp8_kernel below, the fastest kernel measured on H200 per
 # (layout, heads, rows) (NOTES.md, "ds kernels"); "" = the first-version kernels, "ds" = the ds kernels for
-# every shape, "wg" / "wgh" = the wg kernels (sm_90a). PDSERVE_SPARSE_MLA_FP8_OPT overrides.
+# every shape, "wg" / "wgh" = the wg kernels, "wge" = the exact-scale wg kernels (both sm_90a).
+# PDSERVE_SPARSE_MLA_FP8_OPT overrides.
 FP8_VARIANT = os.environ.get("PDSERVE_SPARSE_MLA_FP8_OPT", "auto")
 # Rows (B * next_n) from which the ds kernels are picked where they won only at large batch (measured at
 # B = 1, 8, 64, 128: first-version kernels faster or equal at 8, ds faster at 64 and 128).
@@ -117,6 +120,25 @@ def wg_kernel_name(layout: str) -> str:
     (_c2 was 0-8% slower there: a V4 entry is cheaper to convert, so the extra hand-off costs more than it
     saves)."""
     return f"sparse_mla_wg_{layout}_s3_c2" if layout == "v32" else f"sparse_mla_wg_{layout}_s3"
+
+
+# "wge" kernels (V3.2 fp8, sm_90a; sparse_mla_decode.cu, section "wge kernels"): the wg kernels' pipeline with the
+# raw e4m3 values in an f16 tile and the fp32 tile scales applied to the fp32 partial S (one accumulator per
+# 128-dim scale tile) and to P (relative to the largest scale seen, so P x scale stays within f16), exact for any
+# fp32 scale, where the wg kernels round e4m3 x scale to bf16. No range limit on scales, q or RoPE. "_e_c2":
+# warpgroup 1 converts half of each tile, as "_c2".
+def wge_kernel_name() -> str:
+    """The wge kernel fp32_scales plans take (not yet measured on a GPU against "_e_c2" or the ds kernels: CPU
+    lane-level emulation only, NOTES.md "wge kernels")."""
+    return "sparse_mla_wg_v32_s3_e"
+
+
+def fp32_scales_kernel(h: int, rows: int, sm90: bool) -> str:
+    """The V3.2 fp8 kernel for fp32 tile scales that are not powers of two (SGLang's amax/448): the wge kernel where
+    the default is a wg kernel (sm_90a, h >= 64, >= 8 rows), else the ds kernel. Both apply the scale exactly."""
+    if sm90 and h >= WG_MIN_HEADS and rows >= WG_MIN_ROWS:
+        return wge_kernel_name()
+    return ds_kernel_name("v32", h, rows)
 
 
 # ds kernels with splits: the last split CTA merges the splits itself instead of a second (combine) launch.
@@ -205,18 +227,21 @@ class SparseMlaDecode:
         First-version kernels: heads per CTA = the smallest of 16/32/64 covering h (h > 64: blocks of 64);
         `small` (default on GPUs with < 200 KB of shared memory per block, e.g. sm_120) takes the 16-head,
         32-entry variant. fp8 `variant` (default FP8_VARIANT): "auto" (auto_fp8_kernel), "" (first version),
-        "ds" (ds_kernel_name), "wg" / "wgh" (sm_90a only, else "auto"; "wgh": the f16-tile wg kernels). The ds
-        and wg kernels need > 99 KB of shared memory: never `small`."""
+        "ds" (ds_kernel_name), "wg" / "wgh" / "wge" (sm_90a only, else "auto"; "wgh": the f16-tile wg kernels;
+        "wge": the exact-scale V3.2 kernel, for V4, whose UE8M0 scales are powers of two, the default wg kernel).
+        The ds and wg kernels need > 99 KB of shared memory: never `small`."""
         if small is None:
             small = self.smem_limit < 200 * 1024
         base = layout.split("_")[0]
         suffix = "" if LAYOUTS[layout].bf16 else (FP8_VARIANT if variant is None else variant)
-        if suffix not in ("", "auto", "ds", "wg", "wgh"):
-            raise ValueError(f"fp8 variant must be one of 'auto', '', 'ds', 'wg', 'wgh', got {suffix!r}"
+        if suffix not in ("", "auto", "ds", "wg", "wgh", "wge"):
+            raise ValueError(f"fp8 variant must be one of 'auto', '', 'ds', 'wg', 'wgh', 'wge', got {suffix!r}"
                              + (" (PDSERVE_SPARSE_MLA_FP8_OPT)" if variant is None else ""))
-        if suffix in ("wg", "wgh"):   # sm_90a only (wgmma); elsewhere the default choice
+        if suffix in ("wg", "wgh", "wge"):   # sm_90a only (wgmma); elsewhere the default choice
             if self.capability[0] == 9 and not small:
-                return f"sparse_mla_wg_{base}_s3_h" if suffix == "wgh" else wg_kernel_name(base)
+                if suffix == "wgh":
+                    return f"sparse_mla_wg_{base}_s3_h"
+                return wge_kernel_name() if suffix == "wge" and base == "v32" else wg_kernel_name(base)
             suffix = "auto"
         if suffix in ("auto", "ds"):
             name = None
@@ -271,12 +296,12 @@ class SparseMlaDecode:
         """The MlaPlan for `rows` query rows of h heads with topk (+ topk_extra) indices each in `layout`
         (a bf16 layout name for bf16 KV). V4 with page 1 takes the first-version kernels (the ds and wg
         kernels may read 8 bytes past a page-1 entry: see __call__). `fp32_scales` (V3.2 FP8 whose tile scales
-        are not powers of two, as SGLang writes them: amax/448): the ds kernels, which multiply the fp32 partial
-        sums by the scale; the first-version and wg kernels round e4m3 x scale to bf16 (measured 7e-3 relative
-        error instead of 1.3-1.7e-3, NOTES.md "Accuracy on SGLang's scales")."""
+        are not powers of two, as SGLang writes them: amax/448): fp32_scales_kernel, the wge or ds kernels, which
+        apply the scale exactly; the first-version and wg kernels round e4m3 x scale to bf16 (measured 7e-3
+        relative error instead of 1.3-1.7e-3, NOTES.md "Accuracy on SGLang's scales")."""
         if (fp32_scales and kernel is None and variant is None and layout == "v32"
                 and not (self.smem_limit < 200 * 1024 if small is None else small)):
-            kernel = ds_kernel_name("v32", h, rows)
+            kernel = fp32_scales_kernel(h, rows, self.capability[0] == 9)
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {sorted(LAYOUTS)}, got {layout!r}")
         for name, v in (("rows", rows), ("h", h)):
