@@ -108,15 +108,18 @@ void dsa_indexer() {
   std::printf("\n  ]},\n  \"kernels\": [");
   Writer k;
   char extra[128];
-#define DSA_META(NAME, NN, WGMMA, FUSED)                                                                     \
+#define DSA_META(NAME, NN, WGMMA, FUSED, EARLY)                                                              \
   {                                                                                                          \
-    std::snprintf(extra, sizeof extra, ", \"next_n\": %d, \"impl\": \"%s\"", NN, WGMMA ? "wgmma" : "mma");   \
+    std::snprintf(extra, sizeof extra, ", \"next_n\": %d, \"impl\": \"%s\", \"early\": %s", NN,            \
+                  WGMMA ? "wgmma" : "mma", EARLY ? "true" : "false");                                        \
     kernel(k, #NAME, FUSED ? "fused" : "score", kScoreThreads,                                               \
-           kAlignSlack + ScoreSmem<NN>::kLocal,                                                              \
+           kAlignSlack + ScoreSmem<NN>::kLocal + (EARLY ? ScoreSmem<NN>::kBlockIdBytes : 0),                 \
            FUSED ? ScoreSmem<NN>::kLocalPerPage : 0, FUSED ? "chunk_page" : "", extra);                      \
   }
   DSA_SCORE_KERNELS(DSA_META)
-  kernel(k, "dsa_select", "select", kSelectThreads, kSelectSmem, 0, "", "");
+#define DSA_SELECT_META(NAME, EARLY) \
+  kernel(k, #NAME, "select", kSelectThreads, kSelectSmem, 0, "", EARLY ? ", \"early\": true" : ", \"early\": false");
+  DSA_SELECT_KERNELS(DSA_SELECT_META)
   std::printf("\n  ]\n}\n");
 }
 

@@ -11,7 +11,8 @@
 //   ctx          int32 [B] (ctx_mode 0) or [B, next_n] (ctx_mode 1)
 //                mode 0 follows DeepGEMM's causal rule: token j of request b sees
 //                len = ctx[b] - next_n + 1 + j keys (the last query token sees all ctx[b] keys).
-//   block_table  int32 [B, max_blocks]; only entries below ceil(max_j len / 64) are ever read.
+//   block_table  int32 [B, max_blocks]; only entries below ceil(max_j len / 64) are dereferenced (the base
+//                kernels read no others; the early ones also read, unused, entries up to the plan's bound).
 // Outputs: out int32 [B * next_n, topk] (unordered set for rows longer than topk);
 //          scores fp32 [B * next_n, len_stride]: the logits, written at s < len only.
 //
@@ -426,8 +427,18 @@ __device__ __forceinline__ void fused_select(const DsaParams& p, int b, const in
 }
 
 // ---------------------------------------------------------------------------------------------
-template <int NN, bool kWgmma, bool kFused>
+// EARLY variant: thread t's block-table entry pg0 + t, loaded in the same round trip as the lengths (the base
+// kernel's loads of the entries wait for the length). Bounded by the plan's bound (len_stride) and the table's
+// width, not by the row's length: entries past the length are read, never dereferenced.
+__device__ __forceinline__ int prefetch_block_id(const DsaParams& p, int b, int pg0, int tid) {
+  const int bound = min(p.max_blocks, p.len_stride / kPage);
+  return (tid < p.chunk_pages && pg0 + tid < bound) ? __ldg(p.block_table + static_cast<size_t>(b) * p.max_blocks + pg0 + tid)
+                                                    : 0;
+}
+
+template <int NN, bool kWgmma, bool kFused, bool kEarly>
 __device__ __forceinline__ void score_body(const DsaParams& p) {
+  static_assert(!(kFused && kEarly), "the fused kernels keep the base pipeline");
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
   uint8_t* sm = smem_raw + (((raw + 1023u) & ~1023u) - raw);   // swizzle atoms need 1024 B alignment
@@ -443,6 +454,11 @@ __device__ __forceinline__ void score_body(const DsaParams& p) {
   griddep_launch_dependents();
   const int b = blockIdx.y;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  // EARLY: entries of pages below kScoreThreads come from s_bt; larger chunks read the rest from global.
+  // The load goes to a register first: a store to s_bt before row_len would hold the length loads back (the
+  // compiler cannot move a load through a generic pointer above a shared-memory store).
+  int* s_bt = reinterpret_cast<int*>(sm + S::kBlockIds);
+  const int my_block_id = kEarly ? prefetch_block_id(p, b, blockIdx.x * p.chunk_pages, tid) : 0;
 
   int len[NN];
   int maxlen = 0;
@@ -471,6 +487,13 @@ __device__ __forceinline__ void score_body(const DsaParams& p) {
   if (pg0 >= n_pages) return;   // cost follows the actual length: empty CTAs leave at once
   const int npg = min(pg0 + p.chunk_pages, n_pages) - pg0;
   const int* bt = p.block_table + static_cast<size_t>(b) * p.max_blocks + pg0;
+  if constexpr (kEarly) {
+    s_bt[tid] = my_block_id;
+    __syncthreads();   // s_bt complete (every thread of a CTA with work reaches this)
+  }
+  // Pages in flight: the base pipeline refills a slot one page after it is consumed (kStages - 1 ahead); EARLY
+  // also fills the last slot up front, so a chunk of <= kStages pages is requested in one round trip.
+  constexpr int kAhead = kEarly ? kStages : kStages - 1;
 
   {
     const uint8_t* qg = p.q + static_cast<size_t>(b) * NN * kHeads * kDim;
@@ -484,7 +507,8 @@ __device__ __forceinline__ void score_body(const DsaParams& p) {
   for (int i = tid; i < NN * kBins1 / 2; i += kScoreThreads) hist_s[i] = 0;
 
   auto load_page = [&](int i, int slot) {
-    const uint8_t* blk = p.kv + static_cast<long long>(bt[i]) * kBlockBytes;
+    const int id = (kEarly && i < kScoreThreads) ? s_bt[i] : bt[i];
+    const uint8_t* blk = p.kv + static_cast<long long>(id) * kBlockBytes;
     const uint32_t dst = smem_u32(k_s + slot * kTileBytes);
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
@@ -494,7 +518,7 @@ __device__ __forceinline__ void score_body(const DsaParams& p) {
     if (tid < 16) cp_async16(smem_u32(sc_s + slot * kPage) + tid * 16, blk + kTileBytes + tid * 16);
   };
 #pragma unroll
-  for (int st = 0; st < kStages - 1; ++st) {
+  for (int st = 0; st < kAhead; ++st) {
     if (st < npg) load_page(st, st);
     cp_async_commit();
   }
@@ -523,13 +547,13 @@ __device__ __forceinline__ void score_body(const DsaParams& p) {
   for (int i = 0; i < NN * 32; ++i) acc[i] = 0.f;
 
   for (int i = 0; i < npg; ++i) {
-    cp_async_wait<kStages - 2>();
+    cp_async_wait<kAhead - 1>();   // kAhead + i groups committed; group i (page i) is complete
     // cp.async fills smem through the generic proxy; wgmma reads it through the async proxy.
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     __syncthreads();   // page i visible to all; everyone is done with the slot refilled below
     {
-      const int nx = i + kStages - 1;
-      if (nx < npg) load_page(nx, nx % kStages);
+      const int nx = i + kStages - 1;   // into slot (i - 1) % kStages, consumed in iteration i - 1
+      if (nx >= kAhead && nx < npg) load_page(nx, nx % kStages);
       cp_async_commit();
     }
     const int slot = i % kStages;
@@ -590,9 +614,9 @@ __device__ __forceinline__ void score_body(const DsaParams& p) {
 // ---------------------------------------------------------------------------------------------
 }  // namespace
 
-#define DSA_SCORE_KERNEL(NAME, NN, WGMMA, FUSED)                                                         \
+#define DSA_SCORE_KERNEL(NAME, NN, WGMMA, FUSED, EARLY)                                                  \
   extern "C" __global__ void __launch_bounds__(kScoreThreads) NAME(const __grid_constant__ DsaParams p) { \
-    score_body<NN, WGMMA, FUSED>(p);                                                                    \
+    score_body<NN, WGMMA, FUSED, EARLY>(p);                                                             \
   }
 DSA_SCORE_KERNELS(DSA_SCORE_KERNEL)
 
@@ -600,7 +624,35 @@ static __device__ __forceinline__ float f4get(const float4& v, int e) {
   return e == 0 ? v.x : (e == 1 ? v.y : (e == 2 ? v.z : v.w));
 }
 
-extern "C" __global__ void __launch_bounds__(kSelectThreads) dsa_select(const __grid_constant__ DsaParams p) {
+// EARLY variant of reserve_slots: both counters in one 64-bit atomic (ctr[0] sure, low word; ctr[1] tied, high
+// word; neither count can carry into the other), so one round trip instead of two in flight. Also returns this
+// CTA's total of tied positions (cta_ties, every thread), which the done counter accumulates (select_body).
+template <int NT>
+__device__ __forceinline__ void reserve_slots64(int n_sure, int n_tie, int tid, int* ctr, unsigned long long* s_warp64,
+                                                int* s_misc, int& ps, int& pt, int& cta_ties) {
+  unsigned long long total = 0;
+  const unsigned long long mine =
+      static_cast<unsigned long long>(n_sure) | (static_cast<unsigned long long>(n_tie) << 32);
+  const unsigned long long excl = block_excl_scan<NT, unsigned long long>(mine, s_warp64, &total);
+  if (tid == 0) {
+    const unsigned long long base = total ? atomicAdd(reinterpret_cast<unsigned long long*>(ctr), total) : 0ull;
+    s_misc[0] = static_cast<int>(base & 0xFFFFFFFFull);
+    s_misc[1] = static_cast<int>(base >> 32);
+  }
+  __syncthreads();
+  ps = s_misc[0] + static_cast<int>(excl & 0xFFFFFFFFull);
+  pt = s_misc[1] + static_cast<int>(excl >> 32);
+  cta_ties = static_cast<int>(total >> 32);
+}
+
+// The split path's second launch. EARLY (dsa_select_early) takes four dependent global round trips off the
+// chain at small batch: the lengths are read (and short rows written) before griddepcontrol.wait; tied scores
+// are re-read from the ring in shared memory instead of L2 when the CTA's sub-chunks all fit in it; the two
+// reservations are one 64-bit atomic; and the done counter (a 64-bit atomic on ctr[2] | ctr[3] << 32 that also
+// sums the tied counts) hands the last CTA the row's number of tied candidates, which the base kernel reloads
+// from ctr[1] after it. The last CTA also zeroes the row's histogram before the resolve rather than after.
+template <bool kEarly>
+__device__ __forceinline__ void select_body(const DsaParams& p) {
   constexpr int kPerThread = kSelectChunk / kSelectThreads;   // 16 scores, as 4 float4
   static_assert(kSelectSmem == kSelectRing * (kPerThread / 4) * kSelectThreads * 16, "s_ring is kSelectSmem");
   __shared__ int s_hist[kBins2];
@@ -611,20 +663,21 @@ extern "C" __global__ void __launch_bounds__(kSelectThreads) dsa_select(const __
   __shared__ int s_misc[4];
   __shared__ unsigned long long s_warp64[kSelectThreads / 32];
 
-  griddep_wait();   // everything below reads what the scoring grid wrote
+  if constexpr (!kEarly) griddep_wait();   // everything below reads what the scoring grid wrote
   const int row = blockIdx.y;
   const int b = row / p.next_n, j = row - b * p.next_n;
-  const int len = row_len(p, b, j);
+  const int len = row_len(p, b, j);   // an input: EARLY reads it while the scoring grid still runs
   const int K = p.topk;
   const int tid = threadIdx.x;
   int* out = p.out + static_cast<size_t>(row) * K;
 
-  if (len <= K) {   // every position is selected: 0..len-1, then -1 padding
+  if (len <= K) {   // every position is selected: 0..len-1, then -1 padding (needs nothing from scoring)
     const int per = (K + gridDim.x - 1) / gridDim.x;
     const int lo = blockIdx.x * per, hi = min(K, lo + per);
     for (int i = lo + tid; i < hi; i += kSelectThreads) out[i] = i < len ? i : -1;
     return;
   }
+  if constexpr (kEarly) griddep_wait();
 
   int* ctr = p.ctr + static_cast<size_t>(row) * kCtr;
   int* gh1 = p.ghist + static_cast<size_t>(row) * kBins1;
@@ -682,8 +735,11 @@ extern "C" __global__ void __launch_bounds__(kSelectThreads) dsa_select(const __
     n_sure += __popc(m & 0xFFFFu);
     n_tie_mine += __popc(m >> 16);
   }
-  int ps, pt;
-  reserve_slots<kSelectThreads>(n_sure, n_tie_mine, tid, ctr, s_warp64, s_misc, ps, pt);
+  int ps, pt, cta_ties = 0;
+  if constexpr (kEarly) reserve_slots64<kSelectThreads>(n_sure, n_tie_mine, tid, ctr, s_warp64, s_misc, ps, pt, cta_ties);
+  else reserve_slots<kSelectThreads>(n_sure, n_tie_mine, tid, ctr, s_warp64, s_misc, ps, pt);
+  // EARLY: with every sub-chunk still in the ring (none was overwritten), tied scores come from shared memory.
+  const bool ring_holds_all = kEarly && n_sub <= kSelectRing;
   for (int sub = 0; sub < n_sub; ++sub) {
     uint32_t m = s_mask[sub][tid];
     const int base = span + sub * kSelectChunk;
@@ -694,26 +750,56 @@ extern "C" __global__ void __launch_bounds__(kSelectThreads) dsa_select(const __
       const int s = base + ((eb >> 2) * kSelectThreads + tid) * 4 + (eb & 3);
       if (bit < 16) {
         out[ps++] = s;
-      } else {   // rare: re-read the score from L2 for its low bits
-        const uint32_t key = ord_key(__ldcg(srow + s));
-        cand[pt++] = make_uint2(key, static_cast<uint32_t>(s));
+      } else {   // rare: the score's low bits, from the ring or re-read from L2
+        const float v = ring_holds_all
+                            ? f4get(s_ring[(sub % kSelectRing) * (kPerThread / 4) * kSelectThreads +
+                                           (eb >> 2) * kSelectThreads + tid],
+                                    eb & 3)
+                            : __ldcg(srow + s);
+        cand[pt++] = make_uint2(ord_key(v), static_cast<uint32_t>(s));
       }
     }
   }
   __threadfence();
   __syncthreads();
-  if (tid == 0) s_misc[2] = (atomicAdd(&ctr[2], 1) == static_cast<int>(gridDim.x) - 1);
-  __syncthreads();
-  if (!s_misc[2]) return;
+  int n_tie = 0;   // EARLY: the row's tied count, from the done counter
+  if constexpr (kEarly) {
+    if (tid == 0) {
+      const unsigned long long prior = atomicAdd(reinterpret_cast<unsigned long long*>(&ctr[2]),
+                                                 1ull | (static_cast<unsigned long long>(cta_ties) << 32));
+      s_misc[2] = static_cast<int>(prior & 0xFFFFFFFFull) == static_cast<int>(gridDim.x) - 1;
+      s_misc[3] = static_cast<int>(prior >> 32) + cta_ties;   // the row's tied count, when this CTA is last
+    }
+    __syncthreads();
+    if (!s_misc[2]) return;
+    n_tie = s_misc[3];
+  } else {
+    if (tid == 0) s_misc[2] = (atomicAdd(&ctr[2], 1) == static_cast<int>(gridDim.x) - 1);
+    __syncthreads();
+    if (!s_misc[2]) return;
+  }
   __threadfence();
 
   // Last CTA of the row: resolve the threshold bin exactly on the remaining 20 bits (10 + 10), from
   // shared memory when the candidates fit (the usual case: ~1% of the row), else from global memory.
+  if constexpr (kEarly) {
+    // Every CTA of the row has read the histogram and counted itself done: leave them zeroed for the next
+    // call now, so the stores drain during the resolve (which reads neither).
+    for (int i = tid; i < kBins1; i += kSelectThreads) gh1[i] = 0;
+    if (tid < kCtr) ctr[tid] = 0;
+  }
   cp_async_wait<0>();
   __syncthreads();   // the score ring is idle: reuse it for the candidates
-  resolve_ties<kSelectThreads>(out, cand, __ldcg(&ctr[1]), K - above1, above1, reinterpret_cast<uint2*>(s_ring),
+  resolve_ties<kSelectThreads>(out, cand, kEarly ? n_tie : __ldcg(&ctr[1]), K - above1, above1, reinterpret_cast<uint2*>(s_ring),
                                s_hist, s_warp, s_res, s_misc);
-  // Leave the row's workspace zeroed for the next call.
-  for (int i = tid; i < kBins1; i += kSelectThreads) gh1[i] = 0;
-  if (tid < kCtr) ctr[tid] = 0;
+  if constexpr (!kEarly) {   // leave the row's workspace zeroed for the next call
+    for (int i = tid; i < kBins1; i += kSelectThreads) gh1[i] = 0;
+    if (tid < kCtr) ctr[tid] = 0;
+  }
 }
+
+#define DSA_SELECT_KERNEL(NAME, EARLY)                                                                     \
+  extern "C" __global__ void __launch_bounds__(kSelectThreads) NAME(const __grid_constant__ DsaParams p) { \
+    select_body<EARLY>(p);                                                                                \
+  }
+DSA_SELECT_KERNELS(DSA_SELECT_KERNEL)

@@ -33,7 +33,8 @@ static_assert(kMaxChunkPages * kPage <= 65535, "16-bit histogram counters must n
 
 // Dynamic shared memory of a scoring CTA (bytes from a 1024-aligned base; the launch adds kAlignSlack):
 // q tile, key pages, their scales, NN 16-bit histograms (two bins per word), then for the fused kernels
-// this CTA's own fp32 scores (kLocalPerPage bytes per page of its chunk).
+// this CTA's own fp32 scores (kLocalPerPage bytes per page of its chunk), for the EARLY kernels instead the
+// block ids of the chunk's first kScoreThreads pages (kBlockIdBytes).
 constexpr int kAlignSlack = 1024;
 template <int NN>
 struct ScoreSmem {
@@ -43,6 +44,8 @@ struct ScoreSmem {
   static constexpr int kHist = kScales + kStages * kPage * 4;
   static constexpr int kLocal = kHist + NN * kBins1 / 2 * 4;
   static constexpr int kLocalPerPage = NN * kPage * 4;
+  static constexpr int kBlockIds = kLocal;
+  static constexpr int kBlockIdBytes = kScoreThreads * 4;
 };
 // dsa_select's dynamic shared memory: kSelectRing sub-chunks of fp32 scores.
 constexpr int kSelectSmem = kSelectRing * kSelectChunk * 4;
@@ -78,16 +81,26 @@ static_assert(sizeof(DsaParams) == 112 && offsetof(DsaParams, select_subs) == 10
   F(next_n) F(ctx_mode) F(max_blocks) F(topk) F(chunk_pages) F(len_stride) F(select_subs)
 
 // ---- The kernels the fatbin exports ----
-// Scoring: X(NAME, NN, WGMMA, FUSED): NN query tokens per request (next_n), wgmma (sm_90a) or mma.sync;
-// FUSED: single launch (scoring + selection) for grids that fit on the GPU at once (see fused_select).
-// All kScoreThreads threads per CTA. dsa_select (kSelectThreads, kSelectSmem) is the second launch of the
-// split path.
-#define DSA_SCORE_KERNELS(X)               \
-  X(dsa_score_wgmma_n1, 1, true, false)    \
-  X(dsa_score_wgmma_n2, 2, true, false)    \
-  X(dsa_score_mma_n1, 1, false, false)     \
-  X(dsa_score_mma_n2, 2, false, false)     \
-  X(dsa_fused_wgmma_n1, 1, true, true)     \
-  X(dsa_fused_wgmma_n2, 2, true, true)     \
-  X(dsa_fused_mma_n1, 1, false, true)      \
-  X(dsa_fused_mma_n2, 2, false, true)
+// Scoring: X(NAME, NN, WGMMA, FUSED, EARLY): NN query tokens per request (next_n), wgmma (sm_90a) or mma.sync;
+// FUSED: single launch (scoring + selection) for grids that fit on the GPU at once (see fused_select);
+// EARLY: the small-batch variant (score_body: the chunk's block-table entries are read in the same round trip as
+// the lengths, and all kStages pages are in flight instead of kStages - 1). All kScoreThreads threads per CTA.
+#define DSA_SCORE_KERNELS(X)                    \
+  X(dsa_score_wgmma_n1, 1, true, false, false)  \
+  X(dsa_score_wgmma_n2, 2, true, false, false)  \
+  X(dsa_score_mma_n1, 1, false, false, false)   \
+  X(dsa_score_mma_n2, 2, false, false, false)   \
+  X(dsa_fused_wgmma_n1, 1, true, true, false)   \
+  X(dsa_fused_wgmma_n2, 2, true, true, false)   \
+  X(dsa_fused_mma_n1, 1, false, true, false)    \
+  X(dsa_fused_mma_n2, 2, false, true, false)    \
+  X(dsa_score_early_wgmma_n1, 1, true, false, true) \
+  X(dsa_score_early_wgmma_n2, 2, true, false, true) \
+  X(dsa_score_early_mma_n1, 1, false, false, true)  \
+  X(dsa_score_early_mma_n2, 2, false, false, true)
+
+// Selection, the split path's second launch: X(NAME, EARLY), kSelectThreads threads, kSelectSmem bytes.
+// EARLY: the small-batch variant of dsa_select (fewer dependent global round trips; see dsa_select).
+#define DSA_SELECT_KERNELS(X) \
+  X(dsa_select, false)        \
+  X(dsa_select_early, true)

@@ -10,8 +10,10 @@ Fresh random inputs every run. Checks, per row:
 * rows with len <= k return 0..len-1 then -1; outputs are poisoned first, so every slot must be written;
 * keys and scales beyond each length, spare blocks and unused block-table targets hold NaN: no NaN may
   reach a score or change a selection.
-Every kernel test runs on both paths (`path` fixture): "split" (scoring grid + selection grid) and
-"fused" (one cooperative launch, selection at the tail of scoring).
+* the workspace (histograms and counters) is all zero again after every call.
+Every kernel test runs on three paths (`path` fixture): "split" (scoring grid + selection grid, base kernels),
+"early" (the split path with its small-batch kernels, early=True) and "fused" (one cooperative launch,
+selection at the tail of scoring).
 """
 
 import math
@@ -51,9 +53,19 @@ def indexer(tmp_path_factory):
     return DsaIndexer(fatbin=fatbin)
 
 
-@pytest.fixture(params=["split", "fused"])
+@pytest.fixture(params=["split", "early", "fused"])
 def path(request):
     return request.param
+
+
+def path_kwargs(path):
+    """The launcher's arguments for a `path` fixture value ("early" is the split path with early=True)."""
+    return dict(path="split", early=True) if path == "early" else dict(path=path, early=False if path else None)
+
+
+def assert_workspace_zero(ind, rows):
+    state = ind._state(rows)
+    assert int(state.count_nonzero()) == 0, "the call left histogram or counter words non-zero"
 
 
 def impls(ind):
@@ -72,10 +84,12 @@ def run_and_check(ind, B, next_n, lens, topk, impl, *, explicit=False, max_block
     stride = max(1, math.ceil(max_len / 4096)) * 4096
     out = torch.full((rows, topk), POISON, dtype=torch.int32, device="cuda")
     scores = torch.full((rows, stride), float("nan"), dtype=torch.float32, device="cuda")
-    ind(**inp, topk=topk, out=out, scores=scores, impl=impl, max_len=max_len, chunk_pages=chunk_pages, path=path)
+    kw = path_kwargs(path)
+    ind(**inp, topk=topk, out=out, scores=scores, impl=impl, max_len=max_len, chunk_pages=chunk_pages, **kw)
     torch.cuda.synchronize()
     if path is not None:
-        assert ind.last_path[0] == path
+        assert ind.last_path[0] == kw["path"] and ind.last_plan.early == (path == "early")
+    assert_workspace_zero(ind, rows)
     refs, mags = reference_scores(inp["q"], inp["weights"], inp["kv_cache"], inp["context_lens"],
                                   inp["block_table"], with_magnitude=True)
     assert not (out == POISON).any(), "some output slots were never written"
@@ -132,7 +146,8 @@ def test_single_long_row_split_across_ctas(indexer, topk, path):
         run_and_check(indexer, 1, 1, [200_003], topk, impl, path=path)
 
 
-@pytest.mark.parametrize("chunk_pages", [1, 3, 64])
+# 200: the early kernels prefetch the block ids of a chunk's first 128 pages; the rest come from global memory.
+@pytest.mark.parametrize("chunk_pages", [1, 3, 64, 200])
 def test_chunk_sizes_and_wide_block_table(indexer, chunk_pages, path):
     # max_blocks far beyond the lengths (max_context 1M): unused entries point at a NaN block.
     lens = [65, 5000, 12345, 64 * 40]
@@ -161,7 +176,7 @@ def test_workspace_is_clean_between_calls(indexer, path):
 
 def test_paths_alternate_on_one_workspace(indexer):
     # Each path leaves the shared histograms and counters zeroed for the other.
-    for path in ("fused", "split", "fused", "fused", "split"):
+    for path in ("fused", "split", "early", "fused", "early", "early", "split"):
         run_and_check(indexer, 2, 2, [40000, 3000], 2048, impls(indexer)[0], path=path)
 
 
@@ -172,8 +187,12 @@ def test_default_path_choice(indexer):
     # The fused path is opt-in (it measured slower on H200, kernels/NOTES.md): the default is "split",
     # even where the fused grid would fit.
     assert indexer.fused_chunk_pages(1, 131072, 1, impl, grow=False) is not None
+    from pdserve_kernels.dsa_indexer import DEFAULT_EARLY
+
     indexer(**make_inputs(1, 1, [20000]), topk=2048)
-    assert indexer.last_path[0] == "split"
+    assert indexer.last_path[0] == "split" and indexer.last_plan.early == DEFAULT_EARLY
+    with pytest.raises(ValueError, match="the fused path has none"):
+        indexer(**make_inputs(1, 1, [100]), topk=2048, path="fused", early=True)
     # A large batch of long rows never fits on the GPU at once, even with the largest fused chunk.
     assert indexer.fused_chunk_pages(128, 131072, 1, impl, grow=False) is None
     assert indexer.fused_chunk_pages(128, 131072, 1, impl, grow=True) is None
@@ -198,3 +217,58 @@ def test_input_checks_raise_clear_errors(indexer):
         args = dict(inp, **override)
         with pytest.raises(ValueError, match=msg):
             indexer(**args, topk=512)
+
+
+def own_topk_ok(scores, out, lens, topk):
+    """Per row longer than topk: `out` holds topk distinct positions below the length, and every selected
+    score >= every unselected one (a top-k of the kernel's own scores; ties at the k-th value in any order)."""
+    for r, L in enumerate(lens):
+        if L <= topk:
+            continue
+        sel = out[r].long()
+        if not (bool(((sel >= 0) & (sel < L)).all()) and torch.unique(sel).numel() == topk):
+            return False
+        mask = torch.zeros(L, dtype=torch.bool, device="cuda")
+        mask[sel] = True
+        if not bool(scores[r, :L][mask].min() >= scores[r, :L][~mask].max()):
+            return False
+    return True
+
+
+# B in 1/8/64, up to 128K, lengths not multiples of 64 (and differing per row). At B=64 L=32K the select CTAs
+# cover 2 sub-chunks (tied scores from the ring), at B=64 L=128K 6 (more than the ring: re-read from L2).
+@pytest.mark.parametrize("B,L", [(1, 131072 - 3), (8, 32768 + 29), (64, 32768 - 1), (64, 131072 - 63)])
+def test_early_equals_base_across_batches(indexer, B, L):
+    from pdserve_kernels.reference import make_inputs
+
+    lens = [L - (37 * b) % 1000 for b in range(B)]
+    inp = make_inputs(B, 1, lens)
+    results = {}
+    for early in (False, True):
+        out, scores = indexer(**inp, topk=2048, max_len=max(lens), return_scores=True, path="split", early=early)
+        torch.cuda.synchronize()
+        assert indexer.last_plan.early == early
+        assert_workspace_zero(indexer, B)
+        assert own_topk_ok(scores, out, lens, 2048), f"early={early}: not an exact top-k of its own scores"
+        results[early] = (out, scores)
+    (out0, sc0), (out1, sc1) = results[False], results[True]
+    for r, L_r in enumerate(lens):   # the same fp32 scores bit for bit, so the same sets up to exact ties
+        assert torch.equal(sc0[r, :L_r], sc1[r, :L_r]), f"row {r}: the early kernels computed other scores"
+        kth = torch.topk(sc0[r, :L_r], 2048).values[-1]
+        above0 = torch.sort(out0[r][sc0[r, out0[r].long()] > kth]).values
+        above1 = torch.sort(out1[r][sc1[r, out1[r].long()] > kth]).values
+        assert torch.equal(above0, above1), f"row {r}: the sets differ above the k-th score"
+
+
+def test_early_without_pdl(indexer):
+    # Without programmatic dependent launch the select grid starts after the scoring grid: the same result.
+    from pdserve_kernels.reference import make_inputs
+
+    lens = [70001, 2049, 100, 33333]
+    inp = make_inputs(len(lens), 1, lens)
+    out, scores = indexer(**inp, topk=2048, return_scores=True, path="split", early=True, pdl=False)
+    torch.cuda.synchronize()
+    assert indexer.last_plan.early
+    assert_workspace_zero(indexer, len(lens))
+    assert own_topk_ok(scores, out, lens, 2048)
+    assert torch.equal(out[2, :100].long(), torch.arange(100, device="cuda")) and bool((out[2, 100:] == -1).all())

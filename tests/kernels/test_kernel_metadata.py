@@ -63,9 +63,9 @@ def test_a_drifted_mirror_is_refused(mla_table):
 def test_dsa_constants_are_the_launchers(dsa_table):
     assert dsa_table.constants == dsa_mod.CONSTANTS
     names = {f"dsa_{kind}_{impl}_n{nn}" for kind, impl, nn in
-             itertools.product(("score", "fused"), ("wgmma", "mma"), (1, 2))} | {"dsa_select"}
-    assert set(dsa_table.kernels) == names
-    for name in names - {"dsa_select"}:
+             itertools.product(("score", "fused", "score_early"), ("wgmma", "mma"), (1, 2))}
+    assert set(dsa_table.kernels) == names | {"dsa_select", "dsa_select_early"}
+    for name in names:
         assert dsa_table[name].threads == 128 and dsa_table[name].shape["next_n"] == int(name[-1])
     # the fused path's largest chunk still fits a Hopper SM's shared memory at next_n = 2
     assert dsa_table["dsa_fused_wgmma_n2"].smem_bytes(dsa_mod.FUSED_MAX_CHUNK_PAGES) <= HOPPER_SMEM

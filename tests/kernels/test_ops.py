@@ -4,6 +4,7 @@ FakeTensorMode and make_fx tracing (no GPU, no kernel runs), and the plans' arit
 kernels' metadata (built from the headers, as test_kernel_metadata.py does). The ops themselves run in test_ops_gpu.py."""
 
 import importlib
+import itertools
 import os
 import pathlib
 import subprocess
@@ -32,7 +33,7 @@ def built(nvcc, tmp_path_factory):
 
 DSA_SCHEMA = ("pdserve::dsa_indexer_topk(Tensor q, Tensor weights, Tensor kv_cache, Tensor context_lens, "
               "Tensor block_table, Tensor(a!) state, Tensor(b!) scratch, SymInt topk, SymInt max_len, "
-              "SymInt chunk_pages, SymInt select_subs) -> Tensor")
+              "SymInt chunk_pages, SymInt select_subs, bool early=False) -> Tensor")
 MLA_SCHEMA = ("pdserve::sparse_mla_decode(Tensor q, Tensor kv, Tensor indices, Tensor? sinks, Tensor? extra_kv, "
               "Tensor? extra_indices, Tensor(a!) workspace, float sm_scale, str layout, str kernel, SymInt splits, "
               "SymInt per_split) -> (Tensor, Tensor)")
@@ -114,24 +115,58 @@ def test_both_ops_trace_with_fake_tensors():
 
 # ---- the plans' arithmetic ----
 
+@pytest.mark.parametrize("early", [False, True])
 @pytest.mark.parametrize("B,next_n,max_len,sms", [(1, 1, 131072, 132), (64, 1, 32768, 132), (8, 2, 5000, 78),
                                                   (128, 1, 163840, 132), (3, 1, 1, 132)])
-def test_dsa_plan_arithmetic(B, next_n, max_len, sms):
-    p = dsa_mod.plan_dsa(B, next_n, 2048, max_len, sms)
+def test_dsa_plan_arithmetic(B, next_n, max_len, sms, early):
+    p = dsa_mod.plan_dsa(B, next_n, 2048, max_len, sms, early=early)
     pages = -(-max_len // 64)
-    assert p.rows == B * next_n and p.max_len == max_len
+    assert p.rows == B * next_n and p.max_len == max_len and p.early == early
     assert p.len_stride % 4096 == 0 and p.len_stride - 4096 < max_len <= p.len_stride
-    assert p.chunk_pages == max(2, min(32, -(-B * pages // (2 * sms))))
+    ctas_per_sm = 3 if early else 2   # the chunk policies: one wave of 3 (early) or about 2 CTAs per SM
+    assert p.chunk_pages == max(2, min(32, -(-B * pages // (ctas_per_sm * sms))))
     assert p.n_chunks * p.chunk_pages >= pages > (p.n_chunks - 1) * p.chunk_pages   # the grid covers every page once
     assert p.select_grid[0] * p.select_subs >= p.runs == p.len_stride // 4096
     assert p.select_grid[1] == p.rows and p.score_grid == (p.n_chunks, B, 1)
     assert p.state_ints == p.rows * (4096 + 8) and p.scratch_ints == p.rows * p.len_stride * 3
 
 
+def test_dsa_early_plan_changes_only_small_batches():
+    # B=1 L=128K on 132 SMs: 6 pages per CTA (all in flight in the early pipeline), 342 CTAs, one wave of <= 3/SM
+    p = dsa_mod.plan_dsa(1, 1, 2048, 131072, 132, early=True)
+    assert (p.chunk_pages, p.n_chunks) == (6, 342) and p.n_chunks <= 3 * 132
+    assert (p.score_kernel("wgmma"), p.select_kernel) == ("dsa_score_early_wgmma_n1", "dsa_select_early")
+    base = dsa_mod.plan_dsa(1, 1, 2048, 131072, 132, early=False)
+    assert (base.chunk_pages, base.score_kernel("mma"), base.select_kernel) == (8, "dsa_score_mma_n1", "dsa_select")
+    # large batches keep the base chunk (32 pages): only the kernels differ there
+    for B, L in ((64, 131072), (64, 32768), (128, 131072), (8, 131072)):
+        e, b = (dsa_mod.plan_dsa(B, 1, 2048, L, 132, early=x) for x in (True, False))
+        assert e.chunk_pages == b.chunk_pages == 32 and e.select_subs == b.select_subs
+    # an explicit chunk wins over either policy; the default variant is DEFAULT_EARLY
+    assert dsa_mod.plan_dsa(1, 2, 2048, 131072, 132, early=True, chunk_pages=8).chunk_pages == 8
+    assert dsa_mod.plan_dsa(1, 1, 2048, 131072, 132).early == dsa_mod.DEFAULT_EARLY
+    assert dsa_mod.plan_dsa(1, 2, 2048, 9000, 132, early=True).score_kernel("wgmma") == "dsa_score_early_wgmma_n2"
+
+
+def test_dsa_early_kernels_in_metadata_fit_three_per_sm(built):
+    table = dsa_mod.load_kernel_table(built / "dsa_indexer.fatbin")
+    for early in (False, True):
+        for next_n, impl in itertools.product((1, 2), ("wgmma", "mma")):
+            p = dsa_mod.plan_dsa(1, next_n, 2048, 131072, 132, early=early)
+            k = table[p.score_kernel(impl)]
+            assert k.family == "score" and k.shape["early"] == early and k.shape["next_n"] == next_n
+        assert table[p.select_kernel].family == "select" and table[p.select_kernel].shape["early"] == early
+    # the early chunk policy's three CTAs per SM at next_n = 1 (Hopper: 228 KB per SM, 1 KB reserved per CTA)
+    early_n1 = table["dsa_score_early_wgmma_n1"].smem_bytes()
+    assert early_n1 == table["dsa_score_wgmma_n1"].smem_bytes() + 128 * 4
+    assert 3 * (early_n1 + 1024) <= 228 * 1024
+
+
 def test_dsa_plan_clamps_and_refuses():
     assert dsa_mod.plan_dsa(2, 1, 2048, 10**6, 132, max_blocks=100).max_len == 6400   # to the block table
     assert dsa_mod.plan_dsa(2, 1, 2048, 0, 132).max_len == 1
-    for bad in (dict(next_n=3), dict(topk=0), dict(max_len=-1), dict(chunk_pages=1024), dict(select_subs=17)):
+    for bad in (dict(next_n=3), dict(topk=0), dict(max_len=-1), dict(chunk_pages=1024), dict(select_subs=17),
+                dict(early="yes")):
         args = dict(batch=2, next_n=1, topk=2048, max_len=100, num_sms=132) | bad
         with pytest.raises(ValueError):
             dsa_mod.plan_dsa(**args)

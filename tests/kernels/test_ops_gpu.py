@@ -57,14 +57,16 @@ def _mla_extra(inp):
 
 # ---- op == launcher, same kernel ----
 
+@pytest.mark.parametrize("early", [False, True])
 @pytest.mark.parametrize("lens,next_n,lens_2d", [([1, 2047, 2049, 7000, 40000], 1, True),
                                                   ([100, 70001], 1, False), ([3000, 513, 9000], 2, False)])
-def test_indexer_op_equals_launcher(ops, gen, lens, next_n, lens_2d):
+def test_indexer_op_equals_launcher(ops, gen, lens, next_n, lens_2d, early):
     inp = _dsa_inputs(gen, lens, next_n, lens_2d)
     B = len(lens)
-    plan = ops.DsaIndexerPlan(B, next_n, 2048, max(lens), max_blocks=inp["block_table"].shape[1])
+    plan = ops.DsaIndexerPlan(B, next_n, 2048, max(lens), max_blocks=inp["block_table"].shape[1], early=early)
+    assert plan.plan.early == early
     got = plan(**inp)
-    want = ops.indexer_for()(**inp, topk=2048, max_len=max(lens))
+    want = ops.indexer_for()(**inp, topk=2048, max_len=max(lens), early=early)
     torch.cuda.synchronize()
     assert got.shape == want.shape == (B * next_n, 2048) and got.dtype == torch.int32
     assert torch.equal(_rows_sorted(got), _rows_sorted(want))
@@ -122,11 +124,13 @@ def test_fp32_scales_plan_is_accurate_on_sglang_scales(ops, gen, B, h):
 
 # ---- CUDA graphs ----
 
-def test_cuda_graph_of_layer_calls_replays_with_new_inputs(ops, gen):
+@pytest.mark.parametrize("early", [False, True])
+def test_cuda_graph_of_layer_calls_replays_with_new_inputs(ops, gen, early):
     """Capture N layers (indexer + fp8 sparse MLA each, the plans made once before capture); write new inputs
-    (new lengths below the bound, new q, caches, indices) into the captured buffers; replay == eager."""
+    (new lengths below the bound, new q, caches, indices) into the captured buffers; replay == eager. Both
+    indexer variants (early: its select grid reads the lengths before the PDL wait, also inside the graph)."""
     layers, B, bound = 3, 4, 188 * 64
-    plan_i = ops.DsaIndexerPlan(B, 1, 2048, bound, max_blocks=bound // 64)
+    plan_i = ops.DsaIndexerPlan(B, 1, 2048, bound, max_blocks=bound // 64, early=early)
     plan_m = ops.SparseMlaPlan("v32", B, 1, 128, 2048)
     plan_m16 = ops.SparseMlaPlan("v32", B, 1, 16, 2048)   # a plan with splits (few rows, few heads)
     assert plan_m16.plan.splits > 1

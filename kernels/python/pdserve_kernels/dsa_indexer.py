@@ -10,7 +10,8 @@ Conventions (the same as DeepGEMM's ``fp8_paged_mqa_logits`` so callers can swap
 * ``context_lens``: int32 ``[B]`` or ``[B, next_n]``. With ``[B]``, token ``j`` of request ``b`` sees
   ``context_lens[b] - next_n + 1 + j`` keys (the last query token sees all of them; DeepGEMM's causal
   rule). With ``[B, next_n]`` each token's length is given explicitly.
-* ``block_table``: int32 ``[B, max_blocks]``; entries past ``ceil(len / 64)`` are never read.
+* ``block_table``: int32 ``[B, max_blocks]``; entries past ``ceil(len / 64)`` are never dereferenced (the early
+  kernels read, and ignore, the table's entries up to ``ceil(max_len / 64)``: any values there are fine).
 
 Returns int32 ``[B * next_n, topk]``: positions (0-based, within the request) of the ``topk`` largest
 scores ``k_scale[s] * sum_h w[h] * relu(q[h] . k[s])``. Rows longer than ``topk`` hold an unordered set;
@@ -33,6 +34,13 @@ its chunk, select from their own scores in shared memory (the last one resolves 
 needs the whole grid resident at once, so it is for small batches (ValueError when it does not fit).
 ``None`` (default) is ``"split"``: on H200 the fused path measured slower than the split one at B=1
 (28.0 vs 21.8 us at L=128K; kernels/NOTES.md, "Fused single launch"), so it is opt-in only.
+
+The split path has two kernel variants (``early=``, a plan field): the base kernels, and the small-batch
+("early") ones, which take dependent global round trips off the chain (the scoring CTA reads its block-table
+entries with the lengths and keeps all 6 page buffers in flight; the selection reads the lengths before waiting
+for the scoring grid, re-reads tied scores from shared memory, and needs fewer atomics' round trips), planned
+with chunks for one wave of 3 scoring CTAs per SM (``early_chunk_pages``). ``DEFAULT_EARLY`` says which one a
+plan takes when not told; kernels/NOTES.md ("Small-batch variant") has the measurements it was chosen by.
 """
 
 from __future__ import annotations
@@ -60,6 +68,9 @@ MAX_SUBS = 16      # kMaxSubs
 CONSTANTS = {"heads": HEADS, "dim": DIM, "page": PAGE, "select_chunk": SELECT_CHUNK, "bins1": BINS1, "ctr": CTR,
              "max_subs": MAX_SUBS, "max_chunk_pages": MAX_CHUNK_PAGES}
 FUSED_MAX_CHUNK_PAGES = 64           # the fused path keeps a CTA's scores in smem: next_n * 16 KB at most
+# Which split-path variant a plan takes when not told (early=None). Not switched before the device comparison
+# (kernels/tuning/bench_small_batch.py) shows the early kernels faster at small batch and not slower at large.
+DEFAULT_EARLY = False
 
 
 class _Params(ctypes.Structure):
@@ -104,6 +115,15 @@ def default_chunk_pages(batch: int, max_len: int, num_sms: int) -> int:
     return max(2, min(32, per_cta))
 
 
+def early_chunk_pages(batch: int, max_len: int, num_sms: int) -> int:
+    """Pages per scoring CTA for the early kernels: one wave of about three CTAs per SM (their shared memory
+    allows three at next_n = 1), so at B=1 L=128K each CTA has 6 pages, all in flight from the start (the early
+    pipeline keeps 6 in flight); from B=8 at 128K both policies give the same 32 pages."""
+    pages = batch * ((max_len + PAGE - 1) // PAGE)
+    per_cta = -(-pages // (num_sms * 3))
+    return max(2, min(32, per_cta))
+
+
 @dataclass(frozen=True)
 class DsaPlan:
     """The launch of one indexer call, from what the caller knows before the step (no tensor is read):
@@ -119,6 +139,14 @@ class DsaPlan:
     n_chunks: int         # scoring grid x
     runs: int             # 4096-position runs per row
     select_subs: int      # runs per select CTA
+    early: bool = False   # the split path's small-batch kernels (dsa_score_early_*, dsa_select_early)
+
+    def score_kernel(self, impl: str) -> str:
+        return f"dsa_score_{'early_' if self.early else ''}{impl}_n{self.next_n}"
+
+    @property
+    def select_kernel(self) -> str:
+        return "dsa_select_early" if self.early else "dsa_select"
 
     @property
     def rows(self) -> int:
@@ -142,9 +170,11 @@ class DsaPlan:
 
 
 def plan_dsa(batch: int, next_n: int, topk: int, max_len: int, num_sms: int, *, max_blocks: int | None = None,
-             chunk_pages: int | None = None, select_subs: int | None = None) -> DsaPlan:
+             chunk_pages: int | None = None, select_subs: int | None = None, early: bool | None = None) -> DsaPlan:
     """The plan for `batch` requests of `next_n` query tokens whose lengths are all <= max_len (a host int:
-    the scheduler's longest request, or under CUDA graphs the captured bound). Raises ValueError on bad input."""
+    the scheduler's longest request, or under CUDA graphs the captured bound). `early` picks the split path's
+    kernel variant (None: DEFAULT_EARLY) and, without a `chunk_pages`, its chunk policy. Raises ValueError on bad
+    input."""
     for name, v in (("batch", batch), ("topk", topk), ("num_sms", num_sms)):
         if not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} must be a positive int, got {v!r}")
@@ -152,10 +182,14 @@ def plan_dsa(batch: int, next_n: int, topk: int, max_len: int, num_sms: int, *, 
         raise ValueError(f"next_n must be 1 or 2, got {next_n!r}")
     if not isinstance(max_len, int) or max_len < 0:
         raise ValueError(f"max_len must be a non-negative int (an upper bound of the lengths), got {max_len!r}")
+    if early is None:
+        early = DEFAULT_EARLY
+    if not isinstance(early, bool):
+        raise ValueError(f"early must be a bool or None, got {early!r}")
     max_len = max(1, max_len if max_blocks is None else min(max_len, max_blocks * PAGE))
     len_stride = _round_up(max_len, SELECT_CHUNK)
     if chunk_pages is None:
-        chunk_pages = default_chunk_pages(batch, max_len, num_sms)
+        chunk_pages = (early_chunk_pages if early else default_chunk_pages)(batch, max_len, num_sms)
     if not 1 <= chunk_pages <= MAX_CHUNK_PAGES:
         raise ValueError(f"chunk_pages must be in [1, {MAX_CHUNK_PAGES}], got {chunk_pages}")
     rows = batch * next_n
@@ -166,7 +200,7 @@ def plan_dsa(batch: int, next_n: int, topk: int, max_len: int, num_sms: int, *, 
         raise ValueError(f"select_subs must be in [1, {MAX_SUBS}], got {select_subs}")
     n_chunks = -(-((max_len + PAGE - 1) // PAGE) // chunk_pages)
     return DsaPlan(batch=batch, next_n=next_n, topk=topk, max_len=max_len, len_stride=len_stride,
-                   chunk_pages=chunk_pages, n_chunks=n_chunks, runs=runs, select_subs=select_subs)
+                   chunk_pages=chunk_pages, n_chunks=n_chunks, runs=runs, select_subs=select_subs, early=early)
 
 
 class DsaIndexer:
@@ -270,19 +304,19 @@ class DsaIndexer:
             self.module.launch(k.name, plan.score_grid, k.threads, k.smem_bytes(plan.chunk_pages), stream, p,
                                cooperative=cooperative)  # False: tuning experiments only
             return
-        k = self.kernels[f"dsa_score_{impl}_n{plan.next_n}"]
+        k = self.kernels[plan.score_kernel(impl)]
         self.module.launch(k.name, plan.score_grid, k.threads, k.smem_bytes(), stream, p)
         if select:  # False only to time the scoring pass alone (benchmark breakdown)
             # Programmatic dependent launch (sm_90+): the select grid is scheduled while the scoring
             # grid drains and waits in-kernel (griddepcontrol.wait) for its results.
             use_pdl = self.capability[0] >= 9 if pdl is None else pdl
-            k = self.kernels["dsa_select"]
+            k = self.kernels[plan.select_kernel]
             self.module.launch(k.name, plan.select_grid, k.threads, k.smem_bytes(), stream, p, programmatic=use_pdl)
 
     def __call__(self, q, weights, kv_cache, context_lens, block_table, topk: int, *, max_len: int | None = None,
                  out=None, scores=None, return_scores: bool = False, impl: str | None = None,
                  chunk_pages: int | None = None, pdl: bool | None = None, path: str | None = None,
-                 _select: bool = True, _cooperative: bool = True):
+                 early: bool | None = None, _select: bool = True, _cooperative: bool = True):
         torch = self.torch
         _check_inputs(torch, self.device, q, weights, kv_cache, context_lens, block_table, topk)
         B, next_n = q.shape[0], q.shape[1]
@@ -294,6 +328,8 @@ class DsaIndexer:
         impl = self.check_impl(impl)
         if path not in (None, "fused", "split"):
             raise ValueError(f"path must be None, 'fused' or 'split', got {path!r}")
+        if path == "fused" and early:
+            raise ValueError("early=True picks the split path's small-batch kernels; the fused path has none")
         fused_chunk = None
         if path == "fused" and _select:
             # Fused single launch: its grid must fit on the GPU at once; without an explicit chunk size
@@ -305,7 +341,8 @@ class DsaIndexer:
                     + (f", chunk_pages={chunk_pages}" if chunk_pages is not None else "")
                     + f" does not fit with chunks of <= {FUSED_MAX_CHUNK_PAGES} pages; use path='split'")
             chunk_pages = fused_chunk
-        plan = self.plan(B, next_n, topk, max_len, chunk_pages=chunk_pages)
+        plan = self.plan(B, next_n, topk, max_len, chunk_pages=chunk_pages,
+                         early=False if fused_chunk is not None else early)
         len_stride = plan.len_stride
         if scores is None:
             scores = torch.empty((rows, len_stride), dtype=torch.float32, device=self.device)
@@ -324,6 +361,7 @@ class DsaIndexer:
                     scores_ptr=scores.data_ptr(), cand_ptr=cand.data_ptr(), state=self._state(rows), pdl=pdl,
                     fused=fused_chunk is not None, select=_select, cooperative=_cooperative)
         self.last_path = ("fused" if fused_chunk is not None else "split", plan.chunk_pages)
+        self.last_plan = plan
         if return_scores:
             return out, scores
         return out

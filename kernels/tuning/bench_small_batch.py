@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""DSA indexer, split path: the base kernels against the small-batch ("early") kernels, on the same inputs.
+
+Same method as bench_dsa_indexer.py (harness.Timer: CUDA events, 512 MB L2-evicting read and a device-sleep head
+start before every repeat, round-robin, median of --reps), k=2048, max_context = L, next_n = 1. Per (B, L), timed
+round-robin on one set of inputs:
+  old      the base kernels with the base chunk policy (today's default: plan_dsa(early=False))
+  new      the early kernels with the early chunk policy (plan_dsa(early=True))
+  early@old chunk / old@new chunk   the two changes apart (kernels vs chunk size)
+  score old / score new             the scoring grid alone of old and new
+then whether each output is an exact top-k of its own scores and whether old and new chose the same set (the
+scores are bit-identical; sets may differ only among scores equal to the k-th). Floor = B x L x 132 B / the copy
+bandwidth measured at the start. Prints one table; --json writes the rows and the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "python"))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "bench"))
+
+import torch  # noqa: E402
+
+from bench_dsa_indexer import make_pool  # noqa: E402
+from harness import Timer, copy_bandwidth, finish, run_env, seeded_generator, table_head  # noqa: E402
+from pdserve_kernels.dsa_indexer import PAGE, DsaIndexer, default_chunk_pages, early_chunk_pages  # noqa: E402
+
+TOPK = 2048
+VARIANTS = ("old", "new", "early_old_chunk", "old_new_chunk", "score_old", "score_new")
+
+
+def exact_and_same(ind, args, L):
+    """(old exact, new exact, same set): each output against a top-k of its own scores, then old vs new."""
+    outs = {}
+    for early in (False, True):
+        out, sc = ind(*args, TOPK, max_len=L, return_scores=True, path="split", early=early)
+        s = sc[:, :L]
+        kth = torch.topk(s, TOPK, dim=1).values[:, -1:]
+        picked = torch.gather(s, 1, out.long())
+        distinct = bool((torch.sort(out, dim=1).values.diff(dim=1) > 0).all())
+        outs[early] = (bool((picked >= kth).all()) and distinct, out, s, kth)
+    (ok0, o0, s0, kth), (ok1, o1, s1, _) = outs[False], outs[True]
+
+    def above(o, s):   # the chosen positions whose score is above the k-th (the part no tie rule may change)
+        return torch.sort(torch.where(torch.gather(s, 1, o.long()) > kth, o, -1), dim=1).values
+
+    same = bool(torch.equal(s0, s1)) and bool(torch.equal(above(o0, s0), above(o1, s1)))
+    return ok0, ok1, same
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batches", default="1,8,64")
+    ap.add_argument("--lengths", default="8192,32768,131072")
+    ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    if args.reps < 30:
+        ap.error("--reps must be >= 30 (medians of fewer repeats move by more than the differences looked for)")
+    batches = [int(b) for b in args.batches.split(",")]
+    lengths = [int(n) for n in args.lengths.split(",")]
+    gen = seeded_generator()
+    timer = Timer()
+    ind = DsaIndexer()
+    tiny = torch.ones(1, device="cuda")
+    env = run_env(copy_gbs=round(copy_bandwidth(timer), 1),
+                  empty_us=round(timer.median_us(lambda: tiny.add_(1), 50), 2))
+    print(env, flush=True)
+    pool_blocks = max(batches) * max(lengths) // PAGE
+    kv = make_pool(pool_blocks, gen)
+    rows = []
+    for L in lengths:
+        for B in batches:
+            pages = L // PAGE
+            bt = torch.randperm(pool_blocks, device="cuda", generator=gen)[:B * pages].int().view(B, pages)
+            q = torch.randn((B, 1, 64, 128), device="cuda", generator=gen).to(torch.float8_e4m3fn)
+            w = torch.randn((B, 64), device="cuda", generator=gen) / 8
+            ctx = torch.full((B,), L, dtype=torch.int32, device="cuda")
+            a = (q, w, kv, ctx, bt.contiguous())
+            c_old, c_new = default_chunk_pages(B, L, ind.num_sms), early_chunk_pages(B, L, ind.num_sms)
+
+            def call(early, chunk, select=True):
+                return lambda: ind(*a, TOPK, max_len=L, path="split", early=early, chunk_pages=chunk, _select=select)
+
+            fns = [call(False, c_old), call(True, c_new), call(True, c_old), call(False, c_new),
+                   call(False, c_old, False), call(True, c_new, False)]
+            times = timer.medians_us(fns, args.reps)
+            ok0, ok1, same = exact_and_same(ind, a, L)
+            floor = B * L * 132 / (env["copy_gbs"] * 1e3)
+            row = dict(B=B, L=L, chunk_old=c_old, chunk_new=c_new, floor_us=round(floor, 2),
+                       **{f"{v}_us": round(t, 2) for v, t in zip(VARIANTS, times)},
+                       exact_old=ok0, exact_new=ok1, same_set=same)
+            row["speedup"] = round(row["old_us"] / row["new_us"], 3)
+            rows.append(row)
+            print(row, flush=True)
+    return finish(env, rows, args.json, print_table)
+
+
+def print_table(env: dict, rows: list) -> None:
+    table_head(env, f" | copy {env['copy_gbs']} GB/s | empty kernel {env['empty_us']} us",
+               "| B | L | old us (chunk) | new us (chunk) | old / new | early kernels, old chunk | "
+               "old kernels, new chunk | score old | score new | floor us | exact old/new | same set |")
+    for r in rows:
+        print(f"| {r['B']} | {r['L'] // 1024}K | {r['old_us']:.1f} ({r['chunk_old']}) | {r['new_us']:.1f} "
+              f"({r['chunk_new']}) | {r['speedup']:.2f}x | {r['early_old_chunk_us']:.1f} | {r['old_new_chunk_us']:.1f} "
+              f"| {r['score_old_us']:.1f} | {r['score_new_us']:.1f} | {r['floor_us']:.1f} | "
+              f"{'yes' if r['exact_old'] else 'NO'}/{'yes' if r['exact_new'] else 'NO'} | "
+              f"{'yes' if r['same_set'] else 'NO'} |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
