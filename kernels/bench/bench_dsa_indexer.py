@@ -6,7 +6,8 @@ For B in {1, 8, 32, 64, 128}, L in {8K, 32K, 128K, 512K}, max_context in {L, 4L,
 repeat, >= 30 repeats), GB/s on key bytes (B * L * 132 B), percent of the key-byte floor (those bytes over
 the device-to-device copy bandwidth measured at the start of this run), time flatness in max_context,
 and the same inputs through the PyTorch reference (logits to max_context + torch.topk, on the shapes
-where it is affordable) and DeepGEMM fp8_paged_mqa_logits + torch.topk when `deep_gemm` is importable.
+where it is affordable) and DeepGEMM fp8_paged_mqa_logits + mask + torch.topk when `deep_gemm` is importable
+(deepgemm_adapter.py).
 """
 
 from __future__ import annotations
@@ -20,32 +21,14 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from harness import Timer, copy_bandwidth, finish, run_env, seeded_generator, table_head  # noqa: E402
+from deepgemm_adapter import DEEPGEMM_DIST, DeepGemmTopk  # noqa: E402
+from deepgemm_adapter import load as load_deep_gemm  # noqa: E402
+from harness import (Timer, copy_bandwidth, finish, floor_us, indexer_key_bytes, indexer_pool, run_env,  # noqa: E402
+                     seeded_generator, table_head)
 from pdserve_kernels.dsa_indexer import DsaIndexer  # noqa: E402
-from pdserve_kernels.reference import BLOCK_BYTES, KEY_BYTES, PAGE, reference_topk_naive  # noqa: E402
+from pdserve_kernels.reference import PAGE, reference_topk_naive  # noqa: E402
 
 K = 1024
-
-
-def make_pool(n_blocks: int, gen) -> torch.Tensor:
-    kv = torch.empty((n_blocks, BLOCK_BYTES), dtype=torch.uint8, device="cuda")
-    step = 1 << 16
-    for lo in range(0, n_blocks, step):
-        hi = min(n_blocks, lo + step)
-        kv[lo:hi, :KEY_BYTES] = torch.randn((hi - lo, KEY_BYTES), device="cuda", generator=gen).to(
-            torch.float8_e4m3fn).view(torch.uint8)
-        kv[lo:hi, KEY_BYTES:] = (torch.rand((hi - lo, PAGE), device="cuda", generator=gen) * 0.03 + 0.005).view(
-            torch.uint8).view(hi - lo, PAGE * 4)
-    return kv.view(n_blocks, PAGE, 1, 132)
-
-
-def try_deep_gemm():
-    try:
-        import deep_gemm  # noqa: F401
-
-        return deep_gemm
-    except Exception:
-        return None
 
 
 def main() -> int:
@@ -66,15 +49,16 @@ def main() -> int:
     gen = seeded_generator()
     timer = Timer()
     ind = DsaIndexer()
-    dg = try_deep_gemm()
-    env = run_env(deep_gemm=getattr(dg, "__version__", "importable") if dg else "not importable")
+    dg, dg_why = load_deep_gemm()
+    env = run_env(deep_gemm=f"{DEEPGEMM_DIST} ({getattr(dg, '__version__', '?')})" if dg else
+                  f"not importable ({dg_why})"[:200])
     bw = copy_bandwidth(timer)
     env["copy_GBps"] = round(bw, 1)
     print(json.dumps(env))
 
     maxB, maxL = max(Bs), max(Ls)
     pool_blocks = maxB * maxL // PAGE
-    kv = make_pool(pool_blocks, gen)
+    kv = indexer_pool(pool_blocks, gen)
     q_all = torch.randn((maxB, 1, 64, 128), device="cuda", generator=gen).to(torch.float8_e4m3fn)
     w_all = torch.randn((maxB, 64), device="cuda", generator=gen) / 8
 
@@ -100,9 +84,9 @@ def main() -> int:
             base_t = times[0]
             for (topk, mc), t in zip(variants, times):
                 bt = tables[mc]
-                key_bytes = B * L * 132
+                key_bytes = indexer_key_bytes(B, L)
                 row = dict(B=B, L=L, max_context=mc, topk=topk, us=t, GBps=key_bytes / (t * 1e-6) / 1e9,
-                           floor_us=key_bytes / (bw * 1e9) * 1e6)
+                           floor_us=floor_us(key_bytes, 0, bw))
                 row["pct_floor"] = 100 * row["floor_us"] / t
                 row["vs_L"] = t / base_t - 1 if topk == 2048 else None
                 if mc == L and B * L <= (8 << 20):
@@ -118,7 +102,8 @@ def main() -> int:
                     row["ref_us"] = timer.median_us(lambda: reference_topk_naive(q, w, kv, ctx, bt, topk, mc), 30)
                 if dg is not None and topk == 2048:
                     try:
-                        row["dg_us"] = timer.median_us(deep_gemm_call(dg, q, w, kv, ctx, bt, mc, topk, L), 30)
+                        dg_call = DeepGemmTopk(dg, q, w, kv, ctx, bt, topk, env["sms"])
+                        row["dg_us"] = timer.median_us(dg_call, 30)
                     except Exception as exc:  # record, keep benchmarking ours
                         row["dg_error"] = repr(exc)[:200]
                 rows.append(row)
@@ -126,21 +111,6 @@ def main() -> int:
             del tables
             del used
     return finish(env, rows, args.json, print_table)
-
-
-def deep_gemm_call(dg, q, w, kv, ctx, bt, mc, topk, L):
-    """DeepGEMM (commit 54e22612) logits sized to max_context, masked, then torch.topk."""
-    B = q.shape[0]
-    ctx2 = ctx.view(B, 1).contiguous()
-    meta = dg.get_paged_mqa_logits_metadata(ctx2, PAGE, torch.cuda.get_device_properties(0).multi_processor_count)
-    pos = torch.arange(mc, device="cuda")
-
-    def run():
-        logits = dg.fp8_paged_mqa_logits(q, kv, w, ctx2, bt, meta, mc, False)
-        logits = logits.masked_fill(pos[None, :] >= ctx2, float("-inf"))
-        return torch.topk(logits, topk, dim=-1)
-
-    return run
 
 
 def print_table(env, rows) -> None:

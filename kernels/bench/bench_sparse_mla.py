@@ -28,8 +28,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 from flashmla_adapter import FLASHMLA_COMMIT, FlashMlaDecode  # noqa: E402
 from flashmla_adapter import load as load_flashmla  # noqa: E402
-from harness import (CASES, Timer, copy_bandwidth, finish, matmul_tflops, mla_shapes, run_env,  # noqa: E402
-                     seeded_generator, table_head)
+from harness import (CASES, Timer, copy_bandwidth, finish, floor_us, matmul_tflops, mla_shapes,  # noqa: E402
+                     run_env, seeded_generator, table_head)
 from pdserve_kernels.sparse_mla_decode import SparseMlaDecode  # noqa: E402
 
 
@@ -59,7 +59,6 @@ def main() -> int:
     env["copy_GBps"] = round(copy_bandwidth(timer), 1)
     env["matmul_TFLOPs"] = round(matmul_tflops(timer), 1)
     print(json.dumps(env), flush=True)
-    bw, mm = env["copy_GBps"] * 1e9, env["matmul_TFLOPs"] * 1e12
 
     rows_out = []
     for x in mla_shapes(args.cases.split(","), [int(b) for b in args.batches.split(",")],
@@ -78,9 +77,8 @@ def main() -> int:
         t = ts[0]
         name = mla.pick_kernel(x.layout, h, rows=B)
         splits, _ = mla.plan(name, B, h, x.n_valid)
-        bytes_ = x.unique_entries * lay.entry_bytes + B * h * (lay.dqk * 2 + 512 * 2 + 4) + B * x.n_valid * 4
-        flops = 2 * B * h * x.n_valid * (lay.dqk + 512)
-        floor = max(bytes_ / bw, flops / mm) * 1e6
+        bytes_, flops = x.bytes_flops()
+        floor = floor_us(bytes_, flops, env["copy_GBps"], env["matmul_TFLOPs"])
         row = dict(case=x.case, B=B, h=h, entries=x.n_valid, kernel=name, splits=splits, us=t,
                    GBps=bytes_ / (t * 1e-6) / 1e9, TFLOPs=flops / (t * 1e-6) / 1e12, floor_us=floor,
                    pct_floor=100 * floor / t, bytes=bytes_, flops=flops)

@@ -1,6 +1,7 @@
 """What the kernel benchmarks share: the timer (CUDA events, L2 evicted before every repeat, median of
-round-robin repeats), the run's environment record, the two ceilings measured in the same run, and the
-sparse MLA decode inputs (cases, random caches, distinct indices) with their fp32 reference."""
+round-robin repeats), the run's environment record, the two ceilings measured in the same run and the
+floors derived from them, the sparse MLA decode inputs (cases, random caches, distinct indices) with their
+fp32 reference, and the DSA indexer's random key pool."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "python"))
 
 import torch  # noqa: E402
 
+from pdserve_kernels.reference import BLOCK_BYTES, KEY_BYTES  # noqa: E402
+from pdserve_kernels.reference import PAGE as INDEXER_PAGE  # noqa: E402
 from pdserve_kernels.sparse_mla_reference import LAYOUTS, make_cache, reference_decode  # noqa: E402
 
 
@@ -123,6 +126,32 @@ def matmul_tflops(timer: Timer) -> float:
     return 2 * n ** 3 / (t * 1e-6) / 1e12
 
 
+def floor_us(bytes_: float, flops: float, copy_GBps: float, matmul_TFLOPs: float = float("inf")) -> float:
+    """The physical floor of a call: its bytes at the copy bandwidth or its FLOPs at the bf16 matmul rate,
+    whichever takes longer (both ceilings measured in the same run)."""
+    return max(bytes_ / (copy_GBps * 1e9), flops / (matmul_TFLOPs * 1e12)) * 1e6
+
+
+# ---- DSA indexer inputs ----
+
+def indexer_pool(n_blocks: int, gen) -> torch.Tensor:
+    """A paged FP8 key pool [n_blocks, 64, 1, 132]: random e4m3 keys, positive fp32 scales."""
+    kv = torch.empty((n_blocks, BLOCK_BYTES), dtype=torch.uint8, device="cuda")
+    step = 1 << 16
+    for lo in range(0, n_blocks, step):
+        hi = min(n_blocks, lo + step)
+        kv[lo:hi, :KEY_BYTES] = torch.randn((hi - lo, KEY_BYTES), device="cuda", generator=gen).to(
+            torch.float8_e4m3fn).view(torch.uint8)
+        kv[lo:hi, KEY_BYTES:] = (torch.rand((hi - lo, INDEXER_PAGE), device="cuda", generator=gen) * 0.03
+                                 + 0.005).view(torch.uint8).view(hi - lo, INDEXER_PAGE * 4)
+    return kv.view(n_blocks, INDEXER_PAGE, 1, 132)
+
+
+def indexer_key_bytes(B: int, L: int) -> int:
+    """The bytes an indexer call must read: every key of every request (132 B per key)."""
+    return B * L * 132
+
+
 # ---- sparse MLA decode inputs ----
 
 PAGE = 64
@@ -213,30 +242,45 @@ class MlaShape:
         o = out[:r].reshape(r, self.h, 512).float()
         return ((o - ref_out).norm() / ref_out.norm()).item()
 
+    def bytes_flops(self) -> tuple[int, int]:
+        """Unique bytes (distinct selected entries + q + out + lse + indices) and useful FLOPs
+        (2 h N (d_qk + 512) per row, N = valid entries) of one call on this shape."""
+        lay = self.lay
+        bytes_ = (self.unique_entries * lay.entry_bytes + self.B * self.h * (lay.dqk * 2 + 512 * 2 + 4)
+                  + self.B * self.n_valid * 4)
+        return bytes_, 2 * self.B * self.h * self.n_valid * (lay.dqk + 512)
+
+
+def mla_pool(name: str, layout: str, n_entries: int, pools: dict, gen):
+    """The random cache `name` (made on first use, then shared by every shape of the run)."""
+    if name not in pools:
+        pools[name] = random_pool(LAYOUTS[layout], n_entries, gen)
+    return pools[name]
+
+
+def mla_batch(case: str, B: int, heads, gen, pools: dict):
+    """The shapes of `case` at batch B for each of `heads` (one query token per request, page 64): fresh
+    distinct indices per batch, fresh q per head count, random caches of 2^20 entries (window caches 2^17)
+    kept in `pools` across calls."""
+    layout, k_main, k_win = CASES[case]
+    lay = LAYOUTS[layout]
+    buf, kv = mla_pool(layout, layout, 1 << 20, pools, gen)
+    win_buf, win = mla_pool("win-" + layout, layout, 1 << 17, pools, gen) if k_win else (None, None)
+    ind = distinct_indices(B, k_main, kv.shape[0] * PAGE, gen).view(B, 1, k_main)
+    win_ind = distinct_indices(B, k_win, win.shape[0] * PAGE, gen).view(B, 1, k_win) if k_win else None
+    uniq = torch.unique(ind).numel() + (torch.unique(win_ind).numel() if k_win else 0)
+    extra = dict(extra_kv=win, extra_indices=win_ind) if k_win else {}
+    for h in heads:
+        q = torch.randn((B, 1, h, lay.dqk), device="cuda", generator=gen).to(torch.bfloat16)
+        sinks = torch.randn((h,), device="cuda", generator=gen)
+        yield MlaShape(case=case, B=B, h=h, layout=layout, q=q, kv=kv, buf=buf, ind=ind, win_buf=win_buf,
+                       win_ind=win_ind, extra=extra, sinks=sinks, sm_scale=lay.dqk ** -0.5,
+                       n_valid=k_main + k_win, unique_entries=uniq)
+
 
 def mla_shapes(cases, batches, heads, gen):
-    """The shapes of `cases` x `batches` x `heads` (one query token per request, page 64), with fresh random
-    caches (2^20 entries, window caches 2^17) shared across the shapes of a layout."""
+    """The shapes of `cases` x `batches` x `heads` (see mla_batch), the caches of a layout shared by all."""
     pools = {}
     for case in cases:
-        layout, k_main, k_win = CASES[case]
-        lay = LAYOUTS[layout]
-        if layout not in pools:
-            pools[layout] = random_pool(lay, 1 << 20, gen)
-        buf, kv = pools[layout]
-        win_buf = win = None
-        if k_win:
-            if "win-" + layout not in pools:
-                pools["win-" + layout] = random_pool(lay, 1 << 17, gen)
-            win_buf, win = pools["win-" + layout]
         for B in batches:
-            ind = distinct_indices(B, k_main, kv.shape[0] * PAGE, gen).view(B, 1, k_main)
-            win_ind = distinct_indices(B, k_win, win.shape[0] * PAGE, gen).view(B, 1, k_win) if k_win else None
-            uniq = torch.unique(ind).numel() + (torch.unique(win_ind).numel() if k_win else 0)
-            extra = dict(extra_kv=win, extra_indices=win_ind) if k_win else {}
-            for h in heads:
-                q = torch.randn((B, 1, h, lay.dqk), device="cuda", generator=gen).to(torch.bfloat16)
-                sinks = torch.randn((h,), device="cuda", generator=gen)
-                yield MlaShape(case=case, B=B, h=h, layout=layout, q=q, kv=kv, buf=buf, ind=ind, win_buf=win_buf,
-                               win_ind=win_ind, extra=extra, sinks=sinks, sm_scale=lay.dqk ** -0.5,
-                               n_valid=k_main + k_win, unique_entries=uniq)
+            yield from mla_batch(case, B, heads, gen, pools)

@@ -21,7 +21,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "bench"))
 
 import torch  # noqa: E402
 
-from bench_dsa_indexer import make_pool  # noqa: E402
+from harness import indexer_pool  # noqa: E402
 from harness import Timer, sh  # noqa: E402
 from pdserve_kernels.dsa_indexer import DsaIndexer  # noqa: E402
 from pdserve_kernels.reference import PAGE  # noqa: E402
@@ -57,7 +57,7 @@ def main() -> int:
            "torch": torch.__version__, "command": " ".join(sys.argv)}
     print(json.dumps(env), flush=True)
     pool_blocks = max(B * L for B, L in configs) // PAGE
-    kv = make_pool(pool_blocks, gen)
+    kv = indexer_pool(pool_blocks, gen)
     maxB = max(B for B, _ in configs)
     q_all = torch.randn((maxB, 1, 64, 128), device="cuda", generator=gen).to(torch.float8_e4m3fn)
     w_all = torch.randn((maxB, 64), device="cuda", generator=gen) / 8

@@ -24,8 +24,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "bench"))
 
 import torch  # noqa: E402
 
-from bench_dsa_indexer import make_pool  # noqa: E402
-from harness import Timer, copy_bandwidth, finish, run_env, seeded_generator, table_head  # noqa: E402
+from harness import Timer, copy_bandwidth, finish, indexer_pool, run_env, seeded_generator, table_head  # noqa: E402
 from pdserve_kernels.dsa_indexer import PAGE, DsaIndexer, default_chunk_pages, early_chunk_pages  # noqa: E402
 
 TOPK = 2048
@@ -70,7 +69,7 @@ def main() -> int:
                   empty_us=round(timer.median_us(lambda: tiny.add_(1), 50), 2))
     print(env, flush=True)
     pool_blocks = max(batches) * max(lengths) // PAGE
-    kv = make_pool(pool_blocks, gen)
+    kv = indexer_pool(pool_blocks, gen)
     rows = []
     for L in lengths:
         for B in batches:

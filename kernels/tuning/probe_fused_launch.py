@@ -9,14 +9,14 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "python"))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "bench"))
 import torch  # noqa: E402
 
-from bench_dsa_indexer import make_pool  # noqa: E402
+from harness import indexer_pool  # noqa: E402
 from harness import Timer  # noqa: E402
 from pdserve_kernels.dsa_indexer import DsaIndexer  # noqa: E402
 
 gen = torch.Generator(device="cuda")
 gen.manual_seed(1)
 timer, ind = Timer(), DsaIndexer()
-kv = make_pool(8 * 131072 // 64, gen)
+kv = indexer_pool(8 * 131072 // 64, gen)
 for B, L in [(1, 8192), (1, 32768), (1, 131072), (1, 524288), (8, 131072)]:
     pages = L // 64
     bt = torch.randperm(kv.shape[0], device="cuda", generator=gen)[:B * pages].int().view(B, pages).contiguous()

@@ -7,14 +7,14 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "python"))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "bench"))
 import torch  # noqa: E402
 
-from bench_dsa_indexer import make_pool  # noqa: E402
+from harness import indexer_pool  # noqa: E402
 from pdserve_kernels.dsa_indexer import DsaIndexer  # noqa: E402
 
 gen = torch.Generator(device="cuda")
 gen.manual_seed(3)
 ind = DsaIndexer()
 shapes = [(int(b), int(l)) for b, l in (x.split("x") for x in sys.argv[1].split(","))]
-kv = make_pool(max(b * l for b, l in shapes) // 64, gen)
+kv = indexer_pool(max(b * l for b, l in shapes) // 64, gen)
 for B, L in shapes:
     used = torch.randperm(kv.shape[0], device="cuda", generator=gen)[:B * L // 64].int().view(B, L // 64)
     q = torch.randn((B, 1, 64, 128), device="cuda", generator=gen).to(torch.float8_e4m3fn)

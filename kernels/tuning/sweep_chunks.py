@@ -9,7 +9,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "bench"))
 
 import torch  # noqa: E402
 
-from bench_dsa_indexer import make_pool  # noqa: E402
+from harness import indexer_pool  # noqa: E402
 from harness import Timer  # noqa: E402
 from pdserve_kernels.dsa_indexer import DsaIndexer  # noqa: E402
 
@@ -19,7 +19,7 @@ timer = Timer()
 ind = DsaIndexer()
 shapes = [(1, 8192), (1, 131072), (1, 524288), (8, 32768), (64, 32768), (128, 131072)]
 pool_blocks = max(b * l for b, l in shapes) // 64
-kv = make_pool(pool_blocks, gen)
+kv = indexer_pool(pool_blocks, gen)
 tiny = torch.ones(1, device="cuda")
 print(f"calibration: one tiny torch kernel between events: {timer.median_us(lambda: tiny.add_(1), 30):.1f} us")
 impls = sys.argv[1].split(",") if len(sys.argv) > 1 else ["wgmma"]
