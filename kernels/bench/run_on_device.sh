@@ -7,6 +7,10 @@
 # ACCURACY=0 (accuracy_amax448.py: V3.2 on SGLang's amax/448 scales). VARIANT_ARGS / BENCH_ARGS / MLA_BENCH_ARGS pass arguments on (a short smoke run:
 # e.g. MLA_BENCH_ARGS="--batches 64 --heads 16,128 --reps 30"). FlashMLA columns fill in when flash_mla is
 # importable (PYTHONPATH=.ext/flashmla after building it there; see flashmla_adapter.py).
+# TARGETS=1 (default off; last): issue 19's table, bench_targets.py -> $OUT/targets.json + targets.log, with
+# its comparators made here first: FlashMLA built from a carried .ext/flashmla (build_flashmla.sh, log in
+# $OUT/flashmla_build.log), DeepGEMM installed from a carried .whl/bench (both staged by stage_targets.sh).
+# TARGETS_ARGS passes arguments on (--quick: the target rows only); it gets what is left of 560 s.
 # Tuning runs (sweeps, probes, ncu) are in kernels/tuning/README.md.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -53,4 +57,36 @@ fi
 if [[ "${ACCURACY:-1}" == 1 ]]; then
   timeout "${ACCURACY_TIMEOUT:-200}" python3 kernels/bench/accuracy_amax448.py --json "$OUT/accuracy.json" \
     ${ACCURACY_ARGS:-} 2>&1 | tee "$OUT/accuracy.log" | grep -v '^{'
+fi
+if [[ "${TARGETS:-0}" == 1 ]]; then
+  t0=$SECONDS
+  pypath=${PYTHONPATH:-}
+  if [ -f .ext/flashmla/setup.py ]; then
+    FLASHMLA_BUILD_LOG="$OUT/flashmla_build.log" bash kernels/bench/build_flashmla.sh && pypath="$PWD/.ext/flashmla${pypath:+:$pypath}"
+  else
+    echo "no .ext/flashmla carried: no FlashMLA column"
+  fi
+  t1=$SECONDS
+  site=/tmp/pdserve-bench-site
+  libpath=${LD_LIBRARY_PATH:-}
+  if compgen -G ".whl/bench/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" .whl/bench/*.whl \
+      && pypath="$site${pypath:+:$pypath}"
+    # As the DSA tier (tests/gpu/dsa/run_on_device.sh): DeepGEMM's prebuilt _C.so finds tvm-ffi, the image's
+    # CUDA 13 libraries and torch's through these.
+    torch_lib=$(python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
+    nvidia_libs=$(python3 -c 'import glob, os, torch; base = os.path.dirname(os.path.dirname(torch.__file__)); print(":".join(sorted(glob.glob(os.path.join(base, "nvidia", "*", "lib")))))')
+    libpath="$nvidia_libs:$torch_lib:$site/tvm_ffi/lib${libpath:+:$libpath}"
+  else
+    echo "no .whl/bench carried: no DeepGEMM column"
+  fi
+  echo "[time] FlashMLA build $((t1 - t0)) s, wheel install $((SECONDS - t1)) s"
+  left=$((560 - SECONDS)); [ "$left" -gt 60 ] || left=60
+  # DeepGEMM's JIT finds the toolkit from CUDA_HOME, else from the nvcc on PATH (which may be a wrapper);
+  # an empty CUDA_HOME counts as unset.
+  cuda_home=${CUDA_HOME:-$([ -x /usr/local/cuda/bin/nvcc ] && echo /usr/local/cuda)}
+  PYTHONPATH="$pypath" LD_LIBRARY_PATH="$libpath" DG_JIT_CACHE_DIR=/tmp/pdserve-deep-gemm-jit CUDA_HOME="$cuda_home" \
+    timeout "${TARGETS_TIMEOUT:-$left}" python3 kernels/bench/bench_targets.py --json "$OUT/targets.json" \
+    ${TARGETS_ARGS:-} 2>&1 | tee "$OUT/targets.log" | grep -v '^{'
+  echo "[time] whole call so far $SECONDS s"
 fi
