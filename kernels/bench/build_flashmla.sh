@@ -31,6 +31,11 @@ export CUDA_HOME
 wheel_includes=$(python3 -c 'import glob, os, torch; base = os.path.dirname(os.path.dirname(torch.__file__)); print(":".join(sorted(glob.glob(os.path.join(base, "nvidia", "*", "include")))))')
 export CPLUS_INCLUDE_PATH="$CUDA_HOME/include/cccl${wheel_includes:+:$wheel_includes}${CPLUS_INCLUDE_PATH:+:$CPLUS_INCLUDE_PATH}"
 export FLASH_MLA_DISABLE_SM100=1 MAX_JOBS=${MAX_JOBS:-$(nproc)} NVCC_THREADS=1
+# The system gcc/g++ for the host code and the link (torch takes CXX, and CC as nvcc's -ccbin): on the GPU
+# image an extension built by its default compiler wrapper brought a second libstdc++ into the process, and
+# DeepGEMM's first JIT call, in the same process as FlashMLA here, then crashed in std::regex (facts/kernels.md).
+if [ -z "${CXX:-}" ] && [ -x /usr/bin/g++ ] && [ -x /usr/bin/gcc ]; then export CXX=/usr/bin/g++ CC=/usr/bin/gcc; fi
+echo "build_flashmla: host compiler ${CXX:-c++} ($("${CXX:-c++}" --version | head -1))"
 # setup.py runs `git submodule update` and `git rev-parse`: keep them off the repository around .ext.
 export GIT_DIR=/nonexistent
 # torch's BuildExtension compiles in parallel only through ninja; the image's ninja sits beside its python3.
