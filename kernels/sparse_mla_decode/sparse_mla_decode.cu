@@ -2250,13 +2250,15 @@ __device__ __forceinline__ void wge_entry(const MlaParams& p, uint8_t* smem) {
     wg_entry<Layout##LAY, NST, PROBE, H, SC>(p, smem);                                                    \
   }
 
-SPARSE_MLA_FIRST_KERNELS(MLA_KERNEL)
-SPARSE_MLA_DS_KERNELS(DS_KERNEL)
-#define WGE_KERNEL(NAME, NST, SC)                                                                          \
+#define WGE_KERNEL(NAME, NST, SC)                                                                         \
   extern "C" __global__ void __launch_bounds__(kWgThreads, 1) NAME(const __grid_constant__ MlaParams p) { \
     extern __shared__ __align__(128) uint8_t smem[];                                                      \
+    griddep_launch_dependents();                                                                          \
     wge_entry<NST, SC>(p, smem);                                                                          \
   }
+
+SPARSE_MLA_FIRST_KERNELS(MLA_KERNEL)
+SPARSE_MLA_DS_KERNELS(DS_KERNEL)
 SPARSE_MLA_WG_KERNELS(WG_KERNEL)
 SPARSE_MLA_WGE_KERNELS(WGE_KERNEL)
 #ifdef PDSERVE_TUNING_PROBES
