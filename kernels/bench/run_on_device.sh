@@ -61,8 +61,13 @@ fi
 if [[ "${TARGETS:-0}" == 1 ]]; then
   t0=$SECONDS
   pypath=${PYTHONPATH:-}
-  if [ -f .ext/flashmla/setup.py ]; then
+  if compgen -G ".ext/flashmla/flash_mla/cuda*.so" >/dev/null; then
+    # Built by an earlier call on this image and carried back in (FLASHMLA_KEEP=1 returns it in $OUT).
+    echo "FlashMLA: the carried build $(ls .ext/flashmla/flash_mla/cuda*.so)"
+    pypath="$PWD/.ext/flashmla${pypath:+:$pypath}"
+  elif [ -f .ext/flashmla/setup.py ]; then
     FLASHMLA_BUILD_LOG="$OUT/flashmla_build.log" bash kernels/bench/build_flashmla.sh && pypath="$PWD/.ext/flashmla${pypath:+:$pypath}"
+    [[ "${FLASHMLA_KEEP:-0}" == 1 ]] && cp .ext/flashmla/flash_mla/cuda*.so "$OUT/"
   else
     echo "no .ext/flashmla carried: no FlashMLA column"
   fi

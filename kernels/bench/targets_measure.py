@@ -19,7 +19,11 @@ from flashmla_adapter import FLASHMLA_COMMIT, FlashMlaDecode  # noqa: E402
 from flashmla_adapter import load as load_flashmla  # noqa: E402
 from harness import (CASES, Timer, copy_bandwidth, floor_us, indexer_key_bytes, indexer_pool,  # noqa: E402
                      matmul_tflops, mla_batch, run_env, seeded_generator, sh)
-from pdserve_kernels import dsa_indexer, sparse_mla_decode  # noqa: E402
+# From the modules: the package's names sparse_mla_decode / dsa_indexer are its convenience functions.
+from pdserve_kernels.dsa_indexer import DsaIndexer  # noqa: E402
+from pdserve_kernels.dsa_indexer import find_fatbin as indexer_fatbin  # noqa: E402
+from pdserve_kernels.sparse_mla_decode import SparseMlaDecode  # noqa: E402
+from pdserve_kernels.sparse_mla_decode import find_fatbin as mla_fatbin  # noqa: E402
 from pdserve_kernels.reference import PAGE, reference_scores  # noqa: E402
 from targets import INDEXER_TOPK, MLA_CASES, render_markdown  # noqa: E402
 
@@ -61,11 +65,11 @@ class Bench:
         self.reps, self.rows = reps, rows
         self.gen = seeded_generator()
         self.timer = Timer(head_start_cycles=200_000)   # ~100 us: every call's host work is queued in time
-        self.mla = sparse_mla_decode.SparseMlaDecode()
-        self.indexer = dsa_indexer.DsaIndexer()
+        self.mla = SparseMlaDecode()
+        self.indexer = DsaIndexer()
         self.fm, fm_why = load_flashmla()
         self.dg, dg_why = load_deep_gemm()
-        fatbins = (sparse_mla_decode.find_fatbin(), dsa_indexer.find_fatbin())
+        fatbins = (mla_fatbin(), indexer_fatbin())
         self.env = run_env(
             reps=reps, commit=os.environ.get("PDSERVE_COMMIT") or sh("git rev-parse --short HEAD") or "?",
             fatbins=", ".join(f"{pathlib.Path(f).name} {sha8(f)}" for f in fatbins),
