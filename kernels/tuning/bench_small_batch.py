@@ -60,6 +60,7 @@ def main() -> int:
     ap.add_argument("--batches", default="1,8,64")
     ap.add_argument("--lengths", default="8192,32768,131072")
     ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--no-cluster", action="store_true", help="leave out the cluster select")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     if args.reps < 30:
@@ -90,7 +91,7 @@ def main() -> int:
                 return lambda: ind(*a, TOPK, max_len=L, path="split", early=early, cluster=cluster, chunk_pages=chunk,
                                    _select=select)
 
-            with_cluster = L <= CLUSTER_MAX_LEN
+            with_cluster = L <= CLUSTER_MAX_LEN and not args.no_cluster
             fns = {"old": call(False, c_old), "new": call(True, c_new), "early_old_chunk": call(True, c_old),
                    "old_new_chunk": call(False, c_new), "score_old": call(False, c_old, False),
                    "score_new": call(True, c_new, False)}

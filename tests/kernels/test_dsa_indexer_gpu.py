@@ -185,9 +185,12 @@ def test_workspace_is_clean_between_calls(indexer, path):
         run_and_check(indexer, 3, 1, [5000, 100, 30000], 2048, impls(indexer)[0], path=path)
 
 
-def test_paths_alternate_on_one_workspace(indexer):
+@pytest.mark.parametrize("paths", [("fused", "split", "early", "fused", "early", "early", "split"),
+                                   ("fused", "cluster", "split", "cluster", "early", "cluster", "cluster", "split")],
+                         ids=["base_paths", "with_cluster"])
+def test_paths_alternate_on_one_workspace(indexer, paths):
     # Each path leaves the shared histograms and counters zeroed for the other.
-    for path in ("fused", "split", "early", "cluster", "fused", "early", "cluster", "cluster", "split"):
+    for path in paths:
         run_and_check(indexer, 2, 2, [40000, 3000], 2048, impls(indexer)[0], path=path)
 
 
@@ -249,29 +252,28 @@ def own_topk_ok(scores, out, lens, topk):
 # The small-batch variants against the base kernels on the same inputs: B in 1/8/64, up to 128K, lengths not
 # multiples of 64 (and differing per row). At B=64 L=32K the early select CTAs cover 2 sub-chunks (tied scores
 # from the ring), at B=64 L=128K 6 (more than the ring: re-read from L2); the cluster select, 1-2 per CTA.
+@pytest.mark.parametrize("variant", ["early", "cluster"])
 @pytest.mark.parametrize("B,L", [(1, 131072 - 3), (8, 32768 + 29), (64, 32768 - 1), (64, 131072 - 63)])
-def test_early_equals_base_across_batches(indexer, B, L):
+def test_small_batch_variant_equals_base_across_batches(indexer, B, L, variant):
     from pdserve_kernels.reference import make_inputs
 
     lens = [L - (37 * b) % 1000 for b in range(B)]
     inp = make_inputs(B, 1, lens)
     results = {}
-    for variant in ("split", "early", "cluster"):
-        out, scores = indexer(**inp, topk=2048, max_len=max(lens), return_scores=True, **path_kwargs(variant))
+    for v in ("split", variant):
+        out, scores = indexer(**inp, topk=2048, max_len=max(lens), return_scores=True, **path_kwargs(v))
         torch.cuda.synchronize()
-        assert indexer.last_plan.cluster == (variant == "cluster")
+        assert indexer.last_plan.cluster == (v == "cluster")
         assert_workspace_zero(indexer, B)
-        assert own_topk_ok(scores, out, lens, 2048), f"{variant}: not an exact top-k of its own scores"
-        results[variant] = (out, scores)
-    out0, sc0 = results["split"]
-    for variant in ("early", "cluster"):
-        out1, sc1 = results[variant]
-        for r, L_r in enumerate(lens):   # the same fp32 scores bit for bit, so the same sets up to exact ties
-            assert torch.equal(sc0[r, :L_r], sc1[r, :L_r]), f"row {r}: {variant} computed other scores"
-            kth = torch.topk(sc0[r, :L_r], 2048).values[-1]
-            above0 = torch.sort(out0[r][sc0[r, out0[r].long()] > kth]).values
-            above1 = torch.sort(out1[r][sc1[r, out1[r].long()] > kth]).values
-            assert torch.equal(above0, above1), f"row {r}: {variant}'s set differs above the k-th score"
+        assert own_topk_ok(scores, out, lens, 2048), f"{v}: not an exact top-k of its own scores"
+        results[v] = (out, scores)
+    (out0, sc0), (out1, sc1) = results["split"], results[variant]
+    for r, L_r in enumerate(lens):   # the same fp32 scores bit for bit, so the same sets up to exact ties
+        assert torch.equal(sc0[r, :L_r], sc1[r, :L_r]), f"row {r}: {variant} computed other scores"
+        kth = torch.topk(sc0[r, :L_r], 2048).values[-1]
+        above0 = torch.sort(out0[r][sc0[r, out0[r].long()] > kth]).values
+        above1 = torch.sort(out1[r][sc1[r, out1[r].long()] > kth]).values
+        assert torch.equal(above0, above1), f"row {r}: {variant}'s set differs above the k-th score"
 
 
 @pytest.mark.parametrize("variant", ["early", "cluster"])

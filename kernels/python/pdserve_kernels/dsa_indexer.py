@@ -40,7 +40,7 @@ The split path has two kernel variants (``early=``, a plan field): the base kern
 entries with the lengths and keeps all 6 page buffers in flight; the selection reads the lengths before waiting
 for the scoring grid, re-reads tied scores from shared memory, and needs fewer atomics' round trips), planned
 with chunks for one wave of 3 scoring CTAs per SM (``early_chunk_pages``). ``DEFAULT_EARLY`` says which one a
-plan takes when not told; kernels/NOTES.md ("Small-batch variant") has the measurements it was chosen by.
+plan takes when not told; kernels/NOTES.md ("Small-batch variants") says how it is to be chosen.
 ``cluster=True`` (implies early) launches the selection as one thread-block cluster per row, whose CTAs reserve
 output space and hand over tied candidates in distributed shared memory instead of global atomics (rows up to
 CLUSTER_MAX x CLUSTER_SUBS x 4096 = 128K positions; ValueError beyond); opt-in only.
