@@ -123,7 +123,7 @@ def test_dsa_plan_arithmetic(B, next_n, max_len, sms, early):
     pages = -(-max_len // 64)
     assert p.rows == B * next_n and p.max_len == max_len and p.early == early
     assert p.len_stride % 4096 == 0 and p.len_stride - 4096 < max_len <= p.len_stride
-    ctas_per_sm = 3 if early else 2   # the chunk policies: one wave of 3 (early) or about 2 CTAs per SM
+    ctas_per_sm = 3 if early and next_n == 1 else 2   # the chunk policies: one wave (early), about 2 CTAs per SM
     assert p.chunk_pages == max(2, min(32, -(-B * pages // (ctas_per_sm * sms))))
     assert p.n_chunks * p.chunk_pages >= pages > (p.n_chunks - 1) * p.chunk_pages   # the grid covers every page once
     assert p.select_grid[0] * p.select_subs >= p.runs == p.len_stride // 4096
@@ -156,7 +156,7 @@ def test_dsa_cluster_plan(L, subs, ctas):
     assert p.early and p.cluster and p.select_kernel == "dsa_select_cluster"
     assert (p.select_subs, p.select_grid, p.select_cluster) == (subs, (ctas, 4, 1), ctas)
     assert p.select_cluster * p.select_subs * 4096 >= L   # the cluster covers the row
-    assert p.chunk_pages == dsa_mod.early_chunk_pages(4, L, 132)
+    assert p.chunk_pages == dsa_mod.early_chunk_pages(4, L, 132, 1)
 
 
 def test_dsa_cluster_plan_refuses():
@@ -183,10 +183,12 @@ def test_dsa_early_kernels_in_metadata_fit_three_per_sm(built):
     assert cl.shape == {"early": True, "cluster": True}
     # the cluster select's three CTAs per SM (so it can sit beside two scoring CTAs): ring, candidates, counter
     assert cl.smem_bytes() == 2 * 4096 * 4 + 4096 * 8 + 8
-    # the early chunk policy's three CTAs per SM at next_n = 1 (Hopper: 228 KB per SM, 1 KB reserved per CTA)
-    early_n1 = table["dsa_score_early_wgmma_n1"].smem_bytes()
-    assert early_n1 == table["dsa_score_wgmma_n1"].smem_bytes() + 128 * 4
-    assert 3 * (early_n1 + 1024) <= 228 * 1024
+    # the early chunk policy's CTAs per SM, 3 at next_n = 1 and 2 at next_n = 2, fit (Hopper: 228 KB per SM,
+    # 1 KB reserved per CTA), and no more would
+    for next_n, per_sm in ((1, 3), (2, 2)):
+        early = table[f"dsa_score_early_wgmma_n{next_n}"].smem_bytes()
+        assert early == table[f"dsa_score_wgmma_n{next_n}"].smem_bytes() + 128 * 4
+        assert per_sm * (early + 1024) <= 228 * 1024 < (per_sm + 1) * (early + 1024)
 
 
 def test_dsa_plan_clamps_and_refuses():

@@ -121,12 +121,12 @@ def default_chunk_pages(batch: int, max_len: int, num_sms: int) -> int:
     return max(2, min(32, per_cta))
 
 
-def early_chunk_pages(batch: int, max_len: int, num_sms: int) -> int:
-    """Pages per scoring CTA for the early kernels: one wave of about three CTAs per SM (their shared memory
-    allows three at next_n = 1), so at B=1 L=128K each CTA has 6 pages, all in flight from the start (the early
-    pipeline keeps 6 in flight); from B=8 at 128K both policies give the same 32 pages."""
+def early_chunk_pages(batch: int, max_len: int, num_sms: int, next_n: int = 1) -> int:
+    """Pages per scoring CTA for the early kernels: one wave of as many CTAs per SM as their shared memory
+    allows on Hopper (three at next_n = 1, two at next_n = 2), so at B=1 L=128K each CTA has 6 pages, all in
+    flight from the start (the early pipeline keeps 6 in flight); from B=8 at 128K both policies give 32 pages."""
     pages = batch * ((max_len + PAGE - 1) // PAGE)
-    per_cta = -(-pages // (num_sms * 3))
+    per_cta = -(-pages // (num_sms * (3 if next_n == 1 else 2)))
     return max(2, min(32, per_cta))
 
 
@@ -204,7 +204,8 @@ def plan_dsa(batch: int, next_n: int, topk: int, max_len: int, num_sms: int, *, 
     max_len = max(1, max_len if max_blocks is None else min(max_len, max_blocks * PAGE))
     len_stride = _round_up(max_len, SELECT_CHUNK)
     if chunk_pages is None:
-        chunk_pages = (early_chunk_pages if early else default_chunk_pages)(batch, max_len, num_sms)
+        chunk_pages = (early_chunk_pages(batch, max_len, num_sms, next_n) if early
+                       else default_chunk_pages(batch, max_len, num_sms))
     if not 1 <= chunk_pages <= MAX_CHUNK_PAGES:
         raise ValueError(f"chunk_pages must be in [1, {MAX_CHUNK_PAGES}], got {chunk_pages}")
     rows = batch * next_n
@@ -242,7 +243,9 @@ class DsaIndexer:
         # Dynamic shared memory to opt in to: the largest each kernel is launched with.
         self.module = Module(path.read_bytes(), self.device.index,
                              {n: k.smem_bytes(FUSED_MAX_CHUNK_PAGES) for n, k in self.kernels.kernels.items()})
-        if CLUSTER_MAX > 8:
+        # The cluster select is built and tuned for Hopper, whose clusters go up to 16 CTAs (a non-portable size).
+        self.cluster_ok = self.capability == (9, 0)
+        if self.cluster_ok and CLUSTER_MAX > 8:
             for name, k in self.kernels.kernels.items():
                 if k.shape.get("cluster"):
                     self.module.allow_nonportable_cluster(name)
@@ -333,6 +336,9 @@ class DsaIndexer:
             self.module.launch(k.name, plan.score_grid, k.threads, k.smem_bytes(plan.chunk_pages), stream, p,
                                cooperative=cooperative)  # False: tuning experiments only
             return
+        if plan.cluster and not self.cluster_ok:
+            raise ValueError(f"cluster=True needs an sm_90 GPU (clusters of {CLUSTER_MAX} CTAs), this one is "
+                             f"sm_{self.capability[0]}{self.capability[1]}")
         k = self.kernels[plan.score_kernel(impl)]
         self.module.launch(k.name, plan.score_grid, k.threads, k.smem_bytes(), stream, p)
         if select:  # False only to time the scoring pass alone (benchmark breakdown)
