@@ -138,24 +138,24 @@ class Module:
 
     def launch(self, name: str, grid: tuple[int, int, int], block: int, smem: int, stream: int,
                params: ctypes.Structure, programmatic: bool = False, cooperative: bool = False,
-               cluster: int = 1) -> None:
+               cluster: int | None = None) -> None:
         """Launch kernel `name` whose single parameter is the struct `params` (passed by value).
 
         `programmatic` allows the launch to overlap the previous kernel in the stream (the kernel must
         call griddepcontrol.wait before reading that kernel's results). `cooperative` makes the driver
-        guarantee that all CTAs are resident at once (or fail the launch), for grid-wide waits. `cluster` > 1
-        groups the CTAs along x into thread-block clusters of that many (grid[0] must be a multiple).
+        guarantee that all CTAs are resident at once (or fail the launch), for grid-wide waits. `cluster` groups
+        the CTAs along x into thread-block clusters of that many (grid[0] must be a multiple; sm_90+).
         """
         argv = (ctypes.c_void_p * 1)(ctypes.addressof(params))
-        if (cooperative or cluster > 1) and not self._lib.has_launch_ex:
+        if (cooperative or cluster) and not self._lib.has_launch_ex:
             raise CudaDriverError("a cooperative or cluster launch needs cuLaunchKernelEx (CUDA driver >= 12.0)")
-        if (programmatic or cooperative or cluster > 1) and self._lib.has_launch_ex:
+        if (programmatic or cooperative or cluster) and self._lib.has_launch_ex:
             attrs = []
             if cooperative or programmatic:
                 attrs.append(_LaunchAttr(id=CU_LAUNCH_ATTRIBUTE_COOPERATIVE if cooperative
                                          else CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION))
                 attrs[-1].value.i = 1
-            if cluster > 1:
+            if cluster:
                 attrs.append(_LaunchAttr(id=CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION))
                 attrs[-1].value.dim[:] = (cluster, 1, 1)
             arr = (_LaunchAttr * len(attrs))(*attrs)

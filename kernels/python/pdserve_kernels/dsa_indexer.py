@@ -156,9 +156,9 @@ class DsaPlan:
         return "dsa_select_cluster" if self.cluster else "dsa_select_early" if self.early else "dsa_select"
 
     @property
-    def select_cluster(self) -> int:
-        """CTAs per cluster of the select launch: the row's CTAs (1: no cluster)."""
-        return self.select_grid[0] if self.cluster else 1
+    def select_cluster(self) -> int | None:
+        """CTAs per cluster of the select launch: the row's CTAs (None: not a cluster launch)."""
+        return self.select_grid[0] if self.cluster else None
 
     @property
     def rows(self) -> int:
