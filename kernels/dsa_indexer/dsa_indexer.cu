@@ -29,6 +29,8 @@
 //     10-bit radix rounds, in shared memory when the candidates fit) and resets the row's histogram
 //     and counters, so the workspace stays zero between calls without a memset launch.
 // Scores equal to the k-th score bit-for-bit are taken in arbitrary order.
+// Small-batch variants of both launches (dsa_score_early_*, dsa_select_early, dsa_select_cluster; chosen per plan
+// by the launcher) compute the same thing with fewer dependent global round trips: see score_body and select_body.
 //
 // sm_90a: wgmma (QGMMA) with keys as the 64-row A operand and q as B, both in 128B-swizzled smem.
 // other targets (sm_120a): mma.sync m16n8k32 e4m3 with ldmatrix from the same smem layout.
@@ -435,8 +437,8 @@ __device__ __forceinline__ void fused_select(const DsaParams& p, int b, const in
 // width, not by the row's length: entries past the length are read, never dereferenced.
 __device__ __forceinline__ int prefetch_block_id(const DsaParams& p, int b, int pg0, int tid) {
   const int bound = min(p.max_blocks, p.len_stride / kPage);
-  return (tid < p.chunk_pages && pg0 + tid < bound) ? __ldg(p.block_table + static_cast<size_t>(b) * p.max_blocks + pg0 + tid)
-                                                    : 0;
+  const int* row = p.block_table + static_cast<size_t>(b) * p.max_blocks;
+  return (tid < p.chunk_pages && pg0 + tid < bound) ? __ldg(row + pg0 + tid) : 0;
 }
 
 template <int NN, bool kWgmma, bool kFused, bool kEarly>
@@ -642,7 +644,9 @@ __device__ __forceinline__ unsigned long long cluster_add_u64(uint32_t addr, uns
 __device__ __forceinline__ void cluster_store_u2(uint32_t addr, uint2 v) {
   asm volatile("st.shared::cluster.v2.u32 [%0], {%1, %2};\n" ::"r"(addr), "r"(v.x), "r"(v.y) : "memory");
 }
-__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void cluster_arrive() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+}
 __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"); }
 
 // EARLY variant of reserve_slots: both counters in one 64-bit atomic (ctr[0] sure, low word; ctr[1] tied, high

@@ -97,15 +97,15 @@ static_assert(sizeof(DsaParams) == 112 && offsetof(DsaParams, select_subs) == 10
 // FUSED: single launch (scoring + selection) for grids that fit on the GPU at once (see fused_select);
 // EARLY: the small-batch variant (score_body: the chunk's block-table entries are read in the same round trip as
 // the lengths, and all kStages pages are in flight instead of kStages - 1). All kScoreThreads threads per CTA.
-#define DSA_SCORE_KERNELS(X)                    \
-  X(dsa_score_wgmma_n1, 1, true, false, false)  \
-  X(dsa_score_wgmma_n2, 2, true, false, false)  \
-  X(dsa_score_mma_n1, 1, false, false, false)   \
-  X(dsa_score_mma_n2, 2, false, false, false)   \
-  X(dsa_fused_wgmma_n1, 1, true, true, false)   \
-  X(dsa_fused_wgmma_n2, 2, true, true, false)   \
-  X(dsa_fused_mma_n1, 1, false, true, false)    \
-  X(dsa_fused_mma_n2, 2, false, true, false)    \
+#define DSA_SCORE_KERNELS(X)                        \
+  X(dsa_score_wgmma_n1, 1, true, false, false)      \
+  X(dsa_score_wgmma_n2, 2, true, false, false)      \
+  X(dsa_score_mma_n1, 1, false, false, false)       \
+  X(dsa_score_mma_n2, 2, false, false, false)       \
+  X(dsa_fused_wgmma_n1, 1, true, true, false)       \
+  X(dsa_fused_wgmma_n2, 2, true, true, false)       \
+  X(dsa_fused_mma_n1, 1, false, true, false)        \
+  X(dsa_fused_mma_n2, 2, false, true, false)        \
   X(dsa_score_early_wgmma_n1, 1, true, false, true) \
   X(dsa_score_early_wgmma_n2, 2, true, false, true) \
   X(dsa_score_early_mma_n1, 1, false, false, true)  \
@@ -115,7 +115,7 @@ static_assert(sizeof(DsaParams) == 112 && offsetof(DsaParams, select_subs) == 10
 // (CLUSTER: kSelectClusterSmem). EARLY: the small-batch variant (fewer dependent global round trips; see
 // select_body). CLUSTER: EARLY with the row's CTAs in one cluster, which reserve output space, hand over tied
 // candidates and find the last CTA through distributed shared memory instead of global atomics.
-#define DSA_SELECT_KERNELS(X)            \
-  X(dsa_select, false, false)            \
-  X(dsa_select_early, true, false)       \
+#define DSA_SELECT_KERNELS(X)      \
+  X(dsa_select, false, false)      \
+  X(dsa_select_early, true, false) \
   X(dsa_select_cluster, true, true)

@@ -125,8 +125,8 @@ class Module:
     def allow_nonportable_cluster(self, name: str) -> None:
         """Let kernel `name` be launched in clusters of more than 8 CTAs (up to 16 on Hopper)."""
         with self.current():
-            self._lib.check(self._lib.cu.cuFuncSetAttribute(self.fn[name], CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
-                                                            1), f"cuFuncSetAttribute({name}, non-portable cluster)")
+            res = self._lib.cu.cuFuncSetAttribute(self.fn[name], CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
+            self._lib.check(res, f"cuFuncSetAttribute({name}, non-portable cluster size)")
 
     def max_active_blocks(self, name: str, block: int, smem: int) -> int:
         """CTAs of kernel `name` that fit on one SM at once with `block` threads and `smem` dynamic bytes."""

@@ -365,7 +365,8 @@ class DsaIndexer:
         if path not in (None, "fused", "split"):
             raise ValueError(f"path must be None, 'fused' or 'split', got {path!r}")
         if path == "fused" and (early or cluster):
-            raise ValueError("early=True / cluster=True pick the split path's small-batch kernels; the fused path has none")
+            raise ValueError("early=True / cluster=True pick the split path's small-batch kernels; "
+                             "the fused path has none")
         fused_chunk = None
         if path == "fused" and _select:
             # Fused single launch: its grid must fit on the GPU at once; without an explicit chunk size
