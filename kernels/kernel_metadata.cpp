@@ -98,8 +98,9 @@ void sparse_mla_decode() {
 
 void dsa_indexer() {
   std::printf("{\n  \"module\": \"dsa_indexer\",\n  \"constants\": {\"heads\": %d, \"dim\": %d, \"page\": %d, "
-              "\"select_chunk\": %d, \"bins1\": %d, \"ctr\": %d, \"max_subs\": %d, \"max_chunk_pages\": %d},\n",
-              kHeads, kDim, kPage, kSelectChunk, kBins1, kCtr, kMaxSubs, kMaxChunkPages);
+              "\"select_chunk\": %d, \"bins1\": %d, \"ctr\": %d, \"max_subs\": %d, \"max_chunk_pages\": %d, "
+              "\"cluster_max\": %d, \"cluster_subs\": %d},\n",
+              kHeads, kDim, kPage, kSelectChunk, kBins1, kCtr, kMaxSubs, kMaxChunkPages, kClusterMax, kClusterSubs);
   std::printf("  \"params\": {\"struct\": \"DsaParams\", \"size\": %zu, \"fields\": [", sizeof(DsaParams));
   Writer f;
 #define DSA_FIELD(NAME) field(f, #NAME, offsetof(DsaParams, NAME), sizeof(DsaParams::NAME));
@@ -117,8 +118,12 @@ void dsa_indexer() {
            FUSED ? ScoreSmem<NN>::kLocalPerPage : 0, FUSED ? "chunk_page" : "", extra);                      \
   }
   DSA_SCORE_KERNELS(DSA_META)
-#define DSA_SELECT_META(NAME, EARLY) \
-  kernel(k, #NAME, "select", kSelectThreads, kSelectSmem, 0, "", EARLY ? ", \"early\": true" : ", \"early\": false");
+#define DSA_SELECT_META(NAME, EARLY, CLUSTER)                                                                \
+  {                                                                                                          \
+    std::snprintf(extra, sizeof extra, ", \"early\": %s, \"cluster\": %s", EARLY ? "true" : "false",          \
+                  CLUSTER ? "true" : "false");                                                               \
+    kernel(k, #NAME, "select", kSelectThreads, CLUSTER ? kSelectClusterSmem : kSelectSmem, 0, "", extra);    \
+  }
   DSA_SELECT_KERNELS(DSA_SELECT_META)
   std::printf("\n  ]\n}\n");
 }

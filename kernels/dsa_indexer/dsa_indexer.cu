@@ -29,6 +29,8 @@
 //     10-bit radix rounds, in shared memory when the candidates fit) and resets the row's histogram
 //     and counters, so the workspace stays zero between calls without a memset launch.
 // Scores equal to the k-th score bit-for-bit are taken in arbitrary order.
+// Small-batch variants of both launches (dsa_score_early_*, dsa_select_early, dsa_select_cluster; chosen per plan
+// by the launcher) compute the same thing with fewer dependent global round trips: see score_body and select_body.
 //
 // sm_90a: wgmma (QGMMA) with keys as the 64-row A operand and q as B, both in 128B-swizzled smem.
 // other targets (sm_120a): mma.sync m16n8k32 e4m3 with ldmatrix from the same smem layout.
@@ -272,12 +274,15 @@ __device__ __forceinline__ void smem_threshold(const int* s_hist, int tid, int n
   find_threshold<PER, NT>(c, NBINS, need, s_warp, s_res);
 }
 
+// preloaded: the caller has the n_tie candidates in s_cand already (dsa_select_cluster's rank 0; a run-time flag,
+// so that kernel inlines one copy of the resolve for both of its cases).
 template <int NT>
 __device__ __forceinline__ void resolve_ties(int* out, const uint2* cand, int n_tie, int need1, int above1,
-                                             uint2* s_cand, int* s_hist, int* s_warp, int* s_res, int* s_misc) {
+                                             uint2* s_cand, int* s_hist, int* s_warp, int* s_res, int* s_misc,
+                                             bool preloaded = false) {
   const int tid = threadIdx.x;
-  const bool in_smem = n_tie <= kResolveCap;
-  if (in_smem) {
+  const bool in_smem = preloaded || n_tie <= kResolveCap;
+  if (in_smem && !preloaded) {
     for (int i = tid; i < n_tie; i += NT) s_cand[i] = __ldcg(&cand[i]);
   }
   auto each = [&](auto&& fn) {
@@ -432,8 +437,8 @@ __device__ __forceinline__ void fused_select(const DsaParams& p, int b, const in
 // width, not by the row's length: entries past the length are read, never dereferenced.
 __device__ __forceinline__ int prefetch_block_id(const DsaParams& p, int b, int pg0, int tid) {
   const int bound = min(p.max_blocks, p.len_stride / kPage);
-  return (tid < p.chunk_pages && pg0 + tid < bound) ? __ldg(p.block_table + static_cast<size_t>(b) * p.max_blocks + pg0 + tid)
-                                                    : 0;
+  const int* row = p.block_table + static_cast<size_t>(b) * p.max_blocks;
+  return (tid < p.chunk_pages && pg0 + tid < bound) ? __ldg(row + pg0 + tid) : 0;
 }
 
 template <int NN, bool kWgmma, bool kFused, bool kEarly>
@@ -624,18 +629,45 @@ static __device__ __forceinline__ float f4get(const float4& v, int e) {
   return e == 0 ? v.x : (e == 1 ? v.y : (e == 2 ? v.z : v.w));
 }
 
+// Thread-block cluster primitives (sm_90+): the address of `p` (this CTA's shared memory) in CTA `rank`'s shared
+// memory, atomics and stores there, and the cluster barrier's two halves (every thread of every CTA executes them).
+__device__ __forceinline__ uint32_t cluster_map(const void* p, uint32_t rank) {
+  uint32_t d;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(d) : "r"(smem_u32(p)), "r"(rank));
+  return d;
+}
+__device__ __forceinline__ unsigned long long cluster_add_u64(uint32_t addr, unsigned long long v) {
+  unsigned long long old;
+  asm volatile("atom.shared::cluster.add.u64 %0, [%1], %2;\n" : "=l"(old) : "r"(addr), "l"(v) : "memory");
+  return old;
+}
+__device__ __forceinline__ void cluster_store_u2(uint32_t addr, uint2 v) {
+  asm volatile("st.shared::cluster.v2.u32 [%0], {%1, %2};\n" ::"r"(addr), "r"(v.x), "r"(v.y) : "memory");
+}
+__device__ __forceinline__ void cluster_arrive() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"); }
+
 // EARLY variant of reserve_slots: both counters in one 64-bit atomic (ctr[0] sure, low word; ctr[1] tied, high
 // word; neither count can carry into the other), so one round trip instead of two in flight. Also returns this
 // CTA's total of tied positions (cta_ties, every thread), which the done counter accumulates (select_body).
-template <int NT>
-__device__ __forceinline__ void reserve_slots64(int n_sure, int n_tie, int tid, int* ctr, unsigned long long* s_warp64,
-                                                int* s_misc, int& ps, int& pt, int& cta_ties) {
+// kCluster: the counter is cluster_ctr, rank 0's shared-memory word (a shared::cluster address), not ctr[0..1].
+template <int NT, bool kCluster>
+__device__ __forceinline__ void reserve_slots64(int n_sure, int n_tie, int tid, int* ctr, uint32_t cluster_ctr,
+                                                unsigned long long* s_warp64, int* s_misc, int& ps, int& pt,
+                                                int& cta_ties) {
   unsigned long long total = 0;
   const unsigned long long mine =
       static_cast<unsigned long long>(n_sure) | (static_cast<unsigned long long>(n_tie) << 32);
   const unsigned long long excl = block_excl_scan<NT, unsigned long long>(mine, s_warp64, &total);
+  if constexpr (kCluster) cluster_wait();   // rank 0 has zeroed the counter (its arrive is at the kernel's start)
   if (tid == 0) {
-    const unsigned long long base = total ? atomicAdd(reinterpret_cast<unsigned long long*>(ctr), total) : 0ull;
+    unsigned long long base = 0;
+    if (total) {
+      base = kCluster ? cluster_add_u64(cluster_ctr, total)
+                      : atomicAdd(reinterpret_cast<unsigned long long*>(ctr), total);
+    }
     s_misc[0] = static_cast<int>(base & 0xFFFFFFFFull);
     s_misc[1] = static_cast<int>(base >> 32);
   }
@@ -651,12 +683,19 @@ __device__ __forceinline__ void reserve_slots64(int n_sure, int n_tie, int tid, 
 // reservations are one 64-bit atomic; and the done counter (a 64-bit atomic on ctr[2] | ctr[3] << 32 that also
 // sums the tied counts) hands the last CTA the row's number of tied candidates, which the base kernel reloads
 // from ctr[1] after it. The last CTA also zeroes the row's histogram before the resolve rather than after.
-template <bool kEarly>
+// CLUSTER (dsa_select_cluster, launched with one cluster of gridDim.x <= kClusterMax CTAs per row, so the rank is
+// blockIdx.x; select_subs <= kClusterSubs): EARLY, plus no global atomics at all. The row's reservation counter
+// and tied candidates live in rank 0's shared memory (a distributed-shared-memory atomic and stores instead of
+// global ones; candidates past kClusterCand go to the global list), and the cluster barrier replaces the fence and
+// the done counter; rank 0 then resolves from its own shared memory. The row's counters in ctr stay untouched.
+template <bool kEarly, bool kCluster>
 __device__ __forceinline__ void select_body(const DsaParams& p) {
+  static_assert(kEarly || !kCluster, "the cluster variant builds on the early one");
   constexpr int kPerThread = kSelectChunk / kSelectThreads;   // 16 scores, as 4 float4
   static_assert(kSelectSmem == kSelectRing * (kPerThread / 4) * kSelectThreads * 16, "s_ring is kSelectSmem");
+  static_assert(kClusterCandOffset == kClusterSubs * (kPerThread / 4) * kSelectThreads * 16, "ring, then candidates");
   __shared__ int s_hist[kBins2];
-  __shared__ uint32_t s_mask[kMaxSubs][kSelectThreads];   // per sub-chunk: sure bits | tie bits << 16
+  __shared__ uint32_t s_mask[kCluster ? kClusterSubs : kMaxSubs][kSelectThreads];   // sure bits | tie bits << 16
   extern __shared__ float4 s_ring[];   // kSelectRing x 4 x 256 float4: this thread's scores, in flight
   __shared__ int s_warp[kSelectThreads / 32];
   __shared__ int s_res[2];
@@ -675,7 +714,18 @@ __device__ __forceinline__ void select_body(const DsaParams& p) {
     const int per = (K + gridDim.x - 1) / gridDim.x;
     const int lo = blockIdx.x * per, hi = min(K, lo + per);
     for (int i = lo + tid; i < hi; i += kSelectThreads) out[i] = i < len ? i : -1;
-    return;
+    return;   // CLUSTER: the whole row, so the whole cluster, leaves here, before any cluster access
+  }
+  // CLUSTER: rank 0's candidates and reservation counter, as shared::cluster addresses (valid in every CTA).
+  uint2* s_ccand = reinterpret_cast<uint2*>(reinterpret_cast<uint8_t*>(s_ring) + kClusterCandOffset);
+  unsigned long long* s_cctr = reinterpret_cast<unsigned long long*>(reinterpret_cast<uint8_t*>(s_ring) +
+                                                                     kClusterCounterOffset);
+  uint32_t ccand0 = 0, cctr0 = 0;
+  if constexpr (kCluster) {
+    ccand0 = cluster_map(s_ccand, 0);
+    cctr0 = cluster_map(s_cctr, 0);
+    if (blockIdx.x == 0 && tid == 0) *s_cctr = 0ull;
+    cluster_arrive();   // rank 0's counter is zero and every CTA has started (waited on in reserve_slots64)
   }
   if constexpr (kEarly) griddep_wait();
 
@@ -736,8 +786,12 @@ __device__ __forceinline__ void select_body(const DsaParams& p) {
     n_tie_mine += __popc(m >> 16);
   }
   int ps, pt, cta_ties = 0;
-  if constexpr (kEarly) reserve_slots64<kSelectThreads>(n_sure, n_tie_mine, tid, ctr, s_warp64, s_misc, ps, pt, cta_ties);
-  else reserve_slots<kSelectThreads>(n_sure, n_tie_mine, tid, ctr, s_warp64, s_misc, ps, pt);
+  if constexpr (kEarly) {
+    reserve_slots64<kSelectThreads, kCluster>(n_sure, n_tie_mine, tid, ctr, cctr0, s_warp64, s_misc, ps, pt,
+                                              cta_ties);
+  } else {
+    reserve_slots<kSelectThreads>(n_sure, n_tie_mine, tid, ctr, s_warp64, s_misc, ps, pt);
+  }
   // EARLY: with every sub-chunk still in the ring (none was overwritten), tied scores come from shared memory.
   const bool ring_holds_all = kEarly && n_sub <= kSelectRing;
   for (int sub = 0; sub < n_sub; ++sub) {
@@ -756,14 +810,28 @@ __device__ __forceinline__ void select_body(const DsaParams& p) {
                                            (eb >> 2) * kSelectThreads + tid],
                                     eb & 3)
                             : __ldcg(srow + s);
-        cand[pt++] = make_uint2(ord_key(v), static_cast<uint32_t>(s));
+        const uint2 e = make_uint2(ord_key(v), static_cast<uint32_t>(s));
+        if constexpr (kCluster) {   // into rank 0's shared memory while it has room
+          if (pt < kClusterCand) cluster_store_u2(ccand0 + pt * 8, e);
+          else cand[pt] = e;
+          ++pt;
+        } else {
+          cand[pt++] = e;
+        }
       }
     }
   }
-  __threadfence();
-  __syncthreads();
-  int n_tie = 0;   // EARLY: the row's tied count, from the done counter
-  if constexpr (kEarly) {
+  if constexpr (!kCluster) {
+    __threadfence();
+    __syncthreads();
+  }
+  int n_tie = 0;   // EARLY: the row's tied count, from the done counter (CLUSTER: from rank 0's counter)
+  if constexpr (kCluster) {
+    cluster_arrive();
+    cluster_wait();   // every CTA's outputs and candidates are written (release / acquire at cluster scope)
+    if (blockIdx.x != 0) return;   // only rank 0's shared memory is ever accessed remotely, and no longer
+    n_tie = static_cast<int>(*reinterpret_cast<volatile unsigned long long*>(s_cctr) >> 32);
+  } else if constexpr (kEarly) {
     if (tid == 0) {
       const unsigned long long prior = atomicAdd(reinterpret_cast<unsigned long long*>(&ctr[2]),
                                                  1ull | (static_cast<unsigned long long>(cta_ties) << 32));
@@ -778,7 +846,7 @@ __device__ __forceinline__ void select_body(const DsaParams& p) {
     __syncthreads();
     if (!s_misc[2]) return;
   }
-  __threadfence();
+  if constexpr (!kCluster) __threadfence();
 
   // Last CTA of the row: resolve the threshold bin exactly on the remaining 20 bits (10 + 10), from
   // shared memory when the candidates fit (the usual case: ~1% of the row), else from global memory.
@@ -786,20 +854,29 @@ __device__ __forceinline__ void select_body(const DsaParams& p) {
     // Every CTA of the row has read the histogram and counted itself done: leave them zeroed for the next
     // call now, so the stores drain during the resolve (which reads neither).
     for (int i = tid; i < kBins1; i += kSelectThreads) gh1[i] = 0;
-    if (tid < kCtr) ctr[tid] = 0;
+    if (!kCluster && tid < kCtr) ctr[tid] = 0;
   }
   cp_async_wait<0>();
   __syncthreads();   // the score ring is idle: reuse it for the candidates
-  resolve_ties<kSelectThreads>(out, cand, kEarly ? n_tie : __ldcg(&ctr[1]), K - above1, above1, reinterpret_cast<uint2*>(s_ring),
-                               s_hist, s_warp, s_res, s_misc);
+  // CLUSTER: rank 0 holds the candidates unless there are more than kClusterCand (the rest are in the global list
+  // already): then its part moves there too, and the resolve goes as the early kernel's does (through the ring and
+  // the candidates' space, or from global memory).
+  const bool preloaded = kCluster && n_tie <= kClusterCand;
+  if (kCluster && !preloaded) {
+    for (int i = tid; i < kClusterCand; i += kSelectThreads) cand[i] = s_ccand[i];
+    __syncthreads();
+  }
+  resolve_ties<kSelectThreads>(out, cand, kEarly ? n_tie : __ldcg(&ctr[1]), K - above1, above1,
+                               preloaded ? s_ccand : reinterpret_cast<uint2*>(s_ring), s_hist, s_warp, s_res, s_misc,
+                               preloaded);
   if constexpr (!kEarly) {   // leave the row's workspace zeroed for the next call
     for (int i = tid; i < kBins1; i += kSelectThreads) gh1[i] = 0;
     if (tid < kCtr) ctr[tid] = 0;
   }
 }
 
-#define DSA_SELECT_KERNEL(NAME, EARLY)                                                                     \
+#define DSA_SELECT_KERNEL(NAME, EARLY, CLUSTER)                                                            \
   extern "C" __global__ void __launch_bounds__(kSelectThreads) NAME(const __grid_constant__ DsaParams p) { \
-    select_body<EARLY>(p);                                                                                \
+    select_body<EARLY, CLUSTER>(p);                                                                       \
   }
 DSA_SELECT_KERNELS(DSA_SELECT_KERNEL)

@@ -49,6 +49,18 @@ struct ScoreSmem {
 };
 // dsa_select's dynamic shared memory: kSelectRing sub-chunks of fp32 scores.
 constexpr int kSelectSmem = kSelectRing * kSelectChunk * 4;
+// dsa_select_cluster: one thread-block cluster per row (kClusterMax CTAs at most; above 8 a non-portable size the
+// launcher opts in to), each CTA keeping its <= kClusterSubs sub-chunks of scores; rank 0 also holds the row's tied
+// candidates (kClusterCand, more go to the global list) and its 64-bit reservation counter. Rows up to
+// kClusterMax x kClusterSubs x 4096 = 128K positions.
+constexpr int kClusterMax = 16;
+constexpr int kClusterSubs = 2;
+constexpr int kClusterCand = 4096;
+constexpr int kClusterCandOffset = kClusterSubs * kSelectChunk * 4;
+constexpr int kClusterCounterOffset = kClusterCandOffset + kClusterCand * 8;
+constexpr int kSelectClusterSmem = kClusterCounterOffset + 8;
+static_assert(kClusterSubs <= kSelectRing, "a cluster CTA's sub-chunks all stay in the ring");
+static_assert(kClusterCounterOffset >= kResolveCap * 8, "the overflow resolve reuses the ring and the candidates");
 
 }  // namespace
 
@@ -85,22 +97,25 @@ static_assert(sizeof(DsaParams) == 112 && offsetof(DsaParams, select_subs) == 10
 // FUSED: single launch (scoring + selection) for grids that fit on the GPU at once (see fused_select);
 // EARLY: the small-batch variant (score_body: the chunk's block-table entries are read in the same round trip as
 // the lengths, and all kStages pages are in flight instead of kStages - 1). All kScoreThreads threads per CTA.
-#define DSA_SCORE_KERNELS(X)                    \
-  X(dsa_score_wgmma_n1, 1, true, false, false)  \
-  X(dsa_score_wgmma_n2, 2, true, false, false)  \
-  X(dsa_score_mma_n1, 1, false, false, false)   \
-  X(dsa_score_mma_n2, 2, false, false, false)   \
-  X(dsa_fused_wgmma_n1, 1, true, true, false)   \
-  X(dsa_fused_wgmma_n2, 2, true, true, false)   \
-  X(dsa_fused_mma_n1, 1, false, true, false)    \
-  X(dsa_fused_mma_n2, 2, false, true, false)    \
+#define DSA_SCORE_KERNELS(X)                        \
+  X(dsa_score_wgmma_n1, 1, true, false, false)      \
+  X(dsa_score_wgmma_n2, 2, true, false, false)      \
+  X(dsa_score_mma_n1, 1, false, false, false)       \
+  X(dsa_score_mma_n2, 2, false, false, false)       \
+  X(dsa_fused_wgmma_n1, 1, true, true, false)       \
+  X(dsa_fused_wgmma_n2, 2, true, true, false)       \
+  X(dsa_fused_mma_n1, 1, false, true, false)        \
+  X(dsa_fused_mma_n2, 2, false, true, false)        \
   X(dsa_score_early_wgmma_n1, 1, true, false, true) \
   X(dsa_score_early_wgmma_n2, 2, true, false, true) \
   X(dsa_score_early_mma_n1, 1, false, false, true)  \
   X(dsa_score_early_mma_n2, 2, false, false, true)
 
-// Selection, the split path's second launch: X(NAME, EARLY), kSelectThreads threads, kSelectSmem bytes.
-// EARLY: the small-batch variant of dsa_select (fewer dependent global round trips; see dsa_select).
-#define DSA_SELECT_KERNELS(X) \
-  X(dsa_select, false)        \
-  X(dsa_select_early, true)
+// Selection, the split path's second launch: X(NAME, EARLY, CLUSTER), kSelectThreads threads, kSelectSmem bytes
+// (CLUSTER: kSelectClusterSmem). EARLY: the small-batch variant (fewer dependent global round trips; see
+// select_body). CLUSTER: EARLY with the row's CTAs in one cluster, which reserve output space, hand over tied
+// candidates and find the last CTA through distributed shared memory instead of global atomics.
+#define DSA_SELECT_KERNELS(X)      \
+  X(dsa_select, false, false)      \
+  X(dsa_select_early, true, false) \
+  X(dsa_select_cluster, true, true)

@@ -6,10 +6,11 @@ start before every repeat, round-robin, median of --reps), k=2048, max_context =
 round-robin on one set of inputs:
   old      the base kernels with the base chunk policy (today's default: plan_dsa(early=False))
   new      the early kernels with the early chunk policy (plan_dsa(early=True))
+  cluster  new with the cluster select (plan_dsa(cluster=True); rows up to 128K, "-" beyond)
   early@old chunk / old@new chunk   the two changes apart (kernels vs chunk size)
   score old / score new             the scoring grid alone of old and new
-then whether each output is an exact top-k of its own scores and whether old and new chose the same set (the
-scores are bit-identical; sets may differ only among scores equal to the k-th). Floor = B x L x 132 B / the copy
+then whether each output is an exact top-k of its own scores and whether new and cluster chose the same set as
+old (the scores are bit-identical; sets may differ only among scores equal to the k-th). Floor = B x L x 132 B / the copy
 bandwidth measured at the start. Prints one table; --json writes the rows and the environment.
 """
 
@@ -25,29 +26,32 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "bench"))
 import torch  # noqa: E402
 
 from harness import Timer, copy_bandwidth, finish, indexer_pool, run_env, seeded_generator, table_head  # noqa: E402
-from pdserve_kernels.dsa_indexer import PAGE, DsaIndexer, default_chunk_pages, early_chunk_pages  # noqa: E402
+from pdserve_kernels.dsa_indexer import (  # noqa: E402
+    CLUSTER_MAX, CLUSTER_SUBS, PAGE, SELECT_CHUNK, DsaIndexer, default_chunk_pages, early_chunk_pages)
 
 TOPK = 2048
-VARIANTS = ("old", "new", "early_old_chunk", "old_new_chunk", "score_old", "score_new")
+VARIANTS = ("old", "new", "cluster", "early_old_chunk", "old_new_chunk", "score_old", "score_new")
+CLUSTER_MAX_LEN = CLUSTER_MAX * CLUSTER_SUBS * SELECT_CHUNK
+KWARGS = {"old": dict(early=False), "new": dict(early=True), "cluster": dict(early=True, cluster=True)}
 
 
-def exact_and_same(ind, args, L):
-    """(old exact, new exact, same set): each output against a top-k of its own scores, then old vs new."""
+def exact_and_same(ind, args, L, variants):
+    """Per variant: (exact, same set as old): its output against a top-k of its own scores, then against old's."""
     outs = {}
-    for early in (False, True):
-        out, sc = ind(*args, TOPK, max_len=L, return_scores=True, path="split", early=early)
+    for v in variants:
+        out, sc = ind(*args, TOPK, max_len=L, return_scores=True, path="split", **KWARGS[v])
         s = sc[:, :L]
         kth = torch.topk(s, TOPK, dim=1).values[:, -1:]
         picked = torch.gather(s, 1, out.long())
         distinct = bool((torch.sort(out, dim=1).values.diff(dim=1) > 0).all())
-        outs[early] = (bool((picked >= kth).all()) and distinct, out, s, kth)
-    (ok0, o0, s0, kth), (ok1, o1, s1, _) = outs[False], outs[True]
+        outs[v] = (bool((picked >= kth).all()) and distinct, out, s, kth)
+    _, o0, s0, kth = outs["old"]
 
     def above(o, s):   # the chosen positions whose score is above the k-th (the part no tie rule may change)
         return torch.sort(torch.where(torch.gather(s, 1, o.long()) > kth, o, -1), dim=1).values
 
-    same = bool(torch.equal(s0, s1)) and bool(torch.equal(above(o0, s0), above(o1, s1)))
-    return ok0, ok1, same
+    return {v: (ok, bool(torch.equal(s0, s)) and bool(torch.equal(above(o0, s0), above(o, s))))
+            for v, (ok, o, s, _) in outs.items()}
 
 
 def main() -> int:
@@ -55,6 +59,7 @@ def main() -> int:
     ap.add_argument("--batches", default="1,8,64")
     ap.add_argument("--lengths", default="8192,32768,131072")
     ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--no-cluster", action="store_true", help="leave out the cluster select")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     if args.reps < 30:
@@ -81,17 +86,23 @@ def main() -> int:
             a = (q, w, kv, ctx, bt.contiguous())
             c_old, c_new = default_chunk_pages(B, L, ind.num_sms), early_chunk_pages(B, L, ind.num_sms)
 
-            def call(early, chunk, select=True):
-                return lambda: ind(*a, TOPK, max_len=L, path="split", early=early, chunk_pages=chunk, _select=select)
+            def call(early, chunk, select=True, cluster=False):
+                return lambda: ind(*a, TOPK, max_len=L, path="split", early=early, cluster=cluster, chunk_pages=chunk,
+                                   _select=select)
 
-            fns = [call(False, c_old), call(True, c_new), call(True, c_old), call(False, c_new),
-                   call(False, c_old, False), call(True, c_new, False)]
-            times = timer.medians_us(fns, args.reps)
-            ok0, ok1, same = exact_and_same(ind, a, L)
+            with_cluster = L <= CLUSTER_MAX_LEN and not args.no_cluster
+            fns = {"old": call(False, c_old), "new": call(True, c_new), "early_old_chunk": call(True, c_old),
+                   "old_new_chunk": call(False, c_new), "score_old": call(False, c_old, False),
+                   "score_new": call(True, c_new, False)}
+            if with_cluster:
+                fns["cluster"] = call(True, c_new, cluster=True)
+            times = dict(zip(fns, timer.medians_us(list(fns.values()), args.reps)))
+            checks = exact_and_same(ind, a, L, ["old", "new"] + (["cluster"] if with_cluster else []))
             floor = B * L * 132 / (env["copy_gbs"] * 1e3)
             row = dict(B=B, L=L, chunk_old=c_old, chunk_new=c_new, floor_us=round(floor, 2),
-                       **{f"{v}_us": round(t, 2) for v, t in zip(VARIANTS, times)},
-                       exact_old=ok0, exact_new=ok1, same_set=same)
+                       **{f"{v}_us": round(times[v], 2) if v in times else None for v in VARIANTS},
+                       **{f"exact_{v}": ok for v, (ok, _) in checks.items()},
+                       **{f"same_{v}": same for v, (_, same) in checks.items() if v != "old"})
             row["speedup"] = round(row["old_us"] / row["new_us"], 3)
             rows.append(row)
             print(row, flush=True)
@@ -100,14 +111,20 @@ def main() -> int:
 
 def print_table(env: dict, rows: list) -> None:
     table_head(env, f" | copy {env['copy_gbs']} GB/s | empty kernel {env['empty_us']} us",
-               "| B | L | old us (chunk) | new us (chunk) | old / new | early kernels, old chunk | "
-               "old kernels, new chunk | score old | score new | floor us | exact old/new | same set |")
+               "| B | L | old us (chunk) | new us (chunk) | old / new | cluster us | early kernels, old chunk | "
+               "old kernels, new chunk | score old | score new | floor us | exact old/new/cluster | "
+               "same set new/cluster |")
+
+    def yes(r, key):
+        return "-" if r.get(key) is None else ("yes" if r[key] else "NO")
+
     for r in rows:
+        cl = "-" if r["cluster_us"] is None else f"{r['cluster_us']:.1f}"
         print(f"| {r['B']} | {r['L'] // 1024}K | {r['old_us']:.1f} ({r['chunk_old']}) | {r['new_us']:.1f} "
-              f"({r['chunk_new']}) | {r['speedup']:.2f}x | {r['early_old_chunk_us']:.1f} | {r['old_new_chunk_us']:.1f} "
-              f"| {r['score_old_us']:.1f} | {r['score_new_us']:.1f} | {r['floor_us']:.1f} | "
-              f"{'yes' if r['exact_old'] else 'NO'}/{'yes' if r['exact_new'] else 'NO'} | "
-              f"{'yes' if r['same_set'] else 'NO'} |")
+              f"({r['chunk_new']}) | {r['speedup']:.2f}x | {cl} | {r['early_old_chunk_us']:.1f} | "
+              f"{r['old_new_chunk_us']:.1f} | {r['score_old_us']:.1f} | {r['score_new_us']:.1f} | {r['floor_us']:.1f} | "
+              f"{yes(r, 'exact_old')}/{yes(r, 'exact_new')}/{yes(r, 'exact_cluster')} | "
+              f"{yes(r, 'same_new')}/{yes(r, 'same_cluster')} |")
 
 
 if __name__ == "__main__":

@@ -11,9 +11,9 @@ Fresh random inputs every run. Checks, per row:
 * keys and scales beyond each length, spare blocks and unused block-table targets hold NaN: no NaN may
   reach a score or change a selection.
 * the workspace (histograms and counters) is all zero again after every call.
-Every kernel test runs on three paths (`path` fixture): "split" (scoring grid + selection grid, base kernels),
-"early" (the split path with its small-batch kernels, early=True) and "fused" (one cooperative launch,
-selection at the tail of scoring).
+Every kernel test runs on four paths (`path` fixture): "split" (scoring grid + selection grid, base kernels),
+"early" (the split path with its small-batch kernels, early=True), "cluster" (early, the selection as one
+thread-block cluster per row, cluster=True) and "fused" (one cooperative launch, selection at the tail of scoring).
 """
 
 import math
@@ -53,14 +53,18 @@ def indexer(tmp_path_factory):
     return DsaIndexer(fatbin=fatbin)
 
 
-@pytest.fixture(params=["split", "early", "fused"])
-def path(request):
+@pytest.fixture(params=["split", "early", "cluster", "fused"])
+def path(request, indexer):
+    if request.param == "cluster" and not indexer.cluster_ok:
+        pytest.skip("the cluster select needs an sm_90 GPU")
     return request.param
 
 
 def path_kwargs(path):
-    """The launcher's arguments for a `path` fixture value ("early" is the split path with early=True)."""
-    return dict(path="split", early=True) if path == "early" else dict(path=path, early=False if path else None)
+    """The launcher's arguments for a `path` fixture value ("early" / "cluster": the split path's variants)."""
+    if path in ("early", "cluster"):
+        return dict(path="split", early=True, cluster=path == "cluster")
+    return dict(path=path, early=False if path else None)
 
 
 def assert_workspace_zero(ind, rows):
@@ -88,7 +92,8 @@ def run_and_check(ind, B, next_n, lens, topk, impl, *, explicit=False, max_block
     ind(**inp, topk=topk, out=out, scores=scores, impl=impl, max_len=max_len, chunk_pages=chunk_pages, **kw)
     torch.cuda.synchronize()
     if path is not None:
-        assert ind.last_path[0] == kw["path"] and ind.last_plan.early == (path == "early")
+        assert ind.last_path[0] == kw["path"] and ind.last_plan.early == (path in ("early", "cluster"))
+        assert ind.last_plan.cluster == (path == "cluster")
     assert_workspace_zero(ind, rows)
     refs, mags = reference_scores(inp["q"], inp["weights"], inp["kv_cache"], inp["context_lens"],
                                   inp["block_table"], with_magnitude=True)
@@ -142,6 +147,14 @@ def test_next_n2_causal_rule(indexer, explicit, topk, path):
 
 @pytest.mark.parametrize("topk", [512, 2048])
 def test_single_long_row_split_across_ctas(indexer, topk, path):
+    if path == "cluster":   # one cluster holds rows up to 128K: refused beyond, checked at the largest length
+        from pdserve_kernels.reference import make_inputs
+
+        with pytest.raises(ValueError, match="the cluster select covers rows"):
+            indexer(**make_inputs(1, 1, [200_003]), topk=topk, **path_kwargs(path))
+        for impl in impls(indexer):
+            run_and_check(indexer, 1, 1, [131072 - 5], topk, impl, path=path)
+        return
     for impl in impls(indexer):
         run_and_check(indexer, 1, 1, [200_003], topk, impl, path=path)
 
@@ -174,9 +187,12 @@ def test_workspace_is_clean_between_calls(indexer, path):
         run_and_check(indexer, 3, 1, [5000, 100, 30000], 2048, impls(indexer)[0], path=path)
 
 
-def test_paths_alternate_on_one_workspace(indexer):
+@pytest.mark.parametrize("paths", [("fused", "split", "early", "fused", "early", "early", "split"),
+                                   ("fused", "cluster", "split", "cluster", "early", "cluster", "cluster", "split")],
+                         ids=["base_paths", "with_cluster"])
+def test_paths_alternate_on_one_workspace(indexer, paths):
     # Each path leaves the shared histograms and counters zeroed for the other.
-    for path in ("fused", "split", "early", "fused", "early", "early", "split"):
+    for path in paths:
         run_and_check(indexer, 2, 2, [40000, 3000], 2048, impls(indexer)[0], path=path)
 
 
@@ -235,40 +251,43 @@ def own_topk_ok(scores, out, lens, topk):
     return True
 
 
-# B in 1/8/64, up to 128K, lengths not multiples of 64 (and differing per row). At B=64 L=32K the select CTAs
-# cover 2 sub-chunks (tied scores from the ring), at B=64 L=128K 6 (more than the ring: re-read from L2).
+# The small-batch variants against the base kernels on the same inputs: B in 1/8/64, up to 128K, lengths not
+# multiples of 64 (and differing per row). At B=64 L=32K the early select CTAs cover 2 sub-chunks (tied scores
+# from the ring), at B=64 L=128K 6 (more than the ring: re-read from L2); the cluster select, 1-2 per CTA.
+@pytest.mark.parametrize("variant", ["early", "cluster"])
 @pytest.mark.parametrize("B,L", [(1, 131072 - 3), (8, 32768 + 29), (64, 32768 - 1), (64, 131072 - 63)])
-def test_early_equals_base_across_batches(indexer, B, L):
+def test_small_batch_variant_equals_base_across_batches(indexer, B, L, variant):
     from pdserve_kernels.reference import make_inputs
 
     lens = [L - (37 * b) % 1000 for b in range(B)]
     inp = make_inputs(B, 1, lens)
     results = {}
-    for early in (False, True):
-        out, scores = indexer(**inp, topk=2048, max_len=max(lens), return_scores=True, path="split", early=early)
+    for v in ("split", variant):
+        out, scores = indexer(**inp, topk=2048, max_len=max(lens), return_scores=True, **path_kwargs(v))
         torch.cuda.synchronize()
-        assert indexer.last_plan.early == early
+        assert indexer.last_plan.cluster == (v == "cluster")
         assert_workspace_zero(indexer, B)
-        assert own_topk_ok(scores, out, lens, 2048), f"early={early}: not an exact top-k of its own scores"
-        results[early] = (out, scores)
-    (out0, sc0), (out1, sc1) = results[False], results[True]
+        assert own_topk_ok(scores, out, lens, 2048), f"{v}: not an exact top-k of its own scores"
+        results[v] = (out, scores)
+    (out0, sc0), (out1, sc1) = results["split"], results[variant]
     for r, L_r in enumerate(lens):   # the same fp32 scores bit for bit, so the same sets up to exact ties
-        assert torch.equal(sc0[r, :L_r], sc1[r, :L_r]), f"row {r}: the early kernels computed other scores"
+        assert torch.equal(sc0[r, :L_r], sc1[r, :L_r]), f"row {r}: {variant} computed other scores"
         kth = torch.topk(sc0[r, :L_r], 2048).values[-1]
         above0 = torch.sort(out0[r][sc0[r, out0[r].long()] > kth]).values
         above1 = torch.sort(out1[r][sc1[r, out1[r].long()] > kth]).values
-        assert torch.equal(above0, above1), f"row {r}: the sets differ above the k-th score"
+        assert torch.equal(above0, above1), f"row {r}: {variant}'s set differs above the k-th score"
 
 
-def test_early_without_pdl(indexer):
+@pytest.mark.parametrize("variant", ["early", "cluster"])
+def test_small_batch_variants_without_pdl(indexer, variant):
     # Without programmatic dependent launch the select grid starts after the scoring grid: the same result.
     from pdserve_kernels.reference import make_inputs
 
     lens = [70001, 2049, 100, 33333]
     inp = make_inputs(len(lens), 1, lens)
-    out, scores = indexer(**inp, topk=2048, return_scores=True, path="split", early=True, pdl=False)
+    out, scores = indexer(**inp, topk=2048, return_scores=True, pdl=False, **path_kwargs(variant))
     torch.cuda.synchronize()
-    assert indexer.last_plan.early
+    assert indexer.last_plan.early and indexer.last_plan.cluster == (variant == "cluster")
     assert_workspace_zero(indexer, len(lens))
     assert own_topk_ok(scores, out, lens, 2048)
     assert torch.equal(out[2, :100].long(), torch.arange(100, device="cuda")) and bool((out[2, 100:] == -1).all())

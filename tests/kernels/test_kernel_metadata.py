@@ -64,7 +64,7 @@ def test_dsa_constants_are_the_launchers(dsa_table):
     assert dsa_table.constants == dsa_mod.CONSTANTS
     names = {f"dsa_{kind}_{impl}_n{nn}" for kind, impl, nn in
              itertools.product(("score", "fused", "score_early"), ("wgmma", "mma"), (1, 2))}
-    assert set(dsa_table.kernels) == names | {"dsa_select", "dsa_select_early"}
+    assert set(dsa_table.kernels) == names | {"dsa_select", "dsa_select_early", "dsa_select_cluster"}
     for name in names:
         assert dsa_table[name].threads == 128 and dsa_table[name].shape["next_n"] == int(name[-1])
     # the fused path's largest chunk still fits a Hopper SM's shared memory at next_n = 2

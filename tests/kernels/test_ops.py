@@ -33,7 +33,7 @@ def built(nvcc, tmp_path_factory):
 
 DSA_SCHEMA = ("pdserve::dsa_indexer_topk(Tensor q, Tensor weights, Tensor kv_cache, Tensor context_lens, "
               "Tensor block_table, Tensor(a!) state, Tensor(b!) scratch, SymInt topk, SymInt max_len, "
-              "SymInt chunk_pages, SymInt select_subs, bool early=False) -> Tensor")
+              "SymInt chunk_pages, SymInt select_subs, bool early=False, bool cluster=False) -> Tensor")
 MLA_SCHEMA = ("pdserve::sparse_mla_decode(Tensor q, Tensor kv, Tensor indices, Tensor? sinks, Tensor? extra_kv, "
               "Tensor? extra_indices, Tensor(a!) workspace, float sm_scale, str layout, str kernel, SymInt splits, "
               "SymInt per_split) -> (Tensor, Tensor)")
@@ -123,7 +123,7 @@ def test_dsa_plan_arithmetic(B, next_n, max_len, sms, early):
     pages = -(-max_len // 64)
     assert p.rows == B * next_n and p.max_len == max_len and p.early == early
     assert p.len_stride % 4096 == 0 and p.len_stride - 4096 < max_len <= p.len_stride
-    ctas_per_sm = 3 if early else 2   # the chunk policies: one wave of 3 (early) or about 2 CTAs per SM
+    ctas_per_sm = 3 if early and next_n == 1 else 2   # the chunk policies: one wave (early), about 2 CTAs per SM
     assert p.chunk_pages == max(2, min(32, -(-B * pages // (ctas_per_sm * sms))))
     assert p.n_chunks * p.chunk_pages >= pages > (p.n_chunks - 1) * p.chunk_pages   # the grid covers every page once
     assert p.select_grid[0] * p.select_subs >= p.runs == p.len_stride // 4096
@@ -148,6 +148,29 @@ def test_dsa_early_plan_changes_only_small_batches():
     assert dsa_mod.plan_dsa(1, 2, 2048, 9000, 132, early=True).score_kernel("wgmma") == "dsa_score_early_wgmma_n2"
 
 
+@pytest.mark.parametrize("L,subs,ctas", [(131072, 2, 16), (131072 - 4095, 2, 16), (100000, 2, 13), (32768, 1, 8),
+                                         (8192 + 1, 1, 3), (1, 1, 1)])
+def test_dsa_cluster_plan(L, subs, ctas):
+    # one cluster per row: the fewest 4096-score sub-chunks per CTA that keep the row within 16 CTAs
+    p = dsa_mod.plan_dsa(4, 1, 2048, L, 132, cluster=True)
+    assert p.early and p.cluster and p.select_kernel == "dsa_select_cluster"
+    assert (p.select_subs, p.select_grid, p.select_cluster) == (subs, (ctas, 4, 1), ctas)
+    assert p.select_cluster * p.select_subs * 4096 >= L   # the cluster covers the row
+    assert p.chunk_pages == dsa_mod.early_chunk_pages(4, L, 132, 1)
+
+
+def test_dsa_cluster_plan_refuses():
+    with pytest.raises(ValueError, match="the cluster select covers rows of up to 131072"):
+        dsa_mod.plan_dsa(1, 1, 2048, 131073, 132, cluster=True)
+    with pytest.raises(ValueError, match="more than one cluster of 16"):
+        dsa_mod.plan_dsa(1, 1, 2048, 131072, 132, cluster=True, select_subs=1)
+    with pytest.raises(ValueError, match="True with cluster=True"):
+        dsa_mod.plan_dsa(1, 1, 2048, 8192, 132, cluster=True, early=False)
+    with pytest.raises(ValueError, match="cluster must be a bool"):
+        dsa_mod.plan_dsa(1, 1, 2048, 8192, 132, cluster=1)
+    assert dsa_mod.plan_dsa(1, 1, 2048, 8192, 132).select_cluster is None   # no cluster launch otherwise
+
+
 def test_dsa_early_kernels_in_metadata_fit_three_per_sm(built):
     table = dsa_mod.load_kernel_table(built / "dsa_indexer.fatbin")
     for early in (False, True):
@@ -156,10 +179,16 @@ def test_dsa_early_kernels_in_metadata_fit_three_per_sm(built):
             k = table[p.score_kernel(impl)]
             assert k.family == "score" and k.shape["early"] == early and k.shape["next_n"] == next_n
         assert table[p.select_kernel].family == "select" and table[p.select_kernel].shape["early"] == early
-    # the early chunk policy's three CTAs per SM at next_n = 1 (Hopper: 228 KB per SM, 1 KB reserved per CTA)
-    early_n1 = table["dsa_score_early_wgmma_n1"].smem_bytes()
-    assert early_n1 == table["dsa_score_wgmma_n1"].smem_bytes() + 128 * 4
-    assert 3 * (early_n1 + 1024) <= 228 * 1024
+    cl = table[dsa_mod.plan_dsa(1, 1, 2048, 131072, 132, cluster=True).select_kernel]
+    assert cl.shape == {"early": True, "cluster": True}
+    # the cluster select's three CTAs per SM (so it can sit beside two scoring CTAs): ring, candidates, counter
+    assert cl.smem_bytes() == 2 * 4096 * 4 + 4096 * 8 + 8
+    # the early chunk policy's CTAs per SM, 3 at next_n = 1 and 2 at next_n = 2, fit (Hopper: 228 KB per SM,
+    # 1 KB reserved per CTA), and no more would
+    for next_n, per_sm in ((1, 3), (2, 2)):
+        early = table[f"dsa_score_early_wgmma_n{next_n}"].smem_bytes()
+        assert early == table[f"dsa_score_wgmma_n{next_n}"].smem_bytes() + 128 * 4
+        assert per_sm * (early + 1024) <= 228 * 1024 < (per_sm + 1) * (early + 1024)
 
 
 def test_dsa_plan_clamps_and_refuses():

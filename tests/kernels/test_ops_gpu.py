@@ -57,16 +57,19 @@ def _mla_extra(inp):
 
 # ---- op == launcher, same kernel ----
 
-@pytest.mark.parametrize("early", [False, True])
+VARIANTS = {"base": dict(early=False), "early": dict(early=True), "cluster": dict(early=True, cluster=True)}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("lens,next_n,lens_2d", [([1, 2047, 2049, 7000, 40000], 1, True),
                                                   ([100, 70001], 1, False), ([3000, 513, 9000], 2, False)])
-def test_indexer_op_equals_launcher(ops, gen, lens, next_n, lens_2d, early):
+def test_indexer_op_equals_launcher(ops, gen, lens, next_n, lens_2d, variant):
     inp = _dsa_inputs(gen, lens, next_n, lens_2d)
     B = len(lens)
-    plan = ops.DsaIndexerPlan(B, next_n, 2048, max(lens), max_blocks=inp["block_table"].shape[1], early=early)
-    assert plan.plan.early == early
+    plan = ops.DsaIndexerPlan(B, next_n, 2048, max(lens), max_blocks=inp["block_table"].shape[1], **VARIANTS[variant])
+    assert (plan.plan.early, plan.plan.cluster) == (variant != "base", variant == "cluster")
     got = plan(**inp)
-    want = ops.indexer_for()(**inp, topk=2048, max_len=max(lens), early=early)
+    want = ops.indexer_for()(**inp, topk=2048, max_len=max(lens), **VARIANTS[variant])
     torch.cuda.synchronize()
     assert got.shape == want.shape == (B * next_n, 2048) and got.dtype == torch.int32
     assert torch.equal(_rows_sorted(got), _rows_sorted(want))
@@ -124,13 +127,14 @@ def test_fp32_scales_plan_is_accurate_on_sglang_scales(ops, gen, B, h):
 
 # ---- CUDA graphs ----
 
-@pytest.mark.parametrize("early", [False, True])
-def test_cuda_graph_of_layer_calls_replays_with_new_inputs(ops, gen, early):
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_cuda_graph_of_layer_calls_replays_with_new_inputs(ops, gen, variant):
     """Capture N layers (indexer + fp8 sparse MLA each, the plans made once before capture); write new inputs
-    (new lengths below the bound, new q, caches, indices) into the captured buffers; replay == eager. Both
-    indexer variants (early: its select grid reads the lengths before the PDL wait, also inside the graph)."""
+    (new lengths below the bound, new q, caches, indices) into the captured buffers; replay == eager. Every
+    indexer variant (early: its select grid reads the lengths before the PDL wait; cluster: a cluster launch with
+    PDL, both inside the graph)."""
     layers, B, bound = 3, 4, 188 * 64
-    plan_i = ops.DsaIndexerPlan(B, 1, 2048, bound, max_blocks=bound // 64, early=early)
+    plan_i = ops.DsaIndexerPlan(B, 1, 2048, bound, max_blocks=bound // 64, **VARIANTS[variant])
     plan_m = ops.SparseMlaPlan("v32", B, 1, 128, 2048)
     plan_m16 = ops.SparseMlaPlan("v32", B, 1, 16, 2048)   # a plan with splits (few rows, few heads)
     assert plan_m16.plan.splits > 1

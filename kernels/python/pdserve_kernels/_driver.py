@@ -8,12 +8,15 @@ import pathlib
 import threading
 
 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14
 CU_LAUNCH_ATTRIBUTE_COOPERATIVE = 2
+CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
 CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 
 
 class _LaunchAttrValue(ctypes.Union):
-    _fields_ = [("pad", ctypes.c_char * 64), ("i", ctypes.c_int), ("p", ctypes.c_void_p)]
+    _fields_ = [("pad", ctypes.c_char * 64), ("i", ctypes.c_int), ("p", ctypes.c_void_p),
+                ("dim", ctypes.c_uint * 3)]   # clusterDim {x, y, z}
 
 
 class _LaunchAttr(ctypes.Structure):  # CUlaunchAttribute: id, pad to 8, 64-byte value union
@@ -119,6 +122,12 @@ class Module:
     def current(self) -> "Module._Current":
         return Module._Current(self)
 
+    def allow_nonportable_cluster(self, name: str) -> None:
+        """Let kernel `name` be launched in clusters of more than 8 CTAs (up to 16 on Hopper)."""
+        with self.current():
+            res = self._lib.cu.cuFuncSetAttribute(self.fn[name], CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
+            self._lib.check(res, f"cuFuncSetAttribute({name}, non-portable cluster size)")
+
     def max_active_blocks(self, name: str, block: int, smem: int) -> int:
         """CTAs of kernel `name` that fit on one SM at once with `block` threads and `smem` dynamic bytes."""
         n = ctypes.c_int()
@@ -128,21 +137,30 @@ class Module:
         return n.value
 
     def launch(self, name: str, grid: tuple[int, int, int], block: int, smem: int, stream: int,
-               params: ctypes.Structure, programmatic: bool = False, cooperative: bool = False) -> None:
+               params: ctypes.Structure, programmatic: bool = False, cooperative: bool = False,
+               cluster: int | None = None) -> None:
         """Launch kernel `name` whose single parameter is the struct `params` (passed by value).
 
         `programmatic` allows the launch to overlap the previous kernel in the stream (the kernel must
         call griddepcontrol.wait before reading that kernel's results). `cooperative` makes the driver
-        guarantee that all CTAs are resident at once (or fail the launch), for grid-wide waits.
+        guarantee that all CTAs are resident at once (or fail the launch), for grid-wide waits. `cluster` groups
+        the CTAs along x into thread-block clusters of that many (grid[0] must be a multiple; sm_90+).
         """
         argv = (ctypes.c_void_p * 1)(ctypes.addressof(params))
-        if cooperative and not self._lib.has_launch_ex:
-            raise CudaDriverError("a cooperative launch needs cuLaunchKernelEx (CUDA driver >= 12.0)")
-        if (programmatic or cooperative) and self._lib.has_launch_ex:
-            attr = _LaunchAttr(id=CU_LAUNCH_ATTRIBUTE_COOPERATIVE if cooperative
-                               else CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
-            attr.value.i = 1
-            cfg = _LaunchConfig(grid[0], grid[1], grid[2], block, 1, 1, smem, stream, ctypes.pointer(attr), 1)
+        if (cooperative or cluster) and not self._lib.has_launch_ex:
+            raise CudaDriverError("a cooperative or cluster launch needs cuLaunchKernelEx (CUDA driver >= 12.0)")
+        if (programmatic or cooperative or cluster) and self._lib.has_launch_ex:
+            attrs = []
+            if cooperative or programmatic:
+                attrs.append(_LaunchAttr(id=CU_LAUNCH_ATTRIBUTE_COOPERATIVE if cooperative
+                                         else CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION))
+                attrs[-1].value.i = 1
+            if cluster:
+                attrs.append(_LaunchAttr(id=CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION))
+                attrs[-1].value.dim[:] = (cluster, 1, 1)
+            arr = (_LaunchAttr * len(attrs))(*attrs)
+            cfg = _LaunchConfig(grid[0], grid[1], grid[2], block, 1, 1, smem, stream,
+                                ctypes.cast(arr, ctypes.POINTER(_LaunchAttr)), len(attrs))
             with self.current():
                 self._lib.check(self._lib.cu.cuLaunchKernelEx(ctypes.byref(cfg), self.fn[name], argv, None),
                                 f"cuLaunchKernelEx({name})")

@@ -40,7 +40,10 @@ The split path has two kernel variants (``early=``, a plan field): the base kern
 entries with the lengths and keeps all 6 page buffers in flight; the selection reads the lengths before waiting
 for the scoring grid, re-reads tied scores from shared memory, and needs fewer atomics' round trips), planned
 with chunks for one wave of 3 scoring CTAs per SM (``early_chunk_pages``). ``DEFAULT_EARLY`` says which one a
-plan takes when not told; kernels/NOTES.md ("Small-batch variant") has the measurements it was chosen by.
+plan takes when not told; kernels/NOTES.md ("Small-batch variants") says how it is to be chosen.
+``cluster=True`` (implies early) launches the selection as one thread-block cluster per row, whose CTAs reserve
+output space and hand over tied candidates in distributed shared memory instead of global atomics (rows up to
+CLUSTER_MAX x CLUSTER_SUBS x 4096 = 128K positions; ValueError beyond); opt-in only.
 """
 
 from __future__ import annotations
@@ -65,8 +68,11 @@ MAX_CHUNK_PAGES = 1023  # the scoring CTA's histogram counts are 16-bit
 BINS1 = 4096
 CTR = 8            # ints per row of the counters workspace (kCtr)
 MAX_SUBS = 16      # kMaxSubs
+CLUSTER_MAX = 16   # kClusterMax: CTAs per row in the cluster select (above 8: a non-portable cluster size)
+CLUSTER_SUBS = 2   # kClusterSubs: 4096-score sub-chunks per cluster-select CTA
 CONSTANTS = {"heads": HEADS, "dim": DIM, "page": PAGE, "select_chunk": SELECT_CHUNK, "bins1": BINS1, "ctr": CTR,
-             "max_subs": MAX_SUBS, "max_chunk_pages": MAX_CHUNK_PAGES}
+             "max_subs": MAX_SUBS, "max_chunk_pages": MAX_CHUNK_PAGES, "cluster_max": CLUSTER_MAX,
+             "cluster_subs": CLUSTER_SUBS}
 FUSED_MAX_CHUNK_PAGES = 64           # the fused path keeps a CTA's scores in smem: next_n * 16 KB at most
 # Which split-path variant a plan takes when not told (early=None). Not switched before the device comparison
 # (kernels/tuning/bench_small_batch.py) shows the early kernels faster at small batch and not slower at large.
@@ -115,12 +121,12 @@ def default_chunk_pages(batch: int, max_len: int, num_sms: int) -> int:
     return max(2, min(32, per_cta))
 
 
-def early_chunk_pages(batch: int, max_len: int, num_sms: int) -> int:
-    """Pages per scoring CTA for the early kernels: one wave of about three CTAs per SM (their shared memory
-    allows three at next_n = 1), so at B=1 L=128K each CTA has 6 pages, all in flight from the start (the early
-    pipeline keeps 6 in flight); from B=8 at 128K both policies give the same 32 pages."""
+def early_chunk_pages(batch: int, max_len: int, num_sms: int, next_n: int = 1) -> int:
+    """Pages per scoring CTA for the early kernels: one wave of as many CTAs per SM as their shared memory
+    allows on Hopper (three at next_n = 1, two at next_n = 2), so at B=1 L=128K each CTA has 6 pages, all in
+    flight from the start (the early pipeline keeps 6 in flight); from B=8 at 128K both policies give 32 pages."""
     pages = batch * ((max_len + PAGE - 1) // PAGE)
-    per_cta = -(-pages // (num_sms * 3))
+    per_cta = -(-pages // (num_sms * (3 if next_n == 1 else 2)))
     return max(2, min(32, per_cta))
 
 
@@ -140,13 +146,19 @@ class DsaPlan:
     runs: int             # 4096-position runs per row
     select_subs: int      # runs per select CTA
     early: bool = False   # the split path's small-batch kernels (dsa_score_early_*, dsa_select_early)
+    cluster: bool = False  # with early: the selection as one cluster per row (dsa_select_cluster)
 
     def score_kernel(self, impl: str) -> str:
         return f"dsa_score_{'early_' if self.early else ''}{impl}_n{self.next_n}"
 
     @property
     def select_kernel(self) -> str:
-        return "dsa_select_early" if self.early else "dsa_select"
+        return "dsa_select_cluster" if self.cluster else "dsa_select_early" if self.early else "dsa_select"
+
+    @property
+    def select_cluster(self) -> int | None:
+        """CTAs per cluster of the select launch: the row's CTAs (None: not a cluster launch)."""
+        return self.select_grid[0] if self.cluster else None
 
     @property
     def rows(self) -> int:
@@ -170,11 +182,12 @@ class DsaPlan:
 
 
 def plan_dsa(batch: int, next_n: int, topk: int, max_len: int, num_sms: int, *, max_blocks: int | None = None,
-             chunk_pages: int | None = None, select_subs: int | None = None, early: bool | None = None) -> DsaPlan:
+             chunk_pages: int | None = None, select_subs: int | None = None, early: bool | None = None,
+             cluster: bool = False) -> DsaPlan:
     """The plan for `batch` requests of `next_n` query tokens whose lengths are all <= max_len (a host int:
     the scheduler's longest request, or under CUDA graphs the captured bound). `early` picks the split path's
-    kernel variant (None: DEFAULT_EARLY) and, without a `chunk_pages`, its chunk policy. Raises ValueError on bad
-    input."""
+    kernel variant (None: DEFAULT_EARLY) and, without a `chunk_pages`, its chunk policy; `cluster` the cluster
+    select (implies early). Raises ValueError on bad input."""
     for name, v in (("batch", batch), ("topk", topk), ("num_sms", num_sms)):
         if not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} must be a positive int, got {v!r}")
@@ -182,25 +195,38 @@ def plan_dsa(batch: int, next_n: int, topk: int, max_len: int, num_sms: int, *, 
         raise ValueError(f"next_n must be 1 or 2, got {next_n!r}")
     if not isinstance(max_len, int) or max_len < 0:
         raise ValueError(f"max_len must be a non-negative int (an upper bound of the lengths), got {max_len!r}")
+    if not isinstance(cluster, bool):
+        raise ValueError(f"cluster must be a bool, got {cluster!r}")
     if early is None:
-        early = DEFAULT_EARLY
-    if not isinstance(early, bool):
-        raise ValueError(f"early must be a bool or None, got {early!r}")
+        early = DEFAULT_EARLY or cluster
+    if not isinstance(early, bool) or (cluster and not early):
+        raise ValueError(f"early must be a bool or None (True with cluster=True), got {early!r}")
     max_len = max(1, max_len if max_blocks is None else min(max_len, max_blocks * PAGE))
     len_stride = _round_up(max_len, SELECT_CHUNK)
     if chunk_pages is None:
-        chunk_pages = (early_chunk_pages if early else default_chunk_pages)(batch, max_len, num_sms)
+        chunk_pages = (early_chunk_pages(batch, max_len, num_sms, next_n) if early
+                       else default_chunk_pages(batch, max_len, num_sms))
     if not 1 <= chunk_pages <= MAX_CHUNK_PAGES:
         raise ValueError(f"chunk_pages must be in [1, {MAX_CHUNK_PAGES}], got {chunk_pages}")
     rows = batch * next_n
     runs = len_stride // SELECT_CHUNK
+    if select_subs is None and cluster:   # the fewest runs per CTA that keep a row within one cluster
+        select_subs = -(-runs // CLUSTER_MAX)
     if select_subs is None:   # select CTAs: one wave of ~3 per SM, each covering `subs` runs of 4096 scores
         select_subs = max(1, min(MAX_SUBS, -(-rows * runs // (3 * num_sms))))
-    if not 1 <= select_subs <= MAX_SUBS:
-        raise ValueError(f"select_subs must be in [1, {MAX_SUBS}], got {select_subs}")
+    max_subs = CLUSTER_SUBS if cluster else MAX_SUBS
+    if not 1 <= select_subs <= max_subs:
+        raise ValueError(f"select_subs must be in [1, {max_subs}]" + (" with cluster=True" if cluster else "")
+                         + f", got {select_subs}" + (f" (max_len {max_len}: the cluster select covers rows of up to "
+                                                     f"{CLUSTER_MAX * CLUSTER_SUBS * SELECT_CHUNK} positions)"
+                                                     if cluster else ""))
+    if cluster and -(-runs // select_subs) > CLUSTER_MAX:
+        raise ValueError(f"select_subs={select_subs} gives {-(-runs // select_subs)} CTAs per row, more than one "
+                         f"cluster of {CLUSTER_MAX}")
     n_chunks = -(-((max_len + PAGE - 1) // PAGE) // chunk_pages)
     return DsaPlan(batch=batch, next_n=next_n, topk=topk, max_len=max_len, len_stride=len_stride,
-                   chunk_pages=chunk_pages, n_chunks=n_chunks, runs=runs, select_subs=select_subs, early=early)
+                   chunk_pages=chunk_pages, n_chunks=n_chunks, runs=runs, select_subs=select_subs, early=early,
+                   cluster=cluster)
 
 
 class DsaIndexer:
@@ -217,6 +243,12 @@ class DsaIndexer:
         # Dynamic shared memory to opt in to: the largest each kernel is launched with.
         self.module = Module(path.read_bytes(), self.device.index,
                              {n: k.smem_bytes(FUSED_MAX_CHUNK_PAGES) for n, k in self.kernels.kernels.items()})
+        # The cluster select is built and tuned for Hopper, whose clusters go up to 16 CTAs (a non-portable size).
+        self.cluster_ok = self.capability == (9, 0)
+        if self.cluster_ok and CLUSTER_MAX > 8:
+            for name, k in self.kernels.kernels.items():
+                if k.shape.get("cluster"):
+                    self.module.allow_nonportable_cluster(name)
         props = torch.cuda.get_device_properties(self.device)
         self.num_sms = props.multi_processor_count
         self.capability = (props.major, props.minor)
@@ -304,6 +336,9 @@ class DsaIndexer:
             self.module.launch(k.name, plan.score_grid, k.threads, k.smem_bytes(plan.chunk_pages), stream, p,
                                cooperative=cooperative)  # False: tuning experiments only
             return
+        if plan.cluster and not self.cluster_ok:
+            raise ValueError(f"cluster=True needs an sm_90 GPU (clusters of {CLUSTER_MAX} CTAs), this one is "
+                             f"sm_{self.capability[0]}{self.capability[1]}")
         k = self.kernels[plan.score_kernel(impl)]
         self.module.launch(k.name, plan.score_grid, k.threads, k.smem_bytes(), stream, p)
         if select:  # False only to time the scoring pass alone (benchmark breakdown)
@@ -311,12 +346,13 @@ class DsaIndexer:
             # grid drains and waits in-kernel (griddepcontrol.wait) for its results.
             use_pdl = self.capability[0] >= 9 if pdl is None else pdl
             k = self.kernels[plan.select_kernel]
-            self.module.launch(k.name, plan.select_grid, k.threads, k.smem_bytes(), stream, p, programmatic=use_pdl)
+            self.module.launch(k.name, plan.select_grid, k.threads, k.smem_bytes(), stream, p, programmatic=use_pdl,
+                               cluster=plan.select_cluster)
 
     def __call__(self, q, weights, kv_cache, context_lens, block_table, topk: int, *, max_len: int | None = None,
                  out=None, scores=None, return_scores: bool = False, impl: str | None = None,
                  chunk_pages: int | None = None, pdl: bool | None = None, path: str | None = None,
-                 early: bool | None = None, _select: bool = True, _cooperative: bool = True):
+                 early: bool | None = None, cluster: bool = False, _select: bool = True, _cooperative: bool = True):
         torch = self.torch
         _check_inputs(torch, self.device, q, weights, kv_cache, context_lens, block_table, topk)
         B, next_n = q.shape[0], q.shape[1]
@@ -328,8 +364,9 @@ class DsaIndexer:
         impl = self.check_impl(impl)
         if path not in (None, "fused", "split"):
             raise ValueError(f"path must be None, 'fused' or 'split', got {path!r}")
-        if path == "fused" and early:
-            raise ValueError("early=True picks the split path's small-batch kernels; the fused path has none")
+        if path == "fused" and (early or cluster):
+            raise ValueError("early=True / cluster=True pick the split path's small-batch kernels; "
+                             "the fused path has none")
         fused_chunk = None
         if path == "fused" and _select:
             # Fused single launch: its grid must fit on the GPU at once; without an explicit chunk size
@@ -342,7 +379,7 @@ class DsaIndexer:
                     + f" does not fit with chunks of <= {FUSED_MAX_CHUNK_PAGES} pages; use path='split'")
             chunk_pages = fused_chunk
         plan = self.plan(B, next_n, topk, max_len, chunk_pages=chunk_pages,
-                         early=False if fused_chunk is not None else early)
+                         early=False if fused_chunk is not None else early, cluster=cluster)
         len_stride = plan.len_stride
         if scores is None:
             scores = torch.empty((rows, len_stride), dtype=torch.float32, device=self.device)

@@ -96,22 +96,22 @@ def _check_buffer(t, name: str, dtype, numel: int, device) -> None:
 _lib = torch.library.Library(NAMESPACE, "DEF")
 _lib.define("dsa_indexer_topk(Tensor q, Tensor weights, Tensor kv_cache, Tensor context_lens, Tensor block_table, "
             "Tensor(a!) state, Tensor(b!) scratch, SymInt topk, SymInt max_len, SymInt chunk_pages, "
-            "SymInt select_subs, bool early=False) -> Tensor")
+            "SymInt select_subs, bool early=False, bool cluster=False) -> Tensor")
 _lib.define("sparse_mla_decode(Tensor q, Tensor kv, Tensor indices, Tensor? sinks, Tensor? extra_kv, "
             "Tensor? extra_indices, Tensor(a!) workspace, float sm_scale, str layout, str kernel, SymInt splits, "
             "SymInt per_split) -> (Tensor, Tensor)")
 
 
 def _dsa_indexer_topk_cuda(q, weights, kv_cache, context_lens, block_table, state, scratch, topk: int, max_len: int,
-                           chunk_pages: int, select_subs: int, early: bool = False):
+                           chunk_pages: int, select_subs: int, early: bool = False, cluster: bool = False):
     """Top-`topk` positions per query row (int32 [B * next_n, topk]; see dsa_indexer.py for the conventions).
-    max_len, chunk_pages, select_subs and early (the kernel variant) come from a DsaPlan; state / scratch from a
-    DsaWorkspace."""
+    max_len, chunk_pages, select_subs, early and cluster (the kernel variant) come from a DsaPlan; state / scratch
+    from a DsaWorkspace."""
     ind = indexer_for(q.device)
     _check_inputs(torch, ind.device, q, weights, kv_cache, context_lens, block_table, topk)
     B, next_n = q.shape[0], q.shape[1]
     plan = plan_dsa(B, next_n, topk, max_len, ind.num_sms, max_blocks=block_table.shape[1],
-                    chunk_pages=chunk_pages, select_subs=select_subs, early=bool(early))
+                    chunk_pages=chunk_pages, select_subs=select_subs, early=bool(early), cluster=bool(cluster))
     _check_buffer(state, "state", torch.int32, plan.state_ints, ind.device)
     _check_buffer(scratch, "scratch", torch.int32, plan.scratch_ints, ind.device)
     out = torch.empty((plan.rows, topk), dtype=torch.int32, device=ind.device)
@@ -122,7 +122,7 @@ def _dsa_indexer_topk_cuda(q, weights, kv_cache, context_lens, block_table, stat
 
 
 def _dsa_indexer_topk_fake(q, weights, kv_cache, context_lens, block_table, state, scratch, topk, max_len,
-                           chunk_pages, select_subs, early=False):
+                           chunk_pages, select_subs, early=False, cluster=False):
     torch._check(q.dim() == 4, lambda: f"q must be [B, next_n, 64, 128], got {tuple(q.shape)}")
     return q.new_empty((q.shape[0] * q.shape[1], topk), dtype=torch.int32)
 
@@ -157,10 +157,10 @@ class DsaIndexerPlan:
 
     def __init__(self, batch: int, next_n: int, topk: int, max_len: int, *, device=None, max_blocks: int | None = None,
                  workspace: DsaWorkspace | None = None, chunk_pages: int | None = None,
-                 early: bool | None = None) -> None:
+                 early: bool | None = None, cluster: bool = False) -> None:
         self.indexer = indexer_for(device)
         self.plan = self.indexer.plan(batch, next_n, topk, max_len, max_blocks=max_blocks, chunk_pages=chunk_pages,
-                                      early=early)
+                                      early=early, cluster=cluster)
         if workspace is None:
             workspace = DsaWorkspace(self.plan.rows, self.plan.max_len, self.indexer.device)
         if not workspace.fits(self.plan):
@@ -172,7 +172,7 @@ class DsaIndexerPlan:
         p = self.plan
         return torch.ops.pdserve.dsa_indexer_topk(q, weights, kv_cache, context_lens, block_table,
                                                   self.workspace.state, self.workspace.scratch, p.topk, p.max_len,
-                                                  p.chunk_pages, p.select_subs, p.early)
+                                                  p.chunk_pages, p.select_subs, p.early, p.cluster)
 
 
 # ---- sparse MLA decode (fp8 and bf16 KV) ----
