@@ -237,6 +237,9 @@ class DsaIndexer:
 
         self.torch = torch
         self.device = torch_device(torch, device)
+        props = torch.cuda.get_device_properties(self.device)
+        self.num_sms = props.multi_processor_count
+        self.capability = (props.major, props.minor)
         path = pathlib.Path(fatbin) if fatbin else find_fatbin()
         self.kernels = load_kernel_table(path)
         self.kernels.check_params(_Params)
@@ -249,9 +252,6 @@ class DsaIndexer:
             for name, k in self.kernels.kernels.items():
                 if k.shape.get("cluster"):
                     self.module.allow_nonportable_cluster(name)
-        props = torch.cuda.get_device_properties(self.device)
-        self.num_sms = props.multi_processor_count
-        self.capability = (props.major, props.minor)
         self.default_impl = "wgmma" if self.capability == (9, 0) else "mma"
         self._occ: dict[tuple[str, int], int] = {}
         self._lock = threading.Lock()
