@@ -9,7 +9,9 @@
 #   METADATA_ONLY=1   write only the .json files (host compiler, about a second; the CPU tests use it)
 #   TUNING=1          the tuning build instead (kernels/tuning/build.sh): sparse_mla_decode with the wrong-by-
 #                     design probe kernels, as sparse_mla_decode_tuning.{fatbin,json}; never installed
-#   VERBOSE=1         report registers/spills (the output bytes do not change)
+#   VERBOSE=1         report registers/spills; ptxas then records its options in each cubin's .note.nv.tkinfo
+#                     section, so the bytes differ from a plain build (the SASS does not): build plainly
+#                     for anything measured, shipped or compared
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 out="${1:-$here/build}"
