@@ -498,6 +498,8 @@ __device__ __forceinline__ void score_body(const DsaParams& p) {
   }
   // Pages in flight: the base pipeline refills a slot one page after it is consumed (kStages - 1 ahead); EARLY
   // also fills the last slot up front, so a chunk of <= kStages pages is requested in one round trip.
+  // Either way cp.async group p holds page p: the prologue commits groups 0 .. kAhead - 1, and iteration i
+  // commits the group of page i + kStages - 1, except EARLY's iteration 0, whose page is in the prologue already.
   constexpr int kAhead = kEarly ? kStages : kStages - 1;
 
   {
@@ -552,13 +554,16 @@ __device__ __forceinline__ void score_body(const DsaParams& p) {
   for (int i = 0; i < NN * 32; ++i) acc[i] = 0.f;
 
   for (int i = 0; i < npg; ++i) {
-    cp_async_wait<kAhead - 1>();   // kAhead + i groups committed; group i (page i) is complete
+    // Wait for group i (page i). Groups committed: kAhead + i in the base, EARLY kAhead at i = 0 and
+    // kAhead + i - 1 after; so i + 1 complete leaves kStages - 2 pending, except at EARLY's i = 0.
+    if (kEarly && i == 0) cp_async_wait<kStages - 1>();
+    else cp_async_wait<kStages - 2>();
     // cp.async fills smem through the generic proxy; wgmma reads it through the async proxy.
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     __syncthreads();   // page i visible to all; everyone is done with the slot refilled below
-    {
+    if (!kEarly || i > 0) {
       const int nx = i + kStages - 1;   // into slot (i - 1) % kStages, consumed in iteration i - 1
-      if (nx >= kAhead && nx < npg) load_page(nx, nx % kStages);
+      if (nx < npg) load_page(nx, nx % kStages);
       cp_async_commit();
     }
     const int slot = i % kStages;

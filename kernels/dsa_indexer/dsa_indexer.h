@@ -96,7 +96,8 @@ static_assert(sizeof(DsaParams) == 112 && offsetof(DsaParams, select_subs) == 10
 // Scoring: X(NAME, NN, WGMMA, FUSED, EARLY): NN query tokens per request (next_n), wgmma (sm_90a) or mma.sync;
 // FUSED: single launch (scoring + selection) for grids that fit on the GPU at once (see fused_select);
 // EARLY: the small-batch variant (score_body: the chunk's block-table entries are read in the same round trip as
-// the lengths, and all kStages pages are in flight instead of kStages - 1). All kScoreThreads threads per CTA.
+// the lengths, and the first kStages pages are requested at once instead of kStages - 1; past them both keep
+// kStages - 1 ahead). All kScoreThreads threads per CTA.
 #define DSA_SCORE_KERNELS(X)                        \
   X(dsa_score_wgmma_n1, 1, true, false, false)      \
   X(dsa_score_wgmma_n2, 2, true, false, false)      \

@@ -278,6 +278,28 @@ def test_small_batch_variant_equals_base_across_batches(indexer, B, L, variant):
         assert torch.equal(above0, above1), f"row {r}: {variant}'s set differs above the k-th score"
 
 
+# The early scoring pipeline past its 6 page buffers (kStages): its first 6 pages are requested up front, later
+# ones refill a slot one iteration after it was read, and each iteration waits for exactly its own page's group.
+# A wait one group short reads a page before it lands, which shows only under load (call 8 on H200: B=64 wrong,
+# B<=8 right), so: 64 rows, chunks from one page under the ring to well past it, scores bit for bit vs the base.
+@pytest.mark.parametrize("chunk_pages", [5, 6, 7, 8, 13, 32])
+def test_early_scoring_past_its_ring_equals_base(indexer, chunk_pages):
+    from pdserve_kernels.reference import make_inputs
+
+    lens = [8192 - (53 * b) % 700 for b in range(64)]
+    inp = make_inputs(len(lens), 1, lens)
+    for impl in impls(indexer):
+        scores = {}
+        for early in (False, True):
+            _, scores[early] = indexer(**inp, topk=2048, impl=impl, chunk_pages=chunk_pages, path="split",
+                                       early=early, return_scores=True)
+            torch.cuda.synchronize()
+            assert indexer.last_plan.early == early and indexer.last_plan.chunk_pages == chunk_pages
+        for r, L_r in enumerate(lens):
+            assert torch.equal(scores[False][r, :L_r], scores[True][r, :L_r]), (
+                f"{impl} chunk {chunk_pages} row {r}: the early kernel computed other scores")
+
+
 @pytest.mark.parametrize("variant", ["early", "cluster"])
 def test_small_batch_variants_without_pdl(indexer, variant):
     # Without programmatic dependent launch the select grid starts after the scoring grid: the same result.

@@ -37,10 +37,11 @@ needs the whole grid resident at once, so it is for small batches (ValueError wh
 
 The split path has two kernel variants (``early=``, a plan field): the base kernels, and the small-batch
 ("early") ones, which take dependent global round trips off the chain (the scoring CTA reads its block-table
-entries with the lengths and keeps all 6 page buffers in flight; the selection reads the lengths before waiting
-for the scoring grid, re-reads tied scores from shared memory, and needs fewer atomics' round trips), planned
-with chunks for one wave of 3 scoring CTAs per SM (``early_chunk_pages``). ``DEFAULT_EARLY`` says which one a
-plan takes when not told; kernels/NOTES.md ("Small-batch variants") says how it is to be chosen.
+entries with the lengths and requests its first 6 pages at once, then keeps 5 ahead as the base does; the
+selection reads the lengths before waiting for the scoring grid, re-reads tied scores from shared memory, and
+needs fewer atomics' round trips), planned with chunks for one wave of 3 scoring CTAs per SM
+(``early_chunk_pages``). ``DEFAULT_EARLY`` says which one a plan takes when not told; kernels/NOTES.md
+("Small-batch variants") says how it is to be chosen.
 ``cluster=True`` (implies early) launches the selection as one thread-block cluster per row, whose CTAs reserve
 output space and hand over tied candidates in distributed shared memory instead of global atomics (rows up to
 CLUSTER_MAX x CLUSTER_SUBS x 4096 = 128K positions; ValueError beyond); opt-in only.
@@ -124,7 +125,8 @@ def default_chunk_pages(batch: int, max_len: int, num_sms: int) -> int:
 def early_chunk_pages(batch: int, max_len: int, num_sms: int, next_n: int = 1) -> int:
     """Pages per scoring CTA for the early kernels: one wave of as many CTAs per SM as their shared memory
     allows on Hopper (three at next_n = 1, two at next_n = 2), so at B=1 L=128K each CTA has 6 pages, all in
-    flight from the start (the early pipeline keeps 6 in flight); from B=8 at 128K both policies give 32 pages."""
+    flight from the start (the early pipeline requests its first 6 at once); from B=8 at 128K both policies
+    give 32 pages."""
     pages = batch * ((max_len + PAGE - 1) // PAGE)
     per_cta = -(-pages // (num_sms * (3 if next_n == 1 else 2)))
     return max(2, min(32, per_cta))
