@@ -9,6 +9,7 @@ before every repeat, median). Per shape (h = 16 unless --heads):
   main-only  the default's main kernel alone (wrong output: what the combine adds)
   x2 / t32   twice the default's splits; for fp8 h <= 16 the 32-entry ds kernel at its own split count
   empty      a one-element torch kernel: what the timing method reads for nothing
+  sweepN     (--sweep) every 16-head kernel of the layout at N requested splits (none: its own plan)
 
 Tuning aid (kernels/tuning/README.md), not the benchmark.
 """
@@ -67,6 +68,27 @@ def variants(x, new: SparseMlaDecode, old: SparseMlaDecode | None):
     return out
 
 
+def sweep(x, new: SparseMlaDecode):
+    """Every 16-head kernel of x's layout at several split counts (--sweep): which one a B=1 call should take."""
+    topk_extra = x.win_ind.shape[-1] if x.win_ind is not None else 0
+    prefix = {"v4": "v4", "v32": "v32", "v4_bf16": "v4b", "v32_bf16": "v32b"}[x.layout]
+    names = [f"sparse_mla_{prefix}_h16_t64", f"sparse_mla_{prefix}_h16_t32"]
+    if not x.lay.bf16:
+        names += [f"sparse_mla_ds_{x.layout}_h16_t64_s2", f"sparse_mla_ds_{x.layout}_h16_t32_s4"]
+    out = []
+    for name in names:
+        for want in (None, 4, 8, 16, 32, 64):
+            try:
+                plan = new.make_plan(x.layout, x.B, x.h, x.ind.shape[-1], topk_extra, kernel=name, splits=want)
+            except ValueError:
+                continue
+            if any(o[1] == name and o[2] == plan.splits for o in out):
+                continue
+            out.append((f"sweep{'' if want is None else want}", name, plan.splits,
+                        x.call(new, kernel=name, splits=plan.splits)))
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--old-fatbin", default=None)
@@ -75,6 +97,7 @@ def main() -> int:
     ap.add_argument("--heads", default="16")
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--sweep", action="store_true", help="also every 16-head kernel at several split counts")
     args = ap.parse_args()
     gen = seeded_generator()
     timer = Timer(head_start_cycles=200_000)   # ~100 us: these calls queue slower than they run
@@ -89,7 +112,7 @@ def main() -> int:
     print("|---|---|---|---|---|---|---|")
     for x in mla_shapes(args.cases.split(","), [int(b) for b in args.batches.split(",")],
                         [int(h) for h in args.heads.split(",")], gen):
-        vs = variants(x, new, old)
+        vs = variants(x, new, old) + (sweep(x, new) if args.sweep else [])
         ts = timer.medians_us([v[3] for v in vs], args.reps)
         ref_out, _ = x.reference(rows=2)
         for (label, kernel, splits, fn), t in zip(vs, ts):
