@@ -413,3 +413,70 @@ def test_input_checks_raise_clear_errors(mla, gen):
             mla(args["q"], args["kv"], args["indices"], 0.1, layout="v4")
     with pytest.raises(ValueError, match="layout"):
         mla(q, kv, ind, 0.1, layout="v5")
+
+
+# ---- cluster merge (sm_90: the split CTAs of one (row, head block) merge through distributed shared memory) ----
+
+def _cm_entries(layout, splits):
+    """(topk, topk_extra) giving exactly `splits` splits of two 64-entry tiles, the last tile partial (None: the
+    B = 1 shapes, V4 CSA 512 + 128 window entries, V3.2 top-2048)."""
+    v4 = layout.startswith("v4")
+    if splits is None:
+        return (512, 128) if v4 else (2048, 0)
+    ntot = 128 * splits - 37
+    return (ntot - 128, 128) if v4 else (ntot, 0)
+
+
+@pytest.mark.parametrize("splits", [2, 5, 10, 16, None])
+@pytest.mark.parametrize("h", [8, 16, 32])
+@pytest.mark.parametrize("B", [1, 3])
+@pytest.mark.parametrize("layout", ["v4", "v32", "v4_bf16", "v32_bf16"])
+def test_cluster_merge_matches_the_reference(mla, gen, sm90, layout, B, h, splits):
+    topk, extra = _cm_entries(layout, splits)
+    plan = mla.make_plan(layout, B, h, topk, extra, splits=splits, cluster_merge=True)
+    assert plan.cluster_merge and plan.kernel.endswith("_cm") and plan.workspace_floats == 0, plan
+    assert plan.splits == (splits or min(16, -(-(topk + extra) // 64))), plan
+    # B = 3: row 1 all -1 (lse +inf, o = 0); no sinks for every other split count
+    run_and_check(mla, gen, layout, B, 1, h, topk, topk_extra=extra, empty_rows=(1,) if B == 3 else (),
+                  sinks=splits not in (5, 16), splits=splits, cluster_merge=True)
+
+
+@pytest.mark.parametrize("layout,topk,extra,span", [
+    ("v4", 896, 128, (64, 900)),          # 16 splits of one tile: splits 1..13 empty, then 14, 15 full
+    ("v4_bf16", 896, 128, (128, 640)),
+    ("v32", 2048, 0, (256, 1536)),        # 16 splits of two tiles: 2..11 empty
+    ("v32_bf16", 2048, 0, (0, 1920)),     # all but the last split empty
+])
+@pytest.mark.parametrize("sinks", [True, False])
+def test_cluster_merge_with_empty_splits_between(mla, gen, sm90, layout, topk, extra, span, sinks):
+    # Empty splits (lse -inf, a zero partial) must not enter the merge, whether first, in between or all but one.
+    run_and_check(mla, gen, layout, 3, 1, 16, topk, topk_extra=extra, invalid_span=span, empty_rows=(2,),
+                  sinks=sinks, splits=16, cluster_merge=True)
+
+
+@pytest.mark.parametrize("layout", ["v4", "v32", "v4_bf16", "v32_bf16"])
+def test_cluster_merge_equals_the_combine_bit_for_bit(mla, gen, sm90, layout):
+    # Same main loop, same merge arithmetic as sparse_mla_combine (one batch of <= 16 splits): identical bytes.
+    from pdserve_kernels.sparse_mla_reference import make_inputs
+
+    topk, extra = _cm_entries(layout, 10)
+    inp = make_inputs(layout, 2, 1, 16, topk, topk_extra=extra, empty_rows=(1,), sinks=True, generator=gen)
+    kw = dict(layout=layout, sinks=inp["sinks"], splits=10)
+    if extra:
+        kw.update(extra_kv=inp["extra_kv"], extra_indices=inp["extra_indices"])
+    kernel = mla.make_plan(layout, 2, 16, topk, extra, splits=10, cluster_merge=True).kernel.removesuffix("_cm")
+    o_cm, lse_cm = mla(inp["q"], inp["kv"], inp["indices"], 0.0625, cluster_merge=True, **kw)
+    o, lse = mla(inp["q"], inp["kv"], inp["indices"], 0.0625, kernel=kernel, **kw)
+    torch.cuda.synchronize()
+    assert torch.equal(o_cm.view(torch.int16), o.view(torch.int16))
+    assert torch.equal(lse_cm, lse)
+
+
+def test_cluster_merge_rejects_what_it_cannot_run(mla, gen, sm90):
+    from pdserve_kernels.sparse_mla_reference import make_inputs
+
+    inp = make_inputs("v4", 1, 1, 16, 64, generator=gen)
+    with pytest.raises(ValueError, match="2 <= splits <= 16"):   # one tile: a single split
+        mla(inp["q"], inp["kv"], inp["indices"], 0.1, layout="v4", cluster_merge=True)
+    with pytest.raises(ValueError, match="needs cluster_merge=True"):
+        mla(inp["q"], inp["kv"], inp["indices"], 0.1, layout="v4", kernel="sparse_mla_v4_h16_t64_cm")

@@ -74,3 +74,67 @@ def test_wge_variant_and_fp32_scales_rule(monkeypatch):
         assert mla_mod.fp32_scales_kernel(h, rows, sm90=False) == mla_mod.ds_kernel_name("v32", h, rows)
     for h, rows in ((32, 64), (128, 1), (64, 7), (16, 128)):
         assert mla_mod.fp32_scales_kernel(h, rows, sm90=True) == mla_mod.ds_kernel_name("v32", h, rows)
+
+
+# ---- the cluster-merge plan rule (opt-in; sm_90, 2..16 splits), against the metadata the build emits ----
+
+@pytest.fixture(scope="module")
+def mla_table(nvcc, tmp_path_factory):
+    import os
+    import pathlib
+    import subprocess
+
+    out = tmp_path_factory.mktemp("metadata")
+    build = pathlib.Path(__file__).resolve().parents[2] / "kernels" / "build.sh"
+    subprocess.run(["bash", str(build), str(out)], check=True, capture_output=True, text=True, timeout=300,
+                   env=dict(os.environ, NVCC=nvcc, METADATA_ONLY="1"))
+    return mla_mod.load_kernel_table(out / "sparse_mla_decode.fatbin")
+
+
+def _cm_launcher(table, capability=(9, 0)):
+    obj = _launcher(capability=capability)
+    obj.kernels = table
+    return obj
+
+
+@pytest.mark.parametrize("layout", ["v4", "v32", "v4_bf16", "v32_bf16"])
+def test_cluster_merge_plans_the_16_head_twin_with_2_to_16_splits(mla_table, layout):
+    gpu = _cm_launcher(mla_table)
+    prefix = mla_mod._PREFIX[layout]
+    ntot = 640 if layout.startswith("v4") else 2048   # V4 CSA (10 tiles), V3.2 top-2048 (32 tiles)
+    for h, rows in ((16, 1), (8, 1), (32, 1), (16, 3)):
+        auto = gpu.make_plan(layout, rows, h, ntot, cluster_merge=True)
+        assert auto.kernel == f"sparse_mla_{prefix}_h16_t64_cm" and auto.cluster_merge, auto
+        assert auto.splits == min(16, ntot // 64) and auto.workspace_floats == 0, auto   # capped at 16
+    for splits in (2, 5, 10, 16):
+        plan = gpu.make_plan(layout, 1, 16, 128 * splits - 37, splits=splits, cluster_merge=True)
+        assert plan.splits == splits and plan.per_split == 128, plan
+    # an explicit kernel: the first-version name takes its twin; the twin itself too
+    base = f"sparse_mla_{prefix}_h16_t64"
+    assert gpu.make_plan(layout, 1, 16, ntot, kernel=base, cluster_merge=True).kernel == base + "_cm"
+    assert gpu.make_plan(layout, 1, 16, ntot, kernel=base + "_cm", cluster_merge=True).kernel == base + "_cm"
+    # the default is unchanged: no cluster merge, the usual kernel and workspace
+    plain = gpu.make_plan(layout, 1, 16, ntot, kernel=base)
+    assert not plain.cluster_merge and not plain.kernel.endswith("_cm") and plain.workspace_floats > 0
+
+
+def test_cluster_merge_refuses_what_it_cannot_run(mla_table):
+    gpu = _cm_launcher(mla_table)
+    for splits in (1, 17, 32):
+        with pytest.raises(ValueError, match=r"2 <= splits <= 16, got"):
+            gpu.make_plan("v4", 1, 16, 2048, splits=splits, cluster_merge=True)
+    with pytest.raises(ValueError, match=r"2 <= splits <= 16; this shape plans 1"):   # one tile per row
+        gpu.make_plan("v4", 1, 16, 64, cluster_merge=True)
+    with pytest.raises(ValueError, match=r"this shape plans 1"):   # 132 rows fill the GPU: no split
+        gpu.make_plan("v32_bf16", 132, 16, 2048, cluster_merge=True)
+    for cap in ((12, 0), (10, 0), (8, 0)):
+        with pytest.raises(ValueError, match="needs an sm_90 GPU"):
+            _cm_launcher(mla_table, capability=cap).make_plan("v4", 1, 16, 640, cluster_merge=True)
+    with pytest.raises(ValueError, match="not a v4 cluster-merge kernel"):   # no twin (ds, other head counts)
+        gpu.make_plan("v4", 1, 16, 640, kernel="sparse_mla_ds_v4_h16_t64_s2", cluster_merge=True)
+    with pytest.raises(ValueError, match="not a v4 cluster-merge kernel"):
+        gpu.make_plan("v4", 1, 16, 640, kernel="sparse_mla_v4b_h16_t64_cm", cluster_merge=True)
+    with pytest.raises(ValueError, match="pick one"):
+        gpu.make_plan("v4", 1, 16, 640, fuse_combine=True, cluster_merge=True)
+    with pytest.raises(ValueError, match="needs cluster_merge=True"):   # a _cm kernel launched without clusters
+        gpu.make_plan("v4", 1, 16, 640, kernel="sparse_mla_v4_h16_t64_cm")
