@@ -66,14 +66,6 @@ void sparse_mla_decode() {
            mla_shape<Geom##LAY>(buf, sizeof buf, 16 * MT, T, NST, more));                                    \
   }
   SPARSE_MLA_FIRST_KERNELS(MLA_META)
-#define MLA_CM_META(NAME, LAY, MT, T, G, NST, OPT)                                                           \
-  {                                                                                                          \
-    using S = MlaSmem<Geom##LAY, MT, T, G, NST>;                                                             \
-    std::snprintf(more, sizeof more, ", \"groups\": %d, \"opt\": %d, \"cluster_merge\": true", G, OPT);        \
-    kernel(k, #NAME, "mla", S::kThreads, S::kSidx, kIndexBytes, "entry",                                     \
-           mla_shape<Geom##LAY>(buf, sizeof buf, 16 * MT, T, NST, more));                                    \
-  }
-  SPARSE_MLA_CM_KERNELS(MLA_CM_META)
 #define DS_META(NAME, LAY, MT, T, NST, CV)                                                                   \
   {                                                                                                          \
     std::snprintf(more, sizeof more, ", \"cv\": %d", CV);                                                    \

@@ -261,135 +261,6 @@ __device__ __forceinline__ void dequant(const uint8_t* rb, uint8_t* tile, const 
   }
 }
 
-// Thread-block cluster primitives (sm_90+; the cluster-merge kernels only): the address of `p` (this CTA's shared
-// memory) in CTA `rank`'s shared memory, loads from there, this CTA's rank, and the cluster barrier (every thread
-// of every CTA executes it). The sm_120a pass compiles them too (sm_120 has clusters); the
-// launcher offers the cluster merge on sm_90 only.
-__device__ __forceinline__ uint32_t cluster_map(const void* p, uint32_t rank) {
-  uint32_t d;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(d) : "r"(smem_u32(p)), "r"(rank));
-  return d;
-}
-__device__ __forceinline__ float cluster_ld_f32(uint32_t addr) {
-  float v;
-  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(addr));
-  return v;
-}
-__device__ __forceinline__ float4 cluster_ld_f32x4(uint32_t addr) {
-  float4 v;
-  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr));
-  return v;
-}
-__device__ __forceinline__ uint32_t cluster_rank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
-  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-// The same barrier without ordering this thread's memory operations: the exit guard, where the only ones that matter
-// (the remote loads) have completed, their values used, and the release would wait for the output stores
-// (ptxas makes the release a MEMBAR.ALL.GPU).
-__device__ __forceinline__ void cluster_sync_relaxed() {
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
-  asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
-}
-
-// Cluster merge (the _cm kernels; the launcher groups the p.splits split CTAs of one (row, head block) into one
-// cluster along x, so rank = split): instead of writing fp32 partials to global memory for sparse_mla_combine,
-// every CTA puts its normalized partial O and partial lse (what it would write to o_part / lse_part) into its
-// own shared memory, over the ring and tiles (the main loop is done with them), and after a cluster barrier
-// CTA `rank` merges float4 units rank, rank + splits, ... (per thread) of the block's HB x 512 outputs, reading
-// every CTA's partials through distributed shared memory with all loads of a unit issued before any is used.
-// The arithmetic is sparse_mla_combine's for one batch of up to kClusterMaxSplits splits (same lse = +inf,
-// o = 0 rule; an empty split's lse is -inf and its partial is skipped). The final cluster barrier keeps every
-// CTA's shared memory alive until the last remote read.
-constexpr int kClusterMaxSplits = 16;   // Hopper's largest (non-portable) cluster
-constexpr int kOptClusterMerge = 2;     // the bit of mla_body's OPT that selects it
-template <int MT>
-struct MlaMergeSmem {   // from the start of the dynamic shared memory
-  static constexpr int kHB = 16 * MT;
-  static constexpr int kPS = kDv + 8;   // partial row stride in floats (the epilogue's float2 stores: 2-way banks)
-  static constexpr int kPart = 0;
-  static constexpr int kLse = kPart + kHB * kPS * 4;
-  static constexpr int kEnd = kLse + kHB * 4;
-};
-template <class M, int NTHR, int NTV>
-__device__ __forceinline__ void cluster_merge(const MlaParams& p, uint8_t* smem, const float (&oacc)[NTV][4],
-                                              const float (&m_run)[2], const float (&l_run)[2], int hblk,
-                                              int qrow, int dcol, bool lse_writer, int tid) {
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
-  constexpr int HB = M::kHB;
-  float* part = reinterpret_cast<float*>(smem + M::kPart);
-  float* lse_s = reinterpret_cast<float*>(smem + M::kLse);
-  __syncthreads();   // every warp is done with the last tile and the ring (cp.async drained above)
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int hl = qrow + 8 * r;
-    const float l = l_run[r];
-    const float f = l > 0.f ? 1.f / l : 0.f;
-    float* o = part + hl * M::kPS + dcol;
-#pragma unroll
-    for (int n = 0; n < NTV; ++n)
-      *reinterpret_cast<float2*>(o + 8 * n) = make_float2(oacc[n][2 * r] * f, oacc[n][2 * r + 1] * f);
-    if (lse_writer) lse_s[hl] = row_lse(m_run[r], l);
-  }
-  cluster_sync();   // every CTA's partials are in its shared memory
-
-  const int ns = p.splits, row = blockIdx.z;
-  constexpr int kUnits = HB * (kDv / 4);
-  for (int u = static_cast<int>(cluster_rank()) * NTHR + tid; u < kUnits; u += ns * NTHR) {
-    const int hl = u / (kDv / 4), c4 = u % (kDv / 4);
-    const int head = hblk * HB + hl;
-    if (head >= p.h) continue;
-    float l[kClusterMaxSplits];
-    float4 o[kClusterMaxSplits];
-#pragma unroll
-    for (int j = 0; j < kClusterMaxSplits; ++j) {   // predicated, independent loads: all in flight at once
-      l[j] = -INFINITY;
-      o[j] = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (j < ns) {
-        l[j] = cluster_ld_f32(cluster_map(lse_s + hl, j));
-        o[j] = cluster_ld_f32x4(cluster_map(part + hl * M::kPS + 4 * c4, j));
-      }
-    }
-    float m = -INFINITY, wsum = 0.f;
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-    for (int j = 0; j < kClusterMaxSplits; ++j) m = fmaxf(m, l[j]);
-#pragma unroll
-    for (int j = 0; j < kClusterMaxSplits; ++j) {
-      if (l[j] == -INFINITY) continue;   // empty split (or past the end): its partial is not used
-      const float w = expf(l[j] - m);
-      wsum += w;
-      acc.x += w * o[j].x;
-      acc.y += w * o[j].y;
-      acc.z += w * o[j].z;
-      acc.w += w * o[j].w;
-    }
-    float lse = INFINITY, f = 0.f;
-    if (m != -INFINITY) {
-      lse = m + logf(wsum);
-      f = 1.f / wsum;
-      if (p.sinks) f *= 1.f / (1.f + expf(p.sinks[head] - lse));
-    }
-    uint2 v;
-    v.x = pack_bf16(acc.x * f, acc.y * f);
-    v.y = pack_bf16(acc.z * f, acc.w * f);
-    reinterpret_cast<uint2*>(p.out + (static_cast<size_t>(row) * p.h + head) * kDv)[c4] = v;
-    if (c4 == 0) p.lse[static_cast<size_t>(row) * p.h + head] = lse;
-  }
-  cluster_sync_relaxed();   // no CTA exits (freeing its shared memory) while another may still read it
-#else
-  __trap();
-#endif
-}
-
-// OPT bit 1 (kOptClusterMerge): the _cm kernels, which merge their splits in a cluster (cluster_merge above) instead
-// of writing o_part / lse_part.
 // OPT bit 0: per-warp gather (one entry per warp iteration, its index and source addresses computed once,
 // lanes = chunks); 0: the gather loops over (entry, chunk) items, index decoded per item. The fp8 kernels use
 // 0, the bf16 ones 1 (the per-warp gather with a per-warp fp8 dequant, "_o1", and its halves "_og" / "_od"
@@ -405,7 +276,6 @@ __device__ __forceinline__ void mla_body(const MlaParams& p, uint8_t* smem) {
   constexpr int NTV = DPW / 8;          // PV n-tiles per warp
   constexpr int ROWB = L::kDqk * 2;     // bf16 tile row bytes
   constexpr bool BF = L::kBf16;
-  constexpr bool CM = OPT & kOptClusterMerge;
   static_assert(NTQ == 1 || NTQ == 2, "a QK warp covers 8 or 16 entries");
   static_assert(NTV % 2 == 0 && T % 16 == 0, "tile shape");
   using S = MlaSmem<L, MT, T, G, NST>;   // fp8: NST raw-record stages + one bf16 tile; bf16: NST tile stages
@@ -654,33 +524,29 @@ __device__ __forceinline__ void mla_body(const MlaParams& p, uint8_t* smem) {
     }
   }
   cp_async_wait<0>();
-  if constexpr (CM) {
-    cluster_merge<MlaMergeSmem<MT>, NTHR, NTV>(p, smem, oacc, m_run, l_run, hblk, qrow, d0 + 2 * t,
-                                               grp == 0 && t == 0, tid);
-  } else {
-    // Epilogue: this thread holds heads qrow, qrow + 8 at dims d0 + 8n + 2t, +1.
+
+  // Epilogue: this thread holds heads qrow, qrow + 8 at dims d0 + 8n + 2t, +1.
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int head = hblk * HB + qrow + 8 * r;
-      if (head >= p.h) continue;
-      const float l = l_run[r];
-      const float lse = row_lse(m_run[r], l);
-      if (p.splits == 1) {
-        const float f = out_factor(p, head, l, lse);
-        __nv_bfloat16* o = p.out + (static_cast<size_t>(row) * p.h + head) * kDv + d0 + 2 * t;
+  for (int r = 0; r < 2; ++r) {
+    const int head = hblk * HB + qrow + 8 * r;
+    if (head >= p.h) continue;
+    const float l = l_run[r];
+    const float lse = row_lse(m_run[r], l);
+    if (p.splits == 1) {
+      const float f = out_factor(p, head, l, lse);
+      __nv_bfloat16* o = p.out + (static_cast<size_t>(row) * p.h + head) * kDv + d0 + 2 * t;
 #pragma unroll
-        for (int n = 0; n < NTV; ++n)
-          *reinterpret_cast<uint32_t*>(o + 8 * n) = pack_bf16(oacc[n][2 * r] * f, oacc[n][2 * r + 1] * f);
-        if (grp == 0 && t == 0) p.lse[static_cast<size_t>(row) * p.h + head] = l > 0.f ? lse : INFINITY;
-      } else {
-        const float f = l > 0.f ? 1.f / l : 0.f;
-        const size_t base = (static_cast<size_t>(row) * p.splits + split) * p.h + head;
-        float* o = p.o_part + base * kDv + d0 + 2 * t;
+      for (int n = 0; n < NTV; ++n)
+        *reinterpret_cast<uint32_t*>(o + 8 * n) = pack_bf16(oacc[n][2 * r] * f, oacc[n][2 * r + 1] * f);
+      if (grp == 0 && t == 0) p.lse[static_cast<size_t>(row) * p.h + head] = l > 0.f ? lse : INFINITY;
+    } else {
+      const float f = l > 0.f ? 1.f / l : 0.f;
+      const size_t base = (static_cast<size_t>(row) * p.splits + split) * p.h + head;
+      float* o = p.o_part + base * kDv + d0 + 2 * t;
 #pragma unroll
-        for (int n = 0; n < NTV; ++n)
-          *reinterpret_cast<float2*>(o + 8 * n) = make_float2(oacc[n][2 * r] * f, oacc[n][2 * r + 1] * f);
-        if (grp == 0 && t == 0) p.lse_part[base] = lse;
-      }
+      for (int n = 0; n < NTV; ++n)
+        *reinterpret_cast<float2*>(o + 8 * n) = make_float2(oacc[n][2 * r] * f, oacc[n][2 * r + 1] * f);
+      if (grp == 0 && t == 0) p.lse_part[base] = lse;
     }
   }
 }
@@ -2371,14 +2237,6 @@ __device__ __forceinline__ void wge_entry(const MlaParams& p, uint8_t* smem) {
     griddep_launch_dependents();                                                                           \
     mla_body<Layout##LAY, MT, T, G, NST, OPT>(p, smem);                                                    \
   }
-// The cluster-merge twins: no dependent launch to release (no combine follows them).
-#define MLA_CM_KERNEL(NAME, LAY, MT, T, G, NST, OPT)                                                       \
-  extern "C" __global__ void __launch_bounds__(32 * MT * G, 1) NAME(const __grid_constant__ MlaParams p) { \
-    extern __shared__ __align__(128) uint8_t smem[];                                                       \
-    static_assert(MlaSmem<Layout##LAY, MT, T, G, NST>::kSidx >= MlaMergeSmem<MT>::kEnd,                    \
-                  "the merge's partials fit below the index list");                                        \
-    mla_body<Layout##LAY, MT, T, G, NST, OPT | kOptClusterMerge>(p, smem);                                 \
-  }
 #define DS_KERNEL(NAME, LAY, MT, T, NST, CV)                                                              \
   extern "C" __global__ void __launch_bounds__(kDsThreads, 1) NAME(const __grid_constant__ MlaParams p) { \
     extern __shared__ __align__(128) uint8_t smem[];                                                      \
@@ -2472,9 +2330,3 @@ extern "C" __global__ void __launch_bounds__(kCombineThreads) sparse_mla_combine
   reinterpret_cast<uint2*>(p.out + (static_cast<size_t>(row) * p.h + head) * kDv)[tid] = v;
   if (tid == 0) p.lse[static_cast<size_t>(row) * p.h + head] = lse;
 }
-
-// The cluster-merge kernels, last in the file: any second instantiation of mla_body perturbs the PTX nvcc emits for
-// kernels before it (operand order and reassociation of a few integer adds). From here it touches six first-version
-// kernels (placed among them, the ds kernels too), whose sm_90a SASS stays the same; three of them get a different
-// sm_120a register allocation (cuobjdump -sass, function by function, against the build of 4eacd6c).
-SPARSE_MLA_CM_KERNELS(MLA_CM_KERNEL)

@@ -184,16 +184,6 @@ constexpr int kCombineThreads = 128;
   X(sparse_mla_v32b_h64_t32, V32B, 4, 32, 4, 3, 1)                                             \
   X(sparse_mla_v32b_h16_t32, V32B, 1, 32, 4, 2, 1) /* small smem (sm_120) */
 
-// Cluster-merge twins of first-version kernels (same X arguments; sm_90 launches only): the split CTAs of one
-// (row, head block) run as one thread-block cluster (splits = cluster size, 2..16) and merge their partials
-// through distributed shared memory, with no combine launch and no o_part / lse_part traffic (.cu:
-// cluster_merge). The 16-head, 64-entry kernels: the B = 1 defaults; any h takes 16-head blocks.
-#define SPARSE_MLA_CM_KERNELS(X)                                 \
-  X(sparse_mla_v4_h16_t64_cm, V4, 1, 64, 8, 3, 0)                \
-  X(sparse_mla_v32_h16_t64_cm, V32, 1, 64, 8, 2, 0)              \
-  X(sparse_mla_v4b_h16_t64_cm, V4B, 1, 64, 8, 3, 1)              \
-  X(sparse_mla_v32b_h16_t64_cm, V32B, 1, 64, 8, 2, 1)
-
 // ds kernels (fp8 only; kDsThreads): sparse_mla_ds_<layout>_h<heads per CTA>_t<tile>_s<ring stages>.
 // X(NAME, LAYOUT, MT, T, NST, CV); suffix _c4 (CV 4): the entry scale goes into P, relative to a running
 // maximum (no f16 range limit on V).

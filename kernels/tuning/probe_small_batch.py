@@ -8,9 +8,6 @@ before every repeat, median). Per shape (h = 16 unless --heads):
   default    the default, the combine a programmatic dependent launch
   main-only  the default's main kernel alone (wrong output: what the combine adds)
   x2 / t32   twice the default's splits; for fp8 h <= 16 the 32-entry ds kernel at its own split count
-  cm         the cluster merge (sm_90; no combine launch): the default kernel's _cm twin (the first-version
-             16-head kernel's where the default has none, e.g. V3.2 fp8's ds kernel) at the default's splits
-             (its own plan, capped at 16, where the default has more); absent where it cannot run
   empty      a one-element torch kernel: what the timing method reads for nothing
   sweepN     (--sweep) every 16-head kernel of the layout at N requested splits (none: its own plan)
 
@@ -30,7 +27,7 @@ sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "python")]
 import torch  # noqa: E402
 
 from harness import Timer, mla_shapes, run_env, seeded_generator  # noqa: E402
-from pdserve_kernels.sparse_mla_decode import CLUSTER_MERGE_MAX_SPLITS, SparseMlaDecode  # noqa: E402
+from pdserve_kernels.sparse_mla_decode import SparseMlaDecode  # noqa: E402
 
 
 def main_only(mla: SparseMlaDecode, call):
@@ -68,20 +65,7 @@ def variants(x, new: SparseMlaDecode, old: SparseMlaDecode | None):
             p2 = new.make_plan(x.layout, rows, x.h, x.ind.shape[-1],
                                x.win_ind.shape[-1] if x.win_ind is not None else 0, kernel=name)
             out.append(("t32", name, p2.splits, x.call(new, kernel=name)))
-    return out + cluster_merge(x, new, plan)
-
-
-def cluster_merge(x, new: SparseMlaDecode, plan):
-    """The "cm" variant for x (an empty list where the cluster merge cannot run: not sm_90, fewer than 2 splits)."""
-    topk_extra = x.win_ind.shape[-1] if x.win_ind is not None else 0
-    kernel = plan.kernel if plan.kernel + "_cm" in new.kernels else None
-    splits = plan.splits if 2 <= plan.splits <= CLUSTER_MERGE_MAX_SPLITS else None
-    try:
-        cm = new.make_plan(x.layout, x.B, x.h, x.ind.shape[-1], topk_extra, kernel=kernel, splits=splits,
-                           cluster_merge=True)
-    except ValueError:
-        return []
-    return [("cm", cm.kernel, cm.splits, x.call(new, kernel=cm.kernel, splits=cm.splits, cluster_merge=True))]
+    return out
 
 
 def sweep(x, new: SparseMlaDecode):

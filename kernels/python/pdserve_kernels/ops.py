@@ -211,8 +211,6 @@ def _sparse_mla_decode_cuda(q, kv, indices, sinks: Optional[torch.Tensor], extra
     info = mla.kernels.kernels.get(kernel)
     _need(info is not None and info.family != "combine" and kernel_shape(info)[0] == layout,
           f"kernel {kernel!r} is not a {layout} kernel of {mla.kernels.path}")
-    _need(not info.shape.get("cluster_merge"), f"kernel {kernel!r} merges its splits in a thread-block cluster, which "
-          "this op does not launch (SparseMlaDecode(..., cluster_merge=True) does)")
     _, hb, tile = kernel_shape(info)
     ntot = ind3.shape[2] + topk_extra
     _need(splits >= 1 and per_split >= tile and per_split % tile == 0 and splits * per_split >= ntot

@@ -28,9 +28,7 @@ amax/448) need ``make_plan(fp32_scales=True)``: the "wge" kernels on sm_90a at h
 kernels, which both apply the scale exactly (``fp32_scales_kernel``). The ds kernels
 without ``_c4`` multiply V by its scale in f16: |dequantized V| must stay below 65504 (true for scales up to
 2^7). ``fuse_combine=True`` (ds kernels with splits) merges the splits in the main kernel instead of a second
-launch: correct, but measured slower (NOTES.md). ``cluster_merge=True`` (sm_90, 2..16 splits; opt-in, not yet
-measured): the split CTAs of one (row, 16-head block) run as one thread-block cluster of the first-version kernel's
-``_cm`` twin and merge their partials through distributed shared memory (no combine launch, no fp32 workspace).
+launch: correct, but measured slower (NOTES.md).
 """
 
 from __future__ import annotations
@@ -143,17 +141,6 @@ def fp32_scales_kernel(h: int, rows: int, sm90: bool) -> str:
     return ds_kernel_name("v32", h, rows)
 
 
-# The cluster merge (the "_cm" kernels, sparse_mla_decode.h SPARSE_MLA_CM_KERNELS): one cluster of `splits` CTAs per
-# (row, head block), so 2 <= splits <= Hopper's largest cluster; opt-in per call or plan, sm_90 only (the kernels
-# and their cluster sizes are built and tuned for Hopper).
-CLUSTER_MERGE_MAX_SPLITS = 16
-
-
-def cluster_merge_kernel(layout: str) -> str:
-    """The cluster-merge kernel for `layout`: the 16-head, 64-entry first-version kernel's twin (any h)."""
-    return f"sparse_mla_{_PREFIX[layout]}_h16_t64_cm"
-
-
 # ds kernels with splits: the last split CTA merges the splits itself instead of a second (combine) launch.
 FUSE_COMBINE = os.environ.get("PDSERVE_SPARSE_MLA_FUSE_COMBINE", "0") == "1"
 
@@ -189,7 +176,6 @@ class MlaPlan:
     threads: int
     smem: int
     fuse_combine: bool = False
-    cluster_merge: bool = False   # one cluster of `splits` CTAs per (row, head block) merges in-kernel (a _cm kernel)
 
     @property
     def grid(self) -> tuple[int, int, int]:
@@ -198,7 +184,7 @@ class MlaPlan:
     @property
     def workspace_floats(self) -> int:
         """fp32 scratch for the split partials (o [rows, splits, h, 512], then lse [rows, splits, h]); 0 without splits."""
-        return self.rows * self.splits * self.h * (DV + 1) if self.splits > 1 and not self.cluster_merge else 0
+        return self.rows * self.splits * self.h * (DV + 1) if self.splits > 1 else 0
 
 
 class SparseMlaDecode:
@@ -218,10 +204,6 @@ class SparseMlaDecode:
         self.kernels.check_params(_Params)
         self.module = Module(path.read_bytes(), self.device.index,
                              {n: self.smem_limit if k.smem_bytes(1) else 0 for n, k in self.kernels.kernels.items()})
-        if self.capability == (9, 0):   # the cluster-merge kernels' clusters go up to 16 CTAs (non-portable above 8)
-            for name, k in self.kernels.kernels.items():
-                if k.shape.get("cluster_merge"):
-                    self.module.allow_nonportable_cluster(name)
         self._lock = threading.Lock()
         self._occ: dict[tuple[str, int], int] = {}
         self._counter_bufs: dict[int, object] = {}
@@ -287,18 +269,16 @@ class SparseMlaDecode:
             self._occ[key] = max(1, self.module.max_active_blocks(name, k.threads, k.smem_bytes(per_split)))
         return self._occ[key]
 
-    def plan(self, name: str, rows: int, h: int, ntot: int, splits: int | None = None,
-             max_splits: int = 64) -> tuple[int, int]:
+    def plan(self, name: str, rows: int, h: int, ntot: int, splits: int | None = None) -> tuple[int, int]:
         """(splits, per_split): split each row's entries when rows x head blocks would not fill the GPU
-        (the ds kernels: fill every CTA slot the occupancy allows, e.g. two per SM for the 32-entry ones), into at
-        most `max_splits` when the count is automatic."""
+        (the ds kernels: fill every CTA slot the occupancy allows, e.g. two per SM for the 32-entry ones)."""
         k = self.kernels[name]
         _, hb, T = kernel_shape(k)
         ctas = rows * -(-h // hb)
         tiles = max(1, -(-ntot // T))
         slots = self.num_sms * (self.ctas_per_sm(name, T) if k.family == "ds" else 1)
         if splits is None:
-            splits = max(1, min(slots // ctas, tiles, max_splits)) if ctas < slots else 1
+            splits = max(1, min(slots // ctas, tiles, 64)) if ctas < slots else 1
         splits = max(1, min(int(splits), tiles))
         per_split = -(-tiles // splits) * T
         splits = max(1, -(-ntot // per_split))
@@ -312,17 +292,13 @@ class SparseMlaDecode:
 
     def make_plan(self, layout: str, rows: int, h: int, topk: int, topk_extra: int = 0, *, kernel: str | None = None,
                   variant: str | None = None, small: bool | None = None, splits: int | None = None,
-                  fuse_combine: bool = False, page: int = 64, fp32_scales: bool = False,
-                  cluster_merge: bool = False) -> MlaPlan:
+                  fuse_combine: bool = False, page: int = 64, fp32_scales: bool = False) -> MlaPlan:
         """The MlaPlan for `rows` query rows of h heads with topk (+ topk_extra) indices each in `layout`
         (a bf16 layout name for bf16 KV). V4 with page 1 takes the first-version kernels (the ds and wg
         kernels may read 8 bytes past a page-1 entry: see __call__). `fp32_scales` (V3.2 FP8 whose tile scales
         are not powers of two, as SGLang writes them: amax/448): fp32_scales_kernel, the wge or ds kernels, which
         apply the scale exactly; the first-version and wg kernels round e4m3 x scale to bf16 (measured 7e-3
-        relative error instead of 1.3-1.7e-3, NOTES.md "Accuracy on SGLang's scales"). `cluster_merge`: see
-        _cluster_merge_plan."""
-        if cluster_merge:
-            return self._cluster_merge_plan(layout, rows, h, topk, topk_extra, kernel, splits, fuse_combine)
+        relative error instead of 1.3-1.7e-3, NOTES.md "Accuracy on SGLang's scales")."""
         if (fp32_scales and kernel is None and variant is None and layout == "v32"
                 and not (self.smem_limit < 200 * 1024 if small is None else small)):
             kernel = fp32_scales_kernel(h, rows, self.capability[0] == 9)
@@ -341,8 +317,6 @@ class SparseMlaDecode:
         if info is None or info.family == "combine" or kernel_shape(info)[0] != layout:
             known = sorted(n for n, k in self.kernels.kernels.items() if k.family != "combine")
             raise ValueError(f"kernel {name!r} is not a {layout} kernel ({known})")
-        if info.shape.get("cluster_merge"):
-            raise ValueError(f"kernel {name!r} merges its splits in a cluster: it needs cluster_merge=True")
         if info.family == "wg" and self.capability[0] != 9:
             raise ValueError(f"kernel {name!r} needs an sm_90a GPU (wgmma); this one is sm_{self.capability[0]}{self.capability[1]}")
         n_splits, per_split = self.plan(name, rows, h, topk + topk_extra, splits)
@@ -350,35 +324,6 @@ class SparseMlaDecode:
                        per_split=per_split, heads_per_cta=kernel_shape(info)[1], threads=info.threads,
                        smem=info.smem_bytes(per_split),
                        fuse_combine=bool(fuse_combine) and info.family == "ds" and n_splits > 1)
-
-    def _cluster_merge_plan(self, layout: str, rows: int, h: int, topk: int, topk_extra: int, kernel: str | None,
-                            splits: int | None, fuse_combine: bool) -> MlaPlan:
-        """The plan of a cluster-merge call: cluster_merge_kernel(layout) (or `kernel`, a _cm kernel or a kernel with a
-        _cm twin) with 2..CLUSTER_MERGE_MAX_SPLITS splits (automatic: the usual count, capped there). Only on sm_90,
-        and only where the split count is in that range: anything else is a ValueError, never a silent fallback."""
-        if self.capability != (9, 0):
-            raise ValueError(f"cluster_merge=True needs an sm_90 GPU (clusters of up to {CLUSTER_MERGE_MAX_SPLITS} "
-                             f"CTAs), this one is sm_{self.capability[0]}{self.capability[1]}")
-        if fuse_combine:
-            raise ValueError("cluster_merge=True and fuse_combine=True are two ways of merging the splits: pick one")
-        if layout not in LAYOUTS:
-            raise ValueError(f"layout must be one of {sorted(LAYOUTS)}, got {layout!r}")
-        if splits is not None and not 2 <= splits <= CLUSTER_MERGE_MAX_SPLITS:
-            raise ValueError(f"cluster_merge=True needs 2 <= splits <= {CLUSTER_MERGE_MAX_SPLITS}, got {splits}")
-        name = cluster_merge_kernel(layout) if kernel is None else kernel
-        if name + "_cm" in self.kernels.kernels:
-            name += "_cm"
-        info = self.kernels.kernels.get(name)
-        if info is None or not info.shape.get("cluster_merge") or kernel_shape(info)[0] != layout:
-            known = sorted(n for n, k in self.kernels.kernels.items() if k.shape.get("cluster_merge"))
-            raise ValueError(f"kernel {name!r} is not a {layout} cluster-merge kernel ({known})")
-        n_splits, per_split = self.plan(name, rows, h, topk + topk_extra, splits, CLUSTER_MERGE_MAX_SPLITS)
-        if not 2 <= n_splits <= CLUSTER_MERGE_MAX_SPLITS:
-            raise ValueError(f"cluster_merge=True needs 2 <= splits <= {CLUSTER_MERGE_MAX_SPLITS}; this shape plans "
-                             f"{n_splits} (rows {rows}, h {h}, {topk + topk_extra} entries per row)")
-        return MlaPlan(layout=layout, rows=rows, h=h, topk=topk, topk_extra=topk_extra, kernel=name, splits=n_splits,
-                       per_split=per_split, heads_per_cta=kernel_shape(info)[1], threads=info.threads,
-                       smem=info.smem_bytes(per_split), cluster_merge=True)
 
     def launch(self, plan: MlaPlan, q4, kv, ind3, sm_scale: float, *, sinks, extra_kv, e3, out, lse,
                o_part_ptr: int | None, lse_part_ptr: int | None, counters_ptr: int | None = None,
@@ -399,9 +344,8 @@ class SparseMlaDecode:
             splits=plan.splits, per_split=plan.per_split, scale_log2=sm_scale * math.log2(math.e),
             counters=counters_ptr)
         stream = self.torch.cuda.current_stream(self.device).cuda_stream
-        self.module.launch(plan.kernel, plan.grid, plan.threads, plan.smem, stream, p,
-                           cluster=plan.splits if plan.cluster_merge else None)
-        if plan.splits > 1 and not plan.fuse_combine and not plan.cluster_merge:
+        self.module.launch(plan.kernel, plan.grid, plan.threads, plan.smem, stream, p)
+        if plan.splits > 1 and not plan.fuse_combine:
             combine = self.kernels["sparse_mla_combine"]
             use_pdl = self.capability[0] >= 9 if pdl is None else pdl
             self.module.launch(combine.name, (plan.h, plan.rows, 1), combine.threads, 0, stream, p,
@@ -410,7 +354,7 @@ class SparseMlaDecode:
     def __call__(self, q, kv, indices, sm_scale: float, *, layout: str = "v4", sinks=None, extra_kv=None,
                  extra_indices=None, out=None, lse=None, splits: int | None = None, kernel: str | None = None,
                  small: bool | None = None, variant: str | None = None, fuse_combine: bool | None = None,
-                 pdl: bool | None = None, cluster_merge: bool = False):
+                 pdl: bool | None = None):
         torch = self.torch
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {sorted(LAYOUTS)}, got {layout!r}")
@@ -445,19 +389,15 @@ class SparseMlaDecode:
         if ntot < 1:
             raise ValueError("at least one index per row is needed (topk + topk_extra >= 1)")
 
-        if cluster_merge:   # make_plan picks (or checks) the cluster-merge kernel
-            plan = self.make_plan(layout, rows, h, topk, topk_extra, kernel=kernel, splits=splits,
-                                  fuse_combine=bool(fuse_combine), cluster_merge=True)
-        else:
-            name = kernel or self.pick_kernel(layout, h, small, variant, rows)
-            family = self.kernels[name].family if name in self.kernels else None
-            if family in ("ds", "wg") and layout == "v4" and page == 1 and not (
-                    _covers(kv, stride, 592) and (topk_extra == 0 or _covers(extra_kv, estride, 592))):
-                # The ds kernels copy V4's scale record as the 16-byte aligned pair holding it: with page 1 that
-                # reads 8 bytes past the entry, which must still be inside the tensor's storage.
-                name = self.pick_kernel(layout, h, small, "")
-            fuse = FUSE_COMBINE if fuse_combine is None else fuse_combine
-            plan = self.make_plan(layout, rows, h, topk, topk_extra, kernel=name, splits=splits, fuse_combine=fuse)
+        name = kernel or self.pick_kernel(layout, h, small, variant, rows)
+        family = self.kernels[name].family if name in self.kernels else None
+        if family in ("ds", "wg") and layout == "v4" and page == 1 and not (
+                _covers(kv, stride, 592) and (topk_extra == 0 or _covers(extra_kv, estride, 592))):
+            # The ds kernels copy V4's scale record as the 16-byte aligned pair holding it: with page 1 that
+            # reads 8 bytes past the entry, which must still be inside the tensor's storage.
+            name = self.pick_kernel(layout, h, small, "")
+        fuse = FUSE_COMBINE if fuse_combine is None else fuse_combine
+        plan = self.make_plan(layout, rows, h, topk, topk_extra, kernel=name, splits=splits, fuse_combine=fuse)
         if out is None:
             out = torch.empty((B, next_n, h, DV), dtype=torch.bfloat16, device=self.device)
         elif out.dtype != torch.bfloat16 or out.numel() != rows * h * DV or not out.is_contiguous():
@@ -466,8 +406,7 @@ class SparseMlaDecode:
             lse = torch.empty((B, next_n, h), dtype=torch.float32, device=self.device)
         elif lse.dtype != torch.float32 or lse.numel() != rows * h or not lse.is_contiguous():
             raise ValueError(f"lse must be a contiguous float32 tensor with {rows}x{h} elements")
-        ws = (torch.empty(plan.workspace_floats, dtype=torch.float32, device=self.device) if plan.workspace_floats
-              else None)
+        ws = torch.empty(plan.workspace_floats, dtype=torch.float32, device=self.device) if plan.splits > 1 else None
         counters = self._counters(rows * -(-h // plan.heads_per_cta)) if plan.fuse_combine else None
         self.launch(plan, q4, kv, ind3, sm_scale, sinks=sinks, extra_kv=extra_kv, e3=e3, out=out, lse=lse,
                     o_part_ptr=ws.data_ptr() if ws is not None else None,
