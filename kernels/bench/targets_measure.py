@@ -105,6 +105,12 @@ class Bench:
         print(render_markdown(self.env, done))
         return 0
 
+    def time_pair(self, ours, comparator) -> dict:
+        """Median us of ours and, if there is one, the comparator, timed round-robin on the same inputs."""
+        fns = [ours] + ([comparator] if comparator is not None else [])
+        ts = self.timer.medians_us(fns, self.reps)
+        return {"us": ts[0], **({"comparator_us": ts[1]} if comparator is not None else {})}
+
     # ---- sparse MLA decode ----
 
     def mla_row(self, spec: dict) -> dict:
@@ -114,20 +120,16 @@ class Bench:
         bytes_, flops = x.bytes_flops()
         row = {"default": f"{name.replace('sparse_mla_', '')} ({splits})", "bytes": bytes_, "flops": flops,
                "floor_us": floor_us(bytes_, flops, self.env["copy_GBps"], self.env["matmul_TFLOPs"])}
-        fns, fm_call = [x.call(self.mla)], None
+        fm_call = None
         if self.fm is not None and not x.lay.bf16:   # FlashMLA's sparse decode is fp8-only
             row["comparator"] = "FlashMLA"
             try:   # its first call (which builds its tile schedule) runs here, outside the timing
                 fm_call = FlashMlaDecode(self.fm, x.q, x.kv, x.ind, x.sm_scale, x.sinks, **x.extra)
-                fns.append(fm_call)
                 if fm_call.heads != x.h:
                     row["comparator"] = f"FlashMLA (h {fm_call.heads})"
             except Exception as e:
                 row["comparator_error"] = f"{type(e).__name__}: {e}"[:300]
-        ts = self.timer.medians_us(fns, self.reps)
-        row["us"] = ts[0]
-        if fm_call is not None:
-            row["comparator_us"] = ts[1]
+        row.update(self.time_pair(x.call(self.mla), fm_call))
         row.update(self.mla_check(x, fm_call))
         return row
 
@@ -168,7 +170,6 @@ class Bench:
         ctx = torch.full((B,), L, dtype=torch.int32, device="cuda")
         key_bytes = indexer_key_bytes(B, L)
         row = {"bytes": key_bytes, "floor_us": floor_us(key_bytes, 0, self.env["copy_GBps"])}
-        fns = [lambda: self.indexer(q, w, kv, ctx, bt, INDEXER_TOPK, max_len=L)]
         dg_call = None
         if self.dg is not None:
             row["comparator"] = "DeepGEMM+topk"
@@ -176,13 +177,9 @@ class Bench:
                 t0 = time.monotonic()
                 dg_call = DeepGemmTopk(self.dg, q, w, kv, ctx, bt, INDEXER_TOPK, self.env["sms"])
                 row["comparator_first_call_s"] = round(time.monotonic() - t0, 2)
-                fns.append(dg_call)
             except Exception as e:
                 row["comparator_error"] = f"{type(e).__name__}: {e}"[:300]
-        ts = self.timer.medians_us(fns, self.reps)
-        row["us"] = ts[0]
-        if dg_call is not None:
-            row["comparator_us"] = ts[1]
+        row.update(self.time_pair(lambda: self.indexer(q, w, kv, ctx, bt, INDEXER_TOPK, max_len=L), dg_call))
         path = getattr(self.indexer, "last_path", None)
         row["default"] = f"{path[0]} (chunk {path[1]})" if path else ""
         row.update(self.indexer_check(q, w, kv, ctx, bt, L, dg_call))
