@@ -52,7 +52,7 @@ def main() -> int:
     args = ap.parse_args()
 
     gen = seeded_generator()
-    timer = Timer(head_start_cycles=200_000)
+    timer = Timer()
     mla = SparseMlaDecode()
     env = run_env()
     print(json.dumps(env), flush=True)

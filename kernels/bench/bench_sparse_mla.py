@@ -48,7 +48,7 @@ def main() -> int:
     gen = seeded_generator()
     # ~100 us head start (the indexer benchmark's 20 us was shorter than this launcher's Python overhead with
     # a split + combine, which then landed inside the timed region: the small-B noise of the earlier table).
-    timer = Timer(head_start_cycles=200_000)
+    timer = Timer()
     mla = SparseMlaDecode()
     env = run_env()
     fm, fm_why = load_flashmla()

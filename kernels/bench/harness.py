@@ -80,7 +80,7 @@ def seeded_generator() -> torch.Generator:
 
 
 class Timer:
-    def __init__(self, flush_bytes: int = 512 << 20, head_start_cycles: int = 40_000):
+    def __init__(self, flush_bytes: int = 512 << 20, head_start_cycles: int = 2_000_000):
         self.buf = torch.ones(flush_bytes, dtype=torch.uint8, device="cuda")
         self.head_start = head_start_cycles
 
@@ -100,7 +100,10 @@ class Timer:
                 # Evict the previous repeat's data from L2 (50 MB) by reading 512 MB: a read leaves clean
                 # lines, so the timed kernels do not pay for writing back the flush's own dirty lines.
                 self.buf.view(torch.int64).sum()
-                torch.cuda._sleep(self.head_start)   # default ~20 us head start so the host's launches are queued in time
+                # ~1 ms of device sleep (outside the timed window) so the host has queued fn's launches before it
+                # ends: with ~20-100 us a slow host's launch leaked into small calls' timings (30-79 us read for
+                # 11-15 us calls, 2026-12-01 call 14).
+                torch.cuda._sleep(self.head_start)
                 s.record()
                 fn()
                 e.record()

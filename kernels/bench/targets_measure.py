@@ -64,10 +64,7 @@ class Bench:
         assert set(CASES) == set(MLA_CASES), "targets.MLA_CASES must name harness.CASES"
         self.reps, self.rows = reps, rows
         self.gen = seeded_generator()
-        # ~1 ms of device sleep before each timed call (outside the timed window), so the host has queued the
-        # call before the sleep ends. With ~100 us, rows timed without a comparator read 30-79 us at B=1 instead
-        # of 11-15 (call 14: the host's launch, not the kernel), and rows with one read 3-4 us high at B=8-64.
-        self.timer = Timer(head_start_cycles=2_000_000)
+        self.timer = Timer()   # ~1 ms head start before every timed call (harness.Timer says why)
         self.mla = SparseMlaDecode()
         self.indexer = DsaIndexer()
         self.fm, fm_why = load_flashmla()

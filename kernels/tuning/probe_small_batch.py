@@ -100,7 +100,7 @@ def main() -> int:
     ap.add_argument("--sweep", action="store_true", help="also every 16-head kernel at several split counts")
     args = ap.parse_args()
     gen = seeded_generator()
-    timer = Timer(head_start_cycles=200_000)   # ~100 us: these calls queue slower than they run
+    timer = Timer()
     new = SparseMlaDecode()
     old = SparseMlaDecode(fatbin=args.old_fatbin) if args.old_fatbin else None
     print(json.dumps(run_env()), flush=True)
