@@ -1347,6 +1347,69 @@ __device__ __forceinline__ uint4 bf16x8_to_f16(uint4 v) {
   return make_uint4(y[0], y[1], y[2], y[3]);
 }
 
+// ---- pieces of the wg and wge bodies (the same CTA: 384 threads, 64 heads, 32-entry tiles, bulk-copy ring,
+// named barriers, split protocol), inlined into both: every kernel's SASS is the same as with the pieces written
+// out in each body (cuobjdump -sass of both targets, function by function, 2026-12-01). Still written out in
+// both, because as helpers they changed the SASS (ptxas renumbered the consumers' registers): the per-head Q
+// exponents, the gather issue, the online softmax and the epilogue's (m, l) hand-over.
+
+// The ring's mbarriers (thread 0): full[NST], one arrival (with its bytes) per producer warp, and (SC)
+// raw_free[NST], one per warp of warpgroup 1. Then the Q block's generic stores are made visible to wgmma and
+// the CTA synchronizes.
+template <int NST, bool SC>
+__device__ __forceinline__ void wg_ring_init(int tid, uint64_t* full, uint64_t* raw_free) {
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < NST; ++s) mbar_init(full + s, 4);
+    if constexpr (SC)
+      for (int s = 0; s < NST; ++s) mbar_init(raw_free + s, 4);
+    mbar_fence_init();
+  }
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // Q: generic stores -> wgmma reads
+  __syncthreads();
+}
+
+// SC: warpgroup 1 converts its half of tile x (convert_half(x)) once the raw entries have landed, hands it over,
+// and lets the producer refill ring slot x % NST unless no tile x + NST comes.
+template <int NST, class Convert>
+__device__ __forceinline__ void wg1_convert_tile(int x, int ntiles, int lane, uint64_t* full, uint64_t* raw_free,
+                                                 const Convert& convert_half) {
+  mbar_wait(full + x % NST, (x / NST) & 1);
+  convert_half(x);
+  bar_arrive(kBarFull + (x & 1), kWgThreads);
+  if (x + NST < ntiles) {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(raw_free + x % NST);
+  }
+}
+
+// P (bf16, or F16 f16) as the A operand of PV k-step kk (entries 16 kk .. 16 kk + 15).
+template <bool F16>
+__device__ __forceinline__ void wg_pack_p(uint32_t (&a)[2][4], const float (&s)[16]) {
+#pragma unroll
+  for (int kk = 0; kk < 2; ++kk) {
+    auto pk = [](float x, float y) { return F16 ? pack_f16(x, y) : pack_bf16(x, y); };
+    a[kk][0] = pk(s[8 * kk + 0], s[8 * kk + 1]);
+    a[kk][1] = pk(s[8 * kk + 2], s[8 * kk + 3]);
+    a[kk][2] = pk(s[8 * kk + 4], s[8 * kk + 5]);
+    a[kk][3] = pk(s[8 * kk + 6], s[8 * kk + 7]);
+  }
+}
+
+// End of a consumer's tile it: tile buffer it & 1 is released to the producer unless no tile it + 2 comes; SC:
+// warpgroup 1 waits until warpgroup 0 is done with it too and refills it itself (refill(it + 2)).
+template <bool SC, class Refill>
+__device__ __forceinline__ void wg_release_tile(int it, int ntiles, int wg, const Refill& refill) {
+  if (it + 2 < ntiles) {
+    if (SC && wg == 1) {
+      bar_sync(kBarFree + (it & 1), kWgThreads);
+      refill(it + 2);
+    } else {
+      bar_arrive(kBarFree + (it & 1), kWgThreads);
+    }
+  }
+}
+
 // PROBE (tuning only): bit 0 = the producer skips the conversion, bit 1 = the consumers skip the wgmma
 // instructions (results wrong; timings say which side bounds a tile).
 // H: the tile, Q and P in f16 instead of bf16 (2 instructions per converted pair instead of ~6; range limit:
@@ -1430,15 +1493,7 @@ __device__ __forceinline__ void wg_body(const MlaParams& p, uint8_t* smem_raw) {
     }
     *reinterpret_cast<uint4*>(qs + wg_swz<64>(r, c)) = v;
   }
-  if (tid == 0) {
-#pragma unroll
-    for (int s = 0; s < NST; ++s) mbar_init(full + s, 4);   // one arrival (with its bytes) per producer warp
-    if constexpr (SC)
-      for (int s = 0; s < NST; ++s) mbar_init(raw_free + s, 4);
-    mbar_fence_init();
-  }
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // Q: generic stores -> wgmma reads
-  __syncthreads();
+  wg_ring_init<NST, SC>(tid, full, raw_free);
 
   // SC: convert entries 16 half .. 16 half + 15 of tile x (ring slot x % NST) into tile buffer x & 1, with the
   // 128 threads of one warpgroup (ltid): 8 threads per entry, thread j taking the fp8 chunks j + 8 k and RoPE
@@ -1589,13 +1644,7 @@ __device__ __forceinline__ void wg_body(const MlaParams& p, uint8_t* smem_raw) {
 
   // SC: warpgroup 1 converts its half of tile x (the raw entries have landed) and hands it over.
   auto wg1_convert = [&](int x) {
-    mbar_wait(full + x % NST, (x / NST) & 1);
-    convert_half(x, 1, ctid);
-    bar_arrive(kBarFull + (x & 1), kWgThreads);
-    if (x + NST < ntiles) {   // the producer may refill slot x % NST
-      __syncwarp();
-      if (lane == 0) mbar_arrive(raw_free + x % NST);
-    }
+    wg1_convert_tile<NST>(x, ntiles, lane, full, raw_free, [&](int y) { convert_half(y, 1, ctid); });
   };
   if constexpr (SC) {
     if (wg == 1) {
@@ -1655,15 +1704,7 @@ __device__ __forceinline__ void wg_body(const MlaParams& p, uint8_t* smem_raw) {
       // The quad's partial sums are combined once at the end (alpha is the same across the quad).
       l_run[0] = l_run[0] * alpha[0] + sum[0];
       l_run[1] = l_run[1] * alpha[1] + sum[1];
-      // P as the A operand of k-step kk (entries 16 kk .. 16 kk + 15).
-#pragma unroll
-      for (int kk = 0; kk < 2; ++kk) {
-        auto pk = [](float x, float y) { return H ? pack_f16(x, y) : pack_bf16(x, y); };
-        a[kk][0] = pk(s[8 * kk + 0], s[8 * kk + 1]);
-        a[kk][1] = pk(s[8 * kk + 2], s[8 * kk + 3]);
-        a[kk][2] = pk(s[8 * kk + 4], s[8 * kk + 5]);
-        a[kk][3] = pk(s[8 * kk + 6], s[8 * kk + 7]);
-      }
+      wg_pack_p<H>(a, s);
       if (it >= 2) bar_sync(kBarPFree + b, 256);   // warpgroup 1 has read this buffer's P of tile it-2
       pq[0] = make_uint4(a[0][0], a[0][1], a[0][2], a[0][3]);
       pq[1] = make_uint4(a[1][0], a[1][1], a[1][2], a[1][3]);
@@ -1688,14 +1729,7 @@ __device__ __forceinline__ void wg_body(const MlaParams& p, uint8_t* smem_raw) {
       wgmma_pv<H>(o, a[kk], wg_desc(tile_u + wg * 4 * (T * 128) + kk * 16 * 128, kVLbo, kVSbo));
     wg_commit_wait();
     reg_fence(o);
-    if (it + 2 < ntiles) {
-      if (SC && wg == 1) {
-        bar_sync(kBarFree + b, kWgThreads);   // warpgroup 0 is done with tile it too: refill this buffer
-        wg1_convert(it + 2);
-      } else {
-        bar_arrive(kBarFree + b, kWgThreads);
-      }
-    }
+    wg_release_tile<SC>(it, ntiles, wg, wg1_convert);
   }
 
   // Epilogue. Warpgroup 0 completes the sums and hands (m, l) of its rows to warpgroup 1.
@@ -1941,15 +1975,7 @@ __device__ __forceinline__ void wge_body(const MlaParams& p, uint8_t* smem_raw) 
     }
     *reinterpret_cast<uint4*>(qs + wg_swz<64>(r, c)) = make_uint4(y[0], y[1], y[2], y[3]);
   }
-  if (tid == 0) {
-#pragma unroll
-    for (int s = 0; s < NST; ++s) mbar_init(full + s, 4);   // one arrival (with its bytes) per producer warp
-    if constexpr (SC)
-      for (int s = 0; s < NST; ++s) mbar_init(raw_free + s, 4);
-    mbar_fence_init();
-  }
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // Q: generic stores -> wgmma reads
-  __syncthreads();
+  wg_ring_init<NST, SC>(tid, full, raw_free);
 
   // Converts entries e0 .. e0 + 128 / TPE - 1 of tile x (ring slot x % NST) into tile buffer x & 1 with the 128
   // threads of one warpgroup (ltid), TPE per entry.
@@ -2018,13 +2044,7 @@ __device__ __forceinline__ void wge_body(const MlaParams& p, uint8_t* smem_raw) 
 
   // SC: warpgroup 1 converts its half of tile x (the raw entries have landed) and hands it over.
   auto wg1_convert = [&](int x) {
-    mbar_wait(full + x % NST, (x / NST) & 1);
-    convert(x, 16, ctid, Tpe8{});
-    bar_arrive(kBarFull + (x & 1), kWgThreads);
-    if (x + NST < ntiles) {   // the producer may refill slot x % NST
-      __syncwarp();
-      if (lane == 0) mbar_arrive(raw_free + x % NST);
-    }
+    wg1_convert_tile<NST>(x, ntiles, lane, full, raw_free, [&](int y) { convert(y, 16, ctid, Tpe8{}); });
   };
   if constexpr (SC) {
     if (wg == 1) {
@@ -2096,14 +2116,7 @@ __device__ __forceinline__ void wge_body(const MlaParams& p, uint8_t* smem_raw) 
       // The quad's partial sums are combined once at the end (alpha is the same across the quad).
       l_run[0] = l_run[0] * alpha[0] + sum[0];
       l_run[1] = l_run[1] * alpha[1] + sum[1];
-      // P (f16, <= 1) as the A operand of k-step kk (entries 16 kk .. 16 kk + 15).
-#pragma unroll
-      for (int kk = 0; kk < 2; ++kk) {
-        a[kk][0] = pack_f16(s[8 * kk + 0], s[8 * kk + 1]);
-        a[kk][1] = pack_f16(s[8 * kk + 2], s[8 * kk + 3]);
-        a[kk][2] = pack_f16(s[8 * kk + 4], s[8 * kk + 5]);
-        a[kk][3] = pack_f16(s[8 * kk + 6], s[8 * kk + 7]);
-      }
+      wg_pack_p<true>(a, s);   // P <= 1
       if (it >= 2) bar_sync(kBarPFree + b, 256);   // warpgroup 1 has read this buffer's P of tile it-2
       pq[0] = make_uint4(a[0][0], a[0][1], a[0][2], a[0][3]);
       pq[1] = make_uint4(a[1][0], a[1][1], a[1][2], a[1][3]);
@@ -2150,14 +2163,7 @@ __device__ __forceinline__ void wge_body(const MlaParams& p, uint8_t* smem_raw) 
     wg_commit_wait();
     reg_fence(o0);
     reg_fence(o1);
-    if (it + 2 < ntiles) {
-      if (SC && wg == 1) {
-        bar_sync(kBarFree + b, kWgThreads);   // warpgroup 0 is done with tile it too: refill this buffer
-        wg1_convert(it + 2);
-      } else {
-        bar_arrive(kBarFree + b, kWgThreads);
-      }
-    }
+    wg_release_tile<SC>(it, ntiles, wg, wg1_convert);
   }
 
   // Epilogue. Warpgroup 0 completes the sums and hands (m, l) of its rows to warpgroup 1.
