@@ -75,9 +75,10 @@ CONSTANTS = {"heads": HEADS, "dim": DIM, "page": PAGE, "select_chunk": SELECT_CH
              "max_subs": MAX_SUBS, "max_chunk_pages": MAX_CHUNK_PAGES, "cluster_max": CLUSTER_MAX,
              "cluster_subs": CLUSTER_SUBS}
 FUSED_MAX_CHUNK_PAGES = 64           # the fused path keeps a CTA's scores in smem: next_n * 16 KB at most
-# Which split-path variant a plan takes when not told (early=None). Not switched before the device comparison
-# (kernels/tuning/bench_small_batch.py) shows the early kernels faster at small batch and not slower at large.
-DEFAULT_EARLY = False
+# Which split-path variant a plan takes when not told (early=None): the early kernels, measured faster at small
+# batch and not slower at large (kernels/tuning/bench_small_batch.py, H200, 2026-12-01 call 16: B=1 1.02-1.10x,
+# B=8 1.00-1.09x, B=64 1.00-1.02x; kernels/NOTES.md "Small-batch variants").
+DEFAULT_EARLY = True
 
 
 class _Params(ctypes.Structure):
