@@ -49,7 +49,7 @@ const char* mla_shape(char* buf, size_t n, int heads, int tile, int stages, cons
 }
 
 void sparse_mla_decode() {
-  char buf[256], more[128];
+  char buf[384], more[256];
   std::printf("{\n  \"module\": \"sparse_mla_decode\",\n  \"params\": {\"struct\": \"MlaParams\", \"size\": %zu, "
               "\"fields\": [", sizeof(MlaParams));
   Writer f;
@@ -91,6 +91,17 @@ void sparse_mla_decode() {
   SPARSE_MLA_WGE_KERNELS(WGE_META)
 #ifdef PDSERVE_TUNING_PROBES
   SPARSE_MLA_WG_PROBE_KERNELS(WG_META)
+  // Experimental kernels ("experimental": true): correct, but not measured faster than what they would replace.
+#define WGT_META(NAME, LAY, TPE, PIPE, PROBE)                                                                    \
+  {                                                                                                          \
+    std::snprintf(more, sizeof more, ", \"probe\": %d, \"f16\": false, \"split_convert\": false, "            \
+                  "\"exact_scales\": false, \"threads_per_entry\": %d, \"pipelined\": %s, \"experimental\": true", \
+                  PROBE, TPE, PIPE ? "true" : "false");                                                      \
+    kernel(k, #NAME, "wg", kWgThreads, WgtSmem<Geom##LAY>::kEnd + kWgAlignSlack, 0, "entry",                 \
+           mla_shape<Geom##LAY>(buf, sizeof buf, kWgHeads, kWgtT, 2, more));                                 \
+  }
+  SPARSE_MLA_WGT_KERNELS(WGT_META)
+  SPARSE_MLA_WGT_PROBE_KERNELS(WGT_META)
 #endif
   kernel(k, "sparse_mla_combine", "combine", kCombineThreads, 0, 0, "", "");
   std::printf("\n  ]\n}\n");

@@ -34,7 +34,8 @@ def candidates(mla, layout: str, h: int, rows: int) -> list[tuple[str, str, dict
             continue
         if info.family == "ds" and info.shape["heads"] != (16 if h <= 16 else 32):
             continue
-        if info.family == "wg" and (mla.capability[0] != 9 or h <= 32):   # sm_90a; 64-head blocks
+        # sm_90a; 64-head blocks, from 33 heads (the wgt kernels, 64-entry tiles, at every head count)
+        if info.family == "wg" and (mla.capability[0] != 9 or (h <= 32 and kernel_shape(info)[2] != 64)):
             continue
         out.append((name.replace("sparse_mla_", ""), name, {}))
     return out

@@ -2212,6 +2212,447 @@ __device__ __forceinline__ void wge_body(const MlaParams& p, uint8_t* smem_raw) 
     }
   }
 }
+
+// ---- "wgt" kernels (sm_90a, fp8; experimental, tuning build only): 64-entry tiles gathered through registers ----
+//
+// Why: the wg kernels are bound by their consumers' fixed cost per 32-entry tile (NOTES.md "wge kernels": cutting
+// the producer's work 3x moved the time 4%): every tile pays a QK wgmma chain of n = 32, its wait, the softmax's
+// shuffles and the P hand-off, and shared memory (Q, two bf16 tiles and the raw ring) leaves no room for larger
+// tiles. Here the raw ring is gone (FlashMLA's Hopper design): the producer loads each entry's bytes from global
+// memory straight into registers, so shared memory holds Q, two bf16 64-entry tiles and one P buffer, and every
+// per-tile cost is paid once per 64 entries (QK as m64n64k16, PV in four k-steps).
+//   * warpgroup 2 (producer): TPE threads per entry (wgt_body); the entries' validity goes to one byte per
+//     entry next to the tile;
+//   * warpgroup 0: S = Q K^T (m64n64k16), masking, online softmax, P from registers into O[:, 0:256] (PV
+//     m64n256k16 x 4); it hands P (bf16) and one rescale factor per head to warpgroup 1;
+//   * warpgroup 1: O[:, 256:512] with warpgroup 0's P.
+// Named barriers only: tile full / free per buffer (producer + both consumers), P full / free (one buffer).
+// Same equations, conversion (e4m3 x scale rounded to bf16, as the wg kernels), outputs and split protocol as
+// the kernels above. Measured (H200, 2026-12-01, NOTES.md "wgt kernels"): _t64 (TPE 2) correct but 1.2-2.5x slower
+// than the default kernels; _t64q / _t64p (TPE 4) not yet run on a GPU.
+constexpr int kBarPFullT = 5, kBarPFreeT = 7;
+// Registers per thread after setmaxnreg, per TPE (ptxas -v, nvcc 13.0, 2026-12-01). TPE 2: 112 / 200 / 192, no
+// spills, no wgmma serialization (120 / 216 / 168 serialized the wgmmas; 104 / 216 / 184 spilled 160 B in the
+// V3.2 producer). TPE 4 (two entries' shares, two index streams): 128 / 200 / 176, no spills (112 or 120 for the
+// producer spilled 40-180 B). The pool is the launch allocation (168 per thread): what the consumers add must be
+// what the producer releases, or setmaxnreg.inc waits forever.
+template <int TPE>
+struct WgtRegs {
+  static constexpr int kProd = TPE == 2 ? 112 : 128, kWg0 = 200, kWg1 = TPE == 2 ? 192 : 176;
+  static_assert(kProd + kWg0 + kWg1 == 3 * 168 && kWg1 >= 168, "setmaxnreg: the consumers' registers are the producer's");
+};
+
+// One 16-byte load through the non-coherent path; the L2 fetches the whole 256-byte line, so an entry's next
+// chunks (read by the same thread or its partner) come from L2. volatile: issued where written, i.e. before the
+// barrier the producer then waits at.
+__device__ __forceinline__ uint4 ldg_nc_v4(const void* ptr) {
+  uint4 r;
+  asm volatile("ld.global.nc.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(ptr));
+  return r;
+}
+__device__ __forceinline__ uint2 ldg_nc_v2(const void* ptr) {
+  uint2 r;
+  asm volatile("ld.global.nc.v2.u32 {%0, %1}, [%2];\n" : "=r"(r.x), "=r"(r.y) : "l"(ptr));
+  return r;
+}
+
+// QK for a 64-entry tile: S (64 x 64, fp32) += A B^T, both bf16 K-major in shared memory.
+__device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+      "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+
+// The validated index of position pos of the row's list (the main indices, then the extra ones): -1 when
+// invalid, kExtraBit set for the extra source (index_list's rule for one position).
+__device__ __forceinline__ int load_index(const MlaParams& p, int row, int pos) {
+  if (pos < p.topk) {
+    const int i = __ldg(p.indices + static_cast<size_t>(row) * p.topk + pos);
+    return (i >= 0 && i < p.num_entries) ? i : -1;
+  }
+  const int i = __ldg(p.indices_extra + static_cast<size_t>(row) * p.topk_extra + (pos - p.topk));
+  return (i >= 0 && i < p.num_entries_extra) ? (i | kExtraBit) : -1;
+}
+
+// What a producer thread j (of TPE per entry) holds of one entry between its load and its conversion: its share
+// of the NoPE chunks (kN: V3.2 16 / 8, V4 14 / 7 for TPE 2 / 4), the scales that cover them and 8 / TPE of the
+// entry's eight RoPE chunks. Which chunks (chunk(j, k)): TPE 2, the contiguous half j (as first measured); TPE 4,
+// chunks j + 4 k, so that the four threads of an entry, adjacent lanes, read 64 contiguous bytes per load (a
+// warp's load touches 8 entries' lines, not 32) and chunk k lies in V4 scale group k / V3.2 scale tile k / 2
+// (known at compile time). Scales: V3.2 fp32, two from 2 j on (TPE 2) or all four (TPE 4); V4 the 8-byte UE8M0
+// record.
+template <class L, int TPE>
+struct WgtRaw {
+  static constexpr bool kV4 = L::kDqk == 512;
+  static constexpr bool kInterleaved = TPE == 4;
+  static constexpr int kN = L::kNope / (16 * TPE);
+  static constexpr int kR = 8 / TPE;
+  static constexpr int kS = (!kV4 && TPE == 4) ? 4 : 2;   // 32-bit scale words
+  __device__ static int chunk(int j, int k) { return kInterleaved ? j + TPE * k : kN * j + k; }
+  __device__ static int rope_chunk(int j, int k) { return kInterleaved ? j + TPE * k : kR * j + k; }
+  uint4 w[kN];
+  uint4 rope[kR];
+  uint32_t scl[kS];
+};
+
+template <class L, int TPE, int PROBE>
+__device__ __forceinline__ void wgt_load(const MlaParams& p, int v, int j, WgtRaw<L, TPE>& raw) {
+  using R = WgtRaw<L, TPE>;
+  if (v < 0 || (PROBE & 1)) {   // invalid: zeros (never read; the conversion of zeros with a unit scale gives zeros)
+#pragma unroll
+    for (int k = 0; k < R::kN; ++k) raw.w[k] = make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int k = 0; k < R::kR; ++k) raw.rope[k] = make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int k = 0; k < R::kS; ++k) raw.scl[k] = L::kDqk == 512 ? 0x7f7f7f7fu : 0x3f800000u;   // 1.0 (UE8M0 / fp32)
+    return;
+  }
+  const uint8_t* blk = entry_block(p, v);
+  const int off = v & ((1 << p.page_shift) - 1);
+  const uint8_t* rec = blk + static_cast<long long>(off) * L::kTok;
+#pragma unroll
+  for (int k = 0; k < R::kN; ++k) raw.w[k] = ldg_nc_v4(rec + R::chunk(j, k) * 16);
+#pragma unroll
+  for (int k = 0; k < R::kR; ++k) raw.rope[k] = ldg_nc_v4(rec + L::kRopeRaw + R::rope_chunk(j, k) * 16);
+  if constexpr (R::kS == 4) {   // V3.2, TPE 4: all four fp32 scales
+    const uint4 x = ldg_nc_v4(rec + 512);
+    raw.scl[0] = x.x, raw.scl[1] = x.y, raw.scl[2] = x.z, raw.scl[3] = x.w;
+  } else {
+    const uint2 x = L::kDqk == 512 ? ldg_nc_v2(blk + (static_cast<long long>(L::kTok) << p.page_shift) + off * 8)
+                                   : ldg_nc_v2(rec + 512 + 8 * j);
+    raw.scl[0] = x.x, raw.scl[1] = x.y;
+  }
+}
+
+// Converts what thread j holds of entry e into row e of a bf16 tile (e4m3 x scale rounded to bf16: the fast
+// path when the scale times 2^112 is an exact normal bf16, else through fp32, as wg_convert16_regs).
+template <class L, int TPE, int PROBE>
+__device__ __forceinline__ void wgt_store(const WgtRaw<L, TPE>& raw, int e, int j, uint8_t* tile) {
+  using R = WgtRaw<L, TPE>;
+#pragma unroll
+  for (int k = 0; k < R::kN; ++k) {
+    const int c16 = R::chunk(j, k);
+    if constexpr (PROBE & 2) {   // tuning probe: the raw bytes, unconverted
+      *reinterpret_cast<uint4*>(tile + wg_swz<kWgtT>(e, 2 * c16)) = raw.w[k];
+      *reinterpret_cast<uint4*>(tile + wg_swz<kWgtT>(e, 2 * c16 + 1)) = make_uint4(raw.scl[0], raw.scl[1], 0, 0);
+      continue;
+    }
+    bool fast;
+    uint32_t sb;
+    float sc;
+    if constexpr (L::kDqk == 512) {   // V4: UE8M0 byte c16 / 4 of the record
+      const int bi = R::kInterleaved ? k : c16 >> 2;   // 0..6
+      const uint32_t ex = ((bi < 4 ? raw.scl[0] : raw.scl[1]) >> (8 * (bi & 3))) & 0xffu;   // no dynamic index
+      fast = ex <= 142u;
+      sb = (ex + 112u) << 7;
+      sc = __uint_as_float(ex << 23);
+    } else {                          // V3.2: fp32 scale c16 / 8
+      static_assert(R::kInterleaved || R::kN % 8 == 0, "TPE 2: a thread's chunks start at a scale tile");
+      sc = __uint_as_float(raw.scl[R::kInterleaved ? k >> 1 : k >> 3]);
+      const uint32_t b = __float_as_uint(sc * 0x1p112f);
+      fast = (b & 0xffffu) == 0 && ((b >> 23) & 0xffu) - 1u < 254u;
+      sb = b >> 16;
+    }
+    uint4 lo, hi;
+    const uint4 w = raw.w[k];
+    if (fast) {
+      const uint32_t s2 = sb | (sb << 16);
+      lo.x = fp8x2_to_bf16x2_fast(w.x & 0xffff, s2);
+      lo.y = fp8x2_to_bf16x2_fast(w.x >> 16, s2);
+      lo.z = fp8x2_to_bf16x2_fast(w.y & 0xffff, s2);
+      lo.w = fp8x2_to_bf16x2_fast(w.y >> 16, s2);
+      hi.x = fp8x2_to_bf16x2_fast(w.z & 0xffff, s2);
+      hi.y = fp8x2_to_bf16x2_fast(w.z >> 16, s2);
+      hi.z = fp8x2_to_bf16x2_fast(w.w & 0xffff, s2);
+      hi.w = fp8x2_to_bf16x2_fast(w.w >> 16, s2);
+    } else {
+      fp8x16_to_bf16(w, sc, lo, hi);
+    }
+    *reinterpret_cast<uint4*>(tile + wg_swz<kWgtT>(e, 2 * c16)) = lo;
+    *reinterpret_cast<uint4*>(tile + wg_swz<kWgtT>(e, 2 * c16 + 1)) = hi;
+  }
+#pragma unroll
+  for (int k = 0; k < R::kR; ++k)
+    *reinterpret_cast<uint4*>(tile + wg_swz<kWgtT>(e, L::kRopeChunk + R::rope_chunk(j, k))) = raw.rope[k];
+}
+
+// Producer: TPE threads per entry, each holding its share of one entry of each half of a tile (TPE 2: one entry,
+// a warp's lanes 32 entries; TPE 4: two, the lanes 8 entries x 4). The loads of tile i+1 are issued after tile
+// i is converted, so without PIPE each tile waits for its loads' whole latency; PIPE (TPE 4) issues half 0 of
+// tile i+1 right after converting half 0 of tile i, so that latency overlaps the conversion of half 1.
+// PROBE (tuning only; wrong results): bit 0 = the producer loads no entry, bit 1 = it stores the raw bytes
+// unconverted, bit 2 = the consumers skip the wgmma instructions.
+template <class L, int TPE, bool PIPE, int PROBE>
+__device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) {
+  using S = WgtSmem<L>;
+  constexpr int T = kWgtT;
+  constexpr int DQK = L::kDqk;
+  static_assert(L::kNope % 32 == 0, "two threads per entry, whole 16-byte chunks each");
+  const uint32_t base_u = smem_u32(smem_raw);
+  uint8_t* smem = smem_raw + (((base_u + 1023u) & ~1023u) - base_u);   // swizzle atoms need 1024 B alignment
+
+  uint8_t* qs = smem + S::kQ;
+  uint8_t* tiles = smem + S::kTile;
+  uint4* pbuf = reinterpret_cast<uint4*>(smem + S::kP);
+  float* alpha_s = reinterpret_cast<float*>(smem + S::kAlpha);
+  float2* fin = reinterpret_cast<float2*>(smem + S::kFin);
+  uint8_t* valid = smem + S::kValid;
+
+  const int split = blockIdx.x, hblk = blockIdx.y, row = blockIdx.z;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int wg = warp >> 2;
+  const int ntot = p.topk + p.topk_extra;
+  const int start = split * p.per_split;
+  const int n_local = max(0, min(p.per_split, ntot - start));
+  const int ntiles = (n_local + T - 1) / T;
+
+  // Q block (heads past h are zero) into the swizzled layout.
+  for (int i = tid; i < 64 * (DQK / 8); i += kWgThreads) {
+    const int r = i / (DQK / 8), c = i - r * (DQK / 8);
+    const int head = hblk * 64 + r;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (head < p.h)
+      v = __ldg(reinterpret_cast<const uint4*>(p.q + (static_cast<size_t>(row) * p.h + head) * DQK) + c);
+    *reinterpret_cast<uint4*>(qs + wg_swz<64>(r, c)) = v;
+  }
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // Q: generic stores -> wgmma reads
+  __syncthreads();
+
+  if (wg == 2) {
+    // ---------------- producer ----------------
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(WgtRegs<TPE>::kProd) : "memory");
+    const int ptid = tid - 256;
+    if constexpr (TPE == 2) {
+      const int e = ptid & (T - 1), j = ptid >> 6;   // a warp: 32 entries, one half of each
+      auto index_of = [&](int x) { return x * T + e < n_local ? load_index(p, row, start + x * T + e) : -1; };
+      WgtRaw<L, 2> raw;
+      int v = index_of(0);
+      int v_next = ntiles > 1 ? index_of(1) : -1;
+      if (ntiles > 0) wgt_load<L, 2, PROBE>(p, v, j, raw);
+      for (int it = 0; it < ntiles; ++it) {
+        const int b = it & 1;
+        if (it >= 2) bar_sync(kBarFree + b, kWgThreads);   // both consumers are done with tile it-2
+        wgt_store<L, 2, PROBE>(raw, e, j, tiles + b * S::kTileBytes);
+        if (j == 0) valid[b * T + e] = v >= 0;
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // tile: generic stores -> wgmma reads
+        bar_arrive(kBarFull + b, kWgThreads);
+        if (it + 1 < ntiles) {   // tile it+1 in flight while the consumers work
+          v = v_next;
+          v_next = it + 2 < ntiles ? index_of(it + 2) : -1;
+          wgt_load<L, 2, PROBE>(p, v, j, raw);
+        }
+      }
+    } else {
+      static_assert(TPE == 4, "2 or 4 threads per entry");
+      const int e = 8 * (ptid >> 5) + ((ptid & 31) >> 2), j = ptid & 3;   // warp w: entries 8 w .. 8 w + 7 of a half
+      auto index_of = [&](int x, int half) {
+        const int pos = x * T + 32 * half + e;
+        return pos < n_local ? load_index(p, row, start + pos) : -1;
+      };
+      WgtRaw<L, 4> ra, rb;                           // halves 0 and 1 of a tile
+      int va = index_of(0, 0), vb = index_of(0, 1);
+      int va_next = ntiles > 1 ? index_of(1, 0) : -1, vb_next = ntiles > 1 ? index_of(1, 1) : -1;
+      if (ntiles > 0) {
+        wgt_load<L, 4, PROBE>(p, va, j, ra);
+        wgt_load<L, 4, PROBE>(p, vb, j, rb);
+      }
+      auto next_a = [&](int it) {
+        va = va_next;
+        va_next = it + 2 < ntiles ? index_of(it + 2, 0) : -1;
+        wgt_load<L, 4, PROBE>(p, va, j, ra);
+      };
+      auto next_b = [&](int it) {
+        vb = vb_next;
+        vb_next = it + 2 < ntiles ? index_of(it + 2, 1) : -1;
+        wgt_load<L, 4, PROBE>(p, vb, j, rb);
+      };
+      for (int it = 0; it < ntiles; ++it) {
+        const int b = it & 1;
+        uint8_t* tile = tiles + b * S::kTileBytes;
+        if (it >= 2) bar_sync(kBarFree + b, kWgThreads);   // both consumers are done with tile it-2
+        wgt_store<L, 4, PROBE>(ra, e, j, tile);
+        if (j == 0) valid[b * T + e] = va >= 0;
+        // PIPE: half 0 of tile it+1 in flight while half 1 of tile it is converted
+        if (PIPE && it + 1 < ntiles) next_a(it);
+        wgt_store<L, 4, PROBE>(rb, 32 + e, j, tile);
+        if (j == 0) valid[b * T + 32 + e] = vb >= 0;
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // tile: generic stores -> wgmma reads
+        bar_arrive(kBarFull + b, kWgThreads);
+        if (it + 1 < ntiles) {
+          if (!PIPE) next_a(it);
+          next_b(it);
+        }
+      }
+    }
+    return;
+  }
+
+  // ---------------- consumers ----------------
+  const int ctid = tid & 127;             // thread within the warpgroup
+  const int r0 = (warp & 3) * 16 + g;     // this thread's head rows r0, r0 + 8 within the block
+  const uint32_t q_u = smem_u32(qs), tiles_u = smem_u32(tiles);
+  // V read MN-major: leading byte offset = between 64-dim column blocks, stride byte offset = between 8-entry
+  // groups (as in the wg kernels).
+  constexpr uint32_t kVLbo = T * 128u, kVSbo = 1024u;
+  float o[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) o[i] = 0.f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+
+  // O[:, 256 wg .. + 256] += P V for the tile at tile_u (four k-steps of 16 entries), after rescaling O.
+  auto pv = [&](const uint32_t (&a)[4][4], const float (&alpha)[2], uint32_t tile_u) {
+#pragma unroll
+    for (int i = 0; i < 128; ++i) o[i] *= alpha[(i >> 1) & 1];
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < (PROBE & 4 ? 0 : 4); ++kk)
+      wgmma_pv<false>(o, a[kk], wg_desc(tile_u + wg * 4 * (T * 128) + kk * 16 * 128, kVLbo, kVSbo));
+    wg_commit_wait();
+    reg_fence(o);
+  };
+  // Writes this warpgroup's half of O (and, warpgroup 0, the lse) for its two head rows.
+  auto epilogue = [&]() {
+    const int d0 = wg * 256 + 2 * t;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int head = hblk * 64 + r0 + 8 * r;
+      if (head >= p.h) continue;
+      const float l = l_run[r];
+      const float lse = row_lse(m_run[r], l);
+      if (p.splits == 1) {
+        const float f = out_factor(p, head, l, lse);
+        __nv_bfloat16* dst = p.out + (static_cast<size_t>(row) * p.h + head) * kDv + d0;
+#pragma unroll
+        for (int jj = 0; jj < 32; ++jj)
+          *reinterpret_cast<uint32_t*>(dst + 8 * jj) = pack_bf16(o[4 * jj + 2 * r] * f, o[4 * jj + 2 * r + 1] * f);
+        if (wg == 0 && t == 0) p.lse[static_cast<size_t>(row) * p.h + head] = l > 0.f ? lse : INFINITY;
+      } else {
+        const float f = l > 0.f ? 1.f / l : 0.f;
+        const size_t base = (static_cast<size_t>(row) * p.splits + split) * p.h + head;
+        float* dst = p.o_part + base * kDv + d0;
+#pragma unroll
+        for (int jj = 0; jj < 32; ++jj)
+          *reinterpret_cast<float2*>(dst + 8 * jj) = make_float2(o[4 * jj + 2 * r] * f, o[4 * jj + 2 * r + 1] * f);
+        if (wg == 0 && t == 0) p.lse_part[base] = lse;
+      }
+    }
+  };
+
+  if (wg == 0) {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(WgtRegs<TPE>::kWg0) : "memory");
+    for (int it = 0; it < ntiles; ++it) {
+      const int b = it & 1;
+      const uint32_t tile_u = tiles_u + b * S::kTileBytes;
+      bar_sync(kBarFull + b, kWgThreads);
+      float s[32];
+#pragma unroll
+      for (int i = 0; i < 32; ++i) s[i] = 0.f;
+      wg_fence();
+#pragma unroll
+      for (int k = 0; k < (PROBE & 4 ? 0 : DQK / 16); ++k) {
+        const uint32_t ko = (k & 3) * 32u;   // k-step within the 128-byte row
+        wgmma_m64n64k16_ss(s, wg_desc(q_u + (k >> 2) * (64 * 128) + ko, 16, 1024),
+                           wg_desc(tile_u + (k >> 2) * (T * 128) + ko, 16, 1024), k);
+      }
+      wg_commit_wait();
+      reg_fence(s);
+      // s[4 jj + q]: head r0 (q < 2) or r0 + 8, entry 8 jj + 2 t + (q & 1).
+      const uint8_t* vb = valid + b * T;
+      float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int jj = 0; jj < 8; ++jj)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const bool ok = vb[8 * jj + 2 * t + (q & 1)] != 0;
+          s[4 * jj + q] = ok ? s[4 * jj + q] * p.scale_log2 : -INFINITY;
+          mx[q >> 1] = fmaxf(mx[q >> 1], s[4 * jj + q]);
+        }
+      float m_use[2], alpha[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        const float m_new = fmaxf(m_run[r], mx[r]);
+        m_use[r] = m_new == -INFINITY ? 0.f : m_new;   // nothing valid yet: exp2(-inf - 0) = 0, never NaN
+        alpha[r] = exp2f(m_run[r] - m_use[r]);
+        m_run[r] = m_new;
+      }
+      float sum[2] = {0.f, 0.f};
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        s[i] = exp2f(s[i] - m_use[(i >> 1) & 1]);
+        sum[(i >> 1) & 1] += s[i];
+      }
+      // The quad's partial sums are combined once at the end (alpha is the same across the quad).
+      l_run[0] = l_run[0] * alpha[0] + sum[0];
+      l_run[1] = l_run[1] * alpha[1] + sum[1];
+      uint32_t a[4][4];
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        a[kk][0] = pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
+        a[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
+        a[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
+        a[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
+      }
+      if (it >= 1) bar_sync(kBarPFreeT, 256);   // warpgroup 1 has read P of tile it-1
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) pbuf[kk * 128 + ctid] = make_uint4(a[kk][0], a[kk][1], a[kk][2], a[kk][3]);
+      if (t == 0) {
+        alpha_s[r0] = alpha[0];
+        alpha_s[r0 + 8] = alpha[1];
+      }
+      bar_arrive(kBarPFullT, 256);
+      pv(a, alpha, tile_u);
+      if (it + 2 < ntiles) bar_arrive(kBarFree + b, kWgThreads);
+    }
+    // Epilogue: complete the sums and hand (m, l) of each head row to warpgroup 1.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
+      l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
+    }
+    if (t == 0) {
+      fin[r0] = make_float2(m_run[0], l_run[0]);
+      fin[r0 + 8] = make_float2(m_run[1], l_run[1]);
+    }
+    bar_arrive(kBarFin, 256);
+    epilogue();
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(WgtRegs<TPE>::kWg1) : "memory");
+    for (int it = 0; it < ntiles; ++it) {
+      const int b = it & 1;
+      bar_sync(kBarFull + b, kWgThreads);
+      bar_sync(kBarPFullT, 256);
+      uint32_t a[4][4];
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        const uint4 x = pbuf[kk * 128 + ctid];
+        a[kk][0] = x.x;
+        a[kk][1] = x.y;
+        a[kk][2] = x.z;
+        a[kk][3] = x.w;
+      }
+      const float alpha[2] = {alpha_s[r0], alpha_s[r0 + 8]};
+      if (it + 1 < ntiles) bar_arrive(kBarPFreeT, 256);
+      pv(a, alpha, tiles_u + b * S::kTileBytes);
+      if (it + 2 < ntiles) bar_arrive(kBarFree + b, kWgThreads);
+    }
+    bar_sync(kBarFin, 256);
+    const float2 f0 = fin[r0], f1 = fin[r0 + 8];
+    m_run[0] = f0.x; l_run[0] = f0.y;
+    m_run[1] = f1.x; l_run[1] = f1.y;
+    epilogue();
+  }
+}
 #endif  // sm_90a
 
 // Kernel entry: the wg kernels exist for sm_90a only (the sm_120a build gets a trap; the launcher never
@@ -2229,6 +2670,15 @@ template <int NST, bool SC>
 __device__ __forceinline__ void wge_entry(const MlaParams& p, uint8_t* smem) {
 #ifdef MLA_HAS_WGMMA
   wge_body<NST, SC>(p, smem);
+#else
+  __trap();
+#endif
+}
+
+template <class L, int TPE, bool PIPE, int PROBE>
+__device__ __forceinline__ void wgt_entry(const MlaParams& p, uint8_t* smem) {
+#ifdef MLA_HAS_WGMMA
+  wgt_body<L, TPE, PIPE, PROBE>(p, smem);
 #else
   __trap();
 #endif
@@ -2263,12 +2713,21 @@ __device__ __forceinline__ void wge_entry(const MlaParams& p, uint8_t* smem) {
     wge_entry<NST, SC>(p, smem);                                                                          \
   }
 
+#define WGT_KERNEL(NAME, LAY, TPE, PIPE, PROBE)                                                                   \
+  extern "C" __global__ void __launch_bounds__(kWgThreads, 1) NAME(const __grid_constant__ MlaParams p) { \
+    extern __shared__ __align__(128) uint8_t smem[];                                                      \
+    griddep_launch_dependents();                                                                          \
+    wgt_entry<Layout##LAY, TPE, PIPE, PROBE>(p, smem);                                                    \
+  }
+
 SPARSE_MLA_FIRST_KERNELS(MLA_KERNEL)
 SPARSE_MLA_DS_KERNELS(DS_KERNEL)
 SPARSE_MLA_WG_KERNELS(WG_KERNEL)
 SPARSE_MLA_WGE_KERNELS(WGE_KERNEL)
 #ifdef PDSERVE_TUNING_PROBES
 SPARSE_MLA_WG_PROBE_KERNELS(WG_KERNEL)
+SPARSE_MLA_WGT_KERNELS(WGT_KERNEL)          // experimental (tuning build only)
+SPARSE_MLA_WGT_PROBE_KERNELS(WGT_KERNEL)
 #endif
 
 // Merge the splits of one (row, head): lse = log sum_s exp(lse_s); o = sum_s exp(lse_s - lse) o_s,

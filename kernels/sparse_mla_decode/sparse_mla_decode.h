@@ -158,6 +158,24 @@ struct WgeSmem {
   static_assert(kSidx + kWgAlignSlack + 4 * 2048 <= 232448, "a V3.2 top-2048 split fits the 227 KB of an H200 CTA");
 };
 
+// Shared-memory layout of a wgt kernel (bytes from a 1024-aligned base, + kWgAlignSlack): 64-entry tiles gathered
+// through registers, so no raw ring and no index list: Q, two bf16 tiles, one P buffer for warpgroup 1 with the
+// per-head rescale factors, the epilogue's (m, l) per head and per tile buffer one validity byte per entry.
+constexpr int kWgtT = 64;       // entries per tile
+template <class L>
+struct WgtSmem {
+  static constexpr int kQ = 0;                               // bf16 Q [d_qk/64][64 heads][128 B]
+  static constexpr int kTileBytes = kWgtT * L::kDqk * 2;     // bf16 tile [d_qk/64][64 entries][128 B]
+  static constexpr int kTile = kQ + 64 * L::kDqk * 2;        // two tile buffers
+  static constexpr int kP = kTile + 2 * kTileBytes;          // P: [4 k-steps][128 threads] x 16 B (bf16)
+  static constexpr int kAlpha = kP + 4 * 128 * 16;           // 64 floats: per-head rescale of the tile
+  static constexpr int kFin = kAlpha + 64 * 4;               // 64 x float2: (m, l) per head
+  static constexpr int kValid = kFin + 64 * 8;               // 2 x 64 bytes: entry valid, per tile buffer
+  static constexpr int kEnd = kValid + 2 * kWgtT;
+  static_assert(kTile % 1024 == 0 && kTileBytes % 1024 == 0, "tile buffers hold whole 1024-byte swizzle atoms");
+  static_assert(kEnd + kWgAlignSlack <= 232448, "fits the 227 KB of an H200 CTA whatever the split length");
+};
+
 constexpr int kCombineThreads = 128;
 
 }  // namespace
@@ -215,6 +233,19 @@ constexpr int kCombineThreads = 128;
   X(sparse_mla_wg_v4_s3_c2, V4, 3, 0, false, true)        \
   X(sparse_mla_wg_v32_s3_c2, V32, 3, 0, false, true)
 
+// wgt kernels (sm_90a, fp8; kWgThreads, 64 heads per CTA, kWgtT-entry tiles gathered through registers, no ring),
+// experimental: in the tuning build only until one is measured faster than the wg kernels (NOTES.md "wgt
+// kernels"). sparse_mla_wg_<layout>_t64 (2 producer threads per entry), _t64q (4, adjacent lanes: a warp's load
+// touches 8 entries), _t64p (as _t64q, the loads of each half-tile issued as soon as its registers are free).
+// X(NAME, LAYOUT, TPE, PIPE, PROBE).
+#define SPARSE_MLA_WGT_KERNELS(X)                         \
+  X(sparse_mla_wg_v4_t64, V4, 2, false, 0)                \
+  X(sparse_mla_wg_v32_t64, V32, 2, false, 0)              \
+  X(sparse_mla_wg_v4_t64q, V4, 4, false, 0)               \
+  X(sparse_mla_wg_v32_t64q, V32, 4, false, 0)             \
+  X(sparse_mla_wg_v4_t64p, V4, 4, true, 0)                \
+  X(sparse_mla_wg_v32_t64p, V32, 4, true, 0)
+
 // wge kernels (sm_90a, V3.2 fp8 only; kWgThreads, 64 heads per CTA, kWgT-entry tiles): the wg kernels exact for any
 // fp32 tile scale (raw e4m3 in f16, the scales applied to the fp32 partial S and to P): sparse_mla_wg_v32_s<stages>_e.
 // X(NAME, NST, SC): _c2 (SC) warpgroup 1 converts half of each tile.
@@ -228,3 +259,10 @@ constexpr int kCombineThreads = 128;
   X(sparse_mla_wg_v32_s3_x1, V32, 3, 1, false, false)     \
   X(sparse_mla_wg_v32_s3_x2, V32, 3, 2, false, false)     \
   X(sparse_mla_wg_v32_s3_x3, V32, 3, 3, false, false)
+// wgt probes (PROBE bits: 1 = no entry loads, 2 = no conversion, 4 = no wgmma).
+#define SPARSE_MLA_WGT_PROBE_KERNELS(X)                   \
+  X(sparse_mla_wg_v32_t64_x1, V32, 2, false, 1)           \
+  X(sparse_mla_wg_v32_t64_x2, V32, 2, false, 2)           \
+  X(sparse_mla_wg_v32_t64_x4, V32, 2, false, 4)           \
+  X(sparse_mla_wg_v32_t64_x5, V32, 2, false, 5)           \
+  X(sparse_mla_wg_v32_t64q_x2, V32, 4, false, 2)

@@ -1,7 +1,9 @@
 """Tuning aid for the wg kernels (not a test). Default: runs every wg kernel on small V4 and V3.2 inputs and
 prints its relative error against the fp32 reference (how the MN-major V descriptor convention was settled:
 NOTES.md "wg kernels"; the _x probes print ~1.0 by design). `--time`: median us of every V3.2 wg kernel,
-probes included (no conversion / no wgmma / neither), at four shapes: which side bounds a tile.
+probes included (no conversion / no wgmma / neither; for the experimental wgt kernels also no entry loads),
+at four shapes: which side bounds a tile. `--pool N`: a KV pool of N entries (default 2^20, 688 MB; e.g. 16384,
+11 MB, to see what the gathers' TLB misses cost).
 The probes exist only in the tuning build: run `bash kernels/tuning/build.sh` first (it writes
 kernels/build/sparse_mla_decode_tuning.{fatbin,json}), then `python3 kernels/tuning/probe_wg.py [--time]` from
 the repo root on an sm_90a GPU."""
@@ -64,7 +66,9 @@ def time_probes() -> None:
     g = torch.Generator(device="cuda")
     g.manual_seed(3)
     lay = LAYOUTS["v32"]
-    _, kv = random_pool(lay, 1 << 20, g)
+    n_pool = int(sys.argv[sys.argv.index("--pool") + 1]) if "--pool" in sys.argv else 1 << 20
+    _, kv = random_pool(lay, n_pool, g)
+    print(f"V3.2 pool of {kv.shape[0] * PAGE} entries")
     timer = Timer(head_start_cycles=200_000)
     names = sorted(n for n, k in mla.kernels.family("wg").items() if k.shape["layout"] == "v32")
     print("| B | h | " + " | ".join(names) + " |")

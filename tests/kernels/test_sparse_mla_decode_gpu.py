@@ -294,6 +294,59 @@ def test_wg_next_n_2_no_sinks_pages_scales(mla, gen, sm90):
     run_and_check(mla, gen, "v32", 2, 1, 64, 1000, q_scale=2.0 ** -20, sm_scale=2.0 ** 14, variant="wg")
 
 
+# ---- wgt kernels (sm_90a, experimental: the wg CTA with 64-entry tiles gathered through the producer's
+# registers; in the tuning fatbin only, kernels/tuning/build.sh) ----
+
+@pytest.fixture(scope="module")
+def mla_tuning(mla):
+    from pdserve_kernels.sparse_mla_decode import SparseMlaDecode
+
+    built = REPO / "kernels" / "build" / "sparse_mla_decode_tuning.fatbin"
+    if not built.is_file():
+        if shutil.which("nvcc") is None:
+            pytest.skip("no tuning fatbin (kernels/tuning/build.sh) and no nvcc to build one")
+        subprocess.run(["bash", str(REPO / "kernels" / "tuning" / "build.sh")], check=True, timeout=900)
+    return SparseMlaDecode(fatbin=str(built))
+
+
+WGT_KERNELS = [f"sparse_mla_wg_{lay}_{v}" for v in ("t64", "t64q", "t64p") for lay in ("v4", "v32")]
+
+
+def test_wgt_kernels_are_experimental_and_in_the_tuning_fatbin_only(mla, mla_tuning):
+    experimental = {n for n, k in mla_tuning.kernels.family("wg").items()
+                    if k.shape.get("experimental") and not k.shape.get("probe")}
+    assert experimental == set(WGT_KERNELS)
+    assert not experimental & set(mla.kernels.kernels)
+
+
+@pytest.mark.parametrize("name", WGT_KERNELS)
+def test_wgt_kernels(mla_tuning, gen, sm90, name):
+    # every wg case: tile counts around the two buffers and the register prefetch (1 to 4 tiles, and many),
+    # NaN in every unselected entry, -1 and out-of-range indices, empty rows, splits through the combine (empty
+    # splits included), sinks or not, next_n 2, pages 1 / 2, q far outside bf16's comfortable range, 16 heads
+    # (a block mostly empty), 96 and 128 heads (two head blocks, the second partly empty)
+    mla, layout = mla_tuning, name.split("_")[3]
+    extra = 128 if layout == "v4" else 0
+    long = 2048 if layout == "v32" else 512
+    for topk in (1, 31, 33, 63, 64, 65, 127, 128, 129, 200, 257):
+        run_and_check(mla, gen, layout, 2, 1, 64, topk, kernel=name)
+    run_and_check(mla, gen, layout, 3, 1, 64, 512, topk_extra=extra, empty_rows=(1,), kernel=name)
+    run_and_check(mla, gen, layout, 2, 1, 96, 33, topk_extra=extra // 4, kernel=name)
+    for h in (16, 64, 96, 128):
+        run_and_check(mla, gen, layout, 2, 1, h, long, topk_extra=extra, empty_rows=(1,), kernel=name)
+    for splits in (1, 3, 16):
+        run_and_check(mla, gen, layout, 3, 1, 128, long, topk_extra=extra, empty_rows=(2,), splits=splits,
+                      kernel=name)
+        run_and_check(mla, gen, layout, 2, 1, 64, 2048 if layout == "v32" else 1025, invalid_frac=0.95,
+                      splits=splits, kernel=name)
+    run_and_check(mla, gen, layout, 2, 2, 64, 512, topk_extra=extra, sinks=False, sm_scale=0.13523, kernel=name)
+    run_and_check(mla, gen, layout, 2, 1, 64, 1000, q_scale=2.0 ** -20, sm_scale=2.0 ** 14, kernel=name)
+    run_and_check(mla, gen, layout, 2, 1, 64, 300, topk_extra=extra // 4, page=1, kernel=name)
+    run_and_check(mla, gen, layout, 2, 1, 64, 300, topk_extra=extra // 4, page=2, kernel=name)
+    if layout == "v32":   # fp32 scales that are not powers of two: the conversion's fp32 path
+        run_and_check(mla, gen, "v32", 2, 1, 64, 2048, empty_rows=(1,), scale_factor=1 + 2 ** -20, kernel=name)
+
+
 # ---- wge kernels (sm_90a, V3.2: the wg pipeline exact for any fp32 tile scale) ----
 
 WGE_KERNELS = ["sparse_mla_wg_v32_s3_e", "sparse_mla_wg_v32_s3_e_c2"]
