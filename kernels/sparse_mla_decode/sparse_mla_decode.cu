@@ -1292,10 +1292,11 @@ __device__ __forceinline__ void reg_fence(float (&d)[N]) {
 
 // 16 e4m3 values (one 16-byte chunk, already loaded) times the chunk's scale -> 16 bf16. The fp32 path (scales outside bf16's exact range: not in
 // practice) is inline, so the hot loop has no call.
-template <class L>
-__device__ __forceinline__ void wg_convert16_regs(const uint4 w, const uint8_t* srec, int c16, uint4& lo, uint4& hi) {
-  bool fast;
-  const uint32_t sb = L::scale_bf16_112(srec, c16, fast);
+// 16 e4m3 values times their scale: fast (sb = scale x 2^112 as exact, normal bf16 bits) one bf16x2 multiply per
+// pair, else through fp32 with the scale `slow_scale()` (evaluated only on that path).
+template <class SlowScale>
+__device__ __forceinline__ void fp8x16_to_bf16_scaled(const uint4 w, bool fast, uint32_t sb, const SlowScale& slow_scale,
+                                                      uint4& lo, uint4& hi) {
   if (fast) {
     const uint32_t s2 = sb | (sb << 16);
     lo.x = fp8x2_to_bf16x2_fast(w.x & 0xffff, s2);
@@ -1307,9 +1308,14 @@ __device__ __forceinline__ void wg_convert16_regs(const uint4 w, const uint8_t* 
     hi.z = fp8x2_to_bf16x2_fast(w.w & 0xffff, s2);
     hi.w = fp8x2_to_bf16x2_fast(w.w >> 16, s2);
   } else {
-    const float sc = L::scale(srec, c16);
-    fp8x16_to_bf16(w, sc, lo, hi);
+    fp8x16_to_bf16(w, slow_scale(), lo, hi);
   }
+}
+template <class L>
+__device__ __forceinline__ void wg_convert16_regs(const uint4 w, const uint8_t* srec, int c16, uint4& lo, uint4& hi) {
+  bool fast;
+  const uint32_t sb = L::scale_bf16_112(srec, c16, fast);
+  fp8x16_to_bf16_scaled(w, fast, sb, [&] { return L::scale(srec, c16); }, lo, hi);
 }
 
 // f16 tile (H): 16 e4m3 values times the chunk's scale -> 16 f16 (cvt.rn.f16x2.e4m3x2, exact, then one f16x2
@@ -1406,6 +1412,38 @@ __device__ __forceinline__ void wg_release_tile(int it, int ntiles, int wg, cons
       refill(it + 2);
     } else {
       bar_arrive(kBarFree + (it & 1), kWgThreads);
+    }
+  }
+}
+
+// A consumer warpgroup's epilogue (wg and wgt kernels): its half of O (dims 256 wg ..; the m64n256 accumulator of
+// head rows r0, r0 + 8) for the heads below h, normalized and as bf16 output with the sink (splits == 1) or as
+// the split's fp32 partial; warpgroup 0 also writes the lse.
+__device__ __forceinline__ void wg_write_rows(const MlaParams& p, const float (&o)[128], const float (&m_run)[2],
+                                              const float (&l_run)[2], int row, int split, int hblk, int r0, int wg,
+                                              int t) {
+  const int d0 = wg * 256 + 2 * t;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int head = hblk * 64 + r0 + 8 * r;
+    if (head >= p.h) continue;
+    const float l = l_run[r];
+    const float lse = row_lse(m_run[r], l);
+    if (p.splits == 1) {
+      const float f = out_factor(p, head, l, lse);
+      __nv_bfloat16* dst = p.out + (static_cast<size_t>(row) * p.h + head) * kDv + d0;
+#pragma unroll
+      for (int j = 0; j < 32; ++j)
+        *reinterpret_cast<uint32_t*>(dst + 8 * j) = pack_bf16(o[4 * j + 2 * r] * f, o[4 * j + 2 * r + 1] * f);
+      if (wg == 0 && t == 0) p.lse[static_cast<size_t>(row) * p.h + head] = l > 0.f ? lse : INFINITY;
+    } else {
+      const float f = l > 0.f ? 1.f / l : 0.f;
+      const size_t base = (static_cast<size_t>(row) * p.splits + split) * p.h + head;
+      float* dst = p.o_part + base * kDv + d0;
+#pragma unroll
+      for (int j = 0; j < 32; ++j)
+        *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[4 * j + 2 * r] * f, o[4 * j + 2 * r + 1] * f);
+      if (wg == 0 && t == 0) p.lse_part[base] = lse;
     }
   }
 }
@@ -1746,30 +1784,7 @@ __device__ __forceinline__ void wg_body(const MlaParams& p, uint8_t* smem_raw) {
     const float4 f4 = fin[ctid];
     m_run[0] = f4.x; m_run[1] = f4.y; l_run[0] = f4.z; l_run[1] = f4.w;
   }
-  const int d0 = wg * 256 + 2 * t;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int head = hblk * 64 + r0 + 8 * r;
-    if (head >= p.h) continue;
-    const float l = l_run[r];
-    const float lse = row_lse(m_run[r], l);
-    if (p.splits == 1) {
-      const float f = out_factor(p, head, l, lse);
-      __nv_bfloat16* dst = p.out + (static_cast<size_t>(row) * p.h + head) * kDv + d0;
-#pragma unroll
-      for (int j = 0; j < 32; ++j)
-        *reinterpret_cast<uint32_t*>(dst + 8 * j) = pack_bf16(o[4 * j + 2 * r] * f, o[4 * j + 2 * r + 1] * f);
-      if (wg == 0 && t == 0) p.lse[static_cast<size_t>(row) * p.h + head] = l > 0.f ? lse : INFINITY;
-    } else {
-      const float f = l > 0.f ? 1.f / l : 0.f;
-      const size_t base = (static_cast<size_t>(row) * p.splits + split) * p.h + head;
-      float* dst = p.o_part + base * kDv + d0;
-#pragma unroll
-      for (int j = 0; j < 32; ++j)
-        *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[4 * j + 2 * r] * f, o[4 * j + 2 * r + 1] * f);
-      if (wg == 0 && t == 0) p.lse_part[base] = lse;
-    }
-  }
+  wg_write_rows(p, o, m_run, l_run, row, split, hblk, r0, wg, t);
 }
 
 // ---- "wge" kernels (sm_90a, V3.2 fp8): the wg kernels, exact for any fp32 tile scale ----
@@ -2230,7 +2245,6 @@ __device__ __forceinline__ void wge_body(const MlaParams& p, uint8_t* smem_raw) 
 // Same equations, conversion (e4m3 x scale rounded to bf16, as the wg kernels), outputs and split protocol as
 // the kernels above. Measured (H200, 2026-12-01, NOTES.md "wgt kernels"): _t64 (TPE 2) correct but 1.2-2.5x slower
 // than the default kernels; _t64q / _t64p (TPE 4) not yet run on a GPU.
-constexpr int kBarPFullT = 5, kBarPFreeT = 7;
 // Registers per thread after setmaxnreg, per TPE (ptxas -v, nvcc 13.0, 2026-12-01). TPE 2: 112 / 200 / 192, no
 // spills, no wgmma serialization (120 / 216 / 168 serialized the wgmmas; 104 / 216 / 184 spilled 160 B in the
 // V3.2 producer). TPE 4 (two entries' shares, two index streams): 128 / 200 / 176, no spills (112 or 120 for the
@@ -2242,6 +2256,9 @@ struct WgtRegs {
   static_assert(kProd + kWg0 + kWg1 == 3 * 168 && kWg1 >= 168, "setmaxnreg: the consumers' registers are the producer's");
 };
 
+// The wgt kernels exist in the tuning build only: no "declared but never referenced" warning for their pieces in
+// the production build.
+#pragma nv_diag_suppress 177
 // One 16-byte load through the non-coherent path; the L2 fetches the whole 256-byte line, so an entry's next
 // chunks (read by the same thread or its partner) come from L2. volatile: issued where written, i.e. before the
 // barrier the producer then waits at.
@@ -2282,6 +2299,8 @@ __device__ __forceinline__ int load_index(const MlaParams& p, int row, int pos) 
   const int i = __ldg(p.indices_extra + static_cast<size_t>(row) * p.topk_extra + (pos - p.topk));
   return (i >= 0 && i < p.num_entries_extra) ? (i | kExtraBit) : -1;
 }
+
+#pragma nv_diag_default 177
 
 // What a producer thread j (of TPE per entry) holds of one entry between its load and its conversion: its share
 // of the NoPE chunks (kN: V3.2 16 / 8, V4 14 / 7 for TPE 2 / 4), the scales that cover them and 8 / TPE of the
@@ -2363,20 +2382,7 @@ __device__ __forceinline__ void wgt_store(const WgtRaw<L, TPE>& raw, int e, int 
       sb = b >> 16;
     }
     uint4 lo, hi;
-    const uint4 w = raw.w[k];
-    if (fast) {
-      const uint32_t s2 = sb | (sb << 16);
-      lo.x = fp8x2_to_bf16x2_fast(w.x & 0xffff, s2);
-      lo.y = fp8x2_to_bf16x2_fast(w.x >> 16, s2);
-      lo.z = fp8x2_to_bf16x2_fast(w.y & 0xffff, s2);
-      lo.w = fp8x2_to_bf16x2_fast(w.y >> 16, s2);
-      hi.x = fp8x2_to_bf16x2_fast(w.z & 0xffff, s2);
-      hi.y = fp8x2_to_bf16x2_fast(w.z >> 16, s2);
-      hi.z = fp8x2_to_bf16x2_fast(w.w & 0xffff, s2);
-      hi.w = fp8x2_to_bf16x2_fast(w.w >> 16, s2);
-    } else {
-      fp8x16_to_bf16(w, sc, lo, hi);
-    }
+    fp8x16_to_bf16_scaled(raw.w[k], fast, sb, [&] { return sc; }, lo, hi);
     *reinterpret_cast<uint4*>(tile + wg_swz<kWgtT>(e, 2 * c16)) = lo;
     *reinterpret_cast<uint4*>(tile + wg_swz<kWgtT>(e, 2 * c16 + 1)) = hi;
   }
@@ -2385,10 +2391,11 @@ __device__ __forceinline__ void wgt_store(const WgtRaw<L, TPE>& raw, int e, int 
     *reinterpret_cast<uint4*>(tile + wg_swz<kWgtT>(e, L::kRopeChunk + R::rope_chunk(j, k))) = raw.rope[k];
 }
 
-// Producer: TPE threads per entry, each holding its share of one entry of each half of a tile (TPE 2: one entry,
-// a warp's lanes 32 entries; TPE 4: two, the lanes 8 entries x 4). The loads of tile i+1 are issued after tile
-// i is converted, so without PIPE each tile waits for its loads' whole latency; PIPE (TPE 4) issues half 0 of
-// tile i+1 right after converting half 0 of tile i, so that latency overlaps the conversion of half 1.
+// Producer: TPE threads per entry, each holding its share of one entry per tile (TPE 2; a warp's lanes are 32
+// entries) or of one entry in each half-tile (TPE 4; a warp's lanes are 8 entries x 4). The loads of tile i+1
+// are issued after tile i is converted, so without PIPE each tile waits for its loads' whole latency; PIPE
+// (TPE 4) issues half 0 of tile i+1 right after converting half 0 of tile i, so that its latency overlaps the
+// conversion of half 1.
 // PROBE (tuning only; wrong results): bit 0 = the producer loads no entry, bit 1 = it stores the raw bytes
 // unconverted, bit 2 = the consumers skip the wgmma instructions.
 template <class L, int TPE, bool PIPE, int PROBE>
@@ -2396,7 +2403,7 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
   using S = WgtSmem<L>;
   constexpr int T = kWgtT;
   constexpr int DQK = L::kDqk;
-  static_assert(L::kNope % 32 == 0, "two threads per entry, whole 16-byte chunks each");
+  static_assert(L::kNope % (16 * TPE) == 0, "whole 16-byte chunks per producer thread");
   const uint32_t base_u = smem_u32(smem_raw);
   uint8_t* smem = smem_raw + (((base_u + 1023u) & ~1023u) - base_u);   // swizzle atoms need 1024 B alignment
 
@@ -2519,33 +2526,6 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
     wg_commit_wait();
     reg_fence(o);
   };
-  // Writes this warpgroup's half of O (and, warpgroup 0, the lse) for its two head rows.
-  auto epilogue = [&]() {
-    const int d0 = wg * 256 + 2 * t;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int head = hblk * 64 + r0 + 8 * r;
-      if (head >= p.h) continue;
-      const float l = l_run[r];
-      const float lse = row_lse(m_run[r], l);
-      if (p.splits == 1) {
-        const float f = out_factor(p, head, l, lse);
-        __nv_bfloat16* dst = p.out + (static_cast<size_t>(row) * p.h + head) * kDv + d0;
-#pragma unroll
-        for (int jj = 0; jj < 32; ++jj)
-          *reinterpret_cast<uint32_t*>(dst + 8 * jj) = pack_bf16(o[4 * jj + 2 * r] * f, o[4 * jj + 2 * r + 1] * f);
-        if (wg == 0 && t == 0) p.lse[static_cast<size_t>(row) * p.h + head] = l > 0.f ? lse : INFINITY;
-      } else {
-        const float f = l > 0.f ? 1.f / l : 0.f;
-        const size_t base = (static_cast<size_t>(row) * p.splits + split) * p.h + head;
-        float* dst = p.o_part + base * kDv + d0;
-#pragma unroll
-        for (int jj = 0; jj < 32; ++jj)
-          *reinterpret_cast<float2*>(dst + 8 * jj) = make_float2(o[4 * jj + 2 * r] * f, o[4 * jj + 2 * r + 1] * f);
-        if (wg == 0 && t == 0) p.lse_part[base] = lse;
-      }
-    }
-  };
 
   if (wg == 0) {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(WgtRegs<TPE>::kWg0) : "memory");
@@ -2603,14 +2583,14 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
         a[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
         a[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
       }
-      if (it >= 1) bar_sync(kBarPFreeT, 256);   // warpgroup 1 has read P of tile it-1
+      if (it >= 1) bar_sync(kBarPFree, 256);   // warpgroup 1 has read P of tile it-1
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) pbuf[kk * 128 + ctid] = make_uint4(a[kk][0], a[kk][1], a[kk][2], a[kk][3]);
       if (t == 0) {
         alpha_s[r0] = alpha[0];
         alpha_s[r0 + 8] = alpha[1];
       }
-      bar_arrive(kBarPFullT, 256);
+      bar_arrive(kBarPFull, 256);
       pv(a, alpha, tile_u);
       if (it + 2 < ntiles) bar_arrive(kBarFree + b, kWgThreads);
     }
@@ -2625,13 +2605,13 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
       fin[r0 + 8] = make_float2(m_run[1], l_run[1]);
     }
     bar_arrive(kBarFin, 256);
-    epilogue();
+    wg_write_rows(p, o, m_run, l_run, row, split, hblk, r0, wg, t);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(WgtRegs<TPE>::kWg1) : "memory");
     for (int it = 0; it < ntiles; ++it) {
       const int b = it & 1;
       bar_sync(kBarFull + b, kWgThreads);
-      bar_sync(kBarPFullT, 256);
+      bar_sync(kBarPFull, 256);
       uint32_t a[4][4];
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
@@ -2642,7 +2622,7 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
         a[kk][3] = x.w;
       }
       const float alpha[2] = {alpha_s[r0], alpha_s[r0 + 8]};
-      if (it + 1 < ntiles) bar_arrive(kBarPFreeT, 256);
+      if (it + 1 < ntiles) bar_arrive(kBarPFree, 256);
       pv(a, alpha, tiles_u + b * S::kTileBytes);
       if (it + 2 < ntiles) bar_arrive(kBarFree + b, kWgThreads);
     }
@@ -2650,7 +2630,7 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
     const float2 f0 = fin[r0], f1 = fin[r0 + 8];
     m_run[0] = f0.x; l_run[0] = f0.y;
     m_run[1] = f1.x; l_run[1] = f1.y;
-    epilogue();
+    wg_write_rows(p, o, m_run, l_run, row, split, hblk, r0, wg, t);
   }
 }
 #endif  // sm_90a
