@@ -91,12 +91,13 @@ void sparse_mla_decode() {
   SPARSE_MLA_WGE_KERNELS(WGE_META)
 #ifdef PDSERVE_TUNING_PROBES
   SPARSE_MLA_WG_PROBE_KERNELS(WG_META)
-  // Experimental kernels ("experimental": true): correct, but not measured faster than what they would replace.
-#define WGT_META(NAME, LAY, TPE, PIPE, PROBE)                                                                    \
+  // Experimental kernels ("experimental": true): not (yet) measured faster than what they would replace.
+#define WGT_META(NAME, LAY, TPE, PIPE, SPLIT, PROBE)                                                         \
   {                                                                                                          \
-    std::snprintf(more, sizeof more, ", \"probe\": %d, \"f16\": false, \"split_convert\": false, "            \
-                  "\"exact_scales\": false, \"threads_per_entry\": %d, \"pipelined\": %s, \"experimental\": true", \
-                  PROBE, TPE, PIPE ? "true" : "false");                                                      \
+    std::snprintf(more, sizeof more,                                                                         \
+                  ", \"probe\": %d, \"f16\": false, \"exact_scales\": false, \"threads_per_entry\": %d, "          \
+                  "\"pipelined\": %s, \"split_convert\": %s, \"experimental\": true",                              \
+                  PROBE, TPE, PIPE ? "true" : "false", SPLIT ? "true" : "false");                            \
     kernel(k, #NAME, "wg", kWgThreads, WgtSmem<Geom##LAY>::kEnd + kWgAlignSlack, 0, "entry",                 \
            mla_shape<Geom##LAY>(buf, sizeof buf, kWgHeads, kWgtT, 2, more));                                 \
   }

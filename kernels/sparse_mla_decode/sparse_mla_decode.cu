@@ -2250,9 +2250,13 @@ __device__ __forceinline__ void wge_body(const MlaParams& p, uint8_t* smem_raw) 
 // V3.2 producer). TPE 4 (two entries' shares, two index streams): 128 / 200 / 176, no spills (112 or 120 for the
 // producer spilled 40-180 B). The pool is the launch allocation (168 per thread): what the consumers add must be
 // what the producer releases, or setmaxnreg.inc waits forever.
-template <int TPE>
+// SPLIT (warpgroup 1 converts half of each tile: its raw entries and O, no P, in registers; the producer two
+// half-tile sets): 120 / 192 / 192, no spills (120 / 200 / 184 spilled 44-244 B in warpgroup 1, 112 / 200 / 192
+// 4-24 B).
+template <int TPE, bool SPLIT>
 struct WgtRegs {
-  static constexpr int kProd = TPE == 2 ? 112 : 128, kWg0 = 200, kWg1 = TPE == 2 ? 192 : 176;
+  static constexpr int kProd = SPLIT ? 120 : TPE == 2 ? 112 : 128, kWg0 = SPLIT ? 192 : 200,
+                       kWg1 = SPLIT ? 192 : TPE == 2 ? 192 : 176;
   static_assert(kProd + kWg0 + kWg1 == 3 * 168 && kWg1 >= 168, "setmaxnreg: the consumers' registers are the producer's");
 };
 
@@ -2287,6 +2291,18 @@ __device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t da, 
         "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
         "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
       : "l"(da), "l"(db), "r"(scale_d));
+}
+
+// PV with P from shared memory: O (64 x 256, fp32) += A B, A (P, bf16) K-major and B (V) MN-major, both in shared
+// memory (the _t64c kernels' warpgroup 1, which has no registers to spare for P).
+__device__ __forceinline__ void wgmma_m64n256k16_ss(float (&d)[128], uint64_t da, uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
+      "%128, %129, p, 1, 1, 0, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "l"(da), "l"(db), "r"(1));
 }
 
 // The validated index of position pos of the row's list (the main indices, then the extra ones): -1 when
@@ -2395,11 +2411,15 @@ __device__ __forceinline__ void wgt_store(const WgtRaw<L, TPE>& raw, int e, int 
 // entries) or of one entry in each half-tile (TPE 4; a warp's lanes are 8 entries x 4). The loads of tile i+1
 // are issued after tile i is converted, so without PIPE each tile waits for its loads' whole latency; PIPE
 // (TPE 4) issues half 0 of tile i+1 right after converting half 0 of tile i, so that its latency overlaps the
-// conversion of half 1.
+// conversion of half 1. SPLIT (TPE 4): the producer converts half 0 of every tile, holding two tiles' shares (the
+// loads of tile i+2 are issued once tile i is converted, so they have two tiles' time to land), and warpgroup 1
+// converts half 1 after its PV of the tile two back, in the time warpgroup 0 spends on QK and the softmax
+// (the wg kernels' _c2 split); warpgroup 1 then reads P from shared memory (wgmma SS), with no registers for it.
 // PROBE (tuning only; wrong results): bit 0 = the producer loads no entry, bit 1 = it stores the raw bytes
 // unconverted, bit 2 = the consumers skip the wgmma instructions.
-template <class L, int TPE, bool PIPE, int PROBE>
+template <class L, int TPE, bool PIPE, bool SPLIT, int PROBE>
 __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) {
+  static_assert(!SPLIT || (TPE == 4 && !PIPE), "SPLIT: 4 threads per entry, two sets in the producer");
   using S = WgtSmem<L>;
   constexpr int T = kWgtT;
   constexpr int DQK = L::kDqk;
@@ -2436,9 +2456,29 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
 
   if (wg == 2) {
     // ---------------- producer ----------------
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(WgtRegs<TPE>::kProd) : "memory");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(WgtRegs<TPE, SPLIT>::kProd) : "memory");
     const int ptid = tid - 256;
-    if constexpr (TPE == 2) {
+    if constexpr (SPLIT) {
+      const int e = 8 * (ptid >> 5) + ((ptid & 31) >> 2), j = ptid & 3;   // half 0: warp w, entries 8 w .. 8 w + 7
+      auto index_of = [&](int x) { return x * T + e < n_local ? load_index(p, row, start + x * T + e) : -1; };
+      WgtRaw<L, 4> ra, rb;                           // even and odd tiles
+      int va = -1, vb = -1;
+      if (ntiles > 0) wgt_load<L, 4, PROBE>(p, va = index_of(0), j, ra);
+      if (ntiles > 1) wgt_load<L, 4, PROBE>(p, vb = index_of(1), j, rb);
+      auto step = [&](int it, WgtRaw<L, 4>& raw, int& v) {
+        const int b = it & 1;
+        if (it >= 2) bar_sync(kBarFree + b, kWgThreads);   // both consumers are done with tile it-2
+        wgt_store<L, 4, PROBE>(raw, e, j, tiles + b * S::kTileBytes);
+        if (j == 0) valid[b * T + e] = v >= 0;
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // tile: generic stores -> wgmma reads
+        bar_arrive(kBarFull + b, kWgThreads);
+        if (it + 2 < ntiles) wgt_load<L, 4, PROBE>(p, v = index_of(it + 2), j, raw);
+      };
+      for (int it = 0; it < ntiles; it += 2) {   // two steps per trip: each register set is named statically
+        step(it, ra, va);
+        if (it + 1 < ntiles) step(it + 1, rb, vb);
+      }
+    } else if constexpr (TPE == 2) {
       const int e = ptid & (T - 1), j = ptid >> 6;   // a warp: 32 entries, one half of each
       auto index_of = [&](int x) { return x * T + e < n_local ? load_index(p, row, start + x * T + e) : -1; };
       WgtRaw<L, 2> raw;
@@ -2528,7 +2568,7 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
   };
 
   if (wg == 0) {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(WgtRegs<TPE>::kWg0) : "memory");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(WgtRegs<TPE, SPLIT>::kWg0) : "memory");
     for (int it = 0; it < ntiles; ++it) {
       const int b = it & 1;
       const uint32_t tile_u = tiles_u + b * S::kTileBytes;
@@ -2584,8 +2624,23 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
         a[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
       }
       if (it >= 1) bar_sync(kBarPFree, 256);   // warpgroup 1 has read P of tile it-1
+      if constexpr (SPLIT) {
+        // P as the K-major, 128B-swizzled A operand of warpgroup 1's wgmma: row r (head), entry c at
+        // r * 128 + ((c / 8) ^ (r % 8)) * 16 + (c % 8) * 2; a[kk][q] holds row r0 + 8 (q & 1), entries
+        // 8 (2 kk + q / 2) + 2 t, + 1 (conflict-free: the 32 lanes hit 32 banks).
+        uint8_t* ps = reinterpret_cast<uint8_t*>(pbuf);
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) pbuf[kk * 128 + ctid] = make_uint4(a[kk][0], a[kk][1], a[kk][2], a[kk][3]);
+        for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const int r = r0 + 8 * (q & 1), jj = 2 * kk + (q >> 1);
+            *reinterpret_cast<uint32_t*>(ps + r * 128 + ((jj ^ (r & 7)) << 4) + 4 * t) = a[kk][q];
+          }
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // P: generic stores -> wgmma reads
+      } else {
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) pbuf[kk * 128 + ctid] = make_uint4(a[kk][0], a[kk][1], a[kk][2], a[kk][3]);
+      }
       if (t == 0) {
         alpha_s[r0] = alpha[0];
         alpha_s[r0 + 8] = alpha[1];
@@ -2606,8 +2661,53 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
     }
     bar_arrive(kBarFin, 256);
     wg_write_rows(p, o, m_run, l_run, row, split, hblk, r0, wg, t);
+  } else if constexpr (SPLIT) {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(WgtRegs<TPE, SPLIT>::kWg1) : "memory");
+    const int e = 32 + 8 * (ctid >> 5) + ((ctid & 31) >> 2), j = ctid & 3;   // half 1: entries 32 + 8 w ..
+    auto index_of = [&](int x) { return x * T + e < n_local ? load_index(p, row, start + x * T + e) : -1; };
+    WgtRaw<L, 4> raw;
+    int v = -1;
+    auto convert = [&](int x) {   // half 1 of tile x into buffer x & 1, then its share of "tile full"
+      const int b = x & 1;
+      wgt_store<L, 4, PROBE>(raw, e, j, tiles + b * S::kTileBytes);
+      if (j == 0) valid[b * T + e] = v >= 0;
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // tile: generic stores -> wgmma reads
+      bar_arrive(kBarFull + b, kWgThreads);
+    };
+    for (int x = 0; x < min(ntiles, 2); ++x) {
+      wgt_load<L, 4, PROBE>(p, v = index_of(x), j, raw);
+      convert(x);
+    }
+    if (ntiles > 2) wgt_load<L, 4, PROBE>(p, v = index_of(2), j, raw);
+    const uint32_t p_u = smem_u32(pbuf);
+    for (int it = 0; it < ntiles; ++it) {
+      const int b = it & 1;
+      const uint32_t tile_u = tiles_u + b * S::kTileBytes;
+      bar_sync(kBarPFull, 256);   // P of tile it (and so both halves of the tile) ready
+      const float alpha[2] = {alpha_s[r0], alpha_s[r0 + 8]};
+#pragma unroll
+      for (int i = 0; i < 128; ++i) o[i] *= alpha[(i >> 1) & 1];
+      wg_fence();
+#pragma unroll
+      for (int kk = 0; kk < (PROBE & 4 ? 0 : 4); ++kk)
+        wgmma_m64n256k16_ss(o, wg_desc(p_u + kk * 32, 16, 1024),
+                            wg_desc(tile_u + 4 * (T * 128) + kk * 16 * 128, kVLbo, kVSbo));
+      wg_commit_wait();
+      reg_fence(o);
+      if (it + 1 < ntiles) bar_arrive(kBarPFree, 256);   // P read (by the wgmma) before warpgroup 0 rewrites it
+      if (it + 2 < ntiles) {
+        bar_sync(kBarFree + b, kWgThreads);   // warpgroup 0 is done with tile it too
+        convert(it + 2);
+        if (it + 3 < ntiles) wgt_load<L, 4, PROBE>(p, v = index_of(it + 3), j, raw);
+      }
+    }
+    bar_sync(kBarFin, 256);
+    const float2 f0 = fin[r0], f1 = fin[r0 + 8];
+    m_run[0] = f0.x; l_run[0] = f0.y;
+    m_run[1] = f1.x; l_run[1] = f1.y;
+    wg_write_rows(p, o, m_run, l_run, row, split, hblk, r0, wg, t);
   } else {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(WgtRegs<TPE>::kWg1) : "memory");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(WgtRegs<TPE, SPLIT>::kWg1) : "memory");
     for (int it = 0; it < ntiles; ++it) {
       const int b = it & 1;
       bar_sync(kBarFull + b, kWgThreads);
@@ -2655,10 +2755,10 @@ __device__ __forceinline__ void wge_entry(const MlaParams& p, uint8_t* smem) {
 #endif
 }
 
-template <class L, int TPE, bool PIPE, int PROBE>
+template <class L, int TPE, bool PIPE, bool SPLIT, int PROBE>
 __device__ __forceinline__ void wgt_entry(const MlaParams& p, uint8_t* smem) {
 #ifdef MLA_HAS_WGMMA
-  wgt_body<L, TPE, PIPE, PROBE>(p, smem);
+  wgt_body<L, TPE, PIPE, SPLIT, PROBE>(p, smem);
 #else
   __trap();
 #endif
@@ -2693,11 +2793,11 @@ __device__ __forceinline__ void wgt_entry(const MlaParams& p, uint8_t* smem) {
     wge_entry<NST, SC>(p, smem);                                                                          \
   }
 
-#define WGT_KERNEL(NAME, LAY, TPE, PIPE, PROBE)                                                                   \
+#define WGT_KERNEL(NAME, LAY, TPE, PIPE, SPLIT, PROBE)                                                            \
   extern "C" __global__ void __launch_bounds__(kWgThreads, 1) NAME(const __grid_constant__ MlaParams p) { \
     extern __shared__ __align__(128) uint8_t smem[];                                                      \
     griddep_launch_dependents();                                                                          \
-    wgt_entry<Layout##LAY, TPE, PIPE, PROBE>(p, smem);                                                    \
+    wgt_entry<Layout##LAY, TPE, PIPE, SPLIT, PROBE>(p, smem);                                             \
   }
 
 SPARSE_MLA_FIRST_KERNELS(MLA_KERNEL)

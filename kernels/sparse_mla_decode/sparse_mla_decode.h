@@ -236,15 +236,17 @@ constexpr int kCombineThreads = 128;
 // wgt kernels (sm_90a, fp8; kWgThreads, 64 heads per CTA, kWgtT-entry tiles gathered through registers, no ring),
 // experimental: in the tuning build only until one is measured faster than the wg kernels (NOTES.md "wgt
 // kernels"). sparse_mla_wg_<layout>_t64 (2 producer threads per entry), _t64q (4, adjacent lanes: a warp's load
-// touches 8 entries), _t64p (as _t64q, the loads of each half-tile issued as soon as its registers are free).
-// X(NAME, LAYOUT, TPE, PIPE, PROBE).
+// touches 8 entries), _t64p (as _t64q, the loads of each half-tile issued as soon as its registers are free),
+// _t64c (as _t64q, warpgroup 1 converting half of each tile). X(NAME, LAYOUT, TPE, PIPE, SPLIT, PROBE).
 #define SPARSE_MLA_WGT_KERNELS(X)                         \
-  X(sparse_mla_wg_v4_t64, V4, 2, false, 0)                \
-  X(sparse_mla_wg_v32_t64, V32, 2, false, 0)              \
-  X(sparse_mla_wg_v4_t64q, V4, 4, false, 0)               \
-  X(sparse_mla_wg_v32_t64q, V32, 4, false, 0)             \
-  X(sparse_mla_wg_v4_t64p, V4, 4, true, 0)                \
-  X(sparse_mla_wg_v32_t64p, V32, 4, true, 0)
+  X(sparse_mla_wg_v4_t64, V4, 2, false, false, 0)         \
+  X(sparse_mla_wg_v32_t64, V32, 2, false, false, 0)       \
+  X(sparse_mla_wg_v4_t64q, V4, 4, false, false, 0)        \
+  X(sparse_mla_wg_v32_t64q, V32, 4, false, false, 0)      \
+  X(sparse_mla_wg_v4_t64p, V4, 4, true, false, 0)         \
+  X(sparse_mla_wg_v32_t64p, V32, 4, true, false, 0)       \
+  X(sparse_mla_wg_v4_t64c, V4, 4, false, true, 0)         \
+  X(sparse_mla_wg_v32_t64c, V32, 4, false, true, 0)
 
 // wge kernels (sm_90a, V3.2 fp8 only; kWgThreads, 64 heads per CTA, kWgT-entry tiles): the wg kernels exact for any
 // fp32 tile scale (raw e4m3 in f16, the scales applied to the fp32 partial S and to P): sparse_mla_wg_v32_s<stages>_e.
@@ -261,8 +263,9 @@ constexpr int kCombineThreads = 128;
   X(sparse_mla_wg_v32_s3_x3, V32, 3, 3, false, false)
 // wgt probes (PROBE bits: 1 = no entry loads, 2 = no conversion, 4 = no wgmma).
 #define SPARSE_MLA_WGT_PROBE_KERNELS(X)                   \
-  X(sparse_mla_wg_v32_t64_x1, V32, 2, false, 1)           \
-  X(sparse_mla_wg_v32_t64_x2, V32, 2, false, 2)           \
-  X(sparse_mla_wg_v32_t64_x4, V32, 2, false, 4)           \
-  X(sparse_mla_wg_v32_t64_x5, V32, 2, false, 5)           \
-  X(sparse_mla_wg_v32_t64q_x2, V32, 4, false, 2)
+  X(sparse_mla_wg_v32_t64_x1, V32, 2, false, false, 1)    \
+  X(sparse_mla_wg_v32_t64_x2, V32, 2, false, false, 2)    \
+  X(sparse_mla_wg_v32_t64_x4, V32, 2, false, false, 4)    \
+  X(sparse_mla_wg_v32_t64_x5, V32, 2, false, false, 5)    \
+  X(sparse_mla_wg_v32_t64q_x2, V32, 4, false, false, 2)   \
+  X(sparse_mla_wg_v32_t64c_x2, V32, 4, false, true, 2)

@@ -309,7 +309,7 @@ def mla_tuning(mla):
     return SparseMlaDecode(fatbin=str(built))
 
 
-WGT_KERNELS = [f"sparse_mla_wg_{lay}_{v}" for v in ("t64", "t64q", "t64p") for lay in ("v4", "v32")]
+WGT_KERNELS = [f"sparse_mla_wg_{lay}_{v}" for v in ("t64", "t64q", "t64p", "t64c") for lay in ("v4", "v32")]
 
 
 def test_wgt_kernels_are_experimental_and_in_the_tuning_fatbin_only(mla, mla_tuning):
