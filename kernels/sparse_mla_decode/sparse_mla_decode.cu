@@ -2305,6 +2305,44 @@ __device__ __forceinline__ void wgmma_m64n256k16_ss(float (&d)[128], uint64_t da
       : "l"(da), "l"(db), "r"(1));
 }
 
+// Thread-block cluster pieces (the _t64x kernels: two CTAs, one per 64-head block, sharing every converted tile):
+// this CTA's rank, a shared-memory address in the peer's window, 16 / 4 bytes stored there whose arrival
+// completes that many bytes of a transaction on the peer's mbarrier, an arrival on the peer's mbarrier, a wait
+// that acquires at cluster scope, and the cluster barrier (every thread of both CTAs).
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ uint32_t cluster_map(const void* ptr, uint32_t rank) {
+  uint32_t d;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(d) : "r"(smem_u32(ptr)), "r"(rank));
+  return d;
+}
+__device__ __forceinline__ void st_async_v4(uint32_t addr, uint4 v, uint32_t mbar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];\n"
+               ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(mbar) : "memory");
+}
+__device__ __forceinline__ void st_async_b32(uint32_t addr, uint32_t v, uint32_t mbar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n"
+               ::"r"(addr), "r"(v), "r"(mbar) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_remote(uint32_t addr) {
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(addr) : "memory");
+}
+__device__ __forceinline__ void mbar_wait_cluster(uint64_t* bar, uint32_t parity) {
+  uint32_t done;
+  do {
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+                 "selp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done) : "r"(smem_u32(bar)), "r"(parity) : "memory");
+  } while (!done);
+}
+__device__ __forceinline__ void cluster_sync_all() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
 // The validated index of position pos of the row's list (the main indices, then the extra ones): -1 when
 // invalid, kExtraBit set for the extra source (index_list's rule for one position).
 __device__ __forceinline__ int load_index(const MlaParams& p, int row, int pos) {
@@ -2370,15 +2408,22 @@ __device__ __forceinline__ void wgt_load(const MlaParams& p, int v, int j, WgtRa
 
 // Converts what thread j holds of entry e into row e of a bf16 tile (e4m3 x scale rounded to bf16: the fast
 // path when the scale times 2^112 is an exact normal bf16, else through fp32, as wg_convert16_regs).
-template <class L, int TPE, int PROBE>
-__device__ __forceinline__ void wgt_store(const WgtRaw<L, TPE>& raw, int e, int j, uint8_t* tile) {
+// Where a converted 16-byte chunk goes: put(byte offset in the tile buffer, value).
+#pragma nv_diag_suppress 177
+struct WgtPutLocal {
+  uint8_t* tile;
+  __device__ void operator()(int off, uint4 v) const { *reinterpret_cast<uint4*>(tile + off) = v; }
+};
+#pragma nv_diag_default 177
+template <class L, int TPE, int PROBE, class Put>
+__device__ __forceinline__ void wgt_store(const WgtRaw<L, TPE>& raw, int e, int j, const Put& put) {
   using R = WgtRaw<L, TPE>;
 #pragma unroll
   for (int k = 0; k < R::kN; ++k) {
     const int c16 = R::chunk(j, k);
     if constexpr (PROBE & 2) {   // tuning probe: the raw bytes, unconverted
-      *reinterpret_cast<uint4*>(tile + wg_swz<kWgtT>(e, 2 * c16)) = raw.w[k];
-      *reinterpret_cast<uint4*>(tile + wg_swz<kWgtT>(e, 2 * c16 + 1)) = make_uint4(raw.scl[0], raw.scl[1], 0, 0);
+      put(wg_swz<kWgtT>(e, 2 * c16), raw.w[k]);
+      put(wg_swz<kWgtT>(e, 2 * c16 + 1), make_uint4(raw.scl[0], raw.scl[1], 0, 0));
       continue;
     }
     bool fast;
@@ -2399,12 +2444,11 @@ __device__ __forceinline__ void wgt_store(const WgtRaw<L, TPE>& raw, int e, int 
     }
     uint4 lo, hi;
     fp8x16_to_bf16_scaled(raw.w[k], fast, sb, [&] { return sc; }, lo, hi);
-    *reinterpret_cast<uint4*>(tile + wg_swz<kWgtT>(e, 2 * c16)) = lo;
-    *reinterpret_cast<uint4*>(tile + wg_swz<kWgtT>(e, 2 * c16 + 1)) = hi;
+    put(wg_swz<kWgtT>(e, 2 * c16), lo);
+    put(wg_swz<kWgtT>(e, 2 * c16 + 1), hi);
   }
 #pragma unroll
-  for (int k = 0; k < R::kR; ++k)
-    *reinterpret_cast<uint4*>(tile + wg_swz<kWgtT>(e, L::kRopeChunk + R::rope_chunk(j, k))) = raw.rope[k];
+  for (int k = 0; k < R::kR; ++k) put(wg_swz<kWgtT>(e, L::kRopeChunk + R::rope_chunk(j, k)), raw.rope[k]);
 }
 
 // Producer: TPE threads per entry, each holding its share of one entry per tile (TPE 2; a warp's lanes are 32
@@ -2417,9 +2461,10 @@ __device__ __forceinline__ void wgt_store(const WgtRaw<L, TPE>& raw, int e, int 
 // (the wg kernels' _c2 split); warpgroup 1 then reads P from shared memory (wgmma SS), with no registers for it.
 // PROBE (tuning only; wrong results): bit 0 = the producer loads no entry, bit 1 = it stores the raw bytes
 // unconverted, bit 2 = the consumers skip the wgmma instructions.
-template <class L, int TPE, bool PIPE, bool SPLIT, int PROBE>
+template <class L, int TPE, bool PIPE, bool SPLIT, int PROBE, bool CLUSTER = false>
 __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) {
   static_assert(!SPLIT || (TPE == 4 && !PIPE), "SPLIT: 4 threads per entry, two sets in the producer");
+  static_assert(!CLUSTER || (TPE == 4 && !PIPE && !SPLIT), "CLUSTER: the SPLIT producer's layout, no split");
   using S = WgtSmem<L>;
   constexpr int T = kWgtT;
   constexpr int DQK = L::kDqk;
@@ -2433,6 +2478,9 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
   float* alpha_s = reinterpret_cast<float*>(smem + S::kAlpha);
   float2* fin = reinterpret_cast<float2*>(smem + S::kFin);
   uint8_t* valid = smem + S::kValid;
+  uint32_t* valid32 = reinterpret_cast<uint32_t*>(smem + S::kValid32);   // CLUSTER
+  uint64_t* rready = reinterpret_cast<uint64_t*>(smem + S::kBar);        // CLUSTER: the peer's half landed [2]
+  uint64_t* avail = rready + 2;                                          // CLUSTER: both CTAs done with it [2]
 
   const int split = blockIdx.x, hblk = blockIdx.y, row = blockIdx.z;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
@@ -2452,13 +2500,79 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
     *reinterpret_cast<uint4*>(qs + wg_swz<64>(r, c)) = v;
   }
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // Q: generic stores -> wgmma reads
-  __syncthreads();
+  if constexpr (CLUSTER) {
+    if (tid == 0) {
+      for (int b = 0; b < 2; ++b) {
+        mbar_init(rready + b, 1);   // this CTA's producer (expect_tx of the peer's bytes)
+        mbar_init(avail + b, 4);    // warpgroups 0 and 1 of both CTAs
+      }
+      mbar_fence_init();
+    }
+    __syncthreads();
+    cluster_sync_all();   // both CTAs' barriers exist before either touches the other's
+  } else {
+    __syncthreads();
+  }
+  // CLUSTER: the peer CTA (the other 64-head block of the row) and the bytes it stores here per tile.
+  const uint32_t peer = CLUSTER ? cluster_rank() ^ 1u : 0u;
+  constexpr uint32_t kPeerBytes = 32 * (2 * DQK + 4);
+  auto wait_peer_half = [&](int it) {
+    if constexpr (CLUSTER) mbar_wait_cluster(rready + (it & 1), (it >> 1) & 1);
+  };
+  // End of a consumer warpgroup's tile it: buffer it & 1 is free for the producers (both CTAs' with CLUSTER).
+  auto release = [&](int it) {
+    if (it + 2 >= ntiles) return;
+    if constexpr (CLUSTER) {
+      if ((tid & 127) == 0) {
+        mbar_arrive(avail + (it & 1));
+        mbar_arrive_remote(cluster_map(avail + (it & 1), peer));
+      }
+    } else {
+      bar_arrive(kBarFree + (it & 1), kWgThreads);
+    }
+  };
 
   if (wg == 2) {
     // ---------------- producer ----------------
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(WgtRegs<TPE, SPLIT>::kProd) : "memory");
     const int ptid = tid - 256;
-    if constexpr (SPLIT) {
+    if constexpr (CLUSTER) {
+      // Half `rank` of every tile (entries 32 rank + 8 w ..), converted into this CTA's buffer and, by st.async
+      // completing bytes on the peer's rready, into the peer's: each entry gathered and converted once per row.
+      const uint32_t rank = peer ^ 1u;
+      const int e = 32 * static_cast<int>(rank) + 8 * (ptid >> 5) + ((ptid & 31) >> 2), j = ptid & 3;
+      auto index_of = [&](int x) { return x * T + e < n_local ? load_index(p, row, start + x * T + e) : -1; };
+      const uint32_t peer_tiles = cluster_map(tiles, peer), peer_valid = cluster_map(valid32, peer);
+      const uint32_t peer_rready = cluster_map(rready, peer);
+      WgtRaw<L, 4> ra, rb;                           // even and odd tiles
+      int va = -1, vb = -1;
+      if (ntiles > 0) wgt_load<L, 4, PROBE>(p, va = index_of(0), j, ra);
+      if (ntiles > 1) wgt_load<L, 4, PROBE>(p, vb = index_of(1), j, rb);
+      auto step = [&](int it, WgtRaw<L, 4>& raw, int& v) {
+        const int b = it & 1;
+        if (it >= 2) mbar_wait_cluster(avail + b, ((it >> 1) - 1) & 1);   // both CTAs are done with tile it-2
+        if (ptid == 0) mbar_arrive_expect_tx(rready + b, kPeerBytes);     // the peer's half of tile it
+        uint8_t* tile = tiles + b * S::kTileBytes;
+        const uint32_t ptile = peer_tiles + b * S::kTileBytes, pbar = peer_rready + 8 * b;
+        wgt_store<L, 4, PROBE>(raw, e, j, [&](int off, uint4 x) {
+          *reinterpret_cast<uint4*>(tile + off) = x;
+          st_async_v4(ptile + off, x, pbar);
+        });
+        if (j == 0) {
+          valid32[b * T + e] = v >= 0;
+          st_async_b32(peer_valid + 4 * (b * T + e), v >= 0, pbar);
+        }
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // tile: generic stores -> wgmma reads
+        bar_arrive(kBarFull + b, kWgThreads);                             // this CTA's half of tile it
+        if (it + 2 < ntiles) wgt_load<L, 4, PROBE>(p, v = index_of(it + 2), j, raw);
+      };
+      for (int it = 0; it < ntiles; it += 2) {
+        step(it, ra, va);
+        if (it + 1 < ntiles) step(it + 1, rb, vb);
+      }
+      cluster_sync_all();   // neither CTA leaves while the other may still reach into it
+      return;
+    } else if constexpr (SPLIT) {
       const int e = 8 * (ptid >> 5) + ((ptid & 31) >> 2), j = ptid & 3;   // half 0: warp w, entries 8 w .. 8 w + 7
       auto index_of = [&](int x) { return x * T + e < n_local ? load_index(p, row, start + x * T + e) : -1; };
       WgtRaw<L, 4> ra, rb;                           // even and odd tiles
@@ -2468,7 +2582,7 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
       auto step = [&](int it, WgtRaw<L, 4>& raw, int& v) {
         const int b = it & 1;
         if (it >= 2) bar_sync(kBarFree + b, kWgThreads);   // both consumers are done with tile it-2
-        wgt_store<L, 4, PROBE>(raw, e, j, tiles + b * S::kTileBytes);
+        wgt_store<L, 4, PROBE>(raw, e, j, WgtPutLocal{tiles + b * S::kTileBytes});
         if (j == 0) valid[b * T + e] = v >= 0;
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // tile: generic stores -> wgmma reads
         bar_arrive(kBarFull + b, kWgThreads);
@@ -2488,7 +2602,7 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
       for (int it = 0; it < ntiles; ++it) {
         const int b = it & 1;
         if (it >= 2) bar_sync(kBarFree + b, kWgThreads);   // both consumers are done with tile it-2
-        wgt_store<L, 2, PROBE>(raw, e, j, tiles + b * S::kTileBytes);
+        wgt_store<L, 2, PROBE>(raw, e, j, WgtPutLocal{tiles + b * S::kTileBytes});
         if (j == 0) valid[b * T + e] = v >= 0;
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // tile: generic stores -> wgmma reads
         bar_arrive(kBarFull + b, kWgThreads);
@@ -2526,11 +2640,11 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
         const int b = it & 1;
         uint8_t* tile = tiles + b * S::kTileBytes;
         if (it >= 2) bar_sync(kBarFree + b, kWgThreads);   // both consumers are done with tile it-2
-        wgt_store<L, 4, PROBE>(ra, e, j, tile);
+        wgt_store<L, 4, PROBE>(ra, e, j, WgtPutLocal{tile});
         if (j == 0) valid[b * T + e] = va >= 0;
         // PIPE: half 0 of tile it+1 in flight while half 1 of tile it is converted
         if (PIPE && it + 1 < ntiles) next_a(it);
-        wgt_store<L, 4, PROBE>(rb, 32 + e, j, tile);
+        wgt_store<L, 4, PROBE>(rb, 32 + e, j, WgtPutLocal{tile});
         if (j == 0) valid[b * T + 32 + e] = vb >= 0;
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // tile: generic stores -> wgmma reads
         bar_arrive(kBarFull + b, kWgThreads);
@@ -2573,6 +2687,7 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
       const int b = it & 1;
       const uint32_t tile_u = tiles_u + b * S::kTileBytes;
       bar_sync(kBarFull + b, kWgThreads);
+      wait_peer_half(it);
       float s[32];
 #pragma unroll
       for (int i = 0; i < 32; ++i) s[i] = 0.f;
@@ -2592,7 +2707,8 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
       for (int jj = 0; jj < 8; ++jj)
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          const bool ok = vb[8 * jj + 2 * t + (q & 1)] != 0;
+          const int en = 8 * jj + 2 * t + (q & 1);
+          const bool ok = CLUSTER ? valid32[b * T + en] != 0 : vb[en] != 0;
           s[4 * jj + q] = ok ? s[4 * jj + q] * p.scale_log2 : -INFINITY;
           mx[q >> 1] = fmaxf(mx[q >> 1], s[4 * jj + q]);
         }
@@ -2647,7 +2763,7 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
       }
       bar_arrive(kBarPFull, 256);
       pv(a, alpha, tile_u);
-      if (it + 2 < ntiles) bar_arrive(kBarFree + b, kWgThreads);
+      release(it);
     }
     // Epilogue: complete the sums and hand (m, l) of each head row to warpgroup 1.
 #pragma unroll
@@ -2661,6 +2777,7 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
     }
     bar_arrive(kBarFin, 256);
     wg_write_rows(p, o, m_run, l_run, row, split, hblk, r0, wg, t);
+    if constexpr (CLUSTER) cluster_sync_all();
   } else if constexpr (SPLIT) {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(WgtRegs<TPE, SPLIT>::kWg1) : "memory");
     const int e = 32 + 8 * (ctid >> 5) + ((ctid & 31) >> 2), j = ctid & 3;   // half 1: entries 32 + 8 w ..
@@ -2669,7 +2786,7 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
     int v = -1;
     auto convert = [&](int x) {   // half 1 of tile x into buffer x & 1, then its share of "tile full"
       const int b = x & 1;
-      wgt_store<L, 4, PROBE>(raw, e, j, tiles + b * S::kTileBytes);
+      wgt_store<L, 4, PROBE>(raw, e, j, WgtPutLocal{tiles + b * S::kTileBytes});
       if (j == 0) valid[b * T + e] = v >= 0;
       asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // tile: generic stores -> wgmma reads
       bar_arrive(kBarFull + b, kWgThreads);
@@ -2711,6 +2828,7 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
     for (int it = 0; it < ntiles; ++it) {
       const int b = it & 1;
       bar_sync(kBarFull + b, kWgThreads);
+      wait_peer_half(it);
       bar_sync(kBarPFull, 256);
       uint32_t a[4][4];
 #pragma unroll
@@ -2724,13 +2842,14 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
       const float alpha[2] = {alpha_s[r0], alpha_s[r0 + 8]};
       if (it + 1 < ntiles) bar_arrive(kBarPFree, 256);
       pv(a, alpha, tiles_u + b * S::kTileBytes);
-      if (it + 2 < ntiles) bar_arrive(kBarFree + b, kWgThreads);
+      release(it);
     }
     bar_sync(kBarFin, 256);
     const float2 f0 = fin[r0], f1 = fin[r0 + 8];
     m_run[0] = f0.x; l_run[0] = f0.y;
     m_run[1] = f1.x; l_run[1] = f1.y;
     wg_write_rows(p, o, m_run, l_run, row, split, hblk, r0, wg, t);
+    if constexpr (CLUSTER) cluster_sync_all();
   }
 }
 #endif  // sm_90a
@@ -2755,10 +2874,10 @@ __device__ __forceinline__ void wge_entry(const MlaParams& p, uint8_t* smem) {
 #endif
 }
 
-template <class L, int TPE, bool PIPE, bool SPLIT, int PROBE>
+template <class L, int TPE, bool PIPE, bool SPLIT, int PROBE, bool CLUSTER = false>
 __device__ __forceinline__ void wgt_entry(const MlaParams& p, uint8_t* smem) {
 #ifdef MLA_HAS_WGMMA
-  wgt_body<L, TPE, PIPE, SPLIT, PROBE>(p, smem);
+  wgt_body<L, TPE, PIPE, SPLIT, PROBE, CLUSTER>(p, smem);
 #else
   __trap();
 #endif
@@ -2807,6 +2926,15 @@ SPARSE_MLA_WGE_KERNELS(WGE_KERNEL)
 #ifdef PDSERVE_TUNING_PROBES
 SPARSE_MLA_WG_PROBE_KERNELS(WG_KERNEL)
 SPARSE_MLA_WGT_KERNELS(WGT_KERNEL)          // experimental (tuning build only)
+// In clusters of the two CTAs of one row's 128 heads (grid y = head blocks, so h must give an even number of them).
+#define WGTX_KERNEL(NAME, LAY)                                                                                     \
+  extern "C" __global__ void __cluster_dims__(1, 2, 1) __launch_bounds__(kWgThreads, 1)                            \
+      NAME(const __grid_constant__ MlaParams p) {                                                                  \
+    extern __shared__ __align__(128) uint8_t smem[];                                                               \
+    griddep_launch_dependents();                                                                                   \
+    wgt_entry<Layout##LAY, 4, false, false, 0, true>(p, smem);                                                     \
+  }
+SPARSE_MLA_WGTX_KERNELS(WGTX_KERNEL)
 SPARSE_MLA_WGT_PROBE_KERNELS(WGT_KERNEL)
 #endif
 

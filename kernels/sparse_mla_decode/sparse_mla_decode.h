@@ -171,7 +171,9 @@ struct WgtSmem {
   static constexpr int kAlpha = kP + 4 * 128 * 16;           // 64 floats: per-head rescale of the tile
   static constexpr int kFin = kAlpha + 64 * 4;               // 64 x float2: (m, l) per head
   static constexpr int kValid = kFin + 64 * 8;               // 2 x 64 bytes: entry valid, per tile buffer
-  static constexpr int kEnd = kValid + 2 * kWgtT;
+  static constexpr int kValid32 = kValid + 2 * kWgtT;        // _t64x: 2 x 64 words (the peer stores 4-byte units)
+  static constexpr int kBar = kValid32 + 2 * kWgtT * 4;      // _t64x: mbarriers peer-half ready [2], buffer free [2]
+  static constexpr int kEnd = kBar + 4 * 8;
   static_assert(kTile % 1024 == 0 && kTileBytes % 1024 == 0, "tile buffers hold whole 1024-byte swizzle atoms");
   static_assert(kEnd + kWgAlignSlack <= 232448, "fits the 227 KB of an H200 CTA whatever the split length");
 };
@@ -237,7 +239,9 @@ constexpr int kCombineThreads = 128;
 // experimental: in the tuning build only until one is measured faster than the wg kernels (NOTES.md "wgt
 // kernels"). sparse_mla_wg_<layout>_t64 (2 producer threads per entry), _t64q (4, adjacent lanes: a warp's load
 // touches 8 entries), _t64p (as _t64q, the loads of each half-tile issued as soon as its registers are free),
-// _t64c (as _t64q, warpgroup 1 converting half of each tile). X(NAME, LAYOUT, TPE, PIPE, SPLIT, PROBE).
+// _t64c (as _t64q, warpgroup 1 converting half of each tile), _t64x (a cluster of the two CTAs of 128 heads, each
+// converting half of every tile into both: SPARSE_MLA_WGTX_KERNELS, launched in clusters, needs an even number of
+// 64-head blocks). X(NAME, LAYOUT, TPE, PIPE, SPLIT, PROBE).
 #define SPARSE_MLA_WGT_KERNELS(X)                         \
   X(sparse_mla_wg_v4_t64, V4, 2, false, false, 0)         \
   X(sparse_mla_wg_v32_t64, V32, 2, false, false, 0)       \
@@ -247,6 +251,9 @@ constexpr int kCombineThreads = 128;
   X(sparse_mla_wg_v32_t64p, V32, 4, true, false, 0)       \
   X(sparse_mla_wg_v4_t64c, V4, 4, false, true, 0)         \
   X(sparse_mla_wg_v32_t64c, V32, 4, false, true, 0)
+#define SPARSE_MLA_WGTX_KERNELS(X)                        \
+  X(sparse_mla_wg_v4_t64x, V4)                            \
+  X(sparse_mla_wg_v32_t64x, V32)
 
 // wge kernels (sm_90a, V3.2 fp8 only; kWgThreads, 64 heads per CTA, kWgT-entry tiles): the wg kernels exact for any
 // fp32 tile scale (raw e4m3 in f16, the scales applied to the fp32 partial S and to P): sparse_mla_wg_v32_s<stages>_e.

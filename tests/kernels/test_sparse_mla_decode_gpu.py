@@ -310,12 +310,13 @@ def mla_tuning(mla):
 
 
 WGT_KERNELS = [f"sparse_mla_wg_{lay}_{v}" for v in ("t64", "t64q", "t64p", "t64c") for lay in ("v4", "v32")]
+WGTX_KERNELS = ["sparse_mla_wg_v4_t64x", "sparse_mla_wg_v32_t64x"]   # clusters of 2 head blocks: h = 65..128
 
 
 def test_wgt_kernels_are_experimental_and_in_the_tuning_fatbin_only(mla, mla_tuning):
     experimental = {n for n, k in mla_tuning.kernels.family("wg").items()
                     if k.shape.get("experimental") and not k.shape.get("probe")}
-    assert experimental == set(WGT_KERNELS)
+    assert experimental == set(WGT_KERNELS + WGTX_KERNELS)
     assert not experimental & set(mla.kernels.kernels)
 
 
@@ -345,6 +346,30 @@ def test_wgt_kernels(mla_tuning, gen, sm90, name):
     run_and_check(mla, gen, layout, 2, 1, 64, 300, topk_extra=extra // 4, page=2, kernel=name)
     if layout == "v32":   # fp32 scales that are not powers of two: the conversion's fp32 path
         run_and_check(mla, gen, "v32", 2, 1, 64, 2048, empty_rows=(1,), scale_factor=1 + 2 ** -20, kernel=name)
+
+
+@pytest.mark.parametrize("name", WGTX_KERNELS)
+def test_wgtx_cluster_kernels(mla_tuning, gen, sm90, name):
+    # the wgt cases at the head counts a cluster of two 64-head blocks serves (96: the second block partly empty)
+    mla, layout = mla_tuning, name.split("_")[3]
+    extra = 128 if layout == "v4" else 0
+    long = 2048 if layout == "v32" else 512
+    for topk in (1, 31, 33, 63, 64, 65, 127, 128, 129, 200, 257):
+        run_and_check(mla, gen, layout, 2, 1, 128, topk, kernel=name)
+    for h in (96, 128):
+        run_and_check(mla, gen, layout, 2, 1, h, long, topk_extra=extra, empty_rows=(1,), kernel=name)
+        run_and_check(mla, gen, layout, 2, 1, h, 33, topk_extra=extra // 4, kernel=name)
+    for splits in (1, 3, 16):
+        run_and_check(mla, gen, layout, 3, 1, 128, long, topk_extra=extra, empty_rows=(2,), splits=splits,
+                      kernel=name)
+        run_and_check(mla, gen, layout, 2, 1, 128, 2048 if layout == "v32" else 1025, invalid_frac=0.95,
+                      splits=splits, kernel=name)
+    run_and_check(mla, gen, layout, 2, 2, 128, 512, topk_extra=extra, sinks=False, sm_scale=0.13523, kernel=name)
+    run_and_check(mla, gen, layout, 2, 1, 128, 1000, q_scale=2.0 ** -20, sm_scale=2.0 ** 14, kernel=name)
+    run_and_check(mla, gen, layout, 2, 1, 128, 300, topk_extra=extra // 4, page=1, kernel=name)
+    run_and_check(mla, gen, layout, 2, 1, 128, 300, topk_extra=extra // 4, page=2, kernel=name)
+    if layout == "v32":
+        run_and_check(mla, gen, "v32", 2, 1, 128, 2048, empty_rows=(1,), scale_factor=1 + 2 ** -20, kernel=name)
 
 
 # ---- wge kernels (sm_90a, V3.2: the wg pipeline exact for any fp32 tile scale) ----
