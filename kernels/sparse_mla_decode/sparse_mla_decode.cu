@@ -2228,7 +2228,8 @@ __device__ __forceinline__ void wge_body(const MlaParams& p, uint8_t* smem_raw) 
   }
 }
 
-// ---- "wgt" kernels (sm_90a, fp8; experimental, tuning build only): 64-entry tiles gathered through registers ----
+// ---- "wgt" kernels (sm_90a, fp8): 64-entry tiles gathered through registers; _t64x in the production build (the
+// default at 128 heads from 64 rows), the others experimental (tuning build only) ----
 //
 // Why: the wg kernels are bound by their consumers' fixed cost per 32-entry tile (NOTES.md "wge kernels": cutting
 // the producer's work 3x moved the time 4%): every tile pays a QK wgmma chain of n = 32, its wait, the softmax's
@@ -2243,8 +2244,9 @@ __device__ __forceinline__ void wge_body(const MlaParams& p, uint8_t* smem_raw) 
 //   * warpgroup 1: O[:, 256:512] with warpgroup 0's P.
 // Named barriers only: tile full / free per buffer (producer + both consumers), P full / free (one buffer).
 // Same equations, conversion (e4m3 x scale rounded to bf16, as the wg kernels), outputs and split protocol as
-// the kernels above. Measured (H200, 2026-12-01, NOTES.md "wgt kernels"): _t64 (TPE 2) correct but 1.2-2.5x slower
-// than the default kernels; _t64q / _t64p (TPE 4) not yet run on a GPU.
+// the kernels above. Measured (H200, 2026-12-01, NOTES.md "wgt kernels"): _t64 / _t64q / _t64p / _t64c are slower
+// than the wg kernels (their gathers bound them: at 128 heads each entry is loaded by both head blocks' CTAs);
+// _t64x, one cluster per row's two head blocks, each entry gathered once, is 0.88-0.90x their time at B=64 h=128.
 // Registers per thread after setmaxnreg, per TPE (ptxas -v, nvcc 13.0, 2026-12-01). TPE 2: 112 / 200 / 192, no
 // spills, no wgmma serialization (120 / 216 / 168 serialized the wgmmas; 104 / 216 / 184 spilled 160 B in the
 // V3.2 producer). TPE 4 (two entries' shares, two index streams): 128 / 200 / 176, no spills (112 or 120 for the
@@ -2260,7 +2262,7 @@ struct WgtRegs {
   static_assert(kProd + kWg0 + kWg1 == 3 * 168 && kWg1 >= 168, "setmaxnreg: the consumers' registers are the producer's");
 };
 
-// The wgt kernels exist in the tuning build only: no "declared but never referenced" warning for their pieces in
+// Most wgt kernels exist in the tuning build only: no "declared but never referenced" warning for their pieces in
 // the production build.
 #pragma nv_diag_suppress 177
 // One 16-byte load through the non-coherent path; the L2 fetches the whole 256-byte line, so an entry's next
@@ -2923,10 +2925,7 @@ SPARSE_MLA_FIRST_KERNELS(MLA_KERNEL)
 SPARSE_MLA_DS_KERNELS(DS_KERNEL)
 SPARSE_MLA_WG_KERNELS(WG_KERNEL)
 SPARSE_MLA_WGE_KERNELS(WGE_KERNEL)
-#ifdef PDSERVE_TUNING_PROBES
-SPARSE_MLA_WG_PROBE_KERNELS(WG_KERNEL)
-SPARSE_MLA_WGT_KERNELS(WGT_KERNEL)          // experimental (tuning build only)
-// In clusters of the two CTAs of one row's 128 heads (grid y = head blocks, so h must give an even number of them).
+// wgt kernels in clusters of the two CTAs of 128 heads (grid y = head blocks, so h must give an even number of them).
 #define WGTX_KERNEL(NAME, LAY)                                                                                     \
   extern "C" __global__ void __cluster_dims__(1, 2, 1) __launch_bounds__(kWgThreads, 1)                            \
       NAME(const __grid_constant__ MlaParams p) {                                                                  \
@@ -2935,6 +2934,9 @@ SPARSE_MLA_WGT_KERNELS(WGT_KERNEL)          // experimental (tuning build only)
     wgt_entry<Layout##LAY, 4, false, false, 0, true>(p, smem);                                                     \
   }
 SPARSE_MLA_WGTX_KERNELS(WGTX_KERNEL)
+#ifdef PDSERVE_TUNING_PROBES
+SPARSE_MLA_WG_PROBE_KERNELS(WG_KERNEL)
+SPARSE_MLA_WGT_KERNELS(WGT_KERNEL)          // experimental (tuning build only)
 SPARSE_MLA_WGT_PROBE_KERNELS(WGT_KERNEL)
 #endif
 

@@ -310,14 +310,15 @@ def mla_tuning(mla):
 
 
 WGT_KERNELS = [f"sparse_mla_wg_{lay}_{v}" for v in ("t64", "t64q", "t64p", "t64c") for lay in ("v4", "v32")]
-WGTX_KERNELS = ["sparse_mla_wg_v4_t64x", "sparse_mla_wg_v32_t64x"]   # clusters of 2 head blocks: h = 65..128
+WGTX_KERNELS = ["sparse_mla_wg_v4_t64x", "sparse_mla_wg_v32_t64x"]   # production; clusters of 2 head blocks
 
 
 def test_wgt_kernels_are_experimental_and_in_the_tuning_fatbin_only(mla, mla_tuning):
     experimental = {n for n, k in mla_tuning.kernels.family("wg").items()
                     if k.shape.get("experimental") and not k.shape.get("probe")}
-    assert experimental == set(WGT_KERNELS + WGTX_KERNELS)
+    assert experimental == set(WGT_KERNELS)
     assert not experimental & set(mla.kernels.kernels)
+    assert set(WGTX_KERNELS) <= set(mla.kernels.kernels)   # the cluster kernels are production ones
 
 
 @pytest.mark.parametrize("name", WGT_KERNELS)
@@ -348,17 +349,28 @@ def test_wgt_kernels(mla_tuning, gen, sm90, name):
         run_and_check(mla, gen, "v32", 2, 1, 64, 2048, empty_rows=(1,), scale_factor=1 + 2 ** -20, kernel=name)
 
 
+def test_default_takes_the_cluster_kernels_at_128_heads_from_32_rows(mla, sm90):
+    assert mla.pick_kernel("v32", 128, rows=64) == "sparse_mla_wg_v32_t64x"
+    assert mla.pick_kernel("v4", 128, rows=128) == "sparse_mla_wg_v4_t64x"
+    assert mla.pick_kernel("v4", 96, rows=32) == "sparse_mla_wg_v4_t64x"
+    assert mla.pick_kernel("v4", 128, rows=16) == "sparse_mla_wg_v4_s3"     # not faster there (NOTES.md "wgt kernels")
+    assert mla.pick_kernel("v32", 64, rows=64) == "sparse_mla_wg_v32_s3_c2"  # one head block: no cluster
+
+
 @pytest.mark.parametrize("name", WGTX_KERNELS)
-def test_wgtx_cluster_kernels(mla_tuning, gen, sm90, name):
-    # the wgt cases at the head counts a cluster of two 64-head blocks serves (96: the second block partly empty)
-    mla, layout = mla_tuning, name.split("_")[3]
+def test_wgtx_cluster_kernels(mla, gen, sm90, name):
+    # the wgt cases at the head counts a cluster of two 64-head blocks serves (96: the second block partly empty;
+    # 256: two clusters per row)
+    layout = name.split("_")[3]
     extra = 128 if layout == "v4" else 0
     long = 2048 if layout == "v32" else 512
     for topk in (1, 31, 33, 63, 64, 65, 127, 128, 129, 200, 257):
         run_and_check(mla, gen, layout, 2, 1, 128, topk, kernel=name)
-    for h in (96, 128):
+    for h in (96, 128, 256):
         run_and_check(mla, gen, layout, 2, 1, h, long, topk_extra=extra, empty_rows=(1,), kernel=name)
         run_and_check(mla, gen, layout, 2, 1, h, 33, topk_extra=extra // 4, kernel=name)
+    with pytest.raises(ValueError, match="clusters of 2 head blocks"):
+        mla.make_plan(layout, 8, 64, 512, kernel=name)
     for splits in (1, 3, 16):
         run_and_check(mla, gen, layout, 3, 1, 128, long, topk_extra=extra, empty_rows=(2,), splits=splits,
                       kernel=name)

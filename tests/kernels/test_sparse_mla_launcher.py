@@ -18,18 +18,20 @@ def _launcher(smem_limit=232448, num_sms=132, capability=(9, 0)):
 # (layout, h, rows) -> kernel measured fastest on H200 (or within 1% of it; at rows <= 8, where calls are
 # latency-bound and vary by ~1 us between runs, the first-version kernel unless the ds kernel won clearly),
 # 2026-11-29, kernels/BENCHMARKS.md "ds kernels"; h >= 64 from 8 rows: the wg kernels (2026-11-30,
-# BENCHMARKS.md "wg kernels").
+# BENCHMARKS.md "wg kernels"); h = 96 / 128 from 32 rows: the wgt cluster kernels (2026-12-01, NOTES.md "wgt kernels").
 MEASURED_DEFAULT = {
     ("v4", 16, 1): "sparse_mla_v4_h16_t64", ("v4", 16, 8): "sparse_mla_v4_h16_t64",
     ("v4", 16, 64): "sparse_mla_ds_v4_h16_t32_s4", ("v4", 16, 128): "sparse_mla_ds_v4_h16_t32_s4",
     ("v4", 32, 8): "sparse_mla_v4_h32_t64", ("v4", 32, 64): "sparse_mla_ds_v4_h32_t64_s2",
     ("v4", 64, 1): "sparse_mla_v4_h64_t64", ("v4", 128, 1): "sparse_mla_v4_h64_t64",
     ("v4", 64, 8): "sparse_mla_wg_v4_s3", ("v4", 64, 64): "sparse_mla_wg_v4_s3",
-    ("v4", 64, 128): "sparse_mla_wg_v4_s3", ("v4", 128, 64): "sparse_mla_wg_v4_s3",
+    ("v4", 64, 128): "sparse_mla_wg_v4_s3", ("v4", 128, 64): "sparse_mla_wg_v4_t64x", ("v4", 128, 8): "sparse_mla_wg_v4_s3",
     ("v32", 16, 1): "sparse_mla_ds_v32_h16_t64_s2", ("v32", 16, 64): "sparse_mla_ds_v32_h16_t32_s4",
     ("v32", 32, 8): "sparse_mla_v32_h32_t64", ("v32", 32, 64): "sparse_mla_ds_v32_h32_t64_s2",
     ("v32", 64, 1): "sparse_mla_ds_v32_h32_t64_s2", ("v32", 128, 1): "sparse_mla_ds_v32_h32_t64_s2",
-    ("v32", 64, 8): "sparse_mla_wg_v32_s3_c2", ("v32", 128, 128): "sparse_mla_wg_v32_s3_c2",
+    ("v32", 64, 8): "sparse_mla_wg_v32_s3_c2", ("v32", 128, 8): "sparse_mla_wg_v32_s3_c2",
+    ("v32", 128, 64): "sparse_mla_wg_v32_t64x", ("v32", 128, 128): "sparse_mla_wg_v32_t64x",
+    ("v32", 128, 32): "sparse_mla_wg_v32_t64x", ("v4", 96, 32): "sparse_mla_wg_v4_t64x", ("v4", 128, 16): "sparse_mla_wg_v4_s3",
 }
 
 

@@ -67,7 +67,8 @@ class _Params(ctypes.Structure):
 _PREFIX = {"v4": "v4", "v32": "v32", "v4_bf16": "v4b", "v32_bf16": "v32b"}
 # The fp8 kernel choice: "auto" (default) = auto_fp8_kernel below, the fastest kernel measured on H200 per
 # (layout, heads, rows) (NOTES.md, "ds kernels"); "" = the first-version kernels, "ds" = the ds kernels for
-# every shape, "wg" / "wgh" = the wg kernels, "wge" = the exact-scale wg kernels (both sm_90a).
+# every shape, "wg" / "wgh" = the wg kernels, "wge" = the exact-scale wg kernels, "wgx" = the wgt cluster kernels
+# (all sm_90a).
 # PDSERVE_SPARSE_MLA_FP8_OPT overrides.
 FP8_VARIANT = os.environ.get("PDSERVE_SPARSE_MLA_FP8_OPT", "auto")
 # Rows (B * next_n) from which the ds kernels are picked where they won only at large batch (measured at
@@ -92,6 +93,8 @@ def auto_fp8_kernel(layout: str, h: int, rows: int | None, num_sms: int, sm90: b
     everywhere except 17-32 heads with few rows; V4 only with >= 64 rows, and for h > 32 only while its 32-head
     blocks fit in one wave (they gather every entry once per head block).
     """
+    if sm90 and rows is not None and rows >= WGX_MIN_ROWS and wgx_serves(h):
+        return wgx_kernel_name(layout)
     if sm90 and h >= WG_MIN_HEADS and rows is not None and rows >= WG_MIN_ROWS:
         return wg_kernel_name(layout)
     many = rows is not None and rows >= DS_MIN_ROWS
@@ -120,6 +123,25 @@ def wg_kernel_name(layout: str) -> str:
     (_c2 was 0-8% slower there: a V4 entry is cheaper to convert, so the extra hand-off costs more than it
     saves)."""
     return f"sparse_mla_wg_{layout}_s3_c2" if layout == "v32" else f"sparse_mla_wg_{layout}_s3"
+
+
+# "wgt" cluster kernels (fp8, sm_90a; sparse_mla_decode.cu, section "wgt kernels"; NOTES.md "wgt kernels"): the
+# wg kernels' three warpgroups with 64-entry tiles gathered through the producer's registers (no raw ring), the two
+# 64-head CTAs of a row as one thread-block cluster, each gathering and converting half of every tile into both, so
+# every entry is loaded once per row, not once per head block. They serve an even number of 64-head blocks (65-128
+# heads, 193-256, ...). Measured (H200, 2026-12-01, bench_mla_variants.py, h = 96 and 128, V4 CSA / V4 HCA / V3.2):
+# 0.86-0.92x the wg default's time from 64 rows (V3.2 B=64 h=128 135.9 against 149.8 us), 0.93-0.99x at 32 rows,
+# within 1-3% (slower) at 16 and slower at 8 (V4 CSA h=128 30.0 against 26.8).
+WGX_MIN_ROWS = 32
+
+
+def wgx_serves(h: int) -> bool:
+    """Whether the wgt cluster kernels serve h heads: an even number of 64-head blocks (clusters of two)."""
+    return h > 64 and -(-h // 64) % 2 == 0
+
+
+def wgx_kernel_name(layout: str) -> str:
+    return f"sparse_mla_wg_{layout}_t64x"
 
 
 # "wge" kernels (V3.2 fp8, sm_90a; sparse_mla_decode.cu, section "wge kernels"): the wg kernels' pipeline with the
@@ -227,20 +249,23 @@ class SparseMlaDecode:
         First-version kernels: heads per CTA = the smallest of 16/32/64 covering h (h > 64: blocks of 64);
         `small` (default on GPUs with < 200 KB of shared memory per block, e.g. sm_120) takes the 16-head,
         32-entry variant. fp8 `variant` (default FP8_VARIANT): "auto" (auto_fp8_kernel), "" (first version),
-        "ds" (ds_kernel_name), "wg" / "wgh" / "wge" (sm_90a only, else "auto"; "wgh": the f16-tile wg kernels;
-        "wge": the exact-scale V3.2 kernel, for V4, whose UE8M0 scales are powers of two, the default wg kernel).
+        "ds" (ds_kernel_name), "wg" / "wgh" / "wge" / "wgx" (sm_90a only, else "auto"; "wgh": the f16-tile wg kernels;
+        "wge": the exact-scale V3.2 kernel, for V4, whose UE8M0 scales are powers of two, the default wg kernel;
+        "wgx": the wgt cluster kernel where it serves h (wgx_serves), else the default wg kernel).
         The ds and wg kernels need > 99 KB of shared memory: never `small`."""
         if small is None:
             small = self.smem_limit < 200 * 1024
         base = layout.split("_")[0]
         suffix = "" if LAYOUTS[layout].bf16 else (FP8_VARIANT if variant is None else variant)
-        if suffix not in ("", "auto", "ds", "wg", "wgh", "wge"):
-            raise ValueError(f"fp8 variant must be one of 'auto', '', 'ds', 'wg', 'wgh', 'wge', got {suffix!r}"
+        if suffix not in ("", "auto", "ds", "wg", "wgh", "wge", "wgx"):
+            raise ValueError(f"fp8 variant must be one of 'auto', '', 'ds', 'wg', 'wgh', 'wge', 'wgx', got {suffix!r}"
                              + (" (PDSERVE_SPARSE_MLA_FP8_OPT)" if variant is None else ""))
-        if suffix in ("wg", "wgh", "wge"):   # sm_90a only (wgmma); elsewhere the default choice
+        if suffix in ("wg", "wgh", "wge", "wgx"):   # sm_90a only (wgmma); elsewhere the default choice
             if self.capability[0] == 9 and not small:
                 if suffix == "wgh":
                     return f"sparse_mla_wg_{base}_s3_h"
+                if suffix == "wgx" and wgx_serves(h):
+                    return wgx_kernel_name(base)
                 return wge_kernel_name() if suffix == "wge" and base == "v32" else wg_kernel_name(base)
             suffix = "auto"
         if suffix in ("auto", "ds"):
@@ -319,6 +344,10 @@ class SparseMlaDecode:
             raise ValueError(f"kernel {name!r} is not a {layout} kernel ({known})")
         if info.family == "wg" and self.capability[0] != 9:
             raise ValueError(f"kernel {name!r} needs an sm_90a GPU (wgmma); this one is sm_{self.capability[0]}{self.capability[1]}")
+        pair = info.shape.get("cluster_head_blocks", 1)
+        if -(-h // kernel_shape(info)[1]) % pair:
+            raise ValueError(f"kernel {name!r} runs in clusters of {pair} head blocks of {kernel_shape(info)[1]}: "
+                             f"h={h} gives {-(-h // kernel_shape(info)[1])}; use an h it serves or another kernel")
         n_splits, per_split = self.plan(name, rows, h, topk + topk_extra, splits)
         return MlaPlan(layout=layout, rows=rows, h=h, topk=topk, topk_extra=topk_extra, kernel=name, splits=n_splits,
                        per_split=per_split, heads_per_cta=kernel_shape(info)[1], threads=info.threads,
