@@ -20,9 +20,11 @@ Returns ``(out bf16 [B, next_n, h, 512], lse fp32 [B, next_n, h])``; lse is the 
 valid entries, without the sink; a row with no valid entry gets out = 0, lse = +inf.
 
 Kernel choice (fp8): by default ("auto", ``auto_fp8_kernel``) the fastest kernel measured on H200 for the
-layout, head count and number of query rows: on sm_90a with h >= 64 and >= 8 rows the "wg" kernels (wgmma,
-64 heads per CTA, a producer warpgroup converting each tile once), else the "ds" kernels (warps split the head
-dimension, e4m3 converted inside the MMA operands) or the first-version kernels. ``variant=`` ("wg", "wge",
+layout, head count and number of query rows: on sm_90a with an even number of 64-head blocks (96-128 heads) and
+>= 32 rows the wgt cluster kernels (``wgx_kernel_name``: 64-entry tiles gathered through registers, the two
+64-head CTAs of a row sharing every converted tile), else with h >= 64 and >= 8 rows the "wg" kernels (wgmma, 64
+heads per CTA, a producer warpgroup converting each tile once), else the "ds" kernels (warps split the head
+dimension, e4m3 converted inside the MMA operands) or the first-version kernels. ``variant=`` ("wgx", "wg", "wge",
 "ds", "" ...) / ``kernel=`` force one. V3.2 caches whose fp32 tile scales are not powers of two (SGLang's
 amax/448) need ``make_plan(fp32_scales=True)``: the "wge" kernels on sm_90a at h >= 64 from 8 rows, else the ds
 kernels, which both apply the scale exactly (``fp32_scales_kernel``). The ds kernels
@@ -130,7 +132,7 @@ def wg_kernel_name(layout: str) -> str:
 # 64-head CTAs of a row as one thread-block cluster, each gathering and converting half of every tile into both, so
 # every entry is loaded once per row, not once per head block. They serve an even number of 64-head blocks (65-128
 # heads, 193-256, ...). Measured (H200, 2026-12-01, bench_mla_variants.py, h = 96 and 128, V4 CSA / V4 HCA / V3.2):
-# 0.86-0.92x the wg default's time from 64 rows (V3.2 B=64 h=128 135.9 against 149.8 us), 0.93-0.99x at 32 rows,
+# 0.82-0.92x the wg default's time from 64 rows (V3.2 B=64 h=128 135.9 against 149.8 us), 0.91-0.98x at 32 rows,
 # within 1-3% (slower) at 16 and slower at 8 (V4 CSA h=128 30.0 against 26.8).
 WGX_MIN_ROWS = 32
 
