@@ -1416,6 +1416,23 @@ __device__ __forceinline__ void wg_release_tile(int it, int ntiles, int wg, cons
   }
 }
 
+// The online softmax's maximum step for a consumer thread's two head rows (wg, wge and wgt kernels): mx holds
+// this thread's maximum of the tile's scores per row; the quad (the row's four threads) shares it, and the
+// running maximum m_run, the offset m_use the scores are exponentiated against and the old sum's rescale alpha
+// follow.
+__device__ __forceinline__ void wg_row_max_update(float (&mx)[2], float (&m_run)[2], float (&m_use)[2],
+                                                  float (&alpha)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+    const float m_new = fmaxf(m_run[r], mx[r]);
+    m_use[r] = m_new == -INFINITY ? 0.f : m_new;   // nothing valid yet: exp2(-inf - 0) = 0, never NaN
+    alpha[r] = exp2f(m_run[r] - m_use[r]);
+    m_run[r] = m_new;
+  }
+}
+
 // A consumer warpgroup's epilogue (wg and wgt kernels): its half of O (dims 256 wg ..; the m64n256 accumulator of
 // head rows r0, r0 + 8) for the heads below h, normalized and as bf16 output with the sink (splits == 1) or as
 // the split's fp32 partial; warpgroup 0 also writes the lse.
@@ -1722,15 +1739,7 @@ __device__ __forceinline__ void wg_body(const MlaParams& p, uint8_t* smem_raw) {
           mx[q >> 1] = fmaxf(mx[q >> 1], s[4 * j + q]);
         }
       float m_use[2];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-        const float m_new = fmaxf(m_run[r], mx[r]);
-        m_use[r] = m_new == -INFINITY ? 0.f : m_new;   // nothing valid yet: exp2(-inf - 0) = 0, never NaN
-        alpha[r] = exp2f(m_run[r] - m_use[r]);
-        m_run[r] = m_new;
-      }
+      wg_row_max_update(mx, m_run, m_use, alpha);
       float sum[2] = {0.f, 0.f};
 #pragma unroll
       for (int j = 0; j < 4; ++j)
@@ -2111,15 +2120,7 @@ __device__ __forceinline__ void wge_body(const MlaParams& p, uint8_t* smem_raw) 
           mx[q >> 1] = fmaxf(mx[q >> 1], s[4 * j + q]);
         }
       float m_use[2];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-        const float m_new = fmaxf(m_run[r], mx[r]);
-        m_use[r] = m_new == -INFINITY ? 0.f : m_new;   // nothing valid yet: exp2(-inf - 0) = 0, never NaN
-        alpha[r] = exp2f(m_run[r] - m_use[r]);
-        m_run[r] = m_new;
-      }
+      wg_row_max_update(mx, m_run, m_use, alpha);
       float sum[2] = {0.f, 0.f};
 #pragma unroll
       for (int j = 0; j < 4; ++j)
@@ -2715,15 +2716,7 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
           mx[q >> 1] = fmaxf(mx[q >> 1], s[4 * jj + q]);
         }
       float m_use[2], alpha[2];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-        const float m_new = fmaxf(m_run[r], mx[r]);
-        m_use[r] = m_new == -INFINITY ? 0.f : m_new;   // nothing valid yet: exp2(-inf - 0) = 0, never NaN
-        alpha[r] = exp2f(m_run[r] - m_use[r]);
-        m_run[r] = m_new;
-      }
+      wg_row_max_update(mx, m_run, m_use, alpha);
       float sum[2] = {0.f, 0.f};
 #pragma unroll
       for (int i = 0; i < 32; ++i) {
