@@ -89,11 +89,11 @@ void sparse_mla_decode() {
            mla_shape<GeomV32>(buf, sizeof buf, kWgHeads, kWgT, NST, more));                                 \
   }
   SPARSE_MLA_WGE_KERNELS(WGE_META)
-#define WGTX_META(NAME, LAY)                                                                                 \
+#define WGTX_META(NAME, LAY, PROBE)                                                                          \
   {                                                                                                          \
     std::snprintf(more, sizeof more,                                                                         \
-                  ", \"probe\": 0, \"f16\": false, \"exact_scales\": false, \"threads_per_entry\": 4, "            \
-                  "\"pipelined\": false, \"split_convert\": false, \"cluster_head_blocks\": 2");                   \
+                  ", \"probe\": %d, \"f16\": false, \"exact_scales\": false, \"threads_per_entry\": 4, "           \
+                  "\"pipelined\": false, \"split_convert\": false, \"cluster_head_blocks\": 2", PROBE);            \
     kernel(k, #NAME, "wg", kWgThreads, WgtSmem<Geom##LAY>::kEnd + kWgAlignSlack, 0, "entry",                 \
            mla_shape<Geom##LAY>(buf, sizeof buf, kWgHeads, kWgtT, 2, more));                                 \
   }
@@ -112,6 +112,7 @@ void sparse_mla_decode() {
   }
   SPARSE_MLA_WGT_KERNELS(WGT_META)
   SPARSE_MLA_WGT_PROBE_KERNELS(WGT_META)
+  SPARSE_MLA_WGTX_PROBE_KERNELS(WGTX_META)
 #endif
   kernel(k, "sparse_mla_combine", "combine", kCombineThreads, 0, 0, "", "");
   std::printf("\n  ]\n}\n");

@@ -2919,18 +2919,19 @@ SPARSE_MLA_DS_KERNELS(DS_KERNEL)
 SPARSE_MLA_WG_KERNELS(WG_KERNEL)
 SPARSE_MLA_WGE_KERNELS(WGE_KERNEL)
 // wgt kernels in clusters of the two CTAs of 128 heads (grid y = head blocks, so h must give an even number of them).
-#define WGTX_KERNEL(NAME, LAY)                                                                                     \
+#define WGTX_KERNEL(NAME, LAY, PROBE)                                                                              \
   extern "C" __global__ void __cluster_dims__(1, 2, 1) __launch_bounds__(kWgThreads, 1)                            \
       NAME(const __grid_constant__ MlaParams p) {                                                                  \
     extern __shared__ __align__(128) uint8_t smem[];                                                               \
     griddep_launch_dependents();                                                                                   \
-    wgt_entry<Layout##LAY, 4, false, false, 0, true>(p, smem);                                                     \
+    wgt_entry<Layout##LAY, 4, false, false, PROBE, true>(p, smem);                                                 \
   }
 SPARSE_MLA_WGTX_KERNELS(WGTX_KERNEL)
 #ifdef PDSERVE_TUNING_PROBES
 SPARSE_MLA_WG_PROBE_KERNELS(WG_KERNEL)
 SPARSE_MLA_WGT_KERNELS(WGT_KERNEL)          // experimental (tuning build only)
 SPARSE_MLA_WGT_PROBE_KERNELS(WGT_KERNEL)
+SPARSE_MLA_WGTX_PROBE_KERNELS(WGTX_KERNEL)
 #endif
 
 // Merge the splits of one (row, head): lse = log sum_s exp(lse_s); o = sum_s exp(lse_s - lse) o_s,

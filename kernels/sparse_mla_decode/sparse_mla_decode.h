@@ -252,8 +252,8 @@ constexpr int kCombineThreads = 128;
   X(sparse_mla_wg_v4_t64c, V4, 4, false, true, 0)         \
   X(sparse_mla_wg_v32_t64c, V32, 4, false, true, 0)
 #define SPARSE_MLA_WGTX_KERNELS(X)                        \
-  X(sparse_mla_wg_v4_t64x, V4)                            \
-  X(sparse_mla_wg_v32_t64x, V32)
+  X(sparse_mla_wg_v4_t64x, V4, 0)                         \
+  X(sparse_mla_wg_v32_t64x, V32, 0)
 
 // wge kernels (sm_90a, V3.2 fp8 only; kWgThreads, 64 heads per CTA, kWgT-entry tiles): the wg kernels exact for any
 // fp32 tile scale (raw e4m3 in f16, the scales applied to the fp32 partial S and to P): sparse_mla_wg_v32_s<stages>_e.
@@ -276,3 +276,8 @@ constexpr int kCombineThreads = 128;
   X(sparse_mla_wg_v32_t64_x5, V32, 2, false, false, 5)    \
   X(sparse_mla_wg_v32_t64q_x2, V32, 4, false, false, 2)   \
   X(sparse_mla_wg_v32_t64c_x2, V32, 4, false, true, 2)
+// _t64x probes (tuning build): X(NAME, LAYOUT, PROBE).
+#define SPARSE_MLA_WGTX_PROBE_KERNELS(X)                  \
+  X(sparse_mla_wg_v32_t64x_x1, V32, 1)                    \
+  X(sparse_mla_wg_v32_t64x_x2, V32, 2)                    \
+  X(sparse_mla_wg_v32_t64x_x4, V32, 4)
