@@ -89,11 +89,12 @@ void sparse_mla_decode() {
            mla_shape<GeomV32>(buf, sizeof buf, kWgHeads, kWgT, NST, more));                                 \
   }
   SPARSE_MLA_WGE_KERNELS(WGE_META)
-#define WGTX_META(NAME, LAY, PROBE)                                                                          \
+#define WGTX_META(NAME, LAY, PROBE, MODE)                                                                    \
   {                                                                                                          \
     std::snprintf(more, sizeof more,                                                                         \
                   ", \"probe\": %d, \"f16\": false, \"exact_scales\": false, \"threads_per_entry\": 4, "           \
-                  "\"pipelined\": false, \"split_convert\": false, \"cluster_head_blocks\": 2", PROBE);            \
+                  "\"pipelined\": false, \"split_convert\": false, \"cluster_head_blocks\": 2, "                    \
+                  "\"cluster_exchange\": \"%s\"", PROBE, MODE == 2 ? "bulk" : "st.async");                       \
     kernel(k, #NAME, "wg", kWgThreads, WgtSmem<Geom##LAY>::kEnd + kWgAlignSlack, 0, "entry",                 \
            mla_shape<Geom##LAY>(buf, sizeof buf, kWgHeads, kWgtT, 2, more));                                 \
   }

@@ -2330,6 +2330,12 @@ __device__ __forceinline__ void st_async_b32(uint32_t addr, uint32_t v, uint32_t
   asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n"
                ::"r"(addr), "r"(v), "r"(mbar) : "memory");
 }
+// Bulk copy of `bytes` (a multiple of 16) from this CTA's shared memory to the peer's, completing that many bytes
+// of a transaction on the peer's mbarrier.
+__device__ __forceinline__ void bulk_s2peer(uint32_t dst, const void* src, uint32_t bytes, uint32_t mbar) {
+  asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+               ::"r"(dst), "r"(smem_u32(src)), "r"(bytes), "r"(mbar) : "memory");
+}
 __device__ __forceinline__ void mbar_arrive_remote(uint32_t addr) {
   asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(addr) : "memory");
 }
@@ -2464,10 +2470,12 @@ __device__ __forceinline__ void wgt_store(const WgtRaw<L, TPE>& raw, int e, int 
 // (the wg kernels' _c2 split); warpgroup 1 then reads P from shared memory (wgmma SS), with no registers for it.
 // PROBE (tuning only; wrong results): bit 0 = the producer loads no entry, bit 1 = it stores the raw bytes
 // unconverted, bit 2 = the consumers skip the wgmma instructions.
-template <class L, int TPE, bool PIPE, bool SPLIT, int PROBE, bool CLUSTER = false>
+template <class L, int TPE, bool PIPE, bool SPLIT, int PROBE, int CLUSTER = 0>
 __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) {
   static_assert(!SPLIT || (TPE == 4 && !PIPE), "SPLIT: 4 threads per entry, two sets in the producer");
   static_assert(!CLUSTER || (TPE == 4 && !PIPE && !SPLIT), "CLUSTER: the SPLIT producer's layout, no split");
+  // CLUSTER 1: each converted chunk goes to the peer by st.async (16 bytes each); 2: the producer converts its half
+  // locally, then one thread copies it to the peer in bulk, one 4 KB copy per 64-dim column block.
   using S = WgtSmem<L>;
   constexpr int T = kWgtT;
   constexpr int DQK = L::kDqk;
@@ -2557,15 +2565,30 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
         if (ptid == 0) mbar_arrive_expect_tx(rready + b, kPeerBytes);     // the peer's half of tile it
         uint8_t* tile = tiles + b * S::kTileBytes;
         const uint32_t ptile = peer_tiles + b * S::kTileBytes, pbar = peer_rready + 8 * b;
-        wgt_store<L, 4, PROBE>(raw, e, j, [&](int off, uint4 x) {
-          *reinterpret_cast<uint4*>(tile + off) = x;
-          st_async_v4(ptile + off, x, pbar);
-        });
-        if (j == 0) {
-          valid32[b * T + e] = v >= 0;
-          st_async_b32(peer_valid + 4 * (b * T + e), v >= 0, pbar);
+        if constexpr (CLUSTER == 1) {
+          wgt_store<L, 4, PROBE>(raw, e, j, [&](int off, uint4 x) {
+            *reinterpret_cast<uint4*>(tile + off) = x;
+            st_async_v4(ptile + off, x, pbar);
+          });
+          if (j == 0) {
+            valid32[b * T + e] = v >= 0;
+            st_async_b32(peer_valid + 4 * (b * T + e), v >= 0, pbar);
+          }
+        } else {
+          wgt_store<L, 4, PROBE>(raw, e, j, WgtPutLocal{tile});
+          if (j == 0) valid32[b * T + e] = v >= 0;
         }
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // tile: generic stores -> wgmma reads
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // tile: generic stores -> wgmma / bulk reads
+        if constexpr (CLUSTER == 2) {
+          bar_sync(kBarProd, 128);   // the whole half is in this CTA's buffer
+          if (ptid == 0) {
+            const int rows = 32 * static_cast<int>(rank);
+#pragma unroll
+            for (int c = 0; c < DQK / 64; ++c)   // rows 32 rank .. + 31 of column block c: 4 KB, contiguous
+              bulk_s2peer(ptile + c * (T * 128) + rows * 128, tile + c * (T * 128) + rows * 128, 32 * 128, pbar);
+            bulk_s2peer(peer_valid + 4 * (b * T + rows), valid32 + b * T + rows, 32 * 4, pbar);
+          }
+        }
         bar_arrive(kBarFull + b, kWgThreads);                             // this CTA's half of tile it
         if (it + 2 < ntiles) wgt_load<L, 4, PROBE>(p, v = index_of(it + 2), j, raw);
       };
@@ -2869,7 +2892,7 @@ __device__ __forceinline__ void wge_entry(const MlaParams& p, uint8_t* smem) {
 #endif
 }
 
-template <class L, int TPE, bool PIPE, bool SPLIT, int PROBE, bool CLUSTER = false>
+template <class L, int TPE, bool PIPE, bool SPLIT, int PROBE, int CLUSTER = 0>
 __device__ __forceinline__ void wgt_entry(const MlaParams& p, uint8_t* smem) {
 #ifdef MLA_HAS_WGMMA
   wgt_body<L, TPE, PIPE, SPLIT, PROBE, CLUSTER>(p, smem);
@@ -2919,12 +2942,12 @@ SPARSE_MLA_DS_KERNELS(DS_KERNEL)
 SPARSE_MLA_WG_KERNELS(WG_KERNEL)
 SPARSE_MLA_WGE_KERNELS(WGE_KERNEL)
 // wgt kernels in clusters of the two CTAs of 128 heads (grid y = head blocks, so h must give an even number of them).
-#define WGTX_KERNEL(NAME, LAY, PROBE)                                                                              \
+#define WGTX_KERNEL(NAME, LAY, PROBE, MODE)                                                                        \
   extern "C" __global__ void __cluster_dims__(1, 2, 1) __launch_bounds__(kWgThreads, 1)                            \
       NAME(const __grid_constant__ MlaParams p) {                                                                  \
     extern __shared__ __align__(128) uint8_t smem[];                                                               \
     griddep_launch_dependents();                                                                                   \
-    wgt_entry<Layout##LAY, 4, false, false, PROBE, true>(p, smem);                                                 \
+    wgt_entry<Layout##LAY, 4, false, false, PROBE, MODE>(p, smem);                                                 \
   }
 SPARSE_MLA_WGTX_KERNELS(WGTX_KERNEL)
 #ifdef PDSERVE_TUNING_PROBES
