@@ -311,12 +311,13 @@ def mla_tuning(mla):
 
 WGT_KERNELS = [f"sparse_mla_wg_{lay}_{v}" for v in ("t64", "t64q", "t64p", "t64c") for lay in ("v4", "v32")]
 WGTX_KERNELS = ["sparse_mla_wg_v4_t64x", "sparse_mla_wg_v32_t64x"]   # production; clusters of 2 head blocks
+WGTXB_KERNELS = ["sparse_mla_wg_v4_t64xb", "sparse_mla_wg_v32_t64xb"]   # the same with bulk exchange (tuning build)
 
 
 def test_wgt_kernels_are_experimental_and_in_the_tuning_fatbin_only(mla, mla_tuning):
     experimental = {n for n, k in mla_tuning.kernels.family("wg").items()
                     if k.shape.get("experimental") and not k.shape.get("probe")}
-    assert experimental == set(WGT_KERNELS)
+    assert experimental == set(WGT_KERNELS + WGTXB_KERNELS)
     assert not experimental & set(mla.kernels.kernels)
     assert set(WGTX_KERNELS) <= set(mla.kernels.kernels)   # the cluster kernels are production ones
 
@@ -357,11 +358,13 @@ def test_default_takes_the_cluster_kernels_at_128_heads_from_32_rows(mla, sm90):
     assert mla.pick_kernel("v32", 64, rows=64) == "sparse_mla_wg_v32_s3_c2"  # one head block: no cluster
 
 
-@pytest.mark.parametrize("name", WGTX_KERNELS)
-def test_wgtx_cluster_kernels(mla, gen, sm90, name):
+@pytest.mark.parametrize("name", WGTX_KERNELS + WGTXB_KERNELS)
+def test_wgtx_cluster_kernels(request, mla, gen, sm90, name):
     # the wgt cases at the head counts a cluster of two 64-head blocks serves (96: the second block partly empty;
     # 256: two clusters per row)
     layout = name.split("_")[3]
+    if name in WGTXB_KERNELS:
+        mla = request.getfixturevalue("mla_tuning")
     extra = 128 if layout == "v4" else 0
     long = 2048 if layout == "v32" else 512
     for topk in (1, 31, 33, 63, 64, 65, 127, 128, 129, 200, 257):
