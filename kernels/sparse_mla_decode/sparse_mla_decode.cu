@@ -2247,7 +2247,8 @@ __device__ __forceinline__ void wge_body(const MlaParams& p, uint8_t* smem_raw) 
 // Same equations, conversion (e4m3 x scale rounded to bf16, as the wg kernels), outputs and split protocol as
 // the kernels above. Measured (H200, 2026-12-01, NOTES.md "wgt kernels"): _t64 / _t64q / _t64p / _t64c are slower
 // than the wg kernels (their gathers bound them: at 128 heads each entry is loaded by both head blocks' CTAs);
-// _t64x, one cluster per row's two head blocks, each entry gathered once, is 0.89-0.91x their time at B=64 h=128.
+// _t64x, one cluster per row's two head blocks, each entry gathered once and each converted half copied in bulk into
+// the peer, is 0.84-0.88x their time at B=64 h=128.
 // Registers per thread after setmaxnreg, per TPE (ptxas -v, nvcc 13.0, 2026-12-01). TPE 2: 112 / 200 / 192, no
 // spills, no wgmma serialization (120 / 216 / 168 serialized the wgmmas; 104 / 216 / 184 spilled 160 B in the
 // V3.2 producer). TPE 4 (two entries' shares, two index streams): 128 / 200 / 176, no spills (112 or 120 for the

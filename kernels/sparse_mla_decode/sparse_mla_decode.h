@@ -241,7 +241,8 @@ constexpr int kCombineThreads = 128;
 // touches 8 entries), _t64p (as _t64q, the loads of each half-tile issued as soon as its registers are free),
 // _t64c (as _t64q, warpgroup 1 converting half of each tile). X(NAME, LAYOUT, TPE, PIPE, SPLIT, PROBE).
 // SPARSE_MLA_WGTX_KERNELS (production): _t64x, a cluster of the two CTAs of 128 heads, each gathering and converting
-// half of every tile into both; needs an even number of 64-head blocks. X(NAME, LAYOUT).
+// half of every tile and copying it in bulk into the peer; needs an even number of 64-head blocks.
+// X(NAME, LAYOUT, PROBE, MODE).
 #define SPARSE_MLA_WGT_KERNELS(X)                         \
   X(sparse_mla_wg_v4_t64, V4, 2, false, false, 0)         \
   X(sparse_mla_wg_v32_t64, V32, 2, false, false, 0)       \
@@ -252,8 +253,8 @@ constexpr int kCombineThreads = 128;
   X(sparse_mla_wg_v4_t64c, V4, 4, false, true, 0)         \
   X(sparse_mla_wg_v32_t64c, V32, 4, false, true, 0)
 #define SPARSE_MLA_WGTX_KERNELS(X)                        \
-  X(sparse_mla_wg_v4_t64x, V4, 0, 1)                      \
-  X(sparse_mla_wg_v32_t64x, V32, 0, 1)
+  X(sparse_mla_wg_v4_t64x, V4, 0, 2)                      \
+  X(sparse_mla_wg_v32_t64x, V32, 0, 2)
 
 // wge kernels (sm_90a, V3.2 fp8 only; kWgThreads, 64 heads per CTA, kWgT-entry tiles): the wg kernels exact for any
 // fp32 tile scale (raw e4m3 in f16, the scales applied to the fp32 partial S and to P): sparse_mla_wg_v32_s<stages>_e.
@@ -276,10 +277,11 @@ constexpr int kCombineThreads = 128;
   X(sparse_mla_wg_v32_t64_x5, V32, 2, false, false, 5)    \
   X(sparse_mla_wg_v32_t64q_x2, V32, 4, false, false, 2)   \
   X(sparse_mla_wg_v32_t64c_x2, V32, 4, false, true, 2)
-// _t64x probes and the bulk-exchange variant _t64xb (tuning build): X(NAME, LAYOUT, PROBE, MODE: 1 st.async, 2 bulk).
+// Tuning build: _t64xs, the cluster pair exchanging by 16-byte st.async (the first _t64x, measured in calls 4-7 as
+// "_t64x"), and its probes. X(NAME, LAYOUT, PROBE, MODE: 1 st.async, 2 bulk).
 #define SPARSE_MLA_WGTX_PROBE_KERNELS(X)                  \
-  X(sparse_mla_wg_v32_t64x_x1, V32, 1, 1)                 \
-  X(sparse_mla_wg_v32_t64x_x2, V32, 2, 1)                 \
-  X(sparse_mla_wg_v32_t64x_x4, V32, 4, 1)                 \
-  X(sparse_mla_wg_v4_t64xb, V4, 0, 2)                     \
-  X(sparse_mla_wg_v32_t64xb, V32, 0, 2)
+  X(sparse_mla_wg_v4_t64xs, V4, 0, 1)                     \
+  X(sparse_mla_wg_v32_t64xs, V32, 0, 1)                   \
+  X(sparse_mla_wg_v32_t64xs_x1, V32, 1, 1)                \
+  X(sparse_mla_wg_v32_t64xs_x2, V32, 2, 1)                \
+  X(sparse_mla_wg_v32_t64xs_x4, V32, 4, 1)

@@ -78,10 +78,10 @@ def test_production_fatbin_has_no_probe_kernels(nvcc, mla_table, tmp_path):
     probes = {n for n, k in tuning.kernels.items() if k.shape.get("probe")}
     assert probes == {"sparse_mla_wg_v32_s3_x1", "sparse_mla_wg_v32_s3_x2", "sparse_mla_wg_v32_s3_x3",
                       *(f"sparse_mla_wg_v32_t64_x{b}" for b in (1, 2, 4, 5)), "sparse_mla_wg_v32_t64q_x2",
-                      "sparse_mla_wg_v32_t64c_x2", *(f"sparse_mla_wg_v32_t64x_x{b}" for b in (1, 2, 4))}
+                      "sparse_mla_wg_v32_t64c_x2", *(f"sparse_mla_wg_v32_t64xs_x{b}" for b in (1, 2, 4))}
     # experimental kernels (correct, not measured faster than what they would replace) are tuning-only too
     experimental = {n for n, k in tuning.kernels.items() if k.shape.get("experimental")} - probes
-    assert experimental == {f"sparse_mla_wg_{lay}_{v}" for lay in ("v4", "v32") for v in ("t64", "t64q", "t64p", "t64c", "t64xb")}
+    assert experimental == {f"sparse_mla_wg_{lay}_{v}" for lay in ("v4", "v32") for v in ("t64", "t64q", "t64p", "t64c", "t64xs")}
     assert not [n for n, k in mla_table.kernels.items() if k.shape.get("experimental")]
     assert set(tuning.kernels) - probes - experimental == set(mla_table.kernels)
     for name in experimental:   # no index list in shared memory: the same bytes at every split length

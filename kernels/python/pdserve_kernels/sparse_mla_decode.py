@@ -129,11 +129,12 @@ def wg_kernel_name(layout: str) -> str:
 
 # "wgt" cluster kernels (fp8, sm_90a; sparse_mla_decode.cu, section "wgt kernels"; NOTES.md "wgt kernels"): the
 # wg kernels' three warpgroups with 64-entry tiles gathered through the producer's registers (no raw ring), the two
-# 64-head CTAs of a row as one thread-block cluster, each gathering and converting half of every tile into both, so
-# every entry is loaded once per row, not once per head block. They serve an even number of 64-head blocks (65-128
-# heads, 193-256, ...). Measured (H200, 2026-12-01, bench_mla_variants.py, h = 96 and 128, V4 CSA / V4 HCA / V3.2):
-# 0.82-0.92x the wg default's time from 64 rows (V3.2 B=64 h=128 135.9 against 149.8 us), 0.91-0.98x at 32 rows,
-# within 1-3% (slower) at 16 and slower at 8 (V4 CSA h=128 30.0 against 26.8).
+# 64-head CTAs of a row as one thread-block cluster, each gathering and converting half of every tile and copying it
+# in bulk into the other, so every entry is loaded once per row, not once per head block. They serve an even number
+# of 64-head blocks (65-128 heads, 193-256, ...). Measured (H200, 2026-12-01, bench_mla_variants.py, h = 128, V4 CSA
+# / V4 HCA / V3.2): 0.77-0.86x the wg default's time from 64 rows (V3.2 B=64 126.1 against 149.5 us), 0.90-0.97x at 32
+# rows; the first version of the pair (per-chunk st.async exchange) was within 1-3% (slower) at 16 rows and slower
+# at 8 (V4 CSA 30.0 against 26.8), so the default takes them from 32 rows.
 WGX_MIN_ROWS = 32
 
 
