@@ -1433,6 +1433,23 @@ __device__ __forceinline__ void wg_row_max_update(float (&mx)[2], float (&m_run)
   }
 }
 
+// A consumer warpgroup's PV step (wg and wgt kernels): O (its 256 dims) rescaled by alpha per head row, then
+// O += P V over KS k-steps of 16 entries, P from registers (a[kk]), V = the T-entry tile at tile_u read MN-major
+// (dims 256 wg ..: four 64-dim column blocks; leading byte offset between column blocks, stride between 8-entry
+// groups, as measured in NOTES.md "wg kernels"), then waited for. KS = 0: the probes that skip the wgmma.
+template <bool H, int T, int KS, int NA>
+__device__ __forceinline__ void wg_pv_step(float (&o)[128], const uint32_t (&a)[NA][4], const float (&alpha)[2],
+                                           uint32_t tile_u, int wg) {
+#pragma unroll
+  for (int i = 0; i < 128; ++i) o[i] *= alpha[(i >> 1) & 1];
+  wg_fence();
+#pragma unroll
+  for (int kk = 0; kk < KS; ++kk)
+    wgmma_pv<H>(o, a[kk], wg_desc(tile_u + wg * 4 * (T * 128) + kk * 16 * 128, T * 128u, 1024u));
+  wg_commit_wait();
+  reg_fence(o);
+}
+
 // A consumer warpgroup's epilogue (wg and wgt kernels): its half of O (dims 256 wg ..; the m64n256 accumulator of
 // head rows r0, r0 + 8) for the heads below h, normalized and as bf16 output with the sink (splits == 1) or as
 // the split's fp32 partial; warpgroup 0 also writes the lse.
@@ -1693,10 +1710,6 @@ __device__ __forceinline__ void wg_body(const MlaParams& p, uint8_t* smem_raw) {
     srow[0] *= exp2i(-qexp[r0]);
     srow[1] *= exp2i(-qexp[r0 + 8]);
   }
-  // V read MN-major: leading byte offset = between 64-dim column blocks, stride byte offset = between 8-entry
-  // groups (the other assignment was measured wrong, NOTES.md).
-  constexpr uint32_t kVLbo = T * 128u, kVSbo = 1024u;
-
   // SC: warpgroup 1 converts its half of tile x (the raw entries have landed) and hands it over.
   auto wg1_convert = [&](int x) {
     wg1_convert_tile<NST>(x, ntiles, lane, full, raw_free, [&](int y) { convert_half(y, 1, ctid); });
@@ -1767,15 +1780,7 @@ __device__ __forceinline__ void wg_body(const MlaParams& p, uint8_t* smem_raw) {
       alpha[0] = al.x;
       alpha[1] = al.y;
     }
-#pragma unroll
-    for (int i = 0; i < 128; ++i) o[i] *= alpha[(i >> 1) & 1];
-    // O[:, 256 wg .. + 256] += P V: V = the tile read MN-major, dims 256 wg.. (four 64-dim column blocks).
-    wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < (PROBE & 2 ? 0 : 2); ++kk)
-      wgmma_pv<H>(o, a[kk], wg_desc(tile_u + wg * 4 * (T * 128) + kk * 16 * 128, kVLbo, kVSbo));
-    wg_commit_wait();
-    reg_fence(o);
+    wg_pv_step<H, T, PROBE & 2 ? 0 : 2>(o, a, alpha, tile_u, wg);
     wg_release_tile<SC>(it, ntiles, wg, wg1_convert);
   }
 
@@ -2698,14 +2703,7 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
 
   // O[:, 256 wg .. + 256] += P V for the tile at tile_u (four k-steps of 16 entries), after rescaling O.
   auto pv = [&](const uint32_t (&a)[4][4], const float (&alpha)[2], uint32_t tile_u) {
-#pragma unroll
-    for (int i = 0; i < 128; ++i) o[i] *= alpha[(i >> 1) & 1];
-    wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < (PROBE & 4 ? 0 : 4); ++kk)
-      wgmma_pv<false>(o, a[kk], wg_desc(tile_u + wg * 4 * (T * 128) + kk * 16 * 128, kVLbo, kVSbo));
-    wg_commit_wait();
-    reg_fence(o);
+    wg_pv_step<false, T, PROBE & 4 ? 0 : 4>(o, a, alpha, tile_u, wg);
   };
 
   if (wg == 0) {
