@@ -73,6 +73,12 @@ void sparse_mla_decode() {
            mla_shape<Geom##LAY>(buf, sizeof buf, 16 * MT, T, NST, more));                                    \
   }
   SPARSE_MLA_DS_KERNELS(DS_META)
+#define ES_META(NAME, LAY, MT, NST)                                                                          \
+  {                                                                                                          \
+    kernel(k, #NAME, "ds", kDsThreads, EsSmem<Geom##LAY, MT, NST>::kSidx, kIndexBytes, "entry",              \
+           mla_shape<Geom##LAY>(buf, sizeof buf, 16 * MT, kEsT, NST, ", \"cv\": 0, \"qk_split\": \"entries\""));  \
+  }
+  SPARSE_MLA_ES_KERNELS(ES_META)
 #define WG_META(NAME, LAY, NST, PROBE, H, SC)                                                                \
   {                                                                                                          \
     std::snprintf(more, sizeof more, ", \"probe\": %d, \"f16\": %s, \"split_convert\": %s, \"exact_scales\": false", \

@@ -645,6 +645,241 @@ __device__ __forceinline__ int q_shift(uint32_t mbits) {
 }
 __device__ __forceinline__ float exp2i(int k) { return __uint_as_float(static_cast<uint32_t>(127 + k) << 23); }
 
+// Fills ring slot ti % NST of a ds or es kernel (8 warps) with tile ti: every warp issues its T/8 entries, one
+// lane per entry (the bulk copy takes uniform operands, so the compiler serializes the lanes' copies: spreading
+// them over all warps keeps that loop short), and arrives on the slot's barrier with its byte count.
+template <class L, int T, int NST>
+__device__ __forceinline__ void ds_issue(const MlaParams& p, uint8_t* raw, uint64_t* full, const int* sidx, int ti,
+                                         int ntiles, int warp, int lane) {
+  constexpr int EPI = T / (kDsThreads / 32), REC = L::kRec;
+  constexpr bool V4 = L::kDqk == 512;
+  if (ti >= ntiles) return;
+  const int page_mask = (1 << p.page_shift) - 1;
+  const int slot = ti % NST;
+  uint8_t* dst0 = raw + slot * (T * REC) + warp * EPI * REC;
+  uint64_t* bar = full + slot;
+  const int v = lane < EPI ? sidx[ti * T + warp * EPI + lane] : -1;
+  const uint32_t bytes = __reduce_add_sync(0xffffffffu, v >= 0 ? static_cast<uint32_t>(REC) : 0u);
+  if (lane == 0) mbar_arrive_expect_tx(bar, bytes);   // before any of this warp's copies can complete
+  __syncwarp();
+  if (v >= 0) {
+    uint8_t* d = dst0 + lane * REC;
+    const uint8_t* blk = entry_block(p, v);
+    const long long off = v & page_mask;
+    if constexpr (V4) {
+      bulk_g2s(d, blk + off * 576, 576, bar);
+      // The 8-byte scale record sits in the 16-byte aligned pair starting at (off & ~1) * 8.
+      bulk_g2s(d + 576, blk + (576ll << p.page_shift) + (off >> 1) * 16, 16, bar);
+    } else {
+      bulk_g2s(d, blk + off * 656, 656, bar);
+    }
+  }
+  // Invalid and past-the-end entries: zeros, so that 0 x garbage never reaches an accumulator.
+  bool zeroed = false;
+#pragma unroll 1
+  for (int i = 0; i < EPI; ++i) {
+    if (__shfl_sync(0xffffffffu, v, i) >= 0) continue;
+    uint4* d = reinterpret_cast<uint4*>(dst0 + i * REC);
+    for (int c = lane; c < REC / 16; c += 32) d[c] = make_uint4(0, 0, 0, 0);
+    zeroed = true;
+  }
+  // Order these generic-proxy stores before later bulk copies (async proxy) into the same slot.
+  if (zeroed) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// One PV k-step (16 entries of the tile in ring record rt) of a ds or es fp8 warp: O[16 mt + .., sbase + ..] +=
+// P V for this warp's 64 output dims, V converted from the raw e4m3 bytes and scaled in f16 (CV & 4: the scales
+// s01 / s89 of entries 2t, 2t+1 / 2t+8, 2t+9 go into P instead). n-tile j, column n <-> dim sbase + 8 n + j: a
+// thread's 8 bytes at dims 8g .. 8g+7 feed all 8 n-tiles. a: P as the MMA's A fragments (f16).
+template <class L, int MT, int CV>
+__device__ __forceinline__ void ds_pv_fp8(float (&o)[MT][8][4], uint32_t (&a)[MT][4], const uint8_t* rt, int kk,
+                                          int sbase, int g, int t, uint32_t s01, uint32_t s89) {
+  constexpr int REC = L::kRec;
+  const uint8_t* vb = rt + (16 * kk + 2 * t) * REC + sbase + 8 * g;
+  const uint2 x0 = *reinterpret_cast<const uint2*>(vb);
+  const uint2 x1 = *reinterpret_cast<const uint2*>(vb + REC);
+  const uint2 x8 = *reinterpret_cast<const uint2*>(vb + 8 * REC);
+  const uint2 x9 = *reinterpret_cast<const uint2*>(vb + 9 * REC);
+  if constexpr (CV & 4) {
+    // The scales go into P (k = entries): a0/a1 hold entries 2t, 2t+1, a2/a3 entries 2t+8, 2t+9.
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      a[mt][0] = hmul2(a[mt][0], s01);
+      a[mt][1] = hmul2(a[mt][1], s01);
+      a[mt][2] = hmul2(a[mt][2], s89);
+      a[mt][3] = hmul2(a[mt][3], s89);
+    }
+  }
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const uint32_t w0 = q < 2 ? x0.x : x0.y, w1 = q < 2 ? x1.x : x1.y;
+    const uint32_t w8 = q < 2 ? x8.x : x8.y, w9 = q < 2 ? x9.x : x9.y;
+    uint32_t b0l, b0h, b1l, b1h;
+    const uint32_t sel = (q & 1) ? 0x7362u : 0x5140u;   // bytes (2q', 2q'+1) of each entry, interleaved
+    cvt_e4m3x4(prmt(w0, w1, sel), b0l, b0h);
+    cvt_e4m3x4(prmt(w8, w9, sel), b1l, b1h);
+    if constexpr (!(CV & 4)) {
+      b0l = hmul2(b0l, s01);
+      b0h = hmul2(b0h, s01);
+      b1l = hmul2(b1l, s89);
+      b1h = hmul2(b1h, s89);
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      mma_f16(o[mt][2 * q], a[mt], b0l, b1l);
+      mma_f16(o[mt][2 * q + 1], a[mt], b0h, b1h);
+    }
+  }
+}
+
+// One PV k-step of the V4 RoPE warp: dims 448..511 (bf16 in the record), natural order, P (a) in bf16.
+template <class L, int MT>
+__device__ __forceinline__ void ds_pv_rope(float (&o)[MT][8][4], const uint32_t (&a)[MT][4], const uint8_t* rt, int kk,
+                                           int lane) {
+  constexpr int REC = L::kRec, ROPE = 448;
+#pragma unroll
+  for (int jn = 0; jn < 4; ++jn) {
+    uint32_t b[4];
+    ldsm_x4_t(b, rt + (16 * kk + (lane & 7) + (((lane >> 3) & 1) << 3)) * REC + ROPE + (2 * jn + (lane >> 4)) * 16);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      mma_bf16(o[mt][2 * jn], a[mt], b[0], b[1]);
+      mma_bf16(o[mt][2 * jn + 1], a[mt], b[2], b[3]);
+    }
+  }
+}
+
+// Epilogue of a ds or es kernel: every warp writes its 64 dims (the V4 RoPE warp dims 448..511) of its heads, the
+// final bf16 o and lse (splits == 1) or the fp32 partial and partial lse. ml(mt, hf, r): (m, l) of head row r =
+// 16 mt + g + 8 hf, log2-domain running maximum and sum.
+template <int MT, int CV, class ML>
+__device__ __forceinline__ void ds_write_out(const MlaParams& p, const float (&o)[MT][8][4], const ML& ml, float ref_run,
+                                             bool rope_warp, int row, int split, int hblk, int warp, int g, int t) {
+  constexpr int HB = 16 * MT;
+  const int sbase = warp * 64;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int r = 16 * mt + g + 8 * hf;
+      const int head = hblk * HB + r;
+      if (head >= p.h) continue;
+      const float2 ml_r = ml(mt, hf, r);
+      const float l = ml_r.y;
+      const float lse = row_lse(ml_r.x, l);
+      float f;
+      if (p.splits == 1) {
+        f = out_factor(p, head, l, lse);
+      } else {
+        f = l > 0.f ? 1.f / l : 0.f;
+      }
+      if ((CV & 4) && !rope_warp) f *= ref_run;
+      const size_t obase = (static_cast<size_t>(row) * p.splits + split) * p.h + head;   // o_part row
+      if (!rope_warp) {
+        // dims sbase + 16 t + j <- o[mt][j][2 hf]; sbase + 16 t + 8 + j <- o[mt][j][2 hf + 1]
+        if (p.splits == 1) {
+          __nv_bfloat16* dst = p.out + (static_cast<size_t>(row) * p.h + head) * kDv + sbase + 16 * t;
+          uint4 v0, v1;
+          v0.x = pack_bf16(o[mt][0][2 * hf] * f, o[mt][1][2 * hf] * f);
+          v0.y = pack_bf16(o[mt][2][2 * hf] * f, o[mt][3][2 * hf] * f);
+          v0.z = pack_bf16(o[mt][4][2 * hf] * f, o[mt][5][2 * hf] * f);
+          v0.w = pack_bf16(o[mt][6][2 * hf] * f, o[mt][7][2 * hf] * f);
+          v1.x = pack_bf16(o[mt][0][2 * hf + 1] * f, o[mt][1][2 * hf + 1] * f);
+          v1.y = pack_bf16(o[mt][2][2 * hf + 1] * f, o[mt][3][2 * hf + 1] * f);
+          v1.z = pack_bf16(o[mt][4][2 * hf + 1] * f, o[mt][5][2 * hf + 1] * f);
+          v1.w = pack_bf16(o[mt][6][2 * hf + 1] * f, o[mt][7][2 * hf + 1] * f);
+          reinterpret_cast<uint4*>(dst)[0] = v0;
+          reinterpret_cast<uint4*>(dst)[1] = v1;
+        } else {
+          float4* dst = reinterpret_cast<float4*>(p.o_part + obase * kDv + sbase + 16 * t);
+#pragma unroll
+          for (int c = 0; c < 2; ++c)
+#pragma unroll
+            for (int hq = 0; hq < 2; ++hq)
+              dst[2 * c + hq] = make_float4(o[mt][4 * hq][2 * hf + c] * f, o[mt][4 * hq + 1][2 * hf + c] * f,
+                                            o[mt][4 * hq + 2][2 * hf + c] * f, o[mt][4 * hq + 3][2 * hf + c] * f);
+        }
+      } else {
+        // dims 448 + 8 n + 2 t, + 1
+        if (p.splits == 1) {
+          __nv_bfloat16* dst = p.out + (static_cast<size_t>(row) * p.h + head) * kDv + 448 + 2 * t;
+#pragma unroll
+          for (int n = 0; n < 8; ++n)
+            *reinterpret_cast<uint32_t*>(dst + 8 * n) = pack_bf16(o[mt][n][2 * hf] * f, o[mt][n][2 * hf + 1] * f);
+        } else {
+          float* dst = p.o_part + obase * kDv + 448 + 2 * t;
+#pragma unroll
+          for (int n = 0; n < 8; ++n)
+            *reinterpret_cast<float2*>(dst + 8 * n) = make_float2(o[mt][n][2 * hf] * f, o[mt][n][2 * hf + 1] * f);
+        }
+      }
+      if (warp == 0 && t == 0) {
+        if (p.splits == 1) p.lse[static_cast<size_t>(row) * p.h + head] = l > 0.f ? lse : INFINITY;
+        else p.lse_part[obase] = lse;
+      }
+    }
+}
+
+// Fused split combine of a ds or es kernel (p.counters set): the last split CTA of this (row, head block) to arrive
+// merges all splits (same equations as sparse_mla_combine), reading the partials through L2 (ld.cg), and resets
+// the counter. last: one int of shared memory.
+template <int NTHR, int HB>
+__device__ __forceinline__ void ds_fused_combine(const MlaParams& p, int row, int hblk, int tid, int* last) {
+  if (p.splits > 1 && p.counters != nullptr) {
+    __threadfence();                               // this thread's partials, before the arrival below
+    __syncthreads();
+    if (tid == 0) {
+      const int prev = atomicAdd(p.counters + row * gridDim.y + hblk, 1);
+      *last = prev == p.splits - 1;
+    }
+    __syncthreads();
+    if (*last) {
+      __threadfence();
+      constexpr int TPH = NTHR / HB;   // threads per head
+      constexpr int DPT = kDv / TPH;   // dims per thread
+      const int r = tid / TPH, c0 = (tid % TPH) * DPT;
+      const int head = hblk * HB + r;
+      if (head < p.h) {
+        const size_t base = static_cast<size_t>(row) * p.splits * p.h + head;
+        float m = -INFINITY;
+        for (int sp2 = 0; sp2 < p.splits; ++sp2) m = fmaxf(m, __ldcg(p.lse_part + base + static_cast<size_t>(sp2) * p.h));
+        float lse = INFINITY, f = 0.f, wsum = 0.f;
+        if (m != -INFINITY) {
+          for (int sp2 = 0; sp2 < p.splits; ++sp2) wsum += expf(__ldcg(p.lse_part + base + static_cast<size_t>(sp2) * p.h) - m);
+          lse = m + logf(wsum);
+          f = 1.f / wsum;
+          if (p.sinks) f *= 1.f / (1.f + expf(p.sinks[head] - lse));
+        }
+        __nv_bfloat16* dst = p.out + (static_cast<size_t>(row) * p.h + head) * kDv + c0;
+#pragma unroll 1
+        for (int c = 0; c < DPT; c += 8) {
+          float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+          if (m != -INFINITY) {
+            for (int sp2 = 0; sp2 < p.splits; ++sp2) {
+              const size_t b = base + static_cast<size_t>(sp2) * p.h;
+              const float w = expf(__ldcg(p.lse_part + b) - m);   // 0 for an empty split (lse -inf)
+              if (w > 0.f) {
+                const float4* src = reinterpret_cast<const float4*>(p.o_part + b * kDv + c0 + c);
+                const float4 u0 = __ldcg(src), u1 = __ldcg(src + 1);
+                acc[0] += w * u0.x; acc[1] += w * u0.y; acc[2] += w * u0.z; acc[3] += w * u0.w;
+                acc[4] += w * u1.x; acc[5] += w * u1.y; acc[6] += w * u1.z; acc[7] += w * u1.w;
+              }
+            }
+          }
+          uint4 v;
+          v.x = pack_bf16(acc[0] * f, acc[1] * f);
+          v.y = pack_bf16(acc[2] * f, acc[3] * f);
+          v.z = pack_bf16(acc[4] * f, acc[5] * f);
+          v.w = pack_bf16(acc[6] * f, acc[7] * f);
+          *reinterpret_cast<uint4*>(dst + c) = v;
+        }
+        if (tid % TPH == 0) p.lse[static_cast<size_t>(row) * p.h + head] = lse;
+      }
+      if (tid == 0) p.counters[row * gridDim.y + hblk] = 0;   // ready for the next launch on this stream
+    }
+  }
+}
+
 // CV (bit mask), bit 2: PV multiplies P (4 f16x2 per k-step) instead of V (16) by the entry's scale relative
 // to the warp's running maximum scale, so V stays raw e4m3 in f16 and no f16 range limit applies to the
 // dequantized values (measured 2-5% slower than CV = 0 on H200). Bits 0-1 (e4m3 -> f16 on the integer pipe)
@@ -699,43 +934,7 @@ __device__ __forceinline__ void ds_body(const MlaParams& p, uint8_t* smem) {
   }
   __syncthreads();   // indices, barriers, q maxima initialized
 
-  // Every warp fills its T/8 entries of ring slot ti % NST with tile ti, one lane per entry (the bulk copy
-  // takes uniform operands, so the compiler serializes the lanes' copies: spreading them over all warps keeps
-  // that loop short), and arrives on the slot's barrier with its byte count.
-  auto issue = [&](int ti) {
-    if (ti >= ntiles) return;
-    constexpr int EPI = T / NW;
-    const int slot = ti % NST;
-    uint8_t* dst0 = raw + slot * (T * REC) + warp * EPI * REC;
-    uint64_t* bar = full + slot;
-    const int v = lane < EPI ? sidx[ti * T + warp * EPI + lane] : -1;
-    const uint32_t bytes = __reduce_add_sync(0xffffffffu, v >= 0 ? static_cast<uint32_t>(REC) : 0u);
-    if (lane == 0) mbar_arrive_expect_tx(bar, bytes);   // before any of this warp's copies can complete
-    __syncwarp();
-    if (v >= 0) {
-      uint8_t* d = dst0 + lane * REC;
-      const uint8_t* blk = entry_block(p, v);
-      const long long off = v & page_mask;
-      if constexpr (V4) {
-        bulk_g2s(d, blk + off * 576, 576, bar);
-        // The 8-byte scale record sits in the 16-byte aligned pair starting at (off & ~1) * 8.
-        bulk_g2s(d + 576, blk + (576ll << p.page_shift) + (off >> 1) * 16, 16, bar);
-      } else {
-        bulk_g2s(d, blk + off * 656, 656, bar);
-      }
-    }
-    // Invalid and past-the-end entries: zeros, so that 0 x garbage never reaches an accumulator.
-    bool zeroed = false;
-#pragma unroll 1
-    for (int i = 0; i < EPI; ++i) {
-      if (__shfl_sync(0xffffffffu, v, i) >= 0) continue;
-      uint4* d = reinterpret_cast<uint4*>(dst0 + i * REC);
-      for (int c = lane; c < REC / 16; c += 32) d[c] = make_uint4(0, 0, 0, 0);
-      zeroed = true;
-    }
-    // Order these generic-proxy stores before later bulk copies (async proxy) into the same slot.
-    if (zeroed) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-  };
+  auto issue = [&](int ti) { ds_issue<L, T, NST>(p, raw, full, sidx, ti, ntiles, warp, lane); };
   for (int s = 0; s < NST - 1; ++s) issue(s);
 
   // Q. fp8 warps: rows 16 mt + g (+8), dims sbase + 16 t .. + 16 (bf16), rescaled to f16 below.
@@ -1010,66 +1209,20 @@ __device__ __forceinline__ void ds_body(const MlaParams& p, uint8_t* smem) {
       }
     }
     if (!rope_warp) {
-      // n-tile j, column n <-> dim sbase + 8 n + j: a thread's 8 bytes at dims 8g .. 8g+7 feed all 8 n-tiles.
 #pragma unroll
       for (int kk = 0; kk < KK; ++kk) {
         uint32_t a[MT][4];
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) ldsm_x4(a[mt], ph + pswz<T>(16 * mt + (lane & 15), 2 * kk + (lane >> 4)));
-        const uint8_t* vb = rt + (16 * kk + 2 * t) * REC + sbase + 8 * g;
-        const uint2 x0 = *reinterpret_cast<const uint2*>(vb);
-        const uint2 x1 = *reinterpret_cast<const uint2*>(vb + REC);
-        const uint2 x8 = *reinterpret_cast<const uint2*>(vb + 8 * REC);
-        const uint2 x9 = *reinterpret_cast<const uint2*>(vb + 9 * REC);
-        const uint32_t s01 = sp[2 * kk], s89 = sp[2 * kk + 1];
-        if constexpr (CV & 4) {
-          // The scales go into P (k = entries): a0/a1 hold entries 2t, 2t+1, a2/a3 entries 2t+8, 2t+9.
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt) {
-            a[mt][0] = hmul2(a[mt][0], s01);
-            a[mt][1] = hmul2(a[mt][1], s01);
-            a[mt][2] = hmul2(a[mt][2], s89);
-            a[mt][3] = hmul2(a[mt][3], s89);
-          }
-        }
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const uint32_t w0 = q < 2 ? x0.x : x0.y, w1 = q < 2 ? x1.x : x1.y;
-          const uint32_t w8 = q < 2 ? x8.x : x8.y, w9 = q < 2 ? x9.x : x9.y;
-          uint32_t b0l, b0h, b1l, b1h;
-          const uint32_t sel = (q & 1) ? 0x7362u : 0x5140u;   // bytes (2q', 2q'+1) of each entry, interleaved
-          cvt_e4m3x4(prmt(w0, w1, sel), b0l, b0h);
-          cvt_e4m3x4(prmt(w8, w9, sel), b1l, b1h);
-          if constexpr (!(CV & 4)) {
-            b0l = hmul2(b0l, s01);
-            b0h = hmul2(b0h, s01);
-            b1l = hmul2(b1l, s89);
-            b1h = hmul2(b1h, s89);
-          }
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt) {
-            mma_f16(o[mt][2 * q], a[mt], b0l, b1l);
-            mma_f16(o[mt][2 * q + 1], a[mt], b0h, b1h);
-          }
-        }
+        ds_pv_fp8<L, MT, CV>(o, a, rt, kk, sbase, g, t, sp[2 * kk], sp[2 * kk + 1]);
       }
-    } else {
-      // V4 RoPE warp: dims 448..511 (bf16), natural order, P in bf16.
+    } else {   // V4 RoPE warp
 #pragma unroll
       for (int kk = 0; kk < KK; ++kk) {
         uint32_t a[MT][4];
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) ldsm_x4(a[mt], pb + pswz<T>(16 * mt + (lane & 15), 2 * kk + (lane >> 4)));
-#pragma unroll
-        for (int jn = 0; jn < 4; ++jn) {
-          uint32_t b[4];
-          ldsm_x4_t(b, rt + (16 * kk + (lane & 7) + (((lane >> 3) & 1) << 3)) * REC + ROPE + (2 * jn + (lane >> 4)) * 16);
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt) {
-            mma_bf16(o[mt][2 * jn], a[mt], b[0], b[1]);
-            mma_bf16(o[mt][2 * jn + 1], a[mt], b[2], b[3]);
-          }
-        }
+        ds_pv_rope<L, MT>(o, a, rt, kk, lane);
       }
     }
   }
@@ -1080,123 +1233,337 @@ __device__ __forceinline__ void ds_body(const MlaParams& p, uint8_t* smem) {
     fin_l[orow] = l_run;
   }
   __syncthreads();
+  ds_write_out<MT, CV>(p, o, [&](int, int, int r) { return make_float2(fin_m[r], fin_l[r]); }, ref_run, rope_warp,
+                       row, split, hblk, warp, g, t);
+  ds_fused_combine<NTHR, HB>(p, row, hblk, tid, reinterpret_cast<int*>(qmax_s));   // q maxima no longer needed
+}
+
+// ---- "es" kernels (fp8, mma.sync): warps split the tile's entries for QK, the head dimension for PV ----
+//
+// Why (NOTES.md "es kernels"): ncu on the 16-head ds kernel at V4 CSA B=64 (2026-12-02) reads 0.37 instructions
+// issued per scheduler-cycle and ~500 warp-instructions per warp per 32-entry tile, a third of them the exchange
+// of 8 partial-S slices, the owners' softmax and the second block barrier. Here, per 64-entry tile:
+//   * QK: warp w computes S for the CTA's heads x entries 8w .. 8w+7 over the whole d_qk: the entry's e4m3 bytes
+//     converted inside the MMA's B operand (`cvt.rn.f16x2.e4m3x2`, k permuted so that one 16-byte load feeds four
+//     k-steps, as in the ds kernels), Q read as ready-made A fragments from shared memory (f16 x 2^k per head),
+//     one fp32 accumulator per scale, times the entry's scale; S is written once, in log2 units, masked;
+//   * one block barrier; then every warp runs the online softmax of its heads over the whole tile itself: a
+//     thread's 16 values per head are exactly its PV A fragments, so P never goes through shared memory and every
+//     warp holds the same running maximum and sum; PV for the warp's 64 output dims as the ds kernels (ds_pv_fp8;
+//     the V4 RoPE warp ds_pv_rope);
+//   * S and the scales are double-buffered, so one warp's QK of tile i+1 overlaps another's PV of tile i.
+// Same equations, outputs, split protocol and range as the ds kernels with CV = 0.
+template <class L, int MT, int NST>
+__device__ __forceinline__ void es_body(const MlaParams& p, uint8_t* smem) {
+  using S = EsSmem<L, MT, NST>;
+  constexpr int T = kEsT, NW = 8, NTHR = kDsThreads, HB = S::kHB;
+  constexpr int NG = S::kGroups, NSC = S::kScales, GPS = NG / NSC;   // 64-dim groups per scale: V4 1, V3.2 2
+  constexpr int REC = L::kRec, SS = S::kSS;
+  constexpr bool V4 = S::kV4;
+  constexpr int ROPE = V4 ? 448 : 528;        // RoPE bytes within the record
+  constexpr int QROPE = V4 ? 448 : 512;       // first RoPE dim of q
+  constexpr int NQ = MT * NG * 32;            // NoPE fragment items: (mt, group, lane)
+  constexpr int QPT = (NQ + NTHR - 1) / NTHR;
+  static_assert(NST >= 2, "the ring needs a slot in flight while one is read");
+  static_assert(MT * 128 <= NTHR, "one RoPE fragment item per thread");
+  static_assert(NG % NSC == 0, "whole groups per scale");
+
+  uint8_t* raw = smem + S::kRaw;
+  uint4* qf = reinterpret_cast<uint4*>(smem + S::kQf);
+  uint4* qr = reinterpret_cast<uint4*>(smem + S::kQr);
+  float* sbuf = reinterpret_cast<float*>(smem + S::kS);
+  float* scl = reinterpret_cast<float*>(smem + S::kScl);
+  uint32_t* qmax_s = reinterpret_cast<uint32_t*>(smem + S::kQmax);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + S::kBar);
+  int* sidx = reinterpret_cast<int*>(smem + S::kSidx);
+
+  const int split = blockIdx.x, hblk = blockIdx.y, row = blockIdx.z;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int ntot = p.topk + p.topk_extra;
+  const int start = split * p.per_split;
+  const int n_local = max(0, min(p.per_split, ntot - start));
+  const int ntiles = (n_local + T - 1) / T;
+  const int page_mask = (1 << p.page_shift) - 1;
+  const bool rope_warp = V4 && warp == NW - 1;   // V4: warp 7's PV owns the bf16 RoPE dims 448..511
+  const __nv_bfloat16* qrow = p.q + static_cast<size_t>(row) * p.h * L::kDqk;
+
+  // Q's loads first, so that they are in flight with the index list's. NoPE item i (thread tid + k NTHR): head
+  // rows 16 mt + g' and + 8, dims 64 grp + 16 t' .. + 16 (g', t' its fragment lane, i % 32 = this lane).
+  uint4 qraw[QPT][2][2];
+#pragma unroll
+  for (int k = 0; k < QPT; ++k) {
+    const int i = tid + k * NTHR, mt = i / (NG * 32), grp = (i / 32) % NG;
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int head = hblk * HB + 16 * mt + g + 8 * hf;
+      uint4 a = make_uint4(0, 0, 0, 0), b = a;
+      if (i < NQ && head < p.h) {
+        const uint4* src = reinterpret_cast<const uint4*>(qrow + static_cast<size_t>(head) * L::kDqk + 64 * grp + 16 * t);
+        a = __ldg(src);
+        b = __ldg(src + 1);
+      }
+      qraw[k][hf][0] = a;
+      qraw[k][hf][1] = b;
+    }
+  }
+  // RoPE item tid < MT * 128: k-step s = (tid / 32) % 4 of head block mt = tid / 128, bf16, natural order (the ds
+  // kernels' RoPE fragments), unscaled.
+  uint32_t rraw[4] = {0u, 0u, 0u, 0u};
+  if (tid < MT * 128) {
+    const int mt = tid / 128, s = (tid / 32) % 4;
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int head = hblk * HB + 16 * mt + g + 8 * hf;
+      if (head < p.h) {
+        const __nv_bfloat16* qh = qrow + static_cast<size_t>(head) * L::kDqk + QROPE + 16 * s + 2 * t;
+        rraw[hf] = __ldg(reinterpret_cast<const unsigned int*>(qh));
+        rraw[hf + 2] = __ldg(reinterpret_cast<const unsigned int*>(qh + 8));
+      }
+    }
+  }
+
+  index_list<NTHR>(p, row, start, n_local, ntiles * T, tid, sidx);
+  if (tid < HB) qmax_s[tid] = 0u;
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < NST; ++s) mbar_init(full + s, NW);   // one arrival (with its bytes) per warp
+    mbar_fence_init();
+  }
+  __syncthreads();   // indices, barriers, q maxima initialized
+  for (int s = 0; s < NST - 1; ++s) ds_issue<L, T, NST>(p, raw, full, sidx, s, ntiles, warp, lane);
+
+  // Per head the maximum |q| over the NoPE dims (a warp's items share mt and grp: reduce over t' first).
+#pragma unroll
+  for (int k = 0; k < QPT; ++k) {
+    const int i = tid + k * NTHR, mt = i / (NG * 32);
+    if (i >= NQ) continue;   // whole warps
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const uint4 a = qraw[k][hf][0], b = qraw[k][hf][1];
+      const uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+      uint32_t m = 0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) m = max(m, max(w[j] & 0x7fffu, (w[j] >> 16) & 0x7fffu));
+      m = max(m, __shfl_xor_sync(0xffffffffu, m, 1));
+      m = max(m, __shfl_xor_sync(0xffffffffu, m, 2));
+      if (t == 0) atomicMax(qmax_s + 16 * mt + g + 8 * hf, m << 16);   // |bf16| bits -> fp32 bits
+    }
+  }
+  __syncthreads();   // q maxima complete
+
+  // Q fragments: k-step s of group grp, A registers {row g, row g + 8} x {dims 16 t + 4 s + 0..1, + 2..3}, in f16
+  // x 2^k per head (the ds kernels' q_shift: exact, no f16 range limit on q).
+#pragma unroll
+  for (int k = 0; k < QPT; ++k) {
+    const int i = tid + k * NTHR, mt = i / (NG * 32), grp = (i / 32) % NG;
+    if (i >= NQ) continue;
+    uint32_t h2[2][8];
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const float f = exp2i(q_shift(qmax_s[16 * mt + g + 8 * hf]));
+      const uint4 a = qraw[k][hf][0], b = qraw[k][hf][1];
+      const uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        h2[hf][j] = pack_f16(__uint_as_float(w[j] << 16) * f, __uint_as_float(w[j] & 0xffff0000u) * f);
+    }
+#pragma unroll
+    for (int s = 0; s < 4; ++s)
+      qf[((mt * NG + grp) * 4 + s) * 32 + lane] = make_uint4(h2[0][2 * s], h2[1][2 * s], h2[0][2 * s + 1], h2[1][2 * s + 1]);
+  }
+  if (tid < MT * 128) qr[tid] = make_uint4(rraw[0], rraw[1], rraw[2], rraw[3]);
+  // This thread's rows r = 16 mt + g + 8 hf: S = NoPE accumulator x scale_log2 x 2^-k + RoPE accumulator x scale_log2.
+  float qfr[MT][2];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      const int r = 16 * mt + g + 8 * hf;
-      const int head = hblk * HB + r;
-      if (head >= p.h) continue;
-      const float l = fin_l[r];
-      const float lse = row_lse(fin_m[r], l);
-      float f;
-      if (p.splits == 1) {
-        f = out_factor(p, head, l, lse);
-      } else {
-        f = l > 0.f ? 1.f / l : 0.f;
-      }
-      if ((CV & 4) && !rope_warp) f *= ref_run;
-      const size_t obase = (static_cast<size_t>(row) * p.splits + split) * p.h + head;   // o_part row
-      if (!rope_warp) {
-        // dims sbase + 16 t + j <- o[mt][j][2 hf]; sbase + 16 t + 8 + j <- o[mt][j][2 hf + 1]
-        if (p.splits == 1) {
-          __nv_bfloat16* dst = p.out + (static_cast<size_t>(row) * p.h + head) * kDv + sbase + 16 * t;
-          uint4 v0, v1;
-          v0.x = pack_bf16(o[mt][0][2 * hf] * f, o[mt][1][2 * hf] * f);
-          v0.y = pack_bf16(o[mt][2][2 * hf] * f, o[mt][3][2 * hf] * f);
-          v0.z = pack_bf16(o[mt][4][2 * hf] * f, o[mt][5][2 * hf] * f);
-          v0.w = pack_bf16(o[mt][6][2 * hf] * f, o[mt][7][2 * hf] * f);
-          v1.x = pack_bf16(o[mt][0][2 * hf + 1] * f, o[mt][1][2 * hf + 1] * f);
-          v1.y = pack_bf16(o[mt][2][2 * hf + 1] * f, o[mt][3][2 * hf + 1] * f);
-          v1.z = pack_bf16(o[mt][4][2 * hf + 1] * f, o[mt][5][2 * hf + 1] * f);
-          v1.w = pack_bf16(o[mt][6][2 * hf + 1] * f, o[mt][7][2 * hf + 1] * f);
-          reinterpret_cast<uint4*>(dst)[0] = v0;
-          reinterpret_cast<uint4*>(dst)[1] = v1;
-        } else {
-          float4* dst = reinterpret_cast<float4*>(p.o_part + obase * kDv + sbase + 16 * t);
-#pragma unroll
-          for (int c = 0; c < 2; ++c)
-#pragma unroll
-            for (int hq = 0; hq < 2; ++hq)
-              dst[2 * c + hq] = make_float4(o[mt][4 * hq][2 * hf + c] * f, o[mt][4 * hq + 1][2 * hf + c] * f,
-                                            o[mt][4 * hq + 2][2 * hf + c] * f, o[mt][4 * hq + 3][2 * hf + c] * f);
-        }
-      } else {
-        // dims 448 + 8 n + 2 t, + 1
-        if (p.splits == 1) {
-          __nv_bfloat16* dst = p.out + (static_cast<size_t>(row) * p.h + head) * kDv + 448 + 2 * t;
-#pragma unroll
-          for (int n = 0; n < 8; ++n)
-            *reinterpret_cast<uint32_t*>(dst + 8 * n) = pack_bf16(o[mt][n][2 * hf] * f, o[mt][n][2 * hf + 1] * f);
-        } else {
-          float* dst = p.o_part + obase * kDv + 448 + 2 * t;
-#pragma unroll
-          for (int n = 0; n < 8; ++n)
-            *reinterpret_cast<float2*>(dst + 8 * n) = make_float2(o[mt][n][2 * hf] * f, o[mt][n][2 * hf + 1] * f);
-        }
-      }
-      if (warp == 0 && t == 0) {
-        if (p.splits == 1) p.lse[static_cast<size_t>(row) * p.h + head] = l > 0.f ? lse : INFINITY;
-        else p.lse_part[obase] = lse;
-      }
-    }
+    for (int hf = 0; hf < 2; ++hf) qfr[mt][hf] = p.scale_log2 * exp2i(-q_shift(qmax_s[16 * mt + g + 8 * hf]));
+  __syncthreads();   // Q fragments written
 
-  // Fused combine: the last split CTA of this (row, head block) to arrive merges all splits (same equations
-  // as sparse_mla_combine), reading the partials through L2 (ld.cg), and resets the counter.
-  if (p.splits > 1 && p.counters != nullptr) {
-    int* last = reinterpret_cast<int*>(qmax_s);   // q maxima are no longer needed
-    __threadfence();                               // this thread's partials, before the arrival below
-    __syncthreads();
-    if (tid == 0) {
-      const int prev = atomicAdd(p.counters + row * gridDim.y + hblk, 1);
-      *last = prev == p.splits - 1;
+  float m_run[MT][2], l_run[MT][2];
+  float o[MT][8][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      m_run[mt][hf] = -INFINITY;
+      l_run[mt][hf] = 0.f;
     }
-    __syncthreads();
-    if (*last) {
-      __threadfence();
-      constexpr int TPH = NTHR / HB;   // threads per head
-      constexpr int DPT = kDv / TPH;   // dims per thread
-      const int r = tid / TPH, c0 = (tid % TPH) * DPT;
-      const int head = hblk * HB + r;
-      if (head < p.h) {
-        const size_t base = static_cast<size_t>(row) * p.splits * p.h + head;
-        float m = -INFINITY;
-        for (int sp2 = 0; sp2 < p.splits; ++sp2) m = fmaxf(m, __ldcg(p.lse_part + base + static_cast<size_t>(sp2) * p.h));
-        float lse = INFINITY, f = 0.f, wsum = 0.f;
-        if (m != -INFINITY) {
-          for (int sp2 = 0; sp2 < p.splits; ++sp2) wsum += expf(__ldcg(p.lse_part + base + static_cast<size_t>(sp2) * p.h) - m);
-          lse = m + logf(wsum);
-          f = 1.f / wsum;
-          if (p.sinks) f *= 1.f / (1.f + expf(p.sinks[head] - lse));
+#pragma unroll
+    for (int n = 0; n < 8; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
+  }
+  // S positions (floats within a row): entry e = 16 kk + 8 hh + 2 t + i sits at t 16 + (t / 2) 4 + kk 4 + hh 2 + i,
+  // so the softmax reads a thread's 16 entries (its PV A fragments) as 4 conflict-free 16-byte loads.
+  const int e_c = 8 * warp + 2 * t;                                                 // QK accumulator entries e_c, + 1
+  const int spos = t * 16 + (t >> 1) * 4 + (warp >> 1) * 4 + (warp & 1) * 2;        // ... and their S position
+  const int rpos = t * 16 + (t >> 1) * 4;                                           // softmax: this thread's 16
+
+  for (int it = 0; it < ntiles; ++it) {
+    const int slot = it % NST;
+    mbar_wait(full + slot, static_cast<uint32_t>(it / NST) & 1u);
+    const uint8_t* rt = raw + slot * (T * REC);
+    float* st = sbuf + (it & 1) * (HB * SS);
+    float* sct = scl + (it & 1) * (NSC * T);
+
+    // ---- QK: S of entries 8 warp .. 8 warp + 7 ----
+    {
+      const int2 v2 = *reinterpret_cast<const int2*>(sidx + it * T + e_c);
+      float sc0[NSC], sc1[NSC];   // scales of entries e_c, e_c + 1
+      if constexpr (V4) {
+        // The 8-byte UE8M0 record sits in the copied 16-byte pair at 8 x (offset & 1); zeros for invalid entries.
+        const uint2 r0 = *reinterpret_cast<const uint2*>(rt + e_c * REC + 576 + 8 * (v2.x & page_mask & 1));
+        const uint2 r1 = *reinterpret_cast<const uint2*>(rt + (e_c + 1) * REC + 576 + 8 * (v2.y & page_mask & 1));
+#pragma unroll
+        for (int j = 0; j < NSC; ++j) {
+          sc0[j] = __uint_as_float((((j < 4 ? r0.x : r0.y) >> (8 * (j & 3))) & 0xffu) << 23);
+          sc1[j] = __uint_as_float((((j < 4 ? r1.x : r1.y) >> (8 * (j & 3))) & 0xffu) << 23);
         }
-        __nv_bfloat16* dst = p.out + (static_cast<size_t>(row) * p.h + head) * kDv + c0;
-#pragma unroll 1
-        for (int c = 0; c < DPT; c += 8) {
-          float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-          if (m != -INFINITY) {
-            for (int sp2 = 0; sp2 < p.splits; ++sp2) {
-              const size_t b = base + static_cast<size_t>(sp2) * p.h;
-              const float w = expf(__ldcg(p.lse_part + b) - m);   // 0 for an empty split (lse -inf)
-              if (w > 0.f) {
-                const float4* src = reinterpret_cast<const float4*>(p.o_part + b * kDv + c0 + c);
-                const float4 u0 = __ldcg(src), u1 = __ldcg(src + 1);
-                acc[0] += w * u0.x; acc[1] += w * u0.y; acc[2] += w * u0.z; acc[3] += w * u0.w;
-                acc[4] += w * u1.x; acc[5] += w * u1.y; acc[6] += w * u1.z; acc[7] += w * u1.w;
-              }
-            }
-          }
-          uint4 v;
-          v.x = pack_bf16(acc[0] * f, acc[1] * f);
-          v.y = pack_bf16(acc[2] * f, acc[3] * f);
-          v.z = pack_bf16(acc[4] * f, acc[5] * f);
-          v.w = pack_bf16(acc[6] * f, acc[7] * f);
-          *reinterpret_cast<uint4*>(dst + c) = v;
-        }
-        if (tid % TPH == 0) p.lse[static_cast<size_t>(row) * p.h + head] = lse;
+      } else {
+        const float4 a0 = *reinterpret_cast<const float4*>(rt + e_c * REC + 512);
+        const float4 a1 = *reinterpret_cast<const float4*>(rt + (e_c + 1) * REC + 512);
+        sc0[0] = a0.x, sc0[1] = a0.y, sc0[2] = a0.z, sc0[3] = a0.w;
+        sc1[0] = a1.x, sc1[1] = a1.y, sc1[2] = a1.z, sc1[3] = a1.w;
       }
-      if (tid == 0) p.counters[row * gridDim.y + hblk] = 0;   // ready for the next launch on this stream
+#pragma unroll
+      for (int j = 0; j < NSC; ++j) *reinterpret_cast<float2*>(sct + j * T + e_c) = make_float2(sc0[j], sc1[j]);
+
+      float sacc[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) sacc[mt][0] = sacc[mt][1] = sacc[mt][2] = sacc[mt][3] = 0.f;
+      const uint8_t* kb = rt + (8 * warp + g) * REC + 16 * t;   // B operand: entry 8 warp + g
+#pragma unroll
+      for (int j = 0; j < NSC; ++j) {
+        float acc[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
+#pragma unroll
+        for (int gg = 0; gg < GPS; ++gg) {
+          const int grp = j * GPS + gg;
+          const uint4 u = *reinterpret_cast<const uint4*>(kb + 64 * grp);
+          uint32_t b[4][2];
+          cvt_e4m3x4(u.x, b[0][0], b[0][1]);
+          cvt_e4m3x4(u.y, b[1][0], b[1][1]);
+          cvt_e4m3x4(u.z, b[2][0], b[2][1]);
+          cvt_e4m3x4(u.w, b[3][0], b[3][1]);
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int s = 0; s < 4; ++s) {
+              const uint4 qv = qf[((mt * NG + grp) * 4 + s) * 32 + lane];
+              const uint32_t qa[4] = {qv.x, qv.y, qv.z, qv.w};
+              mma_f16(acc[mt], qa, b[s][0], b[s][1]);
+            }
+        }
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          sacc[mt][0] += acc[mt][0] * sc0[j];
+          sacc[mt][1] += acc[mt][1] * sc1[j];
+          sacc[mt][2] += acc[mt][2] * sc0[j];
+          sacc[mt][3] += acc[mt][3] * sc1[j];
+        }
+      }
+      float racc[MT][4];   // RoPE dims (bf16 in the record)
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) racc[mt][0] = racc[mt][1] = racc[mt][2] = racc[mt][3] = 0.f;
+#pragma unroll
+      for (int s2 = 0; s2 < 2; ++s2) {
+        uint32_t bb[4];
+        ldsm_x4(bb, rt + (8 * warp + (lane & 7)) * REC + ROPE + (4 * s2 + (lane >> 3)) * 16);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          const uint4 q0 = qr[(mt * 4 + 2 * s2) * 32 + lane], q1 = qr[(mt * 4 + 2 * s2 + 1) * 32 + lane];
+          const uint32_t qa0[4] = {q0.x, q0.y, q0.z, q0.w}, qa1[4] = {q1.x, q1.y, q1.z, q1.w};
+          mma_bf16(racc[mt], qa0, bb[0], bb[1]);
+          mma_bf16(racc[mt], qa1, bb[2], bb[3]);
+        }
+      }
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const float x0 = v2.x >= 0 ? sacc[mt][2 * hf] * qfr[mt][hf] + racc[mt][2 * hf] * p.scale_log2 : -INFINITY;
+          const float x1 = v2.y >= 0 ? sacc[mt][2 * hf + 1] * qfr[mt][hf] + racc[mt][2 * hf + 1] * p.scale_log2
+                                     : -INFINITY;
+          *reinterpret_cast<float2*>(st + (16 * mt + g + 8 * hf) * SS + spos) = make_float2(x0, x1);
+        }
+    }
+    __syncthreads();   // S of tile it complete; every warp is done with tile it-1 (its slot is refilled now)
+    ds_issue<L, T, NST>(p, raw, full, sidx, it + NST - 1, ntiles, warp, lane);
+
+    // ---- online softmax of this thread's rows over the tile (every warp alike), P as PV A fragments ----
+    uint32_t pa[MT][4][4];   // [mt][k-step kk][A register]
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const float4* src = reinterpret_cast<const float4*>(st + (16 * mt + g + 8 * hf) * SS + rpos);
+        float x[4][4];   // [kk]: entries 16 kk + 2t, + 1, 16 kk + 8 + 2t, + 1
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+          const float4 v = src[kk];
+          x[kk][0] = v.x, x[kk][1] = v.y, x[kk][2] = v.z, x[kk][3] = v.w;
+        }
+        float mx = -INFINITY;
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+          mx = fmaxf(fmaxf(mx, fmaxf(x[kk][0], x[kk][1])), fmaxf(x[kk][2], x[kk][3]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m_run[mt][hf], mx);
+        const float m_use = m_new == -INFINITY ? 0.f : m_new;   // all invalid so far: exp2(-inf) = 0, no NaN
+        float sum = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            x[kk][c] = exp2f(x[kk][c] - m_use);
+            sum += x[kk][c];
+          }
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        const float alpha = exp2f(m_run[mt][hf] - m_use);
+        l_run[mt][hf] = l_run[mt][hf] * alpha + sum;
+        m_run[mt][hf] = m_new;
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+          o[mt][n][2 * hf] *= alpha;
+          o[mt][n][2 * hf + 1] *= alpha;
+        }
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {   // the RoPE warp multiplies bf16 V: P in bf16; the others f16
+          pa[mt][kk][hf] = rope_warp ? pack_bf16(x[kk][0], x[kk][1]) : pack_f16(x[kk][0], x[kk][1]);
+          pa[mt][kk][hf + 2] = rope_warp ? pack_bf16(x[kk][2], x[kk][3]) : pack_f16(x[kk][2], x[kk][3]);
+        }
+      }
+
+    // ---- PV: this warp's 64 output dims ----
+    if (!rope_warp) {
+      const float* scw = sct + (V4 ? warp : warp >> 1) * T + 2 * t;   // the scale of this warp's dims
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        const float2 c01 = *reinterpret_cast<const float2*>(scw + 16 * kk);
+        const float2 c89 = *reinterpret_cast<const float2*>(scw + 16 * kk + 8);
+        uint32_t a[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) a[mt][0] = pa[mt][kk][0], a[mt][1] = pa[mt][kk][1], a[mt][2] = pa[mt][kk][2],
+                                        a[mt][3] = pa[mt][kk][3];
+        ds_pv_fp8<L, MT, 0>(o, a, rt, kk, warp * 64, g, t, pack_f16(c01.x, c01.y), pack_f16(c89.x, c89.y));
+      }
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        uint32_t a[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) a[mt][0] = pa[mt][kk][0], a[mt][1] = pa[mt][kk][1], a[mt][2] = pa[mt][kk][2],
+                                        a[mt][3] = pa[mt][kk][3];
+        ds_pv_rope<L, MT>(o, a, rt, kk, lane);
+      }
     }
   }
+
+  ds_write_out<MT, 0>(p, o, [&](int mt, int hf, int) { return make_float2(m_run[mt][hf], l_run[mt][hf]); }, 1.f,
+                      rope_warp, row, split, hblk, warp, g, t);
+  ds_fused_combine<NTHR, HB>(p, row, hblk, tid, reinterpret_cast<int*>(qmax_s));   // q maxima no longer needed
 }
 
 // ---- "wg" kernels (sm_90a only): wgmma, 64 heads per CTA, one producer and two consumer warpgroups ----
@@ -2915,6 +3282,13 @@ __device__ __forceinline__ void wgt_entry(const MlaParams& p, uint8_t* smem) {
     griddep_launch_dependents();                                                                          \
     ds_body<Layout##LAY, MT, T, NST, CV>(p, smem);                                                        \
   }
+// es kernels: at most 128 registers, so that two CTAs share an SM (their shared memory allows it at V4 CSA's splits).
+#define ES_KERNEL(NAME, LAY, MT, NST)                                                                     \
+  extern "C" __global__ void __launch_bounds__(kDsThreads, 2) NAME(const __grid_constant__ MlaParams p) { \
+    extern __shared__ __align__(128) uint8_t smem[];                                                      \
+    griddep_launch_dependents();                                                                          \
+    es_body<Layout##LAY, MT, NST>(p, smem);                                                               \
+  }
 #define WG_KERNEL(NAME, LAY, NST, PROBE, H, SC)                                                           \
   extern "C" __global__ void __launch_bounds__(kWgThreads, 1) NAME(const __grid_constant__ MlaParams p) { \
     extern __shared__ __align__(128) uint8_t smem[];                                                      \
@@ -2938,6 +3312,7 @@ __device__ __forceinline__ void wgt_entry(const MlaParams& p, uint8_t* smem) {
 
 SPARSE_MLA_FIRST_KERNELS(MLA_KERNEL)
 SPARSE_MLA_DS_KERNELS(DS_KERNEL)
+SPARSE_MLA_ES_KERNELS(ES_KERNEL)
 SPARSE_MLA_WG_KERNELS(WG_KERNEL)
 SPARSE_MLA_WGE_KERNELS(WGE_KERNEL)
 // wgt kernels in clusters of the two CTAs of 128 heads (grid y = head blocks, so h must give an even number of them).

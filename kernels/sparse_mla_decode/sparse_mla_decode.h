@@ -118,6 +118,30 @@ struct DsSmem {
   static constexpr int kSidx = kBar + ((NST * 8 + 15) / 16) * 16;   // + 4 bytes per entry of the split
 };
 
+// Shared-memory layout of an es kernel (bytes; kDsThreads, kEsT-entry tiles): NST raw-record stages; Q as the QK
+// MMA's A fragments ([MT][64-dim group][k-step][lane] x 16 B: f16 NoPE x 2^k per head, then [MT][k-step][lane]
+// bf16 RoPE); per tile buffer (two: one tile's softmax and PV overlap the next tile's QK in other warps) the
+// tile's S in log2 units ([heads][kSS], entries permuted so that a thread's PV operands are 16 contiguous floats)
+// and the entries' scales ([scale][entry], fp32); the q maxima; the ring barriers; 4 B per entry of the index list.
+constexpr int kEsT = 64;
+template <class L, int MT, int NST>
+struct EsSmem {
+  static constexpr bool kV4 = L::kDqk == 512;
+  static constexpr int kHB = 16 * MT;
+  static constexpr int kGroups = L::kNope / 64;   // 64-dim e4m3 groups: V4 7, V3.2 8
+  static constexpr int kScales = kV4 ? 7 : 4;     // scales per entry: one per 64 (V4) / 128 (V3.2) dims
+  static constexpr int kSS = kEsT + 8;            // S row stride in floats (conflict-free 16-byte reads)
+  static constexpr int kRaw = 0;
+  static constexpr int kQf = kRaw + NST * kEsT * L::kRec;
+  static constexpr int kQr = kQf + MT * kGroups * 4 * 32 * 16;
+  static constexpr int kS = kQr + MT * 4 * 32 * 16;
+  static constexpr int kScl = kS + 2 * kHB * kSS * 4;
+  static constexpr int kQmax = kScl + 2 * kScales * kEsT * 4;
+  static constexpr int kBar = kQmax + kHB * 4;
+  static constexpr int kSidx = kBar + ((NST * 8 + 15) / 16) * 16;   // + 4 bytes per entry of the split
+  static_assert(kQf % 16 == 0 && kS % 16 == 0 && kBar % 8 == 0, "bulk copies, 16-byte loads, mbarriers");
+};
+
 // Shared-memory layout of a wg kernel (bytes from a 1024-aligned base: the launcher adds kWgAlignSlack).
 constexpr int kWgT = 32;        // entries per tile
 constexpr int kWgThreads = 384;
@@ -224,6 +248,13 @@ constexpr int kCombineThreads = 128;
   X(sparse_mla_ds_v32_h16_t32_s4, V32, 1, 32, 4, 0)          \
   X(sparse_mla_ds_v32_h32_t64_s2, V32, 2, 64, 2, 0)          \
   X(sparse_mla_ds_v32_h32_t64_s3, V32, 2, 64, 3, 0)
+
+// es kernels (fp8 only; kDsThreads, kEsT-entry tiles, family "ds"): sparse_mla_es_<layout>_h<heads>_t64_s<stages>.
+// Warps split the tile's entries for QK (each the whole d_qk of 8 entries) and the head dimension for PV, as the
+// ds kernels do; one block barrier per tile. X(NAME, LAYOUT, MT, NST).
+#define SPARSE_MLA_ES_KERNELS(X)                             \
+  X(sparse_mla_es_v4_h16_t64_s2, V4, 1, 2)                   \
+  X(sparse_mla_es_v32_h16_t64_s2, V32, 1, 2)
 
 // wg kernels (sm_90a; kWgThreads, 64 heads per CTA, kWgT-entry tiles): sparse_mla_wg_<layout>_s<stages>.
 // X(NAME, LAYOUT, NST, PROBE, H, SC): _h (H) f16 tile, _c2 (SC) warpgroup 1 converts half of each tile.
