@@ -73,12 +73,6 @@ void sparse_mla_decode() {
            mla_shape<Geom##LAY>(buf, sizeof buf, 16 * MT, T, NST, more));                                    \
   }
   SPARSE_MLA_DS_KERNELS(DS_META)
-#define ES_META(NAME, LAY, MT, NST)                                                                          \
-  {                                                                                                          \
-    kernel(k, #NAME, "ds", kDsThreads, EsSmem<Geom##LAY, MT, NST>::kSidx, kIndexBytes, "entry",              \
-           mla_shape<Geom##LAY>(buf, sizeof buf, 16 * MT, kEsT, NST, ", \"cv\": 0, \"qk_split\": \"entries\""));  \
-  }
-  SPARSE_MLA_ES_KERNELS(ES_META)
 #define WG_META(NAME, LAY, NST, PROBE, H, SC)                                                                \
   {                                                                                                          \
     std::snprintf(more, sizeof more, ", \"probe\": %d, \"f16\": %s, \"split_convert\": %s, \"exact_scales\": false", \
@@ -121,6 +115,12 @@ void sparse_mla_decode() {
   SPARSE_MLA_WGT_KERNELS(WGT_META)
   SPARSE_MLA_WGT_PROBE_KERNELS(WGT_META)
   SPARSE_MLA_WGTX_PROBE_KERNELS(WGTX_META)
+#define ES_META(NAME, LAY, MT, NST)                                                                          \
+  {                                                                                                          \
+    kernel(k, #NAME, "ds", kDsThreads, EsSmem<Geom##LAY, MT, NST>::kSidx, kIndexBytes, "entry",              \
+           mla_shape<Geom##LAY>(buf, sizeof buf, 16 * MT, kEsT, NST, ", \"cv\": 0, \"qk_split\": \"entries\", \"experimental\": true"));  \
+  }
+  SPARSE_MLA_ES_KERNELS(ES_META)
 #endif
   kernel(k, "sparse_mla_combine", "combine", kCombineThreads, 0, 0, "", "");
   std::printf("\n  ]\n}\n");

@@ -674,17 +674,16 @@ __device__ __forceinline__ void ds_issue(const MlaParams& p, uint8_t* raw, uint6
       bulk_g2s(d, blk + off * 656, 656, bar);
     }
   }
-  // Invalid and past-the-end entries: zeros, so that 0 x garbage never reaches an accumulator.
-  bool zeroed = false;
-#pragma unroll 1
-  for (int i = 0; i < EPI; ++i) {
-    if (__shfl_sync(0xffffffffu, v, i) >= 0) continue;
-    uint4* d = reinterpret_cast<uint4*>(dst0 + i * REC);
+  // Invalid and past-the-end entries: zeros, so that 0 x garbage never reaches an accumulator. One ballot finds
+  // them (a shuffle per entry cost a dependent round trip each: ncu, NOTES.md "es kernels").
+  uint32_t empty = __ballot_sync(0xffffffffu, lane < EPI && v < 0);
+  if (empty == 0u) return;
+  for (; empty != 0u; empty &= empty - 1u) {
+    uint4* d = reinterpret_cast<uint4*>(dst0 + (__ffs(empty) - 1) * REC);
     for (int c = lane; c < REC / 16; c += 32) d[c] = make_uint4(0, 0, 0, 0);
-    zeroed = true;
   }
   // Order these generic-proxy stores before later bulk copies (async proxy) into the same slot.
-  if (zeroed) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
 // One PV k-step (16 entries of the tile in ring record rt) of a ds or es fp8 warp: O[16 mt + .., sbase + ..] +=
@@ -2709,16 +2708,11 @@ __device__ __forceinline__ void bulk_s2peer(uint32_t dst, const void* src, uint3
   asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
                ::"r"(dst), "r"(smem_u32(src)), "r"(bytes), "r"(mbar) : "memory");
 }
+// An arrival on the peer's mbarrier. CTA scope (as CUTLASS's cluster pipelines arrive on a remote "empty" barrier):
+// it orders nothing but the arriving warpgroup's finished reads (its wgmma waited), and at cluster scope ptxas
+// fenced every arrival (ERRBAR, ncu 2026-12-02).
 __device__ __forceinline__ void mbar_arrive_remote(uint32_t addr) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(addr) : "memory");
-}
-__device__ __forceinline__ void mbar_wait_cluster(uint64_t* bar, uint32_t parity) {
-  uint32_t done;
-  do {
-    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-                 "selp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(done) : "r"(smem_u32(bar)), "r"(parity) : "memory");
-  } while (!done);
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(addr) : "memory");
 }
 __device__ __forceinline__ void cluster_sync_all() {
   asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
@@ -2900,8 +2894,12 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
   // CLUSTER: the peer CTA (the other 64-head block of the row) and the bytes it stores here per tile.
   const uint32_t peer = CLUSTER ? cluster_rank() ^ 1u : 0u;
   constexpr uint32_t kPeerBytes = 32 * (2 * DQK + 4);
+  // The waits on rready and avail acquire at CTA scope, as CUTLASS's cluster pipelines wait on barriers that a TMA
+  // multicast fills or remote consumers arrive on: the peer's bytes land through the async proxy's complete_tx, and
+  // an arrival follows finished reads. At cluster scope ptxas invalidated the L1 at every wait (CCTL.IVALL), which
+  // also waited for the producer's loads of the next tile in flight (ncu 2026-12-02, NOTES.md "wgt kernels").
   auto wait_peer_half = [&](int it) {
-    if constexpr (CLUSTER) mbar_wait_cluster(rready + (it & 1), (it >> 1) & 1);
+    if constexpr (CLUSTER) mbar_wait(rready + (it & 1), (it >> 1) & 1);
   };
   // End of a consumer warpgroup's tile it: buffer it & 1 is free for the producers (both CTAs' with CLUSTER).
   auto release = [&](int it) {
@@ -2934,7 +2932,7 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
       if (ntiles > 1) wgt_load<L, 4, PROBE>(p, vb = index_of(1), j, rb);
       auto step = [&](int it, WgtRaw<L, 4>& raw, int& v) {
         const int b = it & 1;
-        if (it >= 2) mbar_wait_cluster(avail + b, ((it >> 1) - 1) & 1);   // both CTAs are done with tile it-2
+        if (it >= 2) mbar_wait(avail + b, ((it >> 1) - 1) & 1);   // both CTAs are done with tile it-2
         if (ptid == 0) mbar_arrive_expect_tx(rready + b, kPeerBytes);     // the peer's half of tile it
         uint8_t* tile = tiles + b * S::kTileBytes;
         const uint32_t ptile = peer_tiles + b * S::kTileBytes, pbar = peer_rready + 8 * b;
@@ -3282,7 +3280,8 @@ __device__ __forceinline__ void wgt_entry(const MlaParams& p, uint8_t* smem) {
     griddep_launch_dependents();                                                                          \
     ds_body<Layout##LAY, MT, T, NST, CV>(p, smem);                                                        \
   }
-// es kernels: at most 128 registers, so that two CTAs share an SM (their shared memory allows it at V4 CSA's splits).
+// es kernels (tuning build): at most 128 registers, so that two CTAs share an SM (their shared memory allows it at
+// V4 CSA's splits).
 #define ES_KERNEL(NAME, LAY, MT, NST)                                                                     \
   extern "C" __global__ void __launch_bounds__(kDsThreads, 2) NAME(const __grid_constant__ MlaParams p) { \
     extern __shared__ __align__(128) uint8_t smem[];                                                      \
@@ -3312,7 +3311,6 @@ __device__ __forceinline__ void wgt_entry(const MlaParams& p, uint8_t* smem) {
 
 SPARSE_MLA_FIRST_KERNELS(MLA_KERNEL)
 SPARSE_MLA_DS_KERNELS(DS_KERNEL)
-SPARSE_MLA_ES_KERNELS(ES_KERNEL)
 SPARSE_MLA_WG_KERNELS(WG_KERNEL)
 SPARSE_MLA_WGE_KERNELS(WGE_KERNEL)
 // wgt kernels in clusters of the two CTAs of 128 heads (grid y = head blocks, so h must give an even number of them).
@@ -3329,6 +3327,7 @@ SPARSE_MLA_WG_PROBE_KERNELS(WG_KERNEL)
 SPARSE_MLA_WGT_KERNELS(WGT_KERNEL)          // experimental (tuning build only)
 SPARSE_MLA_WGT_PROBE_KERNELS(WGT_KERNEL)
 SPARSE_MLA_WGTX_PROBE_KERNELS(WGTX_KERNEL)
+SPARSE_MLA_ES_KERNELS(ES_KERNEL)            // experimental: not faster than the ds kernels
 #endif
 
 // Merge the splits of one (row, head): lse = log sum_s exp(lse_s); o = sum_s exp(lse_s - lse) o_s,

@@ -251,7 +251,8 @@ constexpr int kCombineThreads = 128;
 
 // es kernels (fp8 only; kDsThreads, kEsT-entry tiles, family "ds"): sparse_mla_es_<layout>_h<heads>_t64_s<stages>.
 // Warps split the tile's entries for QK (each the whole d_qk of 8 entries) and the head dimension for PV, as the
-// ds kernels do; one block barrier per tile. X(NAME, LAYOUT, MT, NST).
+// ds kernels do; one block barrier per tile. Experimental, in the tuning build only: correct on H200 but not faster
+// than the ds kernels (NOTES.md "es kernels"). X(NAME, LAYOUT, MT, NST).
 #define SPARSE_MLA_ES_KERNELS(X)                             \
   X(sparse_mla_es_v4_h16_t64_s2, V4, 1, 2)                   \
   X(sparse_mla_es_v32_h16_t64_s2, V32, 1, 2)

@@ -37,13 +37,14 @@ def make_call(mla, case, B, h, variant, pool_entries, gen):
         extra = dict(extra_kv=win, extra_indices=distinct_indices(B, k_win, win.shape[0] * PAGE, gen).view(B, 1, k_win))
     q = torch.randn((B, 1, h, lay.dqk), device="cuda", generator=gen).to(torch.bfloat16)
     sinks = torch.randn((h,), device="cuda", generator=gen)
-    return lambda: mla(q, kv, ind, lay.dqk ** -0.5, layout=layout, sinks=sinks, variant=variant, **extra)
+    pick = dict(kernel=variant) if variant.startswith("sparse_mla_") else dict(variant=variant)
+    return lambda: mla(q, kv, ind, lay.dqk ** -0.5, layout=layout, sinks=sinks, **pick, **extra)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument("--ncu", default=None, help="case,B,h,variant: one launch only")
+    ap.add_argument("--ncu", default=None, help="case,B,h,variant (or a kernel name): one launch only")
     ap.add_argument("--shapes", default=None, help="case:B:h:variant,... instead of the built-in list")
     ap.add_argument("--no-pools", action="store_true", help="skip the KV-pool size sweep")
     args = ap.parse_args()

@@ -81,11 +81,15 @@ def test_production_fatbin_has_no_probe_kernels(nvcc, mla_table, tmp_path):
                       "sparse_mla_wg_v32_t64c_x2", *(f"sparse_mla_wg_v32_t64xs_x{b}" for b in (1, 2, 4))}
     # experimental kernels (correct, not measured faster than what they would replace) are tuning-only too
     experimental = {n for n, k in tuning.kernels.items() if k.shape.get("experimental")} - probes
-    assert experimental == {f"sparse_mla_wg_{lay}_{v}" for lay in ("v4", "v32") for v in ("t64", "t64q", "t64p", "t64c", "t64xs")}
+    wgt = {f"sparse_mla_wg_{lay}_{v}" for lay in ("v4", "v32") for v in ("t64", "t64q", "t64p", "t64c", "t64xs")}
+    es = {f"sparse_mla_es_{lay}_h16_t64_s2" for lay in ("v4", "v32")}
+    assert experimental == wgt | es
     assert not [n for n, k in mla_table.kernels.items() if k.shape.get("experimental")]
     assert set(tuning.kernels) - probes - experimental == set(mla_table.kernels)
-    for name in experimental:   # no index list in shared memory: the same bytes at every split length
+    for name in wgt:   # no index list in shared memory: the same bytes at every split length
         assert tuning[name].smem_bytes(2048) == tuning[name].smem_bytes(64) <= HOPPER_SMEM
+    # two V4 es CTAs per SM (228 KB, 1 KB reserved per CTA) at V4 CSA's B=64 split of 192 entries
+    assert 2 * (tuning["sparse_mla_es_v4_h16_t64_s2"].smem_bytes(192) + 1024) <= 228 * 1024
 
 
 def _launcher(table, smem_limit=HOPPER_SMEM, num_sms=132, capability=(9, 0)):

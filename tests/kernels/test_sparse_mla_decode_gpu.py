@@ -215,8 +215,8 @@ def test_default_kernel_at_64_rows(mla, gen, layout, topk, extra):
 
 
 def test_ds_every_kernel(mla, gen):
-    ds = mla.kernels.family("ds")   # from the fatbin's metadata: the ds kernels and the es kernels
-    assert len(ds) == 18
+    ds = mla.kernels.family("ds")   # from the fatbin's metadata
+    assert len(ds) == 16
     for name, info in ds.items():
         layout, hb = info.shape["layout"], info.shape["heads"]
         h = 8 if hb == 16 else 48   # half-used head blocks too
@@ -506,3 +506,36 @@ def test_input_checks_raise_clear_errors(mla, gen):
             mla(args["q"], args["kv"], args["indices"], 0.1, layout="v4")
     with pytest.raises(ValueError, match="layout"):
         mla(q, kv, ind, 0.1, layout="v5")
+
+
+# ---- es kernels (experimental, tuning fatbin: warps split the tile's entries for QK, one barrier per tile) ----
+
+ES_KERNELS = ["sparse_mla_es_v4_h16_t64_s2", "sparse_mla_es_v32_h16_t64_s2"]
+
+
+def test_es_kernels_are_experimental_and_in_the_tuning_fatbin_only(mla, mla_tuning):
+    es = {n for n, k in mla_tuning.kernels.family("ds").items() if k.shape.get("qk_split") == "entries"}
+    assert es == set(ES_KERNELS) and all(mla_tuning.kernels[n].shape.get("experimental") for n in es)
+    assert not es & set(mla.kernels.kernels)
+
+
+@pytest.mark.parametrize("name", ES_KERNELS)
+def test_es_kernels(mla_tuning, gen, name):
+    # the ds kernels' cases: half-used head blocks, lengths around the 64-entry tile and the two-stage ring,
+    # splits through the combine and fused, mostly invalid rows, next_n 2, pages 1 / 2, q far outside bf16's
+    # comfortable range, NaN in every unselected entry
+    mla, layout = mla_tuning, name.split("_")[3]
+    extra = 128 if layout == "v4" else 0
+    long = 2048 if layout == "v32" else 512
+    for topk in (1, 63, 64, 65, 129, 200):
+        run_and_check(mla, gen, layout, 2, 1, 16, topk, kernel=name)
+    run_and_check(mla, gen, layout, 3, 1, 8, long, topk_extra=extra, empty_rows=(1,), kernel=name)
+    for splits in (1, 3, 16):
+        run_and_check(mla, gen, layout, 3, 1, 16, long, topk_extra=extra, empty_rows=(2,), splits=splits, kernel=name)
+        run_and_check(mla, gen, layout, 2, 1, 16, long, topk_extra=extra, invalid_frac=0.95, splits=splits,
+                      kernel=name)
+    run_and_check(mla, gen, layout, 2, 1, 16, long, topk_extra=extra, kernel=name, fuse_combine=True)
+    run_and_check(mla, gen, layout, 2, 2, 16, long, topk_extra=extra, sinks=False, sm_scale=0.13523, kernel=name)
+    run_and_check(mla, gen, layout, 2, 1, 16, 1000, q_scale=2.0 ** -20, sm_scale=2.0 ** 14, kernel=name)
+    run_and_check(mla, gen, layout, 2, 1, 16, 300, topk_extra=extra // 4, page=1, kernel=name)
+    run_and_check(mla, gen, layout, 2, 1, 16, 300, topk_extra=extra // 4, page=2, kernel=name)
