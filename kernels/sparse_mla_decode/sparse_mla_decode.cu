@@ -2930,10 +2930,7 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
       int va = -1, vb = -1;
       if (ntiles > 0) wgt_load<L, 4, PROBE>(p, va = index_of(0), j, ra);
       if (ntiles > 1) wgt_load<L, 4, PROBE>(p, vb = index_of(1), j, rb);
-      // The index of the next tile of each parity (it + 2), loaded a tile pair ahead: waiting for it right before
-      // the entry loads that need it was 10% of the producer's stall samples (ncu 2026-12-02).
-      int na = index_of(2), nb = index_of(3);
-      auto step = [&](int it, WgtRaw<L, 4>& raw, int& v, int& n) {
+      auto step = [&](int it, WgtRaw<L, 4>& raw, int& v) {
         const int b = it & 1;
         if (it >= 2) mbar_wait(avail + b, ((it >> 1) - 1) & 1);   // both CTAs are done with tile it-2
         if (ptid == 0) mbar_arrive_expect_tx(rready + b, kPeerBytes);     // the peer's half of tile it
@@ -2964,14 +2961,11 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
           }
         }
         bar_arrive(kBarFull + b, kWgThreads);                             // this CTA's half of tile it
-        if (it + 2 < ntiles) {
-          wgt_load<L, 4, PROBE>(p, v = n, j, raw);
-          n = index_of(it + 4);
-        }
+        if (it + 2 < ntiles) wgt_load<L, 4, PROBE>(p, v = index_of(it + 2), j, raw);
       };
       for (int it = 0; it < ntiles; it += 2) {
-        step(it, ra, va, na);
-        if (it + 1 < ntiles) step(it + 1, rb, vb, nb);
+        step(it, ra, va);
+        if (it + 1 < ntiles) step(it + 1, rb, vb);
       }
       cluster_sync_all();   // neither CTA leaves while the other may still reach into it
       return;
