@@ -1588,7 +1588,7 @@ __device__ __forceinline__ void es_body(const MlaParams& p, uint8_t* smem) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define MLA_HAS_WGMMA 1
 // Named barrier ids (0 is __syncthreads).
-constexpr int kBarFull = 1, kBarFree = 3, kBarPFull = 5, kBarPFree = 7, kBarProd = 9, kBarFin = 10;   // _t64x: kBarProd + 2 too
+constexpr int kBarFull = 1, kBarFree = 3, kBarPFull = 5, kBarPFree = 7, kBarProd = 9, kBarFin = 10;
 
 __device__ __forceinline__ void bar_sync(int id, int n) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
@@ -2891,8 +2891,6 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
   } else {
     __syncthreads();
   }
-  // Threads at a tile-full barrier: the consumers and the producers of the tile (CLUSTER: one parity group of 64).
-  constexpr int kFullCount = CLUSTER ? 256 + 64 : kWgThreads;
   // CLUSTER: the peer CTA (the other 64-head block of the row) and the bytes it stores here per tile.
   const uint32_t peer = CLUSTER ? cluster_rank() ^ 1u : 0u;
   constexpr uint32_t kPeerBytes = 32 * (2 * DQK + 4);
@@ -2921,57 +2919,40 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(WgtRegs<TPE, SPLIT>::kProd) : "memory");
     const int ptid = tid - 256;
     if constexpr (CLUSTER) {
-      // Half `rank` of every tile (entries 32 rank .. + 31), converted into this CTA's buffer and into the peer's
-      // (by st.async completing bytes on the peer's rready, or one bulk copy per column block): each entry gathered
-      // and converted once per row. Producer warps 0-1 take the even tiles, warps 2-3 the odd ones, each thread a
-      // quarter of two entries (e0, e0 + 16), so that all of a thread's loads in flight belong to the tile it
-      // converts next: ptxas gives every entry load one scoreboard, and when each thread held one entry of both
-      // tiles, the wait for a tile's loads also waited for the next tile's, issued a step later (NOTES.md "wgt
-      // kernels", 2026-12-02).
+      // Half `rank` of every tile (entries 32 rank + 8 w ..), converted into this CTA's buffer and, by st.async
+      // completing bytes on the peer's rready, into the peer's: each entry gathered and converted once per row.
       const uint32_t rank = peer ^ 1u;
-      const int par = ptid >> 6, gtid = ptid & 63, j = gtid & 3;
-      const int e0 = 32 * static_cast<int>(rank) + (gtid >> 2), e1 = e0 + 16;
-      auto index_of = [&](int x, int e) { return x * T + e < n_local ? load_index(p, row, start + x * T + e) : -1; };
+      const int e = 32 * static_cast<int>(rank) + 8 * (ptid >> 5) + ((ptid & 31) >> 2), j = ptid & 3;
+      auto index_of = [&](int x) { return x * T + e < n_local ? load_index(p, row, start + x * T + e) : -1; };
       const uint32_t peer_tiles = cluster_map(tiles, peer), peer_valid = cluster_map(valid32, peer);
       const uint32_t peer_rready = cluster_map(rready, peer);
-      WgtRaw<L, 4> r0, r1;
-      int v0 = -1, v1 = -1;
-      auto load = [&](int x) {
-        wgt_load<L, 4, PROBE>(p, v0 = index_of(x, e0), j, r0);
-        wgt_load<L, 4, PROBE>(p, v1 = index_of(x, e1), j, r1);
-      };
-      if (par < ntiles) load(par);
-      for (int it = par; it < ntiles; it += 2) {
-        const int b = par;   // = it & 1
+      WgtRaw<L, 4> ra, rb;                           // even and odd tiles
+      int va = -1, vb = -1;
+      if (ntiles > 0) wgt_load<L, 4, PROBE>(p, va = index_of(0), j, ra);
+      if (ntiles > 1) wgt_load<L, 4, PROBE>(p, vb = index_of(1), j, rb);
+      auto step = [&](int it, WgtRaw<L, 4>& raw, int& v) {
+        const int b = it & 1;
         if (it >= 2) mbar_wait(avail + b, ((it >> 1) - 1) & 1);   // both CTAs are done with tile it-2
-        if (gtid == 0) mbar_arrive_expect_tx(rready + b, kPeerBytes);     // the peer's half of tile it
+        if (ptid == 0) mbar_arrive_expect_tx(rready + b, kPeerBytes);     // the peer's half of tile it
         uint8_t* tile = tiles + b * S::kTileBytes;
         const uint32_t ptile = peer_tiles + b * S::kTileBytes, pbar = peer_rready + 8 * b;
         if constexpr (CLUSTER == 1) {
-          auto put_both = [&](int off, uint4 x) {
+          wgt_store<L, 4, PROBE>(raw, e, j, [&](int off, uint4 x) {
             *reinterpret_cast<uint4*>(tile + off) = x;
             st_async_v4(ptile + off, x, pbar);
-          };
-          wgt_store<L, 4, PROBE>(r0, e0, j, put_both);
-          wgt_store<L, 4, PROBE>(r1, e1, j, put_both);
+          });
           if (j == 0) {
-            valid32[b * T + e0] = v0 >= 0;
-            valid32[b * T + e1] = v1 >= 0;
-            st_async_b32(peer_valid + 4 * (b * T + e0), v0 >= 0, pbar);
-            st_async_b32(peer_valid + 4 * (b * T + e1), v1 >= 0, pbar);
+            valid32[b * T + e] = v >= 0;
+            st_async_b32(peer_valid + 4 * (b * T + e), v >= 0, pbar);
           }
         } else {
-          wgt_store<L, 4, PROBE>(r0, e0, j, WgtPutLocal{tile});
-          wgt_store<L, 4, PROBE>(r1, e1, j, WgtPutLocal{tile});
-          if (j == 0) {
-            valid32[b * T + e0] = v0 >= 0;
-            valid32[b * T + e1] = v1 >= 0;
-          }
+          wgt_store<L, 4, PROBE>(raw, e, j, WgtPutLocal{tile});
+          if (j == 0) valid32[b * T + e] = v >= 0;
         }
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // tile: generic stores -> wgmma / bulk reads
         if constexpr (CLUSTER == 2) {
-          bar_sync(kBarProd + 2 * b, 64);   // the whole half is in this CTA's buffer
-          if (gtid == 0) {
+          bar_sync(kBarProd, 128);   // the whole half is in this CTA's buffer
+          if (ptid == 0) {
             const int rows = 32 * static_cast<int>(rank);
 #pragma unroll
             for (int c = 0; c < DQK / 64; ++c)   // rows 32 rank .. + 31 of column block c: 4 KB, contiguous
@@ -2979,8 +2960,12 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
             bulk_s2peer(peer_valid + 4 * (b * T + rows), valid32 + b * T + rows, 32 * 4, pbar);
           }
         }
-        bar_arrive(kBarFull + b, kFullCount);                             // this CTA's half of tile it
-        if (it + 2 < ntiles) load(it + 2);
+        bar_arrive(kBarFull + b, kWgThreads);                             // this CTA's half of tile it
+        if (it + 2 < ntiles) wgt_load<L, 4, PROBE>(p, v = index_of(it + 2), j, raw);
+      };
+      for (int it = 0; it < ntiles; it += 2) {
+        step(it, ra, va);
+        if (it + 1 < ntiles) step(it + 1, rb, vb);
       }
       cluster_sync_all();   // neither CTA leaves while the other may still reach into it
       return;
@@ -3091,7 +3076,7 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
     for (int it = 0; it < ntiles; ++it) {
       const int b = it & 1;
       const uint32_t tile_u = tiles_u + b * S::kTileBytes;
-      bar_sync(kBarFull + b, kFullCount);
+      bar_sync(kBarFull + b, kWgThreads);
       wait_peer_half(it);
       float s[32];
 #pragma unroll
@@ -3224,7 +3209,7 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(WgtRegs<TPE, SPLIT>::kWg1) : "memory");
     for (int it = 0; it < ntiles; ++it) {
       const int b = it & 1;
-      bar_sync(kBarFull + b, kFullCount);
+      bar_sync(kBarFull + b, kWgThreads);
       wait_peer_half(it);
       bar_sync(kBarPFull, 256);
       uint32_t a[4][4];
