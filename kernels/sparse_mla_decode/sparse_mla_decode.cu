@@ -1251,7 +1251,9 @@ __device__ __forceinline__ void ds_body(const MlaParams& p, uint8_t* smem) {
 //     warp holds the same running maximum and sum; PV for the warp's 64 output dims as the ds kernels (ds_pv_fp8;
 //     the V4 RoPE warp ds_pv_rope);
 //   * S and the scales are double-buffered, so one warp's QK of tile i+1 overlaps another's PV of tile i.
-// Same equations, outputs, split protocol and range as the ds kernels with CV = 0.
+// Same equations, outputs, split protocol and range as the ds kernels with CV = 0. Measured on H200 (NOTES.md): correct,
+// not faster (V4 CSA h=16 B=64 33.6 against 30.0 us): the softmax done by every warp and the larger tile's refill cost
+// more instructions than the exchange they replace. Tuning build only.
 template <class L, int MT, int NST>
 __device__ __forceinline__ void es_body(const MlaParams& p, uint8_t* smem) {
   using S = EsSmem<L, MT, NST>;
