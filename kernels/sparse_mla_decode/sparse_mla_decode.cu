@@ -2899,7 +2899,7 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
   // The waits on rready and avail acquire at CTA scope, as CUTLASS's cluster pipelines wait on barriers that a TMA
   // multicast fills or remote consumers arrive on: the peer's bytes land through the async proxy's complete_tx, and
   // an arrival follows finished reads. At cluster scope ptxas invalidated the L1 at every wait (CCTL.IVALL), which
-  // also waited for the producer's loads of the next tile in flight (ncu 2026-12-02, NOTES.md "wgt kernels").
+  // also waited for the producer's loads of the next tile in flight (ncu 2026-12-02, NOTES.md "The cluster pair's waits").
   auto wait_peer_half = [&](int it) {
     if constexpr (CLUSTER) mbar_wait(rready + (it & 1), (it >> 1) & 1);
   };
