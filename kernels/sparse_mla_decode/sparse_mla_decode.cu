@@ -752,8 +752,9 @@ __device__ __forceinline__ void ds_pv_rope(float (&o)[MT][8][4], const uint32_t 
 // final bf16 o and lse (splits == 1) or the fp32 partial and partial lse. ml(mt, hf, r): (m, l) of head row r =
 // 16 mt + g + 8 hf, log2-domain running maximum and sum.
 template <int MT, int CV, class ML>
-__device__ __forceinline__ void ds_write_out(const MlaParams& p, const float (&o)[MT][8][4], const ML& ml, float ref_run,
-                                             bool rope_warp, int row, int split, int hblk, int warp, int g, int t) {
+__device__ __forceinline__ void ds_write_out(const MlaParams& p, const float (&o)[MT][8][4], const ML& ml,
+                                             float ref_run, bool rope_warp, int row, int split, int hblk, int warp,
+                                             int g, int t) {
   constexpr int HB = 16 * MT;
   const int sbase = warp * 64;
 #pragma unroll
@@ -1251,9 +1252,9 @@ __device__ __forceinline__ void ds_body(const MlaParams& p, uint8_t* smem) {
 //     warp holds the same running maximum and sum; PV for the warp's 64 output dims as the ds kernels (ds_pv_fp8;
 //     the V4 RoPE warp ds_pv_rope);
 //   * S and the scales are double-buffered, so one warp's QK of tile i+1 overlaps another's PV of tile i.
-// Same equations, outputs, split protocol and range as the ds kernels with CV = 0. Measured on H200 (NOTES.md): correct,
-// not faster (V4 CSA h=16 B=64 33.6 against 30.0 us): the softmax done by every warp and the larger tile's refill cost
-// more instructions than the exchange they replace. Tuning build only.
+// Same equations, outputs, split protocol and range as the ds kernels with CV = 0. Measured on H200 (NOTES.md):
+// correct, not faster (V4 CSA h=16 B=64 33.6 against 30.0 us): the softmax done by every warp and the larger tile's
+// refill cost more instructions than the exchange they replace. Tuning build only.
 template <class L, int MT, int NST>
 __device__ __forceinline__ void es_body(const MlaParams& p, uint8_t* smem) {
   using S = EsSmem<L, MT, NST>;
@@ -1299,7 +1300,8 @@ __device__ __forceinline__ void es_body(const MlaParams& p, uint8_t* smem) {
       const int head = hblk * HB + 16 * mt + g + 8 * hf;
       uint4 a = make_uint4(0, 0, 0, 0), b = a;
       if (i < NQ && head < p.h) {
-        const uint4* src = reinterpret_cast<const uint4*>(qrow + static_cast<size_t>(head) * L::kDqk + 64 * grp + 16 * t);
+        const uint4* src =
+            reinterpret_cast<const uint4*>(qrow + static_cast<size_t>(head) * L::kDqk + 64 * grp + 16 * t);
         a = __ldg(src);
         b = __ldg(src + 1);
       }
@@ -1370,7 +1372,8 @@ __device__ __forceinline__ void es_body(const MlaParams& p, uint8_t* smem) {
     }
 #pragma unroll
     for (int s = 0; s < 4; ++s)
-      qf[((mt * NG + grp) * 4 + s) * 32 + lane] = make_uint4(h2[0][2 * s], h2[1][2 * s], h2[0][2 * s + 1], h2[1][2 * s + 1]);
+      qf[((mt * NG + grp) * 4 + s) * 32 + lane] =
+          make_uint4(h2[0][2 * s], h2[1][2 * s], h2[0][2 * s + 1], h2[1][2 * s + 1]);
   }
   if (tid < MT * 128) qr[tid] = make_uint4(rraw[0], rraw[1], rraw[2], rraw[3]);
   // This thread's rows r = 16 mt + g + 8 hf: S = NoPE accumulator x scale_log2 x 2^-k + RoPE accumulator x scale_log2.
@@ -2899,7 +2902,8 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
   // The waits on rready and avail acquire at CTA scope, as CUTLASS's cluster pipelines wait on barriers that a TMA
   // multicast fills or remote consumers arrive on: the peer's bytes land through the async proxy's complete_tx, and
   // an arrival follows finished reads. At cluster scope ptxas invalidated the L1 at every wait (CCTL.IVALL), which
-  // also waited for the producer's loads of the next tile in flight (ncu 2026-12-02, NOTES.md "The cluster pair's waits").
+  // also waited for the producer's loads of the next tile in flight (ncu 2026-12-02, NOTES.md "The cluster pair's
+  // waits").
   auto wait_peer_half = [&](int it) {
     if constexpr (CLUSTER) mbar_wait(rready + (it & 1), (it >> 1) & 1);
   };
