@@ -94,8 +94,8 @@ void sparse_mla_decode() {
     std::snprintf(more, sizeof more,                                                                         \
                   ", \"probe\": %d, \"f16\": false, \"exact_scales\": false, \"threads_per_entry\": 4, "           \
                   "\"pipelined\": false, \"split_convert\": false, \"cluster_head_blocks\": 2, "                    \
-                  "\"cluster_exchange\": \"%s\", \"experimental\": %s", PROBE, MODE == 2 ? "bulk" : "st.async", \
-                  MODE == 1 ? "true" : "false");                                                             \
+                  "\"cluster_exchange\": \"%s\", \"balanced_consumers\": %s, \"experimental\": %s", PROBE,          \
+                  MODE >= 2 ? "bulk" : "st.async", MODE == 3 ? "true" : "false", MODE != 2 ? "true" : "false");  \
     kernel(k, #NAME, "wg", kWgThreads, WgtSmem<Geom##LAY>::kEnd + kWgAlignSlack, 0, "entry",                 \
            mla_shape<Geom##LAY>(buf, sizeof buf, kWgHeads, kWgtT, 2, more));                                 \
   }

@@ -2633,10 +2633,12 @@ __device__ __forceinline__ void wge_body(const MlaParams& p, uint8_t* smem_raw) 
 // SPLIT (warpgroup 1 converts half of each tile: its raw entries and O, no P, in registers; the producer two
 // half-tile sets): 120 / 192 / 192, no spills (120 / 200 / 184 spilled 44-244 B in warpgroup 1, 112 / 200 / 192
 // 4-24 B).
-template <int TPE, bool SPLIT>
+// BAL (_t64xb): both consumer warpgroups run the same code (QK and softmax of half the tile's entries, PV of half
+// the dims), so they get the same count; the producer keeps the 8 registers that the split leaves over.
+template <int TPE, bool SPLIT, bool BAL = false>
 struct WgtRegs {
-  static constexpr int kProd = SPLIT ? 120 : TPE == 2 ? 112 : 128, kWg0 = SPLIT ? 192 : 200,
-                       kWg1 = SPLIT ? 192 : TPE == 2 ? 192 : 176;
+  static constexpr int kProd = BAL ? 136 : SPLIT ? 120 : TPE == 2 ? 112 : 128, kWg0 = BAL ? 184 : SPLIT ? 192 : 200,
+                       kWg1 = BAL ? 184 : SPLIT ? 192 : TPE == 2 ? 192 : 176;
   static_assert(kProd + kWg0 + kWg1 == 3 * 168 && kWg1 >= 168, "setmaxnreg: the consumers' registers are the producer's");
 };
 
@@ -2846,6 +2848,8 @@ template <class L, int TPE, bool PIPE, bool SPLIT, int PROBE, int CLUSTER = 0>
 __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) {
   static_assert(!SPLIT || (TPE == 4 && !PIPE), "SPLIT: 4 threads per entry, two sets in the producer");
   static_assert(!CLUSTER || (TPE == 4 && !PIPE && !SPLIT), "CLUSTER: the SPLIT producer's layout, no split");
+  constexpr bool BAL = CLUSTER == 3;   // _t64xb: the bulk exchange, consumers balanced (see the consumers below)
+  using Regs = WgtRegs<TPE, SPLIT, BAL>;
   // CLUSTER 1: each converted chunk goes to the peer by st.async (16 bytes each); 2: the producer converts its half
   // locally, then one thread copies it to the peer in bulk, one 4 KB copy per 64-dim column block.
   using S = WgtSmem<L>;
@@ -2922,7 +2926,7 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
 
   if (wg == 2) {
     // ---------------- producer ----------------
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(WgtRegs<TPE, SPLIT>::kProd) : "memory");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Regs::kProd) : "memory");
     const int ptid = tid - 256;
     if constexpr (CLUSTER) {
       // Half `rank` of every tile (entries 32 rank + 8 w ..), converted into this CTA's buffer and, by st.async
@@ -2956,7 +2960,7 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
           if (j == 0) valid32[b * T + e] = v >= 0;
         }
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // tile: generic stores -> wgmma / bulk reads
-        if constexpr (CLUSTER == 2) {
+        if constexpr (CLUSTER >= 2) {
           bar_sync(kBarProd, 128);   // the whole half is in this CTA's buffer
           if (ptid == 0) {
             const int rows = 32 * static_cast<int>(rank);
@@ -3077,8 +3081,123 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
     wg_pv_step<false, T, PROBE & 4 ? 0 : 4>(o, a, alpha, tile_u, wg);
   };
 
+  // BAL: the two warpgroups share every tile's work evenly instead of warpgroup 1 waiting while warpgroup 0 computes
+  // QK and the softmax (13.5% of its samples, NOTES.md "The cluster pair's waits"). Warpgroup W computes S for
+  // entries 32 W .. 32 W + 31 (m64n32k16 over the whole d_qk), the two exchange their row maxima through shared
+  // memory, so both hold the same running maximum, and each turns its S into P for its 32 entries, which are its
+  // A fragments of k-steps 2 W, 2 W + 1; it publishes them in the P buffer, takes the other two k-steps from there
+  // and runs PV for its 256 dims over all 64 entries. Each keeps the sum of its own entries; the two sums are added
+  // in the epilogue. Barriers per tile (256 threads): kBarPFree = maxima written, kBarPFull = P halves written.
+  // The next tile's writes are ordered after the other warpgroup's reads by those barriers: a warpgroup reaches the
+  // maxima barrier of tile it+1 only after it has read the P half and the maximum of tile it.
+  if constexpr (BAL) {
+    float* xm = reinterpret_cast<float*>(fin);   // [2 warpgroups][64 rows]: tile maxima, then the sums
+    auto consume = [&](auto wg_c) {
+      constexpr int W = decltype(wg_c)::value, E0 = 32 * W;
+      for (int it = 0; it < ntiles; ++it) {
+        const int b = it & 1;
+        const uint32_t tile_u = tiles_u + b * S::kTileBytes;
+        bar_sync(kBarFull + b, kWgThreads);
+        wait_peer_half(it);
+        float s[16];
+#pragma unroll
+        for (int i = 0; i < 16; ++i) s[i] = 0.f;
+        wg_fence();
+#pragma unroll
+        for (int k = 0; k < (PROBE & 4 ? 0 : DQK / 16); ++k) {
+          const uint32_t ko = (k & 3) * 32u;   // k-step within the 128-byte row
+          wgmma_m64n32k16_ss(s, wg_desc(q_u + (k >> 2) * (64 * 128) + ko, 16, 1024),
+                             wg_desc(tile_u + (k >> 2) * (T * 128) + E0 * 128 + ko, 16, 1024), k);
+        }
+        wg_commit_wait();
+        reg_fence(s);
+        // s[4 jj + q]: head r0 (q < 2) or r0 + 8, entry E0 + 8 jj + 2 t + (q & 1).
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj)
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const bool ok = valid32[b * T + E0 + 8 * jj + 2 * t + (q & 1)] != 0;
+            s[4 * jj + q] = ok ? s[4 * jj + q] * p.scale_log2 : -INFINITY;
+            mx[q >> 1] = fmaxf(mx[q >> 1], s[4 * jj + q]);
+          }
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        }
+        if (t == 0) {
+          xm[W * 64 + r0] = mx[0];
+          xm[W * 64 + r0 + 8] = mx[1];
+        }
+        bar_sync(kBarPFree, 256);
+        float m_use[2], alpha[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {   // both warpgroups compute the same maximum, so the same alpha
+          const float m_new = fmaxf(m_run[r], fmaxf(mx[r], xm[(W ^ 1) * 64 + r0 + 8 * r]));
+          m_use[r] = m_new == -INFINITY ? 0.f : m_new;   // nothing valid yet: exp2(-inf - 0) = 0, never NaN
+          alpha[r] = exp2f(m_run[r] - m_use[r]);
+          m_run[r] = m_new;
+        }
+        float sum[2] = {0.f, 0.f};
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          s[i] = exp2f(s[i] - m_use[(i >> 1) & 1]);
+          sum[(i >> 1) & 1] += s[i];
+        }
+        l_run[0] = l_run[0] * alpha[0] + sum[0];
+        l_run[1] = l_run[1] * alpha[1] + sum[1];
+        uint32_t a[4][4];
+#pragma unroll
+        for (int kk = 0; kk < 2; ++kk) {
+          uint32_t* x = a[2 * W + kk];
+          x[0] = pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
+          x[1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
+          x[2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
+          x[3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
+          pbuf[(2 * W + kk) * 128 + ctid] = make_uint4(x[0], x[1], x[2], x[3]);
+        }
+        bar_sync(kBarPFull, 256);
+#pragma unroll
+        for (int kk = 0; kk < 2; ++kk) {   // same thread layout in both warpgroups: thread ctid's rows and entries
+          const uint4 x = pbuf[(2 * (W ^ 1) + kk) * 128 + ctid];
+          uint32_t* y = a[2 * (W ^ 1) + kk];
+          y[0] = x.x;
+          y[1] = x.y;
+          y[2] = x.z;
+          y[3] = x.w;
+        }
+        wg_pv_step<false, T, PROBE & 4 ? 0 : 4>(o, a, alpha, tile_u, W);
+        release(it);
+      }
+      // Epilogue: the row sums of both halves (every read of xm above precedes the first barrier).
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
+        l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
+      }
+      bar_sync(kBarFin, 256);
+      if (t == 0) {
+        xm[W * 64 + r0] = l_run[0];
+        xm[W * 64 + r0 + 8] = l_run[1];
+      }
+      bar_sync(kBarFin, 256);
+      const float l_tot[2] = {l_run[0] + xm[(W ^ 1) * 64 + r0], l_run[1] + xm[(W ^ 1) * 64 + r0 + 8]};
+      wg_write_rows(p, o, m_run, l_tot, row, split, hblk, r0, W, t);
+      cluster_sync_all();
+    };
+    if (wg == 0) {
+      asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Regs::kWg0) : "memory");
+      consume(std::integral_constant<int, 0>{});
+    } else {
+      asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Regs::kWg1) : "memory");
+      consume(std::integral_constant<int, 1>{});
+    }
+    return;
+  }
+
   if (wg == 0) {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(WgtRegs<TPE, SPLIT>::kWg0) : "memory");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Regs::kWg0) : "memory");
     for (int it = 0; it < ntiles; ++it) {
       const int b = it & 1;
       const uint32_t tile_u = tiles_u + b * S::kTileBytes;
@@ -3167,7 +3286,7 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
     wg_write_rows(p, o, m_run, l_run, row, split, hblk, r0, wg, t);
     if constexpr (CLUSTER) cluster_sync_all();
   } else if constexpr (SPLIT) {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(WgtRegs<TPE, SPLIT>::kWg1) : "memory");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Regs::kWg1) : "memory");
     const int e = 32 + 8 * (ctid >> 5) + ((ctid & 31) >> 2), j = ctid & 3;   // half 1: entries 32 + 8 w ..
     auto index_of = [&](int x) { return x * T + e < n_local ? load_index(p, row, start + x * T + e) : -1; };
     WgtRaw<L, 4> raw;
@@ -3212,7 +3331,7 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
     m_run[1] = f1.x; l_run[1] = f1.y;
     wg_write_rows(p, o, m_run, l_run, row, split, hblk, r0, wg, t);
   } else {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(WgtRegs<TPE, SPLIT>::kWg1) : "memory");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Regs::kWg1) : "memory");
     for (int it = 0; it < ntiles; ++it) {
       const int b = it & 1;
       bar_sync(kBarFull + b, kWgThreads);

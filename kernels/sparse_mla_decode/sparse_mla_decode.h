@@ -310,10 +310,13 @@ constexpr int kCombineThreads = 128;
   X(sparse_mla_wg_v32_t64q_x2, V32, 4, false, false, 2)   \
   X(sparse_mla_wg_v32_t64c_x2, V32, 4, false, true, 2)
 // Tuning build: _t64xs, the cluster pair exchanging by 16-byte st.async (the first _t64x, measured in calls 4-7 as
-// "_t64x"), and its probes. X(NAME, LAYOUT, PROBE, MODE: 1 st.async, 2 bulk).
+// "_t64x"), and its probes; _t64xb, the bulk exchange with balanced consumers (each warpgroup QK and softmax of half
+// the entries, PV of half the dims). X(NAME, LAYOUT, PROBE, MODE: 1 st.async, 2 bulk, 3 bulk + balanced).
 #define SPARSE_MLA_WGTX_PROBE_KERNELS(X)                  \
   X(sparse_mla_wg_v4_t64xs, V4, 0, 1)                     \
   X(sparse_mla_wg_v32_t64xs, V32, 0, 1)                   \
+  X(sparse_mla_wg_v4_t64xb, V4, 0, 3)                     \
+  X(sparse_mla_wg_v32_t64xb, V32, 0, 3)                   \
   X(sparse_mla_wg_v32_t64xs_x1, V32, 1, 1)                \
   X(sparse_mla_wg_v32_t64xs_x2, V32, 2, 1)                \
   X(sparse_mla_wg_v32_t64xs_x4, V32, 4, 1)

@@ -207,6 +207,10 @@ def test_default_path_choice(indexer):
 
     indexer(**make_inputs(1, 1, [20000]), topk=2048)
     assert indexer.last_path[0] == "split" and indexer.last_plan.early == DEFAULT_EARLY
+    # the cluster select where it measured faster (rows x max_len <= 2^20, sm_90), the early one beyond
+    assert indexer.last_plan.cluster == indexer.cluster_ok
+    indexer(**make_inputs(3, 2, [20000, 300000, 7]), topk=2048)
+    assert not indexer.last_plan.cluster and indexer.last_plan.early == DEFAULT_EARLY
     with pytest.raises(ValueError, match="the fused path has none"):
         indexer(**make_inputs(1, 1, [100]), topk=2048, path="fused", early=True)
     # A large batch of long rows never fits on the GPU at once, even with the largest fused chunk.

@@ -166,9 +166,30 @@ def test_dsa_cluster_plan_refuses():
         dsa_mod.plan_dsa(1, 1, 2048, 131072, 132, cluster=True, select_subs=1)
     with pytest.raises(ValueError, match="True with cluster=True"):
         dsa_mod.plan_dsa(1, 1, 2048, 8192, 132, cluster=True, early=False)
-    with pytest.raises(ValueError, match="cluster must be a bool"):
+    with pytest.raises(ValueError, match="cluster must be a bool or None"):
         dsa_mod.plan_dsa(1, 1, 2048, 8192, 132, cluster=1)
     assert dsa_mod.plan_dsa(1, 1, 2048, 8192, 132).select_cluster is None   # no cluster launch otherwise
+
+
+@pytest.mark.parametrize("B,next_n,L,capable,kw,want", [
+    (1, 1, 131072, True, {}, True),                       # B=1 L=128K: the target row
+    (8, 1, 131072, True, {}, True),                       # 2^20 positions: the bound itself
+    (64, 1, 8192, True, {}, True),
+    (5, 2, 131072, True, {}, False),                      # next_n 2: 10 rows x 128K, over the bound
+    (64, 1, 32768, True, {}, False),                      # measured slower there
+    (1, 1, 131073, True, {}, False),                      # longer than one cluster covers
+    (1, 1, 500000, True, {"max_blocks": 2048}, True),     # the block table clamps the bound to 128K
+    (1, 1, 8192, False, {}, False),                       # not an sm_90 GPU
+    (1, 1, 8192, True, {"early": False}, False),          # the base kernels asked for
+    (1, 1, 8192, True, {"select_subs": 1}, False),        # an explicit select split is the early select's
+    (1, 1, 8192, True, {"cluster": False}, False),
+    (64, 1, 32768, True, {"cluster": True}, True),        # explicit wins over the rule
+])
+def test_dsa_cluster_by_default_where_measured_faster(B, next_n, L, capable, kw, want):
+    p = dsa_mod.plan_dsa(B, next_n, 2048, L, 132, cluster_capable=capable, **kw)
+    assert p.cluster == want and p.early == (want or kw.get("early", dsa_mod.DEFAULT_EARLY))
+    assert p.select_kernel == ("dsa_select_cluster" if want else "dsa_select_early" if p.early else "dsa_select")
+    assert dsa_mod.plan_dsa(B, next_n, 2048, L, 132, **kw).cluster == kw.get("cluster", False)   # pure default: off
 
 
 def test_dsa_early_kernels_in_metadata_fit_three_per_sm(built):

@@ -311,7 +311,8 @@ def mla_tuning(mla):
 
 WGT_KERNELS = [f"sparse_mla_wg_{lay}_{v}" for v in ("t64", "t64q", "t64p", "t64c") for lay in ("v4", "v32")]
 WGTX_KERNELS = ["sparse_mla_wg_v4_t64x", "sparse_mla_wg_v32_t64x"]   # production; clusters of 2 head blocks
-WGTXB_KERNELS = ["sparse_mla_wg_v4_t64xs", "sparse_mla_wg_v32_t64xs"]   # the st.async exchange (tuning build)
+# tuning build: the st.async exchange, and the bulk one with balanced consumers
+WGTXB_KERNELS = [f"sparse_mla_wg_{lay}_{v}" for v in ("t64xs", "t64xb") for lay in ("v4", "v32")]
 
 
 def test_wgt_kernels_are_experimental_and_in_the_tuning_fatbin_only(mla, mla_tuning):

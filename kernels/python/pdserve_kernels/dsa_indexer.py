@@ -44,7 +44,9 @@ needs fewer atomics' round trips), planned with chunks for one wave of 3 scoring
 ("Small-batch variants") says how it is to be chosen.
 ``cluster=True`` (implies early) launches the selection as one thread-block cluster per row, whose CTAs reserve
 output space and hand over tied candidates in distributed shared memory instead of global atomics (rows up to
-CLUSTER_MAX x CLUSTER_SUBS x 4096 = 128K positions; ValueError beyond); opt-in only.
+CLUSTER_MAX x CLUSTER_SUBS x 4096 = 128K positions; ValueError beyond; sm_90 only). ``cluster=None`` (default)
+takes it where it measured faster: on a GPU that has it, for the early kernels, when rows x max_len is at most
+CLUSTER_AUTO_POSITIONS (kernels/NOTES.md "Small-batch variants").
 """
 
 from __future__ import annotations
@@ -79,6 +81,11 @@ FUSED_MAX_CHUNK_PAGES = 64           # the fused path keeps a CTA's scores in sm
 # batch and not slower at large (kernels/tuning/bench_small_batch.py, H200, 2026-12-01 call 16: B=1 1.02-1.10x,
 # B=8 1.00-1.09x, B=64 1.00-1.02x; kernels/NOTES.md "Small-batch variants").
 DEFAULT_EARLY = True
+# Where cluster=None takes the cluster select: rows x max_len up to 2^20 positions. Measured on H200 (bench_small_batch.py,
+# 2026-12-01 call 16 and 2026-12-02 call 1, us, early select / cluster select): faster at every B=1 and B=8 row
+# (B=1 L=128K 23.4 / 21.0, B=8 L=128K 69.9 / 68.9) and at B=64 L=8K (38.9 / 36.4), slower from 2^21 (B=64 L=32K
+# 104.1 / 105.5, L=128K 316.1 / 326.6).
+CLUSTER_AUTO_POSITIONS = 1 << 20
 
 
 class _Params(ctypes.Structure):
@@ -186,11 +193,12 @@ class DsaPlan:
 
 def plan_dsa(batch: int, next_n: int, topk: int, max_len: int, num_sms: int, *, max_blocks: int | None = None,
              chunk_pages: int | None = None, select_subs: int | None = None, early: bool | None = None,
-             cluster: bool = False) -> DsaPlan:
+             cluster: bool | None = None, cluster_capable: bool = False) -> DsaPlan:
     """The plan for `batch` requests of `next_n` query tokens whose lengths are all <= max_len (a host int:
     the scheduler's longest request, or under CUDA graphs the captured bound). `early` picks the split path's
     kernel variant (None: DEFAULT_EARLY) and, without a `chunk_pages`, its chunk policy; `cluster` the cluster
-    select (implies early). Raises ValueError on bad input."""
+    select (implies early; None: where it measured faster, if `cluster_capable`, the GPU has it, and neither
+    early=False nor a select_subs rules it out). Raises ValueError on bad input."""
     for name, v in (("batch", batch), ("topk", topk), ("num_sms", num_sms)):
         if not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} must be a positive int, got {v!r}")
@@ -198,13 +206,17 @@ def plan_dsa(batch: int, next_n: int, topk: int, max_len: int, num_sms: int, *, 
         raise ValueError(f"next_n must be 1 or 2, got {next_n!r}")
     if not isinstance(max_len, int) or max_len < 0:
         raise ValueError(f"max_len must be a non-negative int (an upper bound of the lengths), got {max_len!r}")
-    if not isinstance(cluster, bool):
-        raise ValueError(f"cluster must be a bool, got {cluster!r}")
+    if cluster is not None and not isinstance(cluster, bool):
+        raise ValueError(f"cluster must be a bool or None, got {cluster!r}")
+    max_len = max(1, max_len if max_blocks is None else min(max_len, max_blocks * PAGE))
+    if cluster is None:
+        cluster = (cluster_capable is True and early is not False and select_subs is None
+                   and max_len <= CLUSTER_MAX * CLUSTER_SUBS * SELECT_CHUNK
+                   and batch * next_n * max_len <= CLUSTER_AUTO_POSITIONS)
     if early is None:
         early = DEFAULT_EARLY or cluster
     if not isinstance(early, bool) or (cluster and not early):
         raise ValueError(f"early must be a bool or None (True with cluster=True), got {early!r}")
-    max_len = max(1, max_len if max_blocks is None else min(max_len, max_blocks * PAGE))
     len_stride = _round_up(max_len, SELECT_CHUNK)
     if chunk_pages is None:
         chunk_pages = (early_chunk_pages(batch, max_len, num_sms, next_n) if early
@@ -284,7 +296,7 @@ class DsaIndexer:
 
     def plan(self, batch: int, next_n: int, topk: int, max_len: int, **kw) -> DsaPlan:
         """plan_dsa for this GPU (see there)."""
-        return plan_dsa(batch, next_n, topk, max_len, self.num_sms, **kw)
+        return plan_dsa(batch, next_n, topk, max_len, self.num_sms, cluster_capable=self.cluster_ok, **kw)
 
     def fused_chunk_pages(self, batch: int, max_len: int, next_n: int, impl: str,
                           chunk_pages: int | None = None, grow: bool = True) -> int | None:
@@ -355,7 +367,8 @@ class DsaIndexer:
     def __call__(self, q, weights, kv_cache, context_lens, block_table, topk: int, *, max_len: int | None = None,
                  out=None, scores=None, return_scores: bool = False, impl: str | None = None,
                  chunk_pages: int | None = None, pdl: bool | None = None, path: str | None = None,
-                 early: bool | None = None, cluster: bool = False, _select: bool = True, _cooperative: bool = True):
+                 early: bool | None = None, cluster: bool | None = None, _select: bool = True,
+                 _cooperative: bool = True):
         torch = self.torch
         _check_inputs(torch, self.device, q, weights, kv_cache, context_lens, block_table, topk)
         B, next_n = q.shape[0], q.shape[1]

@@ -157,7 +157,7 @@ class DsaIndexerPlan:
 
     def __init__(self, batch: int, next_n: int, topk: int, max_len: int, *, device=None, max_blocks: int | None = None,
                  workspace: DsaWorkspace | None = None, chunk_pages: int | None = None,
-                 early: bool | None = None, cluster: bool = False) -> None:
+                 early: bool | None = None, cluster: bool | None = None) -> None:
         self.indexer = indexer_for(device)
         self.plan = self.indexer.plan(batch, next_n, topk, max_len, max_blocks=max_blocks, chunk_pages=chunk_pages,
                                       early=early, cluster=cluster)
