@@ -3359,6 +3359,411 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
     if constexpr (CLUSTER) cluster_sync_all();
   }
 }
+
+// ---- "ws" kernels (sm_90a, V4 fp8, 16 heads; tuning build, experimental): wgmma with the tile's entries as M ----
+//
+// Why (NOTES.md "ws kernels"): the 16-head ds kernels spend ~500 warp-instructions per warp per 32-entry tile, most of
+// them outside the MMAs (K's conversion, 8 partial-S slices summed by the owner warps, their shuffles), and sm_90 has
+// e4m3 tensor instructions only as wgmma (mma.sync e4m3 is emulated there: NOTES.md "Next for 16 heads"). wgmma
+// needs M = 64, which 16 heads fill a quarter of; the entries fill it: one warpgroup computes
+//   * S^T (64 entries x 16 heads) = K Q^T with K's e4m3 bytes straight from the raw ring as the A registers (one
+//     16-byte load per entry and 64-dim scale block feeds two k-steps; k is permuted to match, in Q's layout) and Q
+//     as two e4m3 terms hi + lo (times 2^k per head: exact for bf16 q but ~0.2% of tiny elements) in shared memory;
+//     one fp32 accumulator per scale block, folded with the entry's UE8M0 scale on the CUDA cores, plus the bf16
+//     RoPE dims (ldmatrix from the ring, Q's RoPE x 2^k); no partial-S exchange between warps;
+//   * the softmax per head (column) over the tile: a column maximum across the four warps through shared memory
+//     (one barrier), each thread keeping its own part of the sum;
+//   * O^T (512 dims x 16 heads) += V^T P^T: P^T (f16, and bf16 for the RoPE dims) in shared memory as the B
+//     operand; V^T as A registers: thread (w, g) of the NoPE part owns dims 16 idx .. 16 idx + 15 (idx = 8 w + g < 28)
+//     of each entry (one 16-byte load), converted e4m3 -> f16 and times the entry's scale as the ds kernels (CV 0);
+//     m-block j (0..7) row 16 w + g <-> dim 16 idx + 2 j, row + 8 <-> + 1 (rows of idx >= 28 are zero); m-block 8
+//     the RoPE dims (bf16, ldmatrix.trans), rows 16 w + g (+ 8) <-> dim 448 + 16 w + g (+ 8).
+// The index list, split protocol, outputs and the f16 limits on V are the ds kernels'; the ring is filled by cp.async.
+__device__ __forceinline__ void wgmma_m64n16k32_e4m3_rs(float (&d)[8], const uint32_t (&a)[4], uint64_t db,
+                                                        int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7}, "
+      "{%8, %9, %10, %11}, %12, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
+}
+#define MLA_WGMMA_N16_RS(NAME, TY)                                                                            \
+  __device__ __forceinline__ void NAME(float (&d)[8], const uint32_t (&a)[4], uint64_t db, int scale_d) {     \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"                                                 \
+                 "wgmma.mma_async.sync.aligned.m64n16k16.f32." TY "." TY " {%0, %1, %2, %3, %4, %5, %6, %7}, " \
+                 "{%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"                                                  \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),        \
+                   "+f"(d[7])                                                                                 \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));                       \
+  }
+MLA_WGMMA_N16_RS(wgmma_m64n16k16_bf16_rs, "bf16")
+MLA_WGMMA_N16_RS(wgmma_m64n16k16_f16_rs, "f16")
+
+// Byte offset in a ws Q term (16 head rows, [4 column blocks][16 rows][128 B], 128-byte swizzle) of k position pos
+// (0..31) of k-step ks (0..13) for head h.
+__device__ __forceinline__ int ws_qoff(int h, int ks, int pos) {
+  const int byte = (ks & 3) * 32 + pos;
+  return (ks >> 2) * 2048 + h * 128 + ((((byte >> 4) ^ (h & 7))) << 4) + (byte & 15);
+}
+// Exponent k that puts a head's max |q| (fp32 bits) into [2^7, 2^8), inside e4m3's range.
+__device__ __forceinline__ int ws_q_shift(uint32_t mbits) {
+  const int e = static_cast<int>((mbits >> 23) & 0xffu);
+  if (mbits == 0u || e == 0xff) return 0;
+  return min(126, max(-126, 7 - (e - 127)));
+}
+// Two floats -> two e4m3 (a in the low byte), round to nearest, saturated; and back.
+__device__ __forceinline__ uint32_t e4m3x2_rn(float a, float b) {
+  return static_cast<uint32_t>(__nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3));
+}
+__device__ __forceinline__ float2 e4m3x2_to_float2(uint32_t two) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
+  return __half22float2(__half2(h));
+}
+
+// Fills ring slot ti % NST of a ws kernel with tile ti: two threads per entry, each copying 18 of its 36 data chunks
+// by cp.async (per-thread addresses: no serialized bulk-copy issue, which cost ~290 instructions per warp and tile
+// with 16 entries per warp), thread 1 also the 16-byte aligned pair holding the scale record; invalid and
+// past-the-end entries are zero-filled by the same copies (source size 0). Every thread then arrives on the slot's
+// barrier (128 arrivals) once its copies have landed.
+template <class L, int T, int NST>
+__device__ __forceinline__ void ws_issue(const MlaParams& p, uint8_t* raw, uint64_t* full, const int* sidx, int ti,
+                                         int ntiles, int tid) {
+  static_assert(L::kTok == 576 && L::kRec == 592 && 2 * T == kWsThreads, "V4 records, two threads per entry");
+  if (ti >= ntiles) return;
+  const int e = tid >> 1, half = tid & 1;
+  const int v = sidx[ti * T + e];
+  const int n = v >= 0 ? 16 : 0;
+  const uint8_t* blk = v >= 0 ? entry_block(p, v) : p.kv;   // never read when n = 0
+  const long long off = v & ((1 << p.page_shift) - 1);
+  uint8_t* d = raw + (ti % NST) * (T * L::kRec) + e * L::kRec + 288 * half;
+  const uint8_t* src = blk + off * 576 + 288 * half;
+#pragma unroll
+  for (int c = 0; c < 18; ++c) cp_async16_zfill(d + 16 * c, src + 16 * c, n);
+  if (half) cp_async16_zfill(d + 288, blk + (576ll << p.page_shift) + (off >> 1) * 16, n);
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(full + ti % NST)) : "memory");
+}
+
+template <class L, int NST>
+__device__ __forceinline__ void ws_body(const MlaParams& p, uint8_t* smem_raw) {
+  using S = WsSmem<L, NST>;
+  constexpr int T = kWsT, REC = L::kRec, NB = L::kNope / 64;   // NB = 7 scale blocks of 64 NoPE dims
+  constexpr int NW = kWsThreads / 32;
+  const uint32_t base_u = smem_u32(smem_raw);
+  uint8_t* smem = smem_raw + (((base_u + 1023u) & ~1023u) - base_u);   // swizzle atoms need 1024 B alignment
+  uint8_t* raw = smem + S::kRaw;
+  uint8_t* ph = smem + S::kPh;
+  uint8_t* pb = smem + S::kPb;
+  float* red = reinterpret_cast<float*>(smem + S::kRed);
+  int* qk_s = reinterpret_cast<int*>(smem + S::kQk);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + S::kBar);
+  int* sidx = reinterpret_cast<int*>(smem + S::kSidx);
+  // wgmma descriptors of the B operands; a k-step's offset is added to the address field (smem addresses < 256 KB:
+  // no carry out of its 14 bits), so the loops add constants instead of rebuilding each descriptor.
+  const uint64_t dqh = wg_desc(smem_u32(smem + S::kQh), 16, 1024), dql = wg_desc(smem_u32(smem + S::kQl), 16, 1024);
+  const uint64_t dqr = wg_desc(smem_u32(smem + S::kQr), 16, 1024);
+  const uint64_t dph = wg_desc(smem_u32(ph), 16, 1024), dpb = wg_desc(smem_u32(pb), 16, 1024);
+
+  const int split = blockIdx.x, hblk = blockIdx.y, row = blockIdx.z;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int ntot = p.topk + p.topk_extra;
+  const int start = split * p.per_split;
+  const int n_local = max(0, min(p.per_split, ntot - start));
+  const int ntiles = (n_local + T - 1) / T;
+  const int page_mask = (1 << p.page_shift) - 1;
+
+  index_list<kWsThreads>(p, row, start, n_local, ntiles * T, tid, sidx);
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < NST; ++s) mbar_init(full + s, kWsThreads);   // every thread's copies (ws_issue)
+    mbar_fence_init();
+  }
+  __syncthreads();
+  auto issue = [&](int ti) { ws_issue<L, T, NST>(p, raw, full, sidx, ti, ntiles, tid); };
+  for (int s = 0; s < NST - 1; ++s) issue(s);
+
+  // Q: thread (head hq, part c) holds dims 64 c .. 64 c + 63 (c < 7: NoPE scale block c; c = 7: RoPE), times 2^k.
+  {
+    const int hq = tid >> 3, c = tid & 7, head = hblk * 16 + hq;
+    uint4 qv[8];
+    const uint4* src = reinterpret_cast<const uint4*>(p.q + (static_cast<size_t>(row) * p.h + head) * L::kDqk + 64 * c);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) qv[i] = head < p.h ? __ldg(src + i) : make_uint4(0, 0, 0, 0);
+    uint32_t m = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const uint32_t w[4] = {qv[i].x, qv[i].y, qv[i].z, qv[i].w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) m = max(m, max(w[j] & 0x7fffu, (w[j] >> 16) & 0x7fffu));
+    }
+#pragma unroll
+    for (int off = 1; off < 8; off <<= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, off));   // the head's 8 lanes
+    const int k = ws_q_shift(m << 16);
+    if (c == 0) qk_s[hq] = k;
+    const float f = exp2i(k);
+    if (c < NB) {
+      // Four dims 4 i .. 4 i + 3 of this block go to k-step 2 c + (i >> 1) & 1, positions 4 (i >> 2) + 16 (i & 1):
+      // where a thread's 16-byte load of an entry (dims 16 t' ..) puts them in its A registers.
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        const uint32_t w0 = (&qv[i >> 1].x)[2 * (i & 1)], w1 = (&qv[i >> 1].x)[2 * (i & 1) + 1];
+        const float x[4] = {__uint_as_float(w0 << 16) * f, __uint_as_float(w0 & 0xffff0000u) * f,
+                            __uint_as_float(w1 << 16) * f, __uint_as_float(w1 & 0xffff0000u) * f};
+        uint32_t hi = 0, lo = 0;
+#pragma unroll
+        for (int j = 0; j < 4; j += 2) {
+          const uint32_t h2 = e4m3x2_rn(x[j], x[j + 1]);
+          const float2 hf = e4m3x2_to_float2(h2);
+          hi |= h2 << (8 * j);
+          lo |= e4m3x2_rn(x[j] - hf.x, x[j + 1] - hf.y) << (8 * j);
+        }
+        const int off = ws_qoff(hq, 2 * c + ((i >> 1) & 1), 4 * (i >> 2) + 16 * (i & 1));
+        *reinterpret_cast<uint32_t*>(smem + S::kQh + off) = hi;
+        *reinterpret_cast<uint32_t*>(smem + S::kQl + off) = lo;
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const uint32_t w[4] = {qv[i].x, qv[i].y, qv[i].z, qv[i].w};
+        uint32_t y[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) y[j] = pack_bf16(__uint_as_float(w[j] << 16) * f, __uint_as_float(w[j] & 0xffff0000u) * f);
+        *reinterpret_cast<uint4*>(smem + S::kQr + hq * 128 + ((i ^ (hq & 7)) << 4)) = make_uint4(y[0], y[1], y[2], y[3]);
+      }
+    }
+  }
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // Q: generic stores -> wgmma reads
+  __syncthreads();
+
+  // This thread's accumulator columns (heads within the block): cs = 2 jj + (q & 1) <-> 8 jj + 2 t + (q & 1).
+  int col[4];
+  float qf[4], m_run[4], l_run[4];
+#pragma unroll
+  for (int cs = 0; cs < 4; ++cs) {
+    col[cs] = 8 * (cs >> 1) + 2 * t + (cs & 1);
+    qf[cs] = p.scale_log2 * exp2i(-qk_s[col[cs]]);
+    m_run[cs] = -INFINITY;
+    l_run[cs] = 0.f;
+  }
+  const int idx = 8 * warp + g;          // PV: this thread's 16 NoPE dims 16 idx .. (idx < 28)
+  const bool nope_thr = idx < L::kNope / 16;
+  const int e0 = 16 * warp + g;          // QK: this thread's rows (entries) e0, e0 + 8 of the tile
+  float o[9][8];
+#pragma unroll
+  for (int j = 0; j < 9; ++j)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) o[j][i] = 0.f;
+
+  for (int it = 0; it < ntiles; ++it) {
+    const int slot = it % NST;
+    mbar_wait(full + slot, static_cast<uint32_t>(it / NST) & 1u);
+    const uint8_t* rt = raw + slot * (T * REC);
+    const int* tidx = sidx + it * T;
+
+    // ---- S^T = K Q^T ----
+    float sb[NB][8], sr[8];
+    {
+      uint32_t a[NB][2][4];
+#pragma unroll
+      for (int b = 0; b < NB; ++b) {
+        const uint4 x0 = *reinterpret_cast<const uint4*>(rt + e0 * REC + 64 * b + 16 * t);
+        const uint4 x1 = *reinterpret_cast<const uint4*>(rt + (e0 + 8) * REC + 64 * b + 16 * t);
+        a[b][0][0] = x0.x, a[b][0][1] = x1.x, a[b][0][2] = x0.y, a[b][0][3] = x1.y;
+        a[b][1][0] = x0.z, a[b][1][1] = x1.z, a[b][1][2] = x0.w, a[b][1][3] = x1.w;
+      }
+      uint32_t ar[4][4];
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks)
+        ldsm_x4(ar[ks], rt + (16 * warp + (lane & 15)) * REC + L::kRopeRaw + (2 * ks + (lane >> 4)) * 16);
+      wg_fence();
+#pragma unroll
+      for (int b = 0; b < NB; ++b)
+#pragma unroll
+        for (int s = 0; s < 2; ++s) {
+          const int ks = 2 * b + s;
+          const uint32_t qo = ((ks >> 2) * 2048 + (ks & 3) * 32) >> 4;
+          wgmma_m64n16k32_e4m3_rs(sb[b], a[b][s], dqh + qo, s);
+          wgmma_m64n16k32_e4m3_rs(sb[b], a[b][s], dql + qo, 1);
+        }
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) wgmma_m64n16k16_bf16_rs(sr, ar[ks], dqr + 2 * ks, ks);
+      wg_commit_wait();
+#pragma unroll
+      for (int b = 0; b < NB; ++b) reg_fence(sb[b]);
+      reg_fence(sr);
+    }
+    // Fold the blocks with the entries' scales (UE8M0 bytes of the 8-byte record: the aligned pair's half by
+    // the page offset's parity, as ds_issue copies it); mask and bring into log2 units.
+    float sv[8];
+    {
+      const int v0 = tidx[e0], v1 = tidx[e0 + 8];
+      const uint2 r0 = *reinterpret_cast<const uint2*>(rt + e0 * REC + 576 + 8 * (v0 & page_mask & 1));
+      const uint2 r1 = *reinterpret_cast<const uint2*>(rt + (e0 + 8) * REC + 576 + 8 * (v1 & page_mask & 1));
+#pragma unroll
+      for (int i = 0; i < 8; ++i) sv[i] = sr[i];
+#pragma unroll
+      for (int b = 0; b < NB; ++b) {
+        const float s0 = __uint_as_float((((b < 4 ? r0.x : r0.y) >> (8 * (b & 3))) & 0xffu) << 23);
+        const float s1 = __uint_as_float((((b < 4 ? r1.x : r1.y) >> (8 * (b & 3))) & 0xffu) << 23);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) sv[i] = fmaf(sb[b][i], (i & 2) ? s1 : s0, sv[i]);
+      }
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const bool ok = ((i & 2) ? v1 : v0) >= 0;
+        sv[i] = ok ? sv[i] * qf[2 * (i >> 2) + (i & 1)] : -INFINITY;
+      }
+    }
+    // ---- softmax per column (head) ----
+    float mx[4];
+#pragma unroll
+    for (int cs = 0; cs < 4; ++cs) {
+      const int i0 = 4 * (cs >> 1) + (cs & 1);
+      mx[cs] = fmaxf(sv[i0], sv[i0 + 2]);
+#pragma unroll
+      for (int off = 4; off < 32; off <<= 1) mx[cs] = fmaxf(mx[cs], __shfl_xor_sync(0xffffffffu, mx[cs], off));
+      if (g == 0) red[warp * 16 + col[cs]] = mx[cs];
+    }
+    __syncthreads();   // column maxima of every warp; every warp is done with tile it-1 (its slot is refilled now)
+    issue(it + NST - 1);
+    float alpha[4], m_use[4];
+#pragma unroll
+    for (int cs = 0; cs < 4; ++cs) {
+      float m = red[col[cs]];
+#pragma unroll
+      for (int w = 1; w < NW; ++w) m = fmaxf(m, red[w * 16 + col[cs]]);
+      const float m_new = fmaxf(m_run[cs], m);
+      m_use[cs] = m_new == -INFINITY ? 0.f : m_new;   // nothing valid yet: exp2(-inf - 0) = 0, never NaN
+      alpha[cs] = exp2f(m_run[cs] - m_use[cs]);
+      m_run[cs] = m_new;
+      l_run[cs] *= alpha[cs];
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int cs = 2 * (i >> 2) + (i & 1);
+      sv[i] = exp2f(sv[i] - m_use[cs]);
+      l_run[cs] += sv[i];
+      // P^T[head][entry] as wgmma's B (16 rows of 64 entries, 128-byte swizzle), in f16 and in bf16
+      const int e = e0 + 8 * ((i >> 1) & 1), hc = col[cs];
+      const int off = hc * 128 + ((((e >> 3) ^ (hc & 7))) << 4) + (e & 7) * 2;
+      *reinterpret_cast<__half*>(ph + off) = __float2half_rn(sv[i]);
+      *reinterpret_cast<__nv_bfloat16*>(pb + off) = __float2bfloat16_rn(sv[i]);
+    }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // P^T: generic stores -> wgmma reads
+    __syncthreads();   // P^T complete; the column maxima read
+
+    // ---- O^T = V^T P^T ----
+    // Every warp holds the same maxima (red), so this branch is uniform over the CTA; once the maxima settle, no
+    // tile rescales O.
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f || alpha[2] != 1.f || alpha[3] != 1.f)) {
+#pragma unroll
+      for (int j = 0; j < 9; ++j)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) o[j][i] *= alpha[2 * (i >> 2) + (i & 1)];
+    }
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {   // entries 16 kk + 2 t, + 1, + 8, + 9
+      const int ea = 16 * kk + 2 * t;
+      uint32_t av[8][4];
+      if (nope_thr) {
+        const int es[4] = {ea, ea + 1, ea + 8, ea + 9};
+        uint4 x[4];
+        uint32_t sc[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          x[u] = *reinterpret_cast<const uint4*>(rt + es[u] * REC + 16 * idx);
+          const int v = tidx[es[u]];
+          sc[u] = rt[es[u] * REC + 576 + 8 * (v & page_mask & 1) + (idx >> 2)];
+        }
+        const uint32_t s01 = pack_f16(__uint_as_float(sc[0] << 23), __uint_as_float(sc[1] << 23));
+        const uint32_t s89 = pack_f16(__uint_as_float(sc[2] << 23), __uint_as_float(sc[3] << 23));
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {   // bytes 4 q .. 4 q + 3 of each entry: dims of m-blocks 2 q, 2 q + 1
+          uint32_t h[4][2];
+#pragma unroll
+          for (int u = 0; u < 4; ++u) cvt_e4m3x4((&x[u].x)[q], h[u][0], h[u][1]);
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            const int j = 2 * q + hh;   // dims 16 idx + 2 j (low halves) and + 1 (high halves)
+            av[j][0] = hmul2(prmt(h[0][hh], h[1][hh], 0x5410u), s01);
+            av[j][1] = hmul2(prmt(h[0][hh], h[1][hh], 0x7632u), s01);
+            av[j][2] = hmul2(prmt(h[2][hh], h[3][hh], 0x5410u), s89);
+            av[j][3] = hmul2(prmt(h[2][hh], h[3][hh], 0x7632u), s89);
+          }
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) av[j][0] = av[j][1] = av[j][2] = av[j][3] = 0u;
+      }
+      uint32_t ar[4];
+      ldsm_x4_t(ar, rt + (16 * kk + (lane & 7) + ((lane >> 4) << 3)) * REC + L::kRopeRaw +
+                        (16 * warp + 8 * ((lane >> 3) & 1)) * 2);
+      wg_fence();   // O rescaled, the A registers written
+#pragma unroll
+      for (int j = 0; j < 8; ++j) wgmma_m64n16k16_f16_rs(o[j], av[j], dph + 2 * kk, 1);
+      wgmma_m64n16k16_bf16_rs(o[8], ar, dpb + 2 * kk, 1);
+    }
+    wg_commit_wait();
+#pragma unroll
+    for (int j = 0; j < 9; ++j) reg_fence(o[j]);
+  }
+
+  // Epilogue: the column sums over the tile's rows (lanes g) and the warps; every thread writes its dims.
+  float l_tot[4];
+#pragma unroll
+  for (int cs = 0; cs < 4; ++cs)
+#pragma unroll
+    for (int off = 4; off < 32; off <<= 1) l_run[cs] += __shfl_xor_sync(0xffffffffu, l_run[cs], off);
+  __syncthreads();   // the last tile's reads of red are done
+  if (g == 0) {
+#pragma unroll
+    for (int cs = 0; cs < 4; ++cs) red[warp * 16 + col[cs]] = l_run[cs];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int cs = 0; cs < 4; ++cs) {
+    l_tot[cs] = 0.f;
+#pragma unroll
+    for (int w = 0; w < NW; ++w) l_tot[cs] += red[w * 16 + col[cs]];
+  }
+#pragma unroll
+  for (int cs = 0; cs < 4; ++cs) {
+    const int head = hblk * 16 + col[cs];
+    if (head >= p.h) continue;
+    const float l = l_tot[cs], lse = row_lse(m_run[cs], l);
+    const float f = p.splits == 1 ? out_factor(p, head, l, lse) : (l > 0.f ? 1.f / l : 0.f);
+    const int i0 = 4 * (cs >> 1) + (cs & 1);   // o[j][i0]: dim 16 idx + 2 j; o[j][i0 + 2]: + 1
+    const int i1 = i0 + 2;
+    const size_t obase = (static_cast<size_t>(row) * p.splits + split) * p.h + head;
+    const int dr = 448 + 16 * warp + g;        // RoPE dims of m-block 8: dr (o[8][i0]), dr + 8 (o[8][i1])
+    if (p.splits == 1) {
+      __nv_bfloat16* dst = p.out + (static_cast<size_t>(row) * p.h + head) * kDv;
+      if (nope_thr) {
+        uint32_t w[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) w[j] = pack_bf16(o[j][i0] * f, o[j][i1] * f);
+        uint4* d4 = reinterpret_cast<uint4*>(dst + 16 * idx);
+        d4[0] = make_uint4(w[0], w[1], w[2], w[3]);
+        d4[1] = make_uint4(w[4], w[5], w[6], w[7]);
+      }
+      dst[dr] = __float2bfloat16_rn(o[8][i0] * f);
+      dst[dr + 8] = __float2bfloat16_rn(o[8][i1] * f);
+      if (warp == 0 && g == 0) p.lse[static_cast<size_t>(row) * p.h + head] = l > 0.f ? lse : INFINITY;
+    } else {
+      float* dst = p.o_part + obase * kDv;
+      if (nope_thr) {
+        float4* d4 = reinterpret_cast<float4*>(dst + 16 * idx);
+#pragma unroll
+        for (int j = 0; j < 8; j += 2)
+          d4[j / 2] = make_float4(o[j][i0] * f, o[j][i1] * f, o[j + 1][i0] * f, o[j + 1][i1] * f);
+      }
+      dst[dr] = o[8][i0] * f;
+      dst[dr + 8] = o[8][i1] * f;
+      if (warp == 0 && g == 0) p.lse_part[obase] = lse;
+    }
+  }
+  ds_fused_combine<kWsThreads, 16>(p, row, hblk, tid, qk_s);   // the exponents are no longer needed
+}
 #endif  // sm_90a
 
 // Kernel entry: the wg kernels exist for sm_90a only (the sm_120a build gets a trap; the launcher never
@@ -3376,6 +3781,15 @@ template <int NST, bool SC>
 __device__ __forceinline__ void wge_entry(const MlaParams& p, uint8_t* smem) {
 #ifdef MLA_HAS_WGMMA
   wge_body<NST, SC>(p, smem);
+#else
+  __trap();
+#endif
+}
+
+template <class L, int NST>
+__device__ __forceinline__ void ws_entry(const MlaParams& p, uint8_t* smem) {
+#ifdef MLA_HAS_WGMMA
+  ws_body<L, NST>(p, smem);
 #else
   __trap();
 #endif
@@ -3412,6 +3826,12 @@ __device__ __forceinline__ void wgt_entry(const MlaParams& p, uint8_t* smem) {
     extern __shared__ __align__(128) uint8_t smem[];                                                      \
     griddep_launch_dependents();                                                                          \
     es_body<Layout##LAY, MT, NST>(p, smem);                                                               \
+  }
+#define WS_KERNEL(NAME, LAY, NST)                                                                            \
+  extern "C" __global__ void __launch_bounds__(kWsThreads, 1) NAME(const __grid_constant__ MlaParams p) {    \
+    extern __shared__ __align__(128) uint8_t smem[];                                                         \
+    griddep_launch_dependents();                                                                             \
+    ws_entry<Layout##LAY, NST>(p, smem);                                                                     \
   }
 #define WG_KERNEL(NAME, LAY, NST, PROBE, H, SC)                                                           \
   extern "C" __global__ void __launch_bounds__(kWgThreads, 1) NAME(const __grid_constant__ MlaParams p) { \
@@ -3453,6 +3873,7 @@ SPARSE_MLA_WGT_KERNELS(WGT_KERNEL)          // experimental (tuning build only)
 SPARSE_MLA_WGT_PROBE_KERNELS(WGT_KERNEL)
 SPARSE_MLA_WGTX_PROBE_KERNELS(WGTX_KERNEL)
 SPARSE_MLA_ES_KERNELS(ES_KERNEL)            // experimental: not faster than the ds kernels
+SPARSE_MLA_WS_KERNELS(WS_KERNEL)            // experimental (sm_90a: wgmma with the entries as M)
 #endif
 
 // Merge the splits of one (row, head): lse = log sum_s exp(lse_s); o = sum_s exp(lse_s - lse) o_s,
