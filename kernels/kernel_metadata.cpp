@@ -121,13 +121,6 @@ void sparse_mla_decode() {
            mla_shape<Geom##LAY>(buf, sizeof buf, 16 * MT, kEsT, NST, ", \"cv\": 0, \"qk_split\": \"entries\", \"experimental\": true"));  \
   }
   SPARSE_MLA_ES_KERNELS(ES_META)
-#define WS_META(NAME, LAY, NST)                                                                              \
-  {                                                                                                          \
-    kernel(k, #NAME, "ds", kWsThreads, WsSmem<Geom##LAY, NST>::kSidx + kWgAlignSlack, kIndexBytes, "entry",  \
-           mla_shape<Geom##LAY>(buf, sizeof buf, 16, kWsT, NST,                                              \
-                                ", \"cv\": 0, \"qk_split\": \"wgmma\", \"wgmma\": true, \"experimental\": true")); \
-  }
-  SPARSE_MLA_WS_KERNELS(WS_META)
 #endif
   kernel(k, "sparse_mla_combine", "combine", kCombineThreads, 0, 0, "", "");
   std::printf("\n  ]\n}\n");

@@ -32,8 +32,7 @@ def candidates(mla, layout: str, h: int, rows: int) -> list[tuple[str, str, dict
     for name, info in sorted(mla.kernels.kernels.items()):
         if info.family not in ("ds", "wg") or kernel_shape(info)[0] != layout or info.shape.get("probe"):
             continue
-        if info.family == "ds" and (info.shape["heads"] != (16 if h <= 16 else 32)
-                                    or (info.shape.get("wgmma") and mla.capability[0] != 9)):   # ws: sm_90a
+        if info.family == "ds" and info.shape["heads"] != (16 if h <= 16 else 32):
             continue
         # sm_90a; 64-head blocks, from 33 heads (the wgt kernels, 64-entry tiles, at every head count)
         if info.family == "wg" and (mla.capability[0] != 9 or (h <= 32 and kernel_shape(info)[2] != 64)):

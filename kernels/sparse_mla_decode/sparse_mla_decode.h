@@ -142,29 +142,6 @@ struct EsSmem {
   static_assert(kQf % 16 == 0 && kS % 16 == 0 && kBar % 8 == 0, "bulk copies, 16-byte loads, mbarriers");
 };
 
-// Shared-memory layout of a ws kernel (V4 fp8, 16 heads; bytes from a 1024-aligned base, + kWgAlignSlack): NST
-// raw-record stages of kWsT entries, Q as wgmma's B operand (16 head rows of 128 bytes, 128-byte swizzle): the
-// e4m3 terms hi and lo of the NoPE dims (four 128-dim column blocks, the last half used) and the bf16 RoPE dims,
-// all times 2^k per head; P^T in f16 and bf16 (16 head rows of 64 entries); per-warp column maxima / sums, the
-// per-head exponents, the ring barriers; 4 B per entry of the index list.
-constexpr int kWsT = 64;
-constexpr int kWsThreads = 128;
-template <class L, int NST>
-struct WsSmem {
-  static_assert(L::kDqk == 512, "V4 only");
-  static constexpr int kRaw = 0;
-  static constexpr int kQh = (NST * kWsT * L::kRec + 1023) / 1024 * 1024;
-  static constexpr int kQl = kQh + 4 * 16 * 128;
-  static constexpr int kQr = kQl + 4 * 16 * 128;
-  static constexpr int kPh = kQr + 16 * 128;
-  static constexpr int kPb = kPh + 16 * 128;
-  static constexpr int kRed = kPb + 16 * 128;     // [4 warps][16 heads] floats
-  static constexpr int kQk = kRed + 4 * 16 * 4;   // 16 ints: the exponent k of each head
-  static constexpr int kBar = kQk + 16 * 4;
-  static constexpr int kSidx = kBar + ((NST * 8 + 15) / 16) * 16;
-  static_assert(kQh % 1024 == 0 && kPh % 1024 == 0 && kPb % 1024 == 0, "swizzle atoms need 1024-byte alignment");
-};
-
 // Shared-memory layout of a wg kernel (bytes from a 1024-aligned base: the launcher adds kWgAlignSlack).
 constexpr int kWgT = 32;        // entries per tile
 constexpr int kWgThreads = 384;
@@ -279,12 +256,6 @@ constexpr int kCombineThreads = 128;
 #define SPARSE_MLA_ES_KERNELS(X)                             \
   X(sparse_mla_es_v4_h16_t64_s2, V4, 1, 2)                   \
   X(sparse_mla_es_v32_h16_t64_s2, V32, 1, 2)
-
-// ws kernels (sm_90a, V4 fp8, 16 heads; kWsThreads, kWsT-entry tiles, family "ds"): one warpgroup whose wgmma takes
-// the tile's entries as M: S^T = K Q^T in e4m3 (K's bytes unconverted, Q as two e4m3 terms), O^T = V^T P^T in f16.
-// Experimental, tuning build only. X(NAME, LAYOUT, NST).
-#define SPARSE_MLA_WS_KERNELS(X)                             \
-  X(sparse_mla_ws_v4_h16_t64_s2, V4, 2)
 
 // wg kernels (sm_90a; kWgThreads, 64 heads per CTA, kWgT-entry tiles): sparse_mla_wg_<layout>_s<stages>.
 // X(NAME, LAYOUT, NST, PROBE, H, SC): _h (H) f16 tile, _c2 (SC) warpgroup 1 converts half of each tile.

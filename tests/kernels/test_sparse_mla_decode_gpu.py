@@ -520,23 +520,11 @@ def test_es_kernels_are_experimental_and_in_the_tuning_fatbin_only(mla, mla_tuni
     assert not es & set(mla.kernels.kernels)
 
 
-# ws kernels (tuning build, sm_90a): one warpgroup, wgmma with the tile's entries as M (V4 only).
-WS_KERNELS = ["sparse_mla_ws_v4_h16_t64_s2"]
-
-
-def test_ws_kernels_are_experimental_and_in_the_tuning_fatbin_only(mla, mla_tuning):
-    ws = {n for n, k in mla_tuning.kernels.family("ds").items() if k.shape.get("qk_split") == "wgmma"}
-    assert ws == set(WS_KERNELS) and all(mla_tuning.kernels[n].shape.get("experimental") for n in ws)
-    assert not ws & set(mla.kernels.kernels)
-
-
-@pytest.mark.parametrize("name", ES_KERNELS + WS_KERNELS)
-def test_es_kernels(request, mla_tuning, gen, name):
+@pytest.mark.parametrize("name", ES_KERNELS)
+def test_es_kernels(mla_tuning, gen, name):
     # the ds kernels' cases: half-used head blocks, lengths around the 64-entry tile and the two-stage ring,
     # splits through the combine and fused, mostly invalid rows, next_n 2, pages 1 / 2, q far outside bf16's
     # comfortable range, NaN in every unselected entry
-    if name in WS_KERNELS:
-        request.getfixturevalue("sm90")
     mla, layout = mla_tuning, name.split("_")[3]
     extra = 128 if layout == "v4" else 0
     long = 2048 if layout == "v32" else 512

@@ -345,7 +345,7 @@ class SparseMlaDecode:
         if info is None or info.family == "combine" or kernel_shape(info)[0] != layout:
             known = sorted(n for n, k in self.kernels.kernels.items() if k.family != "combine")
             raise ValueError(f"kernel {name!r} is not a {layout} kernel ({known})")
-        if (info.family == "wg" or info.shape.get("wgmma")) and self.capability[0] != 9:
+        if info.family == "wg" and self.capability[0] != 9:
             raise ValueError(f"kernel {name!r} needs an sm_90a GPU (wgmma); this one is sm_{self.capability[0]}{self.capability[1]}")
         pair = info.shape.get("cluster_head_blocks", 1)
         if -(-h // kernel_shape(info)[1]) % pair:
