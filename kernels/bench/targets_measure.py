@@ -177,8 +177,9 @@ class Bench:
             except Exception as e:
                 row["comparator_error"] = f"{type(e).__name__}: {e}"[:300]
         row.update(self.time_pair(lambda: self.indexer(q, w, kv, ctx, bt, INDEXER_TOPK, max_len=L), dg_call))
-        path = getattr(self.indexer, "last_path", None)
-        row["default"] = f"{path[0]} (chunk {path[1]})" if path else ""
+        path, plan = getattr(self.indexer, "last_path", None), getattr(self.indexer, "last_plan", None)
+        select = ", cluster select" if plan is not None and plan.cluster else ""
+        row["default"] = f"{path[0]} (chunk {path[1]}{select})" if path else ""
         row.update(self.indexer_check(q, w, kv, ctx, bt, L, dg_call))
         return row
 
