@@ -32,10 +32,10 @@ def errors(mla, inp, **kw):
 def kernels(mla, B: int, h: int) -> list[tuple[str, str]]:
     """(label, kernel): the default, the first version, the fp32_scales plan's kernel, the ds kernel and, on sm_90a,
     every wge kernel (the exact-scale wg kernels), each once (the first label wins)."""
-    out = [("default", mla.pick_kernel("v32", h, rows=B)),
+    out = [("default", mla.pick_kernel("v32", h, rows=B, entries=2048)),
            ("first version", mla.pick_kernel("v32", h, variant="", rows=B)),
            ("fp32_scales plan", mla.make_plan("v32", B, h, 2048, fp32_scales=True).kernel),
-           ("ds", mla.pick_kernel("v32", h, variant="ds", rows=B))]
+           ("ds", mla.pick_kernel("v32", h, variant="ds", rows=B, entries=2048))]
     if mla.capability[0] == 9:
         out += [("wge", n) for n, k in sorted(mla.kernels.family("wg").items()) if k.shape.get("exact_scales")]
     return out

@@ -25,9 +25,9 @@ from harness import Timer, finish, mla_shapes, run_env, seeded_generator, table_
 from pdserve_kernels.sparse_mla_decode import SparseMlaDecode, kernel_shape  # noqa: E402
 
 
-def candidates(mla, layout: str, h: int, rows: int) -> list[tuple[str, str, dict]]:
+def candidates(mla, layout: str, h: int, rows: int, entries: int) -> list[tuple[str, str, dict]]:
     """(label, kernel name, extra call arguments): the default first, then every kernel that serves h heads."""
-    out = [("auto", mla.pick_kernel(layout, h, variant="auto", rows=rows), {}),
+    out = [("auto", mla.pick_kernel(layout, h, variant="auto", rows=rows, entries=entries), {}),
            ("old", mla.pick_kernel(layout, h, variant=""), {})]
     for name, info in sorted(mla.kernels.kernels.items()):
         if info.family not in ("ds", "wg") or kernel_shape(info)[0] != layout or info.shape.get("probe"):
@@ -64,11 +64,11 @@ def main() -> int:
     for x in mla_shapes(args.cases.split(","), [int(b) for b in args.batches.split(",")],
                         [int(h) for h in args.heads.split(",")], gen):
         B, h = x.B, x.h
-        cands = candidates(mla, x.layout, h, B)
+        cands = candidates(mla, x.layout, h, B, x.n_valid)
         auto = cands[0][1]
         cands += [(f"auto, {s} splits", auto, {"splits": s}) for s in split_list]
         if args.fused:
-            ds = mla.pick_kernel(x.layout, h, variant="ds", rows=B)
+            ds = mla.pick_kernel(x.layout, h, variant="ds", rows=B, entries=x.n_valid)
             cands.append(("ds default fused", ds, {"fuse_combine": True}))
         ro, _ = x.reference(2)
         fns, info = [], {}

@@ -75,7 +75,7 @@ def main() -> int:
                     print(f"FlashMLA failed on {x.case} (B={B}, h={h}): {fm_err}", flush=True)
         ts = timer.medians_us([x.call(mla)] + ([fm_call] if fm_call else []), args.reps)
         t = ts[0]
-        name = mla.pick_kernel(x.layout, h, rows=B)
+        name = mla.pick_kernel(x.layout, h, rows=B, entries=x.n_valid)
         splits, _ = mla.plan(name, B, h, x.n_valid)
         bytes_, flops = x.bytes_flops()
         floor = floor_us(bytes_, flops, env["copy_GBps"], env["matmul_TFLOPs"])

@@ -112,7 +112,7 @@ class Bench:
 
     def mla_row(self, spec: dict) -> dict:
         x = next(mla_batch(spec["case"], spec["B"], [spec["h"]], self.gen, self.mla_pools))
-        name = self.mla.pick_kernel(x.layout, x.h, rows=x.B)
+        name = self.mla.pick_kernel(x.layout, x.h, rows=x.B, entries=x.n_valid)
         splits, _ = self.mla.plan(name, x.B, x.h, x.n_valid)
         bytes_, flops = x.bytes_flops()
         row = {"default": f"{name.replace('sparse_mla_', '')} ({splits})", "bytes": bytes_, "flops": flops,

@@ -107,10 +107,10 @@ def test_every_kernel_the_launcher_picks_is_in_the_fatbin(mla_table):
     gpus = [_launcher(mla_table), _launcher(mla_table, smem_limit=101376, capability=(12, 0)),
             _launcher(mla_table, capability=(10, 0))]
     picked = set()
-    for gpu, layout, h, rows, variant in itertools.product(
+    for gpu, layout, h, rows, variant, entries in itertools.product(
             gpus, ("v4", "v32", "v4_bf16", "v32_bf16"), (1, 8, 16, 24, 32, 48, 64, 96, 128),
-            (None, 1, 8, 63, 64, 128, 1024), (None, "auto", "", "ds", "wg", "wgh", "wge")):
-        name = gpu.pick_kernel(layout, h, variant=variant, rows=rows)
+            (None, 1, 8, 63, 64, 128, 1024), (None, "auto", "", "ds", "wg", "wgh", "wge"), (None, 640, 2048)):
+        name = gpu.pick_kernel(layout, h, variant=variant, rows=rows, entries=entries)
         assert name in mla_table, (layout, h, rows, variant, name)
         info = mla_table[name]
         assert mla_mod.kernel_shape(info)[0] == layout, name

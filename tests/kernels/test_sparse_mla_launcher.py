@@ -42,6 +42,31 @@ def test_default_fp8_choice_is_the_measured_fastest(key, monkeypatch):
     assert _launcher().pick_kernel(layout, h, rows=rows) == MEASURED_DEFAULT[key]
 
 
+# 16 heads, the rows' entry count known (make_plan passes topk + topk_extra): the 64-entry ds kernel in one split
+# where it measured faster than the 32-entry one with its splits (2026-12-02 calls 10-11, h16_one_split_wins).
+MEASURED_H16_BY_ENTRIES = {
+    ("v4", 640, 64): "sparse_mla_ds_v4_h16_t32_s4", ("v4", 640, 80): "sparse_mla_ds_v4_h16_t32_s4",
+    ("v4", 640, 96): "sparse_mla_ds_v4_h16_t64_s2", ("v4", 640, 128): "sparse_mla_ds_v4_h16_t64_s2",
+    ("v4", 640, 132): "sparse_mla_ds_v4_h16_t64_s2", ("v4", 640, 160): "sparse_mla_ds_v4_h16_t32_s4",
+    ("v4", 1152, 128): "sparse_mla_ds_v4_h16_t32_s4",                 # V4 HCA: the 32-entry kernel stays
+    ("v32", 2048, 128): "sparse_mla_ds_v32_h16_t32_s4", ("v32", 2048, 160): "sparse_mla_ds_v32_h16_t64_s2",
+    ("v32", 2048, 512): "sparse_mla_ds_v32_h16_t64_s2", ("v32", 1000, 512): "sparse_mla_ds_v32_h16_t32_s4",
+}
+
+
+@pytest.mark.parametrize("key", sorted(MEASURED_H16_BY_ENTRIES))
+def test_16_heads_take_one_long_split_where_measured_faster(key, monkeypatch):
+    monkeypatch.setattr(mla_mod, "FP8_VARIANT", "auto")
+    layout, entries, rows = key
+    assert _launcher().pick_kernel(layout, 16, rows=rows, entries=entries) == MEASURED_H16_BY_ENTRIES[key]
+    assert _launcher().pick_kernel(layout, 16, variant="ds", rows=rows, entries=entries) == MEASURED_H16_BY_ENTRIES[key]
+    # without the entry count (a plan made before the step knows it): the 32-entry kernel from 64 rows, as before
+    assert _launcher().pick_kernel(layout, 16, rows=rows) == f"sparse_mla_ds_{layout}_h16_t32_s4"
+    # the bounds scale with the GPU's SMs (V4: one wave of the one-CTA-per-SM kernel, more than two thirds full)
+    assert _launcher(num_sms=264).pick_kernel(layout, 16, rows=2 * rows, entries=entries) == \
+        MEASURED_H16_BY_ENTRIES[key]
+
+
 def test_explicit_variants_and_small_smem_gpus(monkeypatch):
     monkeypatch.setattr(mla_mod, "FP8_VARIANT", "auto")
     big, small = _launcher(), _launcher(smem_limit=101376)

@@ -78,15 +78,31 @@ FP8_VARIANT = os.environ.get("PDSERVE_SPARSE_MLA_FP8_OPT", "auto")
 DS_MIN_ROWS = 64
 
 
-def ds_kernel_name(layout: str, h: int, rows: int | None) -> str:
-    """The ds kernel for fp8 `layout` ("v4" / "v32"), h heads and `rows` query rows (None: few)."""
+def ds_kernel_name(layout: str, h: int, rows: int | None, entries: int | None = None, num_sms: int = 132) -> str:
+    """The ds kernel for fp8 `layout` ("v4" / "v32"), h heads, `rows` query rows (None: few) and `entries`
+    indices per row (topk + topk_extra; None: unknown)."""
     many = rows is not None and rows >= DS_MIN_ROWS
     if h <= 16:   # 32-entry tiles fit two CTAs per SM: better once the GPU is full, worse for short rows
+        if many and entries is not None and h16_one_split_wins(layout, rows, entries, num_sms):
+            return f"sparse_mla_ds_{layout}_h16_t64_s2"
         return f"sparse_mla_ds_{layout}_h16_t32_s4" if many else f"sparse_mla_ds_{layout}_h16_t64_s2"
     return f"sparse_mla_ds_{layout}_h32_t64_s2"
 
 
-def auto_fp8_kernel(layout: str, h: int, rows: int | None, num_sms: int, sm90: bool = False) -> str | None:
+def h16_one_split_wins(layout: str, rows: int, entries: int, num_sms: int) -> bool:
+    """Where the 64-entry 16-head ds kernel (one CTA per SM, so one split from num_sms / 2 rows on) beats the
+    32-entry one (two CTAs per SM, its splits merged by the combine). Measured on H200 (bench_mla_variants.py,
+    2026-12-02 second session, calls 10-11; NOTES.md "16 heads from ~100 rows"), us, t32_s4 / t64_s2: V4 CSA (640
+    entries) 80 rows 38.5 / 41.3 (3 splits against 1), 96-132 rows 45.2-48.2 / 40.5-41.6 (2 against 1: no combine),
+    160 rows 57.1 / 76.7 (two waves of the one-per-SM kernel); V4 HCA (1152) 0.99-1.07x the other way at 96-128;
+    V3.2 (2048) 128 rows 90.7 / 101.5, 160-512 rows 221.0-420.4 / 191.3-373.8 (both one split)."""
+    if layout == "v4":
+        return entries <= 640 and 2 * num_sms < 3 * rows <= 3 * num_sms
+    return entries >= 2048 and rows > num_sms
+
+
+def auto_fp8_kernel(layout: str, h: int, rows: int | None, num_sms: int, sm90: bool = False,
+                    entries: int | None = None) -> str | None:
     """The default fp8 kernel: a wg or ds kernel name, or None for the first-version kernel of that shape.
 
     On sm_90a with h >= 64 and >= 8 rows, the wg kernels (2026-11-30 H200 table, bench_wg.py, now part of
@@ -101,11 +117,11 @@ def auto_fp8_kernel(layout: str, h: int, rows: int | None, num_sms: int, sm90: b
         return wg_kernel_name(layout)
     many = rows is not None and rows >= DS_MIN_ROWS
     if layout == "v32":
-        return ds_kernel_name(layout, h, rows) if (h <= 16 or h > 32 or many) else None
+        return ds_kernel_name(layout, h, rows, entries, num_sms) if (h <= 16 or h > 32 or many) else None
     if not many:
         return None
     if h <= 32 or rows * -(-h // 32) <= num_sms:
-        return ds_kernel_name(layout, h, rows)
+        return ds_kernel_name(layout, h, rows, entries, num_sms)
     return None
 
 
@@ -246,8 +262,9 @@ class SparseMlaDecode:
         return buf
 
     def pick_kernel(self, layout: str, h: int, small: bool | None = None, variant: str | None = None,
-                    rows: int | None = None) -> str:
-        """The kernel for `layout` ("v4", "v32", "v4_bf16", "v32_bf16"), h heads and `rows` query rows.
+                    rows: int | None = None, entries: int | None = None) -> str:
+        """The kernel for `layout` ("v4", "v32", "v4_bf16", "v32_bf16"), h heads, `rows` query rows and `entries`
+        indices per row (topk + topk_extra; None: unknown, as for a plan made before the step knows it).
 
         First-version kernels: heads per CTA = the smallest of 16/32/64 covering h (h > 64: blocks of 64);
         `small` (default on GPUs with < 200 KB of shared memory per block, e.g. sm_120) takes the 16-head,
@@ -274,8 +291,8 @@ class SparseMlaDecode:
         if suffix in ("auto", "ds"):
             name = None
             if not small:
-                name = (ds_kernel_name(base, h, rows) if suffix == "ds"
-                        else auto_fp8_kernel(base, h, rows, self.num_sms, self.capability[0] == 9))
+                name = (ds_kernel_name(base, h, rows, entries, self.num_sms) if suffix == "ds"
+                        else auto_fp8_kernel(base, h, rows, self.num_sms, self.capability[0] == 9, entries))
             if name is not None:
                 return name
             suffix = ""
@@ -337,7 +354,7 @@ class SparseMlaDecode:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
         if topk < 0 or topk_extra < 0 or topk + topk_extra < 1:
             raise ValueError("at least one index per row is needed (topk + topk_extra >= 1)")
-        name = kernel or self.pick_kernel(layout, h, small, variant, rows)
+        name = kernel or self.pick_kernel(layout, h, small, variant, rows, topk + topk_extra)
         info = self.kernels.kernels.get(name)
         if (info is not None and info.family in ("ds", "wg") and layout == "v4" and page == 1 and kernel is None):
             name = self.pick_kernel(layout, h, small, "")
@@ -421,7 +438,7 @@ class SparseMlaDecode:
         if ntot < 1:
             raise ValueError("at least one index per row is needed (topk + topk_extra >= 1)")
 
-        name = kernel or self.pick_kernel(layout, h, small, variant, rows)
+        name = kernel or self.pick_kernel(layout, h, small, variant, rows, ntot)
         family = self.kernels[name].family if name in self.kernels else None
         if family in ("ds", "wg") and layout == "v4" and page == 1 and not (
                 _covers(kv, stride, 592) and (topk_extra == 0 or _covers(extra_kv, estride, 592))):
