@@ -32,6 +32,9 @@ MEASURED_DEFAULT = {
     ("v32", 64, 8): "sparse_mla_wg_v32_s3_c2", ("v32", 128, 8): "sparse_mla_wg_v32_s3_c2",
     ("v32", 128, 64): "sparse_mla_wg_v32_t64x", ("v32", 128, 128): "sparse_mla_wg_v32_t64x",
     ("v32", 128, 32): "sparse_mla_wg_v32_t64x", ("v4", 96, 32): "sparse_mla_wg_v4_t64x", ("v4", 128, 16): "sparse_mla_wg_v4_s3",
+    # V3.2, 17-32 heads: the ds kernel from 16 rows (2026-12-02, calls 14-15: 0.75-0.95x the first version)
+    ("v32", 24, 16): "sparse_mla_ds_v32_h32_t64_s2", ("v32", 32, 24): "sparse_mla_ds_v32_h32_t64_s2",
+    ("v32", 32, 48): "sparse_mla_ds_v32_h32_t64_s2", ("v32", 24, 8): "sparse_mla_v32_h32_t64",
 }
 
 

@@ -76,6 +76,10 @@ FP8_VARIANT = os.environ.get("PDSERVE_SPARSE_MLA_FP8_OPT", "auto")
 # Rows (B * next_n) from which the ds kernels are picked where they won only at large batch (measured at
 # B = 1, 8, 64, 128: first-version kernels faster or equal at 8, ds faster at 64 and 128).
 DS_MIN_ROWS = 64
+# V3.2 with 17-32 heads: the ds kernels from 16 rows (H200, 2026-12-02 second session, calls 14-15, us, first version /
+# ds_v32_h32_t64_s2: h=24 16 rows 35.4 / 33.6, 24 rows 53.6 / 45.5, 48 rows 108.9 / 81.5; h=32 16 rows 36.1 / 36.0, 32
+# rows 62.8 / 54.1, 48 rows 110.0 / 84.1; 8 rows 24.8-25.0 / 26.8-28.7: the first version stays there).
+V32_H32_DS_MIN_ROWS = 16
 
 
 def ds_kernel_name(layout: str, h: int, rows: int | None, entries: int | None = None, num_sms: int = 132) -> str:
@@ -108,8 +112,8 @@ def auto_fp8_kernel(layout: str, h: int, rows: int | None, num_sms: int, sm90: b
     On sm_90a with h >= 64 and >= 8 rows, the wg kernels (2026-11-30 H200 table, bench_wg.py, now part of
     bench_mla_variants.py: 1.03-1.75x faster there, 0.82-0.98x at one row). Otherwise from the 2026-11-29 H200
     table (bench_mla_variants.py; V4 CSA 640 entries, V3.2 2048; B = 1/8/64/128): V3.2 takes the ds kernels
-    everywhere except 17-32 heads with few rows; V4 only with >= 64 rows, and for h > 32 only while its 32-head
-    blocks fit in one wave (they gather every entry once per head block).
+    everywhere except 17-32 heads below V32_H32_DS_MIN_ROWS rows; V4 only with >= 64 rows, and for h > 32 only while
+    its 32-head blocks fit in one wave (they gather every entry once per head block).
     """
     if sm90 and rows is not None and rows >= WGX_MIN_ROWS and wgx_serves(h):
         return wgx_kernel_name(layout)
@@ -117,7 +121,8 @@ def auto_fp8_kernel(layout: str, h: int, rows: int | None, num_sms: int, sm90: b
         return wg_kernel_name(layout)
     many = rows is not None and rows >= DS_MIN_ROWS
     if layout == "v32":
-        return ds_kernel_name(layout, h, rows, entries, num_sms) if (h <= 16 or h > 32 or many) else None
+        mid_rows = rows is not None and rows >= V32_H32_DS_MIN_ROWS
+        return ds_kernel_name(layout, h, rows, entries, num_sms) if (h <= 16 or h > 32 or mid_rows) else None
     if not many:
         return None
     if h <= 32 or rows * -(-h // 32) <= num_sms:
