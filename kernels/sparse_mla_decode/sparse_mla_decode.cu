@@ -2634,7 +2634,7 @@ __device__ __forceinline__ void wge_body(const MlaParams& p, uint8_t* smem_raw) 
 // half-tile sets): 120 / 192 / 192, no spills (120 / 200 / 184 spilled 44-244 B in warpgroup 1, 112 / 200 / 192
 // 4-24 B).
 // BAL (_t64xb): both consumer warpgroups run the same code (QK and softmax of half the tile's entries, PV of half
-// the dims), so they get the same count; the producer keeps the 8 registers that the split leaves over.
+// the dims), so they get the same count: 200 + 176 shared as 2 x 184, the 8 left over to the producer (136).
 template <int TPE, bool SPLIT, bool BAL = false>
 struct WgtRegs {
   static constexpr int kProd = BAL ? 136 : SPLIT ? 120 : TPE == 2 ? 112 : 128, kWg0 = BAL ? 184 : SPLIT ? 192 : 200,

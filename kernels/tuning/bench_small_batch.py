@@ -4,8 +4,8 @@
 Same method as bench_dsa_indexer.py (harness.Timer: CUDA events, 512 MB L2-evicting read and a device-sleep head
 start before every repeat, round-robin, median of --reps), k=2048, max_context = L, next_n = 1. Per (B, L), timed
 round-robin on one set of inputs:
-  old      the base kernels with the base chunk policy (today's default: plan_dsa(early=False))
-  new      the early kernels with the early chunk policy (plan_dsa(early=True))
+  old      the base kernels with the base chunk policy (plan_dsa(early=False))
+  new      the early kernels with the early chunk policy and the early select (plan_dsa(early=True, cluster=False))
   cluster  new with the cluster select (plan_dsa(cluster=True); rows up to 128K, "-" beyond)
   early@old chunk / old@new chunk   the two changes apart (kernels vs chunk size)
   score old / score new             the scoring grid alone of old and new
@@ -32,7 +32,7 @@ from pdserve_kernels.dsa_indexer import (  # noqa: E402
 TOPK = 2048
 VARIANTS = ("old", "new", "cluster", "early_old_chunk", "old_new_chunk", "score_old", "score_new")
 CLUSTER_MAX_LEN = CLUSTER_MAX * CLUSTER_SUBS * SELECT_CHUNK
-KWARGS = {"old": dict(early=False), "new": dict(early=True), "cluster": dict(early=True, cluster=True)}
+KWARGS = {"old": dict(early=False), "new": dict(early=True, cluster=False), "cluster": dict(early=True, cluster=True)}
 
 
 def exact_and_same(ind, args, L, variants):

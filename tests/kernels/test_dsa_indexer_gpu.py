@@ -209,7 +209,7 @@ def test_default_path_choice(indexer):
     assert indexer.last_path[0] == "split" and indexer.last_plan.early == DEFAULT_EARLY
     # the cluster select where it measured faster (rows x max_len <= 2^20, sm_90), the early one beyond
     assert indexer.last_plan.cluster == indexer.cluster_ok
-    indexer(**make_inputs(3, 2, [20000, 300000, 7]), topk=2048)
+    indexer(**make_inputs(9, 1, [120000] * 9), topk=2048)   # every row within one cluster, 1.08 M positions in all
     assert not indexer.last_plan.cluster and indexer.last_plan.early == DEFAULT_EARLY
     with pytest.raises(ValueError, match="the fused path has none"):
         indexer(**make_inputs(1, 1, [100]), topk=2048, path="fused", early=True)

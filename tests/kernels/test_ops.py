@@ -258,7 +258,7 @@ def test_mla_plan_against_the_metadata(mla_table, layout, rows, h, topk, extra):
     p = mla.make_plan(layout, rows, h, topk, extra)
     info = mla.kernels[p.kernel]
     lay, hb, tile = mla_mod.kernel_shape(info)
-    assert lay == layout and p.kernel == mla.pick_kernel(layout, h, rows=rows)
+    assert lay == layout and p.kernel == mla.pick_kernel(layout, h, rows=rows, entries=topk + extra)
     assert p.threads == info.threads and p.smem == info.smem_bytes(p.per_split) <= mla.smem_limit
     assert p.heads_per_cta == hb and p.grid == (p.splits, -(-h // hb), rows)
     ntot = topk + extra
@@ -284,7 +284,7 @@ def test_mla_plan_choices_and_refusals(mla_table):
         mla.make_plan("v5", 8, 128, 2048)
 
 
-@pytest.mark.parametrize("rows,h", [(1, 16), (8, 32), (8, 64), (64, 128), (64, 16), (4, 128)])
+@pytest.mark.parametrize("rows,h", [(1, 16), (8, 32), (8, 64), (64, 128), (64, 16), (4, 128), (512, 16)])
 def test_fp32_scales_plan_takes_an_exact_kernel(mla_table, rows, h):
     """V3.2 caches with SGLang's amax/448 scales: only the wge and ds kernels apply an fp32 scale exactly (the
     default for h >= 64 from 8 rows is a wg kernel, for 17-32 heads with few rows a first-version one). On sm_90a
@@ -296,9 +296,9 @@ def test_fp32_scales_plan_takes_an_exact_kernel(mla_table, rows, h):
         # as for the wg kernels a whole top-2048 row fits one CTA (splits only to fill the GPU)
         assert p.smem <= mla.smem_limit and mla.kernels[p.kernel].smem_bytes(2048) <= mla.smem_limit
     else:
-        assert mla.kernels[p.kernel].family == "ds" and p.kernel == mla_mod.ds_kernel_name("v32", h, rows)
+        assert mla.kernels[p.kernel].family == "ds" and p.kernel == mla_mod.ds_kernel_name("v32", h, rows, 2048)
     other = _launcher(mla_table, capability=(12, 0)).make_plan("v32", rows, h, 2048, fp32_scales=True)
-    assert other.kernel == mla_mod.ds_kernel_name("v32", h, rows)
+    assert other.kernel == mla_mod.ds_kernel_name("v32", h, rows, 2048)
     # no effect where scales are powers of two by format (V4) or there are none (bf16 KV)
     assert mla.make_plan("v4", rows, h, 512, 128, fp32_scales=True).kernel == mla.make_plan("v4", rows, h, 512, 128).kernel
     assert mla.make_plan("v32_bf16", rows, h, 2048, fp32_scales=True).kernel == mla.pick_kernel("v32_bf16", h, rows=rows)

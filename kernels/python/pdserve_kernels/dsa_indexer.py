@@ -81,8 +81,9 @@ FUSED_MAX_CHUNK_PAGES = 64           # the fused path keeps a CTA's scores in sm
 # batch and not slower at large (kernels/tuning/bench_small_batch.py, H200, 2026-12-01 call 16: B=1 1.02-1.10x,
 # B=8 1.00-1.09x, B=64 1.00-1.02x; kernels/NOTES.md "Small-batch variants").
 DEFAULT_EARLY = True
-# Where cluster=None takes the cluster select: rows x max_len up to 2^20 positions. Measured on H200 (bench_small_batch.py,
-# 2026-12-01 call 16 and 2026-12-02 call 1, us, early select / cluster select): faster at every B=1 and B=8 row
+# Where cluster=None takes the cluster select: rows x max_len up to 2^20 positions. Measured on H200
+# (bench_small_batch.py, 2026-12-01 call 16 and 2026-12-02 call 1, us, early select / cluster select): faster at
+# every B=1 and B=8 row
 # (B=1 L=128K 23.4 / 21.0, B=8 L=128K 69.9 / 68.9) and at B=64 L=8K (38.9 / 36.4), slower from 2^21 (B=64 L=32K
 # 104.1 / 105.5, L=128K 316.1 / 326.6).
 CLUSTER_AUTO_POSITIONS = 1 << 20
@@ -208,9 +209,11 @@ def plan_dsa(batch: int, next_n: int, topk: int, max_len: int, num_sms: int, *, 
         raise ValueError(f"max_len must be a non-negative int (an upper bound of the lengths), got {max_len!r}")
     if cluster is not None and not isinstance(cluster, bool):
         raise ValueError(f"cluster must be a bool or None, got {cluster!r}")
+    if not isinstance(cluster_capable, bool):
+        raise ValueError(f"cluster_capable must be a bool, got {cluster_capable!r}")
     max_len = max(1, max_len if max_blocks is None else min(max_len, max_blocks * PAGE))
     if cluster is None:
-        cluster = (cluster_capable is True and early is not False and select_subs is None
+        cluster = (cluster_capable and early is not False and select_subs is None
                    and max_len <= CLUSTER_MAX * CLUSTER_SUBS * SELECT_CHUNK
                    and batch * next_n * max_len <= CLUSTER_AUTO_POSITIONS)
     if early is None:

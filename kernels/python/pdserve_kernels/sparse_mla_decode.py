@@ -100,7 +100,7 @@ def h16_one_split_wins(layout: str, rows: int, entries: int, num_sms: int) -> bo
     entries) 80 rows 38.5 / 41.3 (3 splits against 1), 96-132 rows 45.2-48.2 / 40.5-41.6 (2 against 1: no combine),
     160 rows 57.1 / 76.7 (two waves of the one-per-SM kernel); V4 HCA (1152) 0.99-1.07x the other way at 96-128;
     V3.2 (2048) 128 rows 90.7 / 101.5, 160-512 rows 221.0-420.4 / 191.3-373.8 (both one split)."""
-    if layout == "v4":
+    if layout == "v4":   # measured at 640 (V4-Flash CSA: 512 + 128); shorter rows: fewer tiles per split, same trade
         return entries <= 640 and 2 * num_sms < 3 * rows <= 3 * num_sms
     return entries >= 2048 and rows > num_sms
 
@@ -113,7 +113,8 @@ def auto_fp8_kernel(layout: str, h: int, rows: int | None, num_sms: int, sm90: b
     bench_mla_variants.py: 1.03-1.75x faster there, 0.82-0.98x at one row). Otherwise from the 2026-11-29 H200
     table (bench_mla_variants.py; V4 CSA 640 entries, V3.2 2048; B = 1/8/64/128): V3.2 takes the ds kernels
     everywhere except 17-32 heads below V32_H32_DS_MIN_ROWS rows; V4 only with >= 64 rows, and for h > 32 only while
-    its 32-head blocks fit in one wave (they gather every entry once per head block).
+    its 32-head blocks fit in one wave (they gather every entry once per head block). Which 16-head ds kernel
+    depends on `entries` too (ds_kernel_name, h16_one_split_wins).
     """
     if sm90 and rows is not None and rows >= WGX_MIN_ROWS and wgx_serves(h):
         return wgx_kernel_name(layout)
@@ -179,12 +180,13 @@ def wge_kernel_name() -> str:
     return "sparse_mla_wg_v32_s3_e"
 
 
-def fp32_scales_kernel(h: int, rows: int, sm90: bool) -> str:
+def fp32_scales_kernel(h: int, rows: int, sm90: bool, entries: int | None = None, num_sms: int = 132) -> str:
     """The V3.2 fp8 kernel for fp32 tile scales that are not powers of two (SGLang's amax/448): the wge kernel where
-    the default is a wg kernel (sm_90a, h >= 64, >= 8 rows), else the ds kernel. Both apply the scale exactly."""
+    the default is a wg kernel (sm_90a, h >= 64, >= 8 rows), else the ds kernel (ds_kernel_name, with the rows'
+    entry count). Both apply the scale exactly."""
     if sm90 and h >= WG_MIN_HEADS and rows >= WG_MIN_ROWS:
         return wge_kernel_name()
-    return ds_kernel_name("v32", h, rows)
+    return ds_kernel_name("v32", h, rows, entries, num_sms)
 
 
 # ds kernels with splits: the last split CTA merges the splits itself instead of a second (combine) launch.
@@ -351,7 +353,7 @@ class SparseMlaDecode:
         relative error instead of 1.3-1.7e-3, NOTES.md "Accuracy on SGLang's scales")."""
         if (fp32_scales and kernel is None and variant is None and layout == "v32"
                 and not (self.smem_limit < 200 * 1024 if small is None else small)):
-            kernel = fp32_scales_kernel(h, rows, self.capability[0] == 9)
+            kernel = fp32_scales_kernel(h, rows, self.capability[0] == 9, topk + topk_extra, self.num_sms)
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {sorted(LAYOUTS)}, got {layout!r}")
         for name, v in (("rows", rows), ("h", h)):
