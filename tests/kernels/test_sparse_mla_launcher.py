@@ -55,6 +55,21 @@ MEASURED_H16_BY_ENTRIES = {
     ("v32", 2048, 128): "sparse_mla_ds_v32_h16_t32_s4", ("v32", 2048, 160): "sparse_mla_ds_v32_h16_t64_s2",
     ("v32", 2048, 512): "sparse_mla_ds_v32_h16_t64_s2", ("v32", 1000, 512): "sparse_mla_ds_v32_h16_t32_s4",
 }
+# 16 heads below 64 rows (2026-12-02 calls 18-19, h16_t32_min_rows): the 32-entry ds kernel from 24 rows for V3.2
+# and V4 HCA, from 40 for V4 CSA; below, V3.2 the 64-entry ds kernel, V4 the first version.
+MEASURED_H16_FEW_ROWS = {
+    ("v32", 2048, 16): "sparse_mla_ds_v32_h16_t64_s2", ("v32", 2048, 24): "sparse_mla_ds_v32_h16_t32_s4",
+    ("v32", 2048, 48): "sparse_mla_ds_v32_h16_t32_s4", ("v4", 1152, 16): "sparse_mla_v4_h16_t64",
+    ("v4", 1152, 24): "sparse_mla_ds_v4_h16_t32_s4", ("v4", 1152, 48): "sparse_mla_ds_v4_h16_t32_s4",
+    ("v4", 640, 32): "sparse_mla_v4_h16_t64", ("v4", 640, 48): "sparse_mla_ds_v4_h16_t32_s4",
+}
+
+
+@pytest.mark.parametrize("key", sorted(MEASURED_H16_FEW_ROWS))
+def test_16_heads_below_64_rows(key, monkeypatch):
+    monkeypatch.setattr(mla_mod, "FP8_VARIANT", "auto")
+    layout, entries, rows = key
+    assert _launcher().pick_kernel(layout, 16, rows=rows, entries=entries) == MEASURED_H16_FEW_ROWS[key]
 
 
 @pytest.mark.parametrize("key", sorted(MEASURED_H16_BY_ENTRIES))

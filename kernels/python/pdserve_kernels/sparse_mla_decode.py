@@ -85,12 +85,26 @@ V32_H32_DS_MIN_ROWS = 16
 def ds_kernel_name(layout: str, h: int, rows: int | None, entries: int | None = None, num_sms: int = 132) -> str:
     """The ds kernel for fp8 `layout` ("v4" / "v32"), h heads, `rows` query rows (None: few) and `entries`
     indices per row (topk + topk_extra; None: unknown)."""
-    many = rows is not None and rows >= DS_MIN_ROWS
     if h <= 16:   # 32-entry tiles fit two CTAs per SM: better once the GPU is full, worse for short rows
+        many = rows is not None and rows >= h16_t32_min_rows(layout, entries)
         if many and entries is not None and h16_one_split_wins(layout, rows, entries, num_sms):
             return f"sparse_mla_ds_{layout}_h16_t64_s2"
         return f"sparse_mla_ds_{layout}_h16_t32_s4" if many else f"sparse_mla_ds_{layout}_h16_t64_s2"
     return f"sparse_mla_ds_{layout}_h32_t64_s2"
+
+
+def h16_t32_min_rows(layout: str, entries: int | None) -> int:
+    """Rows from which 16 heads take the 32-entry ds kernel (two CTAs per SM), below them V3.2 the 64-entry ds kernel
+    and V4 the first-version kernel. Measured on H200 (bench_mla_variants.py --heads 16, 2026-12-02 second session,
+    calls 18-19; NOTES.md "16 heads below 64 rows"), us, first version / ds t32_s4 / ds t64_s2: V3.2 (2048 entries)
+    16 rows 30.9 / 28.1 / 26.4, 24 rows 45.4 / 31.2 / 33.3, 48 rows 91.8 / 45.6 / 60.7; V4 HCA (1152) 16 rows 23.5 /
+    23.3 / 22.9, 24 rows 28.7 / 26.0 / 26.0, 48 rows 54.3 / 37.5 / 44.4; V4 CSA (640) 24 rows 20.1 / 22.8 / 21.0, 32
+    rows 24.9 / 24.6 / 24.2, 48 rows 35.5 / 29.9 / 32.1. Without the entry count V4 keeps DS_MIN_ROWS."""
+    if layout == "v32":
+        return 24
+    if entries is None:
+        return DS_MIN_ROWS
+    return 40 if entries <= 640 else 24
 
 
 def h16_one_split_wins(layout: str, rows: int, entries: int, num_sms: int) -> bool:
@@ -112,9 +126,9 @@ def auto_fp8_kernel(layout: str, h: int, rows: int | None, num_sms: int, sm90: b
     On sm_90a with h >= 64 and >= 8 rows, the wg kernels (2026-11-30 H200 table, bench_wg.py, now part of
     bench_mla_variants.py: 1.03-1.75x faster there, 0.82-0.98x at one row). Otherwise from the 2026-11-29 H200
     table (bench_mla_variants.py; V4 CSA 640 entries, V3.2 2048; B = 1/8/64/128): V3.2 takes the ds kernels
-    everywhere except 17-32 heads below V32_H32_DS_MIN_ROWS rows; V4 only with >= 64 rows, and for h > 32 only while
-    its 32-head blocks fit in one wave (they gather every entry once per head block). Which 16-head ds kernel
-    depends on `entries` too (ds_kernel_name, h16_one_split_wins).
+    everywhere except 17-32 heads below V32_H32_DS_MIN_ROWS rows; V4 only with >= 64 rows (16 heads: from
+    h16_t32_min_rows), and for h > 32 only while its 32-head blocks fit in one wave (they gather every entry once per
+    head block). Which 16-head ds kernel depends on `entries` too (ds_kernel_name, h16_one_split_wins).
     """
     if sm90 and rows is not None and rows >= WGX_MIN_ROWS and wgx_serves(h):
         return wgx_kernel_name(layout)
@@ -124,6 +138,8 @@ def auto_fp8_kernel(layout: str, h: int, rows: int | None, num_sms: int, sm90: b
     if layout == "v32":
         mid_rows = rows is not None and rows >= V32_H32_DS_MIN_ROWS
         return ds_kernel_name(layout, h, rows, entries, num_sms) if (h <= 16 or h > 32 or mid_rows) else None
+    if h <= 16 and rows is not None and rows >= h16_t32_min_rows(layout, entries):
+        return ds_kernel_name(layout, h, rows, entries, num_sms)
     if not many:
         return None
     if h <= 32 or rows * -(-h // 32) <= num_sms:
