@@ -35,6 +35,9 @@ MEASURED_DEFAULT = {
     # V3.2, 17-32 heads: the ds kernel from 16 rows (2026-12-02, calls 14-15: 0.75-0.95x the first version)
     ("v32", 24, 16): "sparse_mla_ds_v32_h32_t64_s2", ("v32", 32, 24): "sparse_mla_ds_v32_h32_t64_s2",
     ("v32", 32, 48): "sparse_mla_ds_v32_h32_t64_s2", ("v32", 24, 8): "sparse_mla_v32_h32_t64",
+    # V3.2, more than 64 heads: the wg kernel from 4 rows (2026-12-02 call 21: 0.83x the ds kernel at 128 heads)
+    ("v32", 128, 4): "sparse_mla_wg_v32_s3_c2", ("v32", 128, 2): "sparse_mla_ds_v32_h32_t64_s2",
+    ("v32", 64, 4): "sparse_mla_ds_v32_h32_t64_s2",
 }
 
 

@@ -132,7 +132,8 @@ def auto_fp8_kernel(layout: str, h: int, rows: int | None, num_sms: int, sm90: b
     """
     if sm90 and rows is not None and rows >= WGX_MIN_ROWS and wgx_serves(h):
         return wgx_kernel_name(layout)
-    if sm90 and h >= WG_MIN_HEADS and rows is not None and rows >= WG_MIN_ROWS:
+    wg_min_rows = WG_V32_MULTI_BLOCK_MIN_ROWS if layout == "v32" and h > 64 else WG_MIN_ROWS
+    if sm90 and h >= WG_MIN_HEADS and rows is not None and rows >= wg_min_rows:
         return wg_kernel_name(layout)
     many = rows is not None and rows >= DS_MIN_ROWS
     if layout == "v32":
@@ -155,6 +156,9 @@ def auto_fp8_kernel(layout: str, h: int, rows: int | None, num_sms: int, sm90: b
 # runs QK and the softmax).
 # Where the default takes them (measured: faster from 8 rows at h = 64 and 128; 33-63 heads not measured).
 WG_MIN_HEADS, WG_MIN_ROWS = 64, 8
+# V3.2 with more than one 64-head block: the wg kernel from 4 rows (H200, 2026-12-02 second session, call 21, us, ds
+# h32 / wg_v32_s3_c2: h=128 4 rows 35.5 / 29.6, 2 rows 26.6 / 26.4; V4 at 4 rows: 0.92x (HCA) to 1.05x (CSA), kept).
+WG_V32_MULTI_BLOCK_MIN_ROWS = 4
 
 
 def wg_kernel_name(layout: str) -> str:
@@ -198,8 +202,9 @@ def wge_kernel_name() -> str:
 
 def fp32_scales_kernel(h: int, rows: int, sm90: bool, entries: int | None = None, num_sms: int = 132) -> str:
     """The V3.2 fp8 kernel for fp32 tile scales that are not powers of two (SGLang's amax/448): the wge kernel where
-    the default is a wg kernel (sm_90a, h >= 64, >= 8 rows), else the ds kernel (ds_kernel_name, with the rows'
-    entry count). Both apply the scale exactly."""
+    the default is a wg kernel from 8 rows (sm_90a, h >= 64), else the ds kernel (ds_kernel_name, with the rows'
+    entry count; also at the 4-7 rows where more than 64 heads take a wg kernel by default: wge was not timed
+    there). Both apply the scale exactly."""
     if sm90 and h >= WG_MIN_HEADS and rows >= WG_MIN_ROWS:
         return wge_kernel_name()
     return ds_kernel_name("v32", h, rows, entries, num_sms)
