@@ -261,11 +261,12 @@ def mla_pool(name: str, layout: str, n_entries: int, pools: dict, gen):
     return pools[name]
 
 
-def mla_batch(case: str, B: int, heads, gen, pools: dict):
+def mla_batch(case: str, B: int, heads, gen, pools: dict, k_main: int | None = None):
     """The shapes of `case` at batch B for each of `heads` (one query token per request, page 64): fresh
     distinct indices per batch, fresh q per head count, random caches of 2^20 entries (window caches 2^17)
-    kept in `pools` across calls."""
-    layout, k_main, k_win = CASES[case]
+    kept in `pools` across calls. k_main: entries selected from the main cache instead of the case's."""
+    layout, case_k_main, k_win = CASES[case]
+    k_main = case_k_main if k_main is None else k_main
     lay = LAYOUTS[layout]
     buf, kv = mla_pool(layout, layout, 1 << 20, pools, gen)
     win_buf, win = mla_pool("win-" + layout, layout, 1 << 17, pools, gen) if k_win else (None, None)

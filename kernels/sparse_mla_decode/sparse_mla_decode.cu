@@ -203,25 +203,60 @@ __device__ __forceinline__ float out_factor(const MlaParams& p, int head, float 
   return f;
 }
 
+// Entry `pos` of a row's index list (the main indices, then the extra ones): where it is, and its value validated
+// (-1 when invalid, kExtraBit set for the extra source). Split so that a caller can issue several loads before it
+// uses any (a load followed by its check waits for each load's round trip in turn).
+__device__ __forceinline__ const int* index_src(const MlaParams& p, int row, int pos) {
+  return pos < p.topk ? p.indices + static_cast<size_t>(row) * p.topk + pos
+                      : p.indices_extra + static_cast<size_t>(row) * p.topk_extra + (pos - p.topk);
+}
+__device__ __forceinline__ int index_check(const MlaParams& p, int pos, int i) {
+  if (pos < p.topk) return (i >= 0 && i < p.num_entries) ? i : -1;
+  return (i >= 0 && i < p.num_entries_extra) ? (i | kExtraBit) : -1;
+}
+// (Used by the sm_90a wgt kernels only: no "never referenced" warning for the other target.)
+#pragma nv_diag_suppress 177
+__device__ __forceinline__ int load_index(const MlaParams& p, int row, int pos) {
+  return index_check(p, pos, __ldg(index_src(p, row, pos)));
+}
+#pragma nv_diag_default 177
+
 // This CTA's part of the row's index list, validated once: positions start .. start + n_local - 1
 // (the main indices, then the extra ones), -1 for invalid entries and for the padding up to n_fill,
-// kExtraBit set for the extra source.
+// kExtraBit set for the extra source. A thread issues up to kBatch loads before it checks or stores any, so a
+// list of up to kBatch x NTHR entries costs one DRAM round trip (a load-store loop waited once per trip).
 template <int NTHR>
 __device__ __forceinline__ void index_list(const MlaParams& p, int row, int start, int n_local, int n_fill, int tid,
                                            int* sidx) {
-  for (int j = tid; j < n_fill; j += NTHR) {
-    int v = -1;
-    if (j < n_local) {
-      const int pos = start + j;
-      if (pos < p.topk) {
-        const int i = __ldg(p.indices + static_cast<size_t>(row) * p.topk + pos);
-        v = (i >= 0 && i < p.num_entries) ? i : -1;
-      } else {
-        const int i = __ldg(p.indices_extra + static_cast<size_t>(row) * p.topk_extra + (pos - p.topk));
-        v = (i >= 0 && i < p.num_entries_extra) ? (i | kExtraBit) : -1;
-      }
+  constexpr int kBatch = 8;
+  for (int j0 = 0; j0 < n_fill; j0 += kBatch * NTHR) {
+    int v[kBatch];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int j = j0 + b * NTHR + tid;
+      v[b] = j < n_local ? __ldg(index_src(p, row, start + j)) : -1;
     }
-    sidx[j] = v;
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int j = j0 + b * NTHR + tid;
+      if (j < n_fill) sidx[j] = j < n_local ? index_check(p, start + j, v[b]) : -1;
+    }
+  }
+}
+
+// Requests the Q block of `rows` heads from head h0 (heads at or past p.h zero-filled) into shared memory by
+// cp.async, 16 bytes each, at dst(r, c) for row r and 16-byte chunk c. No request waits for another, so the block
+// costs one DRAM round trip (a load-store loop, unrolled four times, waited for every fourth chunk: three to four
+// round trips before the first tile). The caller waits (cp.async.wait_group) before reading it.
+template <int DQK, class Dst>
+__device__ __forceinline__ void q_block_async(const MlaParams& p, int row, int h0, int rows, int tid, int nthr,
+                                              const Dst& dst) {
+  constexpr int CH = DQK / 8;
+  const __nv_bfloat16* q = p.q + static_cast<size_t>(row) * p.h * DQK;
+  for (int i = tid; i < rows * CH; i += nthr) {
+    const int r = i / CH, c = i - r * CH;
+    const bool ok = h0 + r < p.h;
+    cp_async16_zfill(dst(r, c), ok ? q + static_cast<size_t>(h0 + r) * DQK + 8 * c : p.q, ok ? 16 : 0);
   }
 }
 
@@ -298,6 +333,9 @@ __device__ __forceinline__ void mla_body(const MlaParams& p, uint8_t* smem) {
   const int n_local = max(0, min(p.per_split, ntot - start));
   const int ntiles = (n_local + T - 1) / T;
 
+  // Q block (rows past h are zero), requested first: it joins the first ring stage's cp.async group, so the wait
+  // for tile 0 covers it, and its round trip overlaps the index list's and tile 0's.
+  q_block_async<L::kDqk>(p, row, hblk * HB, HB, tid, NTHR, [&](int r, int c) { return qs + swz<ROWB>(r, c); });
   // This CTA's indices, validated once: -1 for invalid, kExtraBit set for the extra source.
   index_list<NTHR>(p, row, start, n_local, n_local, tid, sidx);
   __syncthreads();
@@ -364,16 +402,6 @@ __device__ __forceinline__ void mla_body(const MlaParams& p, uint8_t* smem) {
   };
 
   for (int s = 0; s < NST - 1; ++s) issue(s);
-
-  // Q block to smem (rows past h are zero).
-  for (int i = tid; i < HB * (L::kDqk / 8); i += NTHR) {
-    const int r = i / (L::kDqk / 8), c = i - r * (L::kDqk / 8);
-    const int head = hblk * HB + r;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (head < p.h)
-      v = __ldg(reinterpret_cast<const uint4*>(p.q + (static_cast<size_t>(row) * p.h + head) * L::kDqk) + c);
-    *reinterpret_cast<uint4*>(qs + swz<ROWB>(r, c)) = v;
-  }
 
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
   float oacc[NTV][4];
@@ -1593,7 +1621,8 @@ __device__ __forceinline__ void es_body(const MlaParams& p, uint8_t* smem) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define MLA_HAS_WGMMA 1
 // Named barrier ids (0 is __syncthreads).
-constexpr int kBarFull = 1, kBarFree = 3, kBarPFull = 5, kBarPFree = 7, kBarProd = 9, kBarFin = 10;
+constexpr int kBarFull = 1, kBarFree = 3, kBarPFull = 5, kBarPFree = 7, kBarProd = 9, kBarFin = 10, kBarQGo = 11,
+              kBarQ = 12;
 
 __device__ __forceinline__ void bar_sync(int id, int n) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
@@ -1821,6 +1850,13 @@ __device__ __forceinline__ void wg_pv_step(float (&o)[128], const uint32_t (&a)[
   reg_fence(o);
 }
 
+// How the bf16 output rows leave the registers (wg_write_rows): 0 = 4-byte stores, 1 = 8-byte, 2 = 16-byte (quad
+// shuffles first). Build-time only, for measuring (-DPDSERVE_WG_OUT_STORE=n).
+#ifndef PDSERVE_WG_OUT_STORE
+#define PDSERVE_WG_OUT_STORE 2
+#endif
+constexpr int kWgOutStore = PDSERVE_WG_OUT_STORE;
+
 // A consumer warpgroup's epilogue (wg and wgt kernels): its half of O (dims 256 wg ..; the m64n256 accumulator of
 // head rows r0, r0 + 8) for the heads below h, normalized and as bf16 output with the sink (splits == 1) or as
 // the split's fp32 partial; warpgroup 0 also writes the lse.
@@ -1836,10 +1872,42 @@ __device__ __forceinline__ void wg_write_rows(const MlaParams& p, const float (&
     const float lse = row_lse(m_run[r], l);
     if (p.splits == 1) {
       const float f = out_factor(p, head, l, lse);
-      __nv_bfloat16* dst = p.out + (static_cast<size_t>(row) * p.h + head) * kDv + d0;
+      __nv_bfloat16* dst = p.out + (static_cast<size_t>(row) * p.h + head) * kDv + wg * 256;
+      auto pair = [&](int j) { return pack_bf16(o[4 * j + 2 * r] * f, o[4 * j + 2 * r + 1] * f); };
+      if constexpr (kWgOutStore == 0) {   // 4 bytes per thread: a warp's store covers 8 rows x 16 bytes
 #pragma unroll
-      for (int j = 0; j < 32; ++j)
-        *reinterpret_cast<uint32_t*>(dst + 8 * j) = pack_bf16(o[4 * j + 2 * r] * f, o[4 * j + 2 * r + 1] * f);
+        for (int j = 0; j < 32; ++j) *reinterpret_cast<uint32_t*>(dst + 8 * j + 2 * t) = pair(j);
+      } else if constexpr (kWgOutStore == 1) {   // 8 bytes: the quad's lanes pair up, 8 rows x 32 bytes
+#pragma unroll
+        for (int j = 0; j < 32; j += 2) {
+          const uint32_t a = pair(j), b = pair(j + 1);
+          const bool odd = t & 1;   // even lanes keep group j (dims 2t ..), odd ones group j + 1
+          const uint32_t got = __shfl_xor_sync(0xffffffffu, odd ? a : b, 1);
+          *reinterpret_cast<uint2*>(dst + (odd ? 8 * (j + 1) + 2 * (t - 1) : 8 * j + 2 * t)) =
+              odd ? make_uint2(got, b) : make_uint2(a, got);
+        }
+      } else {   // 16 bytes: a 4 x 4 transpose in the quad, lane t gets group j + t whole; 8 rows x 64 bytes
+#pragma unroll
+        for (int j = 0; j < 32; j += 4) {
+          uint32_t v[4] = {pair(j), pair(j + 1), pair(j + 2), pair(j + 3)};   // v[k]: group j + k, dims 2t, 2t + 1
+#pragma unroll
+          for (int m = 2; m; m >>= 1) {   // swap the off-diagonal blocks: then v[k] = lane k's pair of group j + t
+            // elements 0 and k1 have bit m clear; a lane with bit m of t set swaps those, else 0 + m and k1 + m
+            const bool hi = t & m;
+            const int k1 = 3 - m;
+            const uint32_t r0 = __shfl_xor_sync(0xffffffffu, hi ? v[0] : v[m], m);
+            const uint32_t r1 = __shfl_xor_sync(0xffffffffu, hi ? v[k1] : v[k1 + m], m);
+            if (hi) {
+              v[0] = r0;
+              v[k1] = r1;
+            } else {
+              v[m] = r0;
+              v[k1 + m] = r1;
+            }
+          }
+          *reinterpret_cast<uint4*>(dst + 8 * (j + t)) = make_uint4(v[0], v[1], v[2], v[3]);
+        }
+      }
       if (wg == 0 && t == 0) p.lse[static_cast<size_t>(row) * p.h + head] = l > 0.f ? lse : INFINITY;
     } else {
       const float f = l > 0.f ? 1.f / l : 0.f;
@@ -1895,6 +1963,10 @@ __device__ __forceinline__ void wg_body(const MlaParams& p, uint8_t* smem_raw) {
   const int ntiles = (n_local + T - 1) / T;
   const int page_mask = (1 << p.page_shift) - 1;
 
+  // Q block (heads past h are zero) requested first (not H: bf16 as stored), so its round trip overlaps the index
+  // list's; waited for before the ring's barriers are initialized.
+  if constexpr (!H)
+    q_block_async<DQK>(p, row, hblk * 64, 64, tid, kWgThreads, [&](int r, int c) { return qs + wg_swz<64>(r, c); });
   // Index list, validated once: -1 for invalid entries and the padding up to the last tile's end.
   index_list<kWgThreads>(p, row, start, n_local, ntiles * T, tid, sidx);
   // H: per-head power-of-two exponent k that puts max |q| into [2^14, 2^15) (warp w: heads w, w + 12, ...).
@@ -1918,23 +1990,24 @@ __device__ __forceinline__ void wg_body(const MlaParams& p, uint8_t* smem_raw) {
     }
     __syncthreads();
   }
-  // Q block (heads past h are zero) into the swizzled layout: bf16, or (H) f16 times 2^k of its head.
-  for (int i = tid; i < 64 * (DQK / 8); i += kWgThreads) {
-    const int r = i / (DQK / 8), c = i - r * (DQK / 8);
-    const int head = hblk * 64 + r;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (head < p.h)
-      v = __ldg(reinterpret_cast<const uint4*>(p.q + (static_cast<size_t>(row) * p.h + head) * DQK) + c);
-    if constexpr (H) {
+  if constexpr (!H) {
+    cp_async_commit();   // wait_group covers committed groups only
+    cp_async_wait<0>();
+  } else {   // the Q block (heads past h are zero) into the swizzled layout in f16 times 2^k of its head
+    for (int i = tid; i < 64 * (DQK / 8); i += kWgThreads) {
+      const int r = i / (DQK / 8), c = i - r * (DQK / 8);
+      const int head = hblk * 64 + r;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (head < p.h)
+        v = __ldg(reinterpret_cast<const uint4*>(p.q + (static_cast<size_t>(row) * p.h + head) * DQK) + c);
       const float f = exp2i(qexp[r]);
       const uint32_t x[4] = {v.x, v.y, v.z, v.w};
       uint32_t y[4];
 #pragma unroll
       for (int k = 0; k < 4; ++k)
         y[k] = pack_f16(__uint_as_float(x[k] << 16) * f, __uint_as_float(x[k] & 0xffff0000u) * f);
-      v = make_uint4(y[0], y[1], y[2], y[3]);
+      *reinterpret_cast<uint4*>(qs + wg_swz<64>(r, c)) = make_uint4(y[0], y[1], y[2], y[3]);
     }
-    *reinterpret_cast<uint4*>(qs + wg_swz<64>(r, c)) = v;
   }
   wg_ring_init<NST, SC>(tid, full, raw_free);
 
@@ -2726,17 +2799,6 @@ __device__ __forceinline__ void cluster_sync_all() {
   asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
 
-// The validated index of position pos of the row's list (the main indices, then the extra ones): -1 when
-// invalid, kExtraBit set for the extra source (index_list's rule for one position).
-__device__ __forceinline__ int load_index(const MlaParams& p, int row, int pos) {
-  if (pos < p.topk) {
-    const int i = __ldg(p.indices + static_cast<size_t>(row) * p.topk + pos);
-    return (i >= 0 && i < p.num_entries) ? i : -1;
-  }
-  const int i = __ldg(p.indices_extra + static_cast<size_t>(row) * p.topk_extra + (pos - p.topk));
-  return (i >= 0 && i < p.num_entries_extra) ? (i | kExtraBit) : -1;
-}
-
 #pragma nv_diag_default 177
 
 // What a producer thread j (of TPE per entry) holds of one entry between its load and its conversion: its share
@@ -2834,6 +2896,22 @@ __device__ __forceinline__ void wgt_store(const WgtRaw<L, TPE>& raw, int e, int 
   for (int k = 0; k < R::kR; ++k) put(wg_swz<kWgtT>(e, L::kRopeChunk + R::rope_chunk(j, k)), raw.rope[k]);
 }
 
+// Timeline probe (PROBE bit 3): the slots of a CTA's kTlWords words. globaltimer (ns, comparable across SMs) at entry
+// and exit; clock64 (SM cycles) at the phases, read by thread 0 of warpgroup 0 unless noted.
+enum WgtStamp {
+  kTlEntryNs = 0, kTlEntry, kTlPrologue, kTlTile0Ready, kTlTile0Qk, kTlTile0Pv, kTlLoopDone, kTlWritten,
+  kTlExit, kTlExitNs, kTlProdTile0, kTlProdDone, kTlProdExit, kTlWg1Done, kTlWg1Written, kTlWaitFull,
+  // sums over the tiles, cycles: the producer (thread 0) waiting for a free buffer, waiting for its entry loads,
+  // converting, handing over (barrier, bulk copies, arrival), loading the index of tile it+2 and issuing its
+  // loads; warpgroup 0's QK, softmax + PV
+  kTlProdAvail, kTlProdLoads, kTlProdConvert, kTlProdHand, kTlProdIndex, kTlWg0Qk, kTlWg0SoftPv, kTlWords = 32
+};
+__device__ __forceinline__ uint64_t globaltimer_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return t;
+}
+
 // Producer: TPE threads per entry, each holding its share of one entry per tile (TPE 2; a warp's lanes are 32
 // entries) or of one entry in each half-tile (TPE 4; a warp's lanes are 8 entries x 4). The loads of tile i+1
 // are issued after tile i is converted, so without PIPE each tile waits for its loads' whole latency; PIPE
@@ -2843,7 +2921,9 @@ __device__ __forceinline__ void wgt_store(const WgtRaw<L, TPE>& raw, int e, int 
 // converts half 1 after its PV of the tile two back, in the time warpgroup 0 spends on QK and the softmax
 // (the wg kernels' _c2 split); warpgroup 1 then reads P from shared memory (wgmma SS), with no registers for it.
 // PROBE (tuning only; wrong results): bit 0 = the producer loads no entry, bit 1 = it stores the raw bytes
-// unconverted, bit 2 = the consumers skip the wgmma instructions.
+// unconverted, bit 2 = the consumers skip the wgmma instructions. Bit 3 (CLUSTER, results right): a timeline,
+// WgtStamp's clock64 / globaltimer readings of each CTA into p.lse_part (unused with one split: the probe's
+// caller passes a buffer of kTlWords words per CTA there; kernels/tuning/probe_timeline.py).
 template <class L, int TPE, bool PIPE, bool SPLIT, int PROBE, int CLUSTER = 0>
 __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) {
   static_assert(!SPLIT || (TPE == 4 && !PIPE), "SPLIT: 4 threads per entry, two sets in the producer");
@@ -2876,17 +2956,52 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
   const int start = split * p.per_split;
   const int n_local = max(0, min(p.per_split, ntot - start));
   const int ntiles = (n_local + T - 1) / T;
+  constexpr bool TL = (PROBE & 8) != 0;
+  uint64_t* const tl = TL ? reinterpret_cast<uint64_t*>(p.lse_part) + ((static_cast<size_t>(row) * gridDim.y + hblk) *
+                                                                       gridDim.x + split) * kTlWords
+                          : nullptr;
+  auto stamp = [&](int slot, bool who) {
+    if constexpr (TL) {
+      if (who) tl[slot] = slot == kTlEntryNs || slot == kTlExitNs ? globaltimer_ns() : clock64();
+    }
+  };
+  stamp(kTlEntryNs, tid == 0);
+  stamp(kTlEntry, tid == 0);
+  uint64_t tl_t = 0;   // TL: the last clock64 of this thread, and its per-phase sums
+  auto lap = [&](int slot) {
+    if constexpr (TL) {
+      const uint64_t now = clock64();
+      if (tid == 0 || tid == 256) tl[slot] += now - tl_t;
+      tl_t = now;
+    }
+  };
 
+  // CLUSTER: the peer CTA (the other 64-head block of the row); this CTA's producer thread converts entry
+  // 32 rank + pe of every tile, chunks pj + 4 k.
+  const uint32_t peer = CLUSTER ? cluster_rank() ^ 1u : 0u;
+  const int pe = 32 * static_cast<int>(peer ^ 1u) + 8 * ((tid - 256) >> 5) + (lane >> 2), pj = lane & 3;
+  auto index_of = [&](int x) { return x * T + pe < n_local ? load_index(p, row, start + x * T + pe) : -1; };
   // Q block (heads past h are zero) into the swizzled layout.
-  for (int i = tid; i < 64 * (DQK / 8); i += kWgThreads) {
-    const int r = i / (DQK / 8), c = i - r * (DQK / 8);
-    const int head = hblk * 64 + r;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (head < p.h)
-      v = __ldg(reinterpret_cast<const uint4*>(p.q + (static_cast<size_t>(row) * p.h + head) * DQK) + c);
-    *reinterpret_cast<uint4*>(qs + wg_swz<64>(r, c)) = v;
+  auto load_q = [&](int from, int nthr) {
+    q_block_async<DQK>(p, row, hblk * 64, 64, from, nthr, [&](int r, int c) { return qs + wg_swz<64>(r, c); });
+    cp_async_commit();
+    cp_async_wait<0>();
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // Q: async-copied -> wgmma reads
+  };
+  // CLUSTER: the producer's first two tiles are requested first (both indices, then their entries into registers),
+  // and Q only once those loads are out (warpgroup 0, after kBarQGo), so that tile 0's entries are not queued behind
+  // Q's 72 KB per CTA in DRAM: tile 0 is converted while Q streams in. Measured (NOTES.md "The cluster pair's
+  // timeline"): with Q first, tile 0 was ready 8.2 us after entry at B=64 (V3.2 h=128), Q itself at 4-5.5 us.
+  WgtRaw<L, 4> ra, rb;   // CLUSTER producer: even and odd tiles
+  int va = -1, vb = -1;
+  if constexpr (CLUSTER) {
+    if (wg == 2) {   // both loads issued before either is checked
+      if (pe < n_local) va = __ldg(index_src(p, row, start + pe));
+      if (T + pe < n_local) vb = __ldg(index_src(p, row, start + T + pe));
+    }
+  } else {
+    load_q(tid, kWgThreads);
   }
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // Q: generic stores -> wgmma reads
   if constexpr (CLUSTER) {
     if (tid == 0) {
       for (int b = 0; b < 2; ++b) {
@@ -2897,11 +3012,11 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
     }
     __syncthreads();
     cluster_sync_all();   // both CTAs' barriers exist before either touches the other's
+    stamp(kTlPrologue, tid == 0);
   } else {
     __syncthreads();
   }
-  // CLUSTER: the peer CTA (the other 64-head block of the row) and the bytes it stores here per tile.
-  const uint32_t peer = CLUSTER ? cluster_rank() ^ 1u : 0u;
+  // CLUSTER: the bytes the peer stores here per tile.
   constexpr uint32_t kPeerBytes = 32 * (2 * DQK + 4);
   // The waits on rready and avail acquire at CTA scope, as CUTLASS's cluster pipelines wait on barriers that a TMA
   // multicast fills or remote consumers arrive on: the peer's bytes land through the async proxy's complete_tx, and
@@ -2932,17 +3047,24 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
       // Half `rank` of every tile (entries 32 rank + 8 w ..), converted into this CTA's buffer and, by st.async
       // completing bytes on the peer's rready, into the peer's: each entry gathered and converted once per row.
       const uint32_t rank = peer ^ 1u;
-      const int e = 32 * static_cast<int>(rank) + 8 * (ptid >> 5) + ((ptid & 31) >> 2), j = ptid & 3;
-      auto index_of = [&](int x) { return x * T + e < n_local ? load_index(p, row, start + x * T + e) : -1; };
+      const int e = pe, j = pj;
+      va = pe < n_local ? index_check(p, start + pe, va) : -1;   // the indices of tiles 0 and 1 (prologue)
+      vb = T + pe < n_local ? index_check(p, start + T + pe, vb) : -1;
+      if (ntiles > 0) wgt_load<L, 4, PROBE>(p, va, j, ra);
+      if (ntiles > 1) wgt_load<L, 4, PROBE>(p, vb, j, rb);
+      bar_arrive(kBarQGo, 256);                      // tile 0's and 1's loads are out: Q may follow
+      using R4 = WgtRaw<L, 4>;
       const uint32_t peer_tiles = cluster_map(tiles, peer), peer_valid = cluster_map(valid32, peer);
       const uint32_t peer_rready = cluster_map(rready, peer);
-      WgtRaw<L, 4> ra, rb;                           // even and odd tiles
-      int va = -1, vb = -1;
-      if (ntiles > 0) wgt_load<L, 4, PROBE>(p, va = index_of(0), j, ra);
-      if (ntiles > 1) wgt_load<L, 4, PROBE>(p, vb = index_of(1), j, rb);
       auto step = [&](int it, WgtRaw<L, 4>& raw, int& v) {
         const int b = it & 1;
+        lap(kTlProdIndex);
         if (it >= 2) mbar_wait(avail + b, ((it >> 1) - 1) & 1);   // both CTAs are done with tile it-2
+        lap(kTlProdAvail);
+        if constexpr (TL) {   // wait for this tile's loads (a use of its registers), apart from the conversion
+          if (raw.w[0].x == 0x12345678u && raw.w[R4::kN - 1].w == 0x9abcdef0u && raw.rope[0].x == 1u) tl[31] = 1;
+        }
+        lap(kTlProdLoads);
         if (ptid == 0) mbar_arrive_expect_tx(rready + b, kPeerBytes);     // the peer's half of tile it
         uint8_t* tile = tiles + b * S::kTileBytes;
         const uint32_t ptile = peer_tiles + b * S::kTileBytes, pbar = peer_rready + 8 * b;
@@ -2959,6 +3081,7 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
           wgt_store<L, 4, PROBE>(raw, e, j, WgtPutLocal{tile});
           if (j == 0) valid32[b * T + e] = v >= 0;
         }
+        lap(kTlProdConvert);
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // tile: generic stores -> wgmma / bulk reads
         if constexpr (CLUSTER >= 2) {
           bar_sync(kBarProd, 128);   // the whole half is in this CTA's buffer
@@ -2971,13 +3094,20 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
           }
         }
         bar_arrive(kBarFull + b, kWgThreads);                             // this CTA's half of tile it
-        if (it + 2 < ntiles) wgt_load<L, 4, PROBE>(p, v = index_of(it + 2), j, raw);
+        if (it == 0) stamp(kTlProdTile0, ptid == 0);
+        lap(kTlProdHand);
+        if (it + 2 < ntiles) {
+          wgt_load<L, 4, PROBE>(p, v = index_of(it + 2), j, raw);
+        }
       };
+      if constexpr (TL) tl_t = clock64();
       for (int it = 0; it < ntiles; it += 2) {
         step(it, ra, va);
         if (it + 1 < ntiles) step(it + 1, rb, vb);
       }
+      stamp(kTlProdDone, ptid == 0);
       cluster_sync_all();   // neither CTA leaves while the other may still reach into it
+      stamp(kTlProdExit, ptid == 0);
       return;
     } else if constexpr (SPLIT) {
       const int e = 8 * (ptid >> 5) + ((ptid & 31) >> 2), j = ptid & 3;   // half 0: warp w, entries 8 w .. 8 w + 7
@@ -3076,6 +3206,17 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
   for (int i = 0; i < 128; ++i) o[i] = 0.f;
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
 
+  // CLUSTER: warpgroup 0 requests Q once the producer's first loads are out, and both consumer warpgroups wait for it.
+  auto await_q = [&] {
+    if constexpr (CLUSTER) {
+      if (wg == 0) {
+        bar_sync(kBarQGo, 256);
+        load_q(ctid, 128);
+      }
+      bar_sync(kBarQ, 256);
+    }
+  };
+
   // O[:, 256 wg .. + 256] += P V for the tile at tile_u (four k-steps of 16 entries), after rescaling O.
   auto pv = [&](const uint32_t (&a)[4][4], const float (&alpha)[2], uint32_t tile_u) {
     wg_pv_step<false, T, PROBE & 4 ? 0 : 4>(o, a, alpha, tile_u, wg);
@@ -3094,6 +3235,7 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
     float* xm = reinterpret_cast<float*>(fin);   // [2 warpgroups][64 rows]: tile maxima, then the sums
     auto consume = [&](auto wg_c) {
       constexpr int W = decltype(wg_c)::value, E0 = 32 * W;
+      await_q();
       for (int it = 0; it < ntiles; ++it) {
         const int b = it & 1;
         const uint32_t tile_u = tiles_u + b * S::kTileBytes;
@@ -3198,11 +3340,19 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
 
   if (wg == 0) {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Regs::kWg0) : "memory");
+    await_q();
+    uint64_t waited = 0;   // TL: cycles warpgroup 0 waited for full tiles
     for (int it = 0; it < ntiles; ++it) {
       const int b = it & 1;
       const uint32_t tile_u = tiles_u + b * S::kTileBytes;
+      const uint64_t w0 = TL ? clock64() : 0;
       bar_sync(kBarFull + b, kWgThreads);
       wait_peer_half(it);
+      if constexpr (TL) {
+        waited += clock64() - w0;
+        tl_t = clock64();
+      }
+      if (it == 0) stamp(kTlTile0Ready, tid == 0);
       float s[32];
 #pragma unroll
       for (int i = 0; i < 32; ++i) s[i] = 0.f;
@@ -3215,6 +3365,8 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
       }
       wg_commit_wait();
       reg_fence(s);
+      if (it == 0) stamp(kTlTile0Qk, tid == 0);
+      lap(kTlWg0Qk);
       // s[4 jj + q]: head r0 (q < 2) or r0 + 8, entry 8 jj + 2 t + (q & 1).
       const uint8_t* vb = valid + b * T;
       float mx[2] = {-INFINITY, -INFINITY};
@@ -3270,7 +3422,13 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
       }
       bar_arrive(kBarPFull, 256);
       pv(a, alpha, tile_u);
+      if (it == 0) stamp(kTlTile0Pv, tid == 0);
+      lap(kTlWg0SoftPv);
       release(it);
+    }
+    stamp(kTlLoopDone, tid == 0);
+    if constexpr (TL) {
+      if (tid == 0) tl[kTlWaitFull] = waited;
     }
     // Epilogue: complete the sums and hand (m, l) of each head row to warpgroup 1.
 #pragma unroll
@@ -3284,7 +3442,10 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
     }
     bar_arrive(kBarFin, 256);
     wg_write_rows(p, o, m_run, l_run, row, split, hblk, r0, wg, t);
+    stamp(kTlWritten, tid == 0);
     if constexpr (CLUSTER) cluster_sync_all();
+    stamp(kTlExit, tid == 0);
+    stamp(kTlExitNs, tid == 0);
   } else if constexpr (SPLIT) {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Regs::kWg1) : "memory");
     const int e = 32 + 8 * (ctid >> 5) + ((ctid & 31) >> 2), j = ctid & 3;   // half 1: entries 32 + 8 w ..
@@ -3332,6 +3493,7 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
     wg_write_rows(p, o, m_run, l_run, row, split, hblk, r0, wg, t);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Regs::kWg1) : "memory");
+    await_q();
     for (int it = 0; it < ntiles; ++it) {
       const int b = it & 1;
       bar_sync(kBarFull + b, kWgThreads);
@@ -3351,11 +3513,13 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
       pv(a, alpha, tiles_u + b * S::kTileBytes);
       release(it);
     }
+    stamp(kTlWg1Done, tid == 128);
     bar_sync(kBarFin, 256);
     const float2 f0 = fin[r0], f1 = fin[r0 + 8];
     m_run[0] = f0.x; l_run[0] = f0.y;
     m_run[1] = f1.x; l_run[1] = f1.y;
     wg_write_rows(p, o, m_run, l_run, row, split, hblk, r0, wg, t);
+    stamp(kTlWg1Written, tid == 128);
     if constexpr (CLUSTER) cluster_sync_all();
   }
 }

@@ -311,7 +311,8 @@ constexpr int kCombineThreads = 128;
   X(sparse_mla_wg_v32_t64c_x2, V32, 4, false, true, 2)
 // Tuning build: _t64xs, the cluster pair exchanging by 16-byte st.async (the first _t64x, measured in calls 4-7 as
 // "_t64x"), and its probes; _t64xb, the bulk exchange with balanced consumers (each warpgroup QK and softmax of half
-// the entries, PV of half the dims). X(NAME, LAYOUT, PROBE, MODE: 1 st.async, 2 bulk, 3 bulk + balanced).
+// the entries, PV of half the dims); _t64x_tl, the production _t64x with its timeline (PROBE 8: right results, the
+// stamps in the lse_part buffer). X(NAME, LAYOUT, PROBE, MODE: 1 st.async, 2 bulk, 3 bulk + balanced).
 #define SPARSE_MLA_WGTX_PROBE_KERNELS(X)                  \
   X(sparse_mla_wg_v4_t64xs, V4, 0, 1)                     \
   X(sparse_mla_wg_v32_t64xs, V32, 0, 1)                   \
@@ -319,4 +320,6 @@ constexpr int kCombineThreads = 128;
   X(sparse_mla_wg_v32_t64xb, V32, 0, 3)                   \
   X(sparse_mla_wg_v32_t64xs_x1, V32, 1, 1)                \
   X(sparse_mla_wg_v32_t64xs_x2, V32, 2, 1)                \
-  X(sparse_mla_wg_v32_t64xs_x4, V32, 4, 1)
+  X(sparse_mla_wg_v32_t64xs_x4, V32, 4, 1)                \
+  X(sparse_mla_wg_v4_t64x_tl, V4, 8, 2)                   \
+  X(sparse_mla_wg_v32_t64x_tl, V32, 8, 2)

@@ -78,7 +78,8 @@ def test_production_fatbin_has_no_probe_kernels(nvcc, mla_table, tmp_path):
     probes = {n for n, k in tuning.kernels.items() if k.shape.get("probe")}
     assert probes == {"sparse_mla_wg_v32_s3_x1", "sparse_mla_wg_v32_s3_x2", "sparse_mla_wg_v32_s3_x3",
                       *(f"sparse_mla_wg_v32_t64_x{b}" for b in (1, 2, 4, 5)), "sparse_mla_wg_v32_t64q_x2",
-                      "sparse_mla_wg_v32_t64c_x2", *(f"sparse_mla_wg_v32_t64xs_x{b}" for b in (1, 2, 4))}
+                      "sparse_mla_wg_v32_t64c_x2", *(f"sparse_mla_wg_v32_t64xs_x{b}" for b in (1, 2, 4)),
+                      "sparse_mla_wg_v4_t64x_tl", "sparse_mla_wg_v32_t64x_tl"}
     # experimental kernels (correct, not measured faster than what they would replace) are tuning-only too
     experimental = {n for n, k in tuning.kernels.items() if k.shape.get("experimental")} - probes
     wgt = {f"sparse_mla_wg_{lay}_{v}" for lay in ("v4", "v32") for v in

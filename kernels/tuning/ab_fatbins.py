@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""Sparse MLA decode, several builds on the same inputs: the launcher's default call with the fatbin it finds
+(PDSERVE_SPARSE_MLA_FATBIN or kernels/build: "new") and with each --build label=path (another build, of earlier
+source or other build-time settings, with its .json beside it; the first is the table's reference), timed
+round-robin in one process (harness.Timer: L2 evicted before every repeat, median),
+FlashMLA beside them where it runs the shape (importable, fp8, h padded to 64 or 128). Both builds' outputs are
+checked against the fp32 reference on the first rows.
+
+--topk 512,1024,2048 times each shape at those numbers of entries selected from the main cache (the window of
+the V4 cases unchanged) and fits time = fixed + per_tile x tiles (least squares over the 64-entry tiles per
+row): how much of a call is paid once, before and after the first tile, and how much per tile.
+
+Tuning aid (kernels/tuning/README.md), not the benchmark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "python")]
+
+import torch  # noqa: E402
+
+import flashmla_adapter  # noqa: E402
+from harness import Timer, finish, mla_batch, run_env, seeded_generator, table_head  # noqa: E402
+from pdserve_kernels.sparse_mla_decode import SparseMlaDecode  # noqa: E402
+
+
+def fit(points: list[tuple[int, float]]) -> tuple[float, float] | None:
+    """(fixed, per_tile) of time = fixed + per_tile x tiles by least squares; None with fewer than two sizes."""
+    if len({x for x, _ in points}) < 2:
+        return None
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    slope = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x, _ in points)
+    return my - slope * mx, slope
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", action="append", required=True, metavar="LABEL=FATBIN",
+                    help="another build to time beside the default one (repeatable; the first is the reference)")
+    ap.add_argument("--shapes", default="v32:64:128,v4-csa:64:128,v32:64:64,v4-csa:64:16,v4-csa:1:16,v32:1:16",
+                    help="case:B:h,...")
+    ap.add_argument("--topk", default="", help="entries selected from the main cache, comma-separated")
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+
+    gen = seeded_generator()
+    timer = Timer()
+    builds = [tuple(b.split("=", 1)) for b in args.build]
+    new = SparseMlaDecode()
+    launchers = [(label, SparseMlaDecode(fatbin=path)) for label, path in builds] + [("new", new)]
+    fm, why = flashmla_adapter.load()
+    env = run_env(builds=dict(builds), flashmla=why or flashmla_adapter.FLASHMLA_COMMIT)
+    print(json.dumps(env), flush=True)
+    topks = [int(k) for k in args.topk.split(",") if k] or [None]
+    pools: dict = {}
+    rows = []
+    for spec in args.shapes.split(","):
+        case, B, h = spec.split(":")
+        B, h = int(B), int(h)
+        for k in topks:
+            (x,) = mla_batch(case, B, [h], gen, pools, k_main=k)
+            ro, _ = x.reference(2)
+            labels, fns, err = [], [], {}
+            for label, mla in launchers:
+                call = x.call(mla)
+                out, _ = call()
+                err[label] = x.rel_err(out, ro)
+                labels.append(label)
+                fns.append(call)
+            if fm is not None and not x.lay.bf16 and flashmla_adapter.padded_heads(h):
+                try:
+                    f = flashmla_adapter.FlashMlaDecode(fm, x.q, x.kv, x.ind, x.sm_scale, x.sinks, **{
+                        "extra_kv": x.extra.get("extra_kv"), "extra_indices": x.extra.get("extra_indices")})
+                    err["flashmla"] = x.rel_err(f.first, ro)
+                    labels.append("flashmla")
+                    fns.append(f)
+                except Exception as e:  # a shape FlashMLA refuses: time ours only
+                    print(f"# flashmla {spec} topk {k}: {type(e).__name__}: {e}", flush=True)
+            ts = timer.medians_us(fns, args.reps)
+            plan = new.make_plan(x.layout, B, h, x.ind.shape[-1], x.win_ind.shape[-1] if x.win_ind is not None else 0)
+            row = {"case": case, "B": B, "h": h, "entries": x.n_valid, "tiles": -(-x.n_valid // 64),
+                   "kernel": plan.kernel.replace("sparse_mla_", ""), "splits": plan.splits,
+                   "us": {lab: round(t, 2) for lab, t in zip(labels, ts)}, "rel_err": err}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return finish(env, rows, args.json, print_table)
+
+
+def print_table(env, rows) -> None:
+    labels = [label for label in rows[0]["us"] if label != "flashmla"] if rows else []
+    ref = labels[0] if labels else ""
+    table_head(env, "", "| case | B | h | entries | kernel (splits) | " + " | ".join(f"{lab} us" for lab in labels)
+               + " | " + " | ".join(f"{lab} / {ref}" for lab in labels[1:]) + " | FlashMLA us | max rel err |")
+    for r in rows:
+        us = r["us"]
+        fmla = f"{us['flashmla']:.1f}" if "flashmla" in us else "-"
+        print(f"| {r['case']} | {r['B']} | {r['h']} | {r['entries']} | {r['kernel']} ({r['splits']}) | "
+              + " | ".join(f"{us[lab]:.1f}" for lab in labels) + " | "
+              + " | ".join(f"{us[lab] / us[ref]:.2f}" for lab in labels[1:])
+              + f" | {fmla} | {max(r['rel_err'].values()):.1e} |")
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault((r["case"], r["B"], r["h"]), []).append(r)
+    fits = [(key, g) for key, g in groups.items() if len({r["tiles"] for r in g}) > 1]
+    if fits:
+        print("\n| case | B | h | who | fixed us | us per 64-entry tile |")
+        print("|---|---|---|---|---|---|")
+        for (case, B, h), g in fits:
+            for who in g[0]["us"]:
+                f = fit([(r["tiles"], r["us"][who]) for r in g if who in r["us"]])
+                if f:
+                    print(f"| {case} | {B} | {h} | {who} | {f[0]:.1f} | {f[1]:.2f} |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""Where a cluster-pair (_t64x) call's time goes: the tuning build's `_t64x_tl` kernels are the production _t64x with
+clock64 / globaltimer readings per CTA at its phases and per-phase sums over the tiles (WgtStamp in sparse_mla_decode.cu), written into the split
+workspace pointer, which one split leaves unused. Per shape (case:B:h, and --topk entries from the main cache), over
+--reps launches each after an L2 flush and a sleep (as harness.Timer), it prints the median over CTAs (and the
+slowest CTA) of each phase in microseconds (cycles / the CTA's own clock rate from its two globaltimer readings),
+and the spread of the CTAs' start times. The output is checked against the default kernel's.
+
+Tuning aid (kernels/tuning/README.md), not the benchmark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import statistics
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "python")]
+
+import torch  # noqa: E402
+
+from harness import Timer, mla_batch, run_env, seeded_generator  # noqa: E402
+from pdserve_kernels.sparse_mla_decode import SparseMlaDecode  # noqa: E402
+
+# WgtStamp's slots
+(ENTRY_NS, ENTRY, PROLOGUE, T0_READY, T0_QK, T0_PV, LOOP, WRITTEN, EXIT, EXIT_NS, P_T0, P_DONE, P_EXIT, W1_DONE,
+ W1_WRITTEN, WAIT_FULL, P_AVAIL, P_LOADS, P_CONVERT, P_HAND, P_INDEX, W0_QK, W0_SOFTPV) = range(23)
+WORDS = 32
+SUMS = [  # (label, slot): cycles summed over a CTA's tiles
+    ("wg0: waiting for full tiles", WAIT_FULL),
+    ("wg0: QK", W0_QK),
+    ("wg0: softmax + PV", W0_SOFTPV),
+    ("producer: waiting for a free buffer", P_AVAIL),
+    ("producer: waiting for its entry loads", P_LOADS),
+    ("producer: converting", P_CONVERT),
+    ("producer: handing over (barrier, bulk copies)", P_HAND),
+    ("producer: next index + issuing its loads", P_INDEX),
+]
+PHASES = [  # (label, from slot, to slot): cycles between two readings of one CTA
+    ("prologue (Q, first indices, barriers)", ENTRY, PROLOGUE),
+    ("producer: tile 0 converted, from entry", ENTRY, P_T0),
+    ("wg0: tile 0 ready, from entry", ENTRY, T0_READY),
+    ("wg0: tile 0 QK", T0_READY, T0_QK),
+    ("wg0: tile 0 softmax + PV", T0_QK, T0_PV),
+    ("wg0: tile 0 ready -> loop done", T0_READY, LOOP),
+    ("wg0: epilogue (rows written)", LOOP, WRITTEN),
+    ("wg0: final cluster barrier", WRITTEN, EXIT),
+    ("producer: loop done -> exit", P_DONE, P_EXIT),
+    ("wg1: loop done -> rows written", W1_DONE, W1_WRITTEN),
+    ("wg0: entry -> exit", ENTRY, EXIT),
+]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--fatbin", default=str(ROOT / "build" / "sparse_mla_decode_tuning.fatbin"))
+    ap.add_argument("--shapes", default="v32:64:128,v4-csa:64:128")
+    ap.add_argument("--topk", default="512,2048")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+
+    gen = seeded_generator()
+    timer = Timer()
+    mla = SparseMlaDecode(fatbin=args.fatbin)
+    env = run_env(fatbin=args.fatbin)
+    print(json.dumps(env), flush=True)
+    print(f"\n# {env['date']} | {env['gpu']} | driver {env['driver']} | torch {env['torch']}\n# command: {env['command']}")
+    pools: dict = {}
+    rows = []
+    for spec in args.shapes.split(","):
+        case, B, h = spec.split(":")
+        B, h = int(B), int(h)
+        for k in [int(x) for x in args.topk.split(",")]:
+            (x,) = mla_batch(case, B, [h], gen, pools, k_main=k)
+            name = f"sparse_mla_wg_{'v4' if x.layout == 'v4' else 'v32'}_t64x_tl"
+            topk_extra = x.win_ind.shape[-1] if x.win_ind is not None else 0
+            plan = mla.make_plan(x.layout, B, h, x.ind.shape[-1], topk_extra, kernel=name)
+            assert plan.splits == 1, plan
+            ctas = plan.grid[0] * plan.grid[1] * plan.grid[2]
+            stamps = torch.zeros((ctas, WORDS), dtype=torch.int64, device="cuda")
+            out = torch.empty((B, 1, h, 512), dtype=torch.bfloat16, device="cuda")
+            lse = torch.empty((B, 1, h), dtype=torch.float32, device="cuda")
+            extra_kv = x.extra.get("extra_kv", x.kv)
+            e3 = x.extra.get("extra_indices", x.ind)
+            ref, _ = x.call(mla)()
+            per_rep = []
+            for _ in range(args.reps):
+                stamps.zero_()
+                timer.buf.view(torch.int64).sum()
+                torch.cuda._sleep(timer.head_start)
+                mla.launch(plan, x.q, x.kv, x.ind, x.sm_scale, sinks=x.sinks, extra_kv=extra_kv, e3=e3, out=out,
+                           lse=lse, o_part_ptr=None, lse_part_ptr=stamps.data_ptr())
+                torch.cuda.synchronize()
+                per_rep.append(stamps.cpu())
+            err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+            st = torch.stack(per_rep).double()                        # [reps, ctas, 16]
+            ghz = (st[..., EXIT] - st[..., ENTRY]) / (st[..., EXIT_NS] - st[..., ENTRY_NS]).clamp(min=1)
+            res = {"case": case, "B": B, "h": h, "entries": x.n_valid, "tiles": -(-x.n_valid // 64),
+                   "ctas": ctas, "rel_err_vs_default": err, "ghz": statistics.median(ghz.flatten().tolist())}
+            span = (st[..., EXIT_NS].amax(1) - st[..., ENTRY_NS].amin(1)) / 1e3
+            skew = (st[..., ENTRY_NS].amax(1) - st[..., ENTRY_NS].amin(1)) / 1e3
+            res["span_us"] = statistics.median(span.tolist())
+            res["start_skew_us"] = statistics.median(skew.tolist())
+            phases = {}
+            for label, a, b in PHASES:
+                us = (st[..., b] - st[..., a]) / ghz / 1e3                 # [reps, ctas]
+                phases[label] = (statistics.median(us.median(1).values.tolist()),
+                                 statistics.median(us.amax(1).tolist()))
+            for label, slot in SUMS:
+                us = st[..., slot] / ghz / 1e3
+                phases[f"sum over tiles: {label}"] = (statistics.median(us.median(1).values.tolist()),
+                                                      statistics.median(us.amax(1).tolist()))
+            res["phases_us"] = phases
+            rows.append(res)
+            print(json.dumps(res), flush=True)
+            print(f"\n## {case} B={B} h={h}, {x.n_valid} entries ({res['tiles']} tiles), {ctas} CTAs, "
+                  f"{res['ghz']:.2f} GHz, span {res['span_us']:.1f} us, start skew {res['start_skew_us']:.1f} us, "
+                  f"rel err vs default {err:.1e}")
+            print("| phase | median CTA us | slowest CTA us |\n|---|---|---|")
+            for label, (med, mx) in phases.items():
+                print(f"| {label} | {med:.2f} | {mx:.2f} |")
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps({"env": env, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
