@@ -1850,8 +1850,9 @@ __device__ __forceinline__ void wg_pv_step(float (&o)[128], const uint32_t (&a)[
   reg_fence(o);
 }
 
-// How the bf16 output rows leave the registers (wg_write_rows): 0 = 4-byte stores, 1 = 8-byte, 2 = 16-byte (quad
-// shuffles first). Build-time only, for measuring (-DPDSERVE_WG_OUT_STORE=n).
+// How the output rows leave the registers (wg_write_rows): 0 = as the accumulators hold them (bf16 4 bytes, fp32
+// partials 8 bytes per thread), 1 = bf16 8-byte stores, 2 = bf16 16-byte stores (quad shuffles first); from 1 the
+// fp32 partials go as 16-byte stores. Build-time only, for measuring (-DPDSERVE_WG_OUT_STORE=n).
 #ifndef PDSERVE_WG_OUT_STORE
 #define PDSERVE_WG_OUT_STORE 2
 #endif
@@ -1863,7 +1864,6 @@ constexpr int kWgOutStore = PDSERVE_WG_OUT_STORE;
 __device__ __forceinline__ void wg_write_rows(const MlaParams& p, const float (&o)[128], const float (&m_run)[2],
                                               const float (&l_run)[2], int row, int split, int hblk, int r0, int wg,
                                               int t) {
-  const int d0 = wg * 256 + 2 * t;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int head = hblk * 64 + r0 + 8 * r;
@@ -1912,10 +1912,23 @@ __device__ __forceinline__ void wg_write_rows(const MlaParams& p, const float (&
     } else {
       const float f = l > 0.f ? 1.f / l : 0.f;
       const size_t base = (static_cast<size_t>(row) * p.splits + split) * p.h + head;
-      float* dst = p.o_part + base * kDv + d0;
+      float* dst = p.o_part + base * kDv + wg * 256;
+      if constexpr (kWgOutStore == 0) {   // 8 bytes per thread: a warp's store covers 8 rows x 32 bytes
 #pragma unroll
-      for (int j = 0; j < 32; ++j)
-        *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[4 * j + 2 * r] * f, o[4 * j + 2 * r + 1] * f);
+        for (int j = 0; j < 32; ++j)
+          *reinterpret_cast<float2*>(dst + 8 * j + 2 * t) = make_float2(o[4 * j + 2 * r] * f, o[4 * j + 2 * r + 1] * f);
+      } else {   // 16 bytes: the quad's lanes pair up (as the bf16 8-byte path), 8 rows x 64 bytes
+#pragma unroll
+        for (int j = 0; j < 32; j += 2) {
+          const float2 a = make_float2(o[4 * j + 2 * r] * f, o[4 * j + 2 * r + 1] * f);
+          const float2 b = make_float2(o[4 * j + 4 + 2 * r] * f, o[4 * j + 4 + 2 * r + 1] * f);
+          const bool odd = t & 1;   // even lanes keep group j (dims 2t ..), odd ones group j + 1
+          const float2 send = odd ? a : b;
+          const float2 got = make_float2(__shfl_xor_sync(0xffffffffu, send.x, 1), __shfl_xor_sync(0xffffffffu, send.y, 1));
+          *reinterpret_cast<float4*>(dst + (odd ? 8 * (j + 1) + 2 * (t - 1) : 8 * j + 2 * t)) =
+              odd ? make_float4(got.x, got.y, b.x, b.y) : make_float4(a.x, a.y, got.x, got.y);
+        }
+      }
       if (wg == 0 && t == 0) p.lse_part[base] = lse;
     }
   }
@@ -2904,7 +2917,10 @@ enum WgtStamp {
   // sums over the tiles, cycles: the producer (thread 0) waiting for a free buffer, waiting for its entry loads,
   // converting, handing over (barrier, bulk copies, arrival), loading the index of tile it+2 and issuing its
   // loads; warpgroup 0's QK, softmax + PV
-  kTlProdAvail, kTlProdLoads, kTlProdConvert, kTlProdHand, kTlProdIndex, kTlWg0Qk, kTlWg0SoftPv, kTlWords = 32
+  kTlProdAvail, kTlProdLoads, kTlProdConvert, kTlProdHand, kTlProdIndex, kTlWg0Qk, kTlWg0SoftPv,
+  // the first tiles: the producer has its indices of tiles 0 and 1, then their entries (the loads landed);
+  // warpgroup 0 has Q
+  kTlProdIdx01, kTlProdLoads0, kTlQReady, kTlWords = 32
 };
 __device__ __forceinline__ uint64_t globaltimer_ns() {
   uint64_t t;
@@ -3050,6 +3066,10 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
       const int e = pe, j = pj;
       va = pe < n_local ? index_check(p, start + pe, va) : -1;   // the indices of tiles 0 and 1 (prologue)
       vb = T + pe < n_local ? index_check(p, start + T + pe, vb) : -1;
+      if constexpr (TL) {
+        if (ptid == 0 && va == 0x7ffffff0 && vb == 0x7ffffff1) tl[30] = 1;   // a use: the indices are here
+      }
+      stamp(kTlProdIdx01, ptid == 0);
       if (ntiles > 0) wgt_load<L, 4, PROBE>(p, va, j, ra);
       if (ntiles > 1) wgt_load<L, 4, PROBE>(p, vb, j, rb);
       bar_arrive(kBarQGo, 256);                      // tile 0's and 1's loads are out: Q may follow
@@ -3065,6 +3085,7 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
           if (raw.w[0].x == 0x12345678u && raw.w[R4::kN - 1].w == 0x9abcdef0u && raw.rope[0].x == 1u) tl[31] = 1;
         }
         lap(kTlProdLoads);
+        if (it == 0) stamp(kTlProdLoads0, ptid == 0);
         if (ptid == 0) mbar_arrive_expect_tx(rready + b, kPeerBytes);     // the peer's half of tile it
         uint8_t* tile = tiles + b * S::kTileBytes;
         const uint32_t ptile = peer_tiles + b * S::kTileBytes, pbar = peer_rready + 8 * b;
@@ -3341,6 +3362,7 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
   if (wg == 0) {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Regs::kWg0) : "memory");
     await_q();
+    stamp(kTlQReady, tid == 0);
     uint64_t waited = 0;   // TL: cycles warpgroup 0 waited for full tiles
     for (int it = 0; it < ntiles; ++it) {
       const int b = it & 1;

@@ -22,12 +22,13 @@ sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "python")]
 
 import torch  # noqa: E402
 
-from harness import Timer, mla_batch, run_env, seeded_generator  # noqa: E402
+from harness import CASES, Timer, mla_batch, mla_pool, run_env, seeded_generator  # noqa: E402
 from pdserve_kernels.sparse_mla_decode import SparseMlaDecode  # noqa: E402
 
 # WgtStamp's slots
 (ENTRY_NS, ENTRY, PROLOGUE, T0_READY, T0_QK, T0_PV, LOOP, WRITTEN, EXIT, EXIT_NS, P_T0, P_DONE, P_EXIT, W1_DONE,
- W1_WRITTEN, WAIT_FULL, P_AVAIL, P_LOADS, P_CONVERT, P_HAND, P_INDEX, W0_QK, W0_SOFTPV) = range(23)
+ W1_WRITTEN, WAIT_FULL, P_AVAIL, P_LOADS, P_CONVERT, P_HAND, P_INDEX, W0_QK, W0_SOFTPV, P_IDX01, P_LOADS0,
+ Q_READY) = range(26)
 WORDS = 32
 SUMS = [  # (label, slot): cycles summed over a CTA's tiles
     ("wg0: waiting for full tiles", WAIT_FULL),
@@ -41,7 +42,10 @@ SUMS = [  # (label, slot): cycles summed over a CTA's tiles
 ]
 PHASES = [  # (label, from slot, to slot): cycles between two readings of one CTA
     ("prologue (Q, first indices, barriers)", ENTRY, PROLOGUE),
+    ("producer: indices of tiles 0, 1 here, from entry", ENTRY, P_IDX01),
+    ("producer: entries of tiles 0, 1 here, from entry", ENTRY, P_LOADS0),
     ("producer: tile 0 converted, from entry", ENTRY, P_T0),
+    ("wg0: Q here, from entry", ENTRY, Q_READY),
     ("wg0: tile 0 ready, from entry", ENTRY, T0_READY),
     ("wg0: tile 0 QK", T0_READY, T0_QK),
     ("wg0: tile 0 softmax + PV", T0_QK, T0_PV),
@@ -60,6 +64,10 @@ def main() -> int:
     ap.add_argument("--shapes", default="v32:64:128,v4-csa:64:128")
     ap.add_argument("--topk", default="512,2048")
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--no-flush", action="store_true",
+                    help="no L2 eviction between launches (inputs and the kernel's code stay in L2)")
+    ap.add_argument("--pool-entries", type=int, default=1 << 20,
+                    help="entries in the main KV cache the indices draw from (the benchmark's 2^20 by default)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
@@ -74,6 +82,8 @@ def main() -> int:
     for spec in args.shapes.split(","):
         case, B, h = spec.split(":")
         B, h = int(B), int(h)
+        layout = CASES[case][0]
+        mla_pool(layout, layout, args.pool_entries, pools, gen)   # mla_batch then takes this cache
         for k in [int(x) for x in args.topk.split(",")]:
             (x,) = mla_batch(case, B, [h], gen, pools, k_main=k)
             name = f"sparse_mla_wg_{'v4' if x.layout == 'v4' else 'v32'}_t64x_tl"
@@ -90,7 +100,8 @@ def main() -> int:
             per_rep = []
             for _ in range(args.reps):
                 stamps.zero_()
-                timer.buf.view(torch.int64).sum()
+                if not args.no_flush:
+                    timer.buf.view(torch.int64).sum()
                 torch.cuda._sleep(timer.head_start)
                 mla.launch(plan, x.q, x.kv, x.ind, x.sm_scale, sinks=x.sinks, extra_kv=extra_kv, e3=e3, out=out,
                            lse=lse, o_part_ptr=None, lse_part_ptr=stamps.data_ptr())
@@ -117,7 +128,7 @@ def main() -> int:
             res["phases_us"] = phases
             rows.append(res)
             print(json.dumps(res), flush=True)
-            print(f"\n## {case} B={B} h={h}, {x.n_valid} entries ({res['tiles']} tiles), {ctas} CTAs, "
+            print(f"\n## {case} B={B} h={h}, pool {args.pool_entries} entries, {x.n_valid} entries ({res['tiles']} tiles), {ctas} CTAs, "
                   f"{res['ghz']:.2f} GHz, span {res['span_us']:.1f} us, start skew {res['start_skew_us']:.1f} us, "
                   f"rel err vs default {err:.1e}")
             print("| phase | median CTA us | slowest CTA us |\n|---|---|---|")
