@@ -1850,13 +1850,15 @@ __device__ __forceinline__ void wg_pv_step(float (&o)[128], const uint32_t (&a)[
   reg_fence(o);
 }
 
-// How the output rows leave the registers (wg_write_rows): 0 = as the accumulators hold them (bf16 4 bytes, fp32
-// partials 8 bytes per thread), 1 = bf16 8-byte stores, 2 = bf16 16-byte stores (quad shuffles first); from 1 the
-// fp32 partials go as 16-byte stores. Build-time only, for measuring (-DPDSERVE_WG_OUT_STORE=n).
+// How the bf16 output rows leave the registers (wg_write_rows): 4-byte stores as the accumulators hold them (a
+// warp's store covers 8 rows x 16 bytes), or (the default) 16-byte stores after a 4 x 4 transpose inside each quad
+// (8 rows x 64 bytes). Build-time only, for measuring (-DPDSERVE_WG_OUT_STORE=0). Measured (H200, 2026-12-02, NOTES.md
+// "The cluster pair's timeline"): the _t64x epilogue at B=64 h=128 5-6 -> 2.3 us, whole calls 0.87-0.99x.
 #ifndef PDSERVE_WG_OUT_STORE
-#define PDSERVE_WG_OUT_STORE 2
+#define PDSERVE_WG_OUT_STORE 16
 #endif
 constexpr int kWgOutStore = PDSERVE_WG_OUT_STORE;
+static_assert(kWgOutStore == 0 || kWgOutStore == 16, "PDSERVE_WG_OUT_STORE: 0 (4-byte stores) or 16");
 
 // A consumer warpgroup's epilogue (wg and wgt kernels): its half of O (dims 256 wg ..; the m64n256 accumulator of
 // head rows r0, r0 + 8) for the heads below h, normalized and as bf16 output with the sink (splits == 1) or as
@@ -1867,68 +1869,49 @@ __device__ __forceinline__ void wg_write_rows(const MlaParams& p, const float (&
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int head = hblk * 64 + r0 + 8 * r;
-    if (head >= p.h) continue;
+    const bool live = head < p.h;   // rows past h write nothing (but take part in the warp's shuffles)
     const float l = l_run[r];
     const float lse = row_lse(m_run[r], l);
     if (p.splits == 1) {
-      const float f = out_factor(p, head, l, lse);
+      const float f = live ? out_factor(p, head, l, lse) : 0.f;
       __nv_bfloat16* dst = p.out + (static_cast<size_t>(row) * p.h + head) * kDv + wg * 256;
       auto pair = [&](int j) { return pack_bf16(o[4 * j + 2 * r] * f, o[4 * j + 2 * r + 1] * f); };
-      if constexpr (kWgOutStore == 0) {   // 4 bytes per thread: a warp's store covers 8 rows x 16 bytes
+      if constexpr (kWgOutStore == 0) {
 #pragma unroll
-        for (int j = 0; j < 32; ++j) *reinterpret_cast<uint32_t*>(dst + 8 * j + 2 * t) = pair(j);
-      } else if constexpr (kWgOutStore == 1) {   // 8 bytes: the quad's lanes pair up, 8 rows x 32 bytes
-#pragma unroll
-        for (int j = 0; j < 32; j += 2) {
-          const uint32_t a = pair(j), b = pair(j + 1);
-          const bool odd = t & 1;   // even lanes keep group j (dims 2t ..), odd ones group j + 1
-          const uint32_t got = __shfl_xor_sync(0xffffffffu, odd ? a : b, 1);
-          *reinterpret_cast<uint2*>(dst + (odd ? 8 * (j + 1) + 2 * (t - 1) : 8 * j + 2 * t)) =
-              odd ? make_uint2(got, b) : make_uint2(a, got);
-        }
-      } else {   // 16 bytes: a 4 x 4 transpose in the quad, lane t gets group j + t whole; 8 rows x 64 bytes
+        for (int j = 0; j < 32; ++j)
+          if (live) *reinterpret_cast<uint32_t*>(dst + 8 * j + 2 * t) = pair(j);
+      } else {
 #pragma unroll
         for (int j = 0; j < 32; j += 4) {
           uint32_t v[4] = {pair(j), pair(j + 1), pair(j + 2), pair(j + 3)};   // v[k]: group j + k, dims 2t, 2t + 1
+          // Swap the off-diagonal 2 x 2 blocks, then the off-diagonal elements: v[k] becomes lane k's pair of group
+          // j + t. At step m, elements 0 and k1 have bit m clear; a lane with bit m of t set takes the partner's
+          // into those, the other lane into 0 + m and k1 + m.
 #pragma unroll
-          for (int m = 2; m; m >>= 1) {   // swap the off-diagonal blocks: then v[k] = lane k's pair of group j + t
-            // elements 0 and k1 have bit m clear; a lane with bit m of t set swaps those, else 0 + m and k1 + m
+          for (int m = 2; m; m >>= 1) {
             const bool hi = t & m;
             const int k1 = 3 - m;
-            const uint32_t r0 = __shfl_xor_sync(0xffffffffu, hi ? v[0] : v[m], m);
-            const uint32_t r1 = __shfl_xor_sync(0xffffffffu, hi ? v[k1] : v[k1 + m], m);
+            const uint32_t x0 = __shfl_xor_sync(0xffffffffu, hi ? v[0] : v[m], m);
+            const uint32_t x1 = __shfl_xor_sync(0xffffffffu, hi ? v[k1] : v[k1 + m], m);
             if (hi) {
-              v[0] = r0;
-              v[k1] = r1;
+              v[0] = x0;
+              v[k1] = x1;
             } else {
-              v[m] = r0;
-              v[k1 + m] = r1;
+              v[m] = x0;
+              v[k1 + m] = x1;
             }
           }
-          *reinterpret_cast<uint4*>(dst + 8 * (j + t)) = make_uint4(v[0], v[1], v[2], v[3]);
+          if (live) *reinterpret_cast<uint4*>(dst + 8 * (j + t)) = make_uint4(v[0], v[1], v[2], v[3]);
         }
       }
-      if (wg == 0 && t == 0) p.lse[static_cast<size_t>(row) * p.h + head] = l > 0.f ? lse : INFINITY;
-    } else {
+      if (live && wg == 0 && t == 0) p.lse[static_cast<size_t>(row) * p.h + head] = l > 0.f ? lse : INFINITY;
+    } else if (live) {
       const float f = l > 0.f ? 1.f / l : 0.f;
       const size_t base = (static_cast<size_t>(row) * p.splits + split) * p.h + head;
-      float* dst = p.o_part + base * kDv + wg * 256;
-      if constexpr (kWgOutStore == 0) {   // 8 bytes per thread: a warp's store covers 8 rows x 32 bytes
+      float* dst = p.o_part + base * kDv + wg * 256 + 2 * t;
 #pragma unroll
-        for (int j = 0; j < 32; ++j)
-          *reinterpret_cast<float2*>(dst + 8 * j + 2 * t) = make_float2(o[4 * j + 2 * r] * f, o[4 * j + 2 * r + 1] * f);
-      } else {   // 16 bytes: the quad's lanes pair up (as the bf16 8-byte path), 8 rows x 64 bytes
-#pragma unroll
-        for (int j = 0; j < 32; j += 2) {
-          const float2 a = make_float2(o[4 * j + 2 * r] * f, o[4 * j + 2 * r + 1] * f);
-          const float2 b = make_float2(o[4 * j + 4 + 2 * r] * f, o[4 * j + 4 + 2 * r + 1] * f);
-          const bool odd = t & 1;   // even lanes keep group j (dims 2t ..), odd ones group j + 1
-          const float2 send = odd ? a : b;
-          const float2 got = make_float2(__shfl_xor_sync(0xffffffffu, send.x, 1), __shfl_xor_sync(0xffffffffu, send.y, 1));
-          *reinterpret_cast<float4*>(dst + (odd ? 8 * (j + 1) + 2 * (t - 1) : 8 * j + 2 * t)) =
-              odd ? make_float4(got.x, got.y, b.x, b.y) : make_float4(a.x, a.y, got.x, got.y);
-        }
-      }
+      for (int j = 0; j < 32; ++j)
+        *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[4 * j + 2 * r] * f, o[4 * j + 2 * r + 1] * f);
       if (wg == 0 && t == 0) p.lse_part[base] = lse;
     }
   }

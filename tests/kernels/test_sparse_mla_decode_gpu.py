@@ -249,6 +249,15 @@ def test_wg_v32_top2048(mla, gen, sm90, h):
     run_and_check(mla, gen, "v32", 2, 1, h, 2048, empty_rows=(1,), variant="wg")
 
 
+@pytest.mark.parametrize("variant,B,h", [("wg", 2, 72), ("wg", 2, 100), ("wgx", 2, 100)])
+@pytest.mark.parametrize("splits", [None, 3])
+def test_wg_heads_past_h_inside_a_warp(mla, gen, sm90, variant, B, h, splits):
+    # h not a multiple of 16: a warp's last head rows hold heads at and past h, which skip the epilogue's stores
+    # (and the quad shuffles before them) while the warp's other rows write theirs; one split writes bf16 rows,
+    # three the fp32 partials.
+    run_and_check(mla, gen, "v4", B, 1, h, 512, topk_extra=128, empty_rows=(1,), variant=variant, splits=splits)
+
+
 @pytest.mark.parametrize("layout,topk,extra", [("v4", 1, 0), ("v4", 31, 7), ("v4", 100, 33), ("v4", 1025, 0),
                                                ("v32", 33, 0), ("v32", 333, 0), ("v32", 2047, 0)])
 def test_wg_lengths_not_multiple_of_tile(mla, gen, sm90, layout, topk, extra):
