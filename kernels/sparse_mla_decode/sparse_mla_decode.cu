@@ -2903,7 +2903,9 @@ enum WgtStamp {
   kTlProdAvail, kTlProdLoads, kTlProdConvert, kTlProdHand, kTlProdIndex, kTlWg0Qk, kTlWg0SoftPv,
   // the first tiles: the producer has its indices of tiles 0 and 1, then their entries (the loads landed);
   // warpgroup 0 has Q
-  kTlProdIdx01, kTlProdLoads0, kTlQReady, kTlWords = 32
+  kTlProdIdx01, kTlProdLoads0, kTlQReady,
+  kTlSink = 30,   // two words written only if loaded values match a pattern: a use that waits for the loads
+  kTlWords = 32
 };
 __device__ __forceinline__ uint64_t globaltimer_ns() {
   uint64_t t;
@@ -2989,8 +2991,9 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
   };
   // CLUSTER: the producer's first two tiles are requested first (both indices, then their entries into registers),
   // and Q only once those loads are out (warpgroup 0, after kBarQGo), so that tile 0's entries are not queued behind
-  // Q's 72 KB per CTA in DRAM: tile 0 is converted while Q streams in. Measured (NOTES.md "The cluster pair's
-  // timeline"): with Q first, tile 0 was ready 8.2 us after entry at B=64 (V3.2 h=128), Q itself at 4-5.5 us.
+  // Q's 72 KB per CTA in DRAM. Measured (NOTES.md "The cluster pair's timeline"): neutral, 0.96-1.00x; tile 0's
+  // entries land ~4 us after entry either way, and its first conversion waits for the producer's code (cold
+  // instruction cache), not for Q.
   WgtRaw<L, 4> ra, rb;   // CLUSTER producer: even and odd tiles
   int va = -1, vb = -1;
   if constexpr (CLUSTER) {
@@ -3050,7 +3053,7 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
       va = pe < n_local ? index_check(p, start + pe, va) : -1;   // the indices of tiles 0 and 1 (prologue)
       vb = T + pe < n_local ? index_check(p, start + T + pe, vb) : -1;
       if constexpr (TL) {
-        if (ptid == 0 && va == 0x7ffffff0 && vb == 0x7ffffff1) tl[30] = 1;   // a use: the indices are here
+        if (ptid == 0 && va == 0x7ffffff0 && vb == 0x7ffffff1) tl[kTlSink] = 1;   // a use: the indices are here
       }
       stamp(kTlProdIdx01, ptid == 0);
       if (ntiles > 0) wgt_load<L, 4, PROBE>(p, va, j, ra);
@@ -3065,7 +3068,8 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
         if (it >= 2) mbar_wait(avail + b, ((it >> 1) - 1) & 1);   // both CTAs are done with tile it-2
         lap(kTlProdAvail);
         if constexpr (TL) {   // wait for this tile's loads (a use of its registers), apart from the conversion
-          if (raw.w[0].x == 0x12345678u && raw.w[R4::kN - 1].w == 0x9abcdef0u && raw.rope[0].x == 1u) tl[31] = 1;
+          if (raw.w[0].x == 0x12345678u && raw.w[R4::kN - 1].w == 0x9abcdef0u && raw.rope[0].x == 1u)
+            tl[kTlSink + 1] = 1;
         }
         lap(kTlProdLoads);
         if (it == 0) stamp(kTlProdLoads0, ptid == 0);
@@ -3100,9 +3104,7 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
         bar_arrive(kBarFull + b, kWgThreads);                             // this CTA's half of tile it
         if (it == 0) stamp(kTlProdTile0, ptid == 0);
         lap(kTlProdHand);
-        if (it + 2 < ntiles) {
-          wgt_load<L, 4, PROBE>(p, v = index_of(it + 2), j, raw);
-        }
+        if (it + 2 < ntiles) wgt_load<L, 4, PROBE>(p, v = index_of(it + 2), j, raw);
       };
       if constexpr (TL) tl_t = clock64();
       for (int it = 0; it < ntiles; it += 2) {
