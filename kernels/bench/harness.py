@@ -87,19 +87,27 @@ class Timer:
     def median_us(self, fn, reps: int) -> float:
         return self.medians_us([fn], reps)[0]
 
-    def medians_us(self, fns, reps: int) -> list[float]:
-        """Median of `reps` timings of each fn, run round-robin so clock or thermal drift hits all alike."""
+    def medians_us(self, fns, reps: int, primers=None, flush: bool = True) -> list[float]:
+        """Median of `reps` timings of each fn, run round-robin so clock or thermal drift hits all alike.
+
+        Tuning modes (the benchmark uses neither): primers[i], a call of the same kernels on other inputs of the
+        same shape, runs after the flush and before fn, so that fn meets its code (and launch path) warm and
+        only its data cold; flush=False keeps everything of the previous repeat in L2."""
+        primers = primers or [None] * len(fns)
         for fn in fns:
             fn()
         torch.cuda.synchronize()
         ev = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
               for _ in fns]
         for r in range(reps):
-            for fn, evs in zip(fns, ev):
+            for fn, evs, primer in zip(fns, ev, primers):
                 s, e = evs[r]
                 # Evict the previous repeat's data from L2 (50 MB) by reading 512 MB: a read leaves clean
                 # lines, so the timed kernels do not pay for writing back the flush's own dirty lines.
-                self.buf.view(torch.int64).sum()
+                if flush:
+                    self.buf.view(torch.int64).sum()
+                if primer is not None:
+                    primer()
                 # ~1 ms of device sleep (outside the timed window) so the host has queued fn's launches before it
                 # ends: with ~20-100 us a slow host's launch leaked into small calls' timings (30-79 us read for
                 # 11-15 us calls, 2026-12-01 call 14).

@@ -42,7 +42,18 @@ namespace {
 
 constexpr int kExtraBit = 1 << 30;   // marks an index of the extra source in the CTA's index list
 
-// Device-side readers of each cache layout (the geometry is in the header). scale_bf16_112 and
+// Whether a scale takes the wg kernels' fast conversion (scale x 2^112 an exact, normal bf16): a UE8M0 exponent
+// byte up to 142 (scale <= 2^15), an fp32 scale with at most 8 significant bits in bf16's normal range.
+__device__ __forceinline__ bool fast_fp32_scale(uint32_t bits) {
+  const uint32_t b = __float_as_uint(__uint_as_float(bits) * 0x1p112f);
+  return (b & 0xffffu) == 0 && ((b >> 23) & 0xffu) - 1u < 254u;
+}
+// V4's 8-byte scale record (bytes 0-6 the seven UE8M0 exponents, byte 7 unused) as two words.
+__device__ __forceinline__ bool fast_ue8m0_scales(uint32_t lo, uint32_t hi) {
+  return (__vcmpgtu4(lo, 0x8e8e8e8eu) | (__vcmpgtu4(hi, 0x8e8e8e8eu) & 0x00ffffffu)) == 0;
+}
+
+// Device-side readers of each cache layout (the geometry is in the header). scale_bf16_112, fast_scales and
 // fp8x2_to_bf16x2_fast serve only the wg kernels, which the sm_120a pass compiles to a trap: no "declared but
 // never referenced" warning for them there.
 #pragma nv_diag_suppress 177
@@ -55,11 +66,15 @@ struct LayoutV4 : GeomV4 {
     const uint32_t e = rec[576 + (c16 >> 2)];                   // UE8M0: 2^(e - 127)
     return __uint_as_float(e << 23);
   }
-  // scale * 2^112 as bf16 bits when that is exact and normal (e <= 142), else `ok` = false.
-  __device__ static uint32_t scale_bf16_112(const uint8_t* rec, int c16, bool& ok) {
+  // scale * 2^112 as bf16 bits, exact and normal when e <= 142 (fast_scales).
+  __device__ static uint32_t scale_bf16_112(const uint8_t* rec, int c16) {
     const uint32_t e = rec[576 + (c16 >> 2)];
-    ok = e <= 142u;
     return (e + 112u) << 7;
+  }
+  // Every scale of the record takes the fast conversion (rec: 8-byte aligned in shared memory).
+  __device__ static bool fast_scales(const uint8_t* rec) {
+    const uint2 x = *reinterpret_cast<const uint2*>(rec + 576);
+    return fast_ue8m0_scales(x.x, x.y);
   }
 };
 
@@ -70,10 +85,12 @@ struct LayoutV32 : GeomV32 {
   __device__ static float scale(const uint8_t* rec, int c16) {
     return *reinterpret_cast<const float*>(rec + 512 + 4 * (c16 >> 3));
   }
-  __device__ static uint32_t scale_bf16_112(const uint8_t* rec, int c16, bool& ok) {
-    const uint32_t b = __float_as_uint(scale(rec, c16) * 0x1p112f);
-    ok = (b & 0xffffu) == 0 && ((b >> 23) & 0xffu) - 1u < 254u;   // exact in bf16, normal, finite
-    return b >> 16;
+  __device__ static uint32_t scale_bf16_112(const uint8_t* rec, int c16) {
+    return __float_as_uint(scale(rec, c16) * 0x1p112f) >> 16;   // exact, normal and finite when fast_scales
+  }
+  __device__ static bool fast_scales(const uint8_t* rec) {   // rec: 16-byte aligned in shared memory
+    const uint4 x = *reinterpret_cast<const uint4*>(rec + 512);
+    return fast_fp32_scale(x.x) && fast_fp32_scale(x.y) && fast_fp32_scale(x.z) && fast_fp32_scale(x.w);
   }
 };
 
@@ -1690,32 +1707,48 @@ __device__ __forceinline__ void reg_fence(float (&d)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// 16 e4m3 values (one 16-byte chunk, already loaded) times the chunk's scale -> 16 bf16. The fp32 path (scales outside bf16's exact range: not in
-// practice) is inline, so the hot loop has no call.
-// 16 e4m3 values times their scale: fast (sb = scale x 2^112 as exact, normal bf16 bits) one bf16x2 multiply per
-// pair, else through fp32 with the scale `slow_scale()` (evaluated only on that path).
-template <class SlowScale>
-__device__ __forceinline__ void fp8x16_to_bf16_scaled(const uint4 w, bool fast, uint32_t sb, const SlowScale& slow_scale,
-                                                      uint4& lo, uint4& hi) {
-  if (fast) {
-    const uint32_t s2 = sb | (sb << 16);
-    lo.x = fp8x2_to_bf16x2_fast(w.x & 0xffff, s2);
-    lo.y = fp8x2_to_bf16x2_fast(w.x >> 16, s2);
-    lo.z = fp8x2_to_bf16x2_fast(w.y & 0xffff, s2);
-    lo.w = fp8x2_to_bf16x2_fast(w.y >> 16, s2);
-    hi.x = fp8x2_to_bf16x2_fast(w.z & 0xffff, s2);
-    hi.y = fp8x2_to_bf16x2_fast(w.z >> 16, s2);
-    hi.z = fp8x2_to_bf16x2_fast(w.w & 0xffff, s2);
-    hi.w = fp8x2_to_bf16x2_fast(w.w >> 16, s2);
-  } else {
-    fp8x16_to_bf16(w, slow_scale(), lo, hi);
-  }
+// 16 e4m3 values (one 16-byte chunk, already loaded) times the chunk's scale -> 16 bf16, with sb = scale x 2^112
+// as exact, normal bf16 bits (scale_bf16_112): one bf16x2 multiply per pair. Other scales take fp8x16_to_bf16.
+__device__ __forceinline__ void fp8x16_to_bf16_fast(const uint4 w, uint32_t sb, uint4& lo, uint4& hi) {
+  const uint32_t s2 = sb | (sb << 16);
+  lo.x = fp8x2_to_bf16x2_fast(w.x & 0xffff, s2);
+  lo.y = fp8x2_to_bf16x2_fast(w.x >> 16, s2);
+  lo.z = fp8x2_to_bf16x2_fast(w.y & 0xffff, s2);
+  lo.w = fp8x2_to_bf16x2_fast(w.y >> 16, s2);
+  hi.x = fp8x2_to_bf16x2_fast(w.z & 0xffff, s2);
+  hi.y = fp8x2_to_bf16x2_fast(w.z >> 16, s2);
+  hi.z = fp8x2_to_bf16x2_fast(w.w & 0xffff, s2);
+  hi.w = fp8x2_to_bf16x2_fast(w.w >> 16, s2);
 }
-template <class L>
-__device__ __forceinline__ void wg_convert16_regs(const uint4 w, const uint8_t* srec, int c16, uint4& lo, uint4& hi) {
-  bool fast;
-  const uint32_t sb = L::scale_bf16_112(srec, c16, fast);
-  fp8x16_to_bf16_scaled(w, fast, sb, [&] { return L::scale(srec, c16); }, lo, hi);
+
+// One entry's share of a wg kernel's bf16 tile (T rows): the fp8 chunks c16 = j + STRIDE k (k < K, c16 < NCH) of the raw
+// record `rec` in shared memory, already loaded as w[k], into row e of `tile`; zeros for an invalid entry. When every
+// scale of the record takes the fast path (fast_scales: in practice always for V4's UE8M0 scales and for powers of
+// two) the unrolled fast conversion runs, else a loop that is not unrolled converts every chunk through fp32,
+// reading it again from the record. So the hot code holds no fp32 path: a call fetches its code cold for the
+// first tile, and the smaller producer loop measured 0.91-0.93x at h=128 (NOTES.md "Cold code").
+template <class L, int T, int K, int STRIDE, int NCH>
+__device__ __forceinline__ void wg_convert_entry(const uint4 (&w)[K], const uint8_t* rec, const uint8_t* srec,
+                                                 bool valid, int j, int e, uint8_t* tile) {
+  if (!valid || L::fast_scales(srec)) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int c16 = j + STRIDE * k;
+      if (c16 >= NCH) continue;
+      uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;   // invalid entry: zeros (its raw scale is garbage)
+      if (valid) fp8x16_to_bf16_fast(w[k], L::scale_bf16_112(srec, c16), lo, hi);
+      *reinterpret_cast<uint4*>(tile + wg_swz<T>(e, 2 * c16)) = lo;
+      *reinterpret_cast<uint4*>(tile + wg_swz<T>(e, 2 * c16 + 1)) = hi;
+    }
+  } else {
+#pragma unroll 1
+    for (int c16 = j; c16 < NCH; c16 += STRIDE) {
+      uint4 lo, hi;
+      fp8x16_to_bf16(*reinterpret_cast<const uint4*>(rec + c16 * 16), L::scale(srec, c16), lo, hi);
+      *reinterpret_cast<uint4*>(tile + wg_swz<T>(e, 2 * c16)) = lo;
+      *reinterpret_cast<uint4*>(tile + wg_swz<T>(e, 2 * c16 + 1)) = hi;
+    }
+  }
 }
 
 // f16 tile (H): 16 e4m3 values times the chunk's scale -> 16 f16 (cvt.rn.f16x2.e4m3x2, exact, then one f16x2
@@ -2023,17 +2056,18 @@ __device__ __forceinline__ void wg_body(const MlaParams& p, uint8_t* smem_raw) {
       w[k] = (v >= 0 && j + 8 * k < NCH) ? *reinterpret_cast<const uint4*>(rec + (j + 8 * k) * 16)
                                           : make_uint4(0, 0, 0, 0);
     uint4 r = v >= 0 ? *reinterpret_cast<const uint4*>(rec + L::kRopeRaw + j * 16) : make_uint4(0, 0, 0, 0);
+    if constexpr (H) {
 #pragma unroll
-    for (int k = 0; k < K8; ++k) {
-      const int c16 = j + 8 * k;
-      if (c16 >= NCH) continue;
-      uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
-      if (v >= 0) {
-        if constexpr (H) wg_convert16_f16<L>(w[k], srec, c16, lo, hi);
-        else wg_convert16_regs<L>(w[k], srec, c16, lo, hi);
+      for (int k = 0; k < K8; ++k) {
+        const int c16 = j + 8 * k;
+        if (c16 >= NCH) continue;
+        uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
+        if (v >= 0) wg_convert16_f16<L>(w[k], srec, c16, lo, hi);
+        *reinterpret_cast<uint4*>(tile + wg_swz<T>(e, 2 * c16)) = lo;
+        *reinterpret_cast<uint4*>(tile + wg_swz<T>(e, 2 * c16 + 1)) = hi;
       }
-      *reinterpret_cast<uint4*>(tile + wg_swz<T>(e, 2 * c16)) = lo;
-      *reinterpret_cast<uint4*>(tile + wg_swz<T>(e, 2 * c16 + 1)) = hi;
+    } else {
+      wg_convert_entry<L, T, K8, 8, NCH>(w, rec, srec, v >= 0, j, e, tile);
     }
     if constexpr (H) r = bf16x8_to_f16(r);
     *reinterpret_cast<uint4*>(tile + wg_swz<T>(e, L::kRopeChunk + j)) = r;
@@ -2109,16 +2143,17 @@ __device__ __forceinline__ void wg_body(const MlaParams& p, uint8_t* smem_raw) {
           r0 = *reinterpret_cast<const uint4*>(rec + L::kRopeRaw + j * 16);
           r1 = *reinterpret_cast<const uint4*>(rec + L::kRopeRaw + (j + 4) * 16);
         }
+        if constexpr (H) {
 #pragma unroll
-        for (int k = 0; k < KCH; ++k) {
-          const int c16 = j + 4 * k;
-          uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;   // invalid entry: zeros (its raw scale is garbage)
-          if (v >= 0) {
-            if constexpr (H) wg_convert16_f16<L>(w[k], srec, c16, lo, hi);
-            else wg_convert16_regs<L>(w[k], srec, c16, lo, hi);
+          for (int k = 0; k < KCH; ++k) {
+            const int c16 = j + 4 * k;
+            uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;   // invalid entry: zeros (its raw scale is garbage)
+            if (v >= 0) wg_convert16_f16<L>(w[k], srec, c16, lo, hi);
+            *reinterpret_cast<uint4*>(tile + wg_swz<T>(e, 2 * c16)) = lo;
+            *reinterpret_cast<uint4*>(tile + wg_swz<T>(e, 2 * c16 + 1)) = hi;
           }
-          *reinterpret_cast<uint4*>(tile + wg_swz<T>(e, 2 * c16)) = lo;
-          *reinterpret_cast<uint4*>(tile + wg_swz<T>(e, 2 * c16 + 1)) = hi;
+        } else {
+          wg_convert_entry<L, T, KCH, 4, NCH>(w, rec, srec, v >= 0, j, e, tile);
         }
         if constexpr (H) {
           r0 = bf16x8_to_f16(r0);
@@ -2847,9 +2882,45 @@ __device__ __forceinline__ void wgt_load(const MlaParams& p, int v, int j, WgtRa
   }
 }
 
+
+// Chunk k's scale as fp32 and (sb) as the fast path takes it: scale x 2^112 as bf16 bits (wgt_fast_scales).
+template <class L, int TPE>
+__device__ __forceinline__ float wgt_chunk_scale(const WgtRaw<L, TPE>& raw, int j, int k, uint32_t& sb) {
+  using R = WgtRaw<L, TPE>;
+  if constexpr (L::kDqk == 512) {   // V4: UE8M0 byte c16 / 4 of the record
+    const int bi = R::kInterleaved ? k : R::chunk(j, k) >> 2;   // 0..6
+    const uint32_t ex = ((bi < 4 ? raw.scl[0] : raw.scl[1]) >> (8 * (bi & 3))) & 0xffu;   // no dynamic index
+    sb = (ex + 112u) << 7;
+    return __uint_as_float(ex << 23);
+  } else {                          // V3.2: fp32 scale c16 / 8
+    static_assert(R::kInterleaved || R::kN % 8 == 0, "TPE 2: a thread's chunks start at a scale tile");
+    const int si = R::kInterleaved ? k >> 1 : k >> 3;
+    uint32_t bits = raw.scl[0];     // selected without a dynamic index, so that raw stays in registers
+#pragma unroll
+    for (int i = 1; i < R::kS; ++i) bits = si == i ? raw.scl[i] : bits;
+    sb = __float_as_uint(__uint_as_float(bits) * 0x1p112f) >> 16;
+    return __uint_as_float(bits);
+  }
+}
+// Every scale a thread holds takes the fast conversion (V4: the entry's whole record; V3.2: the scales of its chunks).
+template <class L, int TPE>
+__device__ __forceinline__ bool wgt_fast_scales(const WgtRaw<L, TPE>& raw) {
+  if constexpr (L::kDqk == 512) {
+    return fast_ue8m0_scales(raw.scl[0], raw.scl[1]);
+  } else {
+    bool fast = true;
+#pragma unroll
+    for (int i = 0; i < WgtRaw<L, TPE>::kS; ++i) fast &= fast_fp32_scale(raw.scl[i]);
+    return fast;
+  }
+}
+
 // Converts what thread j holds of entry e into row e of a bf16 tile (e4m3 x scale rounded to bf16: the fast
-// path when the scale times 2^112 is an exact normal bf16, else through fp32, as wg_convert16_regs).
-// Where a converted 16-byte chunk goes: put(byte offset in the tile buffer, value).
+// path when every scale it holds takes it, wgt_fast_scales, else all of its chunks through fp32, as
+// wg_convert_entry). Where a converted 16-byte chunk goes: put(byte offset in the tile buffer, value).
+// The fp32 path is a loop that is not unrolled, over a copy of the chunks: the unrolled fast path is then the
+// only conversion code in the producer's step, which a call fetches cold from DRAM for its first tile (its SASS
+// ~2x smaller; NOTES.md "Cold code").
 #pragma nv_diag_suppress 177
 struct WgtPutLocal {
   uint8_t* tile;
@@ -2859,34 +2930,39 @@ struct WgtPutLocal {
 template <class L, int TPE, int PROBE, class Put>
 __device__ __forceinline__ void wgt_store(const WgtRaw<L, TPE>& raw, int e, int j, const Put& put) {
   using R = WgtRaw<L, TPE>;
+  if constexpr (PROBE & 2) {   // tuning probe: the raw bytes, unconverted
 #pragma unroll
-  for (int k = 0; k < R::kN; ++k) {
-    const int c16 = R::chunk(j, k);
-    if constexpr (PROBE & 2) {   // tuning probe: the raw bytes, unconverted
+    for (int k = 0; k < R::kN; ++k) {
+      const int c16 = R::chunk(j, k);
       put(wg_swz<kWgtT>(e, 2 * c16), raw.w[k]);
       put(wg_swz<kWgtT>(e, 2 * c16 + 1), make_uint4(raw.scl[0], raw.scl[1], 0, 0));
-      continue;
     }
-    bool fast;
-    uint32_t sb;
-    float sc;
-    if constexpr (L::kDqk == 512) {   // V4: UE8M0 byte c16 / 4 of the record
-      const int bi = R::kInterleaved ? k : c16 >> 2;   // 0..6
-      const uint32_t ex = ((bi < 4 ? raw.scl[0] : raw.scl[1]) >> (8 * (bi & 3))) & 0xffu;   // no dynamic index
-      fast = ex <= 142u;
-      sb = (ex + 112u) << 7;
-      sc = __uint_as_float(ex << 23);
-    } else {                          // V3.2: fp32 scale c16 / 8
-      static_assert(R::kInterleaved || R::kN % 8 == 0, "TPE 2: a thread's chunks start at a scale tile");
-      sc = __uint_as_float(raw.scl[R::kInterleaved ? k >> 1 : k >> 3]);
-      const uint32_t b = __float_as_uint(sc * 0x1p112f);
-      fast = (b & 0xffffu) == 0 && ((b >> 23) & 0xffu) - 1u < 254u;
-      sb = b >> 16;
+  } else {
+    if (wgt_fast_scales(raw)) {
+#pragma unroll
+      for (int k = 0; k < R::kN; ++k) {
+        const int c16 = R::chunk(j, k);
+        uint32_t sb;
+        wgt_chunk_scale(raw, j, k, sb);
+        uint4 lo, hi;
+        fp8x16_to_bf16_fast(raw.w[k], sb, lo, hi);
+        put(wg_swz<kWgtT>(e, 2 * c16), lo);
+        put(wg_swz<kWgtT>(e, 2 * c16 + 1), hi);
+      }
+    } else {
+      uint4 w[R::kN];   // indexed by the rolled loop: local memory, on this path only
+#pragma unroll
+      for (int k = 0; k < R::kN; ++k) w[k] = raw.w[k];
+#pragma unroll 1
+      for (int k = 0; k < R::kN; ++k) {
+        uint32_t unused;
+        uint4 lo, hi;
+        fp8x16_to_bf16(w[k], wgt_chunk_scale(raw, j, k, unused), lo, hi);
+        const int c16 = R::chunk(j, k);
+        put(wg_swz<kWgtT>(e, 2 * c16), lo);
+        put(wg_swz<kWgtT>(e, 2 * c16 + 1), hi);
+      }
     }
-    uint4 lo, hi;
-    fp8x16_to_bf16_scaled(raw.w[k], fast, sb, [&] { return sc; }, lo, hi);
-    put(wg_swz<kWgtT>(e, 2 * c16), lo);
-    put(wg_swz<kWgtT>(e, 2 * c16 + 1), hi);
   }
 #pragma unroll
   for (int k = 0; k < R::kR; ++k) put(wg_swz<kWgtT>(e, L::kRopeChunk + R::rope_chunk(j, k)), raw.rope[k]);

@@ -10,6 +10,12 @@ checked against the fp32 reference on the first rows.
 the V4 cases unchanged) and fits time = fixed + per_tile x tiles (least squares over the 64-entry tiles per
 row): how much of a call is paid once, before and after the first tile, and how much per tile.
 
+--cache cold,primed,warm times each shape in those cache states: cold (the benchmark's: L2 evicted), primed (L2
+evicted, then the same launcher called on other inputs of the same shape: the code, the launch path and the
+combine warm, the timed call's data cold; columns "label@primed"), primed1 (as primed, but the primer is the same
+kernel and splits on one row: the code is in L2 and in one or two SMs' instruction caches, the other SMs' caches cold)
+and warm (nothing evicted: "label@warm").
+
 Tuning aid (kernels/tuning/README.md), not the benchmark.
 """
 
@@ -48,6 +54,7 @@ def main() -> int:
     ap.add_argument("--shapes", default="v32:64:128,v4-csa:64:128,v32:64:64,v4-csa:64:16,v4-csa:1:16,v32:1:16",
                     help="case:B:h,...")
     ap.add_argument("--topk", default="", help="entries selected from the main cache, comma-separated")
+    ap.add_argument("--cache", default="cold", help="cold, primed, primed1, warm: comma-separated cache states")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -62,51 +69,82 @@ def main() -> int:
     print(json.dumps(env), flush=True)
     topks = [int(k) for k in args.topk.split(",") if k] or [None]
     pools: dict = {}
+    primer_pools: dict = {}   # the primers' own caches: priming must not bring the timed call's entries into L2
+    modes = args.cache.split(",")
+    assert set(modes) <= {"cold", "primed", "primed1", "warm"}, f"--cache {args.cache}: cold, primed, primed1, warm"
     rows = []
     for spec in args.shapes.split(","):
         case, B, h = spec.split(":")
         B, h = int(B), int(h)
         for k in topks:
             (x,) = mla_batch(case, B, [h], gen, pools, k_main=k)
+            (x2,) = mla_batch(case, B, [h], gen, primer_pools, k_main=k) if "primed" in modes else (None,)
+            (x1,) = mla_batch(case, 1, [h], gen, primer_pools, k_main=k) if "primed1" in modes else (None,)
             ro, _ = x.reference(2)
-            labels, fns, err = [], [], {}
+            labels, fns, primers, primers1, err = [], [], [], [], {}
             for label, mla in launchers:
                 call = x.call(mla)
                 out, _ = call()
                 err[label] = x.rel_err(out, ro)
                 labels.append(label)
                 fns.append(call)
+                primers.append(x2.call(mla) if x2 is not None else None)
+                if x1 is not None:
+                    lp = mla.make_plan(x.layout, B, h, x.ind.shape[-1],
+                                       x.win_ind.shape[-1] if x.win_ind is not None else 0)
+                    primers1.append(x1.call(mla, kernel=lp.kernel, splits=lp.splits))
             if fm is not None and not x.lay.bf16 and flashmla_adapter.padded_heads(h):
                 try:
-                    f = flashmla_adapter.FlashMlaDecode(fm, x.q, x.kv, x.ind, x.sm_scale, x.sinks, **{
-                        "extra_kv": x.extra.get("extra_kv"), "extra_indices": x.extra.get("extra_indices")})
+                    def flashmla(y):
+                        return flashmla_adapter.FlashMlaDecode(fm, y.q, y.kv, y.ind, y.sm_scale, y.sinks, **{
+                            "extra_kv": y.extra.get("extra_kv"), "extra_indices": y.extra.get("extra_indices")})
+                    f = flashmla(x)
+                    f2 = flashmla(x2) if x2 is not None else None
+                    f1 = flashmla(x1) if x1 is not None else None
                     err["flashmla"] = x.rel_err(f.first, ro)
                     labels.append("flashmla")
                     fns.append(f)
+                    primers.append(f2)
+                    primers1.append(f1)
                 except Exception as e:  # a shape FlashMLA refuses: time ours only
                     print(f"# flashmla {spec} topk {k}: {type(e).__name__}: {e}", flush=True)
-            ts = timer.medians_us(fns, args.reps)
+            timed_labels, ts = [], []
+            for mode in modes:
+                chosen = {"primed": primers, "primed1": primers1}.get(mode)
+                ts += timer.medians_us(fns, args.reps, primers=chosen, flush=mode != "warm")
+                timed_labels += [lab if mode == "cold" else f"{lab}@{mode}" for lab in labels]
             plan = new.make_plan(x.layout, B, h, x.ind.shape[-1], x.win_ind.shape[-1] if x.win_ind is not None else 0)
             row = {"case": case, "B": B, "h": h, "entries": x.n_valid, "tiles": -(-x.n_valid // 64),
                    "kernel": plan.kernel.replace("sparse_mla_", ""), "splits": plan.splits,
-                   "us": {lab: round(t, 2) for lab, t in zip(labels, ts)}, "rel_err": err}
+                   "us": {lab: round(t, 2) for lab, t in zip(timed_labels, ts)}, "rel_err": err}
             rows.append(row)
             print(json.dumps(row), flush=True)
     return finish(env, rows, args.json, print_table)
 
 
+def mode_of(label: str) -> str:
+    return label.partition("@")[2]
+
+
 def print_table(env, rows) -> None:
-    labels = [label for label in rows[0]["us"] if label != "flashmla"] if rows else []
-    ref = labels[0] if labels else ""
+    """One column per build and cache state; ratios against the first build in the same cache state."""
+    labels = [lab for lab in rows[0]["us"] if not lab.startswith("flashmla")] if rows else []
+    refs: dict = {}
+    for lab in labels:
+        refs.setdefault(mode_of(lab), lab)
+    ratios = [lab for lab in labels if refs[mode_of(lab)] != lab]
+    fm_labels = sorted({lab for r in rows for lab in r["us"] if lab.startswith("flashmla")},
+                       key=lambda lab: (mode_of(lab) != "", lab))
     table_head(env, "", "| case | B | h | entries | kernel (splits) | " + " | ".join(f"{lab} us" for lab in labels)
-               + " | " + " | ".join(f"{lab} / {ref}" for lab in labels[1:]) + " | FlashMLA us | max rel err |")
+               + "".join(f" | {lab} / {refs[mode_of(lab)]}" for lab in ratios)
+               + "".join(f" | {lab} us" for lab in fm_labels) + " | max rel err |")
     for r in rows:
         us = r["us"]
-        fmla = f"{us['flashmla']:.1f}" if "flashmla" in us else "-"
         print(f"| {r['case']} | {r['B']} | {r['h']} | {r['entries']} | {r['kernel']} ({r['splits']}) | "
-              + " | ".join(f"{us[lab]:.1f}" for lab in labels) + " | "
-              + " | ".join(f"{us[lab] / us[ref]:.2f}" for lab in labels[1:])
-              + f" | {fmla} | {max(r['rel_err'].values()):.1e} |")
+              + " | ".join(f"{us[lab]:.1f}" for lab in labels)
+              + "".join(f" | {us[lab] / us[refs[mode_of(lab)]]:.2f}" for lab in ratios)
+              + "".join(f" | {us[lab]:.1f}" if lab in us else " | -" for lab in fm_labels)
+              + f" | {max(r['rel_err'].values()):.1e} |")
     groups: dict = {}
     for r in rows:
         groups.setdefault((r["case"], r["B"], r["h"]), []).append(r)

@@ -289,8 +289,9 @@ def test_wg_variant_kernels(mla, gen, sm90, layout, suffix):
     run_and_check(mla, gen, layout, 2, 1, 64, 1000, q_scale=2.0 ** -20, sm_scale=2.0 ** 14, kernel=name)
     if layout == "v4":
         run_and_check(mla, gen, "v4", 2, 1, 64, 300, topk_extra=40, page=1, kernel=name)
-    else:   # fp32 scales that are not powers of two: the conversion's fp32 path
+    else:   # fp32 scales that are not powers of two: the conversion's fp32 path (all, every other entry)
         run_and_check(mla, gen, "v32", 2, 1, 64, 2048, empty_rows=(1,), scale_factor=1 + 2 ** -20, kernel=name)
+        run_and_check(mla, gen, "v32", 2, 1, 64, 300, scale_mode="mixed", kernel=name)
 
 
 def test_wg_next_n_2_no_sinks_pages_scales(mla, gen, sm90):
@@ -300,6 +301,7 @@ def test_wg_next_n_2_no_sinks_pages_scales(mla, gen, sm90):
     run_and_check(mla, gen, "v4", 2, 1, 64, 300, topk_extra=40, page=2, variant="wg")
     # fp32 scales that are not powers of two (V3.2): the conversion's fp32 path
     run_and_check(mla, gen, "v32", 2, 1, 64, 2048, empty_rows=(1,), scale_factor=1 + 2 ** -20, variant="wg")
+    run_and_check(mla, gen, "v32", 2, 1, 64, 300, scale_mode="mixed", variant="wg")
     run_and_check(mla, gen, "v32", 2, 1, 64, 1000, q_scale=2.0 ** -20, sm_scale=2.0 ** 14, variant="wg")
 
 
@@ -356,8 +358,9 @@ def test_wgt_kernels(mla_tuning, gen, sm90, name):
     run_and_check(mla, gen, layout, 2, 1, 64, 1000, q_scale=2.0 ** -20, sm_scale=2.0 ** 14, kernel=name)
     run_and_check(mla, gen, layout, 2, 1, 64, 300, topk_extra=extra // 4, page=1, kernel=name)
     run_and_check(mla, gen, layout, 2, 1, 64, 300, topk_extra=extra // 4, page=2, kernel=name)
-    if layout == "v32":   # fp32 scales that are not powers of two: the conversion's fp32 path
+    if layout == "v32":   # fp32 scales that are not powers of two: the conversion's fp32 path (all, every other entry)
         run_and_check(mla, gen, "v32", 2, 1, 64, 2048, empty_rows=(1,), scale_factor=1 + 2 ** -20, kernel=name)
+        run_and_check(mla, gen, "v32", 2, 1, 64, 300, scale_mode="mixed", kernel=name)
 
 
 def test_default_takes_the_cluster_kernels_at_128_heads_from_32_rows(mla, sm90):
@@ -395,6 +398,7 @@ def test_wgtx_cluster_kernels(request, mla, gen, sm90, name):
     run_and_check(mla, gen, layout, 2, 1, 128, 300, topk_extra=extra // 4, page=2, kernel=name)
     if layout == "v32":
         run_and_check(mla, gen, "v32", 2, 1, 128, 2048, empty_rows=(1,), scale_factor=1 + 2 ** -20, kernel=name)
+        run_and_check(mla, gen, "v32", 2, 1, 128, 300, scale_mode="mixed", kernel=name)
 
 
 # ---- wge kernels (sm_90a, V3.2: the wg pipeline exact for any fp32 tile scale) ----

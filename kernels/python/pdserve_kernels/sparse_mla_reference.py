@@ -85,7 +85,8 @@ def write_entries(torch, layout: Layout, cache, page: int, idx, values, scale_fa
 
     scale_factor (v32 only) multiplies the stored fp32 scales (1 + 2^-20 makes them non-powers of two, which
     the kernel's fast conversion does not take: the tests use it to reach the fallback path). scale_mode
-    "amax448" (v32 only): SGLang's own scales (quantize_amax448) instead of powers of two."""
+    "amax448" (v32 only): SGLang's own scales (quantize_amax448) instead of powers of two; "mixed" (v32 only):
+    powers of two, times 1 + 2^-20 on every other entry (entries on both conversion paths in one tile)."""
     blk, off = idx // page, idx % page
     n = idx.numel()
     u8 = cache
@@ -107,6 +108,8 @@ def write_entries(torch, layout: Layout, cache, page: int, idx, values, scale_fa
         u8[blk[:, None], (page * 576 + off * 8)[:, None] + cols8[None, :]] = sc
     else:
         scales = torch.exp2(exp.float()) * scale_factor
+        if scale_mode == "mixed":
+            scales[1::2] *= 1 + 2 ** -20
         if scale_mode == "amax448":
             q8, scales, rope = quantize_amax448(torch, layout, values)
         data = torch.empty((n, 656), dtype=torch.uint8, device=cache.device)
