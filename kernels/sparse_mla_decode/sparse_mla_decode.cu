@@ -223,13 +223,27 @@ __device__ __forceinline__ float out_factor(const MlaParams& p, int head, float 
 // Entry `pos` of a row's index list (the main indices, then the extra ones): where it is, and its value validated
 // (-1 when invalid, kExtraBit set for the extra source). Split so that a caller can issue several loads before it
 // uses any (a load followed by its check waits for each load's round trip in turn).
+// Both are selects, not branches (index_list unrolls them eight times into every kernel's prologue, the first code
+// a call runs, cold: NOTES.md "Cold code").
 __device__ __forceinline__ const int* index_src(const MlaParams& p, int row, int pos) {
-  return pos < p.topk ? p.indices + static_cast<size_t>(row) * p.topk + pos
-                      : p.indices_extra + static_cast<size_t>(row) * p.topk_extra + (pos - p.topk);
+  const bool main = pos < p.topk;
+  const long long off = main ? static_cast<long long>(row) * p.topk + pos
+                             : static_cast<long long>(row) * p.topk_extra + (pos - p.topk);
+  return (main ? p.indices : p.indices_extra) + off;
 }
 __device__ __forceinline__ int index_check(const MlaParams& p, int pos, int i) {
-  if (pos < p.topk) return (i >= 0 && i < p.num_entries) ? i : -1;
-  return (i >= 0 && i < p.num_entries_extra) ? (i | kExtraBit) : -1;
+  const bool main = pos < p.topk;
+  const uint32_t n = static_cast<uint32_t>(main ? p.num_entries : p.num_entries_extra);   // i < 0: above n
+  return static_cast<uint32_t>(i) < n ? (main ? i : i | kExtraBit) : -1;
+}
+// *src, or -1 without a load when `in` is false: a predicated load (as a conditional expression it compiled to a
+// branch around the address arithmetic and the load, ~20 instructions per index).
+__device__ __forceinline__ int ldg_index_if(const int* src, bool in) {
+  int v;
+  asm("{\n.reg .pred q;\nsetp.ne.b32 q, %2, 0;\nmov.b32 %0, -1;\n@q ld.global.nc.b32 %0, [%1];\n}\n"
+      : "=r"(v)
+      : "l"(src), "r"(static_cast<int>(in)));
+  return v;
 }
 // (Used by the sm_90a wgt kernels only: no "never referenced" warning for the other target.)
 #pragma nv_diag_suppress 177
@@ -246,17 +260,20 @@ template <int NTHR>
 __device__ __forceinline__ void index_list(const MlaParams& p, int row, int start, int n_local, int n_fill, int tid,
                                            int* sidx) {
   constexpr int kBatch = 8;
+  const int* const main_row = p.indices + static_cast<size_t>(row) * p.topk;   // as index_src, row bases hoisted
+  const int* const extra_row = p.indices_extra + static_cast<size_t>(row) * p.topk_extra;
   for (int j0 = 0; j0 < n_fill; j0 += kBatch * NTHR) {
     int v[kBatch];
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
-      const int j = j0 + b * NTHR + tid;
-      v[b] = j < n_local ? __ldg(index_src(p, row, start + j)) : -1;
+      const int j = j0 + b * NTHR + tid, pos = start + j;
+      const bool main = pos < p.topk;
+      v[b] = ldg_index_if((main ? main_row : extra_row) + (main ? pos : pos - p.topk), j < n_local);
     }
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
       const int j = j0 + b * NTHR + tid;
-      if (j < n_fill) sidx[j] = j < n_local ? index_check(p, start + j, v[b]) : -1;
+      if (j < n_fill) sidx[j] = index_check(p, start + j, v[b]);   // -1 past n_local
     }
   }
 }
