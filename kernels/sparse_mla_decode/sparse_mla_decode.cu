@@ -192,17 +192,23 @@ __device__ __forceinline__ uint32_t fp8x2_to_bf16x2_fast(uint32_t two, uint32_t 
 }
 #pragma nv_diag_default 177
 
+// 16 e4m3 values (one 16-byte chunk, low byte first) -> 16 bf16, two at a time by pair(two e4m3) -> bf16x2.
+template <class Pair>
+__device__ __forceinline__ void fp8x16_by_pairs(const uint4 w, const Pair& pair, uint4& lo, uint4& hi) {
+  lo.x = pair(w.x & 0xffff);
+  lo.y = pair(w.x >> 16);
+  lo.z = pair(w.y & 0xffff);
+  lo.w = pair(w.y >> 16);
+  hi.x = pair(w.z & 0xffff);
+  hi.y = pair(w.z >> 16);
+  hi.z = pair(w.w & 0xffff);
+  hi.w = pair(w.w >> 16);
+}
+
 // 16 e4m3 values (one 16-byte chunk) times a power-of-two scale -> 16 bf16, in fp32 (exact unless a product
 // leaves bf16's normal range).
 __device__ __forceinline__ void fp8x16_to_bf16(const uint4 w, float sc, uint4& lo, uint4& hi) {
-  lo.x = fp8x2_to_bf16x2(w.x & 0xffff, sc);
-  lo.y = fp8x2_to_bf16x2(w.x >> 16, sc);
-  lo.z = fp8x2_to_bf16x2(w.y & 0xffff, sc);
-  lo.w = fp8x2_to_bf16x2(w.y >> 16, sc);
-  hi.x = fp8x2_to_bf16x2(w.z & 0xffff, sc);
-  hi.y = fp8x2_to_bf16x2(w.z >> 16, sc);
-  hi.z = fp8x2_to_bf16x2(w.w & 0xffff, sc);
-  hi.w = fp8x2_to_bf16x2(w.w >> 16, sc);
+  fp8x16_by_pairs(w, [sc](uint32_t two) { return fp8x2_to_bf16x2(two, sc); }, lo, hi);
 }
 
 // Natural-log lse of a head's row from its log2-domain running maximum m and sum l (-inf: no valid entry).
@@ -1728,14 +1734,7 @@ __device__ __forceinline__ void reg_fence(float (&d)[N]) {
 // as exact, normal bf16 bits (scale_bf16_112): one bf16x2 multiply per pair. Other scales take fp8x16_to_bf16.
 __device__ __forceinline__ void fp8x16_to_bf16_fast(const uint4 w, uint32_t sb, uint4& lo, uint4& hi) {
   const uint32_t s2 = sb | (sb << 16);
-  lo.x = fp8x2_to_bf16x2_fast(w.x & 0xffff, s2);
-  lo.y = fp8x2_to_bf16x2_fast(w.x >> 16, s2);
-  lo.z = fp8x2_to_bf16x2_fast(w.y & 0xffff, s2);
-  lo.w = fp8x2_to_bf16x2_fast(w.y >> 16, s2);
-  hi.x = fp8x2_to_bf16x2_fast(w.z & 0xffff, s2);
-  hi.y = fp8x2_to_bf16x2_fast(w.z >> 16, s2);
-  hi.z = fp8x2_to_bf16x2_fast(w.w & 0xffff, s2);
-  hi.w = fp8x2_to_bf16x2_fast(w.w >> 16, s2);
+  fp8x16_by_pairs(w, [s2](uint32_t two) { return fp8x2_to_bf16x2_fast(two, s2); }, lo, hi);
 }
 
 // One entry's share of a wg kernel's bf16 tile (T rows): the fp8 chunks c16 = j + STRIDE k (k < K, c16 < NCH) of the raw
