@@ -243,10 +243,11 @@ __device__ __forceinline__ int index_check(const MlaParams& p, int pos, int i) {
   return static_cast<uint32_t>(i) < n ? (main ? i : i | kExtraBit) : -1;
 }
 // *src, or -1 without a load when `in` is false: a predicated load (as a conditional expression it compiled to a
-// branch around the address arithmetic and the load, ~20 instructions per index).
+// branch around the address arithmetic and the load, ~20 instructions per index). volatile: kept in order with the
+// other volatile asm, e.g. a griddepcontrol.wait before it (a plain asm is no memory access to the compiler).
 __device__ __forceinline__ int ldg_index_if(const int* src, bool in) {
   int v;
-  asm("{\n.reg .pred q;\nsetp.ne.b32 q, %2, 0;\nmov.b32 %0, -1;\n@q ld.global.nc.b32 %0, [%1];\n}\n"
+  asm volatile("{\n.reg .pred q;\nsetp.ne.b32 q, %2, 0;\nmov.b32 %0, -1;\n@q ld.global.nc.b32 %0, [%1];\n}\n"
       : "=r"(v)
       : "l"(src), "r"(static_cast<int>(in)));
   return v;
