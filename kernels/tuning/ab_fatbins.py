@@ -58,6 +58,9 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    modes = args.cache.split(",")
+    if not modes or not set(modes) <= {"cold", "primed", "primed1", "warm"}:
+        ap.error(f"--cache {args.cache!r}: a comma-separated list of cold, primed, primed1, warm")
 
     gen = seeded_generator()
     timer = Timer()
@@ -70,8 +73,6 @@ def main() -> int:
     topks = [int(k) for k in args.topk.split(",") if k] or [None]
     pools: dict = {}
     primer_pools: dict = {}   # the primers' own caches: priming must not bring the timed call's entries into L2
-    modes = args.cache.split(",")
-    assert set(modes) <= {"cold", "primed", "primed1", "warm"}, f"--cache {args.cache}: cold, primed, primed1, warm"
     rows = []
     for spec in args.shapes.split(","):
         case, B, h = spec.split(":")
