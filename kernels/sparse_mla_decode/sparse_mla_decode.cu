@@ -211,18 +211,20 @@ __device__ __forceinline__ void fp8x16_to_bf16(const uint4 w, float sc, uint4& l
   fp8x16_by_pairs(w, [sc](uint32_t two) { return fp8x2_to_bf16x2(two, sc); }, lo, hi);
 }
 
+// The epilogue's per-row factors use the SFU's approximations (MUFU.LG2 / RCP / EX2: relative error ~2^-22, far
+// below the bf16 output's 2^-9 and the lse's tolerance): the IEEE versions were ~40 instructions each plus a
+// division slow path, per head row and warpgroup, in code every call runs once and cold (NOTES.md "Cold code").
 // Natural-log lse of a head's row from its log2-domain running maximum m and sum l (-inf: no valid entry).
 __device__ __forceinline__ float row_lse(float m, float l) {
-  return l > 0.f ? (m + log2f(l)) * 0.69314718055994531f : -INFINITY;
+  return l > 0.f ? (m + __log2f(l)) * 0.69314718055994531f : -INFINITY;
 }
+// 1 / l of a row's sum, 0 for a row with no valid entry (l = 0). A row with one is >= 1 (its maximum's term).
+__device__ __forceinline__ float inv_sum(float l) { return l > 0.f ? __fdividef(1.f, l) : 0.f; }
 // The factor of a head's unnormalized O when the CTA writes the final output (splits == 1): 1 / l times the
 // sink's share 1 / (1 + exp(sink - lse)); 0 for a row with no valid entry.
 __device__ __forceinline__ float out_factor(const MlaParams& p, int head, float l, float lse) {
-  float f = 0.f;
-  if (l > 0.f) {
-    f = 1.f / l;
-    if (p.sinks) f *= 1.f / (1.f + expf(p.sinks[head] - lse));
-  }
+  float f = inv_sum(l);
+  if (l > 0.f && p.sinks) f = __fdividef(f, 1.f + __expf(p.sinks[head] - lse));
   return f;
 }
 
@@ -609,7 +611,7 @@ __device__ __forceinline__ void mla_body(const MlaParams& p, uint8_t* smem) {
         *reinterpret_cast<uint32_t*>(o + 8 * n) = pack_bf16(oacc[n][2 * r] * f, oacc[n][2 * r + 1] * f);
       if (grp == 0 && t == 0) p.lse[static_cast<size_t>(row) * p.h + head] = l > 0.f ? lse : INFINITY;
     } else {
-      const float f = l > 0.f ? 1.f / l : 0.f;
+      const float f = inv_sum(l);
       const size_t base = (static_cast<size_t>(row) * p.splits + split) * p.h + head;
       float* o = p.o_part + base * kDv + d0 + 2 * t;
 #pragma unroll
@@ -840,7 +842,7 @@ __device__ __forceinline__ void ds_write_out(const MlaParams& p, const float (&o
       if (p.splits == 1) {
         f = out_factor(p, head, l, lse);
       } else {
-        f = l > 0.f ? 1.f / l : 0.f;
+        f = inv_sum(l);
       }
       if ((CV & 4) && !rope_warp) f *= ref_run;
       const size_t obase = (static_cast<size_t>(row) * p.splits + split) * p.h + head;   // o_part row
@@ -914,10 +916,10 @@ __device__ __forceinline__ void ds_fused_combine(const MlaParams& p, int row, in
         for (int sp2 = 0; sp2 < p.splits; ++sp2) m = fmaxf(m, __ldcg(p.lse_part + base + static_cast<size_t>(sp2) * p.h));
         float lse = INFINITY, f = 0.f, wsum = 0.f;
         if (m != -INFINITY) {
-          for (int sp2 = 0; sp2 < p.splits; ++sp2) wsum += expf(__ldcg(p.lse_part + base + static_cast<size_t>(sp2) * p.h) - m);
-          lse = m + logf(wsum);
-          f = 1.f / wsum;
-          if (p.sinks) f *= 1.f / (1.f + expf(p.sinks[head] - lse));
+          for (int sp2 = 0; sp2 < p.splits; ++sp2) wsum += __expf(__ldcg(p.lse_part + base + static_cast<size_t>(sp2) * p.h) - m);
+          lse = m + __logf(wsum);
+          f = __fdividef(1.f, wsum);
+          if (p.sinks) f = __fdividef(f, 1.f + __expf(p.sinks[head] - lse));
         }
         __nv_bfloat16* dst = p.out + (static_cast<size_t>(row) * p.h + head) * kDv + c0;
 #pragma unroll 1
@@ -926,7 +928,7 @@ __device__ __forceinline__ void ds_fused_combine(const MlaParams& p, int row, in
           if (m != -INFINITY) {
             for (int sp2 = 0; sp2 < p.splits; ++sp2) {
               const size_t b = base + static_cast<size_t>(sp2) * p.h;
-              const float w = expf(__ldcg(p.lse_part + b) - m);   // 0 for an empty split (lse -inf)
+              const float w = __expf(__ldcg(p.lse_part + b) - m);   // 0 for an empty split (lse -inf)
               if (w > 0.f) {
                 const float4* src = reinterpret_cast<const float4*>(p.o_part + b * kDv + c0 + c);
                 const float4 u0 = __ldcg(src), u1 = __ldcg(src + 1);
@@ -1900,71 +1902,77 @@ __device__ __forceinline__ void wg_pv_step(float (&o)[128], const uint32_t (&a)[
   reg_fence(o);
 }
 
-// How the bf16 output rows leave the registers (wg_write_rows): 4-byte stores as the accumulators hold them (a
-// warp's store covers 8 rows x 16 bytes), or (the default) 16-byte stores after a 4 x 4 transpose inside each quad
-// (8 rows x 64 bytes). Build-time only, for measuring (-DPDSERVE_WG_OUT_STORE=0). Measured (H200, 2026-12-02, NOTES.md
-// "The cluster pair's timeline"): the _t64x epilogue at B=64 h=128 5-6 -> 2.3 us, whole calls 0.87-0.99x.
-#ifndef PDSERVE_WG_OUT_STORE
-#define PDSERVE_WG_OUT_STORE 16
-#endif
-constexpr int kWgOutStore = PDSERVE_WG_OUT_STORE;
-static_assert(kWgOutStore == 0 || kWgOutStore == 16, "PDSERVE_WG_OUT_STORE: 0 (4-byte stores) or 16");
+__device__ __forceinline__ void stsm_x4(uint32_t addr, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(a), "r"(b),
+               "r"(c), "r"(d)
+               : "memory");
+}
+
+// Bytes of shared memory a consumer warpgroup's epilogue stages its bf16 rows in (64 heads x 256 dims); the
+// callers pass the Q buffer (64 x d_qk x 2 >= 2 x this), which no one reads once both loops are done.
+constexpr int kWgStageBytes = 64 * 256 * 2;
 
 // A consumer warpgroup's epilogue (wg and wgt kernels): its half of O (dims 256 wg ..; the m64n256 accumulator of
-// head rows r0, r0 + 8) for the heads below h, normalized and as bf16 output with the sink (splits == 1) or as
-// the split's fp32 partial; warpgroup 0 also writes the lse.
-__device__ __forceinline__ void wg_write_rows(const MlaParams& p, const float (&o)[128], const float (&m_run)[2],
+// head rows r0, r0 + 8, two adjacent dims per 8-dim group and thread) for the heads below h, normalized (scaled in
+// place: the caller's o is dead after this) and written as bf16 output with the sink (splits == 1) or as the
+// split's fp32 partial; warpgroup 0 also writes the lse.
+// The bf16 rows go through shared memory: stmatrix puts each 8 x 8 block of the accumulator into its rows (16-byte
+// chunks XOR-swizzled by row, so both sides are free of bank conflicts), then each warp copies its own 16 rows out
+// in whole 512-byte rows by a loop that is not unrolled. Why (NOTES.md "Cold code"): every call meets this code
+// cold; the per-row quad transposes it replaces (16-byte stores straight from registers) were ~280 instructions
+// per row and warpgroup, this is ~120 for both rows, and the 128 scaling multiplies are shared by both outputs.
+__device__ __forceinline__ void wg_write_rows(const MlaParams& p, float (&o)[128], const float (&m_run)[2],
                                               const float (&l_run)[2], int row, int split, int hblk, int r0, int wg,
-                                              int t) {
+                                              int t, uint8_t* stage) {
+  float f[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int head = hblk * 64 + r0 + 8 * r;
-    const bool live = head < p.h;   // rows past h write nothing (but take part in the warp's shuffles)
+    const bool live = head < p.h;   // rows past h write nothing (but take part in the warp's collectives)
     const float l = l_run[r];
     const float lse = row_lse(m_run[r], l);
-    if (p.splits == 1) {
-      const float f = live ? out_factor(p, head, l, lse) : 0.f;
-      __nv_bfloat16* dst = p.out + (static_cast<size_t>(row) * p.h + head) * kDv + wg * 256;
-      auto pair = [&](int j) { return pack_bf16(o[4 * j + 2 * r] * f, o[4 * j + 2 * r + 1] * f); };
-      if constexpr (kWgOutStore == 0) {
+    f[r] = !live ? 0.f : p.splits == 1 ? out_factor(p, head, l, lse) : inv_sum(l);
+    if (live && wg == 0 && t == 0) {
+      if (p.splits == 1)
+        p.lse[static_cast<size_t>(row) * p.h + head] = l > 0.f ? lse : INFINITY;
+      else
+        p.lse_part[(static_cast<size_t>(row) * p.splits + split) * p.h + head] = lse;
+    }
+  }
 #pragma unroll
-        for (int j = 0; j < 32; ++j)
-          if (live) *reinterpret_cast<uint32_t*>(dst + 8 * j + 2 * t) = pair(j);
-      } else {
+  for (int i = 0; i < 128; ++i) o[i] *= f[(i >> 1) & 1];
+
+  if (p.splits != 1) {
 #pragma unroll
-        for (int j = 0; j < 32; j += 4) {
-          uint32_t v[4] = {pair(j), pair(j + 1), pair(j + 2), pair(j + 3)};   // v[k]: group j + k, dims 2t, 2t + 1
-          // Swap the off-diagonal 2 x 2 blocks, then the off-diagonal elements: v[k] becomes lane k's pair of group
-          // j + t. At step m, elements 0 and k1 have bit m clear; a lane with bit m of t set takes the partner's
-          // into those, the other lane into 0 + m and k1 + m.
-#pragma unroll
-          for (int m = 2; m; m >>= 1) {
-            const bool hi = t & m;
-            const int k1 = 3 - m;
-            const uint32_t x0 = __shfl_xor_sync(0xffffffffu, hi ? v[0] : v[m], m);
-            const uint32_t x1 = __shfl_xor_sync(0xffffffffu, hi ? v[k1] : v[k1 + m], m);
-            if (hi) {
-              v[0] = x0;
-              v[k1] = x1;
-            } else {
-              v[m] = x0;
-              v[k1 + m] = x1;
-            }
-          }
-          if (live) *reinterpret_cast<uint4*>(dst + 8 * (j + t)) = make_uint4(v[0], v[1], v[2], v[3]);
-        }
-      }
-      if (live && wg == 0 && t == 0) p.lse[static_cast<size_t>(row) * p.h + head] = l > 0.f ? lse : INFINITY;
-    } else if (live) {
-      const float f = l > 0.f ? 1.f / l : 0.f;
+    for (int r = 0; r < 2; ++r) {
+      const int head = hblk * 64 + r0 + 8 * r;
+      if (head >= p.h) continue;
       const size_t base = (static_cast<size_t>(row) * p.splits + split) * p.h + head;
       float* dst = p.o_part + base * kDv + wg * 256 + 2 * t;
 #pragma unroll
-      for (int j = 0; j < 32; ++j)
-        *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[4 * j + 2 * r] * f, o[4 * j + 2 * r + 1] * f);
-      if (wg == 0 && t == 0) p.lse_part[base] = lse;
+      for (int j = 0; j < 32; ++j) *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[4 * j + 2 * r], o[4 * j + 2 * r + 1]);
     }
+    return;
   }
+
+  // stmatrix x4: lanes 8m .. 8m + 7 address the rows of block m = (head row half m & 1, dim group j + (m >> 1)),
+  // and each thread supplies its fragment of the four blocks in that order.
+  const int lane = ((r0 & 7) << 2) | t, wq = r0 >> 4, i = lane & 7;
+  const uint32_t stage_u = smem_u32(stage);
+  const uint32_t row_u = stage_u + (16 * wq + 8 * ((lane >> 3) & 1) + i) * 512;
+#pragma unroll
+  for (int j = 0; j < 32; j += 2) {
+    const int c = j + (lane >> 4);
+    stsm_x4(row_u + ((c ^ i) << 4), pack_bf16(o[4 * j], o[4 * j + 1]), pack_bf16(o[4 * j + 2], o[4 * j + 3]),
+            pack_bf16(o[4 * j + 4], o[4 * j + 5]), pack_bf16(o[4 * j + 6], o[4 * j + 7]));
+  }
+  __syncwarp();
+  const int rows = min(16, p.h - (hblk * 64 + 16 * wq));   // this warp's rows below h
+  const uint8_t* src = stage + 16 * wq * 512;
+  __nv_bfloat16* dst = p.out + (static_cast<size_t>(row) * p.h + hblk * 64 + 16 * wq) * kDv + wg * 256 + 8 * lane;
+#pragma unroll 4
+  for (int k = 0; k < rows; ++k)
+    *reinterpret_cast<uint4*>(dst + k * kDv) = *reinterpret_cast<const uint4*>(src + k * 512 + ((lane ^ (k & 7)) << 4));
 }
 
 // PROBE (tuning only): bit 0 = the producer skips the conversion, bit 1 = the consumers skip the wgmma
@@ -1992,6 +2000,7 @@ __device__ __forceinline__ void wg_body(const MlaParams& p, uint8_t* smem_raw) {
   uint8_t* smem = smem_raw + (((base_u + 1023u) & ~1023u) - base_u);   // swizzle atoms need 1024 B alignment
 
   uint8_t* qs = smem + S::kQ;
+  static_assert(S::kTile - S::kQ >= 2 * kWgStageBytes, "the epilogue stages both warpgroups' rows in Q");
   uint8_t* tiles = smem + S::kTile;
   uint8_t* raw = smem + S::kRaw;
   uint8_t* pbuf = smem + S::kP;
@@ -2290,7 +2299,7 @@ __device__ __forceinline__ void wg_body(const MlaParams& p, uint8_t* smem_raw) {
     const float4 f4 = fin[ctid];
     m_run[0] = f4.x; m_run[1] = f4.y; l_run[0] = f4.z; l_run[1] = f4.w;
   }
-  wg_write_rows(p, o, m_run, l_run, row, split, hblk, r0, wg, t);
+  wg_write_rows(p, o, m_run, l_run, row, split, hblk, r0, wg, t, qs + wg * kWgStageBytes);
 }
 
 // ---- "wge" kernels (sm_90a, V3.2 fp8): the wg kernels, exact for any fp32 tile scale ----
@@ -2701,7 +2710,7 @@ __device__ __forceinline__ void wge_body(const MlaParams& p, uint8_t* smem_raw) 
     if (head >= p.h) continue;
     const float l = l_run[r];
     const float lse = row_lse(m_run[r], l);
-    const float f = p.splits == 1 ? out_factor(p, head, l, lse) : (l > 0.f ? 1.f / l : 0.f);
+    const float f = p.splits == 1 ? out_factor(p, head, l, lse) : inv_sum(l);
     const float f0 = f * eo[0], f1 = f * eo[1];
     if (p.splits == 1) {
       __nv_bfloat16* dst = p.out + (static_cast<size_t>(row) * p.h + head) * kDv + d0;
@@ -3034,6 +3043,7 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
   uint8_t* smem = smem_raw + (((base_u + 1023u) & ~1023u) - base_u);   // swizzle atoms need 1024 B alignment
 
   uint8_t* qs = smem + S::kQ;
+  static_assert(S::kTile - S::kQ >= 2 * kWgStageBytes, "the epilogue stages both warpgroups' rows in Q");
   uint8_t* tiles = smem + S::kTile;
   uint4* pbuf = reinterpret_cast<uint4*>(smem + S::kP);
   float* alpha_s = reinterpret_cast<float*>(smem + S::kAlpha);
@@ -3424,7 +3434,7 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
       }
       bar_sync(kBarFin, 256);
       const float l_tot[2] = {l_run[0] + xm[(W ^ 1) * 64 + r0], l_run[1] + xm[(W ^ 1) * 64 + r0 + 8]};
-      wg_write_rows(p, o, m_run, l_tot, row, split, hblk, r0, W, t);
+      wg_write_rows(p, o, m_run, l_tot, row, split, hblk, r0, W, t, qs + W * kWgStageBytes);
       cluster_sync_all();
     };
     if (wg == 0) {
@@ -3541,7 +3551,7 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
       fin[r0 + 8] = make_float2(m_run[1], l_run[1]);
     }
     bar_arrive(kBarFin, 256);
-    wg_write_rows(p, o, m_run, l_run, row, split, hblk, r0, wg, t);
+    wg_write_rows(p, o, m_run, l_run, row, split, hblk, r0, wg, t, qs + wg * kWgStageBytes);
     stamp(kTlWritten, tid == 0);
     if constexpr (CLUSTER) cluster_sync_all();
     stamp(kTlExit, tid == 0);
@@ -3590,7 +3600,7 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
     const float2 f0 = fin[r0], f1 = fin[r0 + 8];
     m_run[0] = f0.x; l_run[0] = f0.y;
     m_run[1] = f1.x; l_run[1] = f1.y;
-    wg_write_rows(p, o, m_run, l_run, row, split, hblk, r0, wg, t);
+    wg_write_rows(p, o, m_run, l_run, row, split, hblk, r0, wg, t, qs + wg * kWgStageBytes);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Regs::kWg1) : "memory");
     await_q();
@@ -3618,7 +3628,7 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
     const float2 f0 = fin[r0], f1 = fin[r0 + 8];
     m_run[0] = f0.x; l_run[0] = f0.y;
     m_run[1] = f1.x; l_run[1] = f1.y;
-    wg_write_rows(p, o, m_run, l_run, row, split, hblk, r0, wg, t);
+    wg_write_rows(p, o, m_run, l_run, row, split, hblk, r0, wg, t, qs + wg * kWgStageBytes);
     stamp(kTlWg1Written, tid == 128);
     if constexpr (CLUSTER) cluster_sync_all();
   }
@@ -3754,7 +3764,7 @@ extern "C" __global__ void __launch_bounds__(kCombineThreads) sparse_mla_combine
 #pragma unroll
     for (int j = 0; j < kCombineBatch; ++j) mb = fmaxf(mb, l[j]);
     if (mb == -INFINITY) continue;                 // no valid entry so far
-    const float r = expf(m - mb);                  // rescale what was merged before (0 while m = -inf)
+    const float r = __expf(m - mb);                  // rescale what was merged before (0 while m = -inf)
     wsum *= r;
     acc.x *= r;
     acc.y *= r;
@@ -3763,7 +3773,7 @@ extern "C" __global__ void __launch_bounds__(kCombineThreads) sparse_mla_combine
 #pragma unroll
     for (int j = 0; j < kCombineBatch; ++j) {
       if (l[j] == -INFINITY) continue;             // empty split (or past the end): its partial is unwritten
-      const float w = expf(l[j] - mb);
+      const float w = __expf(l[j] - mb);
       wsum += w;
       acc.x += w * o[j].x;
       acc.y += w * o[j].y;
@@ -3774,9 +3784,9 @@ extern "C" __global__ void __launch_bounds__(kCombineThreads) sparse_mla_combine
   }
   float lse = INFINITY, f = 0.f;
   if (m != -INFINITY) {
-    lse = m + logf(wsum);
-    f = 1.f / wsum;
-    if (p.sinks) f *= 1.f / (1.f + expf(p.sinks[head] - lse));
+    lse = m + __logf(wsum);
+    f = __fdividef(1.f, wsum);
+    if (p.sinks) f = __fdividef(f, 1.f + __expf(p.sinks[head] - lse));
   }
   uint2 v;
   v.x = pack_bf16(acc.x * f, acc.y * f);
