@@ -444,6 +444,7 @@ __device__ __forceinline__ void mla_body(const MlaParams& p, uint8_t* smem) {
     else issue_items(ti);
   };
 
+#pragma unroll 1   // one copy of the refill code in the prologue (it runs cold: NOTES.md "Cold code")
   for (int s = 0; s < NST - 1; ++s) issue(s);
 
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
@@ -1006,6 +1007,7 @@ __device__ __forceinline__ void ds_body(const MlaParams& p, uint8_t* smem) {
   __syncthreads();   // indices, barriers, q maxima initialized
 
   auto issue = [&](int ti) { ds_issue<L, T, NST>(p, raw, full, sidx, ti, ntiles, warp, lane); };
+#pragma unroll 1   // one copy of the refill code in the prologue (it runs cold: NOTES.md "Cold code")
   for (int s = 0; s < NST - 1; ++s) issue(s);
 
   // Q. fp8 warps: rows 16 mt + g (+8), dims sbase + 16 t .. + 16 (bf16), rescaled to f16 below.
@@ -1404,6 +1406,7 @@ __device__ __forceinline__ void es_body(const MlaParams& p, uint8_t* smem) {
     mbar_fence_init();
   }
   __syncthreads();   // indices, barriers, q maxima initialized
+#pragma unroll 1   // one copy of the refill code in the prologue (it runs cold: NOTES.md "Cold code")
   for (int s = 0; s < NST - 1; ++s) ds_issue<L, T, NST>(p, raw, full, sidx, s, ntiles, warp, lane);
 
   // Per head the maximum |q| over the NoPE dims (a warp's items share mt and grp: reduce over t' first).
@@ -3195,13 +3198,15 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
         lap(kTlProdConvert);
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // tile: generic stores -> wgmma / bulk reads
         if constexpr (CLUSTER >= 2) {
-          bar_sync(kBarProd, 128);   // the whole half is in this CTA's buffer
-          if (ptid == 0) {
-            const int rows = 32 * static_cast<int>(rank);
+          // Each warp sends its own 8 entries as soon as they are in this CTA's buffer (no wait for the other
+          // producer warps): rows 32 rank + 8 w .. + 7 of every column block, 1 KB each, contiguous.
+          __syncwarp();
+          if (lane == 0) {
+            const int rows = 32 * static_cast<int>(rank) + 8 * (ptid >> 5);
 #pragma unroll
-            for (int c = 0; c < DQK / 64; ++c)   // rows 32 rank .. + 31 of column block c: 4 KB, contiguous
-              bulk_s2peer(ptile + c * (T * 128) + rows * 128, tile + c * (T * 128) + rows * 128, 32 * 128, pbar);
-            bulk_s2peer(peer_valid + 4 * (b * T + rows), valid32 + b * T + rows, 32 * 4, pbar);
+            for (int c = 0; c < DQK / 64; ++c)
+              bulk_s2peer(ptile + c * (T * 128) + rows * 128, tile + c * (T * 128) + rows * 128, 8 * 128, pbar);
+            bulk_s2peer(peer_valid + 4 * (b * T + rows), valid32 + b * T + rows, 8 * 4, pbar);
           }
         }
         bar_arrive(kBarFull + b, kWgThreads);                             // this CTA's half of tile it
