@@ -444,7 +444,6 @@ __device__ __forceinline__ void mla_body(const MlaParams& p, uint8_t* smem) {
     else issue_items(ti);
   };
 
-#pragma unroll 1   // one copy of the refill code in the prologue (it runs cold: NOTES.md "Cold code")
   for (int s = 0; s < NST - 1; ++s) issue(s);
 
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
@@ -1007,7 +1006,6 @@ __device__ __forceinline__ void ds_body(const MlaParams& p, uint8_t* smem) {
   __syncthreads();   // indices, barriers, q maxima initialized
 
   auto issue = [&](int ti) { ds_issue<L, T, NST>(p, raw, full, sidx, ti, ntiles, warp, lane); };
-#pragma unroll 1   // one copy of the refill code in the prologue (it runs cold: NOTES.md "Cold code")
   for (int s = 0; s < NST - 1; ++s) issue(s);
 
   // Q. fp8 warps: rows 16 mt + g (+8), dims sbase + 16 t .. + 16 (bf16), rescaled to f16 below.
@@ -1406,7 +1404,6 @@ __device__ __forceinline__ void es_body(const MlaParams& p, uint8_t* smem) {
     mbar_fence_init();
   }
   __syncthreads();   // indices, barriers, q maxima initialized
-#pragma unroll 1   // one copy of the refill code in the prologue (it runs cold: NOTES.md "Cold code")
   for (int s = 0; s < NST - 1; ++s) ds_issue<L, T, NST>(p, raw, full, sidx, s, ntiles, warp, lane);
 
   // Per head the maximum |q| over the NoPE dims (a warp's items share mt and grp: reduce over t' first).
