@@ -73,14 +73,17 @@ void sparse_mla_decode() {
            mla_shape<Geom##LAY>(buf, sizeof buf, 16 * MT, T, NST, more));                                    \
   }
   SPARSE_MLA_DS_KERNELS(DS_META)
-#define WG_META(NAME, LAY, NST, PROBE, H, SC)                                                                \
+#define WG_META_(NAME, LAY, NST, PROBE, H, SC, PAIRS)                                                       \
   {                                                                                                          \
-    std::snprintf(more, sizeof more, ", \"probe\": %d, \"f16\": %s, \"split_convert\": %s, \"exact_scales\": false", \
-                  PROBE, H ? "true" : "false", SC ? "true" : "false");                                       \
+    std::snprintf(more, sizeof more, ", \"probe\": %d, \"f16\": %s, \"split_convert\": %s, \"exact_scales\": false, " \
+                  "\"merges_split_pairs\": %s", PROBE, H ? "true" : "false", SC ? "true" : "false", PAIRS);      \
     kernel(k, #NAME, "wg", kWgThreads, WgSmem<Geom##LAY, NST>::kSidx + kWgAlignSlack, kIndexBytes, "entry",  \
            mla_shape<Geom##LAY>(buf, sizeof buf, kWgHeads, kWgT, NST, more));                                \
   }
+#define WG_META(NAME, LAY, NST, PROBE, H, SC) WG_META_(NAME, LAY, NST, PROBE, H, SC, "false")
+#define WG_PAIR_META(NAME, LAY, NST, PROBE, H, SC) WG_META_(NAME, LAY, NST, PROBE, H, SC, "true")
   SPARSE_MLA_WG_KERNELS(WG_META)
+  SPARSE_MLA_WG_PAIR_KERNELS(WG_PAIR_META)
 #define WGE_META(NAME, NST, SC)                                                                             \
   {                                                                                                         \
     std::snprintf(more, sizeof more, ", \"probe\": 0, \"f16\": true, \"split_convert\": %s, \"exact_scales\": true", \

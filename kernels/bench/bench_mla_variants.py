@@ -7,8 +7,9 @@ wg_v32_s3_e and wg_v32_s3_e_c2, on these power-of-two-scale inputs like the othe
 fp32 reference (first rows). The launcher's default is chosen from this table (auto_fp8_kernel; NOTES.md
 records what it showed).
 
-Options: --fused also times the ds default with the fused split-combine; --splits 1,2,3 times the default
-kernel at those split counts. Timing as bench_sparse_mla.py (harness.Timer: CUDA events, L2 evicted before
+Options: --fused also times the ds default with the fused split-combine, and the default kernel fused where it
+merges its splits itself (the wg kernels' split pairs); --splits 1,2,3 times the default kernel at those split
+counts (fused too with --fused). Timing as bench_sparse_mla.py (harness.Timer: CUDA events, L2 evicted before
 every repeat, median). One table per run. Merges the former bench_mla_variants.py (ds) and bench_wg.py (wg).
 """
 
@@ -49,7 +50,8 @@ def main() -> int:
     ap.add_argument("--batches", default="1,8,64,128")
     ap.add_argument("--heads", default="16,32,64,128")
     ap.add_argument("--cases", default="v4-csa,v4-hca,v32")
-    ap.add_argument("--fused", action="store_true", help="also the ds default with the fused split-combine")
+    ap.add_argument("--fused", action="store_true",
+                    help="also the ds default and (where it fuses) the default kernel with the fused split-combine")
     ap.add_argument("--splits", default="", help="comma-separated split counts to time the default kernel at")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -70,6 +72,13 @@ def main() -> int:
         if args.fused:
             ds = mla.pick_kernel(x.layout, h, variant="ds", rows=B, entries=x.n_valid)
             cands.append(("ds default fused", ds, {"fuse_combine": True}))
+
+            def fuses(kw):   # the default kernel merges these splits itself (fused_counters_per_block)
+                return mla.make_plan(x.layout, B, h, x.ind.shape[-1],
+                                     x.win_ind.shape[-1] if x.win_ind is not None else 0, kernel=auto,
+                                     fuse_combine=True, **kw).fuse_combine
+            cands += [(f"auto{f', {s} splits' if s else ''} fused", auto, {"fuse_combine": True, **kw})
+                      for s, kw in [(None, {})] + [(s, {"splits": s}) for s in split_list] if fuses(kw)]
         ro, _ = x.reference(2)
         fns, info = [], {}
         for label, name, kw in cands:

@@ -1902,6 +1902,11 @@ __device__ __forceinline__ void wg_pv_step(float (&o)[128], const uint32_t (&a)[
   reg_fence(o);
 }
 
+__device__ __forceinline__ int ld_acquire_gpu(const int* ptr) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(ptr) : "memory");
+  return v;
+}
 __device__ __forceinline__ void stsm_x4(uint32_t addr, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
   asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(a), "r"(b),
                "r"(c), "r"(d)
@@ -1921,28 +1926,45 @@ constexpr int kWgStageBytes = 64 * 256 * 2;
 // in whole 512-byte rows by a loop that is not unrolled. Why (NOTES.md "Cold code"): every call meets this code
 // cold; the per-row quad transposes it replaces (16-byte stores straight from registers) were ~280 instructions
 // per row and warpgroup, this is ~120 for both rows, and the 128 scaling multiplies are shared by both outputs.
+// Split pairs (kPairs: the wg kernels' _m variants; two splits and p.counters set: the launcher's fuse_combine): the warps holding
+// the same 16 head rows x 256 dims in the two splits meet at a pair of counters. The first to arrive writes its
+// fp32 partial and lse, then releases the second, which merges that partial into its registers and writes the
+// output: no combine kernel, and half the partials never leave the SM. The merge is symmetric (a sum of two
+// products), so the result does not depend on which split arrives first.
+template <bool kPairs>
 __device__ __forceinline__ void wg_write_rows(const MlaParams& p, float (&o)[128], const float (&m_run)[2],
                                               const float (&l_run)[2], int row, int split, int hblk, int r0, int wg,
                                               int t, uint8_t* stage) {
-  float f[2];
+  const int lane = ((r0 & 7) << 2) | t, wq = r0 >> 4;
+  int* pair = nullptr;   // split pairs: [arrivals, the first's partial written] of this warp's rows and dims
+  bool merge = false;    // this warp arrived second: it merges the other split's partial and writes the output
+  if (kPairs && p.splits == 2 && p.counters != nullptr) {
+    pair = p.counters + 2 * (((static_cast<size_t>(row) * gridDim.y + hblk) * 2 + wg) * 4 + wq);
+    int prev = 0;
+    if (lane == 0) prev = atomicAdd(pair, 1);
+    merge = __shfl_sync(0xffffffffu, prev, 0) != 0;
+  }
+  float f[2], lse_own[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int head = hblk * 64 + r0 + 8 * r;
     const bool live = head < p.h;   // rows past h write nothing (but take part in the warp's collectives)
     const float l = l_run[r];
     const float lse = row_lse(m_run[r], l);
+    lse_own[r] = lse;
     f[r] = !live ? 0.f : p.splits == 1 ? out_factor(p, head, l, lse) : inv_sum(l);
-    if (live && wg == 0 && t == 0) {
-      if (p.splits == 1)
-        p.lse[static_cast<size_t>(row) * p.h + head] = l > 0.f ? lse : INFINITY;
-      else
+    if (live && t == 0) {
+      if (p.splits == 1) {
+        if (wg == 0) p.lse[static_cast<size_t>(row) * p.h + head] = l > 0.f ? lse : INFINITY;
+      } else if (!merge && (wg == 0 || pair != nullptr)) {   // a pair's second warp reads it whatever its wg
         p.lse_part[(static_cast<size_t>(row) * p.splits + split) * p.h + head] = lse;
+      }
     }
   }
 #pragma unroll
   for (int i = 0; i < 128; ++i) o[i] *= f[(i >> 1) & 1];
 
-  if (p.splits != 1) {
+  if (p.splits != 1 && !merge) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int head = hblk * 64 + r0 + 8 * r;
@@ -1952,12 +1974,52 @@ __device__ __forceinline__ void wg_write_rows(const MlaParams& p, float (&o)[128
 #pragma unroll
       for (int j = 0; j < 32; ++j) *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[4 * j + 2 * r], o[4 * j + 2 * r + 1]);
     }
+    if (pair != nullptr) {
+      __threadfence();   // this thread's partial and lse, before the release below
+      __syncwarp();
+      if (lane == 0) atomicExch(pair + 1, 1);
+    }
     return;
+  }
+  if (merge) {
+    if (lane == 0) {
+      while (ld_acquire_gpu(pair + 1) == 0) {
+      }
+      pair[0] = 0;   // both counters back to zero for the next call on this stream (nobody reads them now)
+      pair[1] = 0;
+    }
+    __syncwarp();
+    __threadfence();
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int head = hblk * 64 + r0 + 8 * r;
+      const bool live = head < p.h;
+      const size_t other = (static_cast<size_t>(row) * 2 + (split ^ 1)) * p.h + head;
+      const float lse_o = live ? __ldcg(p.lse_part + other) : -INFINITY;
+      const float m = fmaxf(lse_own[r], lse_o);
+      float a_own = 0.f, a_other = 0.f, lse = INFINITY;   // INFINITY, O = 0: no valid entry in either split
+      if (m != -INFINITY) {
+        const float w_own = __expf(lse_own[r] - m), w_other = __expf(lse_o - m);
+        lse = m + __logf(w_own + w_other);
+        float fin = __fdividef(1.f, w_own + w_other);
+        if (p.sinks) fin = __fdividef(fin, 1.f + __expf(p.sinks[head] - lse));
+        a_own = w_own * fin;
+        a_other = w_other * fin;
+      }
+      const float* src = p.o_part + other * kDv + wg * 256 + 2 * t;
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        const float2 v = live ? __ldcg(reinterpret_cast<const float2*>(src + 8 * j)) : make_float2(0.f, 0.f);
+        o[4 * j + 2 * r] = o[4 * j + 2 * r] * a_own + v.x * a_other;
+        o[4 * j + 2 * r + 1] = o[4 * j + 2 * r + 1] * a_own + v.y * a_other;
+      }
+      if (live && wg == 0 && t == 0) p.lse[static_cast<size_t>(row) * p.h + head] = lse;
+    }
   }
 
   // stmatrix x4: lanes 8m .. 8m + 7 address the rows of block m = (head row half m & 1, dim group j + (m >> 1)),
   // and each thread supplies its fragment of the four blocks in that order.
-  const int lane = ((r0 & 7) << 2) | t, wq = r0 >> 4, i = lane & 7;
+  const int i = lane & 7;
   const uint32_t stage_u = smem_u32(stage);
   const uint32_t row_u = stage_u + (16 * wq + 8 * ((lane >> 3) & 1) + i) * 512;
 #pragma unroll
@@ -1985,7 +2047,7 @@ __device__ __forceinline__ void wg_write_rows(const MlaParams& p, float (&o)[128
 // half of each tile's entries (after its PV of the tile two back), the producer the first half; the producer
 // re-fills a ring slot only after warpgroup 1 has converted from it (mbarrier raw_free[slot]: a named barrier
 // could let warpgroup 1's two prologue arrivals complete one phase without the producer).
-template <class L, int NST, int PROBE, bool H, bool SC>
+template <class L, int NST, int PROBE, bool H, bool SC, bool PAIRS>
 __device__ __forceinline__ void wg_body(const MlaParams& p, uint8_t* smem_raw) {
   using S = WgSmem<L, NST>;
   constexpr int T = kWgT;
@@ -2299,7 +2361,7 @@ __device__ __forceinline__ void wg_body(const MlaParams& p, uint8_t* smem_raw) {
     const float4 f4 = fin[ctid];
     m_run[0] = f4.x; m_run[1] = f4.y; l_run[0] = f4.z; l_run[1] = f4.w;
   }
-  wg_write_rows(p, o, m_run, l_run, row, split, hblk, r0, wg, t, qs + wg * kWgStageBytes);
+  wg_write_rows<PAIRS>(p, o, m_run, l_run, row, split, hblk, r0, wg, t, qs + wg * kWgStageBytes);
 }
 
 // ---- "wge" kernels (sm_90a, V3.2 fp8): the wg kernels, exact for any fp32 tile scale ----
@@ -3436,7 +3498,7 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
       }
       bar_sync(kBarFin, 256);
       const float l_tot[2] = {l_run[0] + xm[(W ^ 1) * 64 + r0], l_run[1] + xm[(W ^ 1) * 64 + r0 + 8]};
-      wg_write_rows(p, o, m_run, l_tot, row, split, hblk, r0, W, t, qs + W * kWgStageBytes);
+      wg_write_rows<false>(p, o, m_run, l_tot, row, split, hblk, r0, W, t, qs + W * kWgStageBytes);
       cluster_sync_all();
     };
     if (wg == 0) {
@@ -3553,7 +3615,7 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
       fin[r0 + 8] = make_float2(m_run[1], l_run[1]);
     }
     bar_arrive(kBarFin, 256);
-    wg_write_rows(p, o, m_run, l_run, row, split, hblk, r0, wg, t, qs + wg * kWgStageBytes);
+    wg_write_rows<false>(p, o, m_run, l_run, row, split, hblk, r0, wg, t, qs + wg * kWgStageBytes);
     stamp(kTlWritten, tid == 0);
     if constexpr (CLUSTER) cluster_sync_all();
     stamp(kTlExit, tid == 0);
@@ -3602,7 +3664,7 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
     const float2 f0 = fin[r0], f1 = fin[r0 + 8];
     m_run[0] = f0.x; l_run[0] = f0.y;
     m_run[1] = f1.x; l_run[1] = f1.y;
-    wg_write_rows(p, o, m_run, l_run, row, split, hblk, r0, wg, t, qs + wg * kWgStageBytes);
+    wg_write_rows<false>(p, o, m_run, l_run, row, split, hblk, r0, wg, t, qs + wg * kWgStageBytes);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Regs::kWg1) : "memory");
     await_q();
@@ -3630,7 +3692,7 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
     const float2 f0 = fin[r0], f1 = fin[r0 + 8];
     m_run[0] = f0.x; l_run[0] = f0.y;
     m_run[1] = f1.x; l_run[1] = f1.y;
-    wg_write_rows(p, o, m_run, l_run, row, split, hblk, r0, wg, t, qs + wg * kWgStageBytes);
+    wg_write_rows<false>(p, o, m_run, l_run, row, split, hblk, r0, wg, t, qs + wg * kWgStageBytes);
     stamp(kTlWg1Written, tid == 128);
     if constexpr (CLUSTER) cluster_sync_all();
   }
@@ -3639,10 +3701,10 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
 
 // Kernel entry: the wg kernels exist for sm_90a only (the sm_120a build gets a trap; the launcher never
 // picks them there).
-template <class L, int NST, int PROBE, bool H, bool SC>
+template <class L, int NST, int PROBE, bool H, bool SC, bool PAIRS = false>
 __device__ __forceinline__ void wg_entry(const MlaParams& p, uint8_t* smem) {
 #ifdef MLA_HAS_WGMMA
-  wg_body<L, NST, PROBE, H, SC>(p, smem);
+  wg_body<L, NST, PROBE, H, SC, PAIRS>(p, smem);
 #else
   __trap();
 #endif
@@ -3713,6 +3775,15 @@ __device__ __forceinline__ void wgt_entry(const MlaParams& p, uint8_t* smem) {
 SPARSE_MLA_FIRST_KERNELS(MLA_KERNEL)
 SPARSE_MLA_DS_KERNELS(DS_KERNEL)
 SPARSE_MLA_WG_KERNELS(WG_KERNEL)
+// The same kernels with the split-pair merge in their epilogue (wg_write_rows<true>): separate, so that the others
+// keep their code as it was (inline, the merge measured 1.05-1.12x on the unfused rows with 4-16 splits).
+#define WG_PAIR_KERNEL(NAME, LAY, NST, PROBE, H, SC)                                                      \
+  extern "C" __global__ void __launch_bounds__(kWgThreads, 1) NAME(const __grid_constant__ MlaParams p) { \
+    extern __shared__ __align__(128) uint8_t smem[];                                                      \
+    griddep_launch_dependents();                                                                          \
+    wg_entry<Layout##LAY, NST, PROBE, H, SC, true>(p, smem);                                              \
+  }
+SPARSE_MLA_WG_PAIR_KERNELS(WG_PAIR_KERNEL)
 SPARSE_MLA_WGE_KERNELS(WGE_KERNEL)
 // wgt kernels in clusters of the two CTAs of 128 heads (grid y = head blocks, so h must give an even number of them).
 #define WGTX_KERNEL(NAME, LAY, PROBE, MODE)                                                                        \

@@ -266,6 +266,11 @@ constexpr int kCombineThreads = 128;
   X(sparse_mla_wg_v32_s3_h, V32, 3, 0, true, false)       \
   X(sparse_mla_wg_v4_s3_c2, V4, 3, 0, false, true)        \
   X(sparse_mla_wg_v32_s3_c2, V32, 3, 0, false, true)
+// The defaults at 64 heads with their split-pair merge (sparse_mla_wg_<layout>..._m, metadata "merges_split_pairs"):
+// the launcher takes them for two splits (fuse_combine), where they replace the combine kernel.
+#define SPARSE_MLA_WG_PAIR_KERNELS(X)                     \
+  X(sparse_mla_wg_v4_s3_m, V4, 3, 0, false, false)        \
+  X(sparse_mla_wg_v32_s3_c2_m, V32, 3, 0, false, true)
 
 // wgt kernels (sm_90a, fp8; kWgThreads, 64 heads per CTA, kWgtT-entry tiles gathered through registers, no ring),
 // experimental: in the tuning build only until one is measured faster than the wg kernels (NOTES.md "wgt

@@ -258,13 +258,46 @@ def test_mla_plan_against_the_metadata(mla_table, layout, rows, h, topk, extra):
     p = mla.make_plan(layout, rows, h, topk, extra)
     info = mla.kernels[p.kernel]
     lay, hb, tile = mla_mod.kernel_shape(info)
-    assert lay == layout and p.kernel == mla.pick_kernel(layout, h, rows=rows, entries=topk + extra)
+    picked = mla.pick_kernel(layout, h, rows=rows, entries=topk + extra)
+    # two splits of a wg kernel with a split-pair variant: that variant (it merges them itself)
+    assert lay == layout and p.kernel == (picked + "_m" if p.fuse_combine and p.splits == 2 and info.family == "wg"
+                                          else picked)
     assert p.threads == info.threads and p.smem == info.smem_bytes(p.per_split) <= mla.smem_limit
     assert p.heads_per_cta == hb and p.grid == (p.splits, -(-h // hb), rows)
     ntot = topk + extra
     assert p.per_split % tile == 0 and (p.splits - 1) * p.per_split < ntot <= p.splits * p.per_split
-    assert p.workspace_floats == (rows * p.splits * h * 513 if p.splits > 1 else 0)
+    assert p.partial_floats == (rows * p.splits * h * 513 if p.splits > 1 else 0)
+    # by default only the wg kernels' split pairs merge in the kernel (the ds last-CTA combine measured slower)
+    assert p.fuse_combine == (p.splits == 2 and bool(info.shape.get("merges_split_pairs")))
+    assert p.workspace_floats == p.partial_floats + p.counter_ints
+    assert p.counter_ints == (rows * -(-h // hb) * 16 if p.fuse_combine else 0)
     assert (p.splits, p.per_split) == mla.plan(p.kernel, rows, h, ntot)   # the launcher's own split rule
+
+
+def test_mla_plan_split_pairs_fuse_by_default(mla_table):
+    mla = _launcher(mla_table)
+    # the default kernel at 64 heads and 64 rows runs in two splits: its _m variant, which merges them itself
+    pair = mla.make_plan("v32", 64, 64, 2048)
+    assert pair.splits == 2 and pair.kernel == "sparse_mla_wg_v32_s3_c2_m" and pair.fuse_combine
+    assert pair.counter_ints == 64 * 16 and pair.workspace_floats == pair.partial_floats + pair.counter_ints
+    v4 = mla.make_plan("v4", 64, 64, 512, 128)
+    assert v4.splits == 2 and v4.kernel == "sparse_mla_wg_v4_s3_m" and v4.fuse_combine
+    # fuse_combine=False: the plain kernel and the combine launch
+    plain = mla.make_plan("v32", 64, 64, 2048, fuse_combine=False)
+    assert plain.kernel == "sparse_mla_wg_v32_s3_c2" and not plain.fuse_combine and plain.counter_ints == 0
+    # a kernel named by the caller is kept: the plain one does not merge, the _m one merges two splits only
+    assert not mla.make_plan("v32", 64, 64, 2048, kernel="sparse_mla_wg_v32_s3_c2", fuse_combine=True).fuse_combine
+    assert mla.make_plan("v32", 64, 64, 2048, kernel="sparse_mla_wg_v32_s3_c2_m").fuse_combine
+    assert not mla.make_plan("v32", 64, 64, 2048, kernel="sparse_mla_wg_v32_s3_c2_m", splits=3).fuse_combine
+    assert not mla.make_plan("v32", 64, 64, 2048, kernel="sparse_mla_wg_v32_s3_e", splits=2,
+                             fuse_combine=True).fuse_combine   # the wge epilogue does not merge pairs
+    # more splits (fewer rows): the plain kernel with the combine
+    few = mla.make_plan("v32", 8, 64, 2048)
+    assert few.splits > 2 and not few.kernel.endswith("_m") and not few.fuse_combine
+    # the ds kernels' last-CTA combine stays opt-in (measured slower)
+    ds = mla.make_plan("v4", 8, 16, 512, 128, kernel="sparse_mla_ds_v4_h16_t64_s2", splits=2)
+    assert not ds.fuse_combine and mla.make_plan("v4", 8, 16, 512, 128, kernel="sparse_mla_ds_v4_h16_t64_s2",
+                                                 splits=2, fuse_combine=True).fuse_combine
 
 
 def test_mla_plan_choices_and_refusals(mla_table):

@@ -43,7 +43,8 @@ from .dsa_indexer import (
     _round_up,
     plan_dsa,
 )
-from .sparse_mla_decode import DV, MlaPlan, SparseMlaDecode, _cache_geometry, _check, _covers, kernel_shape
+from .sparse_mla_decode import (DV, MlaPlan, SparseMlaDecode, _cache_geometry, _check, _covers, fused_counters_per_block,
+                                fuses_by_default, kernel_shape)
 from .sparse_mla_reference import LAYOUTS
 
 NAMESPACE = "pdserve"
@@ -223,15 +224,19 @@ def _sparse_mla_decode_cuda(q, kv, indices, sinks: Optional[torch.Tensor], extra
               f"{kernel} reads 8 bytes past a page-1 V4 entry, beyond this cache's storage: plan with page=1")
     plan = MlaPlan(layout=layout, rows=rows, h=h, topk=ind3.shape[2], topk_extra=topk_extra, kernel=kernel,
                    splits=splits, per_split=per_split, heads_per_cta=hb, threads=info.threads,
-                   smem=info.smem_bytes(per_split))
+                   smem=info.smem_bytes(per_split), fuse_combine=fuses_by_default(info, splits),
+                   counters_per_block=fused_counters_per_block(info, splits))
     if splits > 1:
         _check_buffer(workspace, "workspace", torch.float32, plan.workspace_floats, mla.device)
     out_shape, lse_shape = _mla_outputs_shape(q)
     out = torch.empty(out_shape, dtype=torch.bfloat16, device=mla.device)
     lse = torch.empty(lse_shape, dtype=torch.float32, device=mla.device)
     ws = workspace.data_ptr() if splits > 1 else None
+    # A fused plan's counters: the workspace's last counter_ints slots (MlaWorkspace keeps them zero and out of
+    # every plan's partials).
+    counters = ws + 4 * (workspace.numel() - plan.counter_ints) if plan.fuse_combine else None
     mla.launch(plan, q4, kv, ind3, sm_scale, sinks=sinks, extra_kv=extra_kv, e3=e3, out=out, lse=lse, o_part_ptr=ws,
-               lse_part_ptr=ws + 4 * rows * splits * h * DV if ws is not None else None)
+               lse_part_ptr=ws + 4 * rows * splits * h * DV if ws is not None else None, counters_ptr=counters)
     return out, lse
 
 
@@ -248,14 +253,23 @@ sparse_mla_decode = torch.ops.pdserve.sparse_mla_decode
 
 
 class MlaWorkspace:
-    """The sparse MLA op's static split scratch for one stream: fp32, `floats` elements (a plan's
-    workspace_floats, or the largest of several). Allocate before capture; give each stream its own."""
+    """The sparse MLA op's static split scratch for one stream: `partial_floats` fp32 slots for the split partials (a
+    plan's partial_floats, or the largest of several), then `counter_ints` zeroed int32 counters at the end for
+    fused plans (a plan's counter_ints, or the largest of several), which every fused call leaves at zero. So the
+    plans that fit one workspace never write their partials over another's counters. Allocate before capture; give
+    each stream its own."""
 
-    def __init__(self, floats: int, device=None) -> None:
-        self.buffer = torch.empty(max(1, floats), dtype=torch.float32, device=torch.device("cuda", _index(device)))
+    def __init__(self, partial_floats: int, device=None, *, counter_ints: int = 0) -> None:
+        self.partial_capacity, self.counter_capacity = partial_floats, counter_ints
+        self.buffer = torch.zeros(max(1, partial_floats + counter_ints), dtype=torch.float32,
+                                  device=torch.device("cuda", _index(device)))
+
+    @classmethod
+    def for_plan(cls, plan: MlaPlan, device=None) -> "MlaWorkspace":
+        return cls(plan.partial_floats, device, counter_ints=plan.counter_ints)
 
     def fits(self, plan: MlaPlan) -> bool:
-        return plan.workspace_floats <= self.buffer.numel()
+        return plan.partial_floats <= self.partial_capacity and plan.counter_ints <= self.counter_capacity
 
 
 class SparseMlaPlan:
@@ -275,10 +289,11 @@ class SparseMlaPlan:
         self.mla = mla_for(device)
         self.plan = self.mla.make_plan(layout, batch * next_n, h, topk, topk_extra, page=page, **choice)
         if workspace is None:
-            workspace = MlaWorkspace(self.plan.workspace_floats, self.mla.device)
+            workspace = MlaWorkspace.for_plan(self.plan, self.mla.device)
         if not workspace.fits(self.plan):
-            raise ValueError(f"the workspace ({workspace.buffer.numel()} floats) is too small for this plan "
-                             f"({self.plan.workspace_floats})")
+            raise ValueError(f"the workspace ({workspace.partial_capacity} floats of partials, "
+                             f"{workspace.counter_capacity} counters) is too small for this plan "
+                             f"({self.plan.partial_floats}, {self.plan.counter_ints})")
         self.workspace = workspace
 
     def __call__(self, q, kv, indices, sm_scale: float, *, sinks=None, extra_kv=None, extra_indices=None):

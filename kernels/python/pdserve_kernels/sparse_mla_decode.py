@@ -29,8 +29,9 @@ dimension, e4m3 converted inside the MMA operands) or the first-version kernels.
 amax/448) need ``make_plan(fp32_scales=True)``: the "wge" kernels on sm_90a at h >= 64 from 8 rows, else the ds
 kernels, which both apply the scale exactly (``fp32_scales_kernel``). The ds kernels
 without ``_c4`` multiply V by its scale in f16: |dequantized V| must stay below 65504 (true for scales up to
-2^7). ``fuse_combine=True`` (ds kernels with splits) merges the splits in the main kernel instead of a second
-launch: correct, but measured slower (NOTES.md).
+2^7). ``fuse_combine`` merges a plan's splits in the main kernel instead of a second (combine) launch, where the
+kernel can (``fused_counters_per_block``): the wg kernels' split pairs, by default (``None``), and the ds kernels'
+last-CTA combine, correct but measured slower, with ``True`` (NOTES.md).
 """
 
 from __future__ import annotations
@@ -210,7 +211,7 @@ def fp32_scales_kernel(h: int, rows: int, sm90: bool, entries: int | None = None
     return ds_kernel_name("v32", h, rows, entries, num_sms)
 
 
-# ds kernels with splits: the last split CTA merges the splits itself instead of a second (combine) launch.
+# ds kernels with splits: the last split CTA merges the splits itself by default too (fuses_by_default).
 FUSE_COMBINE = os.environ.get("PDSERVE_SPARSE_MLA_FUSE_COMBINE", "0") == "1"
 
 
@@ -221,6 +222,26 @@ def find_fatbin() -> pathlib.Path:
 def load_kernel_table(fatbin: str | os.PathLike | None = None) -> KernelTable:
     """The metadata of `fatbin` (default: find_fatbin()), from the .json the build wrote next to it."""
     return load_table(metadata_path(fatbin or find_fatbin()), "sparse_mla_decode")
+
+
+def fuses_by_default(info: KernelInfo, splits: int) -> bool:
+    """fuse_combine=None: where the merge in the main kernel measured faster than the combine kernel, the wg kernels'
+    split pairs (the _m variants, which make_plan takes for two splits: H200, 0.79-0.91x at B=64 h=64, NOTES.md
+    "Split pairs merged in the kernel"); the ds kernels' last-CTA combine (measured slower) only with
+    PDSERVE_SPARSE_MLA_FUSE_COMBINE=1."""
+    return fused_counters_per_block(info, splits) > 0 and (info.family != "ds" or FUSE_COMBINE)
+
+
+def fused_counters_per_block(info: KernelInfo, splits: int) -> int:
+    """The int32 counters per (row, head block) with which `info`'s kernel merges `splits` splits itself
+    (fuse_combine), 0 where it cannot: the ds kernels any number (the last CTA of a row reads every partial: one
+    arrival counter), the wg kernels whose epilogue merges split pairs (metadata "merges_split_pairs") exactly two
+    (the second of each pair of consumer warps merges the first's partial: two counters for each of the 8 warps)."""
+    if splits < 2:
+        return 0
+    if info.family == "ds":
+        return 1
+    return 16 if info.shape.get("merges_split_pairs") and splits == 2 else 0
 
 
 def kernel_shape(info: KernelInfo) -> tuple[str, int, int]:
@@ -245,15 +266,26 @@ class MlaPlan:
     threads: int
     smem: int
     fuse_combine: bool = False
+    counters_per_block: int = 0   # fused: zero-kept int32 counters per (row, head block) (fused_counters_per_block)
 
     @property
     def grid(self) -> tuple[int, int, int]:
         return (self.splits, -(-self.h // self.heads_per_cta), self.rows)
 
     @property
-    def workspace_floats(self) -> int:
+    def counter_ints(self) -> int:
+        """Zero-kept int32 counters a fused plan needs (0 unfused)."""
+        return self.rows * -(-self.h // self.heads_per_cta) * self.counters_per_block if self.fuse_combine else 0
+
+    @property
+    def partial_floats(self) -> int:
         """fp32 scratch for the split partials (o [rows, splits, h, 512], then lse [rows, splits, h]); 0 without splits."""
         return self.rows * self.splits * self.h * (DV + 1) if self.splits > 1 else 0
+
+    @property
+    def workspace_floats(self) -> int:
+        """The op's workspace (ops.MlaWorkspace): the partials, then the counters at its end (int32 in fp32 slots)."""
+        return self.partial_floats + self.counter_ints
 
 
 class SparseMlaDecode:
@@ -365,7 +397,8 @@ class SparseMlaDecode:
 
     def make_plan(self, layout: str, rows: int, h: int, topk: int, topk_extra: int = 0, *, kernel: str | None = None,
                   variant: str | None = None, small: bool | None = None, splits: int | None = None,
-                  fuse_combine: bool = False, page: int = 64, fp32_scales: bool = False) -> MlaPlan:
+                  fuse_combine: bool | None = None, page: int = 64, fp32_scales: bool = False,
+                  pair_variant: bool | None = None) -> MlaPlan:
         """The MlaPlan for `rows` query rows of h heads with topk (+ topk_extra) indices each in `layout`
         (a bf16 layout name for bf16 KV). V4 with page 1 takes the first-version kernels (the ds and wg
         kernels may read 8 bytes past a page-1 entry: see __call__). `fp32_scales` (V3.2 FP8 whose tile scales
@@ -397,10 +430,18 @@ class SparseMlaDecode:
             raise ValueError(f"kernel {name!r} runs in clusters of {pair} head blocks of {kernel_shape(info)[1]}: "
                              f"h={h} gives {-(-h // kernel_shape(info)[1])}; use an h it serves or another kernel")
         n_splits, per_split = self.plan(name, rows, h, topk + topk_extra, splits)
+        # pair_variant (default: when the kernel is the launcher's choice): two splits of a kernel with a split-pair
+        # variant (the same kernel merging them itself, name + "_m") take that variant unless fuse_combine=False.
+        pairs = self.kernels.kernels.get(name + "_m")
+        if ((kernel is None if pair_variant is None else pair_variant) and fuse_combine is not False
+                and pairs is not None and fused_counters_per_block(pairs, n_splits) > 0):
+            name, info = name + "_m", pairs
         return MlaPlan(layout=layout, rows=rows, h=h, topk=topk, topk_extra=topk_extra, kernel=name, splits=n_splits,
                        per_split=per_split, heads_per_cta=kernel_shape(info)[1], threads=info.threads,
                        smem=info.smem_bytes(per_split),
-                       fuse_combine=bool(fuse_combine) and info.family == "ds" and n_splits > 1)
+                       fuse_combine=(fuses_by_default(info, n_splits) if fuse_combine is None
+                                     else bool(fuse_combine) and fused_counters_per_block(info, n_splits) > 0),
+                       counters_per_block=fused_counters_per_block(info, n_splits))
 
     def launch(self, plan: MlaPlan, q4, kv, ind3, sm_scale: float, *, sinks, extra_kv, e3, out, lse,
                o_part_ptr: int | None, lse_part_ptr: int | None, counters_ptr: int | None = None,
@@ -473,8 +514,8 @@ class SparseMlaDecode:
             # The ds kernels copy V4's scale record as the 16-byte aligned pair holding it: with page 1 that
             # reads 8 bytes past the entry, which must still be inside the tensor's storage.
             name = self.pick_kernel(layout, h, small, "")
-        fuse = FUSE_COMBINE if fuse_combine is None else fuse_combine
-        plan = self.make_plan(layout, rows, h, topk, topk_extra, kernel=name, splits=splits, fuse_combine=fuse)
+        plan = self.make_plan(layout, rows, h, topk, topk_extra, kernel=name, splits=splits, fuse_combine=fuse_combine,
+                              pair_variant=kernel is None)
         if out is None:
             out = torch.empty((B, next_n, h, DV), dtype=torch.bfloat16, device=self.device)
         elif out.dtype != torch.bfloat16 or out.numel() != rows * h * DV or not out.is_contiguous():
@@ -483,8 +524,8 @@ class SparseMlaDecode:
             lse = torch.empty((B, next_n, h), dtype=torch.float32, device=self.device)
         elif lse.dtype != torch.float32 or lse.numel() != rows * h or not lse.is_contiguous():
             raise ValueError(f"lse must be a contiguous float32 tensor with {rows}x{h} elements")
-        ws = torch.empty(plan.workspace_floats, dtype=torch.float32, device=self.device) if plan.splits > 1 else None
-        counters = self._counters(rows * -(-h // plan.heads_per_cta)) if plan.fuse_combine else None
+        ws = torch.empty(plan.partial_floats, dtype=torch.float32, device=self.device) if plan.splits > 1 else None
+        counters = self._counters(plan.counter_ints) if plan.fuse_combine else None
         self.launch(plan, q4, kv, ind3, sm_scale, sinks=sinks, extra_kv=extra_kv, e3=e3, out=out, lse=lse,
                     o_part_ptr=ws.data_ptr() if ws is not None else None,
                     lse_part_ptr=ws.data_ptr() + 4 * rows * plan.splits * h * DV if ws is not None else None,

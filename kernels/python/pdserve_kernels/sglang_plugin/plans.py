@@ -56,7 +56,7 @@ class PlanCache:
             pool = self._mla_workspaces.setdefault(stream, [])
             workspace = next((w for w in pool if w.fits(shape)), None)
             if workspace is None:
-                workspace = ops.MlaWorkspace(shape.workspace_floats, device)
+                workspace = ops.MlaWorkspace.for_plan(shape, device)
                 pool.append(workspace)
             plan = ops.SparseMlaPlan(layout, batch, 1, h, topk, bf16_kv=bf16_kv, page=page, device=device,
                                      workspace=workspace, **choice)
