@@ -82,10 +82,16 @@ def main() -> int:
         ro, _ = x.reference(2)
         fns, info = [], {}
         for label, name, kw in cands:
-            call = x.call(mla, kernel=name, **kw)
+            if label == "auto":   # the launcher's own choice: kernel, splits and, for two wg splits, the _m variant
+                call = x.call(mla, **kw)
+                plan = mla.make_plan(x.layout, B, h, x.ind.shape[-1],
+                                     x.win_ind.shape[-1] if x.win_ind is not None else 0)
+                name, n_splits = plan.kernel, plan.splits
+            else:
+                call = x.call(mla, kernel=name, **kw)
+                n_splits = mla.plan(name, B, h, x.n_valid, kw.get("splits"))[0]
             out, _ = call()
-            info[label] = {"kernel": name, "splits": mla.plan(name, B, h, x.n_valid, kw.get("splits"))[0],
-                           "rel_err": x.rel_err(out, ro)}
+            info[label] = {"kernel": name, "splits": n_splits, "rel_err": x.rel_err(out, ro)}
             fns.append(call)
         ts = timer.medians_us(fns, args.reps)
         us = {label: round(t, 2) for (label, _, _), t in zip(cands, ts)}

@@ -75,8 +75,9 @@ def main() -> int:
                     print(f"FlashMLA failed on {x.case} (B={B}, h={h}): {fm_err}", flush=True)
         ts = timer.medians_us([x.call(mla)] + ([fm_call] if fm_call else []), args.reps)
         t = ts[0]
-        name = mla.pick_kernel(x.layout, h, rows=B, entries=x.n_valid)
-        splits, _ = mla.plan(name, B, h, x.n_valid)
+        plan = mla.make_plan(x.layout, B, h, x.ind.shape[-1],   # what the default call runs
+                             x.win_ind.shape[-1] if x.win_ind is not None else 0)
+        name, splits = plan.kernel, plan.splits
         bytes_, flops = x.bytes_flops()
         floor = floor_us(bytes_, flops, env["copy_GBps"], env["matmul_TFLOPs"])
         row = dict(case=x.case, B=B, h=h, entries=x.n_valid, kernel=name, splits=splits, us=t,

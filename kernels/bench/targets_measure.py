@@ -112,10 +112,10 @@ class Bench:
 
     def mla_row(self, spec: dict) -> dict:
         x = next(mla_batch(spec["case"], spec["B"], [spec["h"]], self.gen, self.mla_pools))
-        name = self.mla.pick_kernel(x.layout, x.h, rows=x.B, entries=x.n_valid)
-        splits, _ = self.mla.plan(name, x.B, x.h, x.n_valid)
+        plan = self.mla.make_plan(x.layout, x.B, x.h, x.ind.shape[-1],   # what the default call runs
+                                  x.win_ind.shape[-1] if x.win_ind is not None else 0)
         bytes_, flops = x.bytes_flops()
-        row = {"default": f"{name.replace('sparse_mla_', '')} ({splits})", "bytes": bytes_, "flops": flops,
+        row = {"default": f"{plan.kernel.replace('sparse_mla_', '')} ({plan.splits})", "bytes": bytes_, "flops": flops,
                "floor_us": floor_us(bytes_, flops, self.env["copy_GBps"], self.env["matmul_TFLOPs"])}
         fm_call = None
         if self.fm is not None and not x.lay.bf16:   # FlashMLA's sparse decode is fp8-only
