@@ -12,8 +12,8 @@ What makes them fit for a serving loop (CUDA graphs, torch.compile, several stre
 * The op only checks shapes (host metadata) and launches on the current stream: no host sync, no
   allocation but its outputs, no lock. The scratch it needs is a static buffer the caller owns
   (``DsaWorkspace``, ``MlaWorkspace``): allocate one per stream before capture; two streams must not share
-  one (the indexer's histograms are zero-kept state). The ops declare them mutated, so torch.compile
-  orders them.
+  one (the indexer's histograms and the fused sparse MLA plans' counters are zero-kept state). The ops
+  declare them mutated, so torch.compile orders them.
 * Fake (meta) implementations give the outputs' shapes and dtypes, so FakeTensor tracing and torch.compile
   work without running a kernel.
 
