@@ -1998,7 +1998,7 @@ __device__ __forceinline__ void wg_write_rows(const MlaParams& p, float (&o)[128
       const float lse_o = live ? __ldcg(p.lse_part + other) : -INFINITY;
       const float m = fmaxf(lse_own[r], lse_o);
       float a_own = 0.f, a_other = 0.f, lse = INFINITY;   // INFINITY, O = 0: no valid entry in either split
-      if (m != -INFINITY) {
+      if (live && m != -INFINITY) {   // (rows past h: no sink to read, nothing written)
         const float w_own = __expf(lse_own[r] - m), w_other = __expf(lse_o - m);
         lse = m + __logf(w_own + w_other);
         float fin = __fdividef(1.f, w_own + w_other);
