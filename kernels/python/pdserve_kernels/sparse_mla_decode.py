@@ -211,7 +211,7 @@ def fp32_scales_kernel(h: int, rows: int, sm90: bool, entries: int | None = None
     return ds_kernel_name("v32", h, rows, entries, num_sms)
 
 
-# ds kernels with splits: the last split CTA merges the splits itself by default too (fuses_by_default).
+# PDSERVE_SPARSE_MLA_FUSE_COMBINE=1: the ds kernels' last split CTA merges the splits by default too (fuses_by_default).
 FUSE_COMBINE = os.environ.get("PDSERVE_SPARSE_MLA_FUSE_COMBINE", "0") == "1"
 
 
@@ -404,7 +404,10 @@ class SparseMlaDecode:
         kernels may read 8 bytes past a page-1 entry: see __call__). `fp32_scales` (V3.2 FP8 whose tile scales
         are not powers of two, as SGLang writes them: amax/448): fp32_scales_kernel, the wge or ds kernels, which
         apply the scale exactly; the first-version and wg kernels round e4m3 x scale to bf16 (measured 7e-3
-        relative error instead of 1.3-1.7e-3, NOTES.md "Accuracy on SGLang's scales")."""
+        relative error instead of 1.3-1.7e-3, NOTES.md "Accuracy on SGLang's scales"). `fuse_combine`: None (default)
+        merges the splits in the kernel where that measured faster (fuses_by_default), True wherever the kernel can,
+        False never. `pair_variant` (default: when `kernel` is None) lets two splits of a wg kernel take its "_m"
+        variant, which merges them itself."""
         if (fp32_scales and kernel is None and variant is None and layout == "v32"
                 and not (self.smem_limit < 200 * 1024 if small is None else small)):
             kernel = fp32_scales_kernel(h, rows, self.capability[0] == 9, topk + topk_extra, self.num_sms)
