@@ -1665,7 +1665,7 @@ __device__ __forceinline__ void es_body(const MlaParams& p, uint8_t* smem) {
 #define MLA_HAS_WGMMA 1
 // Named barrier ids (0 is __syncthreads).
 constexpr int kBarFull = 1, kBarFree = 3, kBarPFull = 5, kBarPFree = 7, kBarProd = 9, kBarFin = 10, kBarQGo = 11,
-              kBarQ = 12;
+              kBarQ = 12, kBarIdx = 13;
 
 __device__ __forceinline__ void bar_sync(int id, int n) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
@@ -1682,6 +1682,16 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t addr, uint32_t lbo, uint32_
 template <int R>
 __device__ __forceinline__ int wg_swz(int r, int c) {
   return (c >> 3) * (R * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4);
+}
+// The wgt kernels' tile layout: [64 / 8 entry groups][d/64 column blocks][8 entries][128 B], the same 1024-byte
+// swizzle atoms as wg_swz ordered group-major, so that the 8 entries a producer warp converts lie in one contiguous
+// run of kWgtGroup bytes (the cluster pair hands them to the peer in one bulk copy, not one per column block). The
+// wgmma descriptors step 1024 B between column blocks and kWgtGroup between entry groups.
+template <int DQK>
+constexpr int kWgtGroup = DQK / 64 * 1024;
+template <int DQK>
+__device__ __forceinline__ int wgt_off(int r, int c) {
+  return (r >> 3) * kWgtGroup<DQK> + (c >> 3) * 1024 + (r & 7) * 128 + (((c & 7) ^ (r & 7)) << 4);
 }
 
 // QK: S (64 x 32, fp32) += A B^T, A and B of 16-bit type TY in shared memory, both K-major.
@@ -1889,7 +1899,7 @@ __device__ __forceinline__ void wg_row_max_update(float (&mx)[2], float (&m_run)
 // O += P V over KS k-steps of 16 entries, P from registers (a[kk]), V = the T-entry tile at tile_u read MN-major
 // (dims 256 wg ..: four 64-dim column blocks; leading byte offset between column blocks, stride between 8-entry
 // groups, as measured in NOTES.md "wg kernels"), then waited for. KS = 0: the probes that skip the wgmma.
-template <bool H, int T, int KS, int NA>
+template <bool H, int T, int KS, int NA, int G = 0>
 __device__ __forceinline__ void wg_pv_step(float (&o)[128], const uint32_t (&a)[NA][4], const float (&alpha)[2],
                                            uint32_t tile_u, int wg) {
 #pragma unroll
@@ -1897,7 +1907,8 @@ __device__ __forceinline__ void wg_pv_step(float (&o)[128], const uint32_t (&a)[
   wg_fence();
 #pragma unroll
   for (int kk = 0; kk < KS; ++kk)
-    wgmma_pv<H>(o, a[kk], wg_desc(tile_u + wg * 4 * (T * 128) + kk * 16 * 128, T * 128u, 1024u));
+    wgmma_pv<H>(o, a[kk], G ? wg_desc(tile_u + wg * 4 * 1024 + kk * 2 * G, 1024u, G)   // wgt_off's layout
+                            : wg_desc(tile_u + wg * 4 * (T * 128) + kk * 16 * 128, T * 128u, 1024u));
   wg_commit_wait();
   reg_fence(o);
 }
@@ -3022,8 +3033,8 @@ __device__ __forceinline__ void wgt_store(const WgtRaw<L, TPE>& raw, int e, int 
 #pragma unroll
     for (int k = 0; k < R::kN; ++k) {
       const int c16 = R::chunk(j, k);
-      put(wg_swz<kWgtT>(e, 2 * c16), raw.w[k]);
-      put(wg_swz<kWgtT>(e, 2 * c16 + 1), make_uint4(raw.scl[0], raw.scl[1], 0, 0));
+      put(wgt_off<L::kDqk>(e, 2 * c16), raw.w[k]);
+      put(wgt_off<L::kDqk>(e, 2 * c16 + 1), make_uint4(raw.scl[0], raw.scl[1], 0, 0));
     }
   } else {
     if (wgt_fast_scales(raw)) {
@@ -3034,8 +3045,8 @@ __device__ __forceinline__ void wgt_store(const WgtRaw<L, TPE>& raw, int e, int 
         wgt_chunk_scale(raw, j, k, sb);
         uint4 lo, hi;
         fp8x16_to_bf16_fast(raw.w[k], sb, lo, hi);
-        put(wg_swz<kWgtT>(e, 2 * c16), lo);
-        put(wg_swz<kWgtT>(e, 2 * c16 + 1), hi);
+        put(wgt_off<L::kDqk>(e, 2 * c16), lo);
+        put(wgt_off<L::kDqk>(e, 2 * c16 + 1), hi);
       }
     } else {
       uint4 w[R::kN];   // indexed by the rolled loop: local memory, on this path only
@@ -3047,13 +3058,13 @@ __device__ __forceinline__ void wgt_store(const WgtRaw<L, TPE>& raw, int e, int 
         uint4 lo, hi;
         fp8x16_to_bf16(w[k], wgt_chunk_scale(raw, j, k, unused), lo, hi);
         const int c16 = R::chunk(j, k);
-        put(wg_swz<kWgtT>(e, 2 * c16), lo);
-        put(wg_swz<kWgtT>(e, 2 * c16 + 1), hi);
+        put(wgt_off<L::kDqk>(e, 2 * c16), lo);
+        put(wgt_off<L::kDqk>(e, 2 * c16 + 1), hi);
       }
     }
   }
 #pragma unroll
-  for (int k = 0; k < R::kR; ++k) put(wg_swz<kWgtT>(e, L::kRopeChunk + R::rope_chunk(j, k)), raw.rope[k]);
+  for (int k = 0; k < R::kR; ++k) put(wgt_off<L::kDqk>(e, L::kRopeChunk + R::rope_chunk(j, k)), raw.rope[k]);
 }
 
 // Timeline probe (PROBE bit 3): the slots of a CTA's kTlWords words. globaltimer (ns, comparable across SMs) at entry
@@ -3096,7 +3107,7 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
   constexpr bool BAL = CLUSTER == 3;   // _t64xb: the bulk exchange, consumers balanced (see the consumers below)
   using Regs = WgtRegs<TPE, SPLIT, BAL>;
   // CLUSTER 1: each converted chunk goes to the peer by st.async (16 bytes each); 2: the producer converts its half
-  // locally, then one thread copies it to the peer in bulk, one 4 KB copy per 64-dim column block.
+  // locally, then each producer warp copies its 8 entries (one contiguous wgt_off entry group) to the peer in bulk.
   using S = WgtSmem<L>;
   constexpr int T = kWgtT;
   constexpr int DQK = L::kDqk;
@@ -3224,6 +3235,16 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
       if (ntiles > 0) wgt_load<L, 4, PROBE>(p, va, j, ra);
       if (ntiles > 1) wgt_load<L, 4, PROBE>(p, vb, j, rb);
       bar_arrive(kBarQGo, 256);                      // tile 0's and 1's loads are out: Q may follow
+      // The split's index list (its first kIdxCap entries; V4 only, V3.2 has no room) into shared memory while
+      // tile 0's and 1's entries are in flight, so that each step issues the loads of tile it+2 without first a
+      // round trip to L2 for its index (NOTES.md "The pair's hand-over in one copy per warp").
+      constexpr int kIdxTiles = S::kIdxCap / T;
+      int* const sidx = reinterpret_cast<int*>(smem + S::kIdx);
+      if (kIdxTiles > 0 && ntiles > 2) {   // the same for every producer thread
+        index_list<128>(p, row, start, n_local, min(ntiles, kIdxTiles) * T, ptid, sidx);
+        bar_sync(kBarIdx, 128);
+      }
+      auto next_index = [&](int x) { return x < kIdxTiles ? sidx[x * T + pe] : index_of(x); };
       using R4 = WgtRaw<L, 4>;
       const uint32_t peer_tiles = cluster_map(tiles, peer), peer_valid = cluster_map(valid32, peer);
       const uint32_t peer_rready = cluster_map(rready, peer);
@@ -3258,20 +3279,18 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // tile: generic stores -> wgmma / bulk reads
         if constexpr (CLUSTER >= 2) {
           // Each warp sends its own 8 entries as soon as they are in this CTA's buffer (no wait for the other
-          // producer warps): rows 32 rank + 8 w .. + 7 of every column block, 1 KB each, contiguous.
+          // producer warps): entries 32 rank + 8 w .. + 7, one entry group of wgt_off's layout, in one copy.
           __syncwarp();
           if (lane == 0) {
-            const int rows = 32 * static_cast<int>(rank) + 8 * (ptid >> 5);
-#pragma unroll
-            for (int c = 0; c < DQK / 64; ++c)
-              bulk_s2peer(ptile + c * (T * 128) + rows * 128, tile + c * (T * 128) + rows * 128, 8 * 128, pbar);
+            const int rows = 32 * static_cast<int>(rank) + 8 * (ptid >> 5), off = rows / 8 * kWgtGroup<DQK>;
+            bulk_s2peer(ptile + off, tile + off, kWgtGroup<DQK>, pbar);
             bulk_s2peer(peer_valid + 4 * (b * T + rows), valid32 + b * T + rows, 8 * 4, pbar);
           }
         }
         bar_arrive(kBarFull + b, kWgThreads);                             // this CTA's half of tile it
         if (it == 0) stamp(kTlProdTile0, ptid == 0);
         lap(kTlProdHand);
-        if (it + 2 < ntiles) wgt_load<L, 4, PROBE>(p, v = index_of(it + 2), j, raw);
+        if (it + 2 < ntiles) wgt_load<L, 4, PROBE>(p, v = next_index(it + 2), j, raw);
       };
       if constexpr (TL) tl_t = clock64();
       for (int it = 0; it < ntiles; it += 2) {
@@ -3373,7 +3392,7 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
   const uint32_t q_u = smem_u32(qs), tiles_u = smem_u32(tiles);
   // V read MN-major: leading byte offset = between 64-dim column blocks, stride byte offset = between 8-entry
   // groups (as in the wg kernels).
-  constexpr uint32_t kVLbo = T * 128u, kVSbo = 1024u;
+  constexpr uint32_t kVLbo = 1024u, kVSbo = kWgtGroup<DQK>;
   float o[128];
 #pragma unroll
   for (int i = 0; i < 128; ++i) o[i] = 0.f;
@@ -3392,7 +3411,7 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
 
   // O[:, 256 wg .. + 256] += P V for the tile at tile_u (four k-steps of 16 entries), after rescaling O.
   auto pv = [&](const uint32_t (&a)[4][4], const float (&alpha)[2], uint32_t tile_u) {
-    wg_pv_step<false, T, PROBE & 4 ? 0 : 4>(o, a, alpha, tile_u, wg);
+    wg_pv_step<false, T, PROBE & 4 ? 0 : 4, 4, kWgtGroup<DQK>>(o, a, alpha, tile_u, wg);
   };
 
   // BAL: the two warpgroups share every tile's work evenly instead of warpgroup 1 waiting while warpgroup 0 computes
@@ -3422,7 +3441,7 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
         for (int k = 0; k < (PROBE & 4 ? 0 : DQK / 16); ++k) {
           const uint32_t ko = (k & 3) * 32u;   // k-step within the 128-byte row
           wgmma_m64n32k16_ss(s, wg_desc(q_u + (k >> 2) * (64 * 128) + ko, 16, 1024),
-                             wg_desc(tile_u + (k >> 2) * (T * 128) + E0 * 128 + ko, 16, 1024), k);
+                             wg_desc(tile_u + (k >> 2) * 1024 + E0 / 8 * kWgtGroup<DQK> + ko, 16, kWgtGroup<DQK>), k);
         }
         wg_commit_wait();
         reg_fence(s);
@@ -3482,7 +3501,7 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
           y[2] = x.z;
           y[3] = x.w;
         }
-        wg_pv_step<false, T, PROBE & 4 ? 0 : 4>(o, a, alpha, tile_u, W);
+        wg_pv_step<false, T, PROBE & 4 ? 0 : 4, 4, kWgtGroup<DQK>>(o, a, alpha, tile_u, W);
         release(it);
       }
       // Epilogue: the row sums of both halves (every read of xm above precedes the first barrier).
@@ -3535,7 +3554,7 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
       for (int k = 0; k < (PROBE & 4 ? 0 : DQK / 16); ++k) {
         const uint32_t ko = (k & 3) * 32u;   // k-step within the 128-byte row
         wgmma_m64n64k16_ss(s, wg_desc(q_u + (k >> 2) * (64 * 128) + ko, 16, 1024),
-                           wg_desc(tile_u + (k >> 2) * (T * 128) + ko, 16, 1024), k);
+                           wg_desc(tile_u + (k >> 2) * 1024 + ko, 16, kWgtGroup<DQK>), k);
       }
       wg_commit_wait();
       reg_fence(s);
@@ -3650,7 +3669,7 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
 #pragma unroll
       for (int kk = 0; kk < (PROBE & 4 ? 0 : 4); ++kk)
         wgmma_m64n256k16_ss(o, wg_desc(p_u + kk * 32, 16, 1024),
-                            wg_desc(tile_u + 4 * (T * 128) + kk * 16 * 128, kVLbo, kVSbo));
+                            wg_desc(tile_u + 4 * 1024 + kk * 2 * kWgtGroup<DQK>, kVLbo, kVSbo));
       wg_commit_wait();
       reg_fence(o);
       if (it + 1 < ntiles) bar_arrive(kBarPFree, 256);   // P read (by the wgmma) before warpgroup 0 rewrites it
