@@ -2982,6 +2982,22 @@ __device__ __forceinline__ void wgt_load(const MlaParams& p, int v, int j, WgtRa
 }
 
 
+// What wgt_load would read for thread j of an entry, requested into L2 only (no registers; CLUSTER >= 2's tile 1).
+template <class L, int TPE>
+__device__ __forceinline__ void wgt_prefetch(const MlaParams& p, int v, int j) {
+  using R = WgtRaw<L, TPE>;
+  if (v < 0) return;
+  const uint8_t* blk = entry_block(p, v);
+  const int off = v & ((1 << p.page_shift) - 1);
+  const uint8_t* rec = blk + static_cast<long long>(off) * L::kTok;
+#pragma unroll
+  for (int k = 0; k < R::kN; ++k) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(rec + R::chunk(j, k) * 16));
+#pragma unroll
+  for (int k = 0; k < R::kR; ++k) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(rec + L::kRopeRaw + R::rope_chunk(j, k) * 16));
+  if constexpr (L::kDqk == 512)
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(blk + (static_cast<long long>(L::kTok) << p.page_shift) + off * 8));
+}
+
 // Chunk k's scale as fp32 and (sb) as the fast path takes it: scale x 2^112 as bf16 bits (wgt_fast_scales).
 template <class L, int TPE>
 __device__ __forceinline__ float wgt_chunk_scale(const WgtRaw<L, TPE>& raw, int j, int k, uint32_t& sb) {
@@ -3067,6 +3083,40 @@ __device__ __forceinline__ void wgt_store(const WgtRaw<L, TPE>& raw, int e, int 
   for (int k = 0; k < R::kR; ++k) put(wgt_off<L::kDqk>(e, L::kRopeChunk + R::rope_chunk(j, k)), raw.rope[k]);
 }
 
+// The cluster pair's producer converts a tile into registers before it waits for the buffer (WgtCvt, below): a
+// thread's share of one entry as bf16, two 16-byte chunks per e4m3 chunk and its RoPE chunks as loaded.
+template <class L>
+struct WgtCvt {
+  uint4 lo[WgtRaw<L, 4>::kN], hi[WgtRaw<L, 4>::kN], rope[WgtRaw<L, 4>::kR];
+};
+// The fast conversion (every scale of raw takes it: wgt_fast_scales) of what thread j holds, into registers.
+template <class L>
+__device__ __forceinline__ void wgt_convert_regs(const WgtRaw<L, 4>& raw, int j, WgtCvt<L>& cv) {
+  using R = WgtRaw<L, 4>;
+#pragma unroll
+  for (int k = 0; k < R::kN; ++k) {
+    uint32_t sb;
+    wgt_chunk_scale(raw, j, k, sb);
+    fp8x16_to_bf16_fast(raw.w[k], sb, cv.lo[k], cv.hi[k]);
+  }
+#pragma unroll
+  for (int k = 0; k < R::kR; ++k) cv.rope[k] = raw.rope[k];
+}
+// ... and its stores into row e of a tile buffer (wgt_store's places).
+template <class L>
+__device__ __forceinline__ void wgt_store_regs(const WgtCvt<L>& cv, int e, int j, uint8_t* tile) {
+  using R = WgtRaw<L, 4>;
+#pragma unroll
+  for (int k = 0; k < R::kN; ++k) {
+    const int c16 = R::chunk(j, k);
+    *reinterpret_cast<uint4*>(tile + wgt_off<L::kDqk>(e, 2 * c16)) = cv.lo[k];
+    *reinterpret_cast<uint4*>(tile + wgt_off<L::kDqk>(e, 2 * c16 + 1)) = cv.hi[k];
+  }
+#pragma unroll
+  for (int k = 0; k < R::kR; ++k)
+    *reinterpret_cast<uint4*>(tile + wgt_off<L::kDqk>(e, L::kRopeChunk + R::rope_chunk(j, k))) = cv.rope[k];
+}
+
 // Timeline probe (PROBE bit 3): the slots of a CTA's kTlWords words. globaltimer (ns, comparable across SMs) at entry
 // and exit; clock64 (SM cycles) at the phases, read by thread 0 of warpgroup 0 unless noted.
 enum WgtStamp {
@@ -3105,6 +3155,7 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
   static_assert(!SPLIT || (TPE == 4 && !PIPE), "SPLIT: 4 threads per entry, two sets in the producer");
   static_assert(!CLUSTER || (TPE == 4 && !PIPE && !SPLIT), "CLUSTER: the SPLIT producer's layout, no split");
   constexpr bool BAL = CLUSTER == 3;   // _t64xb: the bulk exchange, consumers balanced (see the consumers below)
+  constexpr bool kAhead = CLUSTER >= 2 && L::kDqk == 512;   // the producer converts ahead (step_ahead)
   using Regs = WgtRegs<TPE, SPLIT, BAL>;
   // CLUSTER 1: each converted chunk goes to the peer by st.async (16 bytes each); 2: the producer converts its half
   // locally, then each producer warp copies its 8 entries (one contiguous wgt_off entry group) to the peer in bulk.
@@ -3233,7 +3284,11 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
       }
       stamp(kTlProdIdx01, ptid == 0);
       if (ntiles > 0) wgt_load<L, 4, PROBE>(p, va, j, ra);
-      if (ntiles > 1) wgt_load<L, 4, PROBE>(p, vb, j, rb);
+      if constexpr (kAhead) {
+        if (ntiles > 1) wgt_prefetch<L, 4>(p, vb, j);   // one raw set (step_ahead): tile 1 into L2 for now
+      } else {
+        if (ntiles > 1) wgt_load<L, 4, PROBE>(p, vb, j, rb);
+      }
       bar_arrive(kBarQGo, 256);                      // tile 0's and 1's loads are out: Q may follow
       // The split's index list (its first kIdxCap entries; V4 only, V3.2 has no room) into shared memory while
       // tile 0's and 1's entries are in flight, so that each step issues the loads of tile it+2 without first a
@@ -3292,10 +3347,64 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
         lap(kTlProdHand);
         if (it + 2 < ntiles) wgt_load<L, 4, PROBE>(p, v = next_index(it + 2), j, raw);
       };
+      // kAhead (V4's bulk pair): each tile is converted into registers (cv) as soon as its entries are here, the
+      // next tile's loads go out into the same raw registers, and only then does the producer wait for the buffer:
+      // what is left between a buffer's release and its refill is the stores and the hand-over, not the conversion
+      // (NOTES.md "Converting ahead of the free buffer"). One raw set: a second would add nothing, as every entry
+      // load of the producer waits on one scoreboard (NOTES.md "The cluster pair's timeline"). A warp with a
+      // scale off the fast path converts after the wait, as step() does, and loads the next tile after that.
+      // V3.2 keeps step(): its larger share (8 chunks and four fp32 scales) spills at the producer's 128 registers
+      // and measured no faster (call 4).
+      auto step_ahead = [&](int it, WgtRaw<L, 4>& raw, int& v) {
+        const int b = it & 1;
+        if constexpr (TL) {   // wait for this tile's loads (a use of its registers), apart from the conversion
+          if (raw.w[0].x == 0x12345678u && raw.w[R4::kN - 1].w == 0x9abcdef0u && raw.rope[0].x == 1u)
+            tl[kTlSink + 1] = 1;
+        }
+        lap(kTlProdLoads);
+        if (it == 0) stamp(kTlProdLoads0, ptid == 0);
+        const int v_cur = v;
+        const bool fast = __all_sync(0xffffffffu, wgt_fast_scales(raw));
+        WgtCvt<L> cv;
+        auto load_next = [&] {
+          if (it + 1 < ntiles) wgt_load<L, 4, PROBE>(p, v = it == 0 ? vb : next_index(it + 1), j, raw);
+        };
+        if (fast) wgt_convert_regs(raw, j, cv);
+        lap(kTlProdConvert);
+        if (fast) load_next();
+        lap(kTlProdIndex);
+        if (it >= 2) mbar_wait(avail + b, ((it >> 1) - 1) & 1);   // both CTAs are done with tile it-2
+        lap(kTlProdAvail);
+        if (ptid == 0) mbar_arrive_expect_tx(rready + b, kPeerBytes);     // the peer's half of tile it
+        uint8_t* tile = tiles + b * S::kTileBytes;
+        const uint32_t ptile = peer_tiles + b * S::kTileBytes, pbar = peer_rready + 8 * b;
+        if (fast) {
+          wgt_store_regs(cv, e, j, tile);
+        } else {
+          wgt_store<L, 4, PROBE>(raw, e, j, WgtPutLocal{tile});
+          load_next();
+        }
+        if (j == 0) valid32[b * T + e] = v_cur >= 0;
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // tile: generic stores -> wgmma / bulk reads
+        __syncwarp();   // the warp's 8 entries are in this CTA's buffer: one bulk copy to the peer (see step)
+        if (lane == 0) {
+          const int rows = 32 * static_cast<int>(rank) + 8 * (ptid >> 5), off = rows / 8 * kWgtGroup<DQK>;
+          bulk_s2peer(ptile + off, tile + off, kWgtGroup<DQK>, pbar);
+          bulk_s2peer(peer_valid + 4 * (b * T + rows), valid32 + b * T + rows, 8 * 4, pbar);
+        }
+        bar_arrive(kBarFull + b, kWgThreads);                             // this CTA's half of tile it
+        if (it == 0) stamp(kTlProdTile0, ptid == 0);
+        lap(kTlProdHand);
+      };
       if constexpr (TL) tl_t = clock64();
-      for (int it = 0; it < ntiles; it += 2) {
-        step(it, ra, va);
-        if (it + 1 < ntiles) step(it + 1, rb, vb);
+      if constexpr (kAhead) {
+        static_assert((PROBE & 3) == 0, "the convert-ahead producer loads and converts every entry");
+        for (int it = 0; it < ntiles; ++it) step_ahead(it, ra, va);
+      } else {
+        for (int it = 0; it < ntiles; it += 2) {
+          step(it, ra, va);
+          if (it + 1 < ntiles) step(it + 1, rb, vb);
+        }
       }
       stamp(kTlProdDone, ptid == 0);
       cluster_sync_all();   // neither CTA leaves while the other may still reach into it
