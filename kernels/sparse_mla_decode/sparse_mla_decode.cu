@@ -2838,9 +2838,10 @@ __device__ __forceinline__ void wge_body(const MlaParams& p, uint8_t* smem_raw) 
 // 4-24 B).
 // BAL (_t64xb): both consumer warpgroups run the same code (QK and softmax of half the tile's entries, PV of half
 // the dims), so they get the same count: 200 + 176 shared as 2 x 184, the 8 left over to the producer (136).
-template <int TPE, bool SPLIT, bool BAL = false>
+template <int TPE, bool SPLIT, bool BAL = false, bool WIDE = false>
 struct WgtRegs {
-  static constexpr int kProd = BAL ? 136 : SPLIT ? 120 : TPE == 2 ? 112 : 128, kWg0 = BAL ? 184 : SPLIT ? 192 : 200,
+  static constexpr int kProd = BAL ? 136 : SPLIT ? 120 : TPE == 2 ? 112 : WIDE ? 136 : 128,
+                       kWg0 = BAL ? 184 : SPLIT ? 192 : WIDE ? 192 : 200,
                        kWg1 = BAL ? 184 : SPLIT ? 192 : TPE == 2 ? 192 : 176;
   static_assert(kProd + kWg0 + kWg1 == 3 * 168 && kWg1 >= 168, "setmaxnreg: the consumers' registers are the producer's");
 };
@@ -3155,8 +3156,8 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
   static_assert(!SPLIT || (TPE == 4 && !PIPE), "SPLIT: 4 threads per entry, two sets in the producer");
   static_assert(!CLUSTER || (TPE == 4 && !PIPE && !SPLIT), "CLUSTER: the SPLIT producer's layout, no split");
   constexpr bool BAL = CLUSTER == 3;   // _t64xb: the bulk exchange, consumers balanced (see the consumers below)
-  constexpr bool kAhead = CLUSTER >= 2 && L::kDqk == 512;   // the producer converts ahead (step_ahead)
-  using Regs = WgtRegs<TPE, SPLIT, BAL>;
+  constexpr bool kAhead = CLUSTER >= 2;   // the producer converts ahead (step_ahead)
+  using Regs = WgtRegs<TPE, SPLIT, BAL, CLUSTER == 2 && L::kDqk != 512>;
   // CLUSTER 1: each converted chunk goes to the peer by st.async (16 bytes each); 2: the producer converts its half
   // locally, then each producer warp copies its 8 entries (one contiguous wgt_off entry group) to the peer in bulk.
   using S = WgtSmem<L>;
@@ -3353,8 +3354,9 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
       // (NOTES.md "Converting ahead of the free buffer"). One raw set: a second would add nothing, as every entry
       // load of the producer waits on one scoreboard (NOTES.md "The cluster pair's timeline"). A warp with a
       // scale off the fast path converts after the wait, as step() does, and loads the next tile after that.
-      // V3.2 keeps step(): its larger share (8 chunks and four fp32 scales) spills at the producer's 128 registers
+      // V3.2's larger share (8 chunks and four fp32 scales) takes 136 registers (WgtRegs WIDE); at 128 it spilled
       // and measured no faster (call 4).
+      int idx_ahead = -1;   // kIdxTiles == 0: the index of tile it+1 (as loaded, unchecked), requested at step it-1
       auto step_ahead = [&](int it, WgtRaw<L, 4>& raw, int& v) {
         const int b = it & 1;
         if constexpr (TL) {   // wait for this tile's loads (a use of its registers), apart from the conversion
@@ -3367,7 +3369,17 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
         const bool fast = __all_sync(0xffffffffu, wgt_fast_scales(raw));
         WgtCvt<L> cv;
         auto load_next = [&] {
-          if (it + 1 < ntiles) wgt_load<L, 4, PROBE>(p, v = it == 0 ? vb : next_index(it + 1), j, raw);
+          if (it + 1 >= ntiles) return;
+          if constexpr (kIdxTiles > 0) {
+            wgt_load<L, 4, PROBE>(p, v = it == 0 ? vb : next_index(it + 1), j, raw);
+          } else {   // no room for the list (V3.2): tile it+1's index was requested a step ahead
+            const int pos = (it + 1) * T + pe;
+            wgt_load<L, 4, PROBE>(p, v = it == 0 ? vb : index_check(p, start + pos, idx_ahead), j, raw);
+            if (it + 2 < ntiles) {
+              const int pos2 = pos + T;
+              idx_ahead = ldg_index_if(index_src(p, row, start + min(pos2, n_local - 1)), pos2 < n_local);
+            }
+          }
         };
         if (fast) wgt_convert_regs(raw, j, cv);
         lap(kTlProdConvert);
