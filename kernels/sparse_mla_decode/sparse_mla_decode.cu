@@ -1665,7 +1665,7 @@ __device__ __forceinline__ void es_body(const MlaParams& p, uint8_t* smem) {
 #define MLA_HAS_WGMMA 1
 // Named barrier ids (0 is __syncthreads).
 constexpr int kBarFull = 1, kBarFree = 3, kBarPFull = 5, kBarPFree = 7, kBarProd = 9, kBarFin = 10, kBarQGo = 11,
-              kBarQ = 12, kBarIdx = 13;
+              kBarQ = 12;
 
 __device__ __forceinline__ void bar_sync(int id, int n) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
@@ -2838,6 +2838,9 @@ __device__ __forceinline__ void wge_body(const MlaParams& p, uint8_t* smem_raw) 
 // 4-24 B).
 // BAL (_t64xb): both consumer warpgroups run the same code (QK and softmax of half the tile's entries, PV of half
 // the dims), so they get the same count: 200 + 176 shared as 2 x 184, the 8 left over to the producer (136).
+// WIDE (V3.2's _t64x, whose producer holds a tile converted in registers beside the next one's loads: step_ahead):
+// 136 / 192 / 176, 8 B of spills in the producer (2026-12-02; V4's at 128 / 200 / 176 spills 12 B; at 128 V3.2's
+// spilled 36 B, and warpgroup 1 at 168 spilled inside its PV and serialized its wgmmas).
 template <int TPE, bool SPLIT, bool BAL = false, bool WIDE = false>
 struct WgtRegs {
   static constexpr int kProd = BAL ? 136 : SPLIT ? 120 : TPE == 2 ? 112 : WIDE ? 136 : 128,
@@ -3156,7 +3159,7 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
   static_assert(!SPLIT || (TPE == 4 && !PIPE), "SPLIT: 4 threads per entry, two sets in the producer");
   static_assert(!CLUSTER || (TPE == 4 && !PIPE && !SPLIT), "CLUSTER: the SPLIT producer's layout, no split");
   constexpr bool BAL = CLUSTER == 3;   // _t64xb: the bulk exchange, consumers balanced (see the consumers below)
-  constexpr bool kAhead = CLUSTER >= 2;   // the producer converts ahead (step_ahead)
+  constexpr bool kAhead = CLUSTER >= 2;   // the producer converts ahead of the free buffer (step_ahead)
   using Regs = WgtRegs<TPE, SPLIT, BAL, CLUSTER == 2 && L::kDqk != 512>;
   // CLUSTER 1: each converted chunk goes to the peer by st.async (16 bytes each); 2: the producer converts its half
   // locally, then each producer warp copies its 8 entries (one contiguous wgt_off entry group) to the peer in bulk.
@@ -3274,8 +3277,9 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Regs::kProd) : "memory");
     const int ptid = tid - 256;
     if constexpr (CLUSTER) {
-      // Half `rank` of every tile (entries 32 rank + 8 w ..), converted into this CTA's buffer and, by st.async
-      // completing bytes on the peer's rready, into the peer's: each entry gathered and converted once per row.
+      // Half `rank` of every tile (entries 32 rank + 8 w ..), converted into this CTA's buffer and into the peer's
+      // (bulk copies, or with CLUSTER 1 st.async, completing bytes on the peer's rready): each entry gathered and
+      // converted once per row.
       const uint32_t rank = peer ^ 1u;
       const int e = pe, j = pj;
       va = pe < n_local ? index_check(p, start + pe, va) : -1;   // the indices of tiles 0 and 1 (prologue)
@@ -3290,17 +3294,7 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
       } else {
         if (ntiles > 1) wgt_load<L, 4, PROBE>(p, vb, j, rb);
       }
-      bar_arrive(kBarQGo, 256);                      // tile 0's and 1's loads are out: Q may follow
-      // The split's index list (its first kIdxCap entries; V4 only, V3.2 has no room) into shared memory while
-      // tile 0's and 1's entries are in flight, so that each step issues the loads of tile it+2 without first a
-      // round trip to L2 for its index (NOTES.md "The pair's hand-over in one copy per warp").
-      constexpr int kIdxTiles = S::kIdxCap / T;
-      int* const sidx = reinterpret_cast<int*>(smem + S::kIdx);
-      if (kIdxTiles > 0 && ntiles > 2) {   // the same for every producer thread
-        index_list<128>(p, row, start, n_local, min(ntiles, kIdxTiles) * T, ptid, sidx);
-        bar_sync(kBarIdx, 128);
-      }
-      auto next_index = [&](int x) { return x < kIdxTiles ? sidx[x * T + pe] : index_of(x); };
+      bar_arrive(kBarQGo, 256);                      // tile 0's and 1's requests are out: Q may follow
       using R4 = WgtRaw<L, 4>;
       const uint32_t peer_tiles = cluster_map(tiles, peer), peer_valid = cluster_map(valid32, peer);
       const uint32_t peer_rready = cluster_map(rready, peer);
@@ -3346,17 +3340,22 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
         bar_arrive(kBarFull + b, kWgThreads);                             // this CTA's half of tile it
         if (it == 0) stamp(kTlProdTile0, ptid == 0);
         lap(kTlProdHand);
-        if (it + 2 < ntiles) wgt_load<L, 4, PROBE>(p, v = next_index(it + 2), j, raw);
+        if (it + 2 < ntiles) wgt_load<L, 4, PROBE>(p, v = index_of(it + 2), j, raw);
       };
-      // kAhead (V4's bulk pair): each tile is converted into registers (cv) as soon as its entries are here, the
+      // kAhead (the bulk pair): each tile is converted into registers (cv) as soon as its entries are here, the
       // next tile's loads go out into the same raw registers, and only then does the producer wait for the buffer:
       // what is left between a buffer's release and its refill is the stores and the hand-over, not the conversion
       // (NOTES.md "Converting ahead of the free buffer"). One raw set: a second would add nothing, as every entry
       // load of the producer waits on one scoreboard (NOTES.md "The cluster pair's timeline"). A warp with a
       // scale off the fast path converts after the wait, as step() does, and loads the next tile after that.
-      // V3.2's larger share (8 chunks and four fp32 scales) takes 136 registers (WgtRegs WIDE); at 128 it spilled
-      // and measured no faster (call 4).
-      int idx_ahead = -1;   // kIdxTiles == 0: the index of tile it+1 (as loaded, unchecked), requested at step it-1
+      // V3.2's larger share (8 chunks and four fp32 scales) takes 136 producer registers (WgtRegs WIDE): at 128
+      // it spilled and measured no faster.
+      // The index of tile it+1 as loaded (unchecked), requested at step it-1 right after that step's entry loads:
+      // it shares their scoreboard, so the conversion that waits for them has it too, and the next tile's loads
+      // go out without a round trip to L2 for their index (~0.6 us per tile in the timeline before; NOTES.md
+      // "Converting ahead of the free buffer"). A step-ahead index with two raw sets had been slower (NOTES.md
+      // "The cluster pair's timeline"), and a list in shared memory (V4 only: V3.2 has no room) was 2-6% slower.
+      int idx_ahead = -1;
       auto step_ahead = [&](int it, WgtRaw<L, 4>& raw, int& v) {
         const int b = it & 1;
         if constexpr (TL) {   // wait for this tile's loads (a use of its registers), apart from the conversion
@@ -3370,15 +3369,11 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
         WgtCvt<L> cv;
         auto load_next = [&] {
           if (it + 1 >= ntiles) return;
-          if constexpr (kIdxTiles > 0) {
-            wgt_load<L, 4, PROBE>(p, v = it == 0 ? vb : next_index(it + 1), j, raw);
-          } else {   // no room for the list (V3.2): tile it+1's index was requested a step ahead
-            const int pos = (it + 1) * T + pe;
-            wgt_load<L, 4, PROBE>(p, v = it == 0 ? vb : index_check(p, start + pos, idx_ahead), j, raw);
-            if (it + 2 < ntiles) {
-              const int pos2 = pos + T;
-              idx_ahead = ldg_index_if(index_src(p, row, start + min(pos2, n_local - 1)), pos2 < n_local);
-            }
+          const int pos = (it + 1) * T + pe;
+          wgt_load<L, 4, PROBE>(p, v = it == 0 ? vb : index_check(p, start + pos, idx_ahead), j, raw);
+          if (it + 2 < ntiles) {
+            const int pos2 = pos + T;
+            idx_ahead = ldg_index_if(index_src(p, row, start + min(pos2, n_local - 1)), pos2 < n_local);
           }
         };
         if (fast) wgt_convert_regs(raw, j, cv);

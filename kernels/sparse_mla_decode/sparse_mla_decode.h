@@ -183,7 +183,7 @@ struct WgeSmem {
 };
 
 // Shared-memory layout of a wgt kernel (bytes from a 1024-aligned base, + kWgAlignSlack): 64-entry tiles gathered
-// through registers, so no raw ring: Q, two bf16 tiles, one P buffer for warpgroup 1 with the
+// through registers, so no raw ring and no index list: Q, two bf16 tiles, one P buffer for warpgroup 1 with the
 // per-head rescale factors, the epilogue's (m, l) per head and per tile buffer one validity byte per entry.
 constexpr int kWgtT = 64;       // entries per tile
 template <class L>
@@ -197,12 +197,7 @@ struct WgtSmem {
   static constexpr int kValid = kFin + 64 * 8;               // 2 x 64 bytes: entry valid, per tile buffer
   static constexpr int kValid32 = kValid + 2 * kWgtT;        // _t64x: 2 x 64 words (the peer stores 4-byte units)
   static constexpr int kBar = kValid32 + 2 * kWgtT * 4;      // _t64x: mbarriers peer-half ready [2], buffer free [2]
-  // _t64x: the split's index list, validated (index_list), for its first kIdxCap entries, where the 227 KB leave
-  // room for at least 1024 (V4: 4096; V3.2: none, its tiles are 9 KB larger).
-  static constexpr int kIdx = kBar + 4 * 8;
-  static constexpr int kIdxRoom = (232448 - kWgAlignSlack - kIdx) / 4 / kWgtT * kWgtT;
-  static constexpr int kIdxCap = kIdxRoom >= 1024 ? (kIdxRoom < 4096 ? kIdxRoom : 4096) : 0;
-  static constexpr int kEnd = kIdx + 4 * kIdxCap;
+  static constexpr int kEnd = kBar + 4 * 8;
   static_assert(kTile % 1024 == 0 && kTileBytes % 1024 == 0, "tile buffers hold whole 1024-byte swizzle atoms");
   static_assert(kEnd + kWgAlignSlack <= 232448, "fits the 227 KB of an H200 CTA whatever the split length");
 };
