@@ -3354,7 +3354,7 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
       // it shares their scoreboard, so the conversion that waits for them has it too, and the next tile's loads
       // go out without a round trip to L2 for their index (~0.6 us per tile in the timeline before; NOTES.md
       // "Converting ahead of the free buffer"). A step-ahead index with two raw sets had been slower (NOTES.md
-      // "The cluster pair's timeline"), and a list in shared memory (V4 only: V3.2 has no room) was 2-6% slower.
+      // "The cluster pair's timeline"), and a list in shared memory (V4 only: V3.2 has no room) was 1-4% slower.
       int idx_ahead = -1;
       auto step_ahead = [&](int it, WgtRaw<L, 4>& raw, int& v) {
         const int b = it & 1;

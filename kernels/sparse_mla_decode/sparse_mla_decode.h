@@ -278,7 +278,8 @@ constexpr int kCombineThreads = 128;
 // touches 8 entries), _t64p (as _t64q, the loads of each half-tile issued as soon as its registers are free),
 // _t64c (as _t64q, warpgroup 1 converting half of each tile). X(NAME, LAYOUT, TPE, PIPE, SPLIT, PROBE).
 // SPARSE_MLA_WGTX_KERNELS (production): _t64x, a cluster of the two CTAs of 128 heads, each gathering and converting
-// half of every tile and copying it in bulk into the peer; needs an even number of 64-head blocks.
+// half of every tile (into registers, ahead of the free buffer) and copying it in bulk into the peer, one copy per
+// producer warp; needs an even number of 64-head blocks.
 // X(NAME, LAYOUT, PROBE, MODE).
 #define SPARSE_MLA_WGT_KERNELS(X)                         \
   X(sparse_mla_wg_v4_t64, V4, 2, false, false, 0)         \
