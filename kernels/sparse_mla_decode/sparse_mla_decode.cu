@@ -3298,6 +3298,8 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
       using R4 = WgtRaw<L, 4>;
       const uint32_t peer_tiles = cluster_map(tiles, peer), peer_valid = cluster_map(valid32, peer);
       const uint32_t peer_rready = cluster_map(rready, peer);
+      // CLUSTER 1 (_t64xs, tuning build): two raw sets, each tile converted after the wait for its buffer, every
+      // converted chunk stored here and by st.async into the peer.
       auto step = [&](int it, WgtRaw<L, 4>& raw, int& v) {
         const int b = it & 1;
         lap(kTlProdIndex);
@@ -3312,31 +3314,16 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
         if (ptid == 0) mbar_arrive_expect_tx(rready + b, kPeerBytes);     // the peer's half of tile it
         uint8_t* tile = tiles + b * S::kTileBytes;
         const uint32_t ptile = peer_tiles + b * S::kTileBytes, pbar = peer_rready + 8 * b;
-        if constexpr (CLUSTER == 1) {
-          wgt_store<L, 4, PROBE>(raw, e, j, [&](int off, uint4 x) {
-            *reinterpret_cast<uint4*>(tile + off) = x;
-            st_async_v4(ptile + off, x, pbar);
-          });
-          if (j == 0) {
-            valid32[b * T + e] = v >= 0;
-            st_async_b32(peer_valid + 4 * (b * T + e), v >= 0, pbar);
-          }
-        } else {
-          wgt_store<L, 4, PROBE>(raw, e, j, WgtPutLocal{tile});
-          if (j == 0) valid32[b * T + e] = v >= 0;
+        wgt_store<L, 4, PROBE>(raw, e, j, [&](int off, uint4 x) {
+          *reinterpret_cast<uint4*>(tile + off) = x;
+          st_async_v4(ptile + off, x, pbar);
+        });
+        if (j == 0) {
+          valid32[b * T + e] = v >= 0;
+          st_async_b32(peer_valid + 4 * (b * T + e), v >= 0, pbar);
         }
         lap(kTlProdConvert);
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // tile: generic stores -> wgmma / bulk reads
-        if constexpr (CLUSTER >= 2) {
-          // Each warp sends its own 8 entries as soon as they are in this CTA's buffer (no wait for the other
-          // producer warps): entries 32 rank + 8 w .. + 7, one entry group of wgt_off's layout, in one copy.
-          __syncwarp();
-          if (lane == 0) {
-            const int rows = 32 * static_cast<int>(rank) + 8 * (ptid >> 5), off = rows / 8 * kWgtGroup<DQK>;
-            bulk_s2peer(ptile + off, tile + off, kWgtGroup<DQK>, pbar);
-            bulk_s2peer(peer_valid + 4 * (b * T + rows), valid32 + b * T + rows, 8 * 4, pbar);
-          }
-        }
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // tile: generic stores -> wgmma reads
         bar_arrive(kBarFull + b, kWgThreads);                             // this CTA's half of tile it
         if (it == 0) stamp(kTlProdTile0, ptid == 0);
         lap(kTlProdHand);
@@ -3393,7 +3380,9 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
         }
         if (j == 0) valid32[b * T + e] = v_cur >= 0;
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // tile: generic stores -> wgmma / bulk reads
-        __syncwarp();   // the warp's 8 entries are in this CTA's buffer: one bulk copy to the peer (see step)
+        // Each warp sends its own 8 entries as soon as they are in this CTA's buffer (no wait for the other producer
+        // warps): entries 32 rank + 8 w .. + 7, one entry group of wgt_off's layout, in one copy.
+        __syncwarp();
         if (lane == 0) {
           const int rows = 32 * static_cast<int>(rank) + 8 * (ptid >> 5), off = rows / 8 * kWgtGroup<DQK>;
           bulk_s2peer(ptile + off, tile + off, kWgtGroup<DQK>, pbar);
