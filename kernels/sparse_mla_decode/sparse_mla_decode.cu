@@ -2986,7 +2986,7 @@ __device__ __forceinline__ void wgt_load(const MlaParams& p, int v, int j, WgtRa
 }
 
 
-// What wgt_load would read for thread j of an entry, requested into L2 only (no registers; CLUSTER >= 2's tile 1).
+// What wgt_load would read for thread j of an entry, requested into L2 only (no registers; step_ahead's tile 1).
 template <class L, int TPE>
 __device__ __forceinline__ void wgt_prefetch(const MlaParams& p, int v, int j) {
   using R = WgtRaw<L, TPE>;

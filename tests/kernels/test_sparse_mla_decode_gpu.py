@@ -423,6 +423,9 @@ def test_wgtx_cluster_kernels(request, mla, gen, sm90, name):
     if layout == "v32":
         run_and_check(mla, gen, "v32", 2, 1, 128, 2048, empty_rows=(1,), scale_factor=1 + 2 ** -20, kernel=name)
         run_and_check(mla, gen, "v32", 2, 1, 128, 300, scale_mode="mixed", kernel=name)
+    else:   # UE8M0 exponents above the fast conversion's range: warps with such an entry convert through fp32
+        run_and_check(mla, gen, "v4", 2, 1, 128, 512, topk_extra=extra, scale_factor=2.0 ** 20, q_scale=2.0 ** -20,
+                      kernel=name)
 
 
 # ---- wge kernels (sm_90a, V3.2: the wg pipeline exact for any fp32 tile scale) ----

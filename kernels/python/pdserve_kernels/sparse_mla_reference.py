@@ -83,8 +83,9 @@ def write_entries(torch, layout: Layout, cache, page: int, idx, values, scale_fa
                   scale_mode: str = "pow2") -> None:
     """Quantize `values` [n, dqk] and store them at entry indices `idx` [n] (int64) of `cache` [nb, stride].
 
-    scale_factor (v32 only) multiplies the stored fp32 scales (1 + 2^-20 makes them non-powers of two, which
-    the kernel's fast conversion does not take: the tests use it to reach the fallback path). scale_mode
+    scale_factor multiplies the stored scales: v32's fp32 ones by any factor (1 + 2^-20 makes them non-powers of
+    two, which the kernel's fast conversion does not take: the tests use it to reach the fallback path), v4's UE8M0
+    exponents by a power of two (2^20 puts some above what the fast conversion takes). scale_mode
     "amax448" (v32 only): SGLang's own scales (quantize_amax448) instead of powers of two; "mixed" (v32 only):
     powers of two, times 1 + 2^-20 on every other entry (entries on both conversion paths in one tile)."""
     blk, off = idx // page, idx % page
@@ -103,7 +104,12 @@ def write_entries(torch, layout: Layout, cache, page: int, idx, values, scale_fa
         cols = torch.arange(576, device=cache.device)
         u8[blk[:, None], (off * 576)[:, None] + cols[None, :]] = data
         sc = torch.zeros((n, 8), dtype=torch.uint8, device=cache.device)
-        sc[:, :7] = (exp + 127).to(torch.uint8)
+        shift = math.log2(scale_factor)
+        lo, hi = exp.min().item() + 127 + shift, exp.max().item() + 127 + shift
+        if shift != int(shift) or lo < 0 or hi > 254:
+            raise ValueError(f"scale_factor {scale_factor}: v4 takes a power of two that keeps the UE8M0 "
+                             f"exponents in 0..254 (they would span {lo:g}..{hi:g})")
+        sc[:, :7] = (exp + 127 + int(shift)).to(torch.uint8)
         cols8 = torch.arange(8, device=cache.device)
         u8[blk[:, None], (page * 576 + off * 8)[:, None] + cols8[None, :]] = sc
     else:
