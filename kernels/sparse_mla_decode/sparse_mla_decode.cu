@@ -3127,8 +3127,8 @@ enum WgtStamp {
   kTlEntryNs = 0, kTlEntry, kTlPrologue, kTlTile0Ready, kTlTile0Qk, kTlTile0Pv, kTlLoopDone, kTlWritten,
   kTlExit, kTlExitNs, kTlProdTile0, kTlProdDone, kTlProdExit, kTlWg1Done, kTlWg1Written, kTlWaitFull,
   // sums over the tiles, cycles: the producer (thread 0) waiting for a free buffer, waiting for its entry loads,
-  // converting, handing over (barrier, bulk copies, arrival), loading the index of tile it+2 and issuing its
-  // loads; warpgroup 0's QK, softmax + PV
+  // converting (step_ahead: into registers), handing over (step_ahead: the tile's stores, then the fence, bulk copy
+  // and barrier), issuing the next tile's loads and requesting an index; warpgroup 0's QK, softmax + PV
   kTlProdAvail, kTlProdLoads, kTlProdConvert, kTlProdHand, kTlProdIndex, kTlWg0Qk, kTlWg0SoftPv,
   // the first tiles: the producer has its indices of tiles 0 and 1, then their entries (the loads landed);
   // warpgroup 0 has Q

@@ -36,9 +36,9 @@ SUMS = [  # (label, slot): cycles summed over a CTA's tiles
     ("wg0: softmax + PV", W0_SOFTPV),
     ("producer: waiting for a free buffer", P_AVAIL),
     ("producer: waiting for its entry loads", P_LOADS),
-    ("producer: converting", P_CONVERT),
-    ("producer: handing over (barrier, bulk copies)", P_HAND),
-    ("producer: next index + issuing its loads", P_INDEX),
+    ("producer: converting (into registers, before the wait)", P_CONVERT),
+    ("producer: storing the tile, fence, bulk copy, barrier", P_HAND),
+    ("producer: issuing the next tile's loads and index", P_INDEX),
 ]
 PHASES = [  # (label, from slot, to slot): cycles between two readings of one CTA
     ("prologue (Q, first indices, barriers)", ENTRY, PROLOGUE),
