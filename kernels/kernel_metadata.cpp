@@ -92,17 +92,21 @@ void sparse_mla_decode() {
            mla_shape<GeomV32>(buf, sizeof buf, kWgHeads, kWgT, NST, more));                                 \
   }
   SPARSE_MLA_WGE_KERNELS(WGE_META)
-#define WGTX_META(NAME, LAY, PROBE, MODE)                                                                    \
+#define WGTX_META_(NAME, LAY, PROBE, MODE, PAIRS)                                                            \
   {                                                                                                          \
     std::snprintf(more, sizeof more,                                                                         \
                   ", \"probe\": %d, \"f16\": false, \"exact_scales\": false, \"threads_per_entry\": 4, "           \
                   "\"pipelined\": false, \"split_convert\": false, \"cluster_head_blocks\": 2, "                    \
-                  "\"cluster_exchange\": \"%s\", \"balanced_consumers\": %s, \"experimental\": %s", PROBE,          \
-                  MODE >= 2 ? "bulk" : "st.async", MODE == 3 ? "true" : "false", MODE != 2 ? "true" : "false");  \
+                  "\"cluster_exchange\": \"%s\", \"balanced_consumers\": %s, \"merges_split_pairs\": %s, "          \
+                  "\"experimental\": %s", PROBE, MODE >= 2 ? "bulk" : "st.async", MODE == 3 ? "true" : "false",       \
+                  PAIRS, MODE != 2 ? "true" : "false");                                                      \
     kernel(k, #NAME, "wg", kWgThreads, WgtSmem<Geom##LAY>::kEnd + kWgAlignSlack, 0, "entry",                 \
            mla_shape<Geom##LAY>(buf, sizeof buf, kWgHeads, kWgtT, 2, more));                                 \
   }
+#define WGTX_META(NAME, LAY, PROBE, MODE) WGTX_META_(NAME, LAY, PROBE, MODE, "false")
+#define WGTX_PAIR_META(NAME, LAY, PROBE, MODE) WGTX_META_(NAME, LAY, PROBE, MODE, "true")
   SPARSE_MLA_WGTX_KERNELS(WGTX_META)
+  SPARSE_MLA_WGTX_PAIR_KERNELS(WGTX_PAIR_META)
 #ifdef PDSERVE_TUNING_PROBES
   SPARSE_MLA_WG_PROBE_KERNELS(WG_META)
   // Experimental kernels ("experimental": true): not (yet) measured faster than what they would replace.

@@ -9,7 +9,8 @@ records what it showed).
 
 Options: --fused also times the ds default with the fused split-combine, and the default kernel fused where it
 merges its splits itself (the wg kernels' split pairs); --splits 1,2,3 times the default kernel at those split
-counts (fused too with --fused). Timing as bench_sparse_mla.py (harness.Timer: CUDA events, L2 evicted before
+counts (fused too with --fused); --kernels REGEX times only the kernels whose name matches, beside the default.
+Timing as bench_sparse_mla.py (harness.Timer: CUDA events, L2 evicted before
 every repeat, median). One table per run. Merges the former bench_mla_variants.py (ds) and bench_wg.py (wg).
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import re
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
@@ -26,12 +28,17 @@ from harness import Timer, finish, mla_shapes, run_env, seeded_generator, table_
 from pdserve_kernels.sparse_mla_decode import SparseMlaDecode, kernel_shape  # noqa: E402
 
 
-def candidates(mla, layout: str, h: int, rows: int, entries: int) -> list[tuple[str, str, dict]]:
-    """(label, kernel name, extra call arguments): the default first, then every kernel that serves h heads."""
-    out = [("auto", mla.pick_kernel(layout, h, variant="auto", rows=rows, entries=entries), {}),
-           ("old", mla.pick_kernel(layout, h, variant=""), {})]
+def candidates(mla, layout: str, h: int, rows: int, entries: int,
+               only: re.Pattern | None = None) -> list[tuple[str, str, dict]]:
+    """(label, kernel name, extra call arguments): the default first, then every kernel that serves h heads (with
+    `only`, those whose name it matches)."""
+    out = [("auto", mla.pick_kernel(layout, h, variant="auto", rows=rows, entries=entries), {})]
+    if only is None:
+        out.append(("old", mla.pick_kernel(layout, h, variant=""), {}))
     for name, info in sorted(mla.kernels.kernels.items()):
         if info.family not in ("ds", "wg") or kernel_shape(info)[0] != layout or info.shape.get("probe"):
+            continue
+        if only is not None and not only.search(name):
             continue
         if info.family == "ds" and info.shape["heads"] != (16 if h <= 16 else 32):
             continue
@@ -53,6 +60,8 @@ def main() -> int:
     ap.add_argument("--fused", action="store_true",
                     help="also the ds default and (where it fuses) the default kernel with the fused split-combine")
     ap.add_argument("--splits", default="", help="comma-separated split counts to time the default kernel at")
+    ap.add_argument("--kernels", default=None, metavar="REGEX",
+                    help="time only the kernels whose name matches (besides the default), e.g. 't64a|s3_c2_m'")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
@@ -66,7 +75,7 @@ def main() -> int:
     for x in mla_shapes(args.cases.split(","), [int(b) for b in args.batches.split(",")],
                         [int(h) for h in args.heads.split(",")], gen):
         B, h = x.B, x.h
-        cands = candidates(mla, x.layout, h, B, x.n_valid)
+        cands = candidates(mla, x.layout, h, B, x.n_valid, re.compile(args.kernels) if args.kernels else None)
         auto = cands[0][1]
         cands += [(f"auto, {s} splits", auto, {"splits": s}) for s in split_list]
         if args.fused:

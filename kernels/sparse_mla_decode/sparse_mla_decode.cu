@@ -3154,7 +3154,7 @@ __device__ __forceinline__ uint64_t globaltimer_ns() {
 // unconverted, bit 2 = the consumers skip the wgmma instructions. Bit 3 (CLUSTER, results right): a timeline,
 // WgtStamp's clock64 / globaltimer readings of each CTA into p.lse_part (unused with one split: the probe's
 // caller passes a buffer of kTlWords words per CTA there; kernels/tuning/probe_timeline.py).
-template <class L, int TPE, bool PIPE, bool SPLIT, int PROBE, int CLUSTER = 0>
+template <class L, int TPE, bool PIPE, bool SPLIT, int PROBE, int CLUSTER = 0, bool PAIRS = false>
 __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) {
   static_assert(!SPLIT || (TPE == 4 && !PIPE), "SPLIT: 4 threads per entry, two sets in the producer");
   static_assert(!CLUSTER || (TPE == 4 && !PIPE && !SPLIT), "CLUSTER: the SPLIT producer's layout, no split");
@@ -3739,7 +3739,7 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
       fin[r0 + 8] = make_float2(m_run[1], l_run[1]);
     }
     bar_arrive(kBarFin, 256);
-    wg_write_rows<false>(p, o, m_run, l_run, row, split, hblk, r0, wg, t, qs + wg * kWgStageBytes);
+    wg_write_rows<PAIRS>(p, o, m_run, l_run, row, split, hblk, r0, wg, t, qs + wg * kWgStageBytes);
     stamp(kTlWritten, tid == 0);
     if constexpr (CLUSTER) cluster_sync_all();
     stamp(kTlExit, tid == 0);
@@ -3816,7 +3816,7 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
     const float2 f0 = fin[r0], f1 = fin[r0 + 8];
     m_run[0] = f0.x; l_run[0] = f0.y;
     m_run[1] = f1.x; l_run[1] = f1.y;
-    wg_write_rows<false>(p, o, m_run, l_run, row, split, hblk, r0, wg, t, qs + wg * kWgStageBytes);
+    wg_write_rows<PAIRS>(p, o, m_run, l_run, row, split, hblk, r0, wg, t, qs + wg * kWgStageBytes);
     stamp(kTlWg1Written, tid == 128);
     if constexpr (CLUSTER) cluster_sync_all();
   }
@@ -3843,10 +3843,10 @@ __device__ __forceinline__ void wge_entry(const MlaParams& p, uint8_t* smem) {
 #endif
 }
 
-template <class L, int TPE, bool PIPE, bool SPLIT, int PROBE, int CLUSTER = 0>
+template <class L, int TPE, bool PIPE, bool SPLIT, int PROBE, int CLUSTER = 0, bool PAIRS = false>
 __device__ __forceinline__ void wgt_entry(const MlaParams& p, uint8_t* smem) {
 #ifdef MLA_HAS_WGMMA
-  wgt_body<L, TPE, PIPE, SPLIT, PROBE, CLUSTER>(p, smem);
+  wgt_body<L, TPE, PIPE, SPLIT, PROBE, CLUSTER, PAIRS>(p, smem);
 #else
   __trap();
 #endif
@@ -3918,6 +3918,14 @@ SPARSE_MLA_WGE_KERNELS(WGE_KERNEL)
     wgt_entry<Layout##LAY, 4, false, false, PROBE, MODE>(p, smem);                                                 \
   }
 SPARSE_MLA_WGTX_KERNELS(WGTX_KERNEL)
+#define WGTX_PAIR_KERNEL(NAME, LAY, PROBE, MODE)                                                                   \
+  extern "C" __global__ void __cluster_dims__(1, 2, 1) __launch_bounds__(kWgThreads, 1)                            \
+      NAME(const __grid_constant__ MlaParams p) {                                                                  \
+    extern __shared__ __align__(128) uint8_t smem[];                                                               \
+    griddep_launch_dependents();                                                                                   \
+    wgt_entry<Layout##LAY, 4, false, false, PROBE, MODE, true>(p, smem);                                           \
+  }
+SPARSE_MLA_WGTX_PAIR_KERNELS(WGTX_PAIR_KERNEL)
 #ifdef PDSERVE_TUNING_PROBES
 SPARSE_MLA_WG_PROBE_KERNELS(WG_KERNEL)
 SPARSE_MLA_WGT_KERNELS(WGT_KERNEL)          // experimental (tuning build only)

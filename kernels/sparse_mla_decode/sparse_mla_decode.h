@@ -293,6 +293,11 @@ constexpr int kCombineThreads = 128;
 #define SPARSE_MLA_WGTX_KERNELS(X)                        \
   X(sparse_mla_wg_v4_t64x, V4, 0, 2)                      \
   X(sparse_mla_wg_v32_t64x, V32, 0, 2)
+// The cluster pair with the split-pair merge in its epilogue (as the wg kernels' _m): the launcher takes it for two
+// splits (h=128 at 32 rows), where it replaces the combine kernel. X(NAME, LAYOUT, PROBE, MODE).
+#define SPARSE_MLA_WGTX_PAIR_KERNELS(X)                   \
+  X(sparse_mla_wg_v4_t64x_m, V4, 0, 2)                    \
+  X(sparse_mla_wg_v32_t64x_m, V32, 0, 2)
 
 // wge kernels (sm_90a, V3.2 fp8 only; kWgThreads, 64 heads per CTA, kWgT-entry tiles): the wg kernels exact for any
 // fp32 tile scale (raw e4m3 in f16, the scales applied to the fp32 partial S and to P): sparse_mla_wg_v32_s<stages>_e.

@@ -291,6 +291,12 @@ def test_mla_plan_split_pairs_fuse_by_default(mla_table):
     assert not mla.make_plan("v32", 64, 64, 2048, kernel="sparse_mla_wg_v32_s3_c2_m", splits=3).fuse_combine
     assert not mla.make_plan("v32", 64, 64, 2048, kernel="sparse_mla_wg_v32_s3_e", splits=2,
                              fuse_combine=True).fuse_combine   # the wge epilogue does not merge pairs
+    # the cluster pair at 128 heads and 32 rows: two splits of 64 clusters, merged by its _m variant
+    for layout, topk, extra in (("v32", 2048, 0), ("v4", 512, 128)):
+        x = mla.make_plan(layout, 32, 128, topk, extra)
+        assert (x.kernel, x.splits, x.fuse_combine) == (f"sparse_mla_wg_{layout}_t64x_m", 2, True)
+        assert x.counter_ints == 32 * 2 * 16 and x.grid == (2, 2, 32)
+        assert mla.make_plan(layout, 32, 128, topk, extra, fuse_combine=False).kernel == f"sparse_mla_wg_{layout}_t64x"
     # more splits (fewer rows): the plain kernel with the combine
     few = mla.make_plan("v32", 8, 64, 2048)
     assert few.splits > 2 and not few.kernel.endswith("_m") and not few.fuse_combine

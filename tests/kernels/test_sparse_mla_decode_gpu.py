@@ -272,28 +272,46 @@ def test_wg_split_kv_empty_rows_mostly_invalid(mla, gen, sm90, splits):
     run_and_check(mla, gen, "v32", 2, 1, 64, 2048, invalid_frac=0.95, splits=splits, variant="wg")
 
 
-@pytest.mark.parametrize("kernel", ["sparse_mla_wg_v4_s3_m", "sparse_mla_wg_v32_s3_c2_m"])
-def test_wg_split_pairs_merged_in_the_kernel(mla, gen, sm90, kernel):
+# Every kernel that merges split pairs in its epilogue (metadata "merges_split_pairs"), with the head count its
+# cases run at: the cluster pair (_t64x_m) serves two head blocks per cluster.
+SPLIT_PAIR_KERNELS = [("sparse_mla_wg_v4_s3_m", 64), ("sparse_mla_wg_v32_s3_c2_m", 64), ("sparse_mla_wg_v4_t64x_m", 128),
+                      ("sparse_mla_wg_v32_t64x_m", 128)]
+
+
+def test_split_pair_kernels_are_every_merging_kernel(mla):
+    assert {n for n, k in mla.kernels.kernels.items() if k.shape.get("merges_split_pairs")} == \
+        {n for n, _ in SPLIT_PAIR_KERNELS}
+
+
+@pytest.mark.parametrize("kernel,h", SPLIT_PAIR_KERNELS)
+def test_wg_split_pairs_merged_in_the_kernel(mla, gen, sm90, kernel, h):
     # The _m kernels with two splits: the second of each pair of consumer warps merges the first's partial, no
     # combine launch (the launcher's default for two splits of these kernels). Twice in a row (the counters must
     # be left at zero), a warp with heads past h, empty rows, mostly invalid entries, next_n = 2 without sinks,
     # a second split of one entry; three splits and fuse_combine=False stay unfused (the _m kernel's plain path).
     layout = kernel.split("_")[3]
     extra = 128 if layout == "v4" else 0
-    plan = mla.make_plan(layout, 3, 64, 512, extra, kernel=kernel, splits=2)
-    assert plan.fuse_combine and plan.counter_ints == 3 * 16
-    assert mla.make_plan(layout, 64, 64, 2048 if layout == "v32" else 512, extra).kernel == kernel
-    assert not mla.make_plan(layout, 3, 64, 512, extra, kernel=kernel, splits=3).fuse_combine
-    assert not mla.make_plan(layout, 3, 64, 512, extra, kernel=kernel[:-2], splits=2, fuse_combine=True).fuse_combine
+    blocks = h // 64
+    plan = mla.make_plan(layout, 3, h, 512, extra, kernel=kernel, splits=2)
+    assert plan.fuse_combine and plan.counter_ints == 3 * 16 * blocks
+    assert not mla.make_plan(layout, 3, h, 512, extra, kernel=kernel, splits=3).fuse_combine
+    assert not mla.make_plan(layout, 3, h, 512, extra, kernel=kernel[:-2], splits=2, fuse_combine=True).fuse_combine
     fused = dict(kernel=kernel, splits=2)
     for _ in range(2):
-        run_and_check(mla, gen, layout, 3, 1, 64, 512, topk_extra=extra, empty_rows=(1,), **fused)
-    run_and_check(mla, gen, layout, 2, 1, 72, 512, topk_extra=extra, empty_rows=(0,), **fused)
+        run_and_check(mla, gen, layout, 3, 1, h, 512, topk_extra=extra, empty_rows=(1,), **fused)
+    # a warp with rows past h (the pair: its second block partly empty)
+    run_and_check(mla, gen, layout, 2, 1, h + 8 if blocks == 1 else h - 8, 512, topk_extra=extra, empty_rows=(0,), **fused)
     run_and_check(mla, gen, layout, 2, 1, 128, 2048 if layout == "v32" else 1025, invalid_frac=0.95, **fused)
-    run_and_check(mla, gen, layout, 2, 2, 64, 512, topk_extra=extra, sinks=False, sm_scale=0.13523, **fused)
-    run_and_check(mla, gen, layout, 2, 1, 64, 65, **fused)   # the second split holds one entry
+    run_and_check(mla, gen, layout, 2, 2, h, 512, topk_extra=extra, sinks=False, sm_scale=0.13523, **fused)
+    run_and_check(mla, gen, layout, 2, 1, h, 65, **fused)   # the second split holds one entry
     for unfused in (dict(kernel=kernel, splits=3), dict(kernel=kernel, splits=2, fuse_combine=False)):
-        run_and_check(mla, gen, layout, 3, 1, 64, 512, topk_extra=extra, empty_rows=(1,), **unfused)
+        run_and_check(mla, gen, layout, 3, 1, h, 512, topk_extra=extra, empty_rows=(1,), **unfused)
+
+
+def test_default_merges_split_pairs_at_64_heads(mla, sm90):
+    for layout, entries in (("v4", 640), ("v32", 2048)):
+        plan = mla.make_plan(layout, 64, 64, entries)
+        assert plan.splits == 2 and plan.fuse_combine and plan.kernel.endswith("_m")
 
 
 @pytest.mark.parametrize("suffix", ["_h", "_c2"])
