@@ -405,12 +405,15 @@ def test_wgt_kernels(mla_tuning, gen, sm90, name):
         run_and_check(mla, gen, "v32", 2, 1, 64, 300, scale_mode="mixed", kernel=name)
 
 
-def test_default_takes_the_cluster_kernels_at_128_heads_from_32_rows(mla, sm90):
+def test_default_takes_the_cluster_kernels_at_128_heads(mla, gen, sm90):
     assert mla.pick_kernel("v32", 128, rows=64) == "sparse_mla_wg_v32_t64x"
     assert mla.pick_kernel("v4", 128, rows=128) == "sparse_mla_wg_v4_t64x"
     assert mla.pick_kernel("v4", 96, rows=32) == "sparse_mla_wg_v4_t64x"
-    assert mla.pick_kernel("v4", 128, rows=16) == "sparse_mla_wg_v4_s3"     # not faster there (NOTES.md "wgt kernels")
+    assert mla.pick_kernel("v4", 128, rows=1) == "sparse_mla_wg_v4_t64x"    # every row count (NOTES.md)
     assert mla.pick_kernel("v32", 64, rows=64) == "sparse_mla_wg_v32_s3_c2"  # one head block: no cluster
+    # the default at one row: splits of one tile each, merged by the combine kernel
+    run_and_check(mla, gen, "v32", 1, 1, 128, 2048)
+    run_and_check(mla, gen, "v4", 1, 1, 128, 512, topk_extra=128)
 
 
 @pytest.mark.parametrize("name", WGTX_KERNELS + WGTXB_KERNELS)

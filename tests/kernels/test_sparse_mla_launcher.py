@@ -18,26 +18,29 @@ def _launcher(smem_limit=232448, num_sms=132, capability=(9, 0)):
 # (layout, h, rows) -> kernel measured fastest on H200 (or within 1% of it; at rows <= 8, where calls are
 # latency-bound and vary by ~1 us between runs, the first-version kernel unless the ds kernel won clearly),
 # 2026-11-29, kernels/BENCHMARKS.md "ds kernels"; h >= 64 from 8 rows: the wg kernels (2026-11-30,
-# BENCHMARKS.md "wg kernels"); h = 96 / 128 from 32 rows: the wgt cluster kernels (2026-12-01, NOTES.md "wgt kernels").
+# BENCHMARKS.md "wg kernels"); h = 96 / 128: the wgt cluster kernels, from 32 rows (2026-12-01, NOTES.md "wgt
+# kernels"), at every row count since they convert ahead (2026-12-02, NOTES.md "The cluster pair from one row").
 MEASURED_DEFAULT = {
     ("v4", 16, 1): "sparse_mla_v4_h16_t64", ("v4", 16, 8): "sparse_mla_v4_h16_t64",
     ("v4", 16, 64): "sparse_mla_ds_v4_h16_t32_s4", ("v4", 16, 128): "sparse_mla_ds_v4_h16_t32_s4",
     ("v4", 32, 8): "sparse_mla_v4_h32_t64", ("v4", 32, 64): "sparse_mla_ds_v4_h32_t64_s2",
-    ("v4", 64, 1): "sparse_mla_v4_h64_t64", ("v4", 128, 1): "sparse_mla_v4_h64_t64",
+    ("v4", 64, 1): "sparse_mla_v4_h64_t64", ("v4", 128, 1): "sparse_mla_wg_v4_t64x",
     ("v4", 64, 8): "sparse_mla_wg_v4_s3", ("v4", 64, 64): "sparse_mla_wg_v4_s3",
-    ("v4", 64, 128): "sparse_mla_wg_v4_s3", ("v4", 128, 64): "sparse_mla_wg_v4_t64x", ("v4", 128, 8): "sparse_mla_wg_v4_s3",
+    ("v4", 64, 128): "sparse_mla_wg_v4_s3", ("v4", 128, 64): "sparse_mla_wg_v4_t64x", ("v4", 128, 8): "sparse_mla_wg_v4_t64x",
     ("v32", 16, 1): "sparse_mla_ds_v32_h16_t64_s2", ("v32", 16, 64): "sparse_mla_ds_v32_h16_t32_s4",
     ("v32", 32, 8): "sparse_mla_v32_h32_t64", ("v32", 32, 64): "sparse_mla_ds_v32_h32_t64_s2",
-    ("v32", 64, 1): "sparse_mla_ds_v32_h32_t64_s2", ("v32", 128, 1): "sparse_mla_ds_v32_h32_t64_s2",
-    ("v32", 64, 8): "sparse_mla_wg_v32_s3_c2", ("v32", 128, 8): "sparse_mla_wg_v32_s3_c2",
+    ("v32", 64, 1): "sparse_mla_ds_v32_h32_t64_s2", ("v32", 128, 1): "sparse_mla_wg_v32_t64x",
+    ("v32", 64, 8): "sparse_mla_wg_v32_s3_c2", ("v32", 128, 8): "sparse_mla_wg_v32_t64x",
     ("v32", 128, 64): "sparse_mla_wg_v32_t64x", ("v32", 128, 128): "sparse_mla_wg_v32_t64x",
-    ("v32", 128, 32): "sparse_mla_wg_v32_t64x", ("v4", 96, 32): "sparse_mla_wg_v4_t64x", ("v4", 128, 16): "sparse_mla_wg_v4_s3",
+    ("v32", 128, 32): "sparse_mla_wg_v32_t64x", ("v4", 96, 32): "sparse_mla_wg_v4_t64x", ("v4", 128, 16): "sparse_mla_wg_v4_t64x",
     # V3.2, 17-32 heads: the ds kernel from 16 rows (2026-12-02, calls 14-15: 0.75-0.95x the first version)
     ("v32", 24, 16): "sparse_mla_ds_v32_h32_t64_s2", ("v32", 32, 24): "sparse_mla_ds_v32_h32_t64_s2",
     ("v32", 32, 48): "sparse_mla_ds_v32_h32_t64_s2", ("v32", 24, 8): "sparse_mla_v32_h32_t64",
-    # V3.2, more than 64 heads: the wg kernel from 4 rows (2026-12-02 call 21: 0.83x the ds kernel at 128 heads)
-    ("v32", 128, 4): "sparse_mla_wg_v32_s3_c2", ("v32", 128, 2): "sparse_mla_ds_v32_h32_t64_s2",
-    ("v32", 64, 4): "sparse_mla_ds_v32_h32_t64_s2",
+    # V3.2, an odd number of 64-head blocks: the wg kernel from 4 rows (2026-12-02 call 21: 0.83x the ds kernel at
+    # 128 heads, then the default there); an even number: the cluster pair at every row count
+    ("v32", 192, 4): "sparse_mla_wg_v32_s3_c2", ("v32", 192, 2): "sparse_mla_ds_v32_h32_t64_s2",
+    ("v32", 64, 4): "sparse_mla_ds_v32_h32_t64_s2", ("v32", 128, 4): "sparse_mla_wg_v32_t64x",
+    ("v32", 128, 2): "sparse_mla_wg_v32_t64x", ("v32", 96, 4): "sparse_mla_wg_v32_t64x",
 }
 
 

@@ -20,8 +20,8 @@ Returns ``(out bf16 [B, next_n, h, 512], lse fp32 [B, next_n, h])``; lse is the 
 valid entries, without the sink; a row with no valid entry gets out = 0, lse = +inf.
 
 Kernel choice (fp8): by default ("auto", ``auto_fp8_kernel``) the fastest kernel measured on H200 for the
-layout, head count and number of query rows: on sm_90a with an even number of 64-head blocks (96-128 heads) and
->= 32 rows the wgt cluster kernels (``wgx_kernel_name``: 64-entry tiles gathered through registers, the two
+layout, head count and number of query rows: on sm_90a with an even number of 64-head blocks (96-128 heads) the
+wgt cluster kernels at every row count (``wgx_kernel_name``: 64-entry tiles gathered through registers, the two
 64-head CTAs of a row sharing every converted tile), else with h >= 64 and >= 8 rows the "wg" kernels (wgmma, 64
 heads per CTA, a producer warpgroup converting each tile once), else the "ds" kernels (warps split the head
 dimension, e4m3 converted inside the MMA operands) or the first-version kernels. ``variant=`` ("wgx", "wg", "wge",
@@ -31,7 +31,7 @@ kernels, which both apply the scale exactly (``fp32_scales_kernel``). The ds ker
 without ``_c4`` multiply V by its scale in f16: |dequantized V| must stay below 65504 (true for scales up to
 2^7). ``fuse_combine`` merges a plan's splits in the main kernel instead of a second (combine) launch, where the
 kernel can (``fused_counters_per_block``): the wg kernels' split pairs, by default (``None``), and the ds kernels'
-last-CTA combine, correct but measured slower, with ``True`` (NOTES.md).
+last-CTA combine, correct but measured slower, with ``True`` (NOTES.md); the cluster pair's two splits (``_t64x_m``) too.
 """
 
 from __future__ import annotations
@@ -124,14 +124,15 @@ def auto_fp8_kernel(layout: str, h: int, rows: int | None, num_sms: int, sm90: b
                     entries: int | None = None) -> str | None:
     """The default fp8 kernel: a wg or ds kernel name, or None for the first-version kernel of that shape.
 
-    On sm_90a with h >= 64 and >= 8 rows, the wg kernels (2026-11-30 H200 table, bench_wg.py, now part of
+    On sm_90a with an even number of 64-head blocks, the wgt cluster kernels at every row count (wgx_serves). Else
+    on sm_90a with h >= 64 and >= 8 rows, the wg kernels (2026-11-30 H200 table, bench_wg.py, now part of
     bench_mla_variants.py: 1.03-1.75x faster there, 0.82-0.98x at one row). Otherwise from the 2026-11-29 H200
     table (bench_mla_variants.py; V4 CSA 640 entries, V3.2 2048; B = 1/8/64/128): V3.2 takes the ds kernels
     everywhere except 17-32 heads below V32_H32_DS_MIN_ROWS rows; V4 only with >= 64 rows (16 heads: from
     h16_t32_min_rows), and for h > 32 only while its 32-head blocks fit in one wave (they gather every entry once per
     head block). Which 16-head ds kernel depends on `entries` too (ds_kernel_name, h16_one_split_wins).
     """
-    if sm90 and rows is not None and rows >= WGX_MIN_ROWS and wgx_serves(h):
+    if sm90 and wgx_serves(h):   # at every row count (NOTES.md "The cluster pair from one row")
         return wgx_kernel_name(layout)
     wg_min_rows = WG_V32_MULTI_BLOCK_MIN_ROWS if layout == "v32" and h > 64 else WG_MIN_ROWS
     if sm90 and h >= WG_MIN_HEADS and rows is not None and rows >= wg_min_rows:
@@ -174,11 +175,12 @@ def wg_kernel_name(layout: str) -> str:
 # wg kernels' three warpgroups with 64-entry tiles gathered through the producer's registers (no raw ring), the two
 # 64-head CTAs of a row as one thread-block cluster, each gathering and converting half of every tile and copying it
 # in bulk into the other, so every entry is loaded once per row, not once per head block. They serve an even number
-# of 64-head blocks (65-128 heads, 193-256, ...). Measured (H200, 2026-12-01, bench_mla_variants.py, h = 128, V4 CSA
-# / V4 HCA / V3.2): 0.77-0.86x the wg default's time from 64 rows (V3.2 B=64 126.1 against 149.5 us), 0.90-0.97x at 32
-# rows; the first version of the pair (per-chunk st.async exchange) was within 1-3% (slower) at 16 rows and slower
-# at 8 (V4 CSA 30.0 against 26.8), so the default takes them from 32 rows.
-WGX_MIN_ROWS = 32
+# of 64-head blocks (65-128 heads, 193-256, ...), at every row count. Measured (H200, bench_mla_variants.py, V4 CSA /
+# V4 HCA / V3.2): 2026-12-01, 0.77-0.86x the wg default's time from 64 rows, 0.90-0.97x at 32, slower below 16 rows,
+# so the default took them from 32 rows; 2026-12-02 (seventh session, call 2, after the pair's producer converts ahead,
+# NOTES.md "The cluster pair from one row"), h = 128 at 1-24 rows: the fastest candidate or within 0.3 us of it at every
+# row (1 row: 15.6 / 17.1 / 20.1 us against 18.1 / 19.1 / 22.7 for the first-version and ds defaults; 16 rows: 30.0 /
+# 35.9 / 44.3 against the wg kernels' 31.0 / 39.9 / 54.4), and at h = 96 from 4 rows.
 
 
 def wgx_serves(h: int) -> bool:
