@@ -107,6 +107,16 @@ void sparse_mla_decode() {
 #define WGTX_PAIR_META(NAME, LAY, PROBE, MODE) WGTX_META_(NAME, LAY, PROBE, MODE, "true")
   SPARSE_MLA_WGTX_KERNELS(WGTX_META)
   SPARSE_MLA_WGTX_PAIR_KERNELS(WGTX_PAIR_META)
+#define WGTC_META(NAME, LAY, PAIRS)                                                                          \
+  {                                                                                                          \
+    std::snprintf(more, sizeof more,                                                                         \
+                  ", \"probe\": 0, \"f16\": false, \"exact_scales\": false, \"threads_per_entry\": 4, "             \
+                  "\"pipelined\": false, \"split_convert\": true, \"merges_split_pairs\": %s",                      \
+                  PAIRS ? "true" : "false");                                                                 \
+    kernel(k, #NAME, "wg", kWgThreads, WgtSmem<Geom##LAY>::kEnd + kWgAlignSlack, 0, "entry",                 \
+           mla_shape<Geom##LAY>(buf, sizeof buf, kWgHeads, kWgtT, 2, more));                                 \
+  }
+  SPARSE_MLA_WGTC_KERNELS(WGTC_META)
 #ifdef PDSERVE_TUNING_PROBES
   SPARSE_MLA_WG_PROBE_KERNELS(WG_META)
   // Experimental kernels ("experimental": true): not (yet) measured faster than what they would replace.

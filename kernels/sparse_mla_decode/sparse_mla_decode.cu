@@ -3788,7 +3788,7 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
     const float2 f0 = fin[r0], f1 = fin[r0 + 8];
     m_run[0] = f0.x; l_run[0] = f0.y;
     m_run[1] = f1.x; l_run[1] = f1.y;
-    wg_write_rows<false>(p, o, m_run, l_run, row, split, hblk, r0, wg, t, qs + wg * kWgStageBytes);
+    wg_write_rows<PAIRS>(p, o, m_run, l_run, row, split, hblk, r0, wg, t, qs + wg * kWgStageBytes);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Regs::kWg1) : "memory");
     await_q();
@@ -3926,6 +3926,14 @@ SPARSE_MLA_WGTX_KERNELS(WGTX_KERNEL)
     wgt_entry<Layout##LAY, 4, false, false, PROBE, MODE, true>(p, smem);                                           \
   }
 SPARSE_MLA_WGTX_PAIR_KERNELS(WGTX_PAIR_KERNEL)
+// The production _t64c kernels (warpgroup 1 converts half of each tile), with or without the split-pair merge.
+#define WGTC_KERNEL(NAME, LAY, PAIRS)                                                                     \
+  extern "C" __global__ void __launch_bounds__(kWgThreads, 1) NAME(const __grid_constant__ MlaParams p) { \
+    extern __shared__ __align__(128) uint8_t smem[];                                                      \
+    griddep_launch_dependents();                                                                          \
+    wgt_entry<Layout##LAY, 4, false, true, 0, 0, PAIRS>(p, smem);                                         \
+  }
+SPARSE_MLA_WGTC_KERNELS(WGTC_KERNEL)
 #ifdef PDSERVE_TUNING_PROBES
 SPARSE_MLA_WG_PROBE_KERNELS(WG_KERNEL)
 SPARSE_MLA_WGT_KERNELS(WGT_KERNEL)          // experimental (tuning build only)

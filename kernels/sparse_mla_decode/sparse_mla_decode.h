@@ -288,8 +288,7 @@ constexpr int kCombineThreads = 128;
   X(sparse_mla_wg_v32_t64q, V32, 4, false, false, 0)      \
   X(sparse_mla_wg_v4_t64p, V4, 4, true, false, 0)         \
   X(sparse_mla_wg_v32_t64p, V32, 4, true, false, 0)       \
-  X(sparse_mla_wg_v4_t64c, V4, 4, false, true, 0)         \
-  X(sparse_mla_wg_v32_t64c, V32, 4, false, true, 0)
+  X(sparse_mla_wg_v4_t64c, V4, 4, false, true, 0)
 #define SPARSE_MLA_WGTX_KERNELS(X)                        \
   X(sparse_mla_wg_v4_t64x, V4, 0, 2)                      \
   X(sparse_mla_wg_v32_t64x, V32, 0, 2)
@@ -298,6 +297,11 @@ constexpr int kCombineThreads = 128;
 #define SPARSE_MLA_WGTX_PAIR_KERNELS(X)                   \
   X(sparse_mla_wg_v4_t64x_m, V4, 0, 2)                    \
   X(sparse_mla_wg_v32_t64x_m, V32, 0, 2)
+// Production _t64c (V3.2; V4's stays in the tuning build): one CTA per 64-head block, warpgroup 1 converting half of
+// each tile; _t64c_m with the split-pair merge. X(NAME, LAYOUT, PAIRS).
+#define SPARSE_MLA_WGTC_KERNELS(X)                        \
+  X(sparse_mla_wg_v32_t64c, V32, false)                   \
+  X(sparse_mla_wg_v32_t64c_m, V32, true)
 
 // wge kernels (sm_90a, V3.2 fp8 only; kWgThreads, 64 heads per CTA, kWgT-entry tiles): the wg kernels exact for any
 // fp32 tile scale (raw e4m3 in f16, the scales applied to the fp32 partial S and to P): sparse_mla_wg_v32_s<stages>_e.

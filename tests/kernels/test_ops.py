@@ -278,13 +278,13 @@ def test_mla_plan_split_pairs_fuse_by_default(mla_table):
     mla = _launcher(mla_table)
     # the default kernel at 64 heads and 64 rows runs in two splits: its _m variant, which merges them itself
     pair = mla.make_plan("v32", 64, 64, 2048)
-    assert pair.splits == 2 and pair.kernel == "sparse_mla_wg_v32_s3_c2_m" and pair.fuse_combine
+    assert pair.splits == 2 and pair.kernel == "sparse_mla_wg_v32_t64c_m" and pair.fuse_combine
     assert pair.counter_ints == 64 * 16 and pair.workspace_floats == pair.partial_floats + pair.counter_ints
     v4 = mla.make_plan("v4", 64, 64, 512, 128)
     assert v4.splits == 2 and v4.kernel == "sparse_mla_wg_v4_s3_m" and v4.fuse_combine
     # fuse_combine=False: the plain kernel and the combine launch
     plain = mla.make_plan("v32", 64, 64, 2048, fuse_combine=False)
-    assert plain.kernel == "sparse_mla_wg_v32_s3_c2" and not plain.fuse_combine and plain.counter_ints == 0
+    assert plain.kernel == "sparse_mla_wg_v32_t64c" and not plain.fuse_combine and plain.counter_ints == 0
     # a kernel named by the caller is kept: the plain one does not merge, the _m one merges two splits only
     assert not mla.make_plan("v32", 64, 64, 2048, kernel="sparse_mla_wg_v32_s3_c2", fuse_combine=True).fuse_combine
     assert mla.make_plan("v32", 64, 64, 2048, kernel="sparse_mla_wg_v32_s3_c2_m").fuse_combine

@@ -274,8 +274,8 @@ def test_wg_split_kv_empty_rows_mostly_invalid(mla, gen, sm90, splits):
 
 # Every kernel that merges split pairs in its epilogue (metadata "merges_split_pairs"), with the head count its
 # cases run at: the cluster pair (_t64x_m) serves two head blocks per cluster.
-SPLIT_PAIR_KERNELS = [("sparse_mla_wg_v4_s3_m", 64), ("sparse_mla_wg_v32_s3_c2_m", 64), ("sparse_mla_wg_v4_t64x_m", 128),
-                      ("sparse_mla_wg_v32_t64x_m", 128)]
+SPLIT_PAIR_KERNELS = [("sparse_mla_wg_v4_s3_m", 64), ("sparse_mla_wg_v32_s3_c2_m", 64), ("sparse_mla_wg_v32_t64c_m", 64),
+                      ("sparse_mla_wg_v4_t64x_m", 128), ("sparse_mla_wg_v32_t64x_m", 128)]
 
 
 def test_split_pair_kernels_are_every_merging_kernel(mla):
@@ -363,6 +363,7 @@ def mla_tuning(mla):
 
 
 WGT_KERNELS = [f"sparse_mla_wg_{lay}_{v}" for v in ("t64", "t64q", "t64p", "t64c") for lay in ("v4", "v32")]
+WGT_PRODUCTION = ["sparse_mla_wg_v32_t64c"]   # one of them is a production kernel (the V3.2 default at 64 heads)
 WGTX_KERNELS = ["sparse_mla_wg_v4_t64x", "sparse_mla_wg_v32_t64x"]   # production; clusters of 2 head blocks
 # tuning build: the st.async exchange, and the bulk one with balanced consumers
 WGTXB_KERNELS = [f"sparse_mla_wg_{lay}_{v}" for v in ("t64xs", "t64xb") for lay in ("v4", "v32")]
@@ -371,9 +372,9 @@ WGTXB_KERNELS = [f"sparse_mla_wg_{lay}_{v}" for v in ("t64xs", "t64xb") for lay 
 def test_wgt_kernels_are_experimental_and_in_the_tuning_fatbin_only(mla, mla_tuning):
     experimental = {n for n, k in mla_tuning.kernels.family("wg").items()
                     if k.shape.get("experimental") and not k.shape.get("probe")}
-    assert experimental == set(WGT_KERNELS + WGTXB_KERNELS)
+    assert experimental == set(WGT_KERNELS + WGTXB_KERNELS) - set(WGT_PRODUCTION)
     assert not experimental & set(mla.kernels.kernels)
-    assert set(WGTX_KERNELS) <= set(mla.kernels.kernels)   # the cluster kernels are production ones
+    assert set(WGTX_KERNELS + WGT_PRODUCTION) <= set(mla.kernels.kernels)   # production ones
 
 
 @pytest.mark.parametrize("name", WGT_KERNELS)
@@ -410,7 +411,7 @@ def test_default_takes_the_cluster_kernels_at_128_heads(mla, gen, sm90):
     assert mla.pick_kernel("v4", 128, rows=128) == "sparse_mla_wg_v4_t64x"
     assert mla.pick_kernel("v4", 96, rows=32) == "sparse_mla_wg_v4_t64x"
     assert mla.pick_kernel("v4", 128, rows=1) == "sparse_mla_wg_v4_t64x"    # every row count (NOTES.md)
-    assert mla.pick_kernel("v32", 64, rows=64) == "sparse_mla_wg_v32_s3_c2"  # one head block: no cluster
+    assert mla.pick_kernel("v32", 64, rows=64) == "sparse_mla_wg_v32_t64c"   # one head block: no cluster
     # the default at one row: splits of one tile each, merged by the combine kernel
     run_and_check(mla, gen, "v32", 1, 1, 128, 2048)
     run_and_check(mla, gen, "v4", 1, 1, 128, 512, topk_extra=128)

@@ -31,6 +31,9 @@ MEASURED_DEFAULT = {
     ("v32", 32, 8): "sparse_mla_v32_h32_t64", ("v32", 32, 64): "sparse_mla_ds_v32_h32_t64_s2",
     ("v32", 64, 1): "sparse_mla_ds_v32_h32_t64_s2", ("v32", 128, 1): "sparse_mla_wg_v32_t64x",
     ("v32", 64, 8): "sparse_mla_wg_v32_s3_c2", ("v32", 128, 8): "sparse_mla_wg_v32_t64x",
+    # V3.2, one 64-head block, at most two splits per row: _t64c (2026-12-02 seventh session, call 4: 0.93-0.98x)
+    ("v32", 64, 32): "sparse_mla_wg_v32_s3_c2", ("v32", 64, 64): "sparse_mla_wg_v32_t64c",
+    ("v32", 64, 128): "sparse_mla_wg_v32_t64c", ("v4", 64, 128): "sparse_mla_wg_v4_s3",
     ("v32", 128, 64): "sparse_mla_wg_v32_t64x", ("v32", 128, 128): "sparse_mla_wg_v32_t64x",
     ("v32", 128, 32): "sparse_mla_wg_v32_t64x", ("v4", 96, 32): "sparse_mla_wg_v4_t64x", ("v4", 128, 16): "sparse_mla_wg_v4_t64x",
     # V3.2, 17-32 heads: the ds kernel from 16 rows (2026-12-02, calls 14-15: 0.75-0.95x the first version)
@@ -89,6 +92,14 @@ def test_16_heads_take_one_long_split_where_measured_faster(key, monkeypatch):
     # the bounds scale with the GPU's SMs (V4: one wave of the one-CTA-per-SM kernel, more than two thirds full)
     assert _launcher(num_sms=264).pick_kernel(layout, 16, rows=2 * rows, entries=entries) == \
         MEASURED_H16_BY_ENTRIES[key]
+
+
+def test_split_convert_kernel_where_at_most_two_splits():
+    # the boundary of wgtc_wins: rows x head blocks > num_sms / 3 (two splits or fewer), odd head-block counts only
+    assert not mla_mod.wgtc_wins("v32", 64, 44, 132) and mla_mod.wgtc_wins("v32", 64, 45, 132)
+    assert mla_mod.wgtc_wins("v32", 192, 15, 132) and not mla_mod.wgtc_wins("v32", 192, 14, 132)
+    assert not mla_mod.wgtc_wins("v32", 128, 128, 132) and not mla_mod.wgtc_wins("v4", 64, 128, 132)
+    assert mla_mod.wgtc_wins("v32", 64, 89, 264) and not mla_mod.wgtc_wins("v32", 64, 88, 264)
 
 
 def test_explicit_variants_and_small_smem_gpus(monkeypatch):

@@ -23,7 +23,8 @@ Kernel choice (fp8): by default ("auto", ``auto_fp8_kernel``) the fastest kernel
 layout, head count and number of query rows: on sm_90a with an even number of 64-head blocks (96-128 heads) the
 wgt cluster kernels at every row count (``wgx_kernel_name``: 64-entry tiles gathered through registers, the two
 64-head CTAs of a row sharing every converted tile), else with h >= 64 and >= 8 rows the "wg" kernels (wgmma, 64
-heads per CTA, a producer warpgroup converting each tile once), else the "ds" kernels (warps split the head
+heads per CTA, a producer warpgroup converting each tile once; V3.2 with at most two splits per row their 64-entry
+successor ``WGTC_V32``, warpgroup 1 converting half of each tile), else the "ds" kernels (warps split the head
 dimension, e4m3 converted inside the MMA operands) or the first-version kernels. ``variant=`` ("wgx", "wg", "wge",
 "ds", "" ...) / ``kernel=`` force one. V3.2 caches whose fp32 tile scales are not powers of two (SGLang's
 amax/448) need ``make_plan(fp32_scales=True)``: the "wge" kernels on sm_90a at h >= 64 from 8 rows, else the ds
@@ -125,6 +126,7 @@ def auto_fp8_kernel(layout: str, h: int, rows: int | None, num_sms: int, sm90: b
     """The default fp8 kernel: a wg or ds kernel name, or None for the first-version kernel of that shape.
 
     On sm_90a with an even number of 64-head blocks, the wgt cluster kernels at every row count (wgx_serves). Else
+    on sm_90a with h >= 64 and >= 8 rows, V3.2 at most two splits per row: WGTC_V32 (wgtc_wins). Else
     on sm_90a with h >= 64 and >= 8 rows, the wg kernels (2026-11-30 H200 table, bench_wg.py, now part of
     bench_mla_variants.py: 1.03-1.75x faster there, 0.82-0.98x at one row). Otherwise from the 2026-11-29 H200
     table (bench_mla_variants.py; V4 CSA 640 entries, V3.2 2048; B = 1/8/64/128): V3.2 takes the ds kernels
@@ -136,7 +138,7 @@ def auto_fp8_kernel(layout: str, h: int, rows: int | None, num_sms: int, sm90: b
         return wgx_kernel_name(layout)
     wg_min_rows = WG_V32_MULTI_BLOCK_MIN_ROWS if layout == "v32" and h > 64 else WG_MIN_ROWS
     if sm90 and h >= WG_MIN_HEADS and rows is not None and rows >= wg_min_rows:
-        return wg_kernel_name(layout)
+        return WGTC_V32 if wgtc_wins(layout, h, rows, num_sms) else wg_kernel_name(layout)
     many = rows is not None and rows >= DS_MIN_ROWS
     if layout == "v32":
         mid_rows = rows is not None and rows >= V32_H32_DS_MIN_ROWS
@@ -169,6 +171,20 @@ def wg_kernel_name(layout: str) -> str:
     (_c2 was 0-8% slower there: a V4 entry is cheaper to convert, so the extra hand-off costs more than it
     saves)."""
     return f"sparse_mla_wg_{layout}_s3_c2" if layout == "v32" else f"sparse_mla_wg_{layout}_s3"
+
+
+# The wgt kernel with warpgroup 1 converting half of every tile (fp8 V3.2, sm_90a; 64-entry tiles, one CTA per 64-head
+# block; NOTES.md "wgt kernels", "_t64c at 64 heads"): where the wg default's plan has at most two splits.
+WGTC_V32 = "sparse_mla_wg_v32_t64c"
+
+
+def wgtc_wins(layout: str, h: int, rows: int, num_sms: int) -> bool:
+    """Whether the V3.2 default at an odd number of 64-head blocks is WGTC_V32 rather than the wg kernel: at most two
+    splits per row (rows x head blocks > num_sms / 3). Measured on H200 (bench_mla_variants.py, 2026-12-02 seventh
+    session, call 4), h = 64, us, wg_v32_s3_c2 (its _m at two splits) / _t64c (_t64c_m): 128 rows 141.3 / 134.4, 96
+    rows 139.3 / 130.0, 64 rows (two splits, merged) 84.3 / 82.3; with more splits slower: 32 rows (4) 53.5 / 58.9,
+    16 rows 36.0 / 41.6, 8 rows 26.8 / 31.2. V4 keeps the wg kernel (1.00-1.02x at 64-128 rows, call 3)."""
+    return layout == "v32" and -(-h // 64) % 2 == 1 and 3 * rows * -(-h // 64) > num_sms
 
 
 # "wgt" cluster kernels (fp8, sm_90a; sparse_mla_decode.cu, section "wgt kernels"; NOTES.md "wgt kernels"): the
