@@ -276,7 +276,8 @@ constexpr int kCombineThreads = 128;
 // experimental: in the tuning build only until one is measured faster than the wg kernels (NOTES.md "wgt
 // kernels"). sparse_mla_wg_<layout>_t64 (2 producer threads per entry), _t64q (4, adjacent lanes: a warp's load
 // touches 8 entries), _t64p (as _t64q, the loads of each half-tile issued as soon as its registers are free),
-// _t64c (as _t64q, warpgroup 1 converting half of each tile). X(NAME, LAYOUT, TPE, PIPE, SPLIT, PROBE).
+// _t64c (as _t64q, warpgroup 1 converting half of each tile; V3.2's is production, SPARSE_MLA_WGTC_KERNELS).
+// X(NAME, LAYOUT, TPE, PIPE, SPLIT, PROBE).
 // SPARSE_MLA_WGTX_KERNELS (production): _t64x, a cluster of the two CTAs of 128 heads, each gathering and converting
 // half of every tile (into registers, ahead of the free buffer) and copying it in bulk into the peer, one copy per
 // producer warp; needs an even number of 64-head blocks.

@@ -347,8 +347,8 @@ def test_wg_next_n_2_no_sinks_pages_scales(mla, gen, sm90):
     run_and_check(mla, gen, "v32", 2, 1, 64, 1000, q_scale=2.0 ** -20, sm_scale=2.0 ** 14, variant="wg")
 
 
-# ---- wgt kernels (sm_90a, experimental: the wg CTA with 64-entry tiles gathered through the producer's
-# registers; in the tuning fatbin only, kernels/tuning/build.sh) ----
+# ---- wgt kernels (sm_90a: the wg CTA with 64-entry tiles gathered through the producer's registers; experimental
+# ones in the tuning fatbin only, kernels/tuning/build.sh, which also holds the production kernels) ----
 
 @pytest.fixture(scope="module")
 def mla_tuning(mla):
