@@ -3154,10 +3154,12 @@ __device__ __forceinline__ uint64_t globaltimer_ns() {
 // unconverted, bit 2 = the consumers skip the wgmma instructions. Bit 3 (CLUSTER, results right): a timeline,
 // WgtStamp's clock64 / globaltimer readings of each CTA into p.lse_part (unused with one split: the probe's
 // caller passes a buffer of kTlWords words per CTA there; kernels/tuning/probe_timeline.py).
+// PAIRS (the _m kernels): the epilogue merges split pairs (wg_write_rows<true>, used for exactly two splits).
 template <class L, int TPE, bool PIPE, bool SPLIT, int PROBE, int CLUSTER = 0, bool PAIRS = false>
 __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) {
   static_assert(!SPLIT || (TPE == 4 && !PIPE), "SPLIT: 4 threads per entry, two sets in the producer");
   static_assert(!CLUSTER || (TPE == 4 && !PIPE && !SPLIT), "CLUSTER: the SPLIT producer's layout, no split");
+  static_assert(!PAIRS || CLUSTER != 3, "the balanced consumers' epilogue does not merge split pairs");
   constexpr bool BAL = CLUSTER == 3;   // _t64xb: the bulk exchange, consumers balanced (see the consumers below)
   constexpr bool kAhead = CLUSTER >= 2;   // the producer converts ahead of the free buffer (step_ahead)
   using Regs = WgtRegs<TPE, SPLIT, BAL, CLUSTER == 2 && L::kDqk != 512>;
