@@ -274,8 +274,9 @@ def test_wg_split_kv_empty_rows_mostly_invalid(mla, gen, sm90, splits):
 
 # Every kernel that merges split pairs in its epilogue (metadata "merges_split_pairs"), with the head count its
 # cases run at: the cluster pair (_t64x_m) serves two head blocks per cluster.
-SPLIT_PAIR_KERNELS = [("sparse_mla_wg_v4_s3_m", 64), ("sparse_mla_wg_v32_s3_c2_m", 64), ("sparse_mla_wg_v32_t64c_m", 64),
-                      ("sparse_mla_wg_v4_t64x_m", 128), ("sparse_mla_wg_v32_t64x_m", 128)]
+SPLIT_PAIR_KERNELS = [("sparse_mla_wg_v4_s3_m", 64), ("sparse_mla_wg_v32_s3_c2_m", 64),
+                      ("sparse_mla_wg_v32_t64c_m", 64), ("sparse_mla_wg_v4_t64x_m", 128),
+                      ("sparse_mla_wg_v32_t64x_m", 128)]
 
 
 def test_split_pair_kernels_are_every_merging_kernel(mla):
@@ -300,7 +301,8 @@ def test_wg_split_pairs_merged_in_the_kernel(mla, gen, sm90, kernel, h):
     for _ in range(2):
         run_and_check(mla, gen, layout, 3, 1, h, 512, topk_extra=extra, empty_rows=(1,), **fused)
     # a warp with rows past h (the pair: its second block partly empty)
-    run_and_check(mla, gen, layout, 2, 1, h + 8 if blocks == 1 else h - 8, 512, topk_extra=extra, empty_rows=(0,), **fused)
+    run_and_check(mla, gen, layout, 2, 1, h + 8 if blocks == 1 else h - 8, 512, topk_extra=extra, empty_rows=(0,),
+                  **fused)
     run_and_check(mla, gen, layout, 2, 1, 128, 2048 if layout == "v32" else 1025, invalid_frac=0.95, **fused)
     run_and_check(mla, gen, layout, 2, 2, h, 512, topk_extra=extra, sinks=False, sm_scale=0.13523, **fused)
     run_and_check(mla, gen, layout, 2, 1, h, 65, **fused)   # the second split holds one entry

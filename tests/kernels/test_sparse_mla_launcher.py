@@ -19,7 +19,8 @@ def _launcher(smem_limit=232448, num_sms=132, capability=(9, 0)):
 # latency-bound and vary by ~1 us between runs, the first-version kernel unless the ds kernel won clearly),
 # 2026-11-29, kernels/BENCHMARKS.md "ds kernels"; h >= 64 from 8 rows: the wg kernels (2026-11-30,
 # BENCHMARKS.md "wg kernels"); h = 96 / 128: the wgt cluster kernels, from 32 rows (2026-12-01, NOTES.md "wgt
-# kernels"), at every row count since they convert ahead (2026-12-02, NOTES.md "The cluster pair from one row").
+# kernels"), at every row count since they convert ahead (2026-12-02, NOTES.md "One head block, and the cluster pair
+# at every row count").
 MEASURED_DEFAULT = {
     ("v4", 16, 1): "sparse_mla_v4_h16_t64", ("v4", 16, 8): "sparse_mla_v4_h16_t64",
     ("v4", 16, 64): "sparse_mla_ds_v4_h16_t32_s4", ("v4", 16, 128): "sparse_mla_ds_v4_h16_t32_s4",

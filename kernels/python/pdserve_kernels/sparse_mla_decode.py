@@ -32,7 +32,8 @@ kernels, which both apply the scale exactly (``fp32_scales_kernel``). The ds ker
 without ``_c4`` multiply V by its scale in f16: |dequantized V| must stay below 65504 (true for scales up to
 2^7). ``fuse_combine`` merges a plan's splits in the main kernel instead of a second (combine) launch, where the
 kernel can (``fused_counters_per_block``): the wg kernels' split pairs, by default (``None``), and the ds kernels'
-last-CTA combine, correct but measured slower, with ``True`` (NOTES.md); the cluster pair's two splits (``_t64x_m``) too.
+last-CTA combine, correct but measured slower, with ``True`` (NOTES.md); and the cluster pair's two splits
+(``_t64x_m``).
 """
 
 from __future__ import annotations
@@ -134,7 +135,7 @@ def auto_fp8_kernel(layout: str, h: int, rows: int | None, num_sms: int, sm90: b
     h16_t32_min_rows), and for h > 32 only while its 32-head blocks fit in one wave (they gather every entry once per
     head block). Which 16-head ds kernel depends on `entries` too (ds_kernel_name, h16_one_split_wins).
     """
-    if sm90 and wgx_serves(h):   # at every row count (NOTES.md "The cluster pair from one row")
+    if sm90 and wgx_serves(h):   # at every row count (NOTES.md "One head block, and the cluster pair ...")
         return wgx_kernel_name(layout)
     wg_min_rows = WG_V32_MULTI_BLOCK_MIN_ROWS if layout == "v32" and h > 64 else WG_MIN_ROWS
     if sm90 and h >= WG_MIN_HEADS and rows is not None and rows >= wg_min_rows:
@@ -174,7 +175,8 @@ def wg_kernel_name(layout: str) -> str:
 
 
 # The wgt kernel with warpgroup 1 converting half of every tile (fp8 V3.2, sm_90a; 64-entry tiles, one CTA per 64-head
-# block; NOTES.md "wgt kernels", "_t64c at 64 heads"): where the wg default's plan has at most two splits.
+# block; NOTES.md "wgt kernels", "One head block, and the cluster pair at every row count"): where the wg default's
+# plan has at most two splits.
 WGTC_V32 = "sparse_mla_wg_v32_t64c"
 
 
@@ -191,12 +193,12 @@ def wgtc_wins(layout: str, h: int, rows: int, num_sms: int) -> bool:
 # wg kernels' three warpgroups with 64-entry tiles gathered through the producer's registers (no raw ring), the two
 # 64-head CTAs of a row as one thread-block cluster, each gathering and converting half of every tile and copying it
 # in bulk into the other, so every entry is loaded once per row, not once per head block. They serve an even number
-# of 64-head blocks (65-128 heads, 193-256, ...), at every row count. Measured (H200, bench_mla_variants.py, V4 CSA /
-# V4 HCA / V3.2): 2026-12-01, 0.77-0.86x the wg default's time from 64 rows, 0.90-0.97x at 32, slower below 16 rows,
-# so the default took them from 32 rows; 2026-12-02 (seventh session, call 2, after the pair's producer converts ahead,
-# NOTES.md "The cluster pair from one row"), h = 128 at 1-24 rows: the fastest candidate or within 0.3 us of it at every
-# row (1 row: 15.6 / 17.1 / 20.1 us against 18.1 / 19.1 / 22.7 for the first-version and ds defaults; 16 rows: 30.0 /
-# 35.9 / 44.3 against the wg kernels' 31.0 / 39.9 / 54.4), and at h = 96 from 4 rows.
+# of 64-head blocks (65-128 heads, 193-256, ...), at every row count. Measured (H200, V4 CSA / V4 HCA / V3.2):
+# 2026-12-01 (bench_mla_variants.py), 0.77-0.86x the wg default's time from 64 rows, 0.90-0.97x at 32, slower below 16
+# rows, so the default took them from 32 rows; 2026-12-02 (seventh session; NOTES.md "One head block, and the cluster
+# pair at every row count"), after the pair's producer converts ahead, bench_targets.py's grid (each call cold, after
+# FlashMLA's), h = 128: 1 row 19.0 / 19.8 / 21.2 us against the former defaults' 18.9 / 20.2 / 24.9 (first version for
+# V4, ds for V3.2), 8 rows 24.0 / 28.1 / 32.6 against the wg kernels' 24.5 / 30.1 / 37.6.
 
 
 def wgx_serves(h: int) -> bool:
