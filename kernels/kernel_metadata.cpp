@@ -138,6 +138,14 @@ void sparse_mla_decode() {
            mla_shape<Geom##LAY>(buf, sizeof buf, 16 * MT, kEsT, NST, ", \"cv\": 0, \"qk_split\": \"entries\", \"experimental\": true"));  \
   }
   SPARSE_MLA_ES_KERNELS(ES_META)
+#define MLA_TUNING_META(NAME, LAY, MT, T, G, NST, OPT)                                                       \
+  {                                                                                                          \
+    using S = MlaSmem<Geom##LAY, MT, T, G, NST>;                                                             \
+    std::snprintf(more, sizeof more, ", \"groups\": %d, \"opt\": %d, \"experimental\": true", G, OPT);      \
+    kernel(k, #NAME, "mla", S::kThreads, S::kSidx, kIndexBytes, "entry",                                     \
+           mla_shape<Geom##LAY>(buf, sizeof buf, 16 * MT, T, NST, more));                                    \
+  }
+  SPARSE_MLA_FIRST_TUNING_KERNELS(MLA_TUNING_META)
 #endif
   kernel(k, "sparse_mla_combine", "combine", kCombineThreads, 0, 0, "", "");
   std::printf("\n  ]\n}\n");

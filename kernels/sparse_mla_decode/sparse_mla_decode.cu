@@ -339,6 +339,111 @@ __device__ __forceinline__ void dequant(const uint8_t* rb, uint8_t* tile, const 
   }
 }
 
+// Merges the splits of one (row, head) at output dims 4 d4 .. 4 d4 + 3 and writes them (and, for d4 = 0, the lse):
+// lse = log sum_s exp(lse_s); o = sum_s exp(lse_s - lse) o_s, times the sink factor; lse = +inf and o = 0 when no
+// split saw a valid entry. Latency, not bandwidth, sets its time at small batch (a few KB per head): it reads the
+// splits kCombineBatch at a time with every load of a batch issued before any is used (through L2: the partials
+// were written by other CTAs) and merges each batch into a running maximum, so it waits for ceil(splits /
+// kCombineBatch) round trips to L2. (Reading the maximum first and then, per split, its lse and, only if non-empty,
+// its partial cost two dependent round trips per split: ~2x32 for V3.2 at one row.) An empty split's partial is
+// never written: it is loaded but selected away, never multiplied, so stale bytes there cannot turn into NaN.
+constexpr int kCombineBatch = 16;   // one round trip for V4 CSA at one row (10 splits), two for V3.2 (32)
+__device__ __forceinline__ void merge_head_dims(const MlaParams& p, int row, int head, int d4) {
+  const size_t base = static_cast<size_t>(row) * p.splits * p.h + head;
+  float m = -INFINITY, wsum = 0.f;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int s0 = 0; s0 < p.splits; s0 += kCombineBatch) {
+    float l[kCombineBatch];
+    float4 o[kCombineBatch];
+#pragma unroll
+    for (int j = 0; j < kCombineBatch; ++j) {   // predicated, independent loads: all in flight at once
+      l[j] = -INFINITY;
+      o[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (s0 + j < p.splits) {
+        const size_t b = base + static_cast<size_t>(s0 + j) * p.h;
+        l[j] = __ldcg(p.lse_part + b);
+        o[j] = __ldcg(reinterpret_cast<const float4*>(p.o_part + b * kDv) + d4);
+      }
+    }
+    float mb = m;
+#pragma unroll
+    for (int j = 0; j < kCombineBatch; ++j) mb = fmaxf(mb, l[j]);
+    if (mb == -INFINITY) continue;                 // no valid entry so far
+    const float r = __expf(m - mb);                  // rescale what was merged before (0 while m = -inf)
+    wsum *= r;
+    acc.x *= r;
+    acc.y *= r;
+    acc.z *= r;
+    acc.w *= r;
+#pragma unroll
+    for (int j = 0; j < kCombineBatch; ++j) {
+      if (l[j] == -INFINITY) continue;             // empty split (or past the end): its partial is unwritten
+      const float w = __expf(l[j] - mb);
+      wsum += w;
+      acc.x += w * o[j].x;
+      acc.y += w * o[j].y;
+      acc.z += w * o[j].z;
+      acc.w += w * o[j].w;
+    }
+    m = mb;
+  }
+  float lse = INFINITY, f = 0.f;
+  if (m != -INFINITY) {
+    lse = m + __logf(wsum);
+    f = __fdividef(1.f, wsum);
+    if (p.sinks) f = __fdividef(f, 1.f + __expf(p.sinks[head] - lse));
+  }
+  uint2 v;
+  v.x = pack_bf16(acc.x * f, acc.y * f);
+  v.y = pack_bf16(acc.z * f, acc.w * f);
+  reinterpret_cast<uint2*>(p.out + (static_cast<size_t>(row) * p.h + head) * kDv)[d4] = v;
+  if (d4 == 0) p.lse[static_cast<size_t>(row) * p.h + head] = lse;
+}
+
+__device__ __forceinline__ void red_release_add_gpu(int* ptr, int v) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(ptr), "r"(v) : "memory");
+}
+__device__ __forceinline__ int ld_acquire_gpu(const int* ptr) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(ptr) : "memory");
+  return v;
+}
+
+// Split merge inside the main kernel (p.counters set; the first-version, ds and es kernels): every split CTA of
+// this (row, head block), once its partial is written, arrives on the block's counter (release), waits until all
+// have (acquire), and merges 1/splits of the block's outputs, so no combine kernel runs after it. The launcher
+// takes it only for grids that are resident at once and launches them cooperatively (a CTA waits for its
+// siblings). Measured against the combine kernel: NOTES.md "One row: the split merge inside the kernel".
+// Counters: two ints per (row, head block), zero between calls: arrivals, then CTAs done merging; the last one
+// done puts both back to zero (every CTA has passed the wait by then). flag: one int of shared memory the
+// caller no longer uses.
+template <int NTHR, int HB>
+__device__ __forceinline__ void merge_splits_in_kernel(const MlaParams& p, int row, int hblk, int split, int tid,
+                                                       int* flag) {
+  if (p.splits < 2 || p.counters == nullptr) return;
+  int* ctr = p.counters + 2 * (row * gridDim.y + hblk);
+  __syncthreads();   // every thread's partial stores happen before thread 0's release (cumulativity)
+  if (tid == 0) {
+    red_release_add_gpu(ctr, 1);
+    while (ld_acquire_gpu(ctr) < p.splits) __nanosleep(32);
+  }
+  __syncthreads();
+  constexpr int kGroups = HB * (kDv / 4);   // four output dims each
+  const int per = (kGroups + p.splits - 1) / p.splits, first = split * per;
+  const int last = min(kGroups, first + per);
+  for (int g = first + tid; g < last; g += NTHR) {
+    const int head = hblk * HB + g / (kDv / 4);
+    if (head < p.h) merge_head_dims(p, row, head, g % (kDv / 4));
+  }
+  __syncthreads();
+  if (tid == 0) *flag = atomicAdd(ctr + 1, 1) == p.splits - 1;
+  __syncthreads();
+  if (*flag && tid == 0) {
+    ctr[0] = 0;
+    ctr[1] = 0;
+  }
+}
+
 // OPT bit 0: per-warp gather (one entry per warp iteration, its index and source addresses computed once,
 // lanes = chunks); 0: the gather loops over (entry, chunk) items, index decoded per item. The fp8 kernels use
 // 0, the bf16 ones 1 (the per-warp gather with a per-warp fp8 dequant, "_o1", and its halves "_og" / "_od"
@@ -620,6 +725,7 @@ __device__ __forceinline__ void mla_body(const MlaParams& p, uint8_t* smem) {
       if (grp == 0 && t == 0) p.lse_part[base] = lse;
     }
   }
+  merge_splits_in_kernel<NTHR, HB>(p, row, hblk, split, tid, reinterpret_cast<int*>(red_max));   // maxima read
 }
 
 
@@ -889,66 +995,6 @@ __device__ __forceinline__ void ds_write_out(const MlaParams& p, const float (&o
         else p.lse_part[obase] = lse;
       }
     }
-}
-
-// Fused split combine of a ds or es kernel (p.counters set): the last split CTA of this (row, head block) to arrive
-// merges all splits (same equations as sparse_mla_combine), reading the partials through L2 (ld.cg), and resets
-// the counter. last: one int of shared memory.
-template <int NTHR, int HB>
-__device__ __forceinline__ void ds_fused_combine(const MlaParams& p, int row, int hblk, int tid, int* last) {
-  if (p.splits > 1 && p.counters != nullptr) {
-    __threadfence();                               // this thread's partials, before the arrival below
-    __syncthreads();
-    if (tid == 0) {
-      const int prev = atomicAdd(p.counters + row * gridDim.y + hblk, 1);
-      *last = prev == p.splits - 1;
-    }
-    __syncthreads();
-    if (*last) {
-      __threadfence();
-      constexpr int TPH = NTHR / HB;   // threads per head
-      constexpr int DPT = kDv / TPH;   // dims per thread
-      const int r = tid / TPH, c0 = (tid % TPH) * DPT;
-      const int head = hblk * HB + r;
-      if (head < p.h) {
-        const size_t base = static_cast<size_t>(row) * p.splits * p.h + head;
-        float m = -INFINITY;
-        for (int sp2 = 0; sp2 < p.splits; ++sp2) m = fmaxf(m, __ldcg(p.lse_part + base + static_cast<size_t>(sp2) * p.h));
-        float lse = INFINITY, f = 0.f, wsum = 0.f;
-        if (m != -INFINITY) {
-          for (int sp2 = 0; sp2 < p.splits; ++sp2) wsum += __expf(__ldcg(p.lse_part + base + static_cast<size_t>(sp2) * p.h) - m);
-          lse = m + __logf(wsum);
-          f = __fdividef(1.f, wsum);
-          if (p.sinks) f = __fdividef(f, 1.f + __expf(p.sinks[head] - lse));
-        }
-        __nv_bfloat16* dst = p.out + (static_cast<size_t>(row) * p.h + head) * kDv + c0;
-#pragma unroll 1
-        for (int c = 0; c < DPT; c += 8) {
-          float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-          if (m != -INFINITY) {
-            for (int sp2 = 0; sp2 < p.splits; ++sp2) {
-              const size_t b = base + static_cast<size_t>(sp2) * p.h;
-              const float w = __expf(__ldcg(p.lse_part + b) - m);   // 0 for an empty split (lse -inf)
-              if (w > 0.f) {
-                const float4* src = reinterpret_cast<const float4*>(p.o_part + b * kDv + c0 + c);
-                const float4 u0 = __ldcg(src), u1 = __ldcg(src + 1);
-                acc[0] += w * u0.x; acc[1] += w * u0.y; acc[2] += w * u0.z; acc[3] += w * u0.w;
-                acc[4] += w * u1.x; acc[5] += w * u1.y; acc[6] += w * u1.z; acc[7] += w * u1.w;
-              }
-            }
-          }
-          uint4 v;
-          v.x = pack_bf16(acc[0] * f, acc[1] * f);
-          v.y = pack_bf16(acc[2] * f, acc[3] * f);
-          v.z = pack_bf16(acc[4] * f, acc[5] * f);
-          v.w = pack_bf16(acc[6] * f, acc[7] * f);
-          *reinterpret_cast<uint4*>(dst + c) = v;
-        }
-        if (tid % TPH == 0) p.lse[static_cast<size_t>(row) * p.h + head] = lse;
-      }
-      if (tid == 0) p.counters[row * gridDim.y + hblk] = 0;   // ready for the next launch on this stream
-    }
-  }
 }
 
 // CV (bit mask), bit 2: PV multiplies P (4 f16x2 per k-step) instead of V (16) by the entry's scale relative
@@ -1306,7 +1352,7 @@ __device__ __forceinline__ void ds_body(const MlaParams& p, uint8_t* smem) {
   __syncthreads();
   ds_write_out<MT, CV>(p, o, [&](int, int, int r) { return make_float2(fin_m[r], fin_l[r]); }, ref_run, rope_warp,
                        row, split, hblk, warp, g, t);
-  ds_fused_combine<NTHR, HB>(p, row, hblk, tid, reinterpret_cast<int*>(qmax_s));   // q maxima no longer needed
+  merge_splits_in_kernel<NTHR, HB>(p, row, hblk, split, tid, reinterpret_cast<int*>(qmax_s));   // q maxima no longer needed
 }
 
 // ---- "es" kernels (fp8, mma.sync): warps split the tile's entries for QK, the head dimension for PV ----
@@ -1638,7 +1684,7 @@ __device__ __forceinline__ void es_body(const MlaParams& p, uint8_t* smem) {
 
   ds_write_out<MT, 0>(p, o, [&](int mt, int hf, int) { return make_float2(m_run[mt][hf], l_run[mt][hf]); }, 1.f,
                       rope_warp, row, split, hblk, warp, g, t);
-  ds_fused_combine<NTHR, HB>(p, row, hblk, tid, reinterpret_cast<int*>(qmax_s));   // q maxima no longer needed
+  merge_splits_in_kernel<NTHR, HB>(p, row, hblk, split, tid, reinterpret_cast<int*>(qmax_s));   // q maxima no longer needed
 }
 
 // ---- "wg" kernels (sm_90a only): wgmma, 64 heads per CTA, one producer and two consumer warpgroups ----
@@ -1913,11 +1959,6 @@ __device__ __forceinline__ void wg_pv_step(float (&o)[128], const uint32_t (&a)[
   reg_fence(o);
 }
 
-__device__ __forceinline__ int ld_acquire_gpu(const int* ptr) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(ptr) : "memory");
-  return v;
-}
 __device__ __forceinline__ void stsm_x4(uint32_t addr, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
   asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(a), "r"(b),
                "r"(c), "r"(d)
@@ -3937,6 +3978,7 @@ SPARSE_MLA_WGTX_PAIR_KERNELS(WGTX_PAIR_KERNEL)
   }
 SPARSE_MLA_WGTC_KERNELS(WGTC_KERNEL)
 #ifdef PDSERVE_TUNING_PROBES
+SPARSE_MLA_FIRST_TUNING_KERNELS(MLA_KERNEL)
 SPARSE_MLA_WG_PROBE_KERNELS(WG_KERNEL)
 SPARSE_MLA_WGT_KERNELS(WGT_KERNEL)          // experimental (tuning build only)
 SPARSE_MLA_WGT_PROBE_KERNELS(WGT_KERNEL)
@@ -3944,68 +3986,10 @@ SPARSE_MLA_WGTX_PROBE_KERNELS(WGTX_KERNEL)
 SPARSE_MLA_ES_KERNELS(ES_KERNEL)            // experimental: not faster than the ds kernels
 #endif
 
-// Merge the splits of one (row, head): lse = log sum_s exp(lse_s); o = sum_s exp(lse_s - lse) o_s,
-// times the sink factor; lse = +inf and o = 0 when no split saw a valid entry. grid (h, rows), 128 threads,
-// each owning 4 of the 512 output dims.
-// Latency, not bandwidth, sets this kernel's time at small batch (a few KB per CTA): it reads the splits
-// kCombineBatch at a time with every load of a batch issued before any is used, and merges each batch into
-// a running maximum, so a call waits for ceil(splits / kCombineBatch) round trips to L2. (Reading the
-// maximum first and then, per split, its lse and, only if non-empty, its partial cost two dependent round
-// trips per split: ~2x32 for V3.2 at one row.) An empty split's partial is never written: it is loaded but
-// selected away, never multiplied, so stale bytes there cannot turn into NaN.
-// Launched behind the main kernel with programmatic stream serialization: the grid is scheduled while the
-// main kernel drains and waits here until the main kernel's partials are visible.
-constexpr int kCombineBatch = 16;   // one round trip for V4 CSA at one row (10 splits), two for V3.2 (32)
+// The split combine kernel: grid (h, rows), 128 threads, each merging 4 of a head's 512 output dims
+// (merge_head_dims). Launched behind the main kernel with programmatic stream serialization: the grid is
+// scheduled while the main kernel drains and waits here until the main kernel's partials are visible.
 extern "C" __global__ void __launch_bounds__(kCombineThreads) sparse_mla_combine(const __grid_constant__ MlaParams p) {
   griddep_wait();
-  const int head = blockIdx.x, row = blockIdx.y, tid = threadIdx.x;
-  const size_t base = static_cast<size_t>(row) * p.splits * p.h + head;
-  float m = -INFINITY, wsum = 0.f;
-  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  for (int s0 = 0; s0 < p.splits; s0 += kCombineBatch) {
-    float l[kCombineBatch];
-    float4 o[kCombineBatch];
-#pragma unroll
-    for (int j = 0; j < kCombineBatch; ++j) {   // predicated, independent loads: all in flight at once
-      l[j] = -INFINITY;
-      o[j] = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (s0 + j < p.splits) {
-        const size_t b = base + static_cast<size_t>(s0 + j) * p.h;
-        l[j] = p.lse_part[b];
-        o[j] = reinterpret_cast<const float4*>(p.o_part + b * kDv)[tid];
-      }
-    }
-    float mb = m;
-#pragma unroll
-    for (int j = 0; j < kCombineBatch; ++j) mb = fmaxf(mb, l[j]);
-    if (mb == -INFINITY) continue;                 // no valid entry so far
-    const float r = __expf(m - mb);                  // rescale what was merged before (0 while m = -inf)
-    wsum *= r;
-    acc.x *= r;
-    acc.y *= r;
-    acc.z *= r;
-    acc.w *= r;
-#pragma unroll
-    for (int j = 0; j < kCombineBatch; ++j) {
-      if (l[j] == -INFINITY) continue;             // empty split (or past the end): its partial is unwritten
-      const float w = __expf(l[j] - mb);
-      wsum += w;
-      acc.x += w * o[j].x;
-      acc.y += w * o[j].y;
-      acc.z += w * o[j].z;
-      acc.w += w * o[j].w;
-    }
-    m = mb;
-  }
-  float lse = INFINITY, f = 0.f;
-  if (m != -INFINITY) {
-    lse = m + __logf(wsum);
-    f = __fdividef(1.f, wsum);
-    if (p.sinks) f = __fdividef(f, 1.f + __expf(p.sinks[head] - lse));
-  }
-  uint2 v;
-  v.x = pack_bf16(acc.x * f, acc.y * f);
-  v.y = pack_bf16(acc.z * f, acc.w * f);
-  reinterpret_cast<uint2*>(p.out + (static_cast<size_t>(row) * p.h + head) * kDv)[tid] = v;
-  if (tid == 0) p.lse[static_cast<size_t>(row) * p.h + head] = lse;
+  merge_head_dims(p, blockIdx.y, blockIdx.x, threadIdx.x);
 }

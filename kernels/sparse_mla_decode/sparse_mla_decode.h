@@ -228,6 +228,13 @@ constexpr int kCombineThreads = 128;
   X(sparse_mla_v32b_h64_t32, V32B, 4, 32, 4, 3, 1)                                             \
   X(sparse_mla_v32b_h16_t32, V32B, 1, 32, 4, 2, 1) /* small smem (sm_120) */
 
+// First-version fp8 kernels with the per-warp gather (OPT 1, as the bf16 kernels gather), tuning build only
+// ("experimental"): at one row a CTA's issue loop is ~560 of its ~2,400 instructions per warp (NOTES.md
+// "One row: where a split CTA's time goes").
+#define SPARSE_MLA_FIRST_TUNING_KERNELS(X)                \
+  X(sparse_mla_v4_h16_t64_o1, V4, 1, 64, 8, 3, 1)          \
+  X(sparse_mla_v32_h16_t64_o1, V32, 1, 64, 8, 2, 1)
+
 // ds kernels (fp8 only; kDsThreads): sparse_mla_ds_<layout>_h<heads per CTA>_t<tile>_s<ring stages>.
 // X(NAME, LAYOUT, MT, T, NST, CV); suffix _c4 (CV 4): the entry scale goes into P, relative to a running
 // maximum (no f16 range limit on V).
