@@ -271,6 +271,13 @@ __device__ __forceinline__ void index_list(const MlaParams& p, int row, int star
   constexpr int kBatch = 8;
   const int* const main_row = p.indices + static_cast<size_t>(row) * p.topk;   // as index_src, row bases hoisted
   const int* const extra_row = p.indices_extra + static_cast<size_t>(row) * p.topk_extra;
+  if (n_fill <= NTHR) {   // one index per thread at most (every split at small batch): one load, not eight
+    const int pos = start + tid;
+    const bool main = pos < p.topk;
+    const int v = ldg_index_if((main ? main_row : extra_row) + (main ? pos : pos - p.topk), tid < n_local);
+    if (tid < n_fill) sidx[tid] = index_check(p, pos, v);   // -1 past n_local
+    return;
+  }
   for (int j0 = 0; j0 < n_fill; j0 += kBatch * NTHR) {
     int v[kBatch];
 #pragma unroll

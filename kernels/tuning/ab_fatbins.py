@@ -55,6 +55,9 @@ def main() -> int:
                     help="case:B:h,...")
     ap.add_argument("--topk", default="", help="entries selected from the main cache, comma-separated")
     ap.add_argument("--cache", default="cold", help="cold, primed, primed1, warm: comma-separated cache states")
+    ap.add_argument("--fused", action="store_true",
+                    help="also the default build with fuse_combine=True (label new+fused), loaded as a module of its "
+                         "own so that its code is as cold as every other column's")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -66,7 +69,9 @@ def main() -> int:
     timer = Timer()
     builds = [tuple(b.split("=", 1)) for b in args.build]
     new = SparseMlaDecode()
-    launchers = [(label, SparseMlaDecode(fatbin=path)) for label, path in builds] + [("new", new)]
+    launchers = [(label, SparseMlaDecode(fatbin=path), {}) for label, path in builds] + [("new", new, {})]
+    if args.fused:
+        launchers.append(("new+fused", SparseMlaDecode(), {"fuse_combine": True}))
     fm, why = flashmla_adapter.load()
     env = run_env(builds=dict(builds), flashmla=why or flashmla_adapter.FLASHMLA_COMMIT)
     print(json.dumps(env), flush=True)
@@ -83,17 +88,17 @@ def main() -> int:
             (x1,) = mla_batch(case, 1, [h], gen, primer_pools, k_main=k) if "primed1" in modes else (None,)
             ro, _ = x.reference(2)
             labels, fns, primers, primers1, err = [], [], [], [], {}
-            for label, mla in launchers:
-                call = x.call(mla)
+            for label, mla, kw in launchers:
+                call = x.call(mla, **kw)
                 out, _ = call()
                 err[label] = x.rel_err(out, ro)
                 labels.append(label)
                 fns.append(call)
-                primers.append(x2.call(mla) if x2 is not None else None)
+                primers.append(x2.call(mla, **kw) if x2 is not None else None)
                 if x1 is not None:
                     lp = mla.make_plan(x.layout, B, h, x.ind.shape[-1],
                                        x.win_ind.shape[-1] if x.win_ind is not None else 0)
-                    primers1.append(x1.call(mla, kernel=lp.kernel, splits=lp.splits))
+                    primers1.append(x1.call(mla, kernel=lp.kernel, splits=lp.splits, **kw))
             if fm is not None and not x.lay.bf16 and flashmla_adapter.padded_heads(h):
                 try:
                     def flashmla(y):
