@@ -346,63 +346,93 @@ __device__ __forceinline__ void dequant(const uint8_t* rb, uint8_t* tile, const 
   }
 }
 
-// Merges the splits of one (row, head) at output dims 4 d4 .. 4 d4 + 3 and writes them (and, for d4 = 0, the lse):
-// lse = log sum_s exp(lse_s); o = sum_s exp(lse_s - lse) o_s, times the sink factor; lse = +inf and o = 0 when no
-// split saw a valid entry. Latency, not bandwidth, sets its time at small batch (a few KB per head): it reads the
-// splits kCombineBatch at a time with every load of a batch issued before any is used (through L2: the partials
-// were written by other CTAs) and merges each batch into a running maximum, so it waits for ceil(splits /
-// kCombineBatch) round trips to L2. (Reading the maximum first and then, per split, its lse and, only if non-empty,
-// its partial cost two dependent round trips per split: ~2x32 for V3.2 at one row.) An empty split's partial is
-// never written: it is loaded but selected away, never multiplied, so stale bytes there cannot turn into NaN.
+// The split merge: lse = log sum_s exp(lse_s); o = sum_s exp(lse_s - lse) o_s, times the sink factor; lse = +inf and
+// o = 0 when no split saw a valid entry. Latency, not bandwidth, sets its time at small batch (a few KB per head):
+// the splits are read kCombineBatch at a time with every load of a batch issued before any is used (through L2: the
+// partials were written by other CTAs) and each batch is merged into a running maximum, so a thread waits for
+// ceil(its splits / kCombineBatch) round trips to L2. (Reading the maximum first and then, per split, its lse and,
+// only if non-empty, its partial cost two dependent round trips per split: ~2x32 for V3.2 at one row.) An empty
+// split's partial is never written: it is loaded but selected away, never multiplied, so stale bytes there cannot
+// turn into NaN.
 constexpr int kCombineBatch = 16;   // one round trip for V4 CSA at one row (10 splits), two for V3.2 (32)
-__device__ __forceinline__ void merge_head_dims(const MlaParams& p, int row, int head, int d4) {
-  const size_t base = static_cast<size_t>(row) * p.splits * p.h + head;
-  float m = -INFINITY, wsum = 0.f;
+struct MergeState {                 // running maximum m of the splits' lse, sum of exp(lse_s - m), sum of their o_s
+  float m = -INFINITY, w = 0.f;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  for (int s0 = 0; s0 < p.splits; s0 += kCombineBatch) {
+};
+__device__ __forceinline__ void merge_rescale(MergeState& st, float m_new) {
+  const float r = __expf(st.m - m_new);   // 0 while st.m = -inf (m_new finite)
+  st.w *= r;
+  st.acc.x *= r;
+  st.acc.y *= r;
+  st.acc.z *= r;
+  st.acc.w *= r;
+  st.m = m_new;
+}
+// Splits first, first + step, ... of (row, head) at output dims 4 d4 .. 4 d4 + 3.
+__device__ __forceinline__ MergeState merge_splits(const MlaParams& p, int row, int head, int d4, int first, int step) {
+  const size_t base = static_cast<size_t>(row) * p.splits * p.h + head;
+  MergeState st;
+  for (int s0 = first; s0 < p.splits; s0 += kCombineBatch * step) {
     float l[kCombineBatch];
     float4 o[kCombineBatch];
 #pragma unroll
     for (int j = 0; j < kCombineBatch; ++j) {   // predicated, independent loads: all in flight at once
       l[j] = -INFINITY;
       o[j] = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (s0 + j < p.splits) {
-        const size_t b = base + static_cast<size_t>(s0 + j) * p.h;
+      if (s0 + j * step < p.splits) {
+        const size_t b = base + static_cast<size_t>(s0 + j * step) * p.h;
         l[j] = __ldcg(p.lse_part + b);
         o[j] = __ldcg(reinterpret_cast<const float4*>(p.o_part + b * kDv) + d4);
       }
     }
-    float mb = m;
+    float mb = st.m;
 #pragma unroll
     for (int j = 0; j < kCombineBatch; ++j) mb = fmaxf(mb, l[j]);
     if (mb == -INFINITY) continue;                 // no valid entry so far
-    const float r = __expf(m - mb);                  // rescale what was merged before (0 while m = -inf)
-    wsum *= r;
-    acc.x *= r;
-    acc.y *= r;
-    acc.z *= r;
-    acc.w *= r;
+    merge_rescale(st, mb);
 #pragma unroll
     for (int j = 0; j < kCombineBatch; ++j) {
       if (l[j] == -INFINITY) continue;             // empty split (or past the end): its partial is unwritten
       const float w = __expf(l[j] - mb);
-      wsum += w;
-      acc.x += w * o[j].x;
-      acc.y += w * o[j].y;
-      acc.z += w * o[j].z;
-      acc.w += w * o[j].w;
+      st.w += w;
+      st.acc.x += w * o[j].x;
+      st.acc.y += w * o[j].y;
+      st.acc.z += w * o[j].z;
+      st.acc.w += w * o[j].w;
     }
-    m = mb;
   }
+  return st;
+}
+// Merges the state of the lane `mask` away (xor) into this lane's: lanes that split one output's splits between them.
+__device__ __forceinline__ void merge_lanes(MergeState& st, int mask) {
+  MergeState o;
+  o.m = __shfl_xor_sync(0xffffffffu, st.m, mask);
+  o.w = __shfl_xor_sync(0xffffffffu, st.w, mask);
+  o.acc.x = __shfl_xor_sync(0xffffffffu, st.acc.x, mask);
+  o.acc.y = __shfl_xor_sync(0xffffffffu, st.acc.y, mask);
+  o.acc.z = __shfl_xor_sync(0xffffffffu, st.acc.z, mask);
+  o.acc.w = __shfl_xor_sync(0xffffffffu, st.acc.w, mask);
+  const float m = fmaxf(st.m, o.m);
+  if (m == -INFINITY) return;                      // neither saw a valid entry
+  merge_rescale(st, m);
+  merge_rescale(o, m);
+  st.w += o.w;
+  st.acc.x += o.acc.x;
+  st.acc.y += o.acc.y;
+  st.acc.z += o.acc.z;
+  st.acc.w += o.acc.w;
+}
+// The merged outputs of (row, head) at dims 4 d4 .. 4 d4 + 3 (bf16), and for d4 = 0 the lse.
+__device__ __forceinline__ void write_merged(const MlaParams& p, int row, int head, int d4, const MergeState& st) {
   float lse = INFINITY, f = 0.f;
-  if (m != -INFINITY) {
-    lse = m + __logf(wsum);
-    f = __fdividef(1.f, wsum);
+  if (st.m != -INFINITY) {
+    lse = st.m + __logf(st.w);
+    f = __fdividef(1.f, st.w);
     if (p.sinks) f = __fdividef(f, 1.f + __expf(p.sinks[head] - lse));
   }
   uint2 v;
-  v.x = pack_bf16(acc.x * f, acc.y * f);
-  v.y = pack_bf16(acc.z * f, acc.w * f);
+  v.x = pack_bf16(st.acc.x * f, st.acc.y * f);
+  v.y = pack_bf16(st.acc.z * f, st.acc.w * f);
   reinterpret_cast<uint2*>(p.out + (static_cast<size_t>(row) * p.h + head) * kDv)[d4] = v;
   if (d4 == 0) p.lse[static_cast<size_t>(row) * p.h + head] = lse;
 }
@@ -435,12 +465,20 @@ __device__ __forceinline__ void merge_splits_in_kernel(const MlaParams& p, int r
     while (ld_acquire_gpu(ctr) < p.splits) __nanosleep(32);
   }
   __syncthreads();
-  constexpr int kGroups = HB * (kDv / 4);   // four output dims each
+  // This CTA's share: `per` of the block's groups of four output dims. Where the CTA has threads to spare (many
+  // splits, so small shares), `lanes` adjacent lanes share a group, each reading every lanes-th split, so that a
+  // thread reads at most kCombineBatch splits (one round trip) and the lanes merge by shuffles.
+  constexpr int kGroups = HB * (kDv / 4);
   const int per = (kGroups + p.splits - 1) / p.splits, first = split * per;
-  const int last = min(kGroups, first + per);
-  for (int g = first + tid; g < last; g += NTHR) {
-    const int head = hblk * HB + g / (kDv / 4);
-    if (head < p.h) merge_head_dims(p, row, head, g % (kDv / 4));
+  const int lanes = per * 4 <= NTHR ? 4 : per * 2 <= NTHR ? 2 : 1;
+  const int n = min(kGroups, first + per) - first;
+  for (int t0 = 0; t0 < n * lanes; t0 += NTHR) {   // whole warps stay in the loop: the shuffles need every lane
+    const int i = t0 + tid, g = first + i / lanes, head = hblk * HB + g / (kDv / 4), d4 = g % (kDv / 4);
+    const bool mine = i < n * lanes && head < p.h;
+    MergeState st = mine ? merge_splits(p, row, head, d4, i % lanes, lanes) : MergeState();
+    if (lanes >= 2) merge_lanes(st, 1);
+    if (lanes == 4) merge_lanes(st, 2);
+    if (mine && i % lanes == 0) write_merged(p, row, head, d4, st);
   }
   __syncthreads();
   if (tid == 0) *flag = atomicAdd(ctr + 1, 1) == p.splits - 1;
@@ -3994,9 +4032,9 @@ SPARSE_MLA_ES_KERNELS(ES_KERNEL)            // experimental: not faster than the
 #endif
 
 // The split combine kernel: grid (h, rows), 128 threads, each merging 4 of a head's 512 output dims
-// (merge_head_dims). Launched behind the main kernel with programmatic stream serialization: the grid is
+// (merge_splits). Launched behind the main kernel with programmatic stream serialization: the grid is
 // scheduled while the main kernel drains and waits here until the main kernel's partials are visible.
 extern "C" __global__ void __launch_bounds__(kCombineThreads) sparse_mla_combine(const __grid_constant__ MlaParams p) {
   griddep_wait();
-  merge_head_dims(p, blockIdx.y, blockIdx.x, threadIdx.x);
+  write_merged(p, blockIdx.y, blockIdx.x, threadIdx.x, merge_splits(p, blockIdx.y, blockIdx.x, threadIdx.x, 0, 1));
 }

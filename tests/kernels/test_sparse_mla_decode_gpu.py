@@ -199,16 +199,16 @@ def test_ds_split_kv_empty_rows_mostly_invalid(mla, gen, splits, fuse):
 def test_split_ctas_merge_in_the_kernel(mla, gen, name):
     # fuse_combine=True on a first-version or ds kernel: every split CTA arrives, waits for its siblings and merges
     # its share of the outputs (a cooperative launch, no combine kernel). Twice in a row (the counters must be back
-    # at zero), split counts that do not divide the outputs evenly (3, 7) and as many as the entries allow (64 asked;
-    # a grid that is not resident at once falls back to the combine kernel), whole splits of invalid entries, empty
-    # rows, half-used head blocks, next_n 2 without sinks.
+    # at zero), split counts that do not divide the outputs evenly (3, 7), that make two or four lanes share an output
+    # (20, and 64 asked: as many as the entries allow; a grid that is not resident at once falls back to the combine
+    # kernel), whole splits of invalid entries, empty rows, half-used head blocks, next_n 2 without sinks.
     info = mla.kernels[name]
     layout, hb, tile = info.shape["layout"], info.shape["heads"], info.shape["tile"]
     v32 = layout.startswith("v32")
     long, extra = (2048, 0) if v32 else (512, 128)
     plan = mla.make_plan(layout, 2, hb, long, extra, kernel=name, splits=7, fuse_combine=True)
     assert plan.fuse_combine and plan.counter_ints == 2 * 2   # rows x one head block x (arrivals, done)
-    for splits in (3, 7, 64):
+    for splits in (3, 7, 20, 64):
         plan = mla.make_plan(layout, 3, hb, long, extra, kernel=name, splits=splits, fuse_combine=True)
         assert plan.fuse_combine == mla.resident(name, 3, hb, plan.splits, plan.per_split)
         for _ in range(2):
