@@ -31,15 +31,17 @@ from pdserve_kernels.sparse_mla_decode import SparseMlaDecode, kernel_shape  # n
 def candidates(mla, layout: str, h: int, rows: int, entries: int,
                only: re.Pattern | None = None) -> list[tuple[str, str, dict]]:
     """(label, kernel name, extra call arguments): the default first, then every kernel that serves h heads (with
-    `only`, those whose name it matches)."""
+    `only`, those whose name it matches, first-version kernels included)."""
     out = [("auto", mla.pick_kernel(layout, h, variant="auto", rows=rows, entries=entries), {})]
     if only is None:
         out.append(("old", mla.pick_kernel(layout, h, variant=""), {}))
     for name, info in sorted(mla.kernels.kernels.items()):
-        if info.family not in ("ds", "wg") or kernel_shape(info)[0] != layout or info.shape.get("probe"):
+        if info.family not in ("ds", "wg", "mla") or kernel_shape(info)[0] != layout or info.shape.get("probe"):
             continue
         if only is not None and not only.search(name):
             continue
+        if info.family == "mla" and (only is None or info.shape["heads"] != (16 if h <= 16 else 32 if h <= 32 else 64)):
+            continue   # first-version kernels only when asked for by name (the default is "auto", the first "old")
         if info.family == "ds" and info.shape["heads"] != (16 if h <= 16 else 32):
             continue
         # sm_90a; 64-head blocks, from 33 heads (the wgt kernels, 64-entry tiles, at every head count)
@@ -115,7 +117,7 @@ def print_table(env, rows) -> None:
                         "every candidate us | max rel err |")
     for row in rows:
         us, info = row["us"], row["info"]
-        others = {k: v for k, v in us.items() if k != "auto"}
+        others = {k: v for k, v in us.items() if k != "auto"} or {"auto": us["auto"]}
         best = min(others, key=others.get)
         cells = [row["case"], str(row["B"]), str(row["h"]),
                  f"{info['auto']['kernel'].replace('sparse_mla_', '')} ({info['auto']['splits']})",

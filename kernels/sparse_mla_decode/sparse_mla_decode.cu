@@ -271,13 +271,6 @@ __device__ __forceinline__ void index_list(const MlaParams& p, int row, int star
   constexpr int kBatch = 8;
   const int* const main_row = p.indices + static_cast<size_t>(row) * p.topk;   // as index_src, row bases hoisted
   const int* const extra_row = p.indices_extra + static_cast<size_t>(row) * p.topk_extra;
-  if (n_fill <= NTHR) {   // one index per thread at most (every split at small batch): one load, not eight
-    const int pos = start + tid;
-    const bool main = pos < p.topk;
-    const int v = ldg_index_if((main ? main_row : extra_row) + (main ? pos : pos - p.topk), tid < n_local);
-    if (tid < n_fill) sidx[tid] = index_check(p, pos, v);   // -1 past n_local
-    return;
-  }
   for (int j0 = 0; j0 < n_fill; j0 += kBatch * NTHR) {
     int v[kBatch];
 #pragma unroll
@@ -343,149 +336,6 @@ __device__ __forceinline__ void dequant(const uint8_t* rb, uint8_t* tile, const 
     uint4 v = make_uint4(0, 0, 0, 0);
     if (j < n_local && sidx[j] >= 0) v = *reinterpret_cast<const uint4*>(rb + e * L::kRec + L::kRopeRaw + c * 16);
     *reinterpret_cast<uint4*>(tile + swz<ROWB>(e, L::kRopeChunk + c)) = v;
-  }
-}
-
-// The split merge: lse = log sum_s exp(lse_s); o = sum_s exp(lse_s - lse) o_s, times the sink factor; lse = +inf and
-// o = 0 when no split saw a valid entry. Latency, not bandwidth, sets its time at small batch (a few KB per head):
-// the splits are read kCombineBatch at a time with every load of a batch issued before any is used (through L2: the
-// partials were written by other CTAs) and each batch is merged into a running maximum, so a thread waits for
-// ceil(its splits / kCombineBatch) round trips to L2. (Reading the maximum first and then, per split, its lse and,
-// only if non-empty, its partial cost two dependent round trips per split: ~2x32 for V3.2 at one row.) An empty
-// split's partial is never written: it is loaded but selected away, never multiplied, so stale bytes there cannot
-// turn into NaN.
-constexpr int kCombineBatch = 16;   // one round trip for V4 CSA at one row (10 splits), two for V3.2 (32)
-struct MergeState {                 // running maximum m of the splits' lse, sum of exp(lse_s - m), sum of their o_s
-  float m = -INFINITY, w = 0.f;
-  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-};
-__device__ __forceinline__ void merge_rescale(MergeState& st, float m_new) {
-  const float r = __expf(st.m - m_new);   // 0 while st.m = -inf (m_new finite)
-  st.w *= r;
-  st.acc.x *= r;
-  st.acc.y *= r;
-  st.acc.z *= r;
-  st.acc.w *= r;
-  st.m = m_new;
-}
-// Splits first, first + step, ... of (row, head) at output dims 4 d4 .. 4 d4 + 3.
-__device__ __forceinline__ MergeState merge_splits(const MlaParams& p, int row, int head, int d4, int first, int step) {
-  const size_t base = static_cast<size_t>(row) * p.splits * p.h + head;
-  MergeState st;
-  for (int s0 = first; s0 < p.splits; s0 += kCombineBatch * step) {
-    float l[kCombineBatch];
-    float4 o[kCombineBatch];
-#pragma unroll
-    for (int j = 0; j < kCombineBatch; ++j) {   // predicated, independent loads: all in flight at once
-      l[j] = -INFINITY;
-      o[j] = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (s0 + j * step < p.splits) {
-        const size_t b = base + static_cast<size_t>(s0 + j * step) * p.h;
-        l[j] = __ldcg(p.lse_part + b);
-        o[j] = __ldcg(reinterpret_cast<const float4*>(p.o_part + b * kDv) + d4);
-      }
-    }
-    float mb = st.m;
-#pragma unroll
-    for (int j = 0; j < kCombineBatch; ++j) mb = fmaxf(mb, l[j]);
-    if (mb == -INFINITY) continue;                 // no valid entry so far
-    merge_rescale(st, mb);
-#pragma unroll
-    for (int j = 0; j < kCombineBatch; ++j) {
-      if (l[j] == -INFINITY) continue;             // empty split (or past the end): its partial is unwritten
-      const float w = __expf(l[j] - mb);
-      st.w += w;
-      st.acc.x += w * o[j].x;
-      st.acc.y += w * o[j].y;
-      st.acc.z += w * o[j].z;
-      st.acc.w += w * o[j].w;
-    }
-  }
-  return st;
-}
-// Merges the state of the lane `mask` away (xor) into this lane's: lanes that split one output's splits between them.
-__device__ __forceinline__ void merge_lanes(MergeState& st, int mask) {
-  MergeState o;
-  o.m = __shfl_xor_sync(0xffffffffu, st.m, mask);
-  o.w = __shfl_xor_sync(0xffffffffu, st.w, mask);
-  o.acc.x = __shfl_xor_sync(0xffffffffu, st.acc.x, mask);
-  o.acc.y = __shfl_xor_sync(0xffffffffu, st.acc.y, mask);
-  o.acc.z = __shfl_xor_sync(0xffffffffu, st.acc.z, mask);
-  o.acc.w = __shfl_xor_sync(0xffffffffu, st.acc.w, mask);
-  const float m = fmaxf(st.m, o.m);
-  if (m == -INFINITY) return;                      // neither saw a valid entry
-  merge_rescale(st, m);
-  merge_rescale(o, m);
-  st.w += o.w;
-  st.acc.x += o.acc.x;
-  st.acc.y += o.acc.y;
-  st.acc.z += o.acc.z;
-  st.acc.w += o.acc.w;
-}
-// The merged outputs of (row, head) at dims 4 d4 .. 4 d4 + 3 (bf16), and for d4 = 0 the lse.
-__device__ __forceinline__ void write_merged(const MlaParams& p, int row, int head, int d4, const MergeState& st) {
-  float lse = INFINITY, f = 0.f;
-  if (st.m != -INFINITY) {
-    lse = st.m + __logf(st.w);
-    f = __fdividef(1.f, st.w);
-    if (p.sinks) f = __fdividef(f, 1.f + __expf(p.sinks[head] - lse));
-  }
-  uint2 v;
-  v.x = pack_bf16(st.acc.x * f, st.acc.y * f);
-  v.y = pack_bf16(st.acc.z * f, st.acc.w * f);
-  reinterpret_cast<uint2*>(p.out + (static_cast<size_t>(row) * p.h + head) * kDv)[d4] = v;
-  if (d4 == 0) p.lse[static_cast<size_t>(row) * p.h + head] = lse;
-}
-
-__device__ __forceinline__ void red_release_add_gpu(int* ptr, int v) {
-  asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(ptr), "r"(v) : "memory");
-}
-__device__ __forceinline__ int ld_acquire_gpu(const int* ptr) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(ptr) : "memory");
-  return v;
-}
-
-// Split merge inside the main kernel (p.counters set; the first-version, ds and es kernels): every split CTA of
-// this (row, head block), once its partial is written, arrives on the block's counter (release), waits until all
-// have (acquire), and merges 1/splits of the block's outputs, so no combine kernel runs after it. The launcher
-// takes it only for grids that are resident at once and launches them cooperatively (a CTA waits for its
-// siblings). Measured against the combine kernel: NOTES.md "One row: the split merge inside the kernel".
-// Counters: two ints per (row, head block), zero between calls: arrivals, then CTAs done merging; the last one
-// done puts both back to zero (every CTA has passed the wait by then). flag: one int of shared memory the
-// caller no longer uses.
-template <int NTHR, int HB>
-__device__ __forceinline__ void merge_splits_in_kernel(const MlaParams& p, int row, int hblk, int split, int tid,
-                                                       int* flag) {
-  if (p.splits < 2 || p.counters == nullptr) return;
-  int* ctr = p.counters + 2 * (row * gridDim.y + hblk);
-  __syncthreads();   // every thread's partial stores happen before thread 0's release (cumulativity)
-  if (tid == 0) {
-    red_release_add_gpu(ctr, 1);
-    while (ld_acquire_gpu(ctr) < p.splits) __nanosleep(32);
-  }
-  __syncthreads();
-  // This CTA's share: `per` of the block's groups of four output dims. Where the CTA has threads to spare (many
-  // splits, so small shares), `lanes` adjacent lanes share a group, each reading every lanes-th split, so that a
-  // thread reads at most kCombineBatch splits (one round trip) and the lanes merge by shuffles.
-  constexpr int kGroups = HB * (kDv / 4);
-  const int per = (kGroups + p.splits - 1) / p.splits, first = split * per;
-  const int lanes = per * 4 <= NTHR ? 4 : per * 2 <= NTHR ? 2 : 1;
-  const int n = min(kGroups, first + per) - first;
-  for (int t0 = 0; t0 < n * lanes; t0 += NTHR) {   // whole warps stay in the loop: the shuffles need every lane
-    const int i = t0 + tid, g = first + i / lanes, head = hblk * HB + g / (kDv / 4), d4 = g % (kDv / 4);
-    const bool mine = i < n * lanes && head < p.h;
-    MergeState st = mine ? merge_splits(p, row, head, d4, i % lanes, lanes) : MergeState();
-    if (lanes >= 2) merge_lanes(st, 1);
-    if (lanes == 4) merge_lanes(st, 2);
-    if (mine && i % lanes == 0) write_merged(p, row, head, d4, st);
-  }
-  __syncthreads();
-  if (tid == 0) *flag = atomicAdd(ctr + 1, 1) == p.splits - 1;
-  __syncthreads();
-  if (*flag && tid == 0) {
-    ctr[0] = 0;
-    ctr[1] = 0;
   }
 }
 
@@ -770,7 +620,6 @@ __device__ __forceinline__ void mla_body(const MlaParams& p, uint8_t* smem) {
       if (grp == 0 && t == 0) p.lse_part[base] = lse;
     }
   }
-  merge_splits_in_kernel<NTHR, HB>(p, row, hblk, split, tid, reinterpret_cast<int*>(red_max));   // maxima read
 }
 
 
@@ -1040,6 +889,66 @@ __device__ __forceinline__ void ds_write_out(const MlaParams& p, const float (&o
         else p.lse_part[obase] = lse;
       }
     }
+}
+
+// Fused split combine of a ds or es kernel (p.counters set): the last split CTA of this (row, head block) to arrive
+// merges all splits (same equations as sparse_mla_combine), reading the partials through L2 (ld.cg), and resets
+// the counter. last: one int of shared memory.
+template <int NTHR, int HB>
+__device__ __forceinline__ void ds_fused_combine(const MlaParams& p, int row, int hblk, int tid, int* last) {
+  if (p.splits > 1 && p.counters != nullptr) {
+    __threadfence();                               // this thread's partials, before the arrival below
+    __syncthreads();
+    if (tid == 0) {
+      const int prev = atomicAdd(p.counters + row * gridDim.y + hblk, 1);
+      *last = prev == p.splits - 1;
+    }
+    __syncthreads();
+    if (*last) {
+      __threadfence();
+      constexpr int TPH = NTHR / HB;   // threads per head
+      constexpr int DPT = kDv / TPH;   // dims per thread
+      const int r = tid / TPH, c0 = (tid % TPH) * DPT;
+      const int head = hblk * HB + r;
+      if (head < p.h) {
+        const size_t base = static_cast<size_t>(row) * p.splits * p.h + head;
+        float m = -INFINITY;
+        for (int sp2 = 0; sp2 < p.splits; ++sp2) m = fmaxf(m, __ldcg(p.lse_part + base + static_cast<size_t>(sp2) * p.h));
+        float lse = INFINITY, f = 0.f, wsum = 0.f;
+        if (m != -INFINITY) {
+          for (int sp2 = 0; sp2 < p.splits; ++sp2) wsum += __expf(__ldcg(p.lse_part + base + static_cast<size_t>(sp2) * p.h) - m);
+          lse = m + __logf(wsum);
+          f = __fdividef(1.f, wsum);
+          if (p.sinks) f = __fdividef(f, 1.f + __expf(p.sinks[head] - lse));
+        }
+        __nv_bfloat16* dst = p.out + (static_cast<size_t>(row) * p.h + head) * kDv + c0;
+#pragma unroll 1
+        for (int c = 0; c < DPT; c += 8) {
+          float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+          if (m != -INFINITY) {
+            for (int sp2 = 0; sp2 < p.splits; ++sp2) {
+              const size_t b = base + static_cast<size_t>(sp2) * p.h;
+              const float w = __expf(__ldcg(p.lse_part + b) - m);   // 0 for an empty split (lse -inf)
+              if (w > 0.f) {
+                const float4* src = reinterpret_cast<const float4*>(p.o_part + b * kDv + c0 + c);
+                const float4 u0 = __ldcg(src), u1 = __ldcg(src + 1);
+                acc[0] += w * u0.x; acc[1] += w * u0.y; acc[2] += w * u0.z; acc[3] += w * u0.w;
+                acc[4] += w * u1.x; acc[5] += w * u1.y; acc[6] += w * u1.z; acc[7] += w * u1.w;
+              }
+            }
+          }
+          uint4 v;
+          v.x = pack_bf16(acc[0] * f, acc[1] * f);
+          v.y = pack_bf16(acc[2] * f, acc[3] * f);
+          v.z = pack_bf16(acc[4] * f, acc[5] * f);
+          v.w = pack_bf16(acc[6] * f, acc[7] * f);
+          *reinterpret_cast<uint4*>(dst + c) = v;
+        }
+        if (tid % TPH == 0) p.lse[static_cast<size_t>(row) * p.h + head] = lse;
+      }
+      if (tid == 0) p.counters[row * gridDim.y + hblk] = 0;   // ready for the next launch on this stream
+    }
+  }
 }
 
 // CV (bit mask), bit 2: PV multiplies P (4 f16x2 per k-step) instead of V (16) by the entry's scale relative
@@ -1397,7 +1306,7 @@ __device__ __forceinline__ void ds_body(const MlaParams& p, uint8_t* smem) {
   __syncthreads();
   ds_write_out<MT, CV>(p, o, [&](int, int, int r) { return make_float2(fin_m[r], fin_l[r]); }, ref_run, rope_warp,
                        row, split, hblk, warp, g, t);
-  merge_splits_in_kernel<NTHR, HB>(p, row, hblk, split, tid, reinterpret_cast<int*>(qmax_s));   // q maxima no longer needed
+  ds_fused_combine<NTHR, HB>(p, row, hblk, tid, reinterpret_cast<int*>(qmax_s));   // q maxima no longer needed
 }
 
 // ---- "es" kernels (fp8, mma.sync): warps split the tile's entries for QK, the head dimension for PV ----
@@ -1729,7 +1638,7 @@ __device__ __forceinline__ void es_body(const MlaParams& p, uint8_t* smem) {
 
   ds_write_out<MT, 0>(p, o, [&](int mt, int hf, int) { return make_float2(m_run[mt][hf], l_run[mt][hf]); }, 1.f,
                       rope_warp, row, split, hblk, warp, g, t);
-  merge_splits_in_kernel<NTHR, HB>(p, row, hblk, split, tid, reinterpret_cast<int*>(qmax_s));   // q maxima no longer needed
+  ds_fused_combine<NTHR, HB>(p, row, hblk, tid, reinterpret_cast<int*>(qmax_s));   // q maxima no longer needed
 }
 
 // ---- "wg" kernels (sm_90a only): wgmma, 64 heads per CTA, one producer and two consumer warpgroups ----
@@ -2004,6 +1913,11 @@ __device__ __forceinline__ void wg_pv_step(float (&o)[128], const uint32_t (&a)[
   reg_fence(o);
 }
 
+__device__ __forceinline__ int ld_acquire_gpu(const int* ptr) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(ptr) : "memory");
+  return v;
+}
 __device__ __forceinline__ void stsm_x4(uint32_t addr, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
   asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(a), "r"(b),
                "r"(c), "r"(d)
@@ -4031,10 +3945,99 @@ SPARSE_MLA_WGTX_PROBE_KERNELS(WGTX_KERNEL)
 SPARSE_MLA_ES_KERNELS(ES_KERNEL)            // experimental: not faster than the ds kernels
 #endif
 
-// The split combine kernel: grid (h, rows), 128 threads, each merging 4 of a head's 512 output dims
-// (merge_splits). Launched behind the main kernel with programmatic stream serialization: the grid is
-// scheduled while the main kernel drains and waits here until the main kernel's partials are visible.
+// Merge the splits of one (row, head): lse = log sum_s exp(lse_s); o = sum_s exp(lse_s - lse) o_s, times the sink
+// factor; lse = +inf and o = 0 when no split saw a valid entry. grid (h, rows), kCombineThreads threads: each group of
+// kCombineLanes adjacent lanes owns 4 of the 512 output dims, lane k of it reading splits k, k + kCombineLanes, ...
+// Latency, not bandwidth, sets this kernel's time at small batch (a few KB per CTA): a lane reads its splits
+// kCombineBatch at a time with every load of a batch issued before any is used, merged into a running maximum, so a
+// call waits for one round trip to L2 up to kCombineLanes x kCombineBatch = 64 splits (the plans' largest); the
+// lanes then merge their states by shuffles. (One lane per 4 dims needed two round trips for V3.2 at one row, 32
+// splits; reading the maximum first and then, per split, its lse and, only if non-empty, its partial cost two
+// dependent round trips per split.) An empty split's partial is never written: it is loaded but selected away,
+// never multiplied, so stale bytes there cannot turn into NaN.
+// Launched behind the main kernel with programmatic stream serialization: the grid is scheduled while the
+// main kernel drains and waits here until the main kernel's partials are visible.
+constexpr int kCombineBatch = 16;
+static_assert(kCombineThreads == kCombineLanes * (kDv / 4), "a lane group per 4 output dims");
+struct MergeState {   // running maximum m of the splits' lse, sum w of exp(lse_s - m), sum acc of exp(lse_s - m) o_s
+  float m = -INFINITY, w = 0.f;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+};
+__device__ __forceinline__ void merge_rescale(MergeState& st, float m_new) {
+  const float r = __expf(st.m - m_new);   // 0 while st.m = -inf (m_new finite)
+  st.w *= r;
+  st.acc.x *= r;
+  st.acc.y *= r;
+  st.acc.z *= r;
+  st.acc.w *= r;
+  st.m = m_new;
+}
+// The lane `mask` away (xor) holds other splits of the same outputs: both end with the merge of the two.
+__device__ __forceinline__ void merge_lanes(MergeState& st, int mask) {
+  MergeState o;
+  o.m = __shfl_xor_sync(0xffffffffu, st.m, mask);
+  o.w = __shfl_xor_sync(0xffffffffu, st.w, mask);
+  o.acc.x = __shfl_xor_sync(0xffffffffu, st.acc.x, mask);
+  o.acc.y = __shfl_xor_sync(0xffffffffu, st.acc.y, mask);
+  o.acc.z = __shfl_xor_sync(0xffffffffu, st.acc.z, mask);
+  o.acc.w = __shfl_xor_sync(0xffffffffu, st.acc.w, mask);
+  const float m = fmaxf(st.m, o.m);
+  if (m == -INFINITY) return;   // neither saw a valid entry
+  merge_rescale(st, m);
+  merge_rescale(o, m);
+  st.w += o.w;
+  st.acc.x += o.acc.x;
+  st.acc.y += o.acc.y;
+  st.acc.z += o.acc.z;
+  st.acc.w += o.acc.w;
+}
 extern "C" __global__ void __launch_bounds__(kCombineThreads) sparse_mla_combine(const __grid_constant__ MlaParams p) {
   griddep_wait();
-  write_merged(p, blockIdx.y, blockIdx.x, threadIdx.x, merge_splits(p, blockIdx.y, blockIdx.x, threadIdx.x, 0, 1));
+  const int head = blockIdx.x, row = blockIdx.y, d4 = threadIdx.x / kCombineLanes, lane = threadIdx.x % kCombineLanes;
+  const size_t base = static_cast<size_t>(row) * p.splits * p.h + head;
+  MergeState st;
+  for (int s0 = lane; s0 < p.splits; s0 += kCombineBatch * kCombineLanes) {
+    float l[kCombineBatch];
+    float4 o[kCombineBatch];
+#pragma unroll
+    for (int j = 0; j < kCombineBatch; ++j) {   // predicated, independent loads: all in flight at once
+      l[j] = -INFINITY;
+      o[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+      const int sp = s0 + j * kCombineLanes;
+      if (sp < p.splits) {
+        const size_t b = base + static_cast<size_t>(sp) * p.h;
+        l[j] = p.lse_part[b];
+        o[j] = reinterpret_cast<const float4*>(p.o_part + b * kDv)[d4];
+      }
+    }
+    float mb = st.m;
+#pragma unroll
+    for (int j = 0; j < kCombineBatch; ++j) mb = fmaxf(mb, l[j]);
+    if (mb == -INFINITY) continue;   // no valid entry so far
+    merge_rescale(st, mb);
+#pragma unroll
+    for (int j = 0; j < kCombineBatch; ++j) {
+      if (l[j] == -INFINITY) continue;   // empty split (or past the end): its partial is unwritten
+      const float w = __expf(l[j] - mb);
+      st.w += w;
+      st.acc.x += w * o[j].x;
+      st.acc.y += w * o[j].y;
+      st.acc.z += w * o[j].z;
+      st.acc.w += w * o[j].w;
+    }
+  }
+#pragma unroll
+  for (int mask = 1; mask < kCombineLanes; mask *= 2) merge_lanes(st, mask);
+  if (lane != 0) return;
+  float lse = INFINITY, f = 0.f;
+  if (st.m != -INFINITY) {
+    lse = st.m + __logf(st.w);
+    f = __fdividef(1.f, st.w);
+    if (p.sinks) f = __fdividef(f, 1.f + __expf(p.sinks[head] - lse));
+  }
+  uint2 v;
+  v.x = pack_bf16(st.acc.x * f, st.acc.y * f);
+  v.y = pack_bf16(st.acc.z * f, st.acc.w * f);
+  reinterpret_cast<uint2*>(p.out + (static_cast<size_t>(row) * p.h + head) * kDv)[d4] = v;
+  if (d4 == 0) p.lse[static_cast<size_t>(row) * p.h + head] = lse;
 }

@@ -21,7 +21,7 @@ rows = [r for r in csv.reader(l for l in sys.stdin if l.startswith("\"")) ]
 head, body = rows[0], rows[1:]
 k, g, v, u = head.index("Kernel Name"), head.index("Grid Size"), head.index("Metric Value"), head.index("Metric Unit")
 for r in body:
-    us = float(r[v].replace(",", "")) * {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}[r[u]]
+    us = float(r[v].replace(",", "")) * {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}[r[u]]
     print(f"| {shape} | {r[k]} | {r[g]} | {us:.2f} |")
 ' "$shape"
 done

@@ -193,33 +193,6 @@ def test_ds_split_kv_empty_rows_mostly_invalid(mla, gen, splits, fuse):
                   fuse_combine=fuse, sinks=False)
 
 
-@pytest.mark.parametrize("name", ["sparse_mla_v4_h16_t64", "sparse_mla_v32_h16_t64", "sparse_mla_v4b_h16_t64",
-                                  "sparse_mla_v32b_h16_t64", "sparse_mla_v4_h32_t64", "sparse_mla_v32_h64_t32",
-                                  "sparse_mla_ds_v32_h16_t64_s2", "sparse_mla_ds_v4_h32_t64_s2"])
-def test_split_ctas_merge_in_the_kernel(mla, gen, name):
-    # fuse_combine=True on a first-version or ds kernel: every split CTA arrives, waits for its siblings and merges
-    # its share of the outputs (a cooperative launch, no combine kernel). Twice in a row (the counters must be back
-    # at zero), split counts that do not divide the outputs evenly (3, 7), that make two or four lanes share an output
-    # (20, and 64 asked: as many as the entries allow; a grid that is not resident at once falls back to the combine
-    # kernel), whole splits of invalid entries, empty rows, half-used head blocks, next_n 2 without sinks.
-    info = mla.kernels[name]
-    layout, hb, tile = info.shape["layout"], info.shape["heads"], info.shape["tile"]
-    v32 = layout.startswith("v32")
-    long, extra = (2048, 0) if v32 else (512, 128)
-    plan = mla.make_plan(layout, 2, hb, long, extra, kernel=name, splits=7, fuse_combine=True)
-    assert plan.fuse_combine and plan.counter_ints == 2 * 2   # rows x one head block x (arrivals, done)
-    for splits in (3, 7, 20, 64):
-        plan = mla.make_plan(layout, 3, hb, long, extra, kernel=name, splits=splits, fuse_combine=True)
-        assert plan.fuse_combine == mla.resident(name, 3, hb, plan.splits, plan.per_split)
-        for _ in range(2):
-            run_and_check(mla, gen, layout, 3, 1, hb, long, topk_extra=extra, empty_rows=(1,), splits=splits,
-                          kernel=name, fuse_combine=True)
-    run_and_check(mla, gen, layout, 2, 1, max(8, hb // 2), long, topk_extra=extra, splits=5, kernel=name,
-                  fuse_combine=True, invalid_span=(tile, 3 * tile))
-    run_and_check(mla, gen, layout, 2, 2, hb, long, topk_extra=extra, sinks=False, splits=4, kernel=name,
-                  fuse_combine=True)
-
-
 def test_ds_next_n_2_no_sinks_pages_q_range(mla, gen):
     run_and_check(mla, gen, "v4", 2, 2, 64, 512, topk_extra=128, sinks=False, sm_scale=0.13523, variant="ds")
     run_and_check(mla, gen, "v32", 2, 2, 32, 2048, sinks=False, sm_scale=0.13523, variant="ds")

@@ -44,7 +44,7 @@ from .dsa_indexer import (
     plan_dsa,
 )
 from .sparse_mla_decode import (DV, MlaPlan, SparseMlaDecode, _cache_geometry, _check, _covers, fused_counters_per_block,
-                                kernel_shape)
+                                fuses_by_default, kernel_shape)
 from .sparse_mla_reference import LAYOUTS
 
 NAMESPACE = "pdserve"
@@ -224,7 +224,7 @@ def _sparse_mla_decode_cuda(q, kv, indices, sinks: Optional[torch.Tensor], extra
               f"{kernel} reads 8 bytes past a page-1 V4 entry, beyond this cache's storage: plan with page=1")
     plan = MlaPlan(layout=layout, rows=rows, h=h, topk=ind3.shape[2], topk_extra=topk_extra, kernel=kernel,
                    splits=splits, per_split=per_split, heads_per_cta=hb, threads=info.threads,
-                   smem=info.smem_bytes(per_split), fuse_combine=mla.fuses(info, rows, h, splits, per_split),
+                   smem=info.smem_bytes(per_split), fuse_combine=fuses_by_default(info, splits),
                    counters_per_block=fused_counters_per_block(info, splits))
     if splits > 1:
         _check_buffer(workspace, "workspace", torch.float32, plan.workspace_floats, mla.device)

@@ -231,12 +231,8 @@ def fp32_scales_kernel(h: int, rows: int, sm90: bool, entries: int | None = None
     return ds_kernel_name("v32", h, rows, entries, num_sms)
 
 
-# PDSERVE_SPARSE_MLA_FUSE_COMBINE=1: the first-version and ds kernels merge their splits in the kernel by default
-# wherever they can (fuses_by_default), not only where that measured faster.
+# PDSERVE_SPARSE_MLA_FUSE_COMBINE=1: the ds kernels' last split CTA merges the splits by default too (fuses_by_default).
 FUSE_COMBINE = os.environ.get("PDSERVE_SPARSE_MLA_FUSE_COMBINE", "0") == "1"
-# Families whose split CTAs all merge the splits in the kernel (merge_splits_in_kernel): every CTA waits for its
-# siblings, so the launcher takes it only for grids resident at once and launches those cooperatively.
-MERGE_IN_ALL_CTAS = ("mla", "ds")
 
 
 def find_fatbin() -> pathlib.Path:
@@ -251,21 +247,20 @@ def load_kernel_table(fatbin: str | os.PathLike | None = None) -> KernelTable:
 def fuses_by_default(info: KernelInfo, splits: int) -> bool:
     """fuse_combine=None: where the merge in the main kernel measured faster than the combine kernel, the wg kernels'
     split pairs (the _m variants, which make_plan takes for two splits: H200, 0.79-0.91x at B=64 h=64, NOTES.md
-    "Split pairs merged in the kernel"); the first-version and ds kernels' merge by all split CTAs only with
-    PDSERVE_SPARSE_MLA_FUSE_COMBINE=1. (The caller checks that such a grid is resident: SparseMlaDecode.fuses.)"""
-    return fused_counters_per_block(info, splits) > 0 and (info.family not in MERGE_IN_ALL_CTAS or FUSE_COMBINE)
+    "Split pairs merged in the kernel"); the ds kernels' last-CTA combine (measured slower) only with
+    PDSERVE_SPARSE_MLA_FUSE_COMBINE=1."""
+    return fused_counters_per_block(info, splits) > 0 and (info.family != "ds" or FUSE_COMBINE)
 
 
 def fused_counters_per_block(info: KernelInfo, splits: int) -> int:
     """The int32 counters per (row, head block) with which `info`'s kernel merges `splits` splits itself
-    (fuse_combine), 0 where it cannot: the first-version and ds kernels any number (every split CTA arrives, waits
-    for the others and merges its share of the outputs: arrivals and CTAs done), the wg kernels whose epilogue
-    merges split pairs (metadata "merges_split_pairs") exactly two (the second of each pair of consumer warps
-    merges the first's partial: two counters for each of the 8 warps)."""
+    (fuse_combine), 0 where it cannot: the ds kernels any number (the last CTA of a row reads every partial: one
+    arrival counter), the wg kernels whose epilogue merges split pairs (metadata "merges_split_pairs") exactly two
+    (the second of each pair of consumer warps merges the first's partial: two counters for each of the 8 warps)."""
     if splits < 2:
         return 0
-    if info.family in MERGE_IN_ALL_CTAS:
-        return 2
+    if info.family == "ds":
+        return 1
     return 16 if info.shape.get("merges_split_pairs") and splits == 2 else 0
 
 
@@ -399,22 +394,6 @@ class SparseMlaDecode:
             self._occ[key] = max(1, self.module.max_active_blocks(name, k.threads, k.smem_bytes(per_split)))
         return self._occ[key]
 
-    def resident(self, name: str, rows: int, h: int, splits: int, per_split: int) -> bool:
-        """Whether every CTA of the grid fits on the GPU at once (occupancy x SMs)."""
-        ctas = splits * -(-h // kernel_shape(self.kernels[name])[1]) * rows
-        return ctas <= self.num_sms * self.ctas_per_sm(name, per_split)
-
-    def fuses(self, info: KernelInfo, rows: int, h: int, splits: int, per_split: int,
-              fuse_combine: bool | None = None) -> bool:
-        """Whether a plan of `info`'s kernel merges its splits in the kernel: fuse_combine None (where that measured
-        faster: fuses_by_default), True (wherever the kernel can) or False (never). A kernel whose split CTAs all
-        wait for each other (MERGE_IN_ALL_CTAS) can only where its whole grid is resident."""
-        if fuse_combine is False or fused_counters_per_block(info, splits) == 0:
-            return False
-        if info.family in MERGE_IN_ALL_CTAS and not self.resident(info.name, rows, h, splits, per_split):
-            return False
-        return True if fuse_combine else fuses_by_default(info, splits)
-
     def plan(self, name: str, rows: int, h: int, ntot: int, splits: int | None = None) -> tuple[int, int]:
         """(splits, per_split): split each row's entries when rows x head blocks would not fill the GPU
         (the ds kernels: fill every CTA slot the occupancy allows, e.g. two per SM for the 32-entry ones)."""
@@ -483,7 +462,8 @@ class SparseMlaDecode:
         return MlaPlan(layout=layout, rows=rows, h=h, topk=topk, topk_extra=topk_extra, kernel=name, splits=n_splits,
                        per_split=per_split, heads_per_cta=kernel_shape(info)[1], threads=info.threads,
                        smem=info.smem_bytes(per_split),
-                       fuse_combine=self.fuses(info, rows, h, n_splits, per_split, fuse_combine),
+                       fuse_combine=(fuses_by_default(info, n_splits) if fuse_combine is None
+                                     else bool(fuse_combine) and fused_counters_per_block(info, n_splits) > 0),
                        counters_per_block=fused_counters_per_block(info, n_splits))
 
     def launch(self, plan: MlaPlan, q4, kv, ind3, sm_scale: float, *, sinks, extra_kv, e3, out, lse,
@@ -505,9 +485,7 @@ class SparseMlaDecode:
             splits=plan.splits, per_split=plan.per_split, scale_log2=sm_scale * math.log2(math.e),
             counters=counters_ptr)
         stream = self.torch.cuda.current_stream(self.device).cuda_stream
-        # A plan whose split CTAs wait for each other runs cooperatively: the driver starts all of them or refuses.
-        cooperative = plan.fuse_combine and self.kernels[plan.kernel].family in MERGE_IN_ALL_CTAS
-        self.module.launch(plan.kernel, plan.grid, plan.threads, plan.smem, stream, p, cooperative=cooperative)
+        self.module.launch(plan.kernel, plan.grid, plan.threads, plan.smem, stream, p)
         if plan.splits > 1 and not plan.fuse_combine:
             combine = self.kernels["sparse_mla_combine"]
             use_pdl = self.capability[0] >= 9 if pdl is None else pdl
