@@ -3945,99 +3945,68 @@ SPARSE_MLA_WGTX_PROBE_KERNELS(WGTX_KERNEL)
 SPARSE_MLA_ES_KERNELS(ES_KERNEL)            // experimental: not faster than the ds kernels
 #endif
 
-// Merge the splits of one (row, head): lse = log sum_s exp(lse_s); o = sum_s exp(lse_s - lse) o_s, times the sink
-// factor; lse = +inf and o = 0 when no split saw a valid entry. grid (h, rows), kCombineThreads threads: each group of
-// kCombineLanes adjacent lanes owns 4 of the 512 output dims, lane k of it reading splits k, k + kCombineLanes, ...
-// Latency, not bandwidth, sets this kernel's time at small batch (a few KB per CTA): a lane reads its splits
-// kCombineBatch at a time with every load of a batch issued before any is used, merged into a running maximum, so a
-// call waits for one round trip to L2 up to kCombineLanes x kCombineBatch = 64 splits (the plans' largest); the
-// lanes then merge their states by shuffles. (One lane per 4 dims needed two round trips for V3.2 at one row, 32
-// splits; reading the maximum first and then, per split, its lse and, only if non-empty, its partial cost two
-// dependent round trips per split.) An empty split's partial is never written: it is loaded but selected away,
-// never multiplied, so stale bytes there cannot turn into NaN.
+// Merge the splits of one (row, head): lse = log sum_s exp(lse_s); o = sum_s exp(lse_s - lse) o_s,
+// times the sink factor; lse = +inf and o = 0 when no split saw a valid entry. grid (h, rows), 128 threads,
+// each owning 4 of the 512 output dims.
+// Latency, not bandwidth, sets this kernel's time at small batch (a few KB per CTA): it reads the splits
+// kCombineBatch at a time with every load of a batch issued before any is used, and merges each batch into
+// a running maximum, so a call waits for ceil(splits / kCombineBatch) round trips to L2. (Reading the
+// maximum first and then, per split, its lse and, only if non-empty, its partial cost two dependent round
+// trips per split: ~2x32 for V3.2 at one row.) An empty split's partial is never written: it is loaded but
+// selected away, never multiplied, so stale bytes there cannot turn into NaN.
 // Launched behind the main kernel with programmatic stream serialization: the grid is scheduled while the
 // main kernel drains and waits here until the main kernel's partials are visible.
-constexpr int kCombineBatch = 16;
-static_assert(kCombineThreads == kCombineLanes * (kDv / 4), "a lane group per 4 output dims");
-struct MergeState {   // running maximum m of the splits' lse, sum w of exp(lse_s - m), sum acc of exp(lse_s - m) o_s
-  float m = -INFINITY, w = 0.f;
-  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-};
-__device__ __forceinline__ void merge_rescale(MergeState& st, float m_new) {
-  const float r = __expf(st.m - m_new);   // 0 while st.m = -inf (m_new finite)
-  st.w *= r;
-  st.acc.x *= r;
-  st.acc.y *= r;
-  st.acc.z *= r;
-  st.acc.w *= r;
-  st.m = m_new;
-}
-// The lane `mask` away (xor) holds other splits of the same outputs: both end with the merge of the two.
-__device__ __forceinline__ void merge_lanes(MergeState& st, int mask) {
-  MergeState o;
-  o.m = __shfl_xor_sync(0xffffffffu, st.m, mask);
-  o.w = __shfl_xor_sync(0xffffffffu, st.w, mask);
-  o.acc.x = __shfl_xor_sync(0xffffffffu, st.acc.x, mask);
-  o.acc.y = __shfl_xor_sync(0xffffffffu, st.acc.y, mask);
-  o.acc.z = __shfl_xor_sync(0xffffffffu, st.acc.z, mask);
-  o.acc.w = __shfl_xor_sync(0xffffffffu, st.acc.w, mask);
-  const float m = fmaxf(st.m, o.m);
-  if (m == -INFINITY) return;   // neither saw a valid entry
-  merge_rescale(st, m);
-  merge_rescale(o, m);
-  st.w += o.w;
-  st.acc.x += o.acc.x;
-  st.acc.y += o.acc.y;
-  st.acc.z += o.acc.z;
-  st.acc.w += o.acc.w;
-}
+constexpr int kCombineBatch = 16;   // one round trip for V4 CSA at one row (10 splits), two for V3.2 (32)
 extern "C" __global__ void __launch_bounds__(kCombineThreads) sparse_mla_combine(const __grid_constant__ MlaParams p) {
   griddep_wait();
-  const int head = blockIdx.x, row = blockIdx.y, d4 = threadIdx.x / kCombineLanes, lane = threadIdx.x % kCombineLanes;
+  const int head = blockIdx.x, row = blockIdx.y, tid = threadIdx.x;
   const size_t base = static_cast<size_t>(row) * p.splits * p.h + head;
-  MergeState st;
-  for (int s0 = lane; s0 < p.splits; s0 += kCombineBatch * kCombineLanes) {
+  float m = -INFINITY, wsum = 0.f;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int s0 = 0; s0 < p.splits; s0 += kCombineBatch) {
     float l[kCombineBatch];
     float4 o[kCombineBatch];
 #pragma unroll
     for (int j = 0; j < kCombineBatch; ++j) {   // predicated, independent loads: all in flight at once
       l[j] = -INFINITY;
       o[j] = make_float4(0.f, 0.f, 0.f, 0.f);
-      const int sp = s0 + j * kCombineLanes;
-      if (sp < p.splits) {
-        const size_t b = base + static_cast<size_t>(sp) * p.h;
+      if (s0 + j < p.splits) {
+        const size_t b = base + static_cast<size_t>(s0 + j) * p.h;
         l[j] = p.lse_part[b];
-        o[j] = reinterpret_cast<const float4*>(p.o_part + b * kDv)[d4];
+        o[j] = reinterpret_cast<const float4*>(p.o_part + b * kDv)[tid];
       }
     }
-    float mb = st.m;
+    float mb = m;
 #pragma unroll
     for (int j = 0; j < kCombineBatch; ++j) mb = fmaxf(mb, l[j]);
-    if (mb == -INFINITY) continue;   // no valid entry so far
-    merge_rescale(st, mb);
+    if (mb == -INFINITY) continue;                 // no valid entry so far
+    const float r = __expf(m - mb);                  // rescale what was merged before (0 while m = -inf)
+    wsum *= r;
+    acc.x *= r;
+    acc.y *= r;
+    acc.z *= r;
+    acc.w *= r;
 #pragma unroll
     for (int j = 0; j < kCombineBatch; ++j) {
-      if (l[j] == -INFINITY) continue;   // empty split (or past the end): its partial is unwritten
+      if (l[j] == -INFINITY) continue;             // empty split (or past the end): its partial is unwritten
       const float w = __expf(l[j] - mb);
-      st.w += w;
-      st.acc.x += w * o[j].x;
-      st.acc.y += w * o[j].y;
-      st.acc.z += w * o[j].z;
-      st.acc.w += w * o[j].w;
+      wsum += w;
+      acc.x += w * o[j].x;
+      acc.y += w * o[j].y;
+      acc.z += w * o[j].z;
+      acc.w += w * o[j].w;
     }
+    m = mb;
   }
-#pragma unroll
-  for (int mask = 1; mask < kCombineLanes; mask *= 2) merge_lanes(st, mask);
-  if (lane != 0) return;
   float lse = INFINITY, f = 0.f;
-  if (st.m != -INFINITY) {
-    lse = st.m + __logf(st.w);
-    f = __fdividef(1.f, st.w);
+  if (m != -INFINITY) {
+    lse = m + __logf(wsum);
+    f = __fdividef(1.f, wsum);
     if (p.sinks) f = __fdividef(f, 1.f + __expf(p.sinks[head] - lse));
   }
   uint2 v;
-  v.x = pack_bf16(st.acc.x * f, st.acc.y * f);
-  v.y = pack_bf16(st.acc.z * f, st.acc.w * f);
-  reinterpret_cast<uint2*>(p.out + (static_cast<size_t>(row) * p.h + head) * kDv)[d4] = v;
-  if (d4 == 0) p.lse[static_cast<size_t>(row) * p.h + head] = lse;
+  v.x = pack_bf16(acc.x * f, acc.y * f);
+  v.y = pack_bf16(acc.z * f, acc.w * f);
+  reinterpret_cast<uint2*>(p.out + (static_cast<size_t>(row) * p.h + head) * kDv)[tid] = v;
+  if (tid == 0) p.lse[static_cast<size_t>(row) * p.h + head] = lse;
 }

@@ -202,9 +202,7 @@ struct WgtSmem {
   static_assert(kEnd + kWgAlignSlack <= 232448, "fits the 227 KB of an H200 CTA whatever the split length");
 };
 
-// The split combine: kCombineLanes lanes per 4 output dims of a head (each reading every kCombineLanes-th split).
-constexpr int kCombineLanes = 4;
-constexpr int kCombineThreads = kCombineLanes * 128;
+constexpr int kCombineThreads = 128;
 
 }  // namespace
 

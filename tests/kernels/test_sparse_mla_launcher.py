@@ -24,12 +24,12 @@ def _launcher(smem_limit=232448, num_sms=132, capability=(9, 0)):
 MEASURED_DEFAULT = {
     ("v4", 16, 1): "sparse_mla_v4_h16_t64", ("v4", 16, 8): "sparse_mla_v4_h16_t64",
     ("v4", 16, 64): "sparse_mla_ds_v4_h16_t32_s4", ("v4", 16, 128): "sparse_mla_ds_v4_h16_t32_s4",
-    ("v4", 32, 8): "sparse_mla_v4_h32_t64", ("v4", 32, 64): "sparse_mla_ds_v4_h32_t64_s2",
+    ("v4", 32, 8): "sparse_mla_v4_h32_t64", ("v4", 32, 64): "sparse_mla_wg_v4_s3",
     ("v4", 64, 1): "sparse_mla_v4_h64_t64", ("v4", 128, 1): "sparse_mla_wg_v4_t64x",
     ("v4", 64, 8): "sparse_mla_wg_v4_s3", ("v4", 64, 64): "sparse_mla_wg_v4_s3",
     ("v4", 64, 128): "sparse_mla_wg_v4_s3", ("v4", 128, 64): "sparse_mla_wg_v4_t64x", ("v4", 128, 8): "sparse_mla_wg_v4_t64x",
     ("v32", 16, 1): "sparse_mla_ds_v32_h16_t64_s2", ("v32", 16, 64): "sparse_mla_ds_v32_h16_t32_s4",
-    ("v32", 32, 8): "sparse_mla_v32_h32_t64", ("v32", 32, 64): "sparse_mla_ds_v32_h32_t64_s2",
+    ("v32", 32, 8): "sparse_mla_v32_h32_t64", ("v32", 32, 64): "sparse_mla_wg_v32_t64c",
     ("v32", 64, 1): "sparse_mla_ds_v32_h32_t64_s2", ("v32", 128, 1): "sparse_mla_wg_v32_t64x",
     ("v32", 64, 8): "sparse_mla_wg_v32_s3_c2", ("v32", 128, 8): "sparse_mla_wg_v32_t64x",
     # V3.2, one 64-head block, at most two splits per row: _t64c (2026-12-02 seventh session, call 4: 0.93-0.98x)
@@ -37,9 +37,14 @@ MEASURED_DEFAULT = {
     ("v32", 64, 128): "sparse_mla_wg_v32_t64c", ("v4", 64, 128): "sparse_mla_wg_v4_s3",
     ("v32", 128, 64): "sparse_mla_wg_v32_t64x", ("v32", 128, 128): "sparse_mla_wg_v32_t64x",
     ("v32", 128, 32): "sparse_mla_wg_v32_t64x", ("v4", 96, 32): "sparse_mla_wg_v4_t64x", ("v4", 128, 16): "sparse_mla_wg_v4_t64x",
-    # V3.2, 17-32 heads: the ds kernel from 16 rows (2026-12-02, calls 14-15: 0.75-0.95x the first version)
-    ("v32", 24, 16): "sparse_mla_ds_v32_h32_t64_s2", ("v32", 32, 24): "sparse_mla_ds_v32_h32_t64_s2",
-    ("v32", 32, 48): "sparse_mla_ds_v32_h32_t64_s2", ("v32", 24, 8): "sparse_mla_v32_h32_t64",
+    # 17-63 heads: the 64-head wg kernels from 16 rows (2026-12-02 eighth session, call 6: 0.90-0.96x the ds or
+    # first-version kernel at 24 and 32 heads, 0.53-0.84x at 48), _t64c for V3.2 at most two splits per row; below 16
+    # rows as before (V3.2 17-32 heads: the first version below 16 rows, 2026-12-02 calls 14-15)
+    ("v32", 24, 16): "sparse_mla_wg_v32_s3_c2", ("v32", 32, 24): "sparse_mla_wg_v32_s3_c2",
+    ("v32", 32, 48): "sparse_mla_wg_v32_t64c", ("v32", 24, 8): "sparse_mla_v32_h32_t64",
+    ("v4", 24, 16): "sparse_mla_wg_v4_s3", ("v4", 48, 16): "sparse_mla_wg_v4_s3", ("v4", 48, 128): "sparse_mla_wg_v4_s3",
+    ("v32", 48, 16): "sparse_mla_wg_v32_s3_c2", ("v32", 48, 128): "sparse_mla_wg_v32_t64c",
+    ("v4", 32, 15): "sparse_mla_v4_h32_t64", ("v4", 48, 8): "sparse_mla_v4_h64_t64",
     # V3.2, an odd number of 64-head blocks: the wg kernel from 4 rows (2026-12-02 call 21: 0.83x the ds kernel at
     # 128 heads, then the default there); an even number: the cluster pair at every row count
     ("v32", 192, 4): "sparse_mla_wg_v32_s3_c2", ("v32", 192, 2): "sparse_mla_ds_v32_h32_t64_s2",
