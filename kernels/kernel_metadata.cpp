@@ -148,6 +148,7 @@ void sparse_mla_decode() {
   SPARSE_MLA_FIRST_TUNING_KERNELS(MLA_TUNING_META)
 #endif
   kernel(k, "sparse_mla_combine", "combine", kCombineThreads, 0, 0, "", "");
+  kernel(k, "sparse_mla_combine_b8", "combine", kCombineThreads, 0, 0, "", "");
   std::printf("\n  ]\n}\n");
 }
 

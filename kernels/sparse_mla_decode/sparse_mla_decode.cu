@@ -3949,25 +3949,28 @@ SPARSE_MLA_ES_KERNELS(ES_KERNEL)            // experimental: not faster than the
 // times the sink factor; lse = +inf and o = 0 when no split saw a valid entry. grid (h, rows), 128 threads,
 // each owning 4 of the 512 output dims.
 // Latency, not bandwidth, sets this kernel's time at small batch (a few KB per CTA): it reads the splits
-// kCombineBatch at a time with every load of a batch issued before any is used, and merges each batch into
-// a running maximum, so a call waits for ceil(splits / kCombineBatch) round trips to L2. (Reading the
+// kBatch at a time with every load of a batch issued before any is used, and merges each batch into
+// a running maximum, so a call waits for ceil(splits / kBatch) round trips to L2. (Reading the
 // maximum first and then, per split, its lse and, only if non-empty, its partial cost two dependent round
 // trips per split: ~2x32 for V3.2 at one row.) An empty split's partial is never written: it is loaded but
 // selected away, never multiplied, so stale bytes there cannot turn into NaN.
 // Launched behind the main kernel with programmatic stream serialization: the grid is scheduled while the
 // main kernel drains and waits here until the main kernel's partials are visible.
-constexpr int kCombineBatch = 16;   // one round trip for V4 CSA at one row (10 splits), two for V3.2 (32)
-extern "C" __global__ void __launch_bounds__(kCombineThreads) sparse_mla_combine(const __grid_constant__ MlaParams p) {
+// kBatch splits per round trip: 16 (one round trip for V4 CSA at one row, 10 splits; two for V3.2, 32) costs ~112
+// registers, so four 128-thread CTAs per SM; 8 (sparse_mla_combine_b8, which the launcher takes for at most 8 splits)
+// fits more CTAs per SM, so that the larger grids of many rows run in fewer waves.
+template <int kBatch>
+__device__ __forceinline__ void combine_body(const MlaParams& p) {
   griddep_wait();
   const int head = blockIdx.x, row = blockIdx.y, tid = threadIdx.x;
   const size_t base = static_cast<size_t>(row) * p.splits * p.h + head;
   float m = -INFINITY, wsum = 0.f;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  for (int s0 = 0; s0 < p.splits; s0 += kCombineBatch) {
-    float l[kCombineBatch];
-    float4 o[kCombineBatch];
+  for (int s0 = 0; s0 < p.splits; s0 += kBatch) {
+    float l[kBatch];
+    float4 o[kBatch];
 #pragma unroll
-    for (int j = 0; j < kCombineBatch; ++j) {   // predicated, independent loads: all in flight at once
+    for (int j = 0; j < kBatch; ++j) {   // predicated, independent loads: all in flight at once
       l[j] = -INFINITY;
       o[j] = make_float4(0.f, 0.f, 0.f, 0.f);
       if (s0 + j < p.splits) {
@@ -3978,7 +3981,7 @@ extern "C" __global__ void __launch_bounds__(kCombineThreads) sparse_mla_combine
     }
     float mb = m;
 #pragma unroll
-    for (int j = 0; j < kCombineBatch; ++j) mb = fmaxf(mb, l[j]);
+    for (int j = 0; j < kBatch; ++j) mb = fmaxf(mb, l[j]);
     if (mb == -INFINITY) continue;                 // no valid entry so far
     const float r = __expf(m - mb);                  // rescale what was merged before (0 while m = -inf)
     wsum *= r;
@@ -3987,7 +3990,7 @@ extern "C" __global__ void __launch_bounds__(kCombineThreads) sparse_mla_combine
     acc.z *= r;
     acc.w *= r;
 #pragma unroll
-    for (int j = 0; j < kCombineBatch; ++j) {
+    for (int j = 0; j < kBatch; ++j) {
       if (l[j] == -INFINITY) continue;             // empty split (or past the end): its partial is unwritten
       const float w = __expf(l[j] - mb);
       wsum += w;
@@ -4009,4 +4012,10 @@ extern "C" __global__ void __launch_bounds__(kCombineThreads) sparse_mla_combine
   v.y = pack_bf16(acc.z * f, acc.w * f);
   reinterpret_cast<uint2*>(p.out + (static_cast<size_t>(row) * p.h + head) * kDv)[tid] = v;
   if (tid == 0) p.lse[static_cast<size_t>(row) * p.h + head] = lse;
+}
+extern "C" __global__ void __launch_bounds__(kCombineThreads) sparse_mla_combine(const __grid_constant__ MlaParams p) {
+  combine_body<16>(p);
+}
+extern "C" __global__ void __launch_bounds__(kCombineThreads) sparse_mla_combine_b8(const __grid_constant__ MlaParams p) {
+  combine_body<8>(p);
 }

@@ -240,6 +240,10 @@ def fp32_scales_kernel(h: int, rows: int, sm90: bool, entries: int | None = None
     return ds_kernel_name("v32", h, rows, entries, num_sms)
 
 
+# The split combine reading at most 8 splits per round trip (fewer registers, more CTAs per SM) where one round trip
+# covers the splits: NOTES.md "One row, and the heads between 16 and 64".
+COMBINE_B8_MAX_SPLITS = 8
+
 # PDSERVE_SPARSE_MLA_FUSE_COMBINE=1: the ds kernels' last split CTA merges the splits by default too (fuses_by_default).
 FUSE_COMBINE = os.environ.get("PDSERVE_SPARSE_MLA_FUSE_COMBINE", "0") == "1"
 
@@ -496,7 +500,7 @@ class SparseMlaDecode:
         stream = self.torch.cuda.current_stream(self.device).cuda_stream
         self.module.launch(plan.kernel, plan.grid, plan.threads, plan.smem, stream, p)
         if plan.splits > 1 and not plan.fuse_combine:
-            combine = self.kernels["sparse_mla_combine"]
+            combine = self.kernels["sparse_mla_combine_b8" if plan.splits <= COMBINE_B8_MAX_SPLITS else "sparse_mla_combine"]
             use_pdl = self.capability[0] >= 9 if pdl is None else pdl
             self.module.launch(combine.name, (plan.h, plan.rows, 1), combine.threads, 0, stream, p,
                                programmatic=use_pdl)
