@@ -127,8 +127,8 @@ def auto_fp8_kernel(layout: str, h: int, rows: int | None, num_sms: int, sm90: b
     """The default fp8 kernel: a wg or ds kernel name, or None for the first-version kernel of that shape.
 
     On sm_90a with an even number of 64-head blocks, the wgt cluster kernels at every row count (wgx_serves). Else
-    on sm_90a with h >= 64 and >= 8 rows, or 17-63 heads and >= WG_MID_HEADS_MIN_ROWS rows, V3.2 at most two splits
-    per row: WGTC_V32 (wgtc_wins). Else on sm_90a with h >= 64 and >= 8 rows (17-63 heads: as before), the wg kernels (2026-11-30 H200 table, bench_wg.py, now part of
+    on sm_90a with h > 32 and >= 8 rows, or 17-32 heads and >= WG_MID_HEADS_MIN_ROWS rows, V3.2 at most two splits
+    per row: WGTC_V32 (wgtc_wins). Else on sm_90a with h > 32 and >= 8 rows (17-32 heads: from 16), the wg kernels (2026-11-30 H200 table, bench_wg.py, now part of
     bench_mla_variants.py: 1.03-1.75x faster there, 0.82-0.98x at one row). Otherwise from the 2026-11-29 H200
     table (bench_mla_variants.py; V4 CSA 640 entries, V3.2 2048; B = 1/8/64/128): V3.2 takes the ds kernels
     everywhere except 17-32 heads below V32_H32_DS_MIN_ROWS rows; V4 only with >= 64 rows (16 heads: from
@@ -137,7 +137,7 @@ def auto_fp8_kernel(layout: str, h: int, rows: int | None, num_sms: int, sm90: b
     """
     if sm90 and wgx_serves(h):   # at every row count (NOTES.md "One head block, and the cluster pair ...")
         return wgx_kernel_name(layout)
-    wg_min_rows = (WG_V32_MULTI_BLOCK_MIN_ROWS if layout == "v32" and h > 64 else WG_MIN_ROWS if h >= WG_MIN_HEADS
+    wg_min_rows = (WG_V32_MULTI_BLOCK_MIN_ROWS if layout == "v32" and h > 64 else WG_MIN_ROWS if h > 32
                    else WG_MID_HEADS_MIN_ROWS)
     if sm90 and h > 16 and rows is not None and rows >= wg_min_rows:
         return WGTC_V32 if wgtc_wins(layout, h, rows, num_sms) else wg_kernel_name(layout)
@@ -168,7 +168,10 @@ WG_MIN_HEADS, WG_MIN_ROWS = 64, 8
 # 21.2 / 19.1, 32 rows 30.2 / 26.2, 64 rows 44.8 / 35.5, 128 rows 51.8 / 49.4; V4 HCA 28.3 / 24.3, 41.1 / 33.6,
 # 61.0 / 51.0, 83.3 / 80.8; V3.2 36.5 / 31.0, 53.5 / 48.6, 85.6 / 79.9, 133.8 / 131.8; h = 48 (33-63 heads had
 # gathered every entry once per 32-head block): V4 CSA 1.19-1.64x, V4 HCA 1.28-1.70x, V3.2 1.47-1.90x; h = 24 as
-# h = 32, V3.2 equal within noise from 32 rows. Below 16 rows not measured: the former choice.
+# h = 32, V3.2 equal within noise from 32 rows. Call 7 (raw ...-s8call7-mid-heads-variants.json), 8 and 12 rows: at
+# 40 and 56 heads the wg kernels again (V4 CSA 1.03-1.06x, V4 HCA 1.09-1.22x, V3.2 1.29-1.52x faster than the
+# first-version or ds default), so 33-63 heads take them from 8 rows as 64 do; at 24 heads the first version stays
+# below 16 rows (1.00-1.02x). Below 8 rows not measured: the former choice.
 WG_MID_HEADS_MIN_ROWS = 16
 # V3.2 with more than one 64-head block: the wg kernel from 4 rows (H200, 2026-12-02 second session, call 21, us, ds
 # h32 / wg_v32_s3_c2: h=128 4 rows 35.5 / 29.6, 2 rows 26.6 / 26.4; V4 at 4 rows: 0.92x (HCA) to 1.05x (CSA), kept).
@@ -500,7 +503,8 @@ class SparseMlaDecode:
         stream = self.torch.cuda.current_stream(self.device).cuda_stream
         self.module.launch(plan.kernel, plan.grid, plan.threads, plan.smem, stream, p)
         if plan.splits > 1 and not plan.fuse_combine:
-            combine = self.kernels["sparse_mla_combine_b8" if plan.splits <= COMBINE_B8_MAX_SPLITS else "sparse_mla_combine"]
+            few = plan.splits <= COMBINE_B8_MAX_SPLITS and "sparse_mla_combine_b8" in self.kernels.kernels   # older builds
+            combine = self.kernels["sparse_mla_combine_b8" if few else "sparse_mla_combine"]
             use_pdl = self.capability[0] >= 9 if pdl is None else pdl
             self.module.launch(combine.name, (plan.h, plan.rows, 1), combine.threads, 0, stream, p,
                                programmatic=use_pdl)
