@@ -341,8 +341,9 @@ __device__ __forceinline__ void dequant(const uint8_t* rb, uint8_t* tile, const 
 
 // OPT bit 0: per-warp gather (one entry per warp iteration, its index and source addresses computed once,
 // lanes = chunks); 0: the gather loops over (entry, chunk) items, index decoded per item. The fp8 kernels use
-// 0, the bf16 ones 1 (the per-warp gather with a per-warp fp8 dequant, "_o1", and its halves "_og" / "_od"
-// were measured no faster and removed; NOTES.md "Sparse MLA decode").
+// 0, the bf16 ones 1 (the per-warp gather with a per-warp fp8 dequant and its halves "_og" / "_od" were measured no
+// faster and removed, NOTES.md "Sparse MLA decode"; the per-warp fp8 gather alone, the tuning build's "_o1", measured
+// no faster at one row either, NOTES.md "One row, and the heads between 16 and 64").
 template <class L, int MT, int T, int G, int NST, int OPT>
 __device__ __forceinline__ void mla_body(const MlaParams& p, uint8_t* smem) {
   constexpr int HB = 16 * MT;           // heads per CTA
