@@ -58,13 +58,14 @@ void sparse_mla_decode() {
 #undef MLA_FIELD
   std::printf("\n  ]},\n  \"kernels\": [");
   Writer k;
-#define MLA_META(NAME, LAY, MT, T, G, NST, OPT)                                                              \
+#define MLA_META_WITH(NAME, LAY, MT, T, G, NST, OPT, EXTRA)                                                  \
   {                                                                                                          \
     using S = MlaSmem<Geom##LAY, MT, T, G, NST>;                                                             \
-    std::snprintf(more, sizeof more, ", \"groups\": %d, \"opt\": %d", G, OPT);                               \
+    std::snprintf(more, sizeof more, ", \"groups\": %d, \"opt\": %d" EXTRA, G, OPT);                         \
     kernel(k, #NAME, "mla", S::kThreads, S::kSidx, kIndexBytes, "entry",                                     \
            mla_shape<Geom##LAY>(buf, sizeof buf, 16 * MT, T, NST, more));                                    \
   }
+#define MLA_META(NAME, LAY, MT, T, G, NST, OPT) MLA_META_WITH(NAME, LAY, MT, T, G, NST, OPT, "")
   SPARSE_MLA_FIRST_KERNELS(MLA_META)
 #define DS_META(NAME, LAY, MT, T, NST, CV)                                                                   \
   {                                                                                                          \
@@ -138,13 +139,8 @@ void sparse_mla_decode() {
            mla_shape<Geom##LAY>(buf, sizeof buf, 16 * MT, kEsT, NST, ", \"cv\": 0, \"qk_split\": \"entries\", \"experimental\": true"));  \
   }
   SPARSE_MLA_ES_KERNELS(ES_META)
-#define MLA_TUNING_META(NAME, LAY, MT, T, G, NST, OPT)                                                       \
-  {                                                                                                          \
-    using S = MlaSmem<Geom##LAY, MT, T, G, NST>;                                                             \
-    std::snprintf(more, sizeof more, ", \"groups\": %d, \"opt\": %d, \"experimental\": true", G, OPT);      \
-    kernel(k, #NAME, "mla", S::kThreads, S::kSidx, kIndexBytes, "entry",                                     \
-           mla_shape<Geom##LAY>(buf, sizeof buf, 16 * MT, T, NST, more));                                    \
-  }
+#define MLA_TUNING_META(NAME, LAY, MT, T, G, NST, OPT) \
+  MLA_META_WITH(NAME, LAY, MT, T, G, NST, OPT, ", \"experimental\": true")
   SPARSE_MLA_FIRST_TUNING_KERNELS(MLA_TUNING_META)
 #endif
   kernel(k, "sparse_mla_combine", "combine", kCombineThreads, 0, 0, "", "");

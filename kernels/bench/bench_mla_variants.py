@@ -46,7 +46,8 @@ def candidates(mla, layout: str, h: int, rows: int, entries: int,
             continue
         # sm_90a; 64-head blocks, from 33 heads (the wgt kernels, 64-entry tiles, at every head count; any asked for by
         # name)
-        if info.family == "wg" and (mla.capability[0] != 9 or (h <= 32 and kernel_shape(info)[2] != 64 and only is None)):
+        if info.family == "wg" and (mla.capability[0] != 9
+                                    or (h <= 32 and kernel_shape(info)[2] != 64 and only is None)):
             continue
         if -(-h // 64) % info.shape.get("cluster_head_blocks", 1):   # launched in clusters of head blocks
             continue

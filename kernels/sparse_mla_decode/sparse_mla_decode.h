@@ -229,8 +229,8 @@ constexpr int kCombineThreads = 128;
   X(sparse_mla_v32b_h16_t32, V32B, 1, 32, 4, 2, 1) /* small smem (sm_120) */
 
 // First-version fp8 kernels with the per-warp gather (OPT 1, as the bf16 kernels gather), tuning build only
-// ("experimental"): at one row a CTA's issue loop is ~560 of its ~2,400 instructions per warp (NOTES.md
-// "One row: where a split CTA's time goes").
+// ("experimental"): at one row a CTA's issue loop is ~560 of its ~2,400 instructions per warp; measured no faster
+// (NOTES.md "One row, and the heads between 16 and 64").
 #define SPARSE_MLA_FIRST_TUNING_KERNELS(X)                \
   X(sparse_mla_v4_h16_t64_o1, V4, 1, 64, 8, 3, 1)          \
   X(sparse_mla_v32_h16_t64_o1, V32, 1, 64, 8, 2, 1)

@@ -37,15 +37,18 @@ MEASURED_DEFAULT = {
     ("v32", 64, 128): "sparse_mla_wg_v32_t64c", ("v4", 64, 128): "sparse_mla_wg_v4_s3",
     ("v32", 128, 64): "sparse_mla_wg_v32_t64x", ("v32", 128, 128): "sparse_mla_wg_v32_t64x",
     ("v32", 128, 32): "sparse_mla_wg_v32_t64x", ("v4", 96, 32): "sparse_mla_wg_v4_t64x", ("v4", 128, 16): "sparse_mla_wg_v4_t64x",
-    # 17-63 heads: the 64-head wg kernels, 33-63 heads from 8 rows, 17-32 from 16 (2026-12-02 eighth session, calls 6-7:
-    # 0.90-0.96x the ds or first-version kernel at 24 and 32 heads, 0.53-0.95x at 40-56), _t64c for V3.2 at most two
-    # splits per row; below that as before (V3.2 17-32 heads: the first version below 16 rows, 2026-12-02 calls 14-15)
+    # 17-63 heads: the 64-head wg kernels, 33-63 heads from 8 rows, 17-32 from 16 (2026-12-02 eighth session, calls
+    # 6-7: 0.90-0.96x the ds or first-version kernel at 24 and 32 heads, 0.53-0.95x at 40-56), _t64c for V3.2 at most
+    # two splits per row; below that as before (V3.2 17-32 heads: the first version below 16 rows, calls 14-15 of the
+    # second session)
     ("v32", 24, 16): "sparse_mla_wg_v32_s3_c2", ("v32", 32, 24): "sparse_mla_wg_v32_s3_c2",
     ("v32", 32, 48): "sparse_mla_wg_v32_t64c", ("v32", 24, 8): "sparse_mla_v32_h32_t64",
-    ("v4", 24, 16): "sparse_mla_wg_v4_s3", ("v4", 48, 16): "sparse_mla_wg_v4_s3", ("v4", 48, 128): "sparse_mla_wg_v4_s3",
-    ("v32", 48, 16): "sparse_mla_wg_v32_s3_c2", ("v32", 48, 128): "sparse_mla_wg_v32_t64c",
-    ("v4", 32, 15): "sparse_mla_v4_h32_t64", ("v4", 48, 8): "sparse_mla_wg_v4_s3", ("v4", 48, 4): "sparse_mla_v4_h64_t64",
-    ("v32", 40, 8): "sparse_mla_wg_v32_s3_c2", ("v32", 56, 12): "sparse_mla_wg_v32_s3_c2", ("v4", 24, 12): "sparse_mla_v4_h32_t64",
+    ("v4", 24, 16): "sparse_mla_wg_v4_s3", ("v4", 48, 16): "sparse_mla_wg_v4_s3",
+    ("v4", 48, 128): "sparse_mla_wg_v4_s3", ("v32", 48, 16): "sparse_mla_wg_v32_s3_c2",
+    ("v32", 48, 128): "sparse_mla_wg_v32_t64c", ("v4", 32, 15): "sparse_mla_v4_h32_t64",
+    ("v4", 48, 8): "sparse_mla_wg_v4_s3", ("v4", 48, 4): "sparse_mla_v4_h64_t64",
+    ("v32", 40, 8): "sparse_mla_wg_v32_s3_c2", ("v32", 56, 12): "sparse_mla_wg_v32_s3_c2",
+    ("v4", 24, 12): "sparse_mla_v4_h32_t64",
     # V3.2, an odd number of 64-head blocks: the wg kernel from 4 rows (2026-12-02 call 21: 0.83x the ds kernel at
     # 128 heads, then the default there); an even number: the cluster pair at every row count
     ("v32", 192, 4): "sparse_mla_wg_v32_s3_c2", ("v32", 192, 2): "sparse_mla_ds_v32_h32_t64_s2",

@@ -127,9 +127,9 @@ def auto_fp8_kernel(layout: str, h: int, rows: int | None, num_sms: int, sm90: b
     """The default fp8 kernel: a wg or ds kernel name, or None for the first-version kernel of that shape.
 
     On sm_90a with an even number of 64-head blocks, the wgt cluster kernels at every row count (wgx_serves). Else
-    on sm_90a with h > 32 and >= 8 rows, or 17-32 heads and >= WG_MID_HEADS_MIN_ROWS rows, V3.2 at most two splits
-    per row: WGTC_V32 (wgtc_wins). Else on sm_90a with h > 32 and >= 8 rows (17-32 heads: from 16), the wg kernels (2026-11-30 H200 table, bench_wg.py, now part of
-    bench_mla_variants.py: 1.03-1.75x faster there, 0.82-0.98x at one row). Otherwise from the 2026-11-29 H200
+    on sm_90a with h > 32 and >= 8 rows, or 17-32 heads and >= WG_MID_HEADS_MIN_ROWS rows: V3.2 at most two splits
+    per row WGTC_V32 (wgtc_wins), else the wg kernels (h >= 64: 2026-11-30 H200 table, bench_wg.py, now part of
+    bench_mla_variants.py: 1.03-1.75x faster there, 0.82-0.98x at one row; 17-63 heads: WG_MID_HEADS_MIN_ROWS). Otherwise from the 2026-11-29 H200
     table (bench_mla_variants.py; V4 CSA 640 entries, V3.2 2048; B = 1/8/64/128): V3.2 takes the ds kernels
     everywhere except 17-32 heads below V32_H32_DS_MIN_ROWS rows; V4 only with >= 64 rows (16 heads: from
     h16_t32_min_rows), and for h > 32 only while its 32-head blocks fit in one wave (they gather every entry once per
@@ -160,7 +160,8 @@ def auto_fp8_kernel(layout: str, h: int, rows: int | None, num_sms: int, sm90: b
 # B <= 8). Opt-in (variant "wgh"), not the default: |e4m3 x scale| and |RoPE| must stay below 65504 (exact for
 # power-of-two scales 2^-15 .. 2^7). "_c2": warpgroup 1 converts half of every tile (it idles while warpgroup 0
 # runs QK and the softmax).
-# Where the default takes them (measured: faster from 8 rows at h = 64 and 128; 33-63 heads not measured).
+# Where the default takes them: from 8 rows at h >= 64 (measured faster at h = 64 and 128) and, by the rule below, at
+# 17-63 heads; WG_MIN_HEADS also bounds where fp32_scales plans take the wge kernel.
 WG_MIN_HEADS, WG_MIN_ROWS = 64, 8
 # 17-63 heads (one 64-head block, the heads past h zero-filled): the same wg kernels from 16 rows. H200, 2026-12-02
 # eighth session (bench_mla_variants.py, call 6; raw bench/results/h200-2026-12-02-s8call6-mid-heads-variants.json),
@@ -503,7 +504,8 @@ class SparseMlaDecode:
         stream = self.torch.cuda.current_stream(self.device).cuda_stream
         self.module.launch(plan.kernel, plan.grid, plan.threads, plan.smem, stream, p)
         if plan.splits > 1 and not plan.fuse_combine:
-            few = plan.splits <= COMBINE_B8_MAX_SPLITS and "sparse_mla_combine_b8" in self.kernels.kernels   # older builds
+            # (builds before the 8-split combine have only the other)
+            few = plan.splits <= COMBINE_B8_MAX_SPLITS and "sparse_mla_combine_b8" in self.kernels.kernels
             combine = self.kernels["sparse_mla_combine_b8" if few else "sparse_mla_combine"]
             use_pdl = self.capability[0] >= 9 if pdl is None else pdl
             self.module.launch(combine.name, (plan.h, plan.rows, 1), combine.threads, 0, stream, p,
