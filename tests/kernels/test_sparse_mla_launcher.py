@@ -38,7 +38,7 @@ MEASURED_DEFAULT = {
     ("v32", 128, 64): "sparse_mla_wg_v32_t64x", ("v32", 128, 128): "sparse_mla_wg_v32_t64x",
     ("v32", 128, 32): "sparse_mla_wg_v32_t64x", ("v4", 96, 32): "sparse_mla_wg_v4_t64x", ("v4", 128, 16): "sparse_mla_wg_v4_t64x",
     # 17-63 heads: the 64-head wg kernels, 33-63 heads from 8 rows, 17-32 from 16 (2026-12-02 eighth session, calls
-    # 6-7: 0.90-0.96x the ds or first-version kernel at 24 and 32 heads, 0.53-0.95x at 40-56), _t64c for V3.2 at most
+    # 6-7: 0.79-0.99x the ds or first-version kernel at 24 and 32 heads, 0.53-0.95x at 40-56), _t64c for V3.2 at most
     # two splits per row; below that as before (V3.2 17-32 heads: the first version below 16 rows, calls 14-15 of the
     # second session)
     ("v32", 24, 16): "sparse_mla_wg_v32_s3_c2", ("v32", 32, 24): "sparse_mla_wg_v32_s3_c2",
