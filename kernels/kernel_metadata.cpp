@@ -60,7 +60,7 @@ void sparse_mla_decode() {
   Writer k;
 #define MLA_META_WITH(NAME, LAY, MT, T, G, NST, OPT, EXTRA)                                                  \
   {                                                                                                          \
-    using S = MlaSmem<Geom##LAY, MT, T, G, NST>;                                                             \
+    using S = MlaSmem<Geom##LAY, MT, T, G, NST, kMlaQkSplit<OPT>>;                                           \
     std::snprintf(more, sizeof more, ", \"groups\": %d, \"opt\": %d" EXTRA, G, OPT);                         \
     kernel(k, #NAME, "mla", S::kThreads, S::kSidx, kIndexBytes, "entry",                                     \
            mla_shape<Geom##LAY>(buf, sizeof buf, 16 * MT, T, NST, more));                                    \
@@ -142,6 +142,8 @@ void sparse_mla_decode() {
 #define MLA_TUNING_META(NAME, LAY, MT, T, G, NST, OPT) \
   MLA_META_WITH(NAME, LAY, MT, T, G, NST, OPT, ", \"experimental\": true")
   SPARSE_MLA_FIRST_TUNING_KERNELS(MLA_TUNING_META)
+  for (const char* name : {"sparse_mla_combine_tl", "sparse_mla_combine_b8_tl"})
+    kernel(k, name, "combine", kCombineThreads, 0, 0, "", ", \"experimental\": true");
 #endif
   kernel(k, "sparse_mla_combine", "combine", kCombineThreads, 0, 0, "", "");
   kernel(k, "sparse_mla_combine_b8", "combine", kCombineThreads, 0, 0, "", "");

@@ -130,6 +130,16 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
+// The global timer (ns, comparable across SMs), for the tuning build's timelines.
+__device__ __forceinline__ uint64_t globaltimer_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return t;
+}
+// Named barrier `id` (0 is __syncthreads) for the n threads (a multiple of 32) that use it.
+__device__ __forceinline__ void bar_sync(int id, int n) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
 
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -312,7 +322,9 @@ __device__ __forceinline__ const uint8_t* entry_block(const MlaParams& p, int v)
 }
 
 // Dequantize one fp8 tile: raw records -> bf16 [T x d_qk] (swizzled); rows of invalid or past-the-end
-// entries zeroed.
+// entries zeroed. (The wg kernels' fast conversion here measured no faster at one row, where this phase is a sixth of
+// a split CTA's time: it is not bound by its conversion instructions; NOTES.md "One row: where a split CTA's time
+// goes".)
 template <class L, int T, int NTHR, int ROWB>
 __device__ __forceinline__ void dequant(const uint8_t* rb, uint8_t* tile, const int* sidx, int j0, int n_local,
                                         int tid) {
@@ -344,20 +356,29 @@ __device__ __forceinline__ void dequant(const uint8_t* rb, uint8_t* tile, const 
 // 0, the bf16 ones 1 (the per-warp gather with a per-warp fp8 dequant and its halves "_og" / "_od" were measured no
 // faster and removed, NOTES.md "Sparse MLA decode"; the per-warp fp8 gather alone, the tuning build's "_o1", measured
 // no faster at one row either, NOTES.md "One row, and the heads between 16 and 64").
+// OPT bit 1 (kMlaQkSplit: KS = 2, the "_w16" kernels, tuning build only): twice the warps, each pair of warps sharing a
+// (head tile, entry group) splits d_qk in QK (partial S exchanged through shared memory at a barrier of the pair) and
+// the CTA's warps split the output dims 16 ways in PV, halving each warp's share of the gather, dequantization, QK
+// and PV; measured no faster at one row (NOTES.md "One row: where a split CTA's time goes"). OPT bit 2 (tuning
+// build): a timeline (MlaTlSlot).
 template <class L, int MT, int T, int G, int NST, int OPT>
 __device__ __forceinline__ void mla_body(const MlaParams& p, uint8_t* smem) {
+  constexpr int KS = kMlaQkSplit<OPT>;   // warps per (head tile, entry group)
+  constexpr bool TL = OPT & 4;
   constexpr int HB = 16 * MT;           // heads per CTA
-  constexpr int NW = MT * G;            // warps
+  constexpr int NW = MT * G * KS;       // warps
   constexpr int NTHR = NW * 32;
   constexpr int EPW = T / G;            // entries per warp in QK
   constexpr int NTQ = EPW / 8;          // QK n-tiles per warp
-  constexpr int DPW = kDv / G;          // output dims per warp in PV
+  constexpr int DPW = kDv / (G * KS);   // output dims per warp in PV
   constexpr int NTV = DPW / 8;          // PV n-tiles per warp
+  constexpr int KSTEPS = L::kDqk / 16 / KS;   // QK k-steps per warp
+  static_assert(KSTEPS % 2 == 0, "k-steps come in pairs");
   constexpr int ROWB = L::kDqk * 2;     // bf16 tile row bytes
   constexpr bool BF = L::kBf16;
   static_assert(NTQ == 1 || NTQ == 2, "a QK warp covers 8 or 16 entries");
   static_assert(NTV % 2 == 0 && T % 16 == 0, "tile shape");
-  using S = MlaSmem<L, MT, T, G, NST>;   // fp8: NST raw-record stages + one bf16 tile; bf16: NST tile stages
+  using S = MlaSmem<L, MT, T, G, NST, KS>;   // fp8: NST raw-record stages + one bf16 tile; bf16: NST tile stages
   constexpr int RAWB = S::kRawB;        // bytes per ring stage
   static_assert(S::kRowB == ROWB && S::kThreads == NTHR, "MlaSmem describes this kernel");
 
@@ -371,11 +392,23 @@ __device__ __forceinline__ void mla_body(const MlaParams& p, uint8_t* smem) {
 
   const int split = blockIdx.x, hblk = blockIdx.y, row = blockIdx.z;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const int mt = warp % MT, grp = warp / MT;
+  // kq: which half of d_qk (QK) this warp takes when KS = 2 (written so that KS = 1 compiles as before)
+  const int mt = warp % MT, grp = KS == 1 ? warp / MT : (warp / MT) % G, kq = KS == 1 ? 0 : warp / (MT * G);
   const int ntot = p.topk + p.topk_extra;
   const int start = split * p.per_split;
   const int n_local = max(0, min(p.per_split, ntot - start));
   const int ntiles = (n_local + T - 1) / T;
+  unsigned long long* tl = TL ? reinterpret_cast<unsigned long long*>(p.counters) +
+                                    kMlaTl * (split + gridDim.x * (hblk + gridDim.y * row))
+                              : nullptr;
+  auto stamp = [&](int slot) {
+    if constexpr (TL) {
+      if (tid == 0)
+        tl[slot] = slot == kMlaTlEntryNs || slot == kMlaTlExitNs ? globaltimer_ns() : clock64();
+    }
+  };
+  stamp(kMlaTlEntryNs);
+  stamp(kMlaTlEntry);
 
   // Q block (rows past h are zero), requested first: it joins the first ring stage's cp.async group, so the wait
   // for tile 0 covers it, and its round trip overlaps the index list's and tile 0's.
@@ -383,6 +416,7 @@ __device__ __forceinline__ void mla_body(const MlaParams& p, uint8_t* smem) {
   // This CTA's indices, validated once: -1 for invalid, kExtraBit set for the extra source.
   index_list<NTHR>(p, row, start, n_local, n_local, tid, sidx);
   __syncthreads();
+  stamp(kMlaTlIndices);
 
   const int page_mask = (1 << p.page_shift) - 1;
   // OPT 0 (fp8): one (entry, chunk) item per thread iteration.
@@ -446,6 +480,7 @@ __device__ __forceinline__ void mla_body(const MlaParams& p, uint8_t* smem) {
   };
 
   for (int s = 0; s < NST - 1; ++s) issue(s);
+  stamp(kMlaTlIssued);
 
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
   float oacc[NTV][4];
@@ -453,7 +488,7 @@ __device__ __forceinline__ void mla_body(const MlaParams& p, uint8_t* smem) {
   for (int n = 0; n < NTV; ++n) oacc[n][0] = oacc[n][1] = oacc[n][2] = oacc[n][3] = 0.f;
 
   const int e0 = grp * EPW;
-  const int d0 = grp * DPW;
+  const int d0 = (kq * G + grp) * DPW;
   const int qrow = mt * 16 + g;   // this thread's first head row within the block (second: +8)
 
   for (int it = 0; it < ntiles; ++it) {
@@ -463,13 +498,19 @@ __device__ __forceinline__ void mla_body(const MlaParams& p, uint8_t* smem) {
       __syncthreads();   // S0: tile `it` landed; every warp is done with tile it-1 (its ring slot is reused next)
       issue(it + NST - 1);
       kt = raw + (it % NST) * RAWB;
+      if (it == 0) {
+        stamp(kMlaTlLanded);
+        stamp(kMlaTlConverted);
+      }
     } else {
       issue(it + NST - 1);   // into the buffer tile it-1 used; every thread passed its dequant (S1)
       cp_async_wait<NST - 1>();
       __syncthreads();   // S0: tile `it` landed; the previous PV is done with the bf16 tile
       kt = tile;
+      if (it == 0) stamp(kMlaTlLanded);
       dequant<L, T, NTHR, ROWB>(raw + (it % NST) * RAWB, tile, sidx, it * T, n_local, tid);
       __syncthreads();   // S1: bf16 tile complete; raw buffer free
+      if (it == 0) stamp(kMlaTlConverted);
     }
 
     // S = Q K^T for 16 heads x EPW entries, in 4 independent accumulator chains (a single chain of
@@ -499,17 +540,43 @@ __device__ __forceinline__ void mla_body(const MlaParams& p, uint8_t* smem) {
         mma_bf16(s4[c + 1][1], a1, b1[2], b1[3]);
       }
     };
-    static_assert((L::kDqk / 16) % 4 == 0, "k-steps come in fours");
+    if constexpr (KS == 1) {
+      static_assert(KSTEPS % 4 == 0, "k-steps come in fours");
 #pragma unroll 1
-    for (int ks = 0; ks < L::kDqk / 16; ks += 4) {
-      qk_step(ks, 0);
-      qk_step(ks + 2, 2);
+      for (int ks = 0; ks < KSTEPS; ks += 4) {
+        qk_step(ks, 0);
+        qk_step(ks + 2, 2);
+      }
+    } else {   // this warp's half of d_qk (V3.2: 18 k-steps, the last pair alone)
+      const int k0 = kq * KSTEPS;
+#pragma unroll 1
+      for (int ks = 0; ks + 4 <= KSTEPS; ks += 4) {
+        qk_step(k0 + ks, 0);
+        qk_step(k0 + ks + 2, 2);
+      }
+      if constexpr (KSTEPS % 4 == 2) qk_step(k0 + KSTEPS - 2, 0);
     }
     float s[NTQ][4];
 #pragma unroll
     for (int n = 0; n < NTQ; ++n)
 #pragma unroll
       for (int q = 0; q < 4; ++q) s[n][q] = (s4[0][n][q] + s4[1][n][q]) + (s4[2][n][q] + s4[3][n][q]);
+    if (it == 0) stamp(kMlaTlQk);
+    if constexpr (KS == 2) {
+      // The pair (kq = 0, 1) publish their partial S, meet at their own barrier, and each adds the other's:
+      // fp32 addition commutes, so both hold the same S. The buffer's previous readers passed S2 of tile it-1.
+      float* sx = reinterpret_cast<float*>(smem + S::kSx);
+#pragma unroll
+      for (int n = 0; n < NTQ; ++n)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) sx[((warp * NTQ + n) * 4 + q) * 32 + lane] = s[n][q];
+      bar_sync(1 + warp % (MT * G), 64);
+      const int peer = warp ^ (MT * G);   // MT * G is a power of two
+#pragma unroll
+      for (int n = 0; n < NTQ; ++n)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) s[n][q] += sx[((peer * NTQ + n) * 4 + q) * 32 + lane];
+    }
 
     // Scale, mask, row maxima.
     float mx[2] = {-INFINITY, -INFINITY};
@@ -528,11 +595,12 @@ __device__ __forceinline__ void mla_body(const MlaParams& p, uint8_t* smem) {
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
     }
-    if (t == 0) {
+    if (t == 0 && kq == 0) {
       red_max[grp * HB + qrow] = mx[0];
       red_max[grp * HB + qrow + 8] = mx[1];
     }
     __syncthreads();   // S2
+    if (it == 0) stamp(kMlaTlMax);
 
     float m_new[2], m_use[2], sum[2] = {0.f, 0.f};
 #pragma unroll
@@ -545,6 +613,7 @@ __device__ __forceinline__ void mla_body(const MlaParams& p, uint8_t* smem) {
     }
 #pragma unroll
     for (int n = 0; n < NTQ; ++n) {
+      if (kq != 0) break;   // the pair's other warp writes P and the sums
       const float p0 = exp2f(s[n][0] - m_use[0]), p1 = exp2f(s[n][1] - m_use[0]);
       const float p2 = exp2f(s[n][2] - m_use[1]), p3 = exp2f(s[n][3] - m_use[1]);
       sum[0] += p0 + p1;
@@ -558,11 +627,12 @@ __device__ __forceinline__ void mla_body(const MlaParams& p, uint8_t* smem) {
       sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 1);
       sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 2);
     }
-    if (t == 0) {
+    if (t == 0 && kq == 0) {
       red_sum[grp * HB + qrow] = sum[0];
       red_sum[grp * HB + qrow + 8] = sum[1];
     }
     __syncthreads();   // S3: P and the partial sums are complete
+    if (it == 0) stamp(kMlaTlSoftmax);
 
     float alpha[2];
 #pragma unroll
@@ -596,6 +666,7 @@ __device__ __forceinline__ void mla_body(const MlaParams& p, uint8_t* smem) {
     }
   }
   cp_async_wait<0>();
+  stamp(kMlaTlPv);
 
   // Epilogue: this thread holds heads qrow, qrow + 8 at dims d0 + 8n + 2t, +1.
 #pragma unroll
@@ -610,7 +681,7 @@ __device__ __forceinline__ void mla_body(const MlaParams& p, uint8_t* smem) {
 #pragma unroll
       for (int n = 0; n < NTV; ++n)
         *reinterpret_cast<uint32_t*>(o + 8 * n) = pack_bf16(oacc[n][2 * r] * f, oacc[n][2 * r + 1] * f);
-      if (grp == 0 && t == 0) p.lse[static_cast<size_t>(row) * p.h + head] = l > 0.f ? lse : INFINITY;
+      if (grp == 0 && kq == 0 && t == 0) p.lse[static_cast<size_t>(row) * p.h + head] = l > 0.f ? lse : INFINITY;
     } else {
       const float f = inv_sum(l);
       const size_t base = (static_cast<size_t>(row) * p.splits + split) * p.h + head;
@@ -618,9 +689,11 @@ __device__ __forceinline__ void mla_body(const MlaParams& p, uint8_t* smem) {
 #pragma unroll
       for (int n = 0; n < NTV; ++n)
         *reinterpret_cast<float2*>(o + 8 * n) = make_float2(oacc[n][2 * r] * f, oacc[n][2 * r + 1] * f);
-      if (grp == 0 && t == 0) p.lse_part[base] = lse;
+      if (grp == 0 && kq == 0 && t == 0) p.lse_part[base] = lse;
     }
   }
+  stamp(kMlaTlEnd);
+  stamp(kMlaTlExitNs);
 }
 
 
@@ -1668,12 +1741,10 @@ __device__ __forceinline__ void es_body(const MlaParams& p, uint8_t* smem) {
 constexpr int kBarFull = 1, kBarFree = 3, kBarPFull = 5, kBarPFree = 7, kBarProd = 9, kBarFin = 10, kBarQGo = 11,
               kBarQ = 12;
 
-__device__ __forceinline__ void bar_sync(int id, int n) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
-}
 __device__ __forceinline__ void bar_arrive(int id, int n) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
+
 // wgmma shared-memory descriptor, 128-byte swizzle; lbo / sbo in bytes.
 __device__ __forceinline__ uint64_t wg_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
   return static_cast<uint64_t>((addr & 0x3FFFFu) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) |
@@ -1743,6 +1814,7 @@ __device__ __forceinline__ void reg_fence(float (&d)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
+
 
 // 16 e4m3 values (one 16-byte chunk, already loaded) times the chunk's scale -> 16 bf16, with sb = scale x 2^112
 // as exact, normal bf16 bits (scale_bf16_112): one bf16x2 multiply per pair. Other scales take fp8x16_to_bf16.
@@ -3137,11 +3209,6 @@ enum WgtStamp {
   kTlSink = 30,   // two words written only if loaded values match a pattern: a use that waits for the loads
   kTlWords = 32
 };
-__device__ __forceinline__ uint64_t globaltimer_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
-  return t;
-}
 
 // Producer: TPE threads per entry, each holding its share of one entry per tile (TPE 2; a warp's lanes are 32
 // entries) or of one entry in each half-tile (TPE 4; a warp's lanes are 8 entries x 4). The loads of tile i+1
@@ -3859,7 +3926,8 @@ __device__ __forceinline__ void wgt_entry(const MlaParams& p, uint8_t* smem) {
 
 // The kernels (tables in sparse_mla_decode.h, which kernels/kernel_metadata.cpp also reads).
 #define MLA_KERNEL(NAME, LAY, MT, T, G, NST, OPT)                                                          \
-  extern "C" __global__ void __launch_bounds__(32 * MT * G, 1) NAME(const __grid_constant__ MlaParams p) { \
+  extern "C" __global__ void __launch_bounds__(32 * MT * G * kMlaQkSplit<OPT>, 1)                          \
+  NAME(const __grid_constant__ MlaParams p) {                                                              \
     extern __shared__ __align__(128) uint8_t smem[];                                                       \
     griddep_launch_dependents();                                                                           \
     mla_body<Layout##LAY, MT, T, G, NST, OPT>(p, smem);                                                    \
@@ -3960,9 +4028,16 @@ SPARSE_MLA_ES_KERNELS(ES_KERNEL)            // experimental: not faster than the
 // kBatch splits per round trip: 16 (one round trip for V4 CSA at one row, 10 splits; two for V3.2, 32) costs ~112
 // registers, so four 128-thread CTAs per SM; 8 (sparse_mla_combine_b8, which the launcher takes for at most 8 splits)
 // fits more CTAs per SM, so that the larger grids of many rows run in fewer waves.
-template <int kBatch>
+// kTl (tuning build): entry, past the wait and exit times (globaltimer) of each CTA into p.counters from word
+// kCombineTlBase on (kernels/tuning/probe_first_timeline.py).
+template <int kBatch, bool kTl = false>
 __device__ __forceinline__ void combine_body(const MlaParams& p) {
+  unsigned long long* tl = kTl ? reinterpret_cast<unsigned long long*>(p.counters) + kCombineTlBase +
+                                     kCombineTlWords * (blockIdx.x + gridDim.x * blockIdx.y)
+                               : nullptr;
+  if (kTl && threadIdx.x == 0) tl[0] = globaltimer_ns();
   griddep_wait();
+  if (kTl && threadIdx.x == 0) tl[1] = globaltimer_ns();
   const int head = blockIdx.x, row = blockIdx.y, tid = threadIdx.x;
   const size_t base = static_cast<size_t>(row) * p.splits * p.h + head;
   float m = -INFINITY, wsum = 0.f;
@@ -4013,6 +4088,7 @@ __device__ __forceinline__ void combine_body(const MlaParams& p) {
   v.y = pack_bf16(acc.z * f, acc.w * f);
   reinterpret_cast<uint2*>(p.out + (static_cast<size_t>(row) * p.h + head) * kDv)[tid] = v;
   if (tid == 0) p.lse[static_cast<size_t>(row) * p.h + head] = lse;
+  if (kTl && threadIdx.x == 0) tl[2] = globaltimer_ns();
 }
 extern "C" __global__ void __launch_bounds__(kCombineThreads) sparse_mla_combine(const __grid_constant__ MlaParams p) {
   combine_body<16>(p);
@@ -4020,3 +4096,12 @@ extern "C" __global__ void __launch_bounds__(kCombineThreads) sparse_mla_combine
 extern "C" __global__ void __launch_bounds__(kCombineThreads) sparse_mla_combine_b8(const __grid_constant__ MlaParams p) {
   combine_body<8>(p);
 }
+#ifdef PDSERVE_TUNING_PROBES
+extern "C" __global__ void __launch_bounds__(kCombineThreads) sparse_mla_combine_tl(const __grid_constant__ MlaParams p) {
+  combine_body<16, true>(p);
+}
+extern "C" __global__ void __launch_bounds__(kCombineThreads)
+    sparse_mla_combine_b8_tl(const __grid_constant__ MlaParams p) {
+  combine_body<8, true>(p);
+}
+#endif

@@ -80,10 +80,33 @@ struct GeomV32B {  // V3.2: 576 dims (512 latent + 64 RoPE), V = the first 512
   static constexpr int kDqk = 576, kTok = 1152, kChunks = 72, kRec = kTok;
 };
 
+// Warps per (head tile, entry group) of a first-version kernel: 2 with OPT bit 1 (d_qk split in QK), else 1.
+template <int OPT>
+constexpr int kMlaQkSplit = (OPT & 2) ? 2 : 1;
+// Timeline words (uint64) per CTA of a first-version kernel with OPT bit 2 (tuning build), from p.counters on; the
+// split combine's timeline kernel writes kCombineTlWords per CTA from word kCombineTlBase on.
+enum MlaTlSlot {
+  kMlaTlEntryNs = 0,   // globaltimer (ns): comparable across SMs
+  kMlaTlEntry,         // clock64 (this SM's cycles) from here to kMlaTlEnd
+  kMlaTlIndices,       // the index list landed (and Q requested): the first barrier
+  kMlaTlIssued,        // tile 0's gather requested
+  kMlaTlLanded,        // tile 0 landed (its wait and barrier)
+  kMlaTlConverted,     // tile 0 dequantized (fp8) / the same point (bf16)
+  kMlaTlQk,            // QK of tile 0 done in warp 0
+  kMlaTlMax,           // the row maxima exchanged (barrier S2)
+  kMlaTlSoftmax,       // P and the sums complete (barrier S3)
+  kMlaTlPv,            // the loop done (warp 0)
+  kMlaTlEnd,           // the epilogue's stores issued (warp 0)
+  kMlaTlExitNs,
+  kMlaTl = 16
+};
+constexpr int kCombineTlBase = 4096, kCombineTlWords = 4;   // entry, past griddepcontrol.wait, exit (ns)
+
 // Shared-memory layout of a first-version kernel (bytes): fp8, NST raw-record stages + one bf16 tile; bf16,
-// NST bf16 tile stages (the gather writes the tile). Then Q, P, the cross-warp row maxima and sums, and 4 B
-// per entry of the split's index list from kSidx on.
-template <class L, int MT, int T, int G, int NST>
+// NST bf16 tile stages (the gather writes the tile). Then Q, P, the cross-warp row maxima and sums, with KS = 2
+// the warps' partial S (one fp32 per QK accumulator and lane), and 4 B per entry of the split's index list from
+// kSidx on.
+template <class L, int MT, int T, int G, int NST, int KS = 1>
 struct MlaSmem {
   static constexpr int kHB = 16 * MT;
   static constexpr int kRowB = L::kDqk * 2;                          // bf16 tile row bytes
@@ -94,8 +117,9 @@ struct MlaSmem {
   static constexpr int kP = kQ + kHB * kRowB;
   static constexpr int kRedMax = kP + kHB * T * 2;
   static constexpr int kRedSum = kRedMax + G * kHB * 4;
-  static constexpr int kSidx = kRedSum + G * kHB * 4;
-  static constexpr int kThreads = 32 * MT * G;
+  static constexpr int kSx = kRedSum + G * kHB * 4;
+  static constexpr int kSidx = kSx + (KS == 1 ? 0 : KS * MT * G * (T / G / 8) * 4 * 32 * 4);
+  static constexpr int kThreads = 32 * MT * G * KS;
 };
 
 // Shared-memory layout of a ds kernel (bytes).
@@ -209,7 +233,8 @@ constexpr int kCombineThreads = 128;
 // ---- The kernels the fatbin exports (each X-macro line is one extern "C" kernel) ----
 // Names: sparse_mla_<layout>_h<heads per CTA>_t<tile>; layouts v4 / v32 (fp8), v4b / v32b (bf16 KV).
 // X(NAME, LAYOUT, MT, T, G, NST, OPT): 16*MT heads per CTA, T entries per tile, G warp groups (32*MT*G
-// threads), NST ring stages; OPT bit 0 = per-warp gather (the bf16 kernels), 0 = per-item gather (fp8).
+// threads, twice that with OPT bit 1), NST ring stages; OPT bit 0 = per-warp gather (the bf16 kernels), 0 = per-item
+// gather (fp8); OPT bit 1 = two warps per (head tile, entry group), splitting d_qk in QK (suffix _w16: 16 warps).
 #define SPARSE_MLA_FIRST_KERNELS(X)                                                            \
   X(sparse_mla_v4_h16_t64, V4, 1, 64, 8, 3, 0)                                                 \
   X(sparse_mla_v4_h32_t64, V4, 2, 64, 8, 2, 0)                                                 \
@@ -228,12 +253,21 @@ constexpr int kCombineThreads = 128;
   X(sparse_mla_v32b_h64_t32, V32B, 4, 32, 4, 3, 1)                                             \
   X(sparse_mla_v32b_h16_t32, V32B, 1, 32, 4, 2, 1) /* small smem (sm_120) */
 
-// First-version fp8 kernels with the per-warp gather (OPT 1, as the bf16 kernels gather), tuning build only
-// ("experimental"): at one row a CTA's issue loop is ~560 of its ~2,400 instructions per warp; measured no faster
-// (NOTES.md "One row, and the heads between 16 and 64").
+// First-version kernels of the tuning build only ("experimental"), each measured no faster at one row (NOTES.md "One
+// row, and the heads between 16 and 64"; "One row: what its time is not"):
+//   _o1: the fp8 kernels with the per-warp gather (OPT 1, as the bf16 kernels gather);
+//   _w16: 16 warps, pairs splitting d_qk in QK (OPT bit 1);
+//   _tl: the 8-warp kernels with a timeline (OPT bit 2: kMlaTl words of clock64 / globaltimer per CTA into
+//        p.counters; kernels/tuning/probe_first_timeline.py).
 #define SPARSE_MLA_FIRST_TUNING_KERNELS(X)                \
   X(sparse_mla_v4_h16_t64_o1, V4, 1, 64, 8, 3, 1)          \
-  X(sparse_mla_v32_h16_t64_o1, V32, 1, 64, 8, 2, 1)
+  X(sparse_mla_v32_h16_t64_o1, V32, 1, 64, 8, 2, 1)        \
+  X(sparse_mla_v4_h16_t64_w16, V4, 1, 64, 8, 3, 2)         \
+  X(sparse_mla_v32_h16_t64_w16, V32, 1, 64, 8, 2, 2)       \
+  X(sparse_mla_v4b_h16_t64_w16, V4B, 1, 64, 8, 3, 3)       \
+  X(sparse_mla_v32b_h16_t64_w16, V32B, 1, 64, 8, 2, 3)     \
+  X(sparse_mla_v4_h16_t64_tl, V4, 1, 64, 8, 3, 4)          \
+  X(sparse_mla_v4b_h16_t64_tl, V4B, 1, 64, 8, 3, 5)
 
 // ds kernels (fp8 only; kDsThreads): sparse_mla_ds_<layout>_h<heads per CTA>_t<tile>_s<ring stages>.
 // X(NAME, LAYOUT, MT, T, NST, CV); suffix _c4 (CV 4): the entry scale goes into P, relative to a running

@@ -14,8 +14,12 @@
 //   merge      no combine kernel: the split CTAs arrive, spin until all have, and each merges 1/splits of the
 //              outputs (cooperative launch, so all are resident)
 //   direct     main without the index round trip (records at addresses computed from the CTA's position)
+//   cluster    no combine kernel and no partials in global memory: the row's split CTAs are one thread-block
+//              cluster, each keeps its partial in shared memory, and after a cluster barrier each merges
+//              1/splits of the outputs reading its peers' shared memory (a second barrier before any exits)
 // Build: nvcc -std=c++17 -O3 -arch=sm_90a -cudart static kernels/tuning/probe_handoff.cu -o probe_handoff
 // Run: ./probe_handoff [reps] [splits]
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -69,7 +73,8 @@ __device__ __forceinline__ unsigned short bf16_bits(float f) {
 
 // The split CTA's work: its indices (one DRAM round trip), then its records (a second), a reduction standing in for
 // QK / softmax / PV, and the partial's stores.
-__device__ __forceinline__ void split_work(const Params& p, int split, int tid, int* sidx, float* red) {
+__device__ __forceinline__ void split_work(const Params& p, int split, int tid, int* sidx, float* red, float* part,
+                                           float* lse) {
   if (tid < kEntries) sidx[tid] = p.direct ? split * kEntries + tid : __ldg(p.idx + split * kEntries + tid);
   __syncthreads();
   constexpr int kChunks = kRecBytes / 16, kPer = kEntries * kChunks / kMainThreads;
@@ -85,15 +90,27 @@ __device__ __forceinline__ void split_work(const Params& p, int split, int tid, 
   red[tid] = acc;
   __syncthreads();
   const float s = red[(tid + 1) % kMainThreads] * 1e-3f;
-  float4* dst = reinterpret_cast<float4*>(p.part + static_cast<size_t>(split) * kHeads * kDv);
+  float4* dst = reinterpret_cast<float4*>(part);
 #pragma unroll
   for (int i = 0; i < kHeads * kDv / 4 / kMainThreads; ++i)
     dst[i * kMainThreads + tid] = make_float4(s + i, s - i, s * i, s + 2 * i);
-  if (tid < kHeads) p.lse[split * kHeads + tid] = s * (tid + 1) * 1e-3f + split * 0.01f;
+  if (tid < kHeads) lse[tid] = s * (tid + 1) * 1e-3f + split * 0.01f;
+}
+__device__ __forceinline__ void split_work(const Params& p, int split, int tid, int* sidx, float* red) {
+  split_work(p, split, tid, sidx, red, p.part + static_cast<size_t>(split) * kHeads * kDv, p.lse + split * kHeads);
 }
 
-// Merges the outputs from `first` (a flat index into kHeads x kDv, four per thread) for `n4` groups of four.
-__device__ __forceinline__ void merge_outputs(const Params& p, int first4, int n4, int tid, int nthr) {
+// Merges the outputs from `first` (a flat index into kHeads x kDv, four per thread) for `n4` groups of four;
+// `src(s)` gives split s's partial and lse (global memory, or a peer's shared memory).
+struct GlobalPartials {   // read through L2 (__ldcg): another CTA wrote them
+  const Params& p;
+  __device__ float lse(int s, int head) const { return __ldcg(p.lse + s * kHeads + head); }
+  __device__ float4 part4(int s, int flat) const {
+    return __ldcg(reinterpret_cast<const float4*>(p.part + static_cast<size_t>(s) * kHeads * kDv + flat));
+  }
+};
+template <class Src>
+__device__ __forceinline__ void merge_outputs(const Params& p, const Src& src, int first4, int n4, int tid, int nthr) {
   for (int g = tid; g < n4; g += nthr) {
     const int flat = 4 * (first4 + g), head = flat / kDv;
     float l[16];
@@ -103,8 +120,8 @@ __device__ __forceinline__ void merge_outputs(const Params& p, int first4, int n
       l[s] = -INFINITY;
       o[s] = make_float4(0.f, 0.f, 0.f, 0.f);
       if (s < p.splits) {
-        l[s] = __ldcg(p.lse + s * kHeads + head);
-        o[s] = __ldcg(reinterpret_cast<const float4*>(p.part + static_cast<size_t>(s) * kHeads * kDv + flat));
+        l[s] = src.lse(s, head);
+        o[s] = src.part4(s, flat);
       }
     }
     float m = -INFINITY;
@@ -149,7 +166,7 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const Params p
       while (ld_acquire(p.ctr) < p.splits) __nanosleep(32);
     __syncthreads();
   }
-  merge_outputs(p, blockIdx.x * kDv / 4, kDv / 4, threadIdx.x, kCombineThreads);
+  merge_outputs(p, GlobalPartials{p}, blockIdx.x * kDv / 4, kDv / 4, threadIdx.x, kCombineThreads);
   if (mode != 0) {   // the last CTA past the wait puts the counters back for the next call
     __syncthreads();
     if (threadIdx.x == 0) last = atomicAdd(p.ctr + 1, 1) == static_cast<int>(gridDim.x) - 1;
@@ -175,7 +192,7 @@ __global__ void __launch_bounds__(kMainThreads) merge_kernel(const Params p) {
   __syncthreads();
   const int total4 = kHeads * kDv / 4, per = (total4 + p.splits - 1) / p.splits;
   const int first = blockIdx.x * per, n = max(0, min(per, total4 - first));
-  merge_outputs(p, first, n, threadIdx.x, kMainThreads);
+  merge_outputs(p, GlobalPartials{p}, first, n, threadIdx.x, kMainThreads);
   __syncthreads();
   if (threadIdx.x == 0) last = atomicAdd(p.ctr + 1, 1) == p.splits - 1;
   __syncthreads();
@@ -183,6 +200,30 @@ __global__ void __launch_bounds__(kMainThreads) merge_kernel(const Params p) {
     p.ctr[0] = 0;
     p.ctr[1] = 0;
   }
+}
+
+// The row's split CTAs as one cluster: partials in shared memory, merged through distributed shared memory.
+struct PeerPartials {
+  float* part0;   // this CTA's partial; its lse follows it
+  __device__ const float* peer(int s) const {
+    return cooperative_groups::this_cluster().map_shared_rank(part0, static_cast<unsigned>(s));
+  }
+  __device__ float lse(int s, int head) const { return peer(s)[kHeads * kDv + head]; }
+  __device__ float4 part4(int s, int flat) const { return *reinterpret_cast<const float4*>(peer(s) + flat); }
+};
+constexpr int kClusterSmem = (kHeads * kDv + kHeads) * sizeof(float);
+__global__ void __launch_bounds__(kMainThreads) cluster_kernel(const Params p) {
+  extern __shared__ float4 dyn[];
+  __shared__ int sidx[kEntries];
+  __shared__ float red[kMainThreads];
+  float* part = reinterpret_cast<float*>(dyn);
+  split_work(p, blockIdx.x, threadIdx.x, sidx, red, part, part + kHeads * kDv);
+  auto cluster = cooperative_groups::this_cluster();
+  cluster.sync();   // every partial is in its CTA's shared memory
+  const int total4 = kHeads * kDv / 4, per = (total4 + p.splits - 1) / p.splits;
+  const int first = blockIdx.x * per, n = max(0, min(per, total4 - first));
+  merge_outputs(p, PeerPartials{part}, first, n, threadIdx.x, kMainThreads);
+  cluster.sync();   // no CTA leaves while a peer still reads its shared memory
 }
 
 __global__ void empty_kernel(int* x) {
@@ -202,13 +243,22 @@ __global__ void sleep_kernel(long long cycles) {
   }
 }
 
-static void launch(const void* fn, dim3 grid, dim3 block, void** args, bool pdl, bool coop, cudaStream_t st) {
+static void launch(const void* fn, dim3 grid, dim3 block, void** args, bool pdl, bool coop, cudaStream_t st,
+                   int cluster = 0, int smem = 0) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.stream = st;
-  cudaLaunchAttribute attr[1];
+  cfg.dynamicSmemBytes = smem;
+  cudaLaunchAttribute attr[2];
   int n = 0;
+  if (cluster) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = cluster;
+    attr[n].val.clusterDim.y = 1;
+    attr[n].val.clusterDim.z = 1;
+    ++n;
+  }
   if (pdl) {
     attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[n].val.programmaticStreamSerializationAllowed = 1;
@@ -259,7 +309,9 @@ int main(int argc, char** argv) {
   CK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
   const long long sleep_cycles = static_cast<long long>(clock_khz) * 1;   // ~1 ms
 
-  const std::vector<std::string> modes = {"empty", "main", "wait", "plain", "spin", "merge", "direct"};
+  CK(cudaFuncSetAttribute(reinterpret_cast<const void*>(cluster_kernel), cudaFuncAttributeNonPortableClusterSizeAllowed,
+                          1));
+  const std::vector<std::string> modes = {"empty", "main", "wait", "plain", "spin", "merge", "direct", "cluster"};
   std::vector<std::vector<float>> times(modes.size());
   std::vector<std::vector<unsigned short>> outs(modes.size());
   cudaEvent_t e0, e1;
@@ -290,6 +342,9 @@ int main(int argc, char** argv) {
              st);
     } else if (name == "merge") {
       launch(reinterpret_cast<const void*>(merge_kernel), dim3(splits), dim3(kMainThreads), margs, false, true, st);
+    } else if (name == "cluster") {
+      launch(reinterpret_cast<const void*>(cluster_kernel), dim3(splits), dim3(kMainThreads), margs, false, false, st,
+             splits, kClusterSmem);
     }
   };
   // Warm up, and check that every combining mode writes the same outputs.
@@ -302,7 +357,8 @@ int main(int argc, char** argv) {
   }
   const int ref = 2;   // "wait"
   for (size_t m = 0; m < modes.size(); ++m)
-    if ((modes[m] == "plain" || modes[m] == "spin" || modes[m] == "merge") && outs[m] != outs[ref]) {
+    if ((modes[m] == "plain" || modes[m] == "spin" || modes[m] == "merge" || modes[m] == "cluster") &&
+        outs[m] != outs[ref]) {
       std::fprintf(stderr, "mode %s: outputs differ from wait\n", modes[m].c_str());
       return 1;
     }

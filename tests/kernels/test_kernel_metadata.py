@@ -73,7 +73,7 @@ def test_dsa_constants_are_the_launchers(dsa_table):
 
 def test_production_fatbin_has_no_probe_kernels(nvcc, mla_table, tmp_path):
     assert not [n for n, k in mla_table.kernels.items() if k.shape.get("probe")]
-    assert not [n for n in mla_table.kernels if n.endswith(("_x1", "_x2", "_x3", "_o1", "_og", "_od"))]
+    assert not [n for n in mla_table.kernels if n.endswith(("_x1", "_x2", "_x3", "_o1", "_og", "_od", "_w16", "_tl"))]
     tuning = mla_mod.load_kernel_table(_emit(nvcc, tmp_path, TUNING="1") / "sparse_mla_decode_tuning.fatbin")
     probes = {n for n, k in tuning.kernels.items() if k.shape.get("probe")}
     assert probes == {"sparse_mla_wg_v32_s3_x1", "sparse_mla_wg_v32_s3_x2", "sparse_mla_wg_v32_s3_x3",
@@ -86,7 +86,10 @@ def test_production_fatbin_has_no_probe_kernels(nvcc, mla_table, tmp_path):
            ("t64", "t64q", "t64p", "t64c", "t64xs", "t64xb")} - {"sparse_mla_wg_v32_t64c"}   # that one is production
     es = {f"sparse_mla_es_{lay}_h16_t64_s2" for lay in ("v4", "v32")}
     gather = {f"sparse_mla_{lay}_h16_t64_o1" for lay in ("v4", "v32")}   # first version, per-warp fp8 gather
-    assert experimental == wgt | es | gather
+    w16 = {f"sparse_mla_{lay}_h16_t64_w16" for lay in ("v4", "v32", "v4b", "v32b")}   # first version, 16 warps
+    timelines = {"sparse_mla_v4_h16_t64_tl", "sparse_mla_v4b_h16_t64_tl", "sparse_mla_combine_tl",
+                 "sparse_mla_combine_b8_tl"}   # stamps into the counters pointer, results unchanged
+    assert experimental == wgt | es | gather | w16 | timelines
     assert not [n for n, k in mla_table.kernels.items() if k.shape.get("experimental")]
     assert set(tuning.kernels) - probes - experimental == set(mla_table.kernels)
     for name in wgt:   # no index list in shared memory: the same bytes at every split length

@@ -573,6 +573,69 @@ def test_input_checks_raise_clear_errors(mla, gen):
         mla(q, kv, ind, 0.1, layout="v5")
 
 
+# ---- first-version kernels of the tuning build: 16 warps (_w16, warp pairs splitting d_qk in QK, measured no
+# faster at one row) and the timeline twins (_tl, and the combines' _tl) that probe_first_timeline.py reads ----
+
+W16_KERNELS = {"v4": "sparse_mla_v4_h16_t64_w16", "v32": "sparse_mla_v32_h16_t64_w16",
+               "v4_bf16": "sparse_mla_v4b_h16_t64_w16", "v32_bf16": "sparse_mla_v32b_h16_t64_w16"}
+
+
+@pytest.mark.parametrize("layout", sorted(W16_KERNELS))
+def test_w16_kernels(mla_tuning, gen, layout):
+    # One tile per split (the one-row shape they are for), several tiles per split (the ring and the partial-S
+    # buffer reused), one split (no combine), lengths not multiples of the tile, heads past h inside the tile,
+    # empty rows, mostly invalid entries, next_n 2 without sinks.
+    v4 = layout.startswith("v4")
+    kw = dict(kernel=W16_KERNELS[layout], call_layout="v4" if layout == "v4_bf16" else None)
+    topk, extra = (512, 128) if v4 else (2048, 0)
+    run_and_check(mla_tuning, gen, layout, 1, 1, 16, topk, topk_extra=extra, **kw)
+    run_and_check(mla_tuning, gen, layout, 3, 1, 16, topk, topk_extra=extra, empty_rows=(1,), splits=3, **kw)
+    run_and_check(mla_tuning, gen, layout, 2, 1, 16, topk, topk_extra=extra, splits=1, **kw)
+    run_and_check(mla_tuning, gen, layout, 2, 1, 8, 333 if v4 else 1025, topk_extra=7 if v4 else 0, **kw)
+    run_and_check(mla_tuning, gen, layout, 2, 1, 16, topk, topk_extra=extra, invalid_frac=0.9, **kw)
+    run_and_check(mla_tuning, gen, layout, 2, 2, 16, topk, topk_extra=extra, sinks=False, sm_scale=0.13523, **kw)
+
+
+@pytest.mark.parametrize("case", ["v4-csa", "v4-hca-bf16"])
+def test_timeline_kernels_give_the_default_results(mla_tuning, gen, case):
+    # probe_first_timeline.py's calls: the _tl main kernel and the _tl combine (stamps in the counters pointer)
+    # write what the production kernels write, bit for bit.
+    import sys
+
+    sys.path.insert(0, str(REPO / "kernels" / "tuning"))
+    sys.path.insert(0, str(REPO / "kernels" / "bench"))
+    from harness import CASES, mla_batch, mla_pool
+
+    layout = CASES[case][0]
+    pools: dict = {}
+    mla_pool(layout, layout, 1 << 16, pools, gen)
+    (x,) = mla_batch(case, 1, [16], gen, pools)
+    ref_o, ref_lse = x.call(mla_tuning)()
+    name = "sparse_mla_v4_h16_t64_tl" if layout == "v4" else "sparse_mla_v4b_h16_t64_tl"
+    topk_extra = x.win_ind.shape[-1] if x.win_ind is not None else 0
+    plan = mla_tuning.make_plan(x.layout, 1, 16, x.ind.shape[-1], topk_extra, kernel=name)
+    assert plan.splits > 1, plan
+    stamps = torch.zeros(4096 + 4 * 16, dtype=torch.int64, device="cuda")
+    ws = torch.empty(plan.splits * 16 * 513, dtype=torch.float32, device="cuda")
+    out, lse = torch.empty_like(ref_o), torch.empty_like(ref_lse)
+    launch = mla_tuning.module.launch
+    mla_tuning.module.launch = lambda n, *a, **k: launch(n + "_tl" if n.startswith("sparse_mla_combine") else n, *a,
+                                                         **k)
+    try:
+        mla_tuning.launch(plan, x.q, x.kv, x.ind, x.sm_scale, sinks=x.sinks, extra_kv=x.extra.get("extra_kv", x.kv),
+                          e3=x.extra.get("extra_indices", x.ind), out=out, lse=lse, o_part_ptr=ws.data_ptr(),
+                          lse_part_ptr=ws.data_ptr() + 4 * plan.splits * 16 * 512, counters_ptr=stamps.data_ptr())
+    finally:
+        mla_tuning.module.launch = launch
+    torch.cuda.synchronize()
+    assert torch.equal(out, ref_o) and torch.equal(lse, ref_lse)
+    main = stamps[:plan.splits * 16].view(plan.splits, 16)
+    assert (main[:, 0] > 0).all() and (main[:, 11] >= main[:, 0]).all(), "every main CTA stamps its entry and exit"
+    combine = stamps[4096:].view(16, 4)
+    assert (combine[:, 0] > 0).all(), "every combine CTA stamps"
+    assert (combine[:, 1] >= combine[:, 0]).all() and (combine[:, 2] >= combine[:, 1]).all()
+
+
 # ---- es kernels (experimental, tuning fatbin: warps split the tile's entries for QK, one barrier per tile) ----
 
 ES_KERNELS = ["sparse_mla_es_v4_h16_t64_s2", "sparse_mla_es_v32_h16_t64_s2"]
