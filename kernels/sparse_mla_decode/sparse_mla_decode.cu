@@ -374,6 +374,8 @@ __device__ __forceinline__ void mla_body(const MlaParams& p, uint8_t* smem) {
   constexpr int NTV = DPW / 8;          // PV n-tiles per warp
   constexpr int KSTEPS = L::kDqk / 16 / KS;   // QK k-steps per warp
   static_assert(KSTEPS % 2 == 0, "k-steps come in pairs");
+  static_assert(KS == 1 || (KS == 2 && MT * G <= 15 && (MT * G & (MT * G - 1)) == 0),
+                "a warp pair: one named barrier each (ids 1-15), partner = warp ^ (MT * G)");
   constexpr int ROWB = L::kDqk * 2;     // bf16 tile row bytes
   constexpr bool BF = L::kBf16;
   static_assert(NTQ == 1 || NTQ == 2, "a QK warp covers 8 or 16 entries");
@@ -1814,7 +1816,6 @@ __device__ __forceinline__ void reg_fence(float (&d)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
-
 
 // 16 e4m3 values (one 16-byte chunk, already loaded) times the chunk's scale -> 16 bf16, with sb = scale x 2^112
 // as exact, normal bf16 bits (scale_bf16_112): one bf16x2 multiply per pair. Other scales take fp8x16_to_bf16.
