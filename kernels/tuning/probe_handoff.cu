@@ -30,14 +30,7 @@
 #include <string>
 #include <vector>
 
-#define CK(x)                                                                                 \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                           \
-    }                                                                                         \
-  } while (0)
+#include "probe_common.cuh"
 
 constexpr int kEntries = 64;     // per split
 constexpr int kRecBytes = 1024;  // per record (V4's fp8 record is 584 B, its bf16 one 1152 B)
@@ -228,19 +221,6 @@ __global__ void __launch_bounds__(kMainThreads) cluster_kernel(const Params p) {
 
 __global__ void empty_kernel(int* x) {
   if (threadIdx.x == 0) x[0] += 1;
-}
-__global__ void flush_kernel(const uint4* buf, size_t n, int* sink) {
-  unsigned int acc = 0;
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-    const uint4 v = buf[i];
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (acc == 0x12345678u) *sink = 1;
-}
-__global__ void sleep_kernel(long long cycles) {
-  const long long t0 = clock64();
-  while (clock64() - t0 < cycles) {
-  }
 }
 
 static void launch(const void* fn, dim3 grid, dim3 block, void** args, bool pdl, bool coop, cudaStream_t st,

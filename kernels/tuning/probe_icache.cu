@@ -17,14 +17,7 @@
 #include <string>
 #include <vector>
 
-#define CK(x)                                                                                 \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                           \
-    }                                                                                         \
-  } while (0)
+#include "probe_common.cuh"
 
 constexpr int kThreads = 256, kChains = 8;
 
@@ -61,20 +54,6 @@ __global__ void __launch_bounds__(kThreads) looped_kernel(float* out, float y, i
 #pragma unroll
   for (int c = 0; c < kChains; ++c) s += x[c];
   if (s == 1234.5f) out[blockIdx.x] = s;
-}
-
-__global__ void flush_kernel(const uint4* buf, size_t n, int* sink) {
-  unsigned int acc = 0;
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-    const uint4 v = buf[i];
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (acc == 0x12345678u) *sink = 1;
-}
-__global__ void sleep_kernel(long long cycles) {
-  const long long t0 = clock64();
-  while (clock64() - t0 < cycles) {
-  }
 }
 
 struct Variant {
