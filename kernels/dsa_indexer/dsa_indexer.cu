@@ -472,6 +472,20 @@ __device__ __forceinline__ void score_body(const DsaParams& p) {
     len[j] = row_len(p, b, j);
     maxlen = max(maxlen, len[j]);
   }
+  // This thread's head weights, requested with the lengths: issued after the page copies (as they were until
+  // 2026-12-03), they queued behind the CTA's ~50 KB of requests and the first page's epilogue waited for them
+  // (ncu at B=1 L=128K: 22% of the kernel's stall samples on their first use; NOTES.md "The indexer at one row").
+  float wr[NN][8][2];
+#pragma unroll
+  for (int j = 0; j < NN; ++j) {
+    const float* wrow = p.weights + static_cast<size_t>(b * NN + j) * kHeads;
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+      const float2 w2 = __ldg(reinterpret_cast<const float2*>(wrow + 8 * n + 2 * t4));
+      wr[j][n][0] = w2.x;
+      wr[j][n][1] = w2.y;
+    }
+  }
   const int n_pages = (maxlen + kPage - 1) / kPage;
   const int pg0 = blockIdx.x * p.chunk_pages;
   // Fused path: the CTAs with work for request b (at least one, so that empty rows get their -1s).
@@ -530,17 +544,6 @@ __device__ __forceinline__ void score_body(const DsaParams& p) {
     cp_async_commit();
   }
 
-  float wr[NN][8][2];
-#pragma unroll
-  for (int j = 0; j < NN; ++j) {
-    const float* wrow = p.weights + static_cast<size_t>(b * NN + j) * kHeads;
-#pragma unroll
-    for (int n = 0; n < 8; ++n) {
-      const float2 w2 = *reinterpret_cast<const float2*>(wrow + 8 * n + 2 * t4);
-      wr[j][n][0] = w2.x;
-      wr[j][n][1] = w2.y;
-    }
-  }
   bool want_hist[NN];
   float* srow[NN];
 #pragma unroll
@@ -799,32 +802,42 @@ __device__ __forceinline__ void select_body(const DsaParams& p) {
   }
   // EARLY: with every sub-chunk still in the ring (none was overwritten), tied scores come from shared memory.
   const bool ring_holds_all = kEarly && n_sub <= kSelectRing;
-  for (int sub = 0; sub < n_sub; ++sub) {
-    uint32_t m = s_mask[sub][tid];
-    const int base = span + sub * kSelectChunk;
-    while (m) {
-      const int bit = __ffs(m) - 1;
-      m &= m - 1;
-      const int eb = bit & 15;
-      const int s = base + ((eb >> 2) * kSelectThreads + tid) * 4 + (eb & 3);
-      if (bit < 16) {
-        out[ps++] = s;
-      } else {   // rare: the score's low bits, from the ring or re-read from L2
-        const float v = ring_holds_all
-                            ? f4get(s_ring[(sub % kSelectRing) * (kPerThread / 4) * kSelectThreads +
-                                           (eb >> 2) * kSelectThreads + tid],
-                                    eb & 3)
-                            : __ldcg(srow + s);
-        const uint2 e = make_uint2(ord_key(v), static_cast<uint32_t>(s));
-        if constexpr (kCluster) {   // into rank 0's shared memory while it has room
-          if (pt < kClusterCand) cluster_store_u2(ccand0 + pt * 8, e);
-          else cand[pt] = e;
-          ++pt;
-        } else {
-          cand[pt++] = e;
+  // CLUSTER writes in two passes: the tied candidates, then the barrier's release, then the sure positions. Rank 0's
+  // resolve needs every CTA's candidates, not its outputs, and a release waits for all of the thread's earlier
+  // stores to land (ncu at B=1 L=128K: the barrier's fence was 5% of the kernel's stall samples with the outputs
+  // before it; NOTES.md "The indexer at one row").
+  constexpr int kPasses = kCluster ? 2 : 1;
+#pragma unroll
+  for (int pass = 0; pass < kPasses; ++pass) {
+    const uint32_t which = !kCluster ? 0xFFFFFFFFu : (pass == 0 ? 0xFFFF0000u : 0x0000FFFFu);
+    for (int sub = 0; sub < n_sub; ++sub) {
+      uint32_t m = s_mask[sub][tid] & which;
+      const int base = span + sub * kSelectChunk;
+      while (m) {
+        const int bit = __ffs(m) - 1;
+        m &= m - 1;
+        const int eb = bit & 15;
+        const int s = base + ((eb >> 2) * kSelectThreads + tid) * 4 + (eb & 3);
+        if (bit < 16) {
+          out[ps++] = s;
+        } else {   // rare: the score's low bits, from the ring or re-read from L2
+          const float v = ring_holds_all
+                              ? f4get(s_ring[(sub % kSelectRing) * (kPerThread / 4) * kSelectThreads +
+                                             (eb >> 2) * kSelectThreads + tid],
+                                      eb & 3)
+                              : __ldcg(srow + s);
+          const uint2 e = make_uint2(ord_key(v), static_cast<uint32_t>(s));
+          if constexpr (kCluster) {   // into rank 0's shared memory while it has room
+            if (pt < kClusterCand) cluster_store_u2(ccand0 + pt * 8, e);
+            else cand[pt] = e;
+            ++pt;
+          } else {
+            cand[pt++] = e;
+          }
         }
       }
     }
+    if (kCluster && pass == 0) cluster_arrive();
   }
   if constexpr (!kCluster) {
     __threadfence();
@@ -832,8 +845,7 @@ __device__ __forceinline__ void select_body(const DsaParams& p) {
   }
   int n_tie = 0;   // EARLY: the row's tied count, from the done counter (CLUSTER: from rank 0's counter)
   if constexpr (kCluster) {
-    cluster_arrive();
-    cluster_wait();   // every CTA's outputs and candidates are written (release / acquire at cluster scope)
+    cluster_wait();   // every CTA's candidates are written (release / acquire at cluster scope)
     if (blockIdx.x != 0) return;   // only rank 0's shared memory is ever accessed remotely, and no longer
     n_tie = static_cast<int>(*reinterpret_cast<volatile unsigned long long*>(s_cctr) >> 32);
   } else if constexpr (kEarly) {
