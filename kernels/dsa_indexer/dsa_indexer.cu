@@ -474,7 +474,8 @@ __device__ __forceinline__ void score_body(const DsaParams& p) {
   }
   // This thread's head weights, requested with the lengths: issued after the page copies (as they were until
   // 2026-12-03), they queued behind the CTA's ~50 KB of requests and the first page's epilogue waited for them
-  // (ncu at B=1 L=128K: 22% of the kernel's stall samples on their first use; NOTES.md "The indexer at one row").
+  // (ncu at B=1 L=128K: 22% of the kernel's stall samples on their first use; NOTES.md "Requests that queued
+  // behind others").
   float wr[NN][8][2];
 #pragma unroll
   for (int j = 0; j < NN; ++j) {
@@ -805,7 +806,7 @@ __device__ __forceinline__ void select_body(const DsaParams& p) {
   // CLUSTER writes in two passes: the tied candidates, then the barrier's release, then the sure positions. Rank 0's
   // resolve needs every CTA's candidates, not its outputs, and a release waits for all of the thread's earlier
   // stores to land (ncu at B=1 L=128K: the barrier's fence was 5% of the kernel's stall samples with the outputs
-  // before it; NOTES.md "The indexer at one row").
+  // before it; NOTES.md "Requests that queued behind others").
   constexpr int kPasses = kCluster ? 2 : 1;
 #pragma unroll
   for (int pass = 0; pass < kPasses; ++pass) {

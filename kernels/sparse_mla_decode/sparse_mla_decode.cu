@@ -1071,25 +1071,17 @@ __device__ __forceinline__ void ds_body(const MlaParams& p, uint8_t* smem) {
   const bool rope_warp = V4 && warp == NW - 1;   // V4: warp 7 owns the bf16 RoPE dims 448..511
   const int sbase = warp * 64;                   // this warp's 64 fp8 dims (bytes of the record)
 
-  // Index list, validated once: -1 for invalid and for the padding up to the last tile's end.
-  index_list<NTHR>(p, row, start, n_local, ntiles * T, tid, sidx);
-  if (tid < HB) qmax_s[tid] = 0u;
-  if (tid == 0) {
-#pragma unroll
-    for (int s = 0; s < NST; ++s) mbar_init(full + s, NW);   // one arrival (with its bytes) per warp
-    mbar_fence_init();
-  }
-  __syncthreads();   // indices, barriers, q maxima initialized
-
-  auto issue = [&](int ti) { ds_issue<L, T, NST>(p, raw, full, sidx, ti, ntiles, warp, lane); };
-  for (int s = 0; s < NST - 1; ++s) issue(s);
-
   // Q. fp8 warps: rows 16 mt + g (+8), dims sbase + 16 t .. + 16 (bf16), rescaled to f16 below.
   // Fragment order (k permuted): k-step s, k = 2t, 2t+1 <-> dims 16t + 4s + 0, 1; k = 2t+8, 2t+9 <-> + 2, 3.
+  // V4 requests it before the index list: Q does not depend on it, and requested after it (as until 2026-12-03) its
+  // round trip followed the index list's instead of overlapping it (NOTES.md "Requests that queued behind others").
+  // V3.2 requests it after the ring's first requests, as before: held across the index list, Q's registers took V3.2's
+  // 16-head kernels from 126 to 136 registers, one CTA per SM fewer at 256 threads.
   const __nv_bfloat16* qrow = p.q + static_cast<size_t>(row) * p.h * L::kDqk;
   uint32_t qa[MT][4][4];   // fp8 warps: f16, permuted; V4 RoPE warp: bf16, natural order (dims 448..511)
   uint32_t qr[MT][4][4];   // V3.2: bf16 RoPE fragments (dims 512..575), natural order
   uint4 qraw[MT][2][2];
+  auto load_q = [&]() {
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -1105,13 +1097,6 @@ __device__ __forceinline__ void ds_body(const MlaParams& p, uint8_t* smem) {
         }
         qraw[mt][hf][0] = a;
         qraw[mt][hf][1] = b;
-        const uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-        uint32_t m = 0;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) m = max(m, max(w[i] & 0x7fffu, (w[i] >> 16) & 0x7fffu));
-        m = max(m, __shfl_xor_sync(0xffffffffu, m, 1));
-        m = max(m, __shfl_xor_sync(0xffffffffu, m, 2));
-        if (t == 0) atomicMax(qmax_s + 16 * mt + g + 8 * hf, m << 16);   // |bf16| bits -> fp32 bits
       } else {
 #pragma unroll
         for (int s = 0; s < 4; ++s) {
@@ -1120,7 +1105,33 @@ __device__ __forceinline__ void ds_body(const MlaParams& p, uint8_t* smem) {
           qa[mt][s][hf + 2] = ok ? __ldg(reinterpret_cast<const unsigned int*>(qh + d + 8)) : 0u;
         }
       }
+    }
+  };
+  if constexpr (V4) load_q();
+
+  // Index list, validated once: -1 for invalid and for the padding up to the last tile's end.
+  index_list<NTHR>(p, row, start, n_local, ntiles * T, tid, sidx);
+  if (tid < HB) qmax_s[tid] = 0u;
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < NST; ++s) mbar_init(full + s, NW);   // one arrival (with its bytes) per warp
+    mbar_fence_init();
+  }
+  __syncthreads();   // indices, barriers, q maxima initialized
+
+  auto issue = [&](int ti) { ds_issue<L, T, NST>(p, raw, full, sidx, ti, ntiles, warp, lane); };
+  for (int s = 0; s < NST - 1; ++s) issue(s);
+  if constexpr (!V4) load_q();
+
+  // V3.2's RoPE dims, then each head row's largest |q| (fp8 warps' dims), for the f16 rescale below.
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
       if constexpr (!V4) {
+        const int head = hblk * HB + 16 * mt + g + 8 * hf;
+        const bool ok = head < p.h;
+        const __nv_bfloat16* qh = qrow + static_cast<size_t>(head) * L::kDqk;
 #pragma unroll
         for (int s = 0; s < 4; ++s) {
           const int d = 512 + 16 * s + 2 * t;
@@ -1128,6 +1139,15 @@ __device__ __forceinline__ void ds_body(const MlaParams& p, uint8_t* smem) {
           qr[mt][s][hf + 2] = ok ? __ldg(reinterpret_cast<const unsigned int*>(qh + d + 8)) : 0u;
         }
       }
+      if (rope_warp) continue;
+      const uint4 a = qraw[mt][hf][0], b = qraw[mt][hf][1];
+      const uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+      uint32_t m = 0;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) m = max(m, max(w[i] & 0x7fffu, (w[i] >> 16) & 0x7fffu));
+      m = max(m, __shfl_xor_sync(0xffffffffu, m, 1));
+      m = max(m, __shfl_xor_sync(0xffffffffu, m, 2));
+      if (t == 0) atomicMax(qmax_s + 16 * mt + g + 8 * hf, m << 16);   // |bf16| bits -> fp32 bits
     }
   __syncthreads();   // q maxima complete; the prologue's zero fills visible
 
