@@ -275,9 +275,15 @@ __device__ __forceinline__ int load_index(const MlaParams& p, int row, int pos) 
 // (the main indices, then the extra ones), -1 for invalid entries and for the padding up to n_fill,
 // kExtraBit set for the extra source. A thread issues up to kBatch loads before it checks or stores any, so a
 // list of up to kBatch x NTHR entries costs one DRAM round trip (a load-store loop waited once per trip).
-template <int NTHR>
+// `after_loads` runs once, right after the first batch's loads are issued and before any is waited for (with no
+// index to load, at the end): a caller's other requests (the first-version kernels' Q block) then go out behind the
+// indices instead of ahead of them.
+struct NoRequests {
+  __device__ __forceinline__ void operator()() const {}
+};
+template <int NTHR, class AfterLoads = NoRequests>
 __device__ __forceinline__ void index_list(const MlaParams& p, int row, int start, int n_local, int n_fill, int tid,
-                                           int* sidx) {
+                                           int* sidx, const AfterLoads& after_loads = AfterLoads()) {
   constexpr int kBatch = 8;
   const int* const main_row = p.indices + static_cast<size_t>(row) * p.topk;   // as index_src, row bases hoisted
   const int* const extra_row = p.indices_extra + static_cast<size_t>(row) * p.topk_extra;
@@ -289,12 +295,14 @@ __device__ __forceinline__ void index_list(const MlaParams& p, int row, int star
       const bool main = pos < p.topk;
       v[b] = ldg_index_if((main ? main_row : extra_row) + (main ? pos : pos - p.topk), j < n_local);
     }
+    if (j0 == 0) after_loads();
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
       const int j = j0 + b * NTHR + tid;
       if (j < n_fill) sidx[j] = index_check(p, start + j, v[b]);   // -1 past n_local
     }
   }
+  if (n_fill <= 0) after_loads();
 }
 
 // Requests the Q block of `rows` heads from head h0 (heads at or past p.h zero-filled) into shared memory by
@@ -412,11 +420,14 @@ __device__ __forceinline__ void mla_body(const MlaParams& p, uint8_t* smem) {
   stamp(kMlaTlEntryNs);
   stamp(kMlaTlEntry);
 
-  // Q block (rows past h are zero), requested first: it joins the first ring stage's cp.async group, so the wait
-  // for tile 0 covers it, and its round trip overlaps the index list's and tile 0's.
-  q_block_async<L::kDqk>(p, row, hblk * HB, HB, tid, NTHR, [&](int r, int c) { return qs + swz<ROWB>(r, c); });
-  // This CTA's indices, validated once: -1 for invalid, kExtraBit set for the extra source.
-  index_list<NTHR>(p, row, start, n_local, n_local, tid, sidx);
+  // This CTA's indices, validated once: -1 for invalid, kExtraBit set for the extra source. The Q block (rows past h
+  // are zero) is requested right behind the indices' loads: it joins the first ring stage's cp.async group, so the
+  // wait for tile 0 covers it, and its round trip overlaps the index list's and tile 0's. (Requested ahead of them,
+  // as until 2026-12-03, its 16-18 KB went out before the indices the gather waits for: NOTES.md "Requests that
+  // queued behind others".)
+  index_list<NTHR>(p, row, start, n_local, n_local, tid, sidx, [&]() {
+    q_block_async<L::kDqk>(p, row, hblk * HB, HB, tid, NTHR, [&](int r, int c) { return qs + swz<ROWB>(r, c); });
+  });
   __syncthreads();
   stamp(kMlaTlIndices);
 
