@@ -52,13 +52,30 @@ def finish(env: dict, rows: list, json_path: str | None, print_table) -> int:
     return 0
 
 
-def table_head(env: dict, extras: str, columns: str) -> None:
-    """A table's header: the run's environment line (+ `extras`), its command, the column row and rule."""
+def env_head(env: dict, extras: str = "") -> None:
+    """The run's environment line (+ `extras`) and its command, after a blank line."""
     print()
     print(f"# {env['date']} | {env['gpu']} | driver {env['driver']} | torch {env['torch']}{extras}")
     print(f"# command: {env['command']}")
+
+
+def table_head(env: dict, extras: str, columns: str) -> None:
+    """A table's header: the run's environment line (+ `extras`), its command, the column row and rule."""
+    env_head(env, extras)
     print(columns)
     print("|" + "---|" * (columns.count("|") - 1))
+
+
+def probe_setup(fatbin: str):
+    """A tuning probe's start: fresh random inputs, the timer, the sparse MLA module of `fatbin`, and the run's
+    environment, printed as a JSON line and as env_head's header."""
+    from pdserve_kernels.sparse_mla_decode import SparseMlaDecode
+
+    env = run_env(fatbin=fatbin)
+    gen, timer, mla = seeded_generator(), Timer(), SparseMlaDecode(fatbin=fatbin)
+    print(json.dumps(env), flush=True)
+    env_head(env)
+    return gen, timer, mla, env
 
 
 def row_table(extras: str, columns: str, row: str):

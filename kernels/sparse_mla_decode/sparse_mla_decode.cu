@@ -1042,6 +1042,22 @@ __device__ __forceinline__ void ds_fused_combine(const MlaParams& p, int row, in
 // to the warp's running maximum scale, so V stays raw e4m3 in f16 and no f16 range limit applies to the
 // dequantized values (measured 2-5% slower than CV = 0 on H200). Bits 0-1 (e4m3 -> f16 on the integer pipe)
 // were measured slower and removed (NOTES.md).
+// The ds and es kernels' common prologue: the split's index list (validated, -1 padded to n_fill), the q maxima
+// zeroed, the ring's mbarriers initialized (one arrival, with its bytes, per warp), then the barrier that publishes
+// all three.
+template <int NTHR, int NST, int NW>
+__device__ __forceinline__ void ds_prologue(const MlaParams& p, int row, int start, int n_local, int n_fill, int tid,
+                                            int* sidx, uint32_t* qmax_s, int heads, uint64_t* full) {
+  index_list<NTHR>(p, row, start, n_local, n_fill, tid, sidx);
+  if (tid < heads) qmax_s[tid] = 0u;
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < NST; ++s) mbar_init(full + s, NW);
+    mbar_fence_init();
+  }
+  __syncthreads();
+}
+
 template <class L, int MT, int T, int NST, int CV>
 __device__ __forceinline__ void ds_body(const MlaParams& p, uint8_t* smem) {
   using S = DsSmem<L, MT, T, NST>;
@@ -1120,15 +1136,8 @@ __device__ __forceinline__ void ds_body(const MlaParams& p, uint8_t* smem) {
   };
   if constexpr (V4) load_q();
 
-  // Index list, validated once: -1 for invalid and for the padding up to the last tile's end.
-  index_list<NTHR>(p, row, start, n_local, ntiles * T, tid, sidx);
-  if (tid < HB) qmax_s[tid] = 0u;
-  if (tid == 0) {
-#pragma unroll
-    for (int s = 0; s < NST; ++s) mbar_init(full + s, NW);   // one arrival (with its bytes) per warp
-    mbar_fence_init();
-  }
-  __syncthreads();   // indices, barriers, q maxima initialized
+  // Index list, validated once: -1 for invalid and for the padding up to the last tile's end; barriers.
+  ds_prologue<NTHR, NST, NW>(p, row, start, n_local, ntiles * T, tid, sidx, qmax_s, HB, full);
 
   auto issue = [&](int ti) { ds_issue<L, T, NST>(p, raw, full, sidx, ti, ntiles, warp, lane); };
   for (int s = 0; s < NST - 1; ++s) issue(s);
@@ -1503,14 +1512,7 @@ __device__ __forceinline__ void es_body(const MlaParams& p, uint8_t* smem) {
     }
   }
 
-  index_list<NTHR>(p, row, start, n_local, ntiles * T, tid, sidx);
-  if (tid < HB) qmax_s[tid] = 0u;
-  if (tid == 0) {
-#pragma unroll
-    for (int s = 0; s < NST; ++s) mbar_init(full + s, NW);   // one arrival (with its bytes) per warp
-    mbar_fence_init();
-  }
-  __syncthreads();   // indices, barriers, q maxima initialized
+  ds_prologue<NTHR, NST, NW>(p, row, start, n_local, ntiles * T, tid, sidx, qmax_s, HB, full);
   for (int s = 0; s < NST - 1; ++s) ds_issue<L, T, NST>(p, raw, full, sidx, s, ntiles, warp, lane);
 
   // Per head the maximum |q| over the NoPE dims (a warp's items share mt and grp: reduce over t' first).

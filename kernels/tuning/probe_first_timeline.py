@@ -31,8 +31,8 @@ sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "python")]
 
 import torch  # noqa: E402
 
-from harness import CASES, Timer, mla_batch, mla_pool, run_env, seeded_generator  # noqa: E402
-from pdserve_kernels.sparse_mla_decode import DV, SparseMlaDecode  # noqa: E402
+from harness import CASES, mla_batch, mla_pool, probe_setup  # noqa: E402
+from pdserve_kernels.sparse_mla_decode import DV  # noqa: E402
 
 # MlaTlSlot and the combine's words (sparse_mla_decode.h)
 (ENTRY_NS, ENTRY, INDICES, ISSUED, LANDED, CONVERTED, QK, MAX, SOFTMAX, PV, END, EXIT_NS) = range(12)
@@ -65,13 +65,7 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
-    gen = seeded_generator()
-    timer = Timer()
-    mla = SparseMlaDecode(fatbin=args.fatbin)
-    env = run_env(fatbin=args.fatbin)
-    print(json.dumps(env), flush=True)
-    print(f"\n# {env['date']} | {env['gpu']} | driver {env['driver']} | torch {env['torch']}\n"
-          f"# command: {env['command']}")
+    gen, timer, mla, env = probe_setup(args.fatbin)
     launch = mla.module.launch
 
     def launch_tl(name, *a, **k):   # the combine the launcher picks, as its timeline twin

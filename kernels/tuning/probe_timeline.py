@@ -22,8 +22,7 @@ sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "python")]
 
 import torch  # noqa: E402
 
-from harness import CASES, Timer, mla_batch, mla_pool, run_env, seeded_generator  # noqa: E402
-from pdserve_kernels.sparse_mla_decode import SparseMlaDecode  # noqa: E402
+from harness import CASES, mla_batch, mla_pool, probe_setup  # noqa: E402
 
 # WgtStamp's slots
 (ENTRY_NS, ENTRY, PROLOGUE, T0_READY, T0_QK, T0_PV, LOOP, WRITTEN, EXIT, EXIT_NS, P_T0, P_DONE, P_EXIT, W1_DONE,
@@ -74,12 +73,7 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
-    gen = seeded_generator()
-    timer = Timer()
-    mla = SparseMlaDecode(fatbin=args.fatbin)
-    env = run_env(fatbin=args.fatbin)
-    print(json.dumps(env), flush=True)
-    print(f"\n# {env['date']} | {env['gpu']} | driver {env['driver']} | torch {env['torch']}\n# command: {env['command']}")
+    gen, timer, mla, env = probe_setup(args.fatbin)
     pools: dict = {}
     primer_pools: dict = {}
     rows = []
