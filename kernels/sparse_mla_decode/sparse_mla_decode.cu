@@ -1038,10 +1038,6 @@ __device__ __forceinline__ void ds_fused_combine(const MlaParams& p, int row, in
   }
 }
 
-// CV (bit mask), bit 2: PV multiplies P (4 f16x2 per k-step) instead of V (16) by the entry's scale relative
-// to the warp's running maximum scale, so V stays raw e4m3 in f16 and no f16 range limit applies to the
-// dequantized values (measured 2-5% slower than CV = 0 on H200). Bits 0-1 (e4m3 -> f16 on the integer pipe)
-// were measured slower and removed (NOTES.md).
 // The ds and es kernels' common prologue: the split's index list (validated, -1 padded to n_fill), the q maxima
 // zeroed, the ring's mbarriers initialized (one arrival, with its bytes, per warp), then the barrier that publishes
 // all three.
@@ -1058,6 +1054,10 @@ __device__ __forceinline__ void ds_prologue(const MlaParams& p, int row, int sta
   __syncthreads();
 }
 
+// CV (bit mask), bit 2: PV multiplies P (4 f16x2 per k-step) instead of V (16) by the entry's scale relative
+// to the warp's running maximum scale, so V stays raw e4m3 in f16 and no f16 range limit applies to the
+// dequantized values (measured 2-5% slower than CV = 0 on H200). Bits 0-1 (e4m3 -> f16 on the integer pipe)
+// were measured slower and removed (NOTES.md).
 template <class L, int MT, int T, int NST, int CV>
 __device__ __forceinline__ void ds_body(const MlaParams& p, uint8_t* smem) {
   using S = DsSmem<L, MT, T, NST>;
@@ -1110,29 +1110,29 @@ __device__ __forceinline__ void ds_body(const MlaParams& p, uint8_t* smem) {
   uint4 qraw[MT][2][2];
   auto load_q = [&]() {
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      const int head = hblk * HB + 16 * mt + g + 8 * hf;
-      const bool ok = head < p.h;
-      const __nv_bfloat16* qh = qrow + static_cast<size_t>(head) * L::kDqk;
-      if (!rope_warp) {
-        uint4 a = make_uint4(0, 0, 0, 0), b = a;
-        if (ok) {
-          a = __ldg(reinterpret_cast<const uint4*>(qh + sbase + 16 * t));
-          b = __ldg(reinterpret_cast<const uint4*>(qh + sbase + 16 * t) + 1);
-        }
-        qraw[mt][hf][0] = a;
-        qraw[mt][hf][1] = b;
-      } else {
+      for (int hf = 0; hf < 2; ++hf) {
+        const int head = hblk * HB + 16 * mt + g + 8 * hf;
+        const bool ok = head < p.h;
+        const __nv_bfloat16* qh = qrow + static_cast<size_t>(head) * L::kDqk;
+        if (!rope_warp) {
+          uint4 a = make_uint4(0, 0, 0, 0), b = a;
+          if (ok) {
+            a = __ldg(reinterpret_cast<const uint4*>(qh + sbase + 16 * t));
+            b = __ldg(reinterpret_cast<const uint4*>(qh + sbase + 16 * t) + 1);
+          }
+          qraw[mt][hf][0] = a;
+          qraw[mt][hf][1] = b;
+        } else {
 #pragma unroll
-        for (int s = 0; s < 4; ++s) {
-          const int d = 448 + 16 * s + 2 * t;
-          qa[mt][s][hf] = ok ? __ldg(reinterpret_cast<const unsigned int*>(qh + d)) : 0u;
-          qa[mt][s][hf + 2] = ok ? __ldg(reinterpret_cast<const unsigned int*>(qh + d + 8)) : 0u;
+          for (int s = 0; s < 4; ++s) {
+            const int d = 448 + 16 * s + 2 * t;
+            qa[mt][s][hf] = ok ? __ldg(reinterpret_cast<const unsigned int*>(qh + d)) : 0u;
+            qa[mt][s][hf + 2] = ok ? __ldg(reinterpret_cast<const unsigned int*>(qh + d + 8)) : 0u;
+          }
         }
       }
-    }
   };
   if constexpr (V4) load_q();
 
