@@ -8,7 +8,8 @@
 #
 #   METADATA_ONLY=1   write only the .json files (host compiler, about a second; the CPU tests use it)
 #   TUNING=1          the tuning build instead (kernels/tuning/build.sh): sparse_mla_decode with the wrong-by-
-#                     design probe kernels, as sparse_mla_decode_tuning.{fatbin,json}; never installed
+#                     design probe kernels, and dsa_indexer with its timeline stamps, as
+#                     <module>_tuning.{fatbin,json}; never installed
 #   VERBOSE=1         report registers/spills; ptxas then records its options in each cubin's .note.nv.tkinfo
 #                     section, so the bytes differ from a plain build (the SASS does not): build plainly
 #                     for anything measured, shipped or compared
@@ -28,7 +29,7 @@ modules=(dsa_indexer sparse_mla_decode)
 defines=()
 suffix=""
 if [[ "${TUNING:-0}" == 1 ]]; then
-  modules=(sparse_mla_decode)
+  modules=(sparse_mla_decode dsa_indexer)
   defines=(-DPDSERVE_TUNING_PROBES)
   suffix="_tuning"
 fi

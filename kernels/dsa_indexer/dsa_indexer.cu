@@ -82,6 +82,47 @@ __device__ __forceinline__ void cp_async_wait() {
 // (address bits [4:6] ^= bits [7:9]); also keeps ldmatrix free of bank conflicts.
 __device__ __forceinline__ uint32_t swz(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
 
+// Timeline (tuning build only, PDSERVE_TUNING_PROBES; kernels/tuning/probe_indexer_timeline.py): thread 0 of each
+// CTA writes the global timer (ns, comparable across SMs) at its phases into dsa_timeline, read back through
+// cuModuleGetGlobal; `after` is a value the phase produced, so the reading waits for it. In the production build
+// the calls compile to nothing (the fatbin's bytes are the same with and without them).
+#if defined(PDSERVE_TUNING_PROBES)
+constexpr int kTlScoreCtas = 4096, kTlScoreSlots = 8, kTlSelectCtas = 256, kTlSelectSlots = 16;
+}  // namespace: the array keeps its plain name, for cuModuleGetGlobal
+extern "C" {
+__device__ unsigned long long dsa_timeline[kTlScoreCtas * kTlScoreSlots + kTlSelectCtas * kTlSelectSlots];
+}
+namespace {
+#endif
+enum TlKernel { kTlScore, kTlSelect };
+#if defined(PDSERVE_TUNING_PROBES)
+// This CTA's word `slot` of dsa_timeline (scoring CTAs first, then select CTAs), or null past the array.
+__device__ __forceinline__ unsigned long long* tl_word(TlKernel kernel, int slot) {
+  const int cta = blockIdx.x + gridDim.x * blockIdx.y;
+  if (kernel == kTlScore) return cta < kTlScoreCtas ? &dsa_timeline[cta * kTlScoreSlots + slot] : nullptr;
+  return cta < kTlSelectCtas ? &dsa_timeline[kTlScoreCtas * kTlScoreSlots + cta * kTlSelectSlots + slot] : nullptr;
+}
+#endif
+__device__ __forceinline__ void tl_stamp(TlKernel kernel, int slot, uint32_t after = 0) {
+#if defined(PDSERVE_TUNING_PROBES)
+  if (threadIdx.x != 0) return;
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t) : "r"(after) : "memory");
+  if (unsigned long long* w = tl_word(kernel, slot)) *w = t;
+#else
+  (void)kernel, (void)slot, (void)after;
+#endif
+}
+// A count beside the stamps (thread 0's value), e.g. how many candidates tied.
+__device__ __forceinline__ void tl_value(TlKernel kernel, int slot, int value) {
+#if defined(PDSERVE_TUNING_PROBES)
+  if (threadIdx.x != 0) return;
+  if (unsigned long long* w = tl_word(kernel, slot)) *w = static_cast<unsigned long long>(value);
+#else
+  (void)kernel, (void)slot, (void)value;
+#endif
+}
+
 // ---------------------------------------------------------------------------------------------
 // Tensor-core paths. Both leave, for warp w and lane (g = lane / 4, t = lane % 4), in acc[4n + i]:
 //   i=0,1: D[key 16w + g][head col 8n + 2t + i];  i=2,3: D[key 16w + g + 8][...]
@@ -221,13 +262,6 @@ __device__ __forceinline__ void find_threshold(const int (&c)[PER], int nbins, i
   __syncthreads();
 }
 
-
-
-
-// Resolve the threshold bin T1 of one row exactly on the remaining 20 bits (two 10-bit radix rounds):
-// n_tie candidates (order key, position) in `cand` (global), need1 = slots left after the above1 sure
-// ones. From shared memory (s_cand, kResolveCap entries) when they fit, else straight from global.
-// s_hist holds kBins2 ints. Called by all NT threads of one CTA; ends without a trailing barrier.
 // find_threshold over a row's global 4096-bin histogram `gh1`, read by NT threads: thread t holds the
 // kBins1 / NT bins from 4095 - PER t down (loaded as int4, L2 only: other CTAs wrote them).
 template <int NT>
@@ -274,6 +308,10 @@ __device__ __forceinline__ void smem_threshold(const int* s_hist, int tid, int n
   find_threshold<PER, NT>(c, NBINS, need, s_warp, s_res);
 }
 
+// Resolve the threshold bin T1 of one row exactly on the remaining 20 bits (two 10-bit radix rounds):
+// n_tie candidates (order key, position) in `cand` (global), need1 = slots left after the above1 sure
+// ones. From shared memory (s_cand, kResolveCap entries) when they fit, else straight from global.
+// s_hist holds kBins2 ints. Called by all NT threads of one CTA; ends without a trailing barrier.
 // preloaded: the caller has the n_tie candidates in s_cand already (dsa_select_cluster's rank 0; a run-time flag,
 // so that kernel inlines one copy of the resolve for both of its cases).
 template <int NT>
@@ -313,6 +351,7 @@ __device__ __forceinline__ void resolve_ties(int* out, const uint2* cand, int n_
   __syncthreads();
   smem_threshold<NT, kBins2>(s_hist, tid, need1, s_warp, s_res);
   const uint32_t T2 = static_cast<uint32_t>(s_res[0]);
+  tl_stamp(kTlSelect, 9, T2);   // (the fused kernels' resolve stamps these slots too; the probe times the split path)
   const int need2 = need1 - s_res[1];
   for (int i = tid; i < kBins3; i += NT) s_hist[i] = 0;
   __syncthreads();
@@ -324,6 +363,7 @@ __device__ __forceinline__ void resolve_ties(int* out, const uint2* cand, int n_
   __syncthreads();
   smem_threshold<NT, kBins3>(s_hist, tid, need2, s_warp, s_res);
   const uint32_t T3 = static_cast<uint32_t>(s_res[0]);
+  tl_stamp(kTlSelect, 10, T3);
   const int need3 = need2 - s_res[1];
   each([&](uint2 e) {
     if (((e.x >> 10) & (kBins2 - 1)) != T2) return;
@@ -456,6 +496,7 @@ __device__ __forceinline__ void score_body(const DsaParams& p) {
   // Fused path only: this CTA's own scores, NN x chunk_pages x 64 fp32, kept for the selection.
   float* loc_s = reinterpret_cast<float*>(sm + S::kLocal);
 
+  tl_stamp(kTlScore, 0);
   griddep_launch_dependents();
   const int b = blockIdx.y;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
@@ -472,6 +513,8 @@ __device__ __forceinline__ void score_body(const DsaParams& p) {
     len[j] = row_len(p, b, j);
     maxlen = max(maxlen, len[j]);
   }
+  tl_stamp(kTlScore, 1, maxlen);   // the lengths landed
+  tl_value(kTlScore, 7, (maxlen + kPage - 1) / kPage - static_cast<int>(blockIdx.x) * p.chunk_pages);   // pages left
   // This thread's head weights, requested with the lengths: issued after the page copies (as they were until
   // 2026-12-03), they queued behind the CTA's ~50 KB of requests and the first page's epilogue waited for them
   // (ncu at B=1 L=128K: 22% of the kernel's stall samples on their first use; NOTES.md "Requests that queued
@@ -565,6 +608,8 @@ __device__ __forceinline__ void score_body(const DsaParams& p) {
     // cp.async fills smem through the generic proxy; wgmma reads it through the async proxy.
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     __syncthreads();   // page i visible to all; everyone is done with the slot refilled below
+    if (i == 0) tl_stamp(kTlScore, 2);
+    if (i == npg - 1) tl_stamp(kTlScore, 3);
     if (!kEarly || i > 0) {
       const int nx = i + kStages - 1;   // into slot (i - 1) % kStages, consumed in iteration i - 1
       if (nx < npg) load_page(nx, nx % kStages);
@@ -607,18 +652,25 @@ __device__ __forceinline__ void score_body(const DsaParams& p) {
       }
     }
   }
+  tl_stamp(kTlScore, 4);   // the last page's scores stored
   cp_async_wait<0>();
   __syncthreads();
+  tl_stamp(kTlScore, 6);   // every warp's too
 #pragma unroll
   for (int j = 0; j < NN; ++j) {
     if (!want_hist[j]) continue;
-    int* gh = p.ghist + static_cast<size_t>(b * NN + j) * kBins1;
+    // Both bins of a word in one 64-bit atomic (bin 2i in the low half, 2i + 1 in the high half of the row's
+    // int pair; neither count carries into the other). Scores crowd into a few dozen bins (the key's top 12 bits
+    // are the exponent and 3 mantissa bits), so every CTA adds into the same few words at about the same time,
+    // and the L2 serves atomics on one address one by one.
+    using u64 = unsigned long long;
+    u64* gh = reinterpret_cast<u64*>(p.ghist + static_cast<size_t>(b * NN + j) * kBins1);
     for (int i = tid; i < kBins1 / 2; i += kScoreThreads) {
       const uint32_t c = hist_s[j * (kBins1 / 2) + i];
-      if (c & 0xFFFFu) atomicAdd(&gh[2 * i], static_cast<int>(c & 0xFFFFu));
-      if (c >> 16) atomicAdd(&gh[2 * i + 1], static_cast<int>(c >> 16));
+      if (c) atomicAdd(&gh[i], static_cast<u64>(c & 0xFFFFu) | static_cast<u64>(c >> 16) << 32);
     }
   }
+  tl_stamp(kTlScore, 5);   // the histogram's atomics issued
   if constexpr (kFused) {
     fused_select<NN>(p, b, len, pg0, npg, n_parts, loc_s, reinterpret_cast<int*>(hist_s),
                      reinterpret_cast<uint2*>(k_s));
@@ -711,6 +763,7 @@ __device__ __forceinline__ void select_body(const DsaParams& p) {
   __shared__ int s_misc[4];
   __shared__ unsigned long long s_warp64[kSelectThreads / 32];
 
+  tl_stamp(kTlSelect, 0);
   if constexpr (!kEarly) griddep_wait();   // everything below reads what the scoring grid wrote
   const int row = blockIdx.y;
   const int b = row / p.next_n, j = row - b * p.next_n;
@@ -737,6 +790,7 @@ __device__ __forceinline__ void select_body(const DsaParams& p) {
     cluster_arrive();   // rank 0's counter is zero and every CTA has started (waited on in reserve_slots64)
   }
   if constexpr (kEarly) griddep_wait();
+  tl_stamp(kTlSelect, 1);
 
   int* ctr = p.ctr + static_cast<size_t>(row) * kCtr;
   int* gh1 = p.ghist + static_cast<size_t>(row) * kBins1;
@@ -769,6 +823,7 @@ __device__ __forceinline__ void select_body(const DsaParams& p) {
   const uint32_t T1 = static_cast<uint32_t>(s_res[0]);
   const int above1 = s_res[1];
   const uint32_t lo1 = T1 << 20;
+  tl_stamp(kTlSelect, 2, T1);   // the histogram read and scanned
 
   int n_sure = 0, n_tie_mine = 0;
   for (int sub = 0; sub < n_sub; ++sub) {
@@ -794,6 +849,7 @@ __device__ __forceinline__ void select_body(const DsaParams& p) {
     n_sure += __popc(m & 0xFFFFu);
     n_tie_mine += __popc(m >> 16);
   }
+  tl_stamp(kTlSelect, 3, n_sure);   // every score classified
   int ps, pt, cta_ties = 0;
   if constexpr (kEarly) {
     reserve_slots64<kSelectThreads, kCluster>(n_sure, n_tie_mine, tid, ctr, cctr0, s_warp64, s_misc, ps, pt,
@@ -801,6 +857,7 @@ __device__ __forceinline__ void select_body(const DsaParams& p) {
   } else {
     reserve_slots<kSelectThreads>(n_sure, n_tie_mine, tid, ctr, s_warp64, s_misc, ps, pt);
   }
+  tl_stamp(kTlSelect, 4, ps);   // output slots reserved
   // EARLY: with every sub-chunk still in the ring (none was overwritten), tied scores come from shared memory.
   const bool ring_holds_all = kEarly && n_sub <= kSelectRing;
   // CLUSTER writes in two passes: the tied candidates, then the barrier's release, then the sure positions. Rank 0's
@@ -840,6 +897,7 @@ __device__ __forceinline__ void select_body(const DsaParams& p) {
     }
     if (kCluster && pass == 0) cluster_arrive();
   }
+  tl_stamp(kTlSelect, 5);   // outputs and candidates issued
   if constexpr (!kCluster) {
     __threadfence();
     __syncthreads();
@@ -847,8 +905,10 @@ __device__ __forceinline__ void select_body(const DsaParams& p) {
   int n_tie = 0;   // EARLY: the row's tied count, from the done counter (CLUSTER: from rank 0's counter)
   if constexpr (kCluster) {
     cluster_wait();   // every CTA's candidates are written (release / acquire at cluster scope)
+    tl_stamp(kTlSelect, 6);
     if (blockIdx.x != 0) return;   // only rank 0's shared memory is ever accessed remotely, and no longer
     n_tie = static_cast<int>(*reinterpret_cast<volatile unsigned long long*>(s_cctr) >> 32);
+    tl_value(kTlSelect, 15, n_tie);
   } else if constexpr (kEarly) {
     if (tid == 0) {
       const unsigned long long prior = atomicAdd(reinterpret_cast<unsigned long long*>(&ctr[2]),
@@ -876,6 +936,7 @@ __device__ __forceinline__ void select_body(const DsaParams& p) {
   }
   cp_async_wait<0>();
   __syncthreads();   // the score ring is idle: reuse it for the candidates
+  tl_stamp(kTlSelect, 7);
   // CLUSTER: rank 0 holds the candidates unless there are more than kClusterCand (the rest are in the global list
   // already): then its part moves there too, and the resolve goes as the early kernel's does (through the ring and
   // the candidates' space, or from global memory).
@@ -891,6 +952,7 @@ __device__ __forceinline__ void select_body(const DsaParams& p) {
     for (int i = tid; i < kBins1; i += kSelectThreads) gh1[i] = 0;
     if (tid < kCtr) ctr[tid] = 0;
   }
+  tl_stamp(kTlSelect, 8);   // the tied candidates resolved
 }
 
 #define DSA_SELECT_KERNEL(NAME, EARLY, CLUSTER)                                                            \

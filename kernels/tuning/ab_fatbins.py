@@ -29,8 +29,6 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "python")]
 
-import torch  # noqa: E402
-
 import flashmla_adapter  # noqa: E402
 from harness import Timer, finish, mla_batch, run_env, seeded_generator, table_head  # noqa: E402
 from pdserve_kernels.sparse_mla_decode import SparseMlaDecode  # noqa: E402

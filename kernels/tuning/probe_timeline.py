@@ -97,7 +97,6 @@ def main() -> int:
             extra_kv = x.extra.get("extra_kv", x.kv)
             e3 = x.extra.get("extra_indices", x.ind)
             ref, _ = x.call(mla)()
-            primer = None
             if args.prime:
                 (y,) = mla_batch(case, B, [h], gen, primer_pools, k_main=k)
                 y_stamps = torch.zeros_like(stamps)
@@ -107,6 +106,8 @@ def main() -> int:
                     mla.launch(plan, y.q, y.kv, y.ind, y.sm_scale, sinks=y.sinks, extra_kv=y.extra.get("extra_kv", y.kv),
                                e3=y.extra.get("extra_indices", y.ind), out=y_out, lse=y_lse, o_part_ptr=None,
                                lse_part_ptr=y_stamps.data_ptr())
+            else:
+                primer = None
             per_rep = []
             for _ in range(args.reps):
                 stamps.zero_()

@@ -317,3 +317,52 @@ def test_small_batch_variants_without_pdl(indexer, variant):
     assert_workspace_zero(indexer, len(lens))
     assert own_topk_ok(scores, out, lens, 2048)
     assert torch.equal(out[2, :100].long(), torch.arange(100, device="cuda")) and bool((out[2, 100:] == -1).all())
+
+
+# The tuning build (kernels/tuning/build.sh) stamps each CTA's phases into `dsa_timeline` for
+# kernels/tuning/probe_indexer_timeline.py. It must compute what the production build computes, and its stamps must
+# mean what the probe reads: every CTA with work stamped, each CTA's phases in order.
+SCORE_SLOTS, SELECT_SLOTS, SCORE_CTAS = 8, 16, 4096   # tl_word's layout (dsa_indexer.cu)
+
+
+def test_timeline_build_gives_the_production_results(indexer):
+    from pdserve_kernels.dsa_indexer import DsaIndexer
+    from pdserve_kernels.reference import make_inputs
+
+    if not indexer.cluster_ok:
+        pytest.skip("the timeline is read on the sm_90 small-batch path (cluster select)")
+    built = REPO / "kernels" / "build" / "dsa_indexer_tuning.fatbin"
+    if not built.is_file():
+        if shutil.which("nvcc") is None:
+            pytest.skip("no tuning fatbin (kernels/tuning/build.sh) and no nvcc to build one")
+        subprocess.run(["bash", str(REPO / "kernels" / "tuning" / "build.sh")], check=True, timeout=900)
+    probe = DsaIndexer(fatbin=str(built))
+    lens = [131072 - 3]
+    inp = make_inputs(1, 1, lens)
+    out0, sc0 = indexer(**inp, topk=2048, return_scores=True)
+    probe.module.zero_global("dsa_timeline")
+    out1, sc1 = probe(**inp, topk=2048, return_scores=True)
+    torch.cuda.synchronize()
+    assert probe.last_plan.cluster and probe.last_plan.early
+    assert torch.equal(sc0[0, :lens[0]], sc1[0, :lens[0]])
+    kth = torch.topk(sc0[0, :lens[0]], 2048).values[-1]
+    for out, sc in ((out0, sc0), (out1, sc1)):
+        assert own_topk_ok(sc, out, lens, 2048)
+    above = [torch.sort(o[0][s[0, o[0].long()] > kth]).values for o, s in ((out0, sc0), (out1, sc1))]
+    assert torch.equal(*above)
+
+    raw = probe.module.read_global("dsa_timeline")
+    words = torch.frombuffer(bytearray(raw), dtype=torch.int64)
+    score = words[:SCORE_CTAS * SCORE_SLOTS].view(SCORE_CTAS, SCORE_SLOTS)
+    select = words[SCORE_CTAS * SCORE_SLOTS:].view(-1, SELECT_SLOTS)
+    plan = probe.last_plan
+    pages = -(-lens[0] // 64)
+    working = -(-pages // plan.chunk_pages)
+    assert bool((score[:working, [0, 1, 2, 3, 4, 6, 5]].diff(dim=1) >= 0).all()), "a scoring CTA's phases out of order"
+    assert bool((score[:working, 0] > 0).all()) and bool((score[working:, 5] == 0).all()), "CTAs with pages flush"
+    ctas = select[:, 0].gt(0).sum().item()
+    assert ctas == plan.select_grid[0], "every select CTA stamps its entry"
+    assert bool((select[:ctas, :6].diff(dim=1) >= 0).all()), "a select CTA's phases out of order"
+    rank0 = select[0]
+    assert bool((rank0[[5, 6, 7, 9, 10, 8]].diff() >= 0).all()), "the resolve's phases out of order"
+    assert 0 < rank0[15].item() <= lens[0], "the resolve's tied candidates"

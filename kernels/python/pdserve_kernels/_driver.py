@@ -57,6 +57,10 @@ class _Lib:
         cu.cuFuncSetAttribute.argtypes = [vp, i, i]
         cu.cuLaunchKernel.argtypes = [vp, ui, ui, ui, ui, ui, ui, ui, vp, vp, vp]
         cu.cuOccupancyMaxActiveBlocksPerMultiprocessor.argtypes = [ctypes.POINTER(i), vp, i, ctypes.c_size_t]
+        cu.cuModuleGetGlobal_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_size_t), vp,
+                                            ctypes.c_char_p]
+        cu.cuMemcpyDtoH_v2.argtypes = [vp, ctypes.c_uint64, ctypes.c_size_t]
+        cu.cuMemsetD8_v2.argtypes = [ctypes.c_uint64, ctypes.c_ubyte, ctypes.c_size_t]
         self.has_launch_ex = hasattr(cu, "cuLaunchKernelEx")
         if self.has_launch_ex:
             cu.cuLaunchKernelEx.argtypes = [ctypes.POINTER(_LaunchConfig), vp, vp, vp]
@@ -127,6 +131,28 @@ class Module:
         with self.current():
             res = self._lib.cu.cuFuncSetAttribute(self.fn[name], CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
             self._lib.check(res, f"cuFuncSetAttribute({name}, non-portable cluster size)")
+
+    def _global(self, name: str) -> tuple[ctypes.c_uint64, int]:
+        ptr, size = ctypes.c_uint64(), ctypes.c_size_t()
+        with self.current():
+            self._lib.check(self._lib.cu.cuModuleGetGlobal_v2(ctypes.byref(ptr), ctypes.byref(size), self.mod,
+                                                              name.encode()), f"cuModuleGetGlobal({name})")
+        return ptr, size.value
+
+    def read_global(self, name: str) -> bytes:
+        """The bytes of the module's `__device__` variable `name` (extern "C"), after the device is idle: for the
+        tuning builds' timelines, which the launchers never read."""
+        ptr, size = self._global(name)
+        buf = ctypes.create_string_buffer(size)
+        with self.current():
+            self._lib.check(self._lib.cu.cuMemcpyDtoH_v2(buf, ptr, size), f"cuMemcpyDtoH({name})")
+        return buf.raw
+
+    def zero_global(self, name: str) -> None:
+        """Zero the module's `__device__` variable `name` (ordered with the legacy default stream)."""
+        ptr, size = self._global(name)
+        with self.current():
+            self._lib.check(self._lib.cu.cuMemsetD8_v2(ptr, 0, size), f"cuMemsetD8({name})")
 
     def max_active_blocks(self, name: str, block: int, smem: int) -> int:
         """CTAs of kernel `name` that fit on one SM at once with `block` threads and `smem` dynamic bytes."""
