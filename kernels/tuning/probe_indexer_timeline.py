@@ -41,7 +41,7 @@ from targets import INDEXER_TOPK  # noqa: E402
 SCORE_CTAS, SCORE_SLOTS, SELECT_CTAS, SELECT_SLOTS = 4096, 8, 256, 16
 (S_ENTRY, S_LENGTHS, S_PAGE0, S_LAST_PAGE, S_STORED, S_FLUSHED, S_ALL_STORED, S_PAGES) = range(8)
 (T_ENTRY, T_WAITED, T_THRESHOLD, T_CLASSIFIED, T_RESERVED, T_WRITTEN, T_CLUSTER, T_RESOLVE, T_DONE, T_ROUND1,
- T_ROUND2) = range(11)
+ T_ROUND2, T_SCORES) = range(12)
 T_TIES = 15
 SCORE_PHASES = [  # (label, from slot, to slot) of one scoring CTA
     ("entry -> lengths landed (block ids, head weights with them)", S_ENTRY, S_LENGTHS),
@@ -78,9 +78,12 @@ def spans(score: list, select: list, events_us: float) -> dict:
            "first select CTA entered": us(min(s[T_ENTRY] for s in select)),
            "first select CTA past its wait": us(min(s[T_WAITED] for s in select)),
            "last select CTA past its wait": us(max(s[T_WAITED] for s in select))}
-    for label, slot in (("threshold bin found", T_THRESHOLD), ("scores classified", T_CLASSIFIED),
+    for label, slot in (("first sub-chunk of scores landed", T_SCORES), ("threshold bin found", T_THRESHOLD),
+                        ("scores classified", T_CLASSIFIED),
                         ("slots reserved", T_RESERVED), ("outputs written", T_WRITTEN)):
-        out[f"last select CTA: {label}"] = us(max(s[slot] for s in select if s[slot]))
+        stamped = [s[slot] for s in select if s[slot]]
+        if stamped:
+            out[f"last select CTA: {label}"] = us(max(stamped))
     if resolver:
         r = resolver[0]
         for label, slot in (("resolver: cluster barrier passed", T_CLUSTER), ("resolver: candidates in", T_RESOLVE),

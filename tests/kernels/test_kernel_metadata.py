@@ -74,7 +74,11 @@ def test_dsa_constants_are_the_launchers(dsa_table):
 def test_production_fatbin_has_no_probe_kernels(nvcc, mla_table, tmp_path):
     assert not [n for n, k in mla_table.kernels.items() if k.shape.get("probe")]
     assert not [n for n in mla_table.kernels if n.endswith(("_x1", "_x2", "_x3", "_o1", "_og", "_od", "_w16", "_tl"))]
-    tuning = mla_mod.load_kernel_table(_emit(nvcc, tmp_path, TUNING="1") / "sparse_mla_decode_tuning.fatbin")
+    tuning_out = _emit(nvcc, tmp_path, TUNING="1")
+    # the indexer's tuning build is the production kernels with timeline stamps: the same table
+    assert (tuning_out / "dsa_indexer_tuning.json").read_text() == (_emit(nvcc, tmp_path / "production") /
+                                                                    "dsa_indexer.json").read_text()
+    tuning = mla_mod.load_kernel_table(tuning_out / "sparse_mla_decode_tuning.fatbin")
     probes = {n for n, k in tuning.kernels.items() if k.shape.get("probe")}
     assert probes == {"sparse_mla_wg_v32_s3_x1", "sparse_mla_wg_v32_s3_x2", "sparse_mla_wg_v32_s3_x3",
                       *(f"sparse_mla_wg_v32_t64_x{b}" for b in (1, 2, 4, 5)), "sparse_mla_wg_v32_t64q_x2",
