@@ -514,7 +514,6 @@ __device__ __forceinline__ void score_body(const DsaParams& p) {
     maxlen = max(maxlen, len[j]);
   }
   tl_stamp(kTlScore, 1, maxlen);   // the lengths landed
-  tl_value(kTlScore, 7, (maxlen + kPage - 1) / kPage - static_cast<int>(blockIdx.x) * p.chunk_pages);   // pages left
   // This thread's head weights, requested with the lengths: issued after the page copies (as they were until
   // 2026-12-03), they queued behind the CTA's ~50 KB of requests and the first page's epilogue waited for them
   // (ncu at B=1 L=128K: 22% of the kernel's stall samples on their first use; NOTES.md "Requests that queued
@@ -661,8 +660,9 @@ __device__ __forceinline__ void score_body(const DsaParams& p) {
     if (!want_hist[j]) continue;
     // Both bins of a word in one 64-bit atomic (bin 2i in the low half, 2i + 1 in the high half of the row's
     // int pair; neither count carries into the other). Scores crowd into a few dozen bins (the key's top 12 bits
-    // are the exponent and 3 mantissa bits), so every CTA adds into the same few words at about the same time,
-    // and the L2 serves atomics on one address one by one.
+    // are the sign, the exponent and 3 mantissa bits), so every CTA adds into the same few words at about the same
+    // time, and the grid completes (releasing the select) only when the L2 has served them all: half as many
+    // atomics there (NOTES.md "Where an indexer call's time goes at one row").
     using u64 = unsigned long long;
     u64* gh = reinterpret_cast<u64*>(p.ghist + static_cast<size_t>(b * NN + j) * kBins1);
     for (int i = tid; i < kBins1 / 2; i += kScoreThreads) {
