@@ -14,14 +14,14 @@ UCX's own sockets between nodes, and RDMA traffic (which bypasses netfilter). Th
 chosen at run time, so no rule here could name them without opening or closing far more than the
 deployment's; the ruleset leaves them to the host's policy, and says so in its text.
 
-Every value in the file is an IP address, a port number or a name of [a-z0-9-] (host, server and
-deployment names, as the schema validates them), so no value can end a rule or a comment early.
+Every value reaches the file through pdserve.render.emit.nft: addresses as canonical IP literals (the schema
+refuses zone IDs, mapped and link-local addresses: pdserve.schema.addresses), ports as numbers, names as
+identifiers, and comments with any line break shown escaped, so no value can end a rule or a comment early.
 """
 
 from __future__ import annotations
 
-import ipaddress
-
+from pdserve.render.emit import nft
 from pdserve.schema.config import Deployment
 from pdserve.schema.listeners import Listener, listeners_on
 from pdserve.schema.topology import host_address
@@ -31,7 +31,7 @@ FIREWALL_SUFFIX = "-firewall.nft"
 
 def table_name(dep: Deployment) -> str:
     # Deployment names are [a-z0-9-] (schema.fields.UNIT_NAME): '-' -> '_' keeps them distinct and nft-safe.
-    return f"pdserve_{dep.name.replace('-', '_')}"
+    return nft.identifier(f"pdserve_{dep.name.replace('-', '_')}")
 
 
 def firewall_filename(dep: Deployment) -> str:
@@ -45,16 +45,16 @@ def _sources(dep: Deployment, hosts: tuple[str, ...]) -> dict[str, list[str]]:
         address = host_address(dep, host)
         if address is None:
             continue
-        family = "ip6" if ipaddress.ip_address(address).version == 6 else "ip"
-        found.setdefault(f"{family} saddr", []).append(address)
+        found.setdefault(f"{nft.family(address)} saddr", []).append(nft.address(address))
     return found
 
 
 def _allow_lines(dep: Deployment, listener: Listener) -> list[str]:
     who = ", ".join(listener.reached_from) if listener.reached_from else "no other host"
-    lines = [f"\t\t# {listener.purpose} ({listener.field}, port {listener.ports}): from {who}"]
+    ports = nft.port_range(listener.first, listener.last)
+    lines = [nft.comment(f"{listener.purpose} ({listener.field}, port {ports}): from {who}", "\t\t")]
     for match, addresses in _sources(dep, listener.reached_from).items():
-        lines.append(f"\t\ttcp dport {listener.ports} {match} {{ {', '.join(addresses)} }} accept")
+        lines.append(f"\t\ttcp dport {ports} {match} {nft.anonymous_set(addresses)} accept")
     return lines
 
 
@@ -64,7 +64,7 @@ def render_firewall(dep: Deployment, host: str) -> str:
     guarded = [item for item in listeners_on(dep, host) if item.worker_port]
     lines = [
         "#!/usr/sbin/nft -f",
-        f"# Rendered by pdserve from deployment {dep.name!r} for host {host} ({host_address(dep, host)}).",
+        nft.comment(f"Rendered by pdserve from deployment {dep.name!r} for host {host} ({host_address(dep, host)})."),
         "# Do not edit: change the deployment and render again. Load with `nft -f FILE` (it replaces the table).",
         "# Each worker port of this host is open only to the hosts that use it; new connections to it from",
         "# anywhere else are dropped. Other ports are not this table's: SGLang's KV side channel (random ports",
@@ -78,15 +78,15 @@ def render_firewall(dep: Deployment, host: str) -> str:
         "\tchain input {",
         # Before the distribution's usual filter chains (priority 0), so their accepts cannot pre-empt the drop.
         "\t\ttype filter hook input priority filter - 10; policy accept;",
-        "\t\tiif \"lo\" accept",
+        f"\t\tiif {nft.string('lo')} accept",
         "\t\tct state established,related accept",
     ]
     for listener in guarded:
         lines += _allow_lines(dep, listener)
     if guarded:
-        ports = ", ".join(item.ports for item in guarded)
+        ports = nft.anonymous_set(nft.port_range(item.first, item.last) for item in guarded)
         lines += ["\t\t# Everything else that reaches these ports: dropped.",
-                  f"\t\ttcp dport {{ {ports} }} counter drop"]
+                  f"\t\ttcp dport {ports} counter drop"]
     else:
         lines.append("\t\t# This host runs no worker of the deployment: nothing to guard.")
     lines += ["\t}", "}"]

@@ -1,15 +1,15 @@
 """`pdserve plan`: the topology, exact commands, environment and units, in three views of one content.
 
 - `plan_data`: the content as plain data (`plan --json`);
-- `plain_text`: copyable shell for a pipe or a file: each command quoted with shlex (the shell gives
-  back exactly the argv), the environment as KEY=value lines, the unit files as here-documents, and
-  everything else as `#` comments; no box drawing, no line folded mid-token;
+- `plain_text`: copyable shell for a pipe or a file, every value through pdserve.render.emit.shell: each
+  command quoted with shlex (the shell gives back exactly the argv), the environment as KEY=value lines,
+  the unit files and the firewall as here-documents whose terminator no line of theirs equals, and
+  everything else as `#` comments that no value can end; no box drawing, no line folded mid-token;
 - `print_rich`: tables and panels for a terminal.
 """
 
 from __future__ import annotations
 
-import shlex
 from typing import Any
 
 from rich.console import Console, Group
@@ -19,6 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from pdserve.render.argv import Launch, host_launches, launches
+from pdserve.render.emit import shell
 from pdserve.render.toolchain import Toolchain
 from pdserve.render.units import Unit
 from pdserve.schema.boot import wanted_at_boot
@@ -26,8 +27,7 @@ from pdserve.schema.config import Deployment, Role
 from pdserve.schema.topology import server_named
 
 SCHEMA_VERSION = 1
-# Ends each unit's here-document. No unit line can equal it: every line is a [section], a Key=value
-# directive, a # comment or empty (render_ini).
+# Ends each here-document (shell.heredoc adds _1, _2, ... should a line of the body equal it).
 HEREDOC_END = "PDSERVE_UNIT_END"
 
 
@@ -119,7 +119,7 @@ def shell_command(argv: tuple[str, ...] | list[str]) -> str:
     parts: list[str] = []
     in_program = False
     for arg in argv:
-        quoted = shlex.quote(arg)
+        quoted = shell.word(arg)
         if in_program and arg.startswith("--") and arg != "--":
             parts.append(" \\\n    " + quoted)
         else:
@@ -130,35 +130,35 @@ def shell_command(argv: tuple[str, ...] | list[str]) -> str:
 
 def environment_lines(env: dict[str, str]) -> list[str]:
     """KEY=value, the value quoted for the shell (names are validated: letters, digits and _)."""
-    return [f"{key}={shlex.quote(value)}" for key, value in env.items()]
+    return [shell.assignment(key, value) for key, value in env.items()]
 
 
 def plain_text(data: dict[str, Any]) -> str:
     """The plan as shell a person can copy from: commands and KEY=value lines run as shown, the rest
     is comments. Not meant to be piped into sh: each command runs a server in the foreground."""
+    c = shell.comment
     where = f", host {data['host']}" if data.get("host") else ""
-    lines = [f"# pdserve plan of deployment {data['deployment']}{where} ({data['model']}), from {data['source']}",
-             "# Each command runs one server in the foreground: copy what you need; this is no script to run whole."]
+    lines = [c(f"pdserve plan of deployment {data['deployment']}{where} ({data['model']}), from {data['source']}"),
+             c("Each command runs one server in the foreground: copy what you need; this is no script to run whole.")]
     rows = [_COLUMNS, *_topology_rows(data)]
     widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
-    lines += ["#", *("# " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+    lines += ["#", *(c("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
                      for row in rows)]
-    lines += [f"# note: {note}" for note in data["notes"]]
+    lines += [c(f"note: {note}") for note in data["notes"]]
     for role, item in data["roles"].items():
-        lines += ["", f"# --- {role}: {item['unit']} ---"]
-        lines += ["# environment (the unit's Environment=)", *environment_lines(item["env"])] if item["env"] else \
-            ["# environment: none beyond the unit's"]
+        lines += ["", c(f"--- {role}: {item['unit']} ---")]
+        lines += [c("environment (the unit's Environment=)"), *environment_lines(item["env"])] if item["env"] else \
+            [c("environment: none beyond the unit's")]
         for name, path in item["credentials"].items():
-            lines.append(f"# credential {name} <- {path} (LoadCredential=; read from $CREDENTIALS_DIRECTORY/{name})")
-        lines += ["# command", shell_command(item["argv"])]
+            lines.append(c(f"credential {name} <- {path} (LoadCredential=; read from $CREDENTIALS_DIRECTORY/{name})"))
+        lines += [c("command"), shell_command(item["argv"])]
     for filename, text in data["units"].items():
-        lines += ["", f"# --- unit file {filename} ---", f"cat > {shlex.quote(filename)} <<'{HEREDOC_END}'",
-                  text.rstrip("\n"), HEREDOC_END]
+        lines += ["", c(f"--- unit file {filename} ---"),
+                  *shell.heredoc(f"cat > {shell.word(filename)}", text, HEREDOC_END)]
     if data.get("firewall"):
-        # No ruleset line equals HEREDOC_END: each is a comment, a rule, a brace or empty (render.firewall).
         name = f"pdserve-{data['deployment']}-firewall.nft"
-        lines += ["", f"# --- firewall {name} (nftables: load with nft -f) ---",
-                  f"cat > {shlex.quote(name)} <<'{HEREDOC_END}'", data["firewall"].rstrip("\n"), HEREDOC_END]
+        lines += ["", c(f"--- firewall {name} (nftables: load with nft -f) ---"),
+                  *shell.heredoc(f"cat > {shell.word(name)}", data["firewall"], HEREDOC_END)]
     return "\n".join(lines) + "\n"
 
 

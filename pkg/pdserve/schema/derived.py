@@ -6,6 +6,7 @@ rules all name the same units and reach the same URLs.
 
 from __future__ import annotations
 
+from pdserve.schema.addresses import Kind, parse_ip
 from pdserve.schema.config import Deployment, Role
 
 # The router starts once both workers answer, so it needs minutes at most, not a model load.
@@ -16,13 +17,20 @@ def unit_name(dep: Deployment, role: Role) -> str:
     return f"sglang-{dep.name}" if role == "fallback" else f"sglang-{dep.name}-{role}"
 
 
+def connect_address(host: str) -> str:
+    """The address (or name) a client on this host uses to reach a listener bound to `host`: a wildcard's
+    loopback of the same family, else `host` itself."""
+    literal = parse_ip(host)
+    if host == "" or (literal is not None and literal.kind is Kind.WILDCARD):
+        # A mapped wildcard (refused by the schema) would listen on IPv4: its meaning decides the family.
+        return "::1" if literal is not None and literal.meaning.version == 6 else "127.0.0.1"
+    return host
+
+
 def connect_host(host: str) -> str:
-    """Address a client on this host uses to reach a listener bound to `host`."""
-    if host in {"0.0.0.0", ""}:
-        return "127.0.0.1"
-    if host == "::":
-        return "[::1]"
-    return f"[{host}]" if ":" in host else host
+    """connect_address as the host part of a URL: an IPv6 address in brackets."""
+    address = connect_address(host)
+    return f"[{address}]" if ":" in address else address
 
 
 def url_of(host: str, port: int) -> str:

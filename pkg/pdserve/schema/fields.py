@@ -7,7 +7,6 @@ unit is rendered.
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from collections.abc import Callable
 from pathlib import PurePosixPath
@@ -17,6 +16,7 @@ from pydantic import AfterValidator, Field
 from pydantic_core import PydanticCustomError
 
 from pdserve.schema import systemd_syntax
+from pdserve.schema.addresses import listen_host_problem
 from pdserve.schema.extra_args import (
     ROUTER_EXACT_FLAGS,
     ROUTER_SECRET_FLAGS,
@@ -78,19 +78,14 @@ def _file_path(value: str) -> str:
 
 
 def _host(value: str) -> str:
-    """A listen address: an IP address or a DNS name. It also goes into URLs (--prefill http://HOST:PORT)."""
-    try:
-        ipaddress.ip_address(value)
-        return value
-    except ValueError:
-        pass
-    labels = value.split(".")
-    if len(value) <= 253 and all(_HOST_LABEL.fullmatch(label) for label in labels):
-        return value
-    raise invalid("is neither an IP address nor a host name", "use an address such as 127.0.0.1, 0.0.0.0 or ::1")
+    """A listen address: an IP address or a DNS name (pdserve.schema.addresses.listen_host_problem). It also
+    goes into URLs (--prefill http://HOST:PORT) and Prometheus targets (HOST:PORT)."""
+    problem = listen_host_problem(value)
+    if problem:
+        raise invalid(*problem)
+    return value
 
 
-_HOST_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 ExecutablePath = Annotated[str, AfterValidator(_executable)]
 FilePath = Annotated[str, AfterValidator(_file_path)]
 UserName = Annotated[str, AfterValidator(_user_name)]

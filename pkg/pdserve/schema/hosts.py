@@ -8,11 +8,11 @@ host's units. The rules that relate placements to hosts live in pdserve.schema.r
 
 from __future__ import annotations
 
-import ipaddress
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from pdserve.schema.addresses import cluster_address_problem
 from pdserve.schema.fields import IB_DEVICE, MAX_LIST_ITEMS, UNIT_NAME, Count, Index, invalid
 
 
@@ -30,23 +30,11 @@ HostName = Annotated[str, AfterValidator(_host_name)]
 
 
 def _cluster_address(value: str) -> str:
-    """An IP address other hosts reach: the firewall rules match it, --dist-init-addr and the router's
-    worker URLs carry it, so a name (resolved differently per host, or not at all at boot) is refused."""
-    try:
-        address = ipaddress.ip_address(value)
-    except ValueError:
-        raise invalid(
-            "is not an IP address",
-            "write the IP address the other hosts reach this host at, e.g. 10.0.0.1 (the firewall rules and "
-            "--dist-init-addr need an address, not a name)",
-        ) from None
-    if address.is_loopback or address.is_unspecified or address.is_multicast:
-        kind = "a loopback" if address.is_loopback else ("a wildcard" if address.is_unspecified else "a multicast")
-        raise invalid(
-            f"is {kind} address; the servers placed on this host listen on it, and the other hosts must reach them there",
-            "write this host's own address on the cluster network, e.g. 10.0.0.1",
-        )
-    return str(address)
+    """An IP address other hosts reach (pdserve.schema.addresses.cluster_address_problem)."""
+    problem = cluster_address_problem(value)
+    if problem:
+        raise invalid(*problem)
+    return value
 
 
 ClusterAddress = Annotated[str, AfterValidator(_cluster_address)]
@@ -62,15 +50,30 @@ def _ib_device(value: str) -> str:
 IbDevice = Annotated[str, AfterValidator(_ib_device)]
 
 
+# A host whose address is absent: what the model holds while the rules run on a file whose address was
+# refused or left out (pdserve.schema.loading replaces a bad value by its default). The other rules then
+# skip the host's address (topology.host_address gives None) instead of the whole file failing, so the
+# file's other problems are reported with it; rules_hosts.addresses_given refuses a file that leaves it out.
+ADDRESS_UNSET = ""
+
+
+def _address_required(schema: dict[str, Any]) -> None:
+    # The default exists only for the rules' pass above: the file must write the address.
+    schema.setdefault("required", []).insert(0, "address")
+    schema["properties"]["address"].pop("default", None)
+
+
 class HostSpec(BaseModel):
     """One machine. Servers placed on it listen on its cluster address; the router, the peer role's KV
     transfer and the other nodes of a multi-node server reach them there."""
 
     # As every section of the deployment (pdserve.schema.config._Section): no coercion, no unknown keys.
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, json_schema_extra=_address_required)
 
     address: ClusterAddress = Field(
-        description="Cluster address: the IP address the other hosts of the deployment reach this one at")
+        ADDRESS_UNSET, description="Cluster address: the IP address the other hosts of the deployment reach this one "
+        "at; a routable unicast address (IPv4, or IPv6 in canonical form), not loopback, wildcard, broadcast, "
+        "multicast, link-local or IPv4-mapped, without a zone ID (%...)")
     gpus: Count | None = Field(
         None, description="How many GPUs the host has (indices 0..gpus-1); placements are checked against it")
     numa_nodes: list[list[Index]] | None = Field(

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Callable, Iterator, Sequence
 
+from pdserve.schema.addresses import is_loopback  # noqa: F401 - verify.expect reads it from here
 from pdserve.schema.config import WORKER_ROLES, Deployment, ServerSpec, WorkerSpec
 from pdserve.schema.derived import router_shutdown_grace
 from pdserve.schema.extra_args import ROUTER_EXACT_FLAGS, SERVER_EXACT_FLAGS, long_flag, read_as
@@ -67,15 +67,6 @@ RENDERED_ROUTER_FLAGS = {
     "--reasoning-parser": "model.reasoning_parser (parsers belong on the SGLang servers)",
     "--tool-call-parser": "model.tool_call_parser (parsers belong on the SGLang servers)",
 }
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _servers(dep: Deployment) -> Iterator[tuple[str, ServerSpec, int]]:

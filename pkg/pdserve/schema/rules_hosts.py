@@ -7,10 +7,11 @@ shapes of a deployment are told apart in one place. Per-host ports and GPUs: pds
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Iterator
 
+from pdserve.schema.addresses import is_loopback, is_wildcard
 from pdserve.schema.config import WORKER_ROLES, Deployment, WorkerSpec
+from pdserve.schema.hosts import ADDRESS_UNSET
 from pdserve.schema.problems import Problem, Severity
 from pdserve.schema.topology import DIST_INIT_SPAN, Node, router_hosts, router_unit, server_unit, servers
 
@@ -92,20 +93,24 @@ def known_hosts(dep: Deployment) -> Iterator[Problem]:
     yield from _host_list_problems(dep, "router.hosts", list(dep.router.hosts), "one router per host")
 
 
+def addresses_given(dep: Deployment) -> Iterator[Problem]:
+    """Every host has its address (the model leaves it unset so that the other rules run: hosts.ADDRESS_UNSET)."""
+    for name, host in dep.hosts.items():
+        if host.address == ADDRESS_UNSET:
+            yield Problem(f"hosts.{name}.address", None, "Field required",
+                          "add the IP address the other hosts reach this host at, e.g. address = \"10.0.0.1\"")
+
+
 def distinct_addresses(dep: Deployment) -> Iterator[Problem]:
+    """Addresses are canonical (pdserve.schema.addresses), so two spellings of one address are one string."""
     seen: dict[str, str] = {}
     for name, host in dep.hosts.items():
+        if host.address == ADDRESS_UNSET:
+            continue
         if host.address in seen:
             yield Problem(f"hosts.{name}.address", host.address, f"is already hosts.{seen[host.address]}.address",
                           "give every host its own cluster address")
         seen.setdefault(host.address, name)
-
-
-def _is_wildcard(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_unspecified
-    except ValueError:
-        return False
 
 
 def listen_on_cluster_address(dep: Deployment) -> Iterator[Problem]:
@@ -116,31 +121,24 @@ def listen_on_cluster_address(dep: Deployment) -> Iterator[Problem]:
     for server in servers(dep):
         written = server.spec.host
         home = dep.hosts.get(server.hosts[0])
-        if written is None or home is None or written == home.address:
+        if written is None or home is None or home.address == ADDRESS_UNSET or written == home.address:
             continue
         fix = f"remove {server.field}.host: it listens on hosts.{server.hosts[0]}.address ({home.address})"
         if written in dep.hosts:
             why = "is a host's name; host is the listen address, and hosts places the server"
-        elif written == "localhost" or _loopback(written):
+        elif is_loopback(written):
             why = "is loopback: the router and the peers on the other hosts cannot reach it there"
-        elif _is_wildcard(written):
+        elif is_wildcard(written):
             why = "listens on every interface; a worker answers without the router's API key, so it binds only " \
                   "the cluster address"
         else:
             why = f"is not the cluster address of its host {server.hosts[0]} ({home.address})"
         yield Problem(f"{server.field}.host", written, why, fix)
     router = dep.router.host
-    if len(router_hosts(dep)) > 1 and not (_is_wildcard(router) or _loopback(router) or router == "localhost"):
+    if len(router_hosts(dep)) > 1 and not (is_wildcard(router) or is_loopback(router)):
         yield Problem("router.host", router, f"is one address, but routers run on {len(router_hosts(dep))} hosts "
                       f"({', '.join(router_hosts(dep))}); each binds router.host on its own host",
                       "use 0.0.0.0 (or ::) so each router listens on its own host, or place the router on one host")
-
-
-def _loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def multi_node_fields(dep: Deployment) -> Iterator[Problem]:
@@ -189,10 +187,10 @@ def hosts_in_use(dep: Deployment) -> Iterator[Problem]:
     used = {h for s in servers(dep) for h in s.hosts} | set(dep.router.hosts)
     for name in dep.hosts:
         if name not in used:
-            yield Problem(f"hosts.{name}", dep.hosts[name].address, "runs nothing: no server and no router names it",
+            yield Problem(f"hosts.{name}", dep.hosts[name].address or None, "runs nothing: no server and no router names it",
                           f"place a server or the router on it (hosts = [\"{name}\"]), or remove [hosts.{name}]",
                           Severity.WARNING)
 
 
-RULES = (one_host_shape, multi_host_shape, known_hosts, distinct_addresses, listen_on_cluster_address,
+RULES = (one_host_shape, multi_host_shape, known_hosts, addresses_given, distinct_addresses, listen_on_cluster_address,
          multi_node_fields, unique_units, hosts_in_use)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from pdserve.schema.config import WORKER_ROLES, Deployment, PlacedWorkerSpec, Role, ServerSpec, WorkerSpec
 from pdserve.schema.derived import url_of
+from pdserve.schema.hosts import ADDRESS_UNSET
 
 # The host of a single-host file: it has no name, it is wherever the units are rendered.
 IMPLIED_HOST = ""
@@ -55,8 +56,10 @@ def _single(dep: Deployment, role: Role, spec: WorkerSpec) -> Server:
 
 
 def host_address(dep: Deployment, host: str) -> str | None:
+    """The cluster address of `host`; None for an unknown host, or one whose address was refused (the
+    rules then skip it: pdserve.schema.hosts.ADDRESS_UNSET)."""
     spec = dep.hosts.get(host)
-    return spec.address if spec else None
+    return spec.address if spec and spec.address != ADDRESS_UNSET else None
 
 
 def _placed(dep: Deployment, role: Role, index: int, spec: PlacedWorkerSpec) -> Server:

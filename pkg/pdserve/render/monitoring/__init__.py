@@ -2,13 +2,12 @@
 
 Pure functions of the deployment (its ports, name, boot layout and `monitoring` thresholds).
 `monitoring_files` is what `pdserve render` writes under DIR/monitoring/ when monitoring.enable is set.
-Prometheus reads YAML, and JSON is YAML: the .yml files are JSON, so they need no YAML writer.
+Prometheus reads YAML, and JSON is YAML: the .yml files are JSON, written by pdserve.render.emit.prometheus.
 """
 
 from __future__ import annotations
 
-import json
-
+from pdserve.render.emit.prometheus import document
 from pdserve.render.monitoring.alerts import rule_groups
 from pdserve.render.monitoring.dashboard import dashboard
 from pdserve.render.monitoring.scrape import prometheus_config, scrape_configs
@@ -21,17 +20,12 @@ ALERTS_FILE = "alerts.yml"
 DASHBOARD_FILE = "dashboard.json"
 
 
-def _text(data: object, comment: str | None = None) -> str:
-    head = f"# {comment}\n" if comment else ""
-    return head + json.dumps(data, indent=2) + "\n"
-
-
 def monitoring_files(dep: Deployment) -> dict[str, str]:
     """File name (under monitoring/) -> content."""
     made = f"Rendered by pdserve from deployment {dep.name!r}; JSON, which Prometheus reads as YAML."
     return {
-        SCRAPE_FILE: _text(scrape_configs(dep), made),
-        PROMETHEUS_FILE: _text(prometheus_config(dep, [ALERTS_FILE]), made),
-        ALERTS_FILE: _text(rule_groups(dep), made),
-        DASHBOARD_FILE: _text(dashboard(dep)),
+        SCRAPE_FILE: document(scrape_configs(dep), made),
+        PROMETHEUS_FILE: document(prometheus_config(dep, [ALERTS_FILE]), made),
+        ALERTS_FILE: document(rule_groups(dep), made),
+        DASHBOARD_FILE: document(dashboard(dep)),
     }

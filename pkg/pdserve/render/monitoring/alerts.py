@@ -1,6 +1,7 @@
 """Prometheus alert rules for one deployment, from its own thresholds (deployment.monitoring).
 
-Every expression selects `deployment="<name>"`, the label the scrape configuration puts on each target,
+Every expression selects `deployment="<name>"` (pdserve.render.emit.prometheus.matcher), the label the scrape
+configuration puts on each target,
 so several deployments can share one Prometheus. Annotations use only `$labels`, never `$value`: what a
 rule says is fixed by the deployment, and the rule tests compare it exactly.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from pdserve.render.emit import prometheus
 from pdserve.render.monitoring import metrics as m
 from pdserve.schema.config import WORKER_ROLES, Deployment
 
@@ -33,16 +35,18 @@ class Alert:
 
 
 def alerts(dep: Deployment) -> list[Alert]:
-    d = f'deployment="{dep.name}"'
+    d = prometheus.matcher("deployment", dep.name)
+    # Annotations are Go templates: the name goes in as text, never as template code.
+    name = prometheus.template_text(dep.name)
     mon = dep.monitoring
     workers = len(WORKER_ROLES)  # one prefill and one decode: what pdserve configures the router with
-    unit = f"sglang-{dep.name}-{{{{ $labels.role }}}}"
+    unit = f"sglang-{name}-{{{{ $labels.role }}}}"
     found = [
         Alert(
             "PdserveTargetDown",
             f'up{{{d},role=~"prefill|decode|router"}} == 0 unless on(deployment) (up{{{d},role="fallback"}} == 1)',
             "1m", "critical",
-            f"{dep.name}: the {{{{ $labels.role }}}} does not answer /metrics",
+            f"{name}: the {{{{ $labels.role }}}} does not answer /metrics",
             f"Prometheus cannot scrape {{{{ $labels.instance }}}} ({unit}) and the fallback does not serve "
             f"instead. Look at `systemctl status {unit}` and `journalctl -u {unit}`."),
         Alert(
@@ -50,10 +54,10 @@ def alerts(dep: Deployment) -> list[Alert]:
             f"(sum by (deployment) ({m.ROUTER_WORKER_HEALTH}{{{d}}}) or on() vector(0)) < {workers} "
             f'and on() (up{{{d},role="router"}} == 1)',
             "1m", "critical",
-            f"{dep.name}: the router counts fewer than {workers} healthy workers",
+            f"{name}: the router counts fewer than {workers} healthy workers",
             f"sglang-router reports fewer healthy workers ({m.ROUTER_WORKER_HEALTH}) than the {workers} it was "
             f"started with (prefill and decode); requests fail or wait. Run `pdserve verify` and read "
-            f"`journalctl -u sglang-{dep.name}-prefill -u sglang-{dep.name}-decode`."),
+            f"`journalctl -u sglang-{name}-prefill -u sglang-{name}-decode`."),
         Alert(
             "PdserveKVTransferFailures",
             # increase() needs two samples of a series, and SGLang's counter has no series before its first
@@ -61,7 +65,7 @@ def alerts(dep: Deployment) -> list[Alert]:
             f"sum by (deployment, role) (increase({m.TRANSFER_FAILED}{{{d}}}[5m])) > 0 "
             f"or sum by (deployment, role) ({m.TRANSFER_FAILED}{{{d}}} unless {m.TRANSFER_FAILED}{{{d}}} offset 5m)",
             "0m", "warning",
-            f"{dep.name}: KV transfers fail on the {{{{ $labels.role }}}}",
+            f"{name}: KV transfers fail on the {{{{ $labels.role }}}}",
             f"{m.TRANSFER_FAILED} rose in the last 5 minutes: KV caches did not reach the decode and those "
             f"requests failed. Check the transfer backend ({dep.transfer.backend}) and the prefill's bootstrap "
             f"port {dep.transfer.bootstrap_port} in `journalctl -u {unit}`."),
@@ -69,7 +73,7 @@ def alerts(dep: Deployment) -> list[Alert]:
             "PdserveKVCacheFull",
             f"max by (deployment, role) ({m.TOKEN_USAGE}{{{d}}}) > {mon.kv_usage_threshold:g}",
             "5m", "warning",
-            f"{dep.name}: the {{{{ $labels.role }}}}'s KV cache is over {mon.kv_usage_threshold:.0%} full",
+            f"{name}: the {{{{ $labels.role }}}}'s KV cache is over {mon.kv_usage_threshold:.0%} full",
             f"{m.TOKEN_USAGE} stayed above monitoring.kv_usage_threshold ({mon.kv_usage_threshold:g}) for "
             f"5 minutes: new requests queue or are retracted. Lower max_running_requests or give the role "
             f"more memory (mem_fraction_static)."),
@@ -78,7 +82,7 @@ def alerts(dep: Deployment) -> list[Alert]:
             f"sum by (deployment, role) ({m.QUEUED}{{{d}}}) > {mon.queue_max_requests} "
             f"and sum by (deployment, role) (deriv({m.QUEUED}{{{d}}}[10m])) > 0",
             "5m", "warning",
-            f"{dep.name}: requests pile up in the {{{{ $labels.role }}}}'s queue",
+            f"{name}: requests pile up in the {{{{ $labels.role }}}}'s queue",
             f"More than monitoring.queue_max_requests ({mon.queue_max_requests}) requests wait "
             f"({m.QUEUED}) and the queue kept growing over 10 minutes: the {{{{ $labels.role }}}} cannot keep "
             f"up with the load."),
@@ -87,7 +91,7 @@ def alerts(dep: Deployment) -> list[Alert]:
             f"histogram_quantile(0.99, sum by (deployment, role, le) (rate({m.TTFT}_bucket{{{d}}}[5m]))) "
             f"> {mon.ttft_p99_seconds:g}",
             "10m", "warning",
-            f"{dep.name}: p99 time to first token on the {{{{ $labels.role }}}} is over "
+            f"{name}: p99 time to first token on the {{{{ $labels.role }}}} is over "
             f"{mon.ttft_p99_seconds:g} s",
             f"The 99th percentile of {m.TTFT} stayed above monitoring.ttft_p99_seconds "
             f"({mon.ttft_p99_seconds:g} s) for 10 minutes."),
@@ -97,7 +101,7 @@ def alerts(dep: Deployment) -> list[Alert]:
             # alone); startup_time_seconds is set once per start from measured durations, so it changes.
             f'changes({m.STARTUP_TIME}{{{d},phase="{m.STARTUP_PHASE}"}}[30m]) > 0',
             "0m", "warning",
-            f"{dep.name}: the {{{{ $labels.role }}}} restarted",
+            f"{name}: the {{{{ $labels.role }}}} restarted",
             f"{m.STARTUP_TIME}{{phase=\"{m.STARTUP_PHASE}\"}} changed within 30 minutes: SGLang started again "
             f"(a crash and systemd's Restart=, or a restart by hand). Read `journalctl -u {unit}`."),
         Alert(
@@ -106,18 +110,18 @@ def alerts(dep: Deployment) -> list[Alert]:
             # --health-check-interval-secs and starts again from zero when the process does.
             f'resets({m.ROUTER_HEALTH_CHECKS}{{{d},role="router",result="success"}}[30m]) > 0',
             "0m", "warning",
-            f"{dep.name}: the router restarted",
+            f"{name}: the router restarted",
             f"{m.ROUTER_HEALTH_CHECKS} went back to zero within 30 minutes: sglang-router started again. "
-            f"Read `journalctl -u sglang-{dep.name}-router`."),
+            f"Read `journalctl -u sglang-{name}-router`."),
     ]
     if dep.boot_layout == "single":
         found.insert(1, Alert(
             "PdserveFallbackDown",
             f'up{{{d},role="fallback"}} == 0 unless on(deployment) (up{{{d},role="router"}} == 1)',
             "1m", "critical",
-            f"{dep.name}: the fallback server does not answer /metrics",
-            f"Prometheus cannot scrape {{{{ $labels.instance }}}} (sglang-{dep.name}) and the PD router does "
-            f"not serve instead. Look at `systemctl status sglang-{dep.name}`."))
+            f"{name}: the fallback server does not answer /metrics",
+            f"Prometheus cannot scrape {{{{ $labels.instance }}}} (sglang-{name}) and the PD router does "
+            f"not serve instead. Look at `systemctl status sglang-{name}`."))
     return found
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from pdserve.render.emit import prometheus
 from pdserve.render.monitoring import metrics as m
 from pdserve.schema.config import Deployment
 
@@ -33,7 +34,7 @@ class Panel:
 
 
 def panels(dep: Deployment) -> list[Panel]:
-    d = f'deployment="{dep.name}"'
+    d = prometheus.matcher("deployment", dep.name)
 
     def quantiles(metric: str, by: str = "role") -> tuple[Query, ...]:
         """p50 and p99 of a histogram, per `by` label (the router has one series, so by nothing)."""

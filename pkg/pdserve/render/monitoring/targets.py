@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pdserve.render.emit import prometheus
 from pdserve.schema.config import Deployment, Role
-from pdserve.schema.derived import connect_host
+from pdserve.schema.derived import connect_address
 
 SCRAPED_ROLES: tuple[Role, ...] = ("prefill", "decode", "router", "fallback")
 
@@ -14,10 +15,10 @@ SCRAPED_ROLES: tuple[Role, ...] = ("prefill", "decode", "router", "fallback")
 class Target:
     role: Role
     job: str
-    address: str  # host:port as a scraper on this host reaches it
+    address: str  # host:port as a scraper on this host reaches it (pdserve.render.emit.prometheus.target)
 
     def labels(self, dep: Deployment) -> dict[str, str]:
-        return {"deployment": dep.name, "role": self.role}
+        return prometheus.labels({"deployment": dep.name, "role": self.role})
 
 
 def job_name(dep: Deployment, role: Role) -> str:
@@ -33,5 +34,5 @@ def targets(dep: Deployment) -> list[Target]:
         "router": (dep.router.prometheus_host, dep.router.prometheus_port),
         "fallback": (dep.fallback_host, dep.fallback_port),
     }
-    return [Target(role, job_name(dep, role), f"{connect_host(where[role][0])}:{where[role][1]}")
+    return [Target(role, job_name(dep, role), prometheus.target(connect_address(where[role][0]), where[role][1]))
             for role in SCRAPED_ROLES]
