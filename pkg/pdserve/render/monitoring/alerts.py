@@ -1,9 +1,8 @@
 """Prometheus alert rules for one deployment, from its own thresholds (deployment.monitoring).
 
 Every expression selects `deployment="<name>"` (pdserve.render.emit.prometheus.matcher), the label the scrape
-configuration puts on each target,
-so several deployments can share one Prometheus. Annotations use only `$labels`, never `$value`: what a
-rule says is fixed by the deployment, and the rule tests compare it exactly.
+configuration puts on each target, so several deployments can share one Prometheus. Annotations use only
+`$labels`, never `$value`: what a rule says is fixed by the deployment, and the rule tests compare it exactly.
 """
 
 from __future__ import annotations
