@@ -18,8 +18,8 @@ and `listen_host_problem`):
   --dist-init-addr), an IPv4-mapped IPv6 address (write the IPv4 address), a non-canonical spelling,
   the broadcast address, a multicast address, a link-local address (fe80::/10 cannot be bound or
   reached without a zone ID; 169.254.0.0/16 is not routed), the deprecated site-local fec0::/10, and
-  reserved space (IPv4 0.0.0.0/8 but 0.0.0.0, 240.0.0.0/4; IPv6 ::/8 but :: and ::1: IPv4-compatible
-  and unassigned);
+  reserved space (IPv4 0.0.0.0/8 but 0.0.0.0, 240.0.0.0/4; IPv6 ::/8 but :: and ::1: IPv4-compatible,
+  the NAT64 prefix 64:ff9b::/96, which is a translator's and not a host's, and unassigned);
 - a cluster address (`hosts.<h>.address`) is, besides, an IP literal and neither loopback nor wildcard;
 - a listen address (`Host`) may be a host name: lower-case RFC 1123 labels whose last label is not
   numeric (glibc reads `010.1` or `0x7f000001` as IPv4 addresses: an address in disguise).
