@@ -102,6 +102,5 @@ def document(data: Any, comment: str | None = None) -> str:
     except ValueError as exc:
         raise EmitError(f"prometheus: {exc}") from None
     _encodable(text)
-    text = _NOT_YAML_PRINTABLE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
     head = f"# {shown(comment)}\n" if comment is not None else ""
-    return head + text + "\n"
+    return _NOT_YAML_PRINTABLE.sub(lambda m: f"\\u{ord(m.group()):04x}", head + text) + "\n"

@@ -28,7 +28,8 @@ class Alert:
         rule: dict[str, Any] = {"alert": self.name, "expr": self.expr}
         if self.for_ != "0m":
             rule["for"] = self.for_
-        rule["labels"] = {"severity": self.severity, "deployment": dep.name}
+        # Prometheus expands templates in alert labels too: the name goes in as text.
+        rule["labels"] = {"severity": self.severity, "deployment": prometheus.template_text(dep.name)}
         rule["annotations"] = {"summary": self.summary, "description": self.description}
         return rule
 
