@@ -90,7 +90,9 @@ ExecutablePath = Annotated[str, AfterValidator(_executable)]
 FilePath = Annotated[str, AfterValidator(_file_path)]
 UserName = Annotated[str, AfterValidator(_user_name)]
 UnitName = Annotated[str, AfterValidator(_unit_name)]
-Host = Annotated[str, AfterValidator(_host)]
+Host = Annotated[str, AfterValidator(_host), Field(
+    description="Listen address: an IPv4 address, an IPv6 address in canonical form (e.g. ::1, 2001:db8::1) or a "
+    "lower-case host name; no zone ID (%...), IPv4-mapped, broadcast, multicast or link-local address")]
 Fraction = Annotated[
     float,
     Field(gt=0, lt=1, description="fraction of each GPU's memory, strictly between 0 and 1"),
