@@ -44,7 +44,7 @@ class Kind(str, Enum):
     BROADCAST = "the broadcast"
     MULTICAST = "a multicast"
     LINK_LOCAL = "a link-local"
-    SITE_LOCAL = "a (deprecated) site-local"
+    SITE_LOCAL = "a site-local"
     RESERVED = "a reserved"
 
 
