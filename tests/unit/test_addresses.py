@@ -4,6 +4,7 @@ classes by the address meant (IPv4-mapped ones included); a bad address that hid
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 
@@ -194,3 +195,74 @@ def test_a_missing_address_is_required():
     del data["hosts"]["gpu-a"]["address"]
     problem = refusal(data, "hosts.gpu-a.address")
     assert problem.message == "Field required" and "10.0.0.1" in problem.fix
+
+
+# ---- the rules the NixOS module mirrors, written as it can write them (POSIX regexes over the string, and
+# RFC 5952's compression), held against pdserve's own on a corpus of every class
+
+OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+IPV4 = rf"{OCTET}(\.{OCTET}){{3}}"
+# IPv4 that no field may hold: 0.0.0.0/8 (but 0.0.0.0 for a listener), 169.254/16, 224.0.0.0 and above.
+IPV4_UNUSABLE = r"(0\..*|169\.254\..*|(22[4-9]|2[3-5][0-9])\..*)"
+IPV4_LOOPBACK = r"127\..*"
+# Canonical IPv6 (no zone, lower case) that no field may hold: ::/8 (but :: and ::1 for a listener: wildcard,
+# loopback; it holds the mapped ::ffff:0:0/96 too), fe80::/10, fec0::/10 (so fe80-feff) and ff00::/8.
+IPV6_UNUSABLE = r"(::.*|[0-9a-f]{1,2}:.*|fe[89a-f][0-9a-f]:.*|ff[0-9a-f]{2}:.*)"
+HOST_NAME = r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*"
+NUMERIC_LAST_LABEL = r"(.*\.)?([0-9]+|0x[0-9a-f]*)"
+
+
+def _rfc5952(value: str) -> bool:
+    """Whether `value` is an IPv6 address in RFC 5952's form, as Python's ipaddress writes it: lower-case
+    groups without leading zeros, the first longest run of two or more zero groups written as ::."""
+    if not re.fullmatch(r"[0-9a-f:]+", value) or value.count("::") > 1:
+        return False
+    head, sep, tail = value.partition("::")
+    left = head.split(":") if head else []
+    right = tail.split(":") if tail else []
+    if not all(re.fullmatch(r"0|[1-9a-f][0-9a-f]{0,3}", g) for g in left + right):
+        return False
+    missing = 8 - len(left) - len(right)
+    if (sep and missing < 2) or (not sep and missing != 0):
+        return False
+    groups = left + ["0"] * missing + right
+    runs = [(i, j) for i in range(8) for j in range(i + 2, 9) if all(g == "0" for g in groups[i:j])]
+    best = max((j - i for i, j in runs), default=0)
+    first = next(((i, j) for i, j in runs if j - i == best), None)
+    if first is None:
+        return not sep
+    return sep != "" and len(left) == first[0] and len(right) == 8 - first[1]
+
+
+def mirror_cluster_ok(value: str) -> bool:
+    if re.fullmatch(IPV4, value):
+        return not re.fullmatch(IPV4_UNUSABLE, value) and not re.fullmatch(IPV4_LOOPBACK, value)
+    return _rfc5952(value) and not re.fullmatch(IPV6_UNUSABLE, value)
+
+
+def mirror_listen_ok(value: str) -> bool:
+    if value in ("0.0.0.0", "::", "::1") or (re.fullmatch(IPV4, value) and re.fullmatch(IPV4_LOOPBACK, value)):
+        return True
+    if re.fullmatch(IPV4, value) or ":" in value:
+        return mirror_cluster_ok(value)
+    return (len(value) <= 253 and bool(re.fullmatch(HOST_NAME, value))
+            and not re.fullmatch(NUMERIC_LAST_LABEL, value))
+
+
+MIRROR_CORPUS = sorted({c[0] for c in CLUSTER_REFUSALS} | {c[1] for c in LISTEN_REFUSALS} | {
+    "10.0.0.1", "192.168.1.20", "100.64.0.1", "8.8.8.8", "1.0.0.1", "223.255.255.254", "126.0.0.1", "128.0.0.1",
+    "169.253.0.1", "169.255.0.1", "2001:db8::1", "fd00::2", "fc00::1", "2a00:1450:4001:80e::200e", "3fff::1",
+    "100::1", "1ff::1", "fe7f::1", "fe80::", "fec0::", "feff::1", "ff00::1", "fe::1", "ff::1", "64:ff9b::1",
+    "2001:db8::1:0:0:1", "2001:db8:0:0:1::1", "2001:0:0:1::1", "2001:db8::", "2001:db8:0:1:1:1:1:1",
+    "2001:db8::1:1:1:1:1", "1:2:3:4:5:6:7:8", "1:2:3:4:5:6:7::", "::2:3:4:5:6:7:8", "0:0:1::", "::ffff:1.2.3.4",
+    "127.0.0.1", "127.255.255.254", "::1", "::", "0.0.0.0", "localhost", "gpu-a", "a.b-c.d", "x.1a", "1x.y",
+    "127.0.0.1.nip.io", "a" * 63 + ".b", "a" * 64 + ".b", ("a" * 63 + ".") * 4 + "b", "-a", "a-", "a..b",
+})
+
+
+@pytest.mark.parametrize("value", MIRROR_CORPUS)
+def test_the_rules_the_nix_module_mirrors_agree_with_pdserves(value):
+    from pdserve.schema.addresses import listen_host_problem
+
+    assert mirror_cluster_ok(value) is (cluster_address_problem(value) is None), value
+    assert mirror_listen_ok(value) is (listen_host_problem(value) is None), value
