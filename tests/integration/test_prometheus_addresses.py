@@ -9,7 +9,6 @@ Needs promtool (Debian's `prometheus` package); CI installs it and sets PDSERVE_
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from pdserve.render.emit import prometheus
 from pdserve.render.monitoring import ALERTS_FILE, PROMETHEUS_FILE, SCRAPE_FILE, monitoring_files
 from pdserve.schema.loading import deployment_from_data
 from pdserve.schema.problems import ConfigError
-from tests.conftest import require_or_skip
+from tests.integration.test_prometheus_rules import promtool  # noqa: F401 - the fixture, shared
 
 pytestmark = pytest.mark.integration
 PROMTOOL_TIMEOUT = 60
@@ -33,15 +32,6 @@ CANDIDATES = [
 ]
 HOSTILE = ['quote " backslash \\', "line\nbreak", "nel\x85 sep\u2028", "{{ template }}", "}} {{", "$labels",
            "emoji \U0001f600", "del\x7f"]
-
-
-@pytest.fixture(scope="module")
-def promtool() -> str:
-    found = shutil.which("promtool")
-    require_or_skip(found is not None, "promtool not installed (apt-get install prometheus)",
-                    "PDSERVE_REQUIRE_PROMETHEUS")
-    assert found is not None
-    return found
 
 
 def _promtool(promtool: str, *argv: str, cwd: Path) -> subprocess.CompletedProcess:

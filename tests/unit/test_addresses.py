@@ -6,35 +6,19 @@ from __future__ import annotations
 
 import re
 import tomllib
-from pathlib import Path
 
 import pytest
 
-from pdserve.render.renderable import renderable_from_data
 from pdserve.schema.addresses import Kind, cluster_address_problem, is_loopback, is_wildcard, kind_of
 from pdserve.schema.derived import connect_host
 from pdserve.schema.loading import default_profile_text
-from pdserve.schema.problems import ConfigError, Problem
+from pdserve.schema.problems import Problem
 from pdserve.verify.expect import is_loopback as verify_is_loopback
-
-ROOT = Path(__file__).resolve().parents[2]
-TWO_HOST = ROOT / "hosts/two-host/deployment.toml"
-
-
-def two_host() -> dict:
-    return tomllib.loads(TWO_HOST.read_text())
+from tests.unit.test_multihost_schema import problems_of, two_host
 
 
 def one_host() -> dict:
     return tomllib.loads(default_profile_text())
-
-
-def problems_of(data: dict) -> list[Problem]:
-    try:
-        loaded = renderable_from_data(data, "test")
-    except ConfigError as exc:
-        return exc.problems
-    return loaded.warnings
 
 
 def refusal(data: dict, field: str) -> Problem:
