@@ -1,12 +1,18 @@
 """Cluster addresses the module's firewall (nixos-modules/firewall.nix, addresses.nix) must refuse or carry,
-and the rule they are judged by, written with Python's ipaddress: a cluster address is a canonical IPv4
-dotted quad or canonical lower-case IPv6 (str(ip_address(value)) == value), without a zone ID, and routable
-unicast (not unspecified, loopback, 255.255.255.255, multicast, link-local or IPv4-mapped)."""
+the rule they are judged by, written with Python's ipaddress (a cluster address is a canonical IPv4 dotted
+quad or canonical lower-case IPv6, str(ip_address(value)) == value, without a zone ID, and routable unicast:
+not unspecified, loopback, 255.255.255.255, multicast, link-local or IPv4-mapped), and what the firewall must
+do for a deployment, from pdserve's listeners: both tiers (test_firewall_nix.py without nixpkgs,
+test_eval_hosts.py with it) hold the module to these."""
 
 from __future__ import annotations
 
 import ipaddress
 import random
+from typing import Any
+
+from pdserve.schema.config import Deployment
+from pdserve.schema.listeners import listeners_on
 
 # Values that would be shell or nftables code, or a ruleset nft refuses, if pasted into a rule.
 HOSTILE = {
@@ -110,3 +116,36 @@ def _compress_somewhere(groups: list[int], rng: random.Random) -> str:
     while end + 1 < 8 and groups[end + 1] == 0 and rng.random() < 0.8:
         end += 1
     return ":".join(f"{g:x}" for g in groups[:start]) + "::" + ":".join(f"{g:x}" for g in groups[end + 1:])
+
+
+def expected_firewall(dep: Deployment, host: str) -> dict[str, Any]:
+    """What the module's firewall must do on `host` for `dep`: each worker listener opened to its peers'
+    addresses, every worker port closed to the deployment's other hosts, those hosts trusted otherwise."""
+    workers = [item for item in listeners_on(dep, host) if item.worker_port]
+    return {
+        "deployment": dep.name,
+        "opened": [{"purpose": item.purpose, "first": item.first, "last": item.last,
+                    "sources": [dep.hosts[peer].address for peer in item.reached_from]}
+                   for item in workers if item.reached_from],
+        "closed": [{"first": item.first, "last": item.last} for item in workers],
+        "peers": [spec.address for name, spec in dep.hosts.items() if name != host],
+    }
+
+
+def expected_argv(records: list[dict[str, Any]]) -> list[list[str]]:
+    """The iptables calls the module's extraCommands must make, in order, for the firewall `records`: all
+    opened ports first, then the closed ones, then the peers (one deployment's peers must not pass another's
+    worker ports); each address exactly one argument."""
+    def tool(address: str) -> str:
+        return "ip6tables" if ipaddress.ip_address(address).version == 6 else "iptables"
+
+    def ports(rule: dict[str, Any]) -> str:
+        return str(rule["first"]) if rule["first"] == rule["last"] else f"{rule['first']}:{rule['last']}"
+
+    calls = [[tool(s), "-A", "nixos-fw", "-p", "tcp", "-s", s, "--dport", ports(r), "-j", "nixos-fw-accept"]
+             for f in records for r in f["opened"] for s in r["sources"]]
+    calls += [[tool(p), "-A", "nixos-fw", "-p", "tcp", "-s", p, "-m", "multiport", "--dports",
+               ",".join(ports(r) for r in f["closed"]), "-j", "DROP"]
+              for f in records if f["closed"] for p in f["peers"]]
+    calls += [[tool(p), "-A", "nixos-fw", "-s", p, "-j", "nixos-fw-accept"] for f in records for p in f["peers"]]
+    return calls

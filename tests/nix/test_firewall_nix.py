@@ -28,8 +28,16 @@ import pytest
 from pdserve.schema.hosts import HostSpec
 from pdserve.schema.loading import deployment_from_data
 from tests.conftest import require_or_skip
-from tests.nix.firewall_cases import HOSTILE, VALID, VALID_V4, VALID_V6, spellings, verdict
-from tests.nix.test_eval_hosts import firewall as expected_firewall
+from tests.nix.firewall_cases import (
+    HOSTILE,
+    VALID,
+    VALID_V4,
+    VALID_V6,
+    expected_argv,
+    expected_firewall,
+    spellings,
+    verdict,
+)
 from tests.nix.test_nix import REPO, SCHEMA, TIMEOUT, nix_eval, nix_instantiate
 from tests.nix.test_nix_hosts import example
 
@@ -169,23 +177,6 @@ def test_a_hostile_name_or_port_is_an_assertion_and_no_rule(field: str, value: A
 
 CASES = {"two-host": example("two-host"), "four-host": example("four-host"), "mixed-families": mixed_families()}
 HOSTS = [(case, host) for case, data in CASES.items() for host in data["hosts"]]
-
-
-def expected_argv(records: list[dict[str, Any]]) -> list[list[str]]:
-    """The iptables calls the rules must make, in order, from what the firewall opens and closes."""
-    def tool(address: str) -> str:
-        return "ip6tables" if ipaddress.ip_address(address).version == 6 else "iptables"
-
-    def ports(rule: dict[str, Any]) -> str:
-        return str(rule["first"]) if rule["first"] == rule["last"] else f"{rule['first']}:{rule['last']}"
-
-    calls = [[tool(s), "-A", "nixos-fw", "-p", "tcp", "-s", s, "--dport", ports(r), "-j", "nixos-fw-accept"]
-             for f in records for r in f["opened"] for s in r["sources"]]
-    calls += [[tool(p), "-A", "nixos-fw", "-p", "tcp", "-s", p, "-m", "multiport", "--dports",
-               ",".join(ports(r) for r in f["closed"]), "-j", "DROP"]
-              for f in records if f["closed"] for p in f["peers"]]
-    calls += [[tool(p), "-A", "nixos-fw", "-s", p, "-j", "nixos-fw-accept"] for f in records for p in f["peers"]]
-    return calls
 
 
 def run_with_stubs(script: str, tmp_path: Path) -> list[list[str]]:
