@@ -56,33 +56,47 @@ let
             ''
           ];
       name =
-        field: value:
+        field: example: value:
         if matches nameRegex value then
           [ ]
         else
           [
             ''
               ${at}.${field} = ${shown value} is not a name pdserve can use: lowercase letters, digits and dashes,
-              at most 41 (it becomes part of unit names and of the firewall's comments). Write e.g. ${at}.${field} = "decode-big";
+              at most 41 (it becomes part of unit names and of the firewall's comments). Write e.g. ${at}.${field} = "${example}";
             ''
           ];
       servers = builtins.filter (s: (s.server.name or null) != null) (derived.placedServers settings);
       # A bad port type fails before the listeners are computed from it (a range adds to its first port).
       port =
         l:
+        let
+          example =
+            if builtins.match ".*bootstrap_port" l.field != null then
+              "8998"
+            else if builtins.match ".*dist_init_port" l.field != null then
+              "5000"
+            else
+              "30000";
+        in
         if isPort l.first && isPort l.last && l.first <= l.last then
           [ ]
+        else if isPort l.first then
+          [
+            ''
+              ${at}.${l.field} = ${toString l.first}: with the ports SGLang binds above it the range reaches
+              ${shown l.last}, beyond 65535. Write e.g. ${at}.${l.field} = ${toString (65535 - (l.last - l.first))};
+            ''
+          ]
         else
           [
             ''
-              ${at}.${l.field} = ${shown l.first} ${
-                if isPort l.first then "binds ports up to ${shown l.last}, beyond 65535" else "is not a port (an integer 1-65535)"
-              }. Write e.g. ${at}.${l.field} = ${if isPort l.first then "65529" else "5000"};
+              ${at}.${l.field} = ${shown l.first} is not a port (an integer 1-65535). Write e.g. ${at}.${l.field} = ${example};
             ''
           ];
     in
-    name "name" (settings.name or null)
-    ++ builtins.concatMap (s: name "${s.field}.name" s.server.name) servers
+    name "name" "dsv4" (settings.name or null)
+    ++ builtins.concatMap (s: name "${s.field}.name" "${s.role}-big" s.server.name) servers
     ++ builtins.concatMap address hostNames
     ++ builtins.concatMap port (derived.hostListeners schema settings host);
 
@@ -114,84 +128,71 @@ let
   # A comment holds only what the validation let through (names, fixed words, port numbers): a newline in
   # it would start a command or a rule.
   comment =
-    text: if matches "[A-Za-z0-9 ()._,:'-]*" text then "# ${text}" else throw "pdserve firewall: unsafe comment ${shown text}";
+    text:
+    if matches "[A-Za-z0-9 ()._,:'-]*" text then "# ${text}" else throw "pdserve firewall: unsafe comment ${shown text}";
   portText = p: if isPort p then toString p else throw "pdserve firewall: ${shown p} is not a port";
   ports = separator: r: if r.first == r.last then portText r.first else "${portText r.first}${separator}${portText r.last}";
-  nftAddress =
-    a: if addresses.valid a then a else throw "pdserve firewall: ${shown a} reached the nftables rules unvalidated";
-  byFamily =
-    addresses: rule:
-    let
-      v4 = builtins.filter (a: !isIPv6 a) addresses;
-      v6 = builtins.filter isIPv6 addresses;
-    in
-    (if v4 != [ ] then [ (rule "ip" v4) ] else [ ]) ++ (if v6 != [ ] then [ (rule "ip6" v6) ] else [ ]);
-  nftSet = items: "{ ${builtins.concatStringsSep ", " items} }";
-  iptables = a: if isIPv6 a then "ip6tables" else "iptables";
   optionals = condition: list: if condition then list else [ ];
 
   # All opened ports first, then the closed ones, then the peers: one deployment's peers must not pass
-  # another's worker ports.
-  nftRules =
-    firewalls:
+  # another's worker ports. `language` writes each part.
+  rulesIn =
+    language: firewalls:
     builtins.concatMap (
-      f:
-      builtins.concatMap (
-        r:
-        [ (comment "pdserve ${f.deployment}: ${r.purpose}") ]
-        ++ byFamily (map nftAddress r.sources) (family: addresses: "${family} saddr ${nftSet addresses} tcp dport ${ports "-" r} accept")
-      ) f.opened
+      f: builtins.concatMap (r: [ (comment "pdserve ${f.deployment}: ${r.purpose}") ] ++ language.open r) f.opened
     ) firewalls
     ++ builtins.concatMap (
       f:
       optionals (f.peers != [ ] && f.closed != [ ]) (
-        [ (comment "pdserve ${f.deployment}: its worker ports, from its other hosts not named above") ]
-        ++ byFamily (map nftAddress f.peers) (
-          family: addresses: "${family} saddr ${nftSet addresses} tcp dport ${nftSet (map (ports "-") f.closed)} drop"
-        )
+        [ (comment "pdserve ${f.deployment}: its worker ports, from its other hosts not named above") ] ++ language.close f
       )
     ) firewalls
     ++ builtins.concatMap (
       f:
       optionals (f.peers != [ ]) (
         [ (comment "pdserve ${f.deployment}: anything else from its other hosts (KV side channel, NCCL, UCX)") ]
-        ++ byFamily (map nftAddress f.peers) (family: addresses: "${family} saddr ${nftSet addresses} accept")
+        ++ language.trust f
       )
     ) firewalls;
 
+  # nftables has no quoting for an address: one that did not pass the rule never gets here.
+  nftAddress =
+    a: if addresses.valid a then a else throw "pdserve firewall: ${shown a} reached the nftables rules unvalidated";
+  byFamily =
+    list: rule:
+    let
+      v4 = builtins.filter (a: !isIPv6 a) (map nftAddress list);
+      v6 = builtins.filter isIPv6 (map nftAddress list);
+    in
+    optionals (v4 != [ ]) [ (rule "ip" v4) ] ++ optionals (v6 != [ ]) [ (rule "ip6" v6) ];
+  nftSet = items: "{ ${builtins.concatStringsSep ", " items} }";
+  nftables = {
+    open = r: byFamily r.sources (family: set: "${family} saddr ${nftSet set} tcp dport ${ports "-" r} accept");
+    close =
+      f: byFamily f.peers (family: set: "${family} saddr ${nftSet set} tcp dport ${nftSet (map (ports "-") f.closed)} drop");
+    trust = f: byFamily f.peers (family: set: "${family} saddr ${nftSet set} accept");
+  };
+
   # Each value one shell word, quoted by lib.escapeShellArg whatever it holds.
-  iptablesRules =
-    firewalls:
-    builtins.concatMap (
+  tool = a: if isIPv6 a then "ip6tables" else "iptables";
+  iptables = {
+    open = r: map (a: "${tool a} -A nixos-fw -p tcp -s ${q a} --dport ${q (ports ":" r)} -j nixos-fw-accept") r.sources;
+    close =
       f:
-      builtins.concatMap (
-        r:
-        [ (comment "pdserve ${f.deployment}: ${r.purpose}") ]
-        ++ map (a: "${iptables a} -A nixos-fw -p tcp -s ${q a} --dport ${q (ports ":" r)} -j nixos-fw-accept") r.sources
-      ) f.opened
-    ) firewalls
-    ++ builtins.concatMap (
-      f:
-      optionals (f.peers != [ ] && f.closed != [ ]) (
-        [ (comment "pdserve ${f.deployment}: its worker ports, from its other hosts not named above") ]
-        ++ map (
-          a:
-          "${iptables a} -A nixos-fw -p tcp -s ${q a} -m multiport --dports ${q (builtins.concatStringsSep "," (map (ports ":") f.closed))} -j DROP"
-        ) f.peers
-      )
-    ) firewalls
-    ++ builtins.concatMap (
-      f:
-      optionals (f.peers != [ ]) (
-        [ (comment "pdserve ${f.deployment}: anything else from its other hosts (KV side channel, NCCL, UCX)") ]
-        ++ map (a: "${iptables a} -A nixos-fw -s ${q a} -j nixos-fw-accept") f.peers
-      )
-    ) firewalls;
+      let
+        closed = builtins.concatStringsSep "," (map (ports ":") f.closed);
+      in
+      map (a: "${tool a} -A nixos-fw -p tcp -s ${q a} -m multiport --dports ${q closed} -j DROP") f.peers;
+    trust = f: map (a: "${tool a} -A nixos-fw -s ${q a} -j nixos-fw-accept") f.peers;
+  };
 in
 {
   inherit nameRegex;
   # The emitters alone, for tests that hand them values the validation would refuse.
-  emit = { inherit nftRules iptablesRules; };
+  emit = {
+    nftRules = rulesIn nftables;
+    iptablesRules = rulesIn iptables;
+  };
 
   # The firewall of `host` for `deployments` (attribute name -> settings, as services.pdserve.deployments):
   # the deployments that place a unit on it, their problems (assertion messages), and, only when there is
@@ -211,7 +212,7 @@ in
     in
     {
       inherit problems firewalls;
-      nftRules = nftRules firewalls;
-      iptablesRules = iptablesRules firewalls;
+      nftRules = rulesIn nftables firewalls;
+      iptablesRules = rulesIn iptables firewalls;
     };
 }

@@ -159,7 +159,7 @@ def test_a_hostile_address_elsewhere_stops_every_deployments_rules():
 @pytest.mark.parametrize(("field", "value", "expected"), [
     ("prefill[0].name", "a\nx", 'prefill[0].name = "a\\nx" is not a name pdserve can use'),
     ("prefill[0].bootstrap_port", "8999; touch pwned", "prefill[0].bootstrap_port = \"8999; touch"),
-    ("decode[0].dist_init_port", 65533, "decode[0].dist_init_port = 65533 binds ports up to 65539, beyond 65535"),
+    ("decode[0].dist_init_port", 65533, "decode[0].dist_init_port = 65533: with the ports SGLang binds above it the range reaches\n65539, beyond 65535"),
 ])
 def test_a_hostile_name_or_port_is_an_assertion_and_no_rule(field: str, value: Any, expected: str):
     """Names reach the rules' comments, ports the rules: both are validated like addresses."""
