@@ -1,10 +1,10 @@
-# The cluster-address rule of pdserve.schema.hosts, as `pdserve check` applies it, for the NixOS module's
-# firewall: a cluster address is a canonical IPv4 dotted quad or a canonical lower-case IPv6 address (as
-# Python's str(ipaddress.ip_address(...)) writes it), without a zone ID, and routable unicast: not
-# unspecified, loopback, broadcast, multicast, link-local (169.254.0.0/16, fe80::/10) or IPv4-mapped
-# (::ffff:0:0/96). An address that passes holds nothing but [0-9.] or [0-9a-f:], so it can stand in an
-# nftables rule or a shell word as it is. Builtins only (CI's Nix 2.8 holds it against Python's ipaddress:
-# tests/nix/test_firewall_nix.py).
+# The cluster-address rule of pdserve.schema.addresses (cluster_address_problem), as `pdserve check` applies
+# it, for the NixOS module's firewall: a cluster address is a canonical IPv4 dotted quad or a canonical
+# lower-case IPv6 address (as Python's str(ipaddress.ip_address(...)) writes it), without a zone ID, not
+# IPv4-mapped (::ffff:0:0/96), and routable unicast: not unspecified, loopback, broadcast, multicast,
+# link-local (169.254.0.0/16, fe80::/10), site-local (fec0::/10) or reserved (0.0.0.0/8, 240.0.0.0/4, ::/8).
+# An address that passes holds nothing but [0-9.] or [0-9a-f:], so it can stand in an nftables rule or a
+# shell word as it is. Builtins only (CI's Nix 2.8 holds it against Python: tests/nix/test_firewall_nix.py).
 let
   matches = regex: text: builtins.isString text && builtins.match regex text != null;
   splitOn = separator: text: builtins.filter builtins.isString (builtins.split separator text);
@@ -106,7 +106,9 @@ let
     reason: refused reason "10.0.0.1" "the host's own routable address on the cluster network, IPv4 or IPv6 such as fd00::1";
   notReachable =
     kind: routable "is ${kind} address; the servers placed on that host listen on it, and the other hosts must reach them there";
+  unusable = kind: why: routable "is ${kind} address: ${why}";
 
+  # The first class that holds the address names it (pdserve.schema.addresses' table, in its order).
   ipv4Problem =
     text:
     let
@@ -115,14 +117,18 @@ let
     in
     if o == [ 0 0 0 0 ] then
       notReachable "a wildcard (unspecified)"
+    else if at 0 == 0 then
+      unusable "a reserved (0.0.0.0/8)" "it is reserved space, not an address a host is given"
     else if at 0 == 127 then
       notReachable "a loopback"
-    else if o == [ 255 255 255 255 ] then
-      notReachable "the broadcast"
-    else if at 0 >= 224 && at 0 <= 239 then
-      notReachable "a multicast"
     else if at 0 == 169 && at 1 == 254 then
-      notReachable "a link-local (169.254.0.0/16)"
+      unusable "a link-local (169.254.0.0/16)" "it is not routed beyond its link"
+    else if at 0 >= 224 && at 0 <= 239 then
+      unusable "a multicast (224.0.0.0/4)" "it names a group, not a host"
+    else if o == [ 255 255 255 255 ] then
+      unusable "the broadcast" "no host has it"
+    else if at 0 >= 240 then
+      unusable "a reserved (240.0.0.0/4)" "it is reserved space, not an address a host is given"
     else
       null;
 
@@ -130,24 +136,31 @@ let
     text: groups:
     let
       at = builtins.elemAt groups;
-      byte = n: [ (n / 256) (n - n / 256 * 256) ];
+      byte = n: [
+        (n / 256)
+        (n - n / 256 * 256)
+      ];
       mapped = builtins.concatStringsSep "." (map toString (byte (at 6) ++ byte (at 7)));
       canonical = canonicalIPv6 groups;
     in
-    if groups == builtins.genList (_: 0) 8 then
+    # Mapped first: a socket bound or connected to ::ffff:a.b.c.d uses a.b.c.d, whatever class that is.
+    if builtins.genList at 5 == builtins.genList (_: 0) 5 && at 5 == 65535 then
+      refused "is an IPv4-mapped IPv6 address, ${mapped} in disguise" mapped "the IPv4 address itself, if it is the host's"
+    else if groups == builtins.genList (_: 0) 8 then
       notReachable "a wildcard (unspecified)"
     else if groups == builtins.genList (_: 0) 7 ++ [ 1 ] then
       notReachable "a loopback"
-    else if at 0 >= 65280 then
-      notReachable "a multicast (ff00::/8)"
+    else if at 0 < 256 then
+      unusable "a reserved (::/8: IPv4-compatible or unassigned)" "it is reserved space, not an address a host is given"
     else if at 0 >= 65152 && at 0 <= 65215 then
-      notReachable "a link-local (fe80::/10)"
-    else if builtins.genList at 5 == builtins.genList (_: 0) 5 && at 5 == 65535 then
-      refused "is an IPv4-mapped IPv6 address, of ${mapped}: the other hosts see that host by its IPv4 address" mapped
-        "the IPv4 address itself, if it is this host's"
+      unusable "a link-local (fe80::/10)" "it cannot be bound or reached without a zone ID"
+    else if at 0 >= 65216 && at 0 <= 65279 then
+      unusable "a (deprecated) site-local (fec0::/10)" "RFC 3879 deprecated it"
+    else if at 0 >= 65280 then
+      unusable "a multicast (ff00::/8)" "it names a group, not a host"
     else if text != canonical then
-      refused "is not in canonical form (lower-case hex, no leading zeros, the longest run of zero groups as ::); the firewall rules and the other hosts carry it as written" canonical
-        "the same address in canonical form"
+      refused "is not in canonical form; the firewall rules and the other hosts carry it as written" canonical
+        "lower case, no leading zeros, the longest run of zero groups as ::"
     else
       null;
 

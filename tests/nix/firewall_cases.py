@@ -37,6 +37,10 @@ HOSTILE = {
     "loopback": "127.0.0.1",
     "IPv6 loopback": "::1",
     "multicast": "239.1.1.1",
+    "reserved": "240.0.0.1",
+    "this network": "0.1.2.3",
+    "IPv4-compatible": "::a14:4",
+    "site-local": "fec0::1",
     "IPv6 multicast": "ff02::1",
     "upper case": "FD00::1",
     "uncompressed": "fd00:0:0:0:0:0:0:4",
@@ -51,6 +55,16 @@ VALID_V6 = "fd00::4"
 VALID = [VALID_V4, VALID_V6, "192.168.1.20", "2001:db8::", "2001:db8:0:1:1:1:1:1", "2001:db8::1:0:0:1"]
 
 
+# The classes a cluster address may not be in, each with the word the Nix message names it by; disjoint.
+REFUSED_NETWORKS = [(ipaddress.ip_network(net), word) for net, word in [
+    ("0.0.0.0/32", "wildcard"), ("0.0.0.0/8", "reserved"), ("127.0.0.0/8", "loopback"),
+    ("169.254.0.0/16", "link-local"), ("224.0.0.0/4", "multicast"), ("255.255.255.255/32", "broadcast"),
+    ("240.0.0.0/4", "reserved"),
+    ("::/128", "wildcard"), ("::1/128", "loopback"), ("::/8", "reserved"), ("fe80::/10", "link-local"),
+    ("fec0::/10", "site-local"), ("ff00::/8", "multicast"),
+]]
+
+
 def verdict(value: object) -> str | None:
     """The class that refuses `value` as a cluster address (a word of the Nix message), None if it passes."""
     if not isinstance(value, str):
@@ -61,14 +75,12 @@ def verdict(value: object) -> str | None:
         address = ipaddress.ip_address(value)
     except ValueError:
         return "not an IP address"
-    # Judged as what they map to by some Python versions, as themselves by others: refused before either.
+    # Judged by what they map to by some Python versions, as themselves by others: refused before either.
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         return "IPv4-mapped"
-    for kind, test in (("wildcard", address.is_unspecified), ("loopback", address.is_loopback),
-                       ("broadcast", address == ipaddress.IPv4Address("255.255.255.255")),
-                       ("multicast", address.is_multicast), ("link-local", address.is_link_local)):
-        if test:
-            return kind
+    for network, word in REFUSED_NETWORKS:
+        if network.version == address.version and address in network:
+            return word
     return None if str(address) == value else "canonical"
 
 
@@ -77,7 +89,7 @@ def spellings(seed: int, count: int) -> list[str]:
     failure names a case that comes back."""
     rng = random.Random(seed)
     out: list[str] = []
-    group_choices = [0, 0, 0, 1, 0xffff, 0xfe80, 0xff02, 0xfd00, 0x2001, 0xdb8]
+    group_choices = [0, 0, 0, 1, 0xffff, 0xfe80, 0xfebf, 0xfec0, 0xfeff, 0xff02, 0xfd00, 0x2001, 0xdb8, 0xff, 0x100]
     while len(out) < count:
         groups = [rng.choice(group_choices) if rng.random() < 0.7 else rng.randrange(1 << 16) for _ in range(8)]
         special = rng.random()
@@ -86,7 +98,7 @@ def spellings(seed: int, count: int) -> list[str]:
         elif special < 0.25:
             groups = [0] * 7 + [rng.choice([0, 1])]  # the wildcard and loopback, spelled every way too
         v6 = ipaddress.IPv6Address(sum(g << (16 * (7 - i)) for i, g in enumerate(groups)))
-        octets = [rng.choice([0, 1, 10, 127, 169, 224, 254, 255, rng.randrange(256)]) for _ in range(4)]
+        octets = [rng.choice([0, 1, 10, 127, 169, 223, 224, 239, 240, 254, 255, rng.randrange(256)]) for _ in range(4)]
         v4 = rng.choice([".".join(map(str, octets))] * 8 + ["0.0.0.0", "255.255.255.255"])
         tail = ipaddress.IPv4Address(int(v6) & 0xffffffff)
         forms = [

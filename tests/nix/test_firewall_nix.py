@@ -117,7 +117,23 @@ def test_nix_judges_every_spelling_as_the_rule_does():
     # The corpus reaches every branch, acceptance included.
     reached = {verdict(value) for value in values}
     assert reached >= {None, "canonical", "IPv4-mapped", "not an IP address", "zone ID", "loopback", "wildcard",
-                       "multicast", "link-local", "broadcast"}, reached
+                       "multicast", "link-local", "broadcast", "reserved", "site-local"}, reached
+
+
+def test_nix_refuses_exactly_what_pdserve_check_refuses():
+    """The module and `pdserve check` (pdserve.schema.addresses.cluster_address_problem, issue 37 item 2) accept
+    exactly the same cluster addresses, and a non-canonical one gets the same canonical spelling as the fix."""
+    addresses = pytest.importorskip("pdserve.schema.addresses", reason="the address model (issue 37 item 2) is "
+                                    "not in this tree")
+    values = [*VALID, *HOSTILE.values(), *spellings(seed=39, count=600)]
+    wrong = []
+    for value, problem in zip(values, nix_problems(values), strict=True):
+        python = addresses.cluster_address_problem(value)
+        if (problem is None) != (python is None):
+            wrong.append((value, problem and problem["reason"], python))
+        elif problem is not None and "canonical" in problem["reason"] and problem["suggestion"] not in python[1]:
+            wrong.append((value, problem["suggestion"], python))
+    assert not wrong, wrong[:10]
 
 
 def test_what_nix_accepts_pdserve_check_accepts():
