@@ -191,7 +191,16 @@ def test_a_hostile_name_or_port_is_an_assertion_and_no_rule(field: str, value: A
 
 # --- valid addresses: real consumers ---------------------------------------------------------------
 
-CASES = {"two-host": example("two-host"), "four-host": example("four-host"), "mixed-families": mixed_families()}
+def every_valid_spelling() -> dict[str, Any]:
+    """The four-host example on the other valid addresses: a compressed run at the end, none, one inside."""
+    data = example("four-host")
+    for host, address in zip(["gpu-a", "gpu-b", "gpu-c", "gpu-d"], VALID[2:], strict=True):
+        data["hosts"][host]["address"] = address
+    return data
+
+
+CASES = {"two-host": example("two-host"), "four-host": example("four-host"), "mixed-families": mixed_families(),
+         "every-valid-spelling": every_valid_spelling()}
 HOSTS = [(case, host) for case, data in CASES.items() for host in data["hosts"]]
 
 
