@@ -15,6 +15,7 @@ when the word needs it).
 from __future__ import annotations
 
 import copy
+import functools
 import ipaddress
 import json
 import os
@@ -283,6 +284,40 @@ def test_the_nftables_rules_pass_the_real_nft_check(case: str, host: str, tmp_pa
     assert any("saddr" in rule for rule in rules)
     done = nft_check(rules, tmp_path)
     assert done.returncode == 0, (rules, done.stderr)
+
+
+@functools.cache
+def accepted_corpus() -> tuple[dict[str, Any], Any]:
+    """Every address of a seeded corpus that the rule accepts, each a peer's address (gpu-d) in a deployment
+    of its own, all built on one host (gpu-c): the deployments and what firewall.nix builds of them."""
+    base = example("four-host")
+    taken = {spec["address"] for spec in base["hosts"].values()}
+    values = sorted({v for v in spellings(seed=40, count=400) if verdict(v) is None} - taken)
+    assert len(values) > 30
+    deployments = {f"d{i}": {**with_address(base, "gpu-d", v), "name": f"d{i}"} for i, v in enumerate(values)}
+    return deployments, build(deployments, "gpu-c")
+
+
+def test_every_accepted_spelling_makes_the_commands_expected():
+    deployments, built = accepted_corpus()
+    assert built["problems"] == []
+    # build orders deployments by attribute name (d0, d1, d10, ...), as the module's attrNames does.
+    assert built["firewalls"] == [
+        expected_firewall(deployment_from_data(copy.deepcopy(deployments[name]), name).deployment, "gpu-c")
+        for name in sorted(deployments)]
+
+
+def test_every_accepted_spelling_passes_exactly_the_expected_argv(tmp_path: Path):
+    _, built = accepted_corpus()
+    assert run_with_stubs("\n".join(built["iptablesRules"]), tmp_path) == expected_argv(built["firewalls"])
+
+
+def test_every_accepted_spelling_passes_the_real_nft_check(tmp_path: Path):
+    require_or_skip(nft_usable(), "`nft -c` is not usable here (nftables not installed, or no CAP_NET_ADMIN)",
+                    "PDSERVE_REQUIRE_NFT")
+    _, built = accepted_corpus()
+    done = nft_check(built["nftRules"], tmp_path)
+    assert done.returncode == 0, done.stderr
 
 
 def test_nft_refuses_what_the_validation_keeps_out(tmp_path: Path):
