@@ -1,11 +1,11 @@
 # The firewall of this host's multi-host deployments (services.pdserve, networking.firewall): which worker
 # ports open to which cluster addresses, as nftables rules (extraInputRules) and as iptables commands
 # (extraCommands, run as root by the firewall service). Both are code, so nothing from a deployment reaches
-# them unchecked: every cluster address is validated first with the rules `pdserve check` applies (a
-# canonical, routable unicast address without a zone ID), every port must be an integer 1-65535, names must
-# be [a-z0-9-]; a deployment with any bad value gives an assertion (option path, value, fix) and no firewall
-# line at all. The iptables commands quote every value with lib.escapeShellArg besides; nftables has no
-# quoting for an address, so its emitter refuses any address that did not pass the validation.
+# them unchecked: every cluster address must pass the rule `pdserve check` applies (addresses.nix), every
+# port must be an integer 1-65535, names must be [a-z0-9-]. A deployment with any bad value gives an
+# assertion (option path, value, fix) and no firewall line at all. The iptables commands quote every value
+# with lib.escapeShellArg besides; nftables has no quoting for an address, so its emitter refuses any
+# address that did not pass the rule.
 #
 # Builtins only, but for `lib.escapeShellArg` (the one function of lib read here), so that CI's Nix 2.8
 # evaluates this very file without nixpkgs (tests/nix/test_firewall_nix.py); the module imports it with
@@ -13,7 +13,7 @@
 { lib }:
 let
   derived = import ./derived.nix;
-  # The cluster-address rule (pdserve.schema.hosts), builtins only.
+  # The cluster-address rule (pdserve.schema.addresses), builtins only.
   addresses = import ./addresses.nix;
   inherit (addresses) addressProblem isIPv6;
   q = lib.escapeShellArg;
@@ -187,7 +187,6 @@ let
   };
 in
 {
-  inherit nameRegex;
   # The emitters alone, for tests that hand them values the validation would refuse.
   emit = {
     nftRules = rulesIn nftables;
