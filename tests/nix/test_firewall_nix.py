@@ -295,6 +295,17 @@ def test_the_nftables_emitter_refuses_an_unvalidated_address(case: str):
     assert result.returncode != 0 and "reached the nftables rules unvalidated" in result.stderr, result.stderr
 
 
+@pytest.mark.parametrize("emitter", ["iptablesRules", "nftRules"])
+def test_a_comment_never_holds_a_line_break(emitter: str):
+    """A comment ends at the line's end in both languages: text with a newline would be a command or a rule."""
+    records = hostile_records(VALID_V4)
+    records[0]["opened"][0]["purpose"] = "decode-1\ntouch pwned"
+    result = subprocess.run(
+        [nix_instantiate(), "--eval", "--strict", "--json", "-E", f"{firewall_nix()}.emit.{emitter} {nix_json(records)}"],
+        capture_output=True, text=True, timeout=TIMEOUT, cwd=REPO)
+    assert result.returncode != 0 and "unsafe comment" in result.stderr, result.stderr
+
+
 def test_a_port_that_is_not_an_integer_never_reaches_a_rule():
     records = hostile_records(VALID_V4)
     records[0]["closed"][0]["first"] = records[0]["closed"][0]["last"] = "30000;touch pwned"
