@@ -220,7 +220,7 @@ let
     builtins.filter (l: l.host == host) (builtins.concatMap ofServer placed ++ builtins.concatMap ofRouter routers);
 in
 {
-  inherit connectHost scrapeConfigs multiHost hostUnits hostListeners;
+  inherit connectHost scrapeConfigs multiHost hostUnits hostListeners placedServers routerHosts;
   hostNames = settings: builtins.attrNames (settings.hosts or { });
 
   # Whether `pdserve render` writes the monitoring files for these settings.

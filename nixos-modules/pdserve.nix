@@ -419,79 +419,14 @@ let
   # The firewall of this host's multi-host deployments, on top of NixOS' (which refuses every port it does
   # not allow): each worker port (pdserve.schema.listeners) opened to the cluster addresses of the hosts
   # that use it, closed to the deployment's other hosts, and, with openToPeers, everything else open to
-  # them (SGLang's KV side channel on random ports, NCCL's and UCX's sockets). `pdserve render --host`
-  # writes the worker ports' part as nftables for hosts without NixOS.
-  firewallOf =
-    d:
-    let
-      listeners = lib.filter (l: l.worker_port) (hostListenersOf d);
-      address = host: d.settings.hosts.${host}.address;
-    in
-    {
-      deployment = d.settings.name;
-      opened = map (l: {
-        inherit (l) first last purpose;
-        sources = map address l.reached_from;
-      }) (lib.filter (l: l.reached_from != [ ]) listeners);
-      closed = map (l: { inherit (l) first last; }) listeners;
-      peers = lib.optionals cfg.openToPeers (map address (lib.filter (h: h != cfg.host) (derived.hostNames d.settings)));
-    };
-  firewalls = map firewallOf (lib.filter (d: multiHost d && hostUnitsOf d != { }) deployments);
-  isIPv6 = lib.hasInfix ":";
-  byFamily =
-    addresses: rule:
-    lib.optional (lib.any (a: !isIPv6 a) addresses) (rule "ip" (lib.filter (a: !isIPv6 a) addresses))
-    ++ lib.optional (lib.any isIPv6 addresses) (rule "ip6" (lib.filter isIPv6 addresses));
-  nftSet = items: "{ ${lib.concatStringsSep ", " items} }";
-  nftPorts = r: if r.first == r.last then toString r.first else "${toString r.first}-${toString r.last}";
-  iptPorts = r: if r.first == r.last then toString r.first else "${toString r.first}:${toString r.last}";
-  iptables = a: if isIPv6 a then "ip6tables" else "iptables";
-  # All opened ports first, then the closed ones, then the peers: one deployment's peers must not pass
-  # another's worker ports.
-  nftRules =
-    lib.concatMap (
-      f:
-      lib.concatMap (r: [ "# pdserve ${f.deployment}: ${r.purpose}" ]
-        ++ byFamily r.sources (family: addresses: "${family} saddr ${nftSet addresses} tcp dport ${nftPorts r} accept")
-      ) f.opened
-    ) firewalls
-    ++ lib.concatMap (
-      f:
-      lib.optionals (f.peers != [ ] && f.closed != [ ]) (
-        [ "# pdserve ${f.deployment}: its worker ports, from its other hosts not named above" ]
-        ++ byFamily f.peers (family: addresses: "${family} saddr ${nftSet addresses} tcp dport ${nftSet (map nftPorts f.closed)} drop")
-      )
-    ) firewalls
-    ++ lib.concatMap (
-      f:
-      lib.optionals (f.peers != [ ]) (
-        [ "# pdserve ${f.deployment}: anything else from its other hosts (KV side channel, NCCL, UCX)" ]
-        ++ byFamily f.peers (family: addresses: "${family} saddr ${nftSet addresses} accept")
-      )
-    ) firewalls;
-  iptablesRules =
-    lib.concatMap (
-      f:
-      lib.concatMap (r: [ "# pdserve ${f.deployment}: ${r.purpose}" ]
-        ++ map (a: "${iptables a} -A nixos-fw -p tcp -s ${a} --dport ${iptPorts r} -j nixos-fw-accept") r.sources
-      ) f.opened
-    ) firewalls
-    ++ lib.concatMap (
-      f:
-      lib.optionals (f.peers != [ ] && f.closed != [ ]) (
-        [ "# pdserve ${f.deployment}: its worker ports, from its other hosts not named above" ]
-        ++ map (
-          a: "${iptables a} -A nixos-fw -p tcp -s ${a} -m multiport --dports ${lib.concatMapStringsSep "," iptPorts f.closed} -j DROP"
-        ) f.peers
-      )
-    ) firewalls
-    ++ lib.concatMap (
-      f:
-      lib.optionals (f.peers != [ ]) (
-        [ "# pdserve ${f.deployment}: anything else from its other hosts (KV side channel, NCCL, UCX)" ]
-        ++ map (a: "${iptables a} -A nixos-fw -s ${a} -j nixos-fw-accept") f.peers
-      )
-    ) firewalls;
+  # them. firewall.nix builds it from validated, quoted values only (a bad one is an assertion and no rule);
+  # `pdserve render --host` writes the worker ports' part as nftables for hosts without NixOS.
+  firewall = (import ./firewall.nix { inherit lib; }).build {
+    inherit schema;
+    deployments = lib.mapAttrs (_: d: d.settings) cfg.deployments;
+    inherit (cfg) host openToPeers;
+  };
+  inherit (firewall) firewalls nftRules iptablesRules;
   nftables = config.networking.nftables.enable;
 
   users = lib.unique (map (d: d.settings.systemd.user) deployments);
@@ -644,6 +579,10 @@ in
     ]
     ++ unitCollisions
     ++ portCollisions
+    ++ map (message: {
+      assertion = false;
+      inherit message;
+    }) firewall.problems
     ++ lib.concatLists (
       lib.mapAttrsToList (
         attrName: d:

@@ -1,6 +1,7 @@
 # What the evaluation tier (tests/nix/test_eval_hosts.py) reads from every host of the multi-host examples
 # (nixosConfigurations.<example>-<host>), and from two variants of each made with its own extendModules:
-# nftables instead of iptables, and a services.pdserve.host the deployment does not have. Nothing is built.
+# nftables instead of iptables, and a services.pdserve.host the deployment does not have; of four-host-gpu-c,
+# also one with another host's address made hostile (shell code in a zone ID). Nothing is built.
 #   nix eval --json .#nixosConfigurations --apply 'configs: import ./tests/nix/eval-hosts.nix { inherit configs; }'
 { configs }:
 let
@@ -40,5 +41,33 @@ let
       };
       elsewhere = failedAssertions elsewhere;
     };
+
+  # Another host's cluster address holding shell code in a zone ID (issue 37): refused by an assertion,
+  # and no firewall rule built, in either language.
+  hostile =
+    system:
+    let
+      pdserve = system.config.services.pdserve;
+      attrName = lib.head (lib.attrNames pdserve.deployments);
+      peer = lib.head (lib.filter (h: h != pdserve.host) (lib.attrNames pdserve.deployments.${attrName}.settings.hosts));
+      address = "fe80::1%$(touch pwned);";
+      hostileAddress = {
+        services.pdserve.deployments.${attrName}.settings.hosts.${peer}.address = lib.mkForce address;
+      };
+      iptables = variant system [ hostileAddress ];
+      nftables = variant system [
+        hostileAddress
+        { networking.nftables.enable = true; }
+      ];
+    in
+    {
+      inherit attrName peer address;
+      failed = failedAssertions iptables;
+      firewall = iptables.services.pdserve.hostFirewall;
+      inherit (iptables.networking.firewall) extraCommands;
+      inherit (nftables.networking.firewall) extraInputRules;
+    };
 in
-lib.genAttrs names (name: summary configs.${name})
+lib.genAttrs names (
+  name: summary configs.${name} // lib.optionalAttrs (name == "four-host-gpu-c") { hostile = hostile configs.${name}; }
+)

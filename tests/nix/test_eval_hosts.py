@@ -12,6 +12,7 @@ import copy
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from typing import Any
@@ -19,9 +20,9 @@ from typing import Any
 import pytest
 
 from pdserve.render.firewall import render_firewall
-from pdserve.schema.listeners import listeners_on
 from pdserve.schema.loading import deployment_from_data
 from pdserve.schema.topology import nodes_on, router_hosts, router_unit, server_unit
+from tests.nix.firewall_cases import expected_argv, expected_firewall
 from tests.nix.test_eval import REPO, Evaluator, evaluator
 from tests.nix.test_nix_hosts import EXAMPLES, example
 
@@ -87,20 +88,6 @@ def test_the_units_are_rendered_for_this_host(nix: Evaluator, systems, name, hos
                      command), command
 
 
-def firewall(dep, host: str) -> dict[str, Any]:
-    """What the module's firewall must do on `host` for `dep`: each worker listener opened to its peers'
-    addresses, every worker port closed to the deployment's other hosts, those hosts trusted otherwise."""
-    workers = [item for item in listeners_on(dep, host) if item.worker_port]
-    return {
-        "deployment": dep.name,
-        "opened": [{"purpose": item.purpose, "first": item.first, "last": item.last,
-                    "sources": [dep.hosts[peer].address for peer in item.reached_from]}
-                   for item in workers if item.reached_from],
-        "closed": [{"first": item.first, "last": item.last} for item in workers],
-        "peers": [spec.address for name, spec in dep.hosts.items() if name != host],
-    }
-
-
 def _ports(rule: dict[str, Any], separator: str) -> str:
     return str(rule["first"]) if rule["first"] == rule["last"] else f"{rule['first']}{separator}{rule['last']}"
 
@@ -115,15 +102,10 @@ def test_the_firewall_opens_each_worker_port_to_exactly_the_hosts_that_use_it(sy
     summary = systems[f"{name}-{host}"]
     dep = deployment(summary)
     (expected,) = summary["firewall"]
-    assert expected == firewall(dep, host)
+    assert expected == expected_firewall(dep, host)
     peers, closed = expected["peers"], expected["closed"]
-    assert rules(summary["extraCommands"]) == [
-        *(f"iptables -A nixos-fw -p tcp -s {source} --dport {_ports(rule, ':')} -j nixos-fw-accept"
-          for rule in expected["opened"] for source in rule["sources"]),
-        *(f"iptables -A nixos-fw -p tcp -s {peer} -m multiport --dports {','.join(_ports(r, ':') for r in closed)} -j DROP"
-          for peer in peers),
-        *(f"iptables -A nixos-fw -s {peer} -j nixos-fw-accept" for peer in peers),
-    ]
+    # As the shell reads them (nixpkgs' lib.escapeShellArg quotes a word or leaves a safe one bare).
+    assert [shlex.split(line) for line in rules(summary["extraCommands"])] == expected_argv([expected])
     assert rules(summary["nftables"]["extraInputRules"]) == [
         *(f"ip saddr {{ {', '.join(rule['sources'])} }} tcp dport {_ports(rule, '-')} accept" for rule in expected["opened"]),
         f"ip saddr {{ {', '.join(peers)} }} tcp dport {{ {', '.join(_ports(r, '-') for r in closed)} }} drop",
@@ -199,3 +181,17 @@ def test_a_host_the_deployment_lacks_fails_with_the_line_to_write(systems, name,
     assert f"is a multi-host deployment of the hosts {hosts}" in text
     assert 'services.pdserve.host = "not-a-host" is none of them.' in text
     assert f'Write services.pdserve.host = "{next(iter(example(name)["hosts"]))}";' in text
+
+
+def test_a_hostile_cluster_address_is_refused_and_builds_no_rule(systems):
+    """Issue 37: another host's address with shell code in its zone ID, as the real module evaluates it with the
+    real nixpkgs: one assertion naming the option, the value (JSON-quoted) and the fix; no firewall rule in
+    extraCommands (run as root) or extraInputRules. tests/nix/test_firewall_nix.py holds every other class."""
+    hostile = systems["four-host-gpu-c"]["hostile"]
+    path = f"services.pdserve.deployments.{hostile['attrName']}.settings.hosts.{hostile['peer']}.address"
+    (message,) = hostile["failed"]
+    assert message.startswith(f"{path} = {json.dumps(hostile['address'])} has a zone ID"), message
+    assert f'Write\n{path} = "10.0.0.1";' in message and "No firewall rule is built from it." in message
+    assert hostile["firewall"] == []
+    for text in (hostile["extraCommands"], hostile["extraInputRules"]):
+        assert "pwned" not in text and "# pdserve" not in text and "saddr" not in text, text
