@@ -165,3 +165,12 @@ def test_paths_outside_the_hidden_directories_pass(tmp_path, reference_data):
     reference_data["router"]["api_key_file"] = "/etc/pdserve/tmp.key"
     checked = check("-c", write(tmp_path, reference_data))
     assert checked.exit_code == 0, checked.output
+
+
+@pytest.mark.parametrize("field", sorted(PATH_FIELDS))
+@pytest.mark.parametrize("value", ["/tmp/../opt/x", "/opt/./x", "/opt//x", "/opt/x/", "/opt/x/.."])
+def test_a_path_field_with_dot_components_is_refused_as_written(tmp_path, reference_data, field, value):
+    # Refused, not normalized: the path checked against the sandbox is then the one the unit runs.
+    set_path(reference_data, field, value)
+    (line,) = errors_of(check("-c", write(tmp_path, reference_data)), field)
+    assert ("'.', '..', '//' or a trailing '/'" in line or "ends in '/'" in line) and "fix: " in line, line
