@@ -84,6 +84,11 @@ def run_check(config_path: Path | None, tool_overrides: dict[str, str | None], p
         loaded = load_renderable(config_path)
     except ConfigError as exc:
         report.problems = exc.problems
+        # Rules may have run on the fields that loaded: say so, not "checked: nothing".
+        report.checked += exc.checked
+        report.skipped += exc.skipped
+        if exc.checked:
+            report.skipped.append("parser check and host checks: they run once the errors above are fixed")
         return report
     dep = loaded.deployment
     report.problems += loaded.warnings
