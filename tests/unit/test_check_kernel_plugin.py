@@ -21,8 +21,9 @@ PINNED = {"sglang": pins.SGLANG_VERSION, "sglang-router": pins.SGLANG_ROUTER_VER
 
 
 def python_with(tmp_path: Path, plugins: dict[str, str] | None) -> str:
-    """In `tmp_path` (one the units could see: check refuses a Python under /tmp), a real Python with the pinned sglang and sglang-router (dist-info only) and, unless None, a
-    pdserve-kernels distribution whose entry_points.txt names `plugins` in group sglang.srt.plugins."""
+    """In `tmp_path` (one the units could see: check refuses a Python under /tmp), a real Python with the
+    pinned sglang and sglang-router (dist-info only) and, unless None, a pdserve-kernels distribution whose
+    entry_points.txt names `plugins` in group sglang.srt.plugins."""
     site = tmp_path / "site"
     dists = [(name.replace("-", "_"), name, version, None) for name, version in PINNED.items()]
     if plugins is not None:

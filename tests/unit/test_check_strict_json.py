@@ -133,11 +133,12 @@ def test_every_json_output_of_the_cli_is_strict(tmp_path, reference_data):
     bad = dict(reference_data, prefill=dict(reference_data["prefill"], mem_fraction_static=math.nan))
     other = json.loads(json.dumps(reference_data))
     other["name"] = "other"
+    check = ["check", "--no-host", "--no-parsers", "--json"]
     outputs = {
         "check, valid": ["check", "--no-host", "--no-parsers", "--json"],
-        "check, invalid with nan": ["check", "--no-host", "--no-parsers", "--json", "-c", write(tmp_path, "b.json", bad)],
-        "check, several files": ["check", "--no-host", "--no-parsers", "--json", write(tmp_path, "a.json", reference_data),
-                                 write(tmp_path, "o.json", other), write(tmp_path, "n.json", bad)],
+        "check, invalid with nan": [*check, "-c", write(tmp_path, "b.json", bad)],
+        "check, several files": [*check, write(tmp_path, "a.json", reference_data), write(tmp_path, "o.json", other),
+                                 write(tmp_path, "n.json", bad)],
         "check, multi-host": ["check", "--no-host", "--no-parsers", "--json", "-c", two_host],
         "plan": ["plan", "--json", "--sglang-python", "/opt/sglang/bin/python"],
         "plan, one host of several": ["plan", "--json", "-c", two_host, "--host", "gpu-a"],

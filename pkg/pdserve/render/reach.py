@@ -110,12 +110,12 @@ def unreachable(path: str, roles: Iterable[Role], verb: str) -> tuple[str, str] 
     return None
 
 
-def _runners(dep: Deployment) -> tuple[Role, ...]:
+def runners(dep: Deployment) -> tuple[Role, ...]:
     """The roles whose units the deployment renders."""
     return tuple(role for role in ROLES if role != "fallback" or dep.fallback is not None)
 
 
-def _gpu_servers(dep: Deployment) -> tuple[Role, ...]:
+def gpu_servers(dep: Deployment) -> tuple[Role, ...]:
     return tuple(role for role in SERVER_ROLES if role != "fallback" or dep.fallback is not None)
 
 
@@ -124,7 +124,7 @@ def deployment_paths(dep: Deployment) -> Iterator[tuple[str, str, tuple[Role, ..
     unit executes or reads in its sandbox. Not router.api_key_file: systemd reads it (LoadCredential=)
     before the sandbox is set up."""
     tools = dep.tools
-    every = _runners(dep)
+    every = runners(dep)
     if tools.sglang_python:
         yield "tools.sglang_python", tools.sglang_python, every, "execute"
     if tools.sglang_venv:
@@ -132,11 +132,11 @@ def deployment_paths(dep: Deployment) -> Iterator[tuple[str, str, tuple[Role, ..
     if tools.pdserve:
         yield "tools.pdserve", tools.pdserve, every, "execute"  # the readiness gates of every unit
     if tools.numactl:
-        yield "tools.numactl", tools.numactl, _gpu_servers(dep), "execute"
+        yield "tools.numactl", tools.numactl, gpu_servers(dep), "execute"
     if dep.model.path.startswith("/"):
-        yield "model.path", dep.model.path, _gpu_servers(dep), "read"
+        yield "model.path", dep.model.path, gpu_servers(dep), "read"
     if dep.model.chat_template and dep.model.chat_template.startswith("/"):
-        yield "model.chat_template", dep.model.chat_template, _gpu_servers(dep), "read"
+        yield "model.chat_template", dep.model.chat_template, gpu_servers(dep), "read"
 
 
 def key_file_problem(path: str) -> tuple[str, str] | None:
