@@ -211,3 +211,21 @@ def test_check_on_the_host_refuses_a_python_its_user_cannot_reach(visible_tmp_pa
     (line,) = [line for line in result.output.splitlines() if line.startswith("error: tools.sglang_python")]
     assert f"user nobody (the units' User=) cannot execute: {blocker} is a directory it may not enter" in line
     assert f"fix: let nobody pass {blocker}: chmod o+x {blocker}" in line
+
+
+def test_a_walk_that_hangs_is_cut_off_at_the_deadline(monkeypatch):
+    # A path on a hung network mount must not hang `check`: the process acting as the user is killed.
+    import time
+
+    nobody = _nobody()
+    monkeypatch.setattr(paths, "_walk", lambda path, need: time.sleep(60))  # inherited by the forked child
+    started = time.monotonic()
+    answer = paths.reach_as(nobody, [("/usr/bin/env", "execute")], timeout=0.5)
+    assert answer == "looking at the paths as user nobody took longer than the check waits"
+    assert time.monotonic() - started < 10
+
+
+def test_root_as_the_units_user_is_not_judged_with_this_processs_capabilities():
+    # CapabilityBoundingSet= is empty in every unit: root there cannot read what root here can.
+    answer = paths.reach_as(paths.Account("root", 0, 0, (0,)), [("/etc/shadow", "read")])
+    assert answer == "the units run as root without capabilities, which this check cannot act as"

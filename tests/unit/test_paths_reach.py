@@ -162,6 +162,7 @@ def test_paths_outside_the_hidden_directories_pass(tmp_path, reference_data):
     for field, (_, _, tail) in PATH_FIELDS.items():
         if field != "tools.sglang_python":
             set_path(reference_data, field, f"/opt/tmp/{tail}")  # "tmp" deeper down hides nothing
+    reference_data["model"]["path"] = "/tmpfs-models/dsv4"      # nor a name that starts with "tmp"
     reference_data["router"]["api_key_file"] = "/etc/pdserve/tmp.key"
     checked = check("-c", write(tmp_path, reference_data))
     assert checked.exit_code == 0, checked.output

@@ -19,6 +19,7 @@ from pdserve.render.toolchain import (
     sglang_python_origin,
     toolchain_problems,
 )
+from pdserve.schema.loading import CHECKED_ALL
 from pdserve.schema.problems import ConfigError, Problem, errors
 
 SCHEMA_VERSION = 1
@@ -92,7 +93,7 @@ def run_check(config_path: Path | None, tool_overrides: dict[str, str | None], p
         return report
     dep = loaded.deployment
     report.problems += loaded.warnings
-    report.checked.append("schema and field rules")
+    report.checked.append(CHECKED_ALL)
     tools, tool_notes = preview_toolchain(dep, tool_overrides)
     # A tool path given by flag or found on PATH goes into ExecStart= like any deployment value.
     report.problems += toolchain_problems(dep, tool_overrides)

@@ -162,13 +162,13 @@ def _walk(path: str, need: str) -> Reach:
 def reach_as(who: Account, checks: list[tuple[str, Need]], timeout: float = 10.0) -> list[Reach] | str:
     """What `who` can do with each (path, need), decided by the kernel in a process running as that account;
     or why it could not be asked (only root can become another user)."""
+    if who.uid == 0:
+        # The units have an empty CapabilityBoundingSet=: root there has no CAP_DAC_OVERRIDE, unlike here.
+        return "the units run as root without capabilities, which this check cannot act as"
     if os.geteuid() == who.uid and os.getegid() == who.gid:
         return [_walk(path, need) for path, need in checks]
     if os.geteuid() != 0:
         return f"only root can act as user {who.user}, and this check runs as uid {os.geteuid()}"
-    if who.uid == 0:
-        # The units have an empty CapabilityBoundingSet=: root there has no CAP_DAC_OVERRIDE, unlike here.
-        return "the units run as root without capabilities, which this check cannot act as"
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: become the account, walk, write the answers, exit without cleanup
