@@ -125,3 +125,13 @@ def test_the_loader_reports_the_same_at_the_api(tmp_path):
         deployment_from_data(data, "t")
     assert {"hosts.gpu-b.address", "router.port"} <= {p.field for p in caught.value.problems}
     assert caught.value.checked
+
+
+def test_a_hosts_section_of_the_wrong_type_is_told_without_rules_about_another_shape(tmp_path):
+    # Replacing [hosts] would make the file a one-host file, and every rule would judge that layout instead.
+    data = example("two-host")
+    data["hosts"] = 5
+    report = checked(tmp_path, data)
+    assert fields(report) == {"hosts"}, report["problems"]
+    assert report["checked"] == ["field types and bounds"]
+    assert any("[hosts] is not a table of hosts" in reason for reason in report["skipped"])

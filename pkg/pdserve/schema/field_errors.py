@@ -192,6 +192,6 @@ def mentions(problem: Problem, fields: set[str]) -> bool:
     path its message or fix names as a whole word (`name` must not match `served_model_name`). In the
     prose only paths (`model.context_length`) and snake_case names (`allow_shared_gpus`) count: a bare
     English word such as "model" in "anyone ... can use the model" names no field."""
-    words = [_as_field(word) for word in _WORD.findall(f"{problem.message} {problem.fix}")]
-    tokens = [problem.field, *(w for w in words if "." in w or "[" in w or "_" in w)]
+    words = [word.rstrip(".,;:") for word in _WORD.findall(f"{problem.message} {problem.fix}")]
+    tokens = [problem.field, *(_as_field(w) for w in words if "." in w or "[" in w or "_" in w)]
     return any(within(token, field) for token in tokens for field in fields if field)

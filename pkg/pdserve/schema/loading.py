@@ -122,6 +122,7 @@ CHECKED_ALL = "schema and field rules"
 CHECKED_REST = "schema and field rules (the cross-field rules without the fields in error)"
 CHECKED_FIELDS = "field types and bounds"
 SKIPPED_RULES = "cross-field rules: the fields in error leave too little of the file to run them on"
+SKIPPED_SHAPE = "cross-field rules: [hosts] is not a table of hosts, so which layout the file describes is unknown"
 
 
 def deployment_from_data(data: dict[str, Any], source: str, extra_rules: Sequence[Rule] = ()) -> Loaded:
@@ -142,6 +143,9 @@ def deployment_from_data(data: dict[str, Any], source: str, extra_rules: Sequenc
                                               default_profile_text(), _failing)
         if rest is None:
             raise ConfigError(problems, source, [CHECKED_FIELDS], [SKIPPED_RULES]) from None
+        if "hosts" in replaced:
+            # Without its [hosts] the file has another shape (one host), and every rule would judge that one.
+            raise ConfigError(problems, source, [CHECKED_FIELDS], [SKIPPED_SHAPE]) from None
         bad = {p.field for p in problems}
         problems += [p for p in validate(Deployment.model_validate(rest), rules)
                      if p.field not in bad and not field_errors.mentions(p, replaced)]
