@@ -229,3 +229,14 @@ def test_root_as_the_units_user_is_not_judged_with_this_processs_capabilities():
     # CapabilityBoundingSet= is empty in every unit: root there cannot read what root here can.
     answer = paths.reach_as(paths.Account("root", 0, 0, (0,)), [("/etc/shadow", "read")])
     assert answer == "the units run as root without capabilities, which this check cannot act as"
+
+
+def test_the_paths_of_a_multi_host_file_are_listed_too():
+    # One host of several runs the same tools and reads the same model (numactl: a server binds a node).
+    import tomllib
+
+    data = tomllib.loads((Path(__file__).resolve().parents[2] / "hosts" / "two-host" / "deployment.toml").read_text())
+    data["decode"][0]["numa_node"] = 1
+    data["decode"][0]["gpus"] = [4, 5, 6, 7]
+    rows = [field for field, _, _, _ in unit_paths(deployment_from_data(data, "t").deployment, tools_in_place())]
+    assert rows == ["tools.sglang_python", "tools.pdserve", "tools.numactl", "(pdserve's keyed launcher)", "model.path"]

@@ -12,8 +12,9 @@ from __future__ import annotations
 from pdserve.probes import paths
 from pdserve.render.reach import gpu_servers, normalized, runners, unreachable
 from pdserve.render.toolchain import Toolchain
-from pdserve.schema.config import SERVER_ROLES, Deployment, Role
+from pdserve.schema.config import Deployment, Role
 from pdserve.schema.problems import Problem, Severity
+from pdserve.schema.topology import servers
 
 _VERBS = {"execute": "execute", "read": "read", "read-dir": "read the directory"}
 
@@ -25,7 +26,8 @@ def unit_paths(dep: Deployment, tools: Toolchain) -> list[tuple[str, str, paths.
         ("tools.sglang_python", tools.sglang_python, "execute", every),
         ("tools.pdserve", tools.pdserve, "execute", every),
     ]
-    if any(dep.server(role).numa_node is not None for role in SERVER_ROLES if role != "fallback" or dep.fallback):
+    specs = [server.spec for server in servers(dep)] + ([dep.fallback] if dep.fallback else [])
+    if any(spec.numa_node is not None for spec in specs):
         rows.append(("tools.numactl", tools.numactl, "execute", gpu_servers(dep)))
     if dep.router.api_key_file is not None:
         rows.append(("(pdserve's keyed launcher)", tools.keyed_launcher, "read", ("router", "fallback")))
