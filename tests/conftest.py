@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import copy
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from pdserve.render.reach import unreachable
 from pdserve.render.toolchain import Toolchain
 from pdserve.schema.config import Deployment
 from pdserve.schema.loading import default_profile_text, deployment_from_data, parse_document
@@ -34,6 +39,23 @@ def tools() -> Toolchain:
         pdserve="/opt/pdserve/bin/pdserve",
         keyed_launcher="/opt/pdserve/lib/keyed_launch.py",
     )
+
+
+@pytest.fixture
+def visible_tmp_path() -> Iterator[Path]:
+    """A fresh directory the rendered units could see, for tools and files a test puts into a deployment:
+    pytest's tmp_path is under /tmp, which their PrivateTmp=yes hides, so `check` and `render` refuse
+    paths there (pdserve.render.reach). Under the home directory (ProtectHome=read-only leaves it
+    readable); removed afterwards."""
+    parent = Path.home() / ".cache" / "pdserve-tests"
+    if unreachable(str(parent.resolve()), ("prefill", "router"), "execute"):
+        pytest.skip(f"the home directory {Path.home()} is hidden from the units; tools there would be refused")
+    parent.mkdir(parents=True, exist_ok=True)
+    path = Path(tempfile.mkdtemp(dir=parent))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def require_or_skip(condition: bool, reason: str, env_flag: str) -> None:

@@ -22,9 +22,12 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -99,12 +102,18 @@ def evaluator() -> Evaluator:
 
 
 @pytest.fixture(scope="module")
-def key_file(tmp_path_factory) -> tuple[Path, str]:
+def key_file() -> Iterator[tuple[Path, str]]:
     """A key file with content found nowhere else: if it reaches the store, the closure scan finds it."""
     marker = f"pdserve-eval-key-{uuid.uuid4().hex}"
-    path = tmp_path_factory.mktemp("keys") / f"api-key-{uuid.uuid4().hex[:12]}"
+    # Not under /tmp (pytest's tmp_path): `pdserve check`, which the module runs at build time, refuses a key
+    # file where any user can create it (pdserve.render.reach).
+    parent = Path.home() / ".cache" / "pdserve-tests"
+    parent.mkdir(parents=True, exist_ok=True)
+    keys = Path(tempfile.mkdtemp(prefix="keys-", dir=parent))
+    path = keys / f"api-key-{uuid.uuid4().hex[:12]}"
     path.write_text(marker + "\n", encoding="utf-8")
-    return path, marker
+    yield path, marker
+    shutil.rmtree(keys, ignore_errors=True)
 
 
 def reference() -> Deployment:

@@ -21,8 +21,9 @@ PINNED = {"sglang": pins.SGLANG_VERSION, "sglang-router": pins.SGLANG_ROUTER_VER
 
 
 def python_with(tmp_path: Path, plugins: dict[str, str] | None) -> str:
-    """A real Python with the pinned sglang and sglang-router (dist-info only) and, unless None, a
-    pdserve-kernels distribution whose entry_points.txt names `plugins` in group sglang.srt.plugins."""
+    """In `tmp_path` (one the units could see: check refuses a Python under /tmp), a real Python with the
+    pinned sglang and sglang-router (dist-info only) and, unless None, a pdserve-kernels distribution whose
+    entry_points.txt names `plugins` in group sglang.srt.plugins."""
     site = tmp_path / "site"
     dists = [(name.replace("-", "_"), name, version, None) for name, version in PINNED.items()]
     if plugins is not None:
@@ -55,9 +56,9 @@ def on_the_target(monkeypatch):
     monkeypatch.setattr(check_run, "THIS_HOST", reading(TARGET))
 
 
-def test_a_python_with_the_plugins_entry_point_passes(tmp_path, reference_data):
+def test_a_python_with_the_plugins_entry_point_passes(tmp_path, visible_tmp_path, reference_data):
     name, value = KERNEL_PLUGIN
-    data = checked(tmp_path, reference_data, python_with(tmp_path, {name: value}))
+    data = checked(tmp_path, reference_data, python_with(visible_tmp_path, {name: value}))
     assert not [p for p in data["problems"] if p["field"] == "decode.attention_kernels"], data["problems"]
     assert '--sglang-python has pdserve\'s SGLang plugin (attention_kernels = "pdserve")' in data["checked"]
 
@@ -66,8 +67,9 @@ def test_a_python_with_the_plugins_entry_point_passes(tmp_path, reference_data):
     (None, "it has: none"),
     ({"pdserve_kernels": "somewhere.else:load"}, "it has: pdserve_kernels = somewhere.else:load"),
 ])
-def test_a_python_without_the_plugin_is_refused_naming_the_field_and_the_fix(tmp_path, reference_data, plugins, has):
-    data = checked(tmp_path, reference_data, python_with(tmp_path, plugins))
+def test_a_python_without_the_plugin_is_refused_naming_the_field_and_the_fix(tmp_path, visible_tmp_path, reference_data,
+                                                                             plugins, has):
+    data = checked(tmp_path, reference_data, python_with(visible_tmp_path, plugins))
     (problem,) = [p for p in data["problems"] if p["field"] == "decode.attention_kernels"]
     assert data["exit_code"] == 1 and problem["severity"] == "error"
     assert "no sglang.srt.plugins entry point pdserve_kernels = pdserve_kernels.sglang_plugin:load" in problem["message"]
@@ -75,8 +77,8 @@ def test_a_python_without_the_plugin_is_refused_naming_the_field_and_the_fix(tmp
     assert "sglang-env" in problem["fix"] and 'decode.attention_kernels = "sglang"' in problem["fix"]
 
 
-def test_not_asking_for_the_kernels_asks_nothing_of_the_python(tmp_path, reference_data):
+def test_not_asking_for_the_kernels_asks_nothing_of_the_python(tmp_path, visible_tmp_path, reference_data):
     # Asked, this Python (no plugin) would be refused: that nothing is said shows nothing was asked.
-    data = checked(tmp_path, reference_data, python_with(tmp_path, None), kernels="sglang")
+    data = checked(tmp_path, reference_data, python_with(visible_tmp_path, None), kernels="sglang")
     assert not [p for p in data["problems"] if "attention_kernels" in p["field"]], data["problems"]
     assert not any("SGLang plugin" in line for line in data["checked"])

@@ -88,7 +88,7 @@ def test_check_with_host_on_a_laptop_reports_what_is_wrong_here(monkeypatch):
 # -- the SGLang Python: pinned versions ------------------------------------------------------------
 
 def fake_python(tmp_path: Path, versions: dict[str, str]) -> str:
-    """A real Python whose installed sglang/sglang-router are `versions` (dist-info only) and nothing
+    """In `tmp_path` (one the units could see: check refuses a Python under /tmp), a real Python whose installed sglang/sglang-router are `versions` (dist-info only) and nothing
     else: -S drops this venv's site-packages, PYTHONPATH brings the fake distributions."""
     site = tmp_path / "site"
     for name, version in versions.items():
@@ -122,9 +122,9 @@ def test_this_venvs_python_has_the_pins(monkeypatch):
     ({"sglang": "0.5.17", "sglang-router": pins.SGLANG_ROUTER_VERSION}, "has sglang 0.5.17"),
     ({"sglang-router": pins.SGLANG_ROUTER_VERSION}, "has no sglang installed"),
 ])
-def test_on_the_host_a_python_without_the_pinned_sglang_is_refused(tmp_path, monkeypatch, versions, found):
+def test_on_the_host_a_python_without_the_pinned_sglang_is_refused(visible_tmp_path, monkeypatch, versions, found):
     monkeypatch.setattr(check_run, "THIS_HOST", reading(TARGET))
-    python = fake_python(tmp_path, versions)
+    python = fake_python(visible_tmp_path, versions)
     result = check("--host", "--sglang-python", python)
     assert result.exit_code == 1
     # One error: the parsers of a Python without the pinned sglang are not run to repeat it.
@@ -134,10 +134,10 @@ def test_on_the_host_a_python_without_the_pinned_sglang_is_refused(tmp_path, mon
     assert "skipped: parser check skipped: --sglang-python does not have the pinned sglang" in result.output
 
 
-def test_on_the_host_parsers_that_cannot_be_imported_are_an_error_not_a_skip(tmp_path, monkeypatch):
+def test_on_the_host_parsers_that_cannot_be_imported_are_an_error_not_a_skip(visible_tmp_path, monkeypatch):
     monkeypatch.setattr(check_run, "THIS_HOST", reading(TARGET))
     # The pinned versions are installed (dist-info) but nothing can be imported: a broken environment.
-    python = fake_python(tmp_path, {"sglang": pins.SGLANG_VERSION, "sglang-router": pins.SGLANG_ROUTER_VERSION})
+    python = fake_python(visible_tmp_path, {"sglang": pins.SGLANG_VERSION, "sglang-router": pins.SGLANG_ROUTER_VERSION})
     on = check("--host", "--json", "--sglang-python", python)
     messages = [p["message"] for p in json.loads(on.stdout)["problems"] if p["field"] == "--sglang-python"]
     assert any("cannot import the parser of prefill, decode, fallback" in m for m in messages), messages
@@ -147,7 +147,7 @@ def test_on_the_host_parsers_that_cannot_be_imported_are_an_error_not_a_skip(tmp
     assert off["valid"] is True and any("parser not importable" in s for s in off["skipped"])
 
 
-def test_the_nixos_build_check_command_line_still_works(tmp_path, reference_data):
+def test_the_nixos_build_check_command_line_still_works(tmp_path, visible_tmp_path, reference_data):
     # nixos-modules/pdserve.nix: `pdserve check --json --no-host --sglang-python <env>/bin/python A.json B.json`.
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     a.write_text(json.dumps(reference_data))
@@ -157,7 +157,7 @@ def test_the_nixos_build_check_command_line_still_works(tmp_path, reference_data
     reference_data["router"]["prometheus_port"] = 29001
     reference_data.setdefault("transfer", {})["bootstrap_port"] = 8999
     b.write_text(json.dumps(reference_data))
-    python = fake_python(tmp_path, {"sglang": pins.SGLANG_VERSION})
+    python = fake_python(visible_tmp_path, {"sglang": pins.SGLANG_VERSION})
     result = check("--json", "--no-host", "--sglang-python", python, str(a), str(b))
     data = json.loads(result.stdout)
     assert result.exit_code == 0 and data["valid"] is True, result.output
@@ -172,8 +172,8 @@ def deployment_file(tmp_path: Path, data) -> str:
     return str(path)
 
 
-def test_a_venv_named_in_the_file_gives_its_bin_python(tmp_path, reference_data):
-    python = fake_python(tmp_path, {})
+def test_a_venv_named_in_the_file_gives_its_bin_python(tmp_path, visible_tmp_path, reference_data):
+    python = fake_python(visible_tmp_path, {})
     reference_data["tools"] = {"sglang_venv": str(Path(python).parent.parent)}
     result = CliRunner().invoke(main, ["plan", "--json", "-c", deployment_file(tmp_path, reference_data),
                                        "--numactl", "/usr/bin/numactl", "--pdserve", "/x/pdserve"])
@@ -188,8 +188,9 @@ def test_a_python_and_a_venv_at_once_are_refused(tmp_path, reference_data):
     assert 'error: tools.sglang_venv = "/opt/b": is set beside tools.sglang_python (/opt/a/bin/python)' in result.output
 
 
-def test_render_refuses_without_an_sglang_python_and_never_takes_python3_from_path(tmp_path, monkeypatch):
-    bin_dir = tmp_path / "bin"
+def test_render_refuses_without_an_sglang_python_and_never_takes_python3_from_path(tmp_path, visible_tmp_path,
+                                                                                  monkeypatch):
+    bin_dir = visible_tmp_path / "bin"
     bin_dir.mkdir()
     for name in ("python3", "python", "numactl", "pdserve"):
         (bin_dir / name).write_text("#!/bin/sh\n")

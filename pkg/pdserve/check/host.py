@@ -3,7 +3,8 @@
 Every check either finds problems, passes, or is skipped with the reason it could not run; an
 unknown answer (no NVML, a GPU whose NUMA node the kernel reports as -1) is a skip, not a pass.
 The host is read through pdserve.probes (NVML for the GPUs, as the verifier reads them; sysfs for NUMA;
-probes.paths for the tools, the model directory and the key file).
+probes.paths for the tools, the model directory and the key file; pdserve.check.access for what the
+units' user may do with them).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pdserve.check.access import check_access
 from pdserve.probes import nvml, paths, topology
 from pdserve.probes.observations import Unavailable
 from pdserve.render.toolchain import Toolchain
@@ -123,4 +125,5 @@ def check_host(dep: Deployment, tools: Toolchain, host: HostView | None = None) 
     check_gpus(dep, host, report)
     check_numa_nodes(dep, host, report)
     check_files(dep, tools, report)
+    check_access(dep, tools, report.problems, report.passed, report.skipped)
     return report

@@ -19,6 +19,7 @@ from pdserve.render.toolchain import (
     sglang_python_origin,
     toolchain_problems,
 )
+from pdserve.schema.loading import CHECKED_ALL
 from pdserve.schema.problems import ConfigError, Problem, errors
 
 SCHEMA_VERSION = 1
@@ -84,10 +85,15 @@ def run_check(config_path: Path | None, tool_overrides: dict[str, str | None], p
         loaded = load_renderable(config_path)
     except ConfigError as exc:
         report.problems = exc.problems
+        # Rules may have run on the fields that loaded: say so, not "checked: nothing".
+        report.checked += exc.checked
+        report.skipped += exc.skipped
+        if exc.checked:
+            report.skipped.append("parser check and host checks: they run once the errors above are fixed")
         return report
     dep = loaded.deployment
     report.problems += loaded.warnings
-    report.checked.append("schema and field rules")
+    report.checked.append(CHECKED_ALL)
     tools, tool_notes = preview_toolchain(dep, tool_overrides)
     # A tool path given by flag or found on PATH goes into ExecStart= like any deployment value.
     report.problems += toolchain_problems(dep, tool_overrides)

@@ -7,7 +7,6 @@ preflight (nothing changed), or the deployment file has problems; 2 usage; 3 the
 
 from __future__ import annotations
 
-import json
 import shlex
 import signal
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ from pdserve.cutover.plan import Plan, plan_for
 from pdserve.cutover.refusals import PortProber
 from pdserve.cutover.report import DRY_RUNS, Report
 from pdserve.probes.systemctl import Systemctl
+from pdserve.schema import strict_json
 
 SCHEMA_VERSION = 1
 
@@ -125,7 +125,7 @@ def cutover_command(target: str, config_path: Path | None, as_json: bool, dry_ru
         report = machine.dry_run() if dry_run else machine.run()
     if as_json:
         host = {"host": plan.host} if plan.host else {}  # one host's step of a multi-host deployment
-        click.echo(json.dumps({"schema_version": SCHEMA_VERSION, **host, **report.as_dict()}, indent=2))
+        click.echo(strict_json.dumps({"schema_version": SCHEMA_VERSION, **host, **report.as_dict()}, indent=2))
     else:
         click.echo("\n".join(report_lines(report)))
     if report.outcome not in DRY_RUNS or report.exit_code:
@@ -152,7 +152,7 @@ def _host_plan_or_exit(dep, target: str, host: str | None, dry_run: bool, as_jso
     if here is None or (dry_run and host is None):
         refused = here is None and not dry_run
         if as_json:
-            click.echo(json.dumps({"schema_version": SCHEMA_VERSION, "deployment": dep.name, "target": "pd",
+            click.echo(strict_json.dumps({"schema_version": SCHEMA_VERSION, "deployment": dep.name, "target": "pd",
                                    "outcome": "refused-by-preflight" if refused else "dry-run",
                                    "order": [asdict(step) for step in order(dep, config)]}, indent=2))
         else:

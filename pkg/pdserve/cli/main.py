@@ -8,7 +8,6 @@ exception that escapes a command is Exit.INTERNAL with its reason, never a trace
 from __future__ import annotations
 
 import errno
-import json
 import sys
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from pdserve.cli.options import (
     tool_overrides,
 )
 from pdserve.render.renderable import load_renderable
+from pdserve.schema import strict_json
 from pdserve.schema.config import ROLES
 from pdserve.schema.loading import json_schema
 from pdserve.schema.problems import ConfigError, Problem, errors
@@ -97,7 +97,7 @@ def plan(config_path: Path | None, as_json: bool, host: str | None, sglang_pytho
     data = (host_plan_data(dep, chosen, tools, units, notes, loaded.source, render_firewall(dep, chosen)) if chosen
             else plan_data(dep, tools, units, notes, loaded.source))
     if as_json:
-        click.echo(json.dumps(data, indent=2))
+        click.echo(strict_json.dumps(data, indent=2))
     elif sys.stdout.isatty():
         print_rich(Console(), data)
     else:
@@ -135,7 +135,7 @@ def check(config_path: Path | None, more_configs: tuple[Path, ...], as_json: boo
         data = (reports[0].as_dict() if len(reports) == 1 else
                 {"schema_version": reports[0].as_dict()["schema_version"], "valid": valid,
                  "deployments": [report.as_dict() for report in reports], "across": [p.as_dict() for p in across]})
-        click.echo(json.dumps(data, indent=2, default=str))
+        click.echo(strict_json.dumps(data, indent=2))
     else:
         for report in reports:
             print_problems(report.problems)
@@ -167,7 +167,7 @@ def _check_across(paths: list[Path | None]) -> list[Problem]:
 @main.command(short_help="Print the deployment's JSON Schema.")
 def schema() -> None:
     """Print the deployment's JSON Schema."""
-    click.echo(json.dumps(json_schema(), indent=2, sort_keys=True))
+    click.echo(strict_json.dumps(json_schema(), indent=2, sort_keys=True))
 
 
 @main.command("wait-ready", short_help="Wait until ROLE answers as ready (the units' gate).")

@@ -10,8 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pdserve.render.fit import RENDER_RULES
+from pdserve.render import fit
+from pdserve.render.reach import paths_within_reach
 from pdserve.schema.loading import Loaded, deployment_from_data, load
+
+# The render layer's rules: what the emitted files must fit (fit), and what the units' sandbox lets them
+# reach (reach).
+RENDER_RULES = (*fit.RENDER_RULES, paths_within_reach)
 
 
 def load_renderable(path: Path | None = None) -> Loaded:

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from pdserve.schema.config import Deployment, venv_python
+from pdserve.render.reach import unreachable
+from pdserve.schema.config import ROLES, SERVER_ROLES, Deployment, venv_python
 from pdserve.schema.problems import ConfigError, Problem
 from pdserve.schema.systemd_syntax import executable_problem
 
@@ -36,6 +37,8 @@ _TOOLS: dict[str, tuple[str | None, str]] = {
     "numactl": ("numactl", "numactl (CPU/memory NUMA binding)"),
     "pdserve": ("pdserve", "the pdserve executable (readiness gates)"),
 }
+_EXECUTABLE_FIX = ("give the absolute path of the executable, without quotes, backslashes, control characters or a "
+                   "trailing /")
 # What `pdserve plan` shows in place of an SGLang Python nobody named.
 SGLANG_PYTHON_PLACEHOLDER = "sglang-python"
 
@@ -125,14 +128,22 @@ def _resolve(dep: Deployment, overrides: dict[str, str | None],
             continue
         # Flags and PATH are input too: the same rules as tools.* in the deployment (systemd executes it).
         problem = executable_problem(path)
-        if problem:
-            problems.append((tool, Problem(
-                origin, path, problem,
-                "give the absolute path of the executable, without quotes, backslashes, control characters "
-                "or a trailing /",
-            )))
+        found = (problem, _EXECUTABLE_FIX) if problem else None
+        if found is None and (origin.startswith("--") or "PATH" in origin):
+            # A path from the file is judged with the file (pdserve.render.reach's rule); these only here.
+            found = unreachable(path, SERVER_ROLES if tool == "numactl" else ROLES, "execute")
+        if found:
+            problems.append((tool, Problem(origin, path, *found)))
             if lenient:
                 resolved[tool] = placeholder
             continue
         resolved[tool] = path
+    if dep.router.api_key_file is not None:
+        # The router's and the fallback's units run it with the SGLang Python: it must be in their view.
+        launcher = default_keyed_launcher()
+        hidden = unreachable(launcher, ("router", "fallback"), "read")
+        if hidden:
+            problems.append(("keyed_launcher", Problem(
+                "(pdserve's keyed launcher)", launcher, hidden[0],
+                "install pdserve outside that directory; its keyed launcher runs in the units that hold the key")))
     return Toolchain(**resolved) if len(resolved) == len(_TOOLS) else None, problems

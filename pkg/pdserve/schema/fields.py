@@ -37,7 +37,23 @@ def _absolute_path(value: str) -> str:
     return value
 
 
-AbsolutePath = Annotated[str, AfterValidator(_absolute_path)]
+def dotted_path_problem(path: str) -> str | None:
+    """'.', '..' or empty components in an absolute path: `/tmp/../opt` names /opt only while /tmp is no
+    link, and `//x`, `/x/` hide what runs. Refused rather than normalized, so the path in the file is the
+    path checked against the units' sandbox (pdserve.render.reach) and the path that runs."""
+    if path != "/" and any(part in {"", ".", ".."} for part in path.split("/")[1:]):
+        return "has '.', '..', '//' or a trailing '/' in it"
+    return None
+
+
+def _plain(value: str) -> str:
+    problem = dotted_path_problem(value)
+    if problem:
+        raise invalid(problem, "write the plain absolute path, e.g. /opt/sglang instead of /opt/x/../sglang/")
+    return value
+
+
+AbsolutePath = Annotated[str, AfterValidator(_absolute_path), AfterValidator(_plain)]
 Port = Annotated[int, Field(ge=1, le=65535, description="TCP port, 1-65535")]
 # systemd reads a time it cannot hold (over 2^64 us) as unparsable and silently keeps its default (90 s
 # for TimeoutStartSec=); the router's timers overflow much earlier. No start or stop needs a year.
@@ -63,8 +79,8 @@ def _refused_by(problem_of: Callable[[str], str | None], fix: str) -> Callable[[
 
 
 _executable = _refused_by(
-    systemd_syntax.executable_problem,
-    "give the absolute path of the executable, without quotes, backslashes or a trailing /")
+    lambda path: systemd_syntax.executable_problem(path) or dotted_path_problem(path),
+    "give the plain absolute path of the executable, without quotes, backslashes, '.' or '..'")
 _user_name = _refused_by(systemd_syntax.user_name_problem, "use an existing system user/group name such as \"pdserve\"")
 _unit_name = _refused_by(systemd_syntax.unit_name_problem, "use a target such as \"multi-user.target\"")
 

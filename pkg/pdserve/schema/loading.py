@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import copy
 import json
+import math
 import os
-import re
 import stat
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -16,8 +15,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from pdserve.schema import rules_hosts, rules_ports
-from pdserve.schema.config import SHAPE_TAGS, WORKER_ROLES, Deployment
+from pdserve.schema import field_errors, rules_hosts, rules_ports
+from pdserve.schema.config import Deployment
+from pdserve.schema.field_errors import field_name
 from pdserve.schema.problems import ConfigError, Problem, errors
 from pdserve.schema.rules import RULES, Rule, validate
 from pdserve.schema.systemd_syntax import TEXT_FIX, text_problem
@@ -85,138 +85,44 @@ def parse_document(text: str, fmt: str, source: str) -> dict[str, Any]:
     return data
 
 
-def _text_problems(data: Any, path: str = "") -> list[Problem]:
-    """Every string in the document, keys included, that systemd could not carry exactly: found on the
-    raw data so that no field, known or unknown, is missed."""
-    problems: list[Problem] = []
-    if isinstance(data, str):
-        message = text_problem(data)
-        if message:
-            problems.append(Problem(path or "(deployment)", data, message, TEXT_FIX))
-    elif isinstance(data, dict):
+def _leaves(data: Any, path: str = "") -> Iterator[tuple[str, Any, bool]]:
+    """(field, value, whether it is a key) of every key and scalar in the document, named as problems name
+    them: a table inside an array by its index (prefill[0].port), an array's scalars by the array."""
+    if isinstance(data, dict):
         for key, value in data.items():
             here = field_name(path, key)
-            message = text_problem(key) if isinstance(key, str) else None
-            if message:
-                problems.append(Problem(here, key, f"(the key) {message}", TEXT_FIX))
-            problems += _text_problems(value, here)
+            yield here, key, True
+            yield from _leaves(value, here)
     elif isinstance(data, list):
-        for item in data:
-            problems += _text_problems(item, path)
+        for index, item in enumerate(data):
+            yield from _leaves(item, f"{path}[{index}]" if isinstance(item, dict) else path)
+    else:
+        yield path or "(deployment)", data, False
+
+
+def _raw_problems(data: Any) -> list[Problem]:
+    """Found on the raw data, so that no field, known or unknown, is missed: every string, keys included,
+    that systemd could not carry exactly, and every number that is not finite (TOML's nan and inf, JSON's
+    NaN and a 1e999 that overflows), which no field takes and no JSON output may echo as a number."""
+    problems: list[Problem] = []
+    for field, value, is_key in _leaves(data):
+        if isinstance(value, str):
+            message = text_problem(value)
+            if message:
+                problems.append(Problem(field, value, f"(the key) {message}" if is_key else message, TEXT_FIX))
+        elif isinstance(value, float) and not math.isfinite(value):
+            problems.append(Problem(field, value, f"is not a finite number ({value})",
+                                    "write a finite number inside the field's range (see `pdserve schema`)"))
     return problems
 
 
-def _fix_for(error: dict[str, Any], field: str) -> str:
-    kind = error["type"]
-    ctx = error.get("ctx") or {}
-    if "fix" in ctx:
-        return str(ctx["fix"])
-    if kind == "missing":
-        return "add this field (see `pdserve schema`)"
-    if kind == "extra_forbidden":
-        return "remove it or correct its spelling (see `pdserve schema` for the known fields)"
-    if kind == "literal_error":
-        return f"use one of {ctx.get('expected', 'the listed values')}"
-    if kind in {"greater_than", "less_than", "greater_than_equal", "less_than_equal"}:
-        if "fraction" in field:
-            return "use a fraction strictly between 0 and 1, e.g. 0.85"
-        return "use a value inside the allowed range shown in the message"
-    if kind.endswith("_type") or kind.endswith("_parsing"):
-        return "use a value of the type shown in the message"
-    return "see `pdserve schema` for this field"
-
-
-def field_name(path: str, key: Any) -> str:
-    """`path.key`, with a key that is not a plain name written as a JSON string (`env["A B"]`), so a
-    hostile key cannot break the one-line problem format."""
-    if isinstance(key, str) and not _PLAIN_KEY.fullmatch(key):
-        return f"{path}[{json.dumps(key)}]"
-    return f"{path}.{key}" if path else str(key)
-
-
-_PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]+")
-
-
-def data_location(loc: tuple[Any, ...]) -> tuple[Any, ...]:
-    """Where an error is in the document: without the shape tag that `prefill`/`decode` carry in pydantic's
-    location (a table or an array of servers, pdserve.schema.config.RoleServers), and a bad key's location
-    as the entry it names."""
-    if loc and loc[-1] == "[key]":  # a bad key of a table (a host's name): the entry it names
-        loc = loc[:-1]
-    if len(loc) > 1 and loc[0] in WORKER_ROLES and loc[1] in SHAPE_TAGS:
-        return (loc[0], *loc[2:])
-    return tuple(loc)
-
-
-def problems_from_validation(exc: ValidationError) -> list[Problem]:
-    problems = []
-    for error in exc.errors(include_url=False):
-        field = ""
-        for part in data_location(error["loc"]):
-            # The servers of a multi-host file as the rules name them: prefill[0].port.
-            placed = isinstance(part, int) and field in WORKER_ROLES
-            field = f"{field}[{part}]" if placed else field_name(field, part)
-        field = field or "(deployment)"
-        value = None if error["type"] == "missing" else error.get("input")
-        problems.append(Problem(field, value, error["msg"], _fix_for(error, field)))
-    return problems
-
-
-def _without(data: dict[str, Any], locations: list[tuple[Any, ...]]) -> dict[str, Any]:
-    """A copy of `data` with the values at `locations` removed (a bad list item removes its list)."""
-    pruned = copy.deepcopy(data)
-    for loc in locations:
-        loc = loc[: next((i for i, part in enumerate(loc) if isinstance(part, int)), len(loc))]
-        parent = pruned
-        for part in loc[:-1]:
-            parent = parent.get(part) if isinstance(parent, dict) else None
-        if isinstance(parent, dict) and loc:
-            parent.pop(loc[-1], None)
-    return pruned
-
-
-def _reference() -> dict[str, Any]:
-    return tomllib.loads(default_profile_text())
-
-
-def _patched(data: dict[str, Any], locations: list[tuple[Any, ...]]) -> tuple[dict[str, Any], set[str]]:
-    """`data` without the values at `locations`, each replaced by the reference profile's value where
-    the field is required (so one bad required field does not hide every cross-field rule). Returns the
-    patched data and the dotted names of the fields that no longer hold the user's value."""
-    pruned = _without(data, locations)
-    reference = _reference()
-    replaced: set[str] = set()
-    for loc in locations:
-        loc = tuple(loc[: next((i for i, part in enumerate(loc) if isinstance(part, int)), len(loc))])
-        replaced.add(".".join(str(p) for p in loc))
-        source: Any = reference
-        target: Any = pruned
-        for part in loc[:-1]:
-            source = source.get(part) if isinstance(source, dict) else None
-            if isinstance(target, dict) and not isinstance(target.get(part), dict):
-                target[part] = {}
-            target = target.get(part) if isinstance(target, dict) else None
-        if loc and isinstance(source, dict) and loc[-1] in source and isinstance(target, dict):
-            target.setdefault(loc[-1], copy.deepcopy(source[loc[-1]]))
-    return pruned, replaced
-
-
-def _within(field: str, container: str) -> bool:
-    return field == container or field.startswith((f"{container}.", f"{container}["))
-
-
-# A word of a problem line as a whole: a dotted field path, or a flag such as --served-model-name.
-_WORD = re.compile(r"[\w.\[\]-]+")
-
-
-def _mentions(problem: Problem, fields: set[str]) -> bool:
-    """Whether a rule's problem depends on one of `fields` (or a part of one): its own field, or a field
-    path its message or fix names as a whole word (`name` must not match `served_model_name`). In the
-    prose only paths (`model.context_length`) and snake_case names (`allow_shared_gpus`) count: a bare
-    English word such as "model" in "anyone ... can use the model" names no field."""
-    words = [word.rstrip(".") for word in _WORD.findall(f"{problem.message} {problem.fix}")]
-    tokens = [problem.field, *(w for w in words if "." in w or "[" in w or "_" in w)]
-    return any(_within(token, field) for token in tokens for field in fields if field)
+# What `pdserve check` says it checked (pdserve.check.run): every field and rule, or, when fields fail,
+# the fields and the rules that could run without them.
+CHECKED_ALL = "schema and field rules"
+CHECKED_REST = "schema and field rules (the cross-field rules without the fields in error)"
+CHECKED_FIELDS = "field types and bounds"
+SKIPPED_RULES = "cross-field rules: the fields in error leave too little of the file to run them on"
+SKIPPED_SHAPE = "cross-field rules: [hosts] is not a table of hosts, so which layout the file describes is unknown"
 
 
 def deployment_from_data(data: dict[str, Any], source: str, extra_rules: Sequence[Rule] = ()) -> Loaded:
@@ -224,31 +130,42 @@ def deployment_from_data(data: dict[str, Any], source: str, extra_rules: Sequenc
     layer's, see pdserve.render.renderable), every problem at once."""
     # The hosts' rules first: a file of the wrong shape is told so before what follows from it.
     rules = (*rules_hosts.RULES, *RULES, *rules_ports.RULES, *extra_rules)
-    text_problems = _text_problems(data)
+    raw_problems = _raw_problems(data)
     try:
         deployment = Deployment.model_validate(data)
     except ValidationError as exc:
         # A field with a control character also fails its own pattern: say the first thing only.
-        problems = text_problems + [p for p in problems_from_validation(exc)
-                                    if not any(_within(t.field, p.field) for t in text_problems)]
+        problems = raw_problems + [p for p in field_errors.problems_from_validation(exc)
+                                   if not any(field_errors.within(t.field, p.field) for t in raw_problems)]
         # Report the cross-field rules too, so a user fixes everything in one pass: replace the bad
-        # values (by defaults, or the reference's value for a required field) and run the rules on the
-        # rest, leaving out what a replaced value took part in.
-        patched, replaced = _patched(data, [data_location(e["loc"]) for e in exc.errors()])
-        try:
-            rest = Deployment.model_validate(patched)
-        except ValidationError:
-            raise ConfigError(problems, source) from None
+        # values and run the rules on the rest, leaving out what a replaced value took part in.
+        rest, replaced = field_errors.patched(data, [field_errors.data_location(e["loc"]) for e in exc.errors()],
+                                              default_profile_text(), _failing)
+        if rest is None:
+            raise ConfigError(problems, source, [CHECKED_FIELDS], [SKIPPED_RULES]) from None
+        if "hosts" in replaced:
+            # Without its [hosts] the file has another shape (one host), and every rule would judge that one.
+            raise ConfigError(problems, source, [CHECKED_FIELDS], [SKIPPED_SHAPE]) from None
         bad = {p.field for p in problems}
-        problems += [p for p in validate(rest, rules) if p.field not in bad and not _mentions(p, replaced)]
-        raise ConfigError(problems, source) from None
+        problems += [p for p in validate(Deployment.model_validate(rest), rules)
+                     if p.field not in bad and not field_errors.mentions(p, replaced)]
+        raise ConfigError(problems, source, [CHECKED_REST]) from None
     problems = validate(deployment, rules)
-    if text_problems:
-        bad = {p.field for p in text_problems}
-        raise ConfigError(text_problems + [p for p in problems if p.field not in bad], source)
+    if raw_problems:
+        bad = {p.field for p in raw_problems}
+        raise ConfigError(raw_problems + [p for p in problems if p.field not in bad], source, [CHECKED_ALL])
     if errors(problems):
-        raise ConfigError(problems, source)
+        raise ConfigError(problems, source, [CHECKED_ALL])
     return Loaded(deployment, source, problems)
+
+
+def _failing(data: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """The data locations of `data` that fail validation; none when it validates."""
+    try:
+        Deployment.model_validate(data)
+    except ValidationError as exc:
+        return [field_errors.data_location(e["loc"]) for e in exc.errors()]
+    return []
 
 
 def load(path: Path | None = None, extra_rules: Sequence[Rule] = ()) -> Loaded:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from pdserve.schema import pins
-from pdserve.schema.fields import Count, invalid
+from pdserve.schema.fields import Count, dotted_path_problem, invalid
 
 
 class ModelSpec(BaseModel):
@@ -31,7 +31,12 @@ class ModelSpec(BaseModel):
                 "a relative model path resolves against the unit's working directory (/)",
                 "write the absolute path of the model directory",
             )
-        return value
+        return _plain_if_absolute(value, "/var/lib/models/DeepSeek-V4-Flash-NVFP4")
+
+    @field_validator("chat_template")
+    @classmethod
+    def _template_path_plain(cls, value: str | None) -> str | None:
+        return None if value is None else _plain_if_absolute(value, "/etc/pdserve/chat-template.jinja")
 
     @field_validator("reasoning_parser")
     @classmethod
@@ -42,6 +47,14 @@ class ModelSpec(BaseModel):
     @classmethod
     def _known_tool_call_parser(cls, value: str | None) -> str | None:
         return _known(value, pins.TOOL_CALL_PARSERS, "tool-call parser")
+
+
+def _plain_if_absolute(value: str, example: str) -> str:
+    """An absolute path as the units' sandbox check (pdserve.render.reach) and SGLang will both read it."""
+    problem = dotted_path_problem(value) if value.startswith("/") else None
+    if problem:
+        raise invalid(problem, f"write the plain absolute path, e.g. {example}")
+    return value
 
 
 def _known(value: str | None, names: frozenset[str], what: str) -> str | None:

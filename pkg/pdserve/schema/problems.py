@@ -6,10 +6,12 @@ print every problem at once, one line each, or as JSON.
 
 from __future__ import annotations
 
-import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Any
+
+from pdserve.schema import strict_json
 
 # The longest value a problem line shows in full.
 MAX_SHOWN = 200
@@ -29,17 +31,18 @@ class Problem:
     severity: Severity = Severity.ERROR
 
     def line(self) -> str:
-        # json.dumps escapes control characters, so a hostile value cannot split the line; a huge one
-        # is cut, so it cannot drown the report.
-        shown = json.dumps(self.value, default=str) if self.value is not None else "(unset)"
+        # JSON escapes control characters, so a hostile value cannot split the line; a huge one is cut,
+        # so it cannot drown the report.
+        shown = strict_json.dumps(self.value) if self.value is not None else "(unset)"
         if len(shown) > MAX_SHOWN:
             shown = f"{shown[:MAX_SHOWN]}... ({len(shown)} characters)"
         return f"{self.severity}: {self.field} = {shown}: {self.message}; fix: {self.fix}"
 
     def as_dict(self) -> dict[str, Any]:
+        """As `--json` writes it: the value made JSON-safe (a `nan` from the file is the string "nan")."""
         data = asdict(self)
         data["severity"] = str(self.severity)
-        return data
+        return strict_json.safe(data)
 
 
 def errors(problems: list[Problem]) -> list[Problem]:
@@ -49,7 +52,11 @@ def errors(problems: list[Problem]) -> list[Problem]:
 class ConfigError(Exception):
     """A deployment that cannot be used. Carries every problem found, not only the first."""
 
-    def __init__(self, problems: list[Problem], source: str = "deployment"):
+    def __init__(self, problems: list[Problem], source: str = "deployment", checked: Sequence[str] = (),
+                 skipped: Sequence[str] = ()):
         self.problems = problems
         self.source = source
+        # What ran to find them (for `pdserve check`'s summary), and what could not run and why.
+        self.checked = list(checked)
+        self.skipped = list(skipped)
         super().__init__(f"{source}: " + "; ".join(p.line() for p in problems))

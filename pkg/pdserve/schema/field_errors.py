@@ -1,0 +1,197 @@
+"""A file whose fields fail: each field error as one problem, and the rest of the file made whole enough
+to run the cross-field rules on it, so that a user fixes every problem in one pass.
+
+The bad values are removed (defaults take their place) or, where a field is required, replaced: by the
+reference profile's value, or for what the one-host reference has not (a host's address, a placed
+server's hosts) by a placeholder. Every replaced field is named, and a rule problem that mentions one is
+left out: it would be about pdserve's stand-in, not the user's value.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import tomllib
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import ValidationError
+
+from pdserve.schema.config import SHAPE_TAGS, WORKER_ROLES
+from pdserve.schema.problems import Problem
+
+# The most passes of patching: a replaced value can fail a rule of its own type (a placeholder the
+# schema later refuses), and each pass patches what the last one left failing.
+MAX_PASSES = 4
+
+
+def _fix_for(error: dict[str, Any], field: str) -> str:
+    kind = error["type"]
+    ctx = error.get("ctx") or {}
+    if "fix" in ctx:
+        return str(ctx["fix"])
+    if kind == "missing":
+        return "add this field (see `pdserve schema`)"
+    if kind == "extra_forbidden":
+        return "remove it or correct its spelling (see `pdserve schema` for the known fields)"
+    if kind == "literal_error":
+        return f"use one of {ctx.get('expected', 'the listed values')}"
+    if kind in {"greater_than", "less_than", "greater_than_equal", "less_than_equal"}:
+        if "fraction" in field:
+            return "use a fraction strictly between 0 and 1, e.g. 0.85"
+        return "use a value inside the allowed range shown in the message"
+    if kind.endswith("_type") or kind.endswith("_parsing"):
+        return "use a value of the type shown in the message"
+    return "see `pdserve schema` for this field"
+
+
+def field_name(path: str, key: Any) -> str:
+    """`path.key`, with a key that is not a plain name written as a JSON string (`env["A B"]`), so a
+    hostile key cannot break the one-line problem format."""
+    if isinstance(key, str) and not _PLAIN_KEY.fullmatch(key):
+        return f"{path}[{json.dumps(key)}]"
+    return f"{path}.{key}" if path else str(key)
+
+
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def data_location(loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Where an error is in the document: without the shape tag that `prefill`/`decode` carry in pydantic's
+    location (a table or an array of servers, pdserve.schema.config.RoleServers), and a bad key's location
+    as the entry it names."""
+    if loc and loc[-1] == "[key]":  # a bad key of a table (a host's name): the entry it names
+        loc = loc[:-1]
+    if len(loc) > 1 and loc[0] in WORKER_ROLES and loc[1] in SHAPE_TAGS:
+        return (loc[0], *loc[2:])
+    return tuple(loc)
+
+
+def field_of(loc: tuple[Any, ...]) -> str:
+    """A data location as problems name it: prefill[0].port for the servers of a multi-host file."""
+    field = ""
+    for part in loc:
+        placed = isinstance(part, int) and field in WORKER_ROLES
+        field = f"{field}[{part}]" if placed else field_name(field, part)
+    return field or "(deployment)"
+
+
+def problems_from_validation(exc: ValidationError) -> list[Problem]:
+    problems = []
+    for error in exc.errors(include_url=False):
+        field = field_of(data_location(error["loc"]))
+        value = None if error["type"] == "missing" else error.get("input")
+        problems.append(Problem(field, value, error["msg"], _fix_for(error, field)))
+    return problems
+
+
+def _cut(data: Any, loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The part of the document to replace for an error at `loc`: the field itself, inside a table of an
+    array too (prefill[0].port); but a bad item of an array of scalars (gpus[1]) replaces the array."""
+    node = data
+    for i, part in enumerate(loc):
+        if isinstance(part, int):
+            item = node[part] if isinstance(node, list) and -len(node) <= part < len(node) else None
+            if not isinstance(item, dict) or i == len(loc) - 1:
+                return loc[:i]
+            node = item
+        else:
+            node = node.get(part) if isinstance(node, dict) else None
+    return loc
+
+
+def _reference_value(reference: dict[str, Any], loc: tuple[Any, ...]) -> tuple[bool, Any]:
+    """(found, value) of the reference profile at `loc`: its one [prefill] table stands for every
+    [[prefill]] server; it has no [hosts]."""
+    node: Any = reference
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        if not isinstance(node, dict) or part not in node:
+            return False, None
+        node = node[part]
+    return True, copy.deepcopy(node)
+
+
+def _placeholder(data: dict[str, Any], loc: tuple[Any, ...], taken: int) -> tuple[bool, Any]:
+    """A stand-in for a required field of the multi-host shape, which the reference profile lacks."""
+    if len(loc) == 3 and loc[0] == "hosts" and loc[2] == "address":
+        # One address per replaced host, from a block no example uses; rules that compare addresses
+        # mention the replaced field and are left out.
+        return True, f"10.254.{taken // 250}.{taken % 250 + 1}"
+    if len(loc) == 3 and loc[0] in WORKER_ROLES and isinstance(loc[1], int) and loc[2] == "hosts":
+        hosts = data.get("hosts")
+        names = [name for name in hosts if isinstance(name, str)] if isinstance(hosts, dict) else []
+        return (True, names[:1]) if names else (False, None)
+    return False, None
+
+
+def _container(root: Any, loc: tuple[Any, ...]) -> dict[str, Any] | None:
+    """The table that holds `loc`'s last part, made where a bad value of another type stood."""
+    node = root
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            node = node[part] if isinstance(node, list) and -len(node) <= part < len(node) else None
+        elif isinstance(node, dict):
+            if not isinstance(node.get(part), dict | list):
+                node[part] = {}
+            node = node[part]
+        else:
+            return None
+    return node if isinstance(node, dict) else None
+
+
+def patched(data: dict[str, Any], locations: list[tuple[Any, ...]], reference_text: str,
+            revalidate: Callable[[dict[str, Any]], list[tuple[Any, ...]]]) -> tuple[dict[str, Any] | None, set[str]]:
+    """`data` with the values at `locations` removed, required ones replaced (see the module's docstring),
+    and the names of the fields that no longer hold the user's value. `revalidate` gives the data locations
+    that still fail; the data is None when they do after MAX_PASSES."""
+    reference = tomllib.loads(reference_text)
+    result = copy.deepcopy(data)
+    replaced: set[str] = set()
+    for _ in range(MAX_PASSES):
+        cuts = list(dict.fromkeys(_cut(result, loc) for loc in locations))
+        for loc in cuts:
+            holder = _container(result, loc) if loc else None
+            if holder is None:
+                continue
+            holder.pop(loc[-1], None)
+            found, value = _reference_value(reference, loc)
+            if not found:
+                found, value = _placeholder(result, loc, len(replaced))
+            if found:
+                holder[loc[-1]] = value
+            replaced.add(field_of(loc))
+        locations = revalidate(result)
+        if not locations:
+            return result, replaced
+        if not cuts:
+            break
+    return None, replaced
+
+
+def within(field: str, container: str) -> bool:
+    return field == container or field.startswith((f"{container}.", f"{container}["))
+
+
+# A word of a problem line as a whole: a dotted field path, or a flag such as --served-model-name.
+_WORD = re.compile(r"[\w.\[\]-]+")
+
+
+def _as_field(word: str) -> str:
+    """A word as a field path: `[hosts.gpu-a]` (a table header in prose) is hosts.gpu-a."""
+    word = word.rstrip(".,;:")
+    if word.startswith("[") and word.endswith("]") and word.count("[") == 1:
+        return word[1:-1]
+    return word
+
+
+def mentions(problem: Problem, fields: set[str]) -> bool:
+    """Whether a rule's problem depends on one of `fields` (or a part of one): its own field, or a field
+    path its message or fix names as a whole word (`name` must not match `served_model_name`). In the
+    prose only paths (`model.context_length`) and snake_case names (`allow_shared_gpus`) count: a bare
+    English word such as "model" in "anyone ... can use the model" names no field."""
+    words = [word.rstrip(".,;:") for word in _WORD.findall(f"{problem.message} {problem.fix}")]
+    tokens = [problem.field, *(_as_field(w) for w in words if "." in w or "[" in w or "_" in w)]
+    return any(within(token, field) for token in tokens for field in fields if field)
