@@ -2,8 +2,9 @@
 to run the cross-field rules on it, so that a user fixes every problem in one pass.
 
 The bad values are removed (defaults take their place) or, where a field is required, replaced: by the
-reference profile's value, or for what the one-host reference has not (a host's address, a placed
-server's hosts) by a placeholder. Every replaced field is named, and a rule problem that mentions one is
+reference profile's value, or for what the one-host reference has not (a placed server's hosts) by a
+placeholder. A host's address needs neither: the model leaves it unset (schema.hosts.ADDRESS_UNSET) and the
+host rules skip such a host. Every replaced field is named, and a rule problem that mentions one is
 left out: it would be about pdserve's stand-in, not the user's value.
 """
 
@@ -114,12 +115,8 @@ def _reference_value(reference: dict[str, Any], loc: tuple[Any, ...]) -> tuple[b
     return True, copy.deepcopy(node)
 
 
-def _placeholder(data: dict[str, Any], loc: tuple[Any, ...], taken: int) -> tuple[bool, Any]:
+def _placeholder(data: dict[str, Any], loc: tuple[Any, ...]) -> tuple[bool, Any]:
     """A stand-in for a required field of the multi-host shape, which the reference profile lacks."""
-    if len(loc) == 3 and loc[0] == "hosts" and loc[2] == "address":
-        # One address per replaced host, from a block no example uses; rules that compare addresses
-        # mention the replaced field and are left out.
-        return True, f"10.254.{taken // 250}.{taken % 250 + 1}"
     if len(loc) == 3 and loc[0] in WORKER_ROLES and isinstance(loc[1], int) and loc[2] == "hosts":
         hosts = data.get("hosts")
         names = [name for name in hosts if isinstance(name, str)] if isinstance(hosts, dict) else []
@@ -159,7 +156,7 @@ def patched(data: dict[str, Any], locations: list[tuple[Any, ...]], reference_te
             holder.pop(loc[-1], None)
             found, value = _reference_value(reference, loc)
             if not found:
-                found, value = _placeholder(result, loc, len(replaced))
+                found, value = _placeholder(result, loc)
             if found:
                 holder[loc[-1]] = value
             replaced.add(field_of(loc))
