@@ -14,4 +14,4 @@ PD_WORKER_COUNT = 2  # one prefill, one decode per deployment
 def worker_counts(body: object, what: str = "/readiness") -> Readiness | Mismatch:
     """healthy_workers and total_workers from a /readiness body; None for what it does not say (sglang-router
     0.3.2 answers 503 with only {"status", "reason"} while it has no workers, and an error page is text)."""
-    return fit(Readiness, body if isinstance(body, dict) else {}, what)
+    return fit(Readiness, {} if body is None or isinstance(body, str) else body, what)

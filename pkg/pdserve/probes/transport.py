@@ -189,7 +189,7 @@ class BoundedTransport(httpx.BaseTransport):
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         deadline = self.deadline()
-        span = round(max(0.0, deadline - time.monotonic()), 2)  # what the error says: not_after may cut it
+        span = round(max(0.0, deadline - time.monotonic()), 1)  # what the error says: not_after may cut it
         url = str(request.url)
         raw = httpcore.Request(
             method=request.method,
