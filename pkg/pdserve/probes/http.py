@@ -95,7 +95,7 @@ def read(client: httpx.Client, method: str, url: str, max_bytes: int, seconds: f
         for chunk in response.iter_bytes():
             body += chunk
             if len(body) > max_bytes:
-                raise AnswerTooLarge(f"answer larger than {max_bytes} bytes")
+                raise AnswerTooLarge(f"answer larger than {max_bytes} bytes after decompression")
             if seconds is not None and time.monotonic() - began > seconds:
                 raise DeadlinePassed(f"answer not complete within {seconds:g} s")
     return response, bytes(body)
