@@ -175,3 +175,12 @@ def test_the_router_gate_is_not_ready_on_wrong_types(body, state):
     with ms.serving({"/readiness": ms.answer(200, body)}) as server, http.client(2) as client:
         seen = router_observation(client, server.url, 2)
     assert not seen.ready and state in seen.state, seen.state
+
+
+def test_printable_escapes_what_a_terminal_or_a_json_parser_would_take_badly():
+    from pdserve.verify.printable import printable
+
+    assert printable(HOSTILE_TEXT) == ("\\ud800 \\udfff NUL\\x00 ESC\\x1b[2J BEL\\x07 C1\\x85 [bold]markup[/] [/] "
+                                       "RTL\\u202e")
+    assert printable("line\n\ttab é ｜DSML｜") == "line\n\ttab é ｜DSML｜"  # printable text is left as it is
+    assert printable("x" * 50, limit=10) == "xxxxxxxxxx... (40 more characters)"
