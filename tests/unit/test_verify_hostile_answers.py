@@ -184,3 +184,18 @@ def test_printable_escapes_what_a_terminal_or_a_json_parser_would_take_badly():
                                        "RTL\\u202e")
     assert printable("line\n\ttab é ｜DSML｜") == "line\n\ttab é ｜DSML｜"  # printable text is left as it is
     assert printable("x" * 50, limit=10) == "xxxxxxxxxx... (40 more characters)"
+
+
+@pytest.mark.parametrize(("behaviour", "observed"), [
+    (ms.slow_body, "no complete answer within 1 s"),
+    (ms.gzip_bomb(64 * 1024 * 1024), "answer larger than"),
+    (ms.answer(200, b"\x00\xff\xfe garbage {\n" * 1000, {"Content-Type": "text/plain"}), "missing: "),
+    (ms.answer(200, {"sglang:num_running_reqs": [1]}), "missing: "),
+], ids=["drip", "bomb", "binary", "json"])
+def test_metrics_endpoints_fail_their_check_on_any_answer(tmp_path, behaviour, observed):
+    result, took, _ = _verify(tmp_path, {"decode": {"/metrics": behaviour}}, "--only", "metrics.decode", "--json",
+                              "--probe-timeout", "1")
+    assert took <= 1 + SLACK + 0.5
+    assert result.exit_code == 1, result.output
+    check = next(c for c in _strict_json(result.output)["checks"] if c["id"] == "metrics.decode")
+    assert check["status"] == "fail" and observed in check["observed"], check

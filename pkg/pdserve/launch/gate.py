@@ -18,6 +18,7 @@ import httpx
 
 from pdserve.probes import http
 from pdserve.probes.answers import Mismatch, shown
+from pdserve.probes.metrics import MAX_BYTES as METRICS_MAX_BYTES
 from pdserve.probes.router import worker_counts
 from pdserve.schema.config import Deployment, Role
 from pdserve.schema.derived import disaggregation_mode, role_url
@@ -46,9 +47,9 @@ class _Unread(Exception):
     """An answer that cannot be read (not JSON, too deep, a redirect): its text names it."""
 
 
-def _get(client: httpx.Client, url: str) -> tuple[int, object]:
+def _get(client: httpx.Client, url: str, max_bytes: int = http.JSON_MAX_BYTES) -> tuple[int, object]:
     """(status, body: parsed JSON, or the text) through probes.http, which bounds and reads the request."""
-    seen = http.get(client, url)
+    seen = http.get(client, url, max_bytes=max_bytes)
     if seen.status is None:
         raise _Unreachable(seen.error)
     if seen.error:
@@ -68,7 +69,7 @@ def _mode_from_metrics(client: httpx.Client, base_url: str, expected_mode: str) 
     """A server started with an API key answers /model_info only with the key, which the gate does
     not hold (systemd 252 gives ExecStartPost= no readable credential). /metrics stays open and its
     series carry the engine_type label, which names the same mode."""
-    status, text = _get(client, f"{base_url}/metrics")
+    status, text = _get(client, f"{base_url}/metrics", METRICS_MAX_BYTES)
     types = set(_ENGINE_TYPE.findall(text)) if status == 200 and isinstance(text, str) else set()
     expected = engine_type_for(expected_mode)
     if types == {expected}:
