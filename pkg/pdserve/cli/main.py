@@ -173,23 +173,26 @@ def schema() -> None:
 @main.command("wait-ready", short_help="Wait until ROLE answers as ready (the units' gate).")
 @click.argument("role", metavar="ROLE", type=ROLE_CHOICE)
 @config_option
-@seconds_option("--timeout", 600.0, 0, "Seconds to wait before giving up.")
+@seconds_option("--timeout", 600.0, 0, "Seconds to wait before giving up; no request outlasts them.")
 @seconds_option("--interval", 2.0, 0.05, "Seconds between probes.")
-@seconds_option("--probe-timeout", 10.0, 0.1, "Seconds each HTTP request may take.")
+@seconds_option("--probe-timeout", 10.0, 0.1, "Seconds each HTTP request may take (the whole exchange).")
 @click.option("--server", metavar="NAME", help="Multi-host deployments: which of the role's servers (prefill-1, "
               "decode-2, ...); it is reached at its host's cluster address.")
 def wait_ready(role: str, config_path: Path | None, timeout: float, interval: float, probe_timeout: float,
                server: str | None) -> None:
     """Wait until ROLE (prefill, decode, router or fallback) answers as ready; exit 1 with the last state
     seen when the deadline passes."""
-    import httpx
+    import time
 
-    from pdserve.launch.gate import probe_for, wait_until_ready
+    from pdserve.launch.gate import LAST_PROBE_S, probe_for, wait_until_ready
+    from pdserve.probes import http
     from pdserve.schema.derived import unit_name
 
     dep = load_or_exit(config_path).deployment
     unit = f"sglang-{dep.name}-{server}" if server and role != "router" else unit_name(dep, role)
-    with httpx.Client(timeout=probe_timeout) as client:
+    # Each request ends by --probe-timeout and none outlasts --timeout (but the probe at the deadline, which
+    # gets LAST_PROBE_S), so the wait ends within --timeout + LAST_PROBE_S whatever a server does.
+    with http.client(probe_timeout, not_after=time.monotonic() + timeout + LAST_PROBE_S) as client:
         try:
             probe = probe_for(dep, role, client, server)
         except ValueError as exc:

@@ -10,12 +10,11 @@ import time
 from pathlib import Path
 
 import click
-import httpx
 from rich.console import Console
 
 from pdserve.cli.exits import Exit
 from pdserve.cli.options import config_option, load_or_exit, seconds_option
-from pdserve.probes import net
+from pdserve.probes import http, net
 from pdserve.verify import report
 from pdserve.verify.expect import expectations
 from pdserve.verify.here import HostChoiceError, choose_host
@@ -36,8 +35,10 @@ def _tokens(values: tuple[str, ...]) -> list[str]:
 @seconds_option("--wait", 0.0, 0, "Re-run failing checks until they pass or SECONDS have passed.")
 @seconds_option("--interval", 2.0, 0.1, "Seconds between --wait rounds.")
 @seconds_option("--probe-timeout", 10.0, 0.1,
-                "Seconds each HTTP request, systemctl/journalctl call or connect attempt may take.")
-@seconds_option("--chat-timeout", 180.0, 1, "Seconds each end-to-end chat request may take (a reasoning answer can be long).")
+                "Seconds each HTTP request (the whole exchange: connect, headers, body), systemctl/journalctl call "
+                "or connect attempt may take.")
+@seconds_option("--chat-timeout", 180.0, 1, "Seconds each end-to-end chat request may take, a stream's every chunk "
+                "included (a reasoning answer can be long).")
 @click.option("--kv-floor", type=click.IntRange(min=1), default=None, metavar="TOKENS",
               help="Least KV capacity (max_total_num_tokens) each server must have. "
                    "Default: model.context_length, else 65536.")
@@ -95,7 +96,9 @@ def _verify(loaded, exp, checks, plan, here, rerun, as_json, wait, interval, pro
     def on_retry(pending: list[str], remaining: float) -> None:
         err.print(f"waiting: {len(pending)} failing ({', '.join(pending)}); {remaining:.0f} s left", style="dim")
 
-    with httpx.Client(timeout=probe_timeout) as client:
+    # Every request of the run completes within --probe-timeout, body included (the chat requests: within
+    # --chat-timeout, on the openai client's own bounded client).
+    with http.client(probe_timeout) as client:
         ctx = Context(dep, exp, options, client, here=here)
         results, broken = run(ctx, plan, wait=wait, interval=interval, checks=checks, on_retry=on_retry)
     data = report.build(dep.name, loaded.source, results, broken, int((time.monotonic() - started) * 1000),

@@ -73,6 +73,8 @@ def smoke_chat(dep: Deployment, url: str, timeout: float = SMOKE_TIMEOUT_SEC) ->
     took = time.monotonic() - began
     if answer.error:
         return Check(False, f"chat completion through {url} failed: {answer.error}")
+    if answer.unexpected:
+        return Check(False, f"chat completion through {url}: unexpected answer: {answer.unexpected}")
     text = answer.content or answer.reasoning_content or ""
     if not text:
         return Check(False, f"chat completion through {url} returned no text ({took:.2f} s)")
@@ -88,8 +90,7 @@ def smoke_verify(dep: Deployment, checks: Sequence[str] = PD_SMOKE_CHECKS,
                  probe_timeout: float = 10.0, chat_timeout: float = SMOKE_TIMEOUT_SEC, here: str = "") -> Check:
     """Run a subset of the verifier's checks (from host `here` of a multi-host deployment); pass when none
     fails (a skip names its reason)."""
-    import httpx
-
+    from pdserve.probes import http
     from pdserve.verify.expect import expectations
     from pdserve.verify.hosts import checks_for
     from pdserve.verify.result import Status
@@ -99,7 +100,7 @@ def smoke_verify(dep: Deployment, checks: Sequence[str] = PD_SMOKE_CHECKS,
     registry = checks_for(exp)
     plan = select(list(registry), list(checks), [])
     options = Options(probe_timeout=probe_timeout, chat_timeout=chat_timeout)
-    with httpx.Client(timeout=probe_timeout) as client:
+    with http.client(probe_timeout) as client:
         results, errors = run(Context(dep, exp, options, client, here=here), plan, checks=registry)
     chosen = [r for r in results if plan[r.id] is None]
     bad = [r for r in chosen if r.status is Status.FAIL]

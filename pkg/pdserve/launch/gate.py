@@ -3,8 +3,8 @@
 A worker is ready when /health answers 200 and /model_info (or, in SGLang releases whose /model_info
 lacks it, /server_info) reports the disaggregation mode the role expects, so a decode server on the
 prefill's port is not mistaken for it. The router is ready when /readiness answers 200 with every
-expected worker healthy. Each probe has its own timeout; the wait
-has a deadline and ends with the last state it saw.
+expected worker healthy. Each request is bounded by pdserve.probes.http's client (whole exchange, body
+size, no redirect); the wait has a deadline and ends with the last state it saw.
 """
 
 from __future__ import annotations
@@ -17,10 +17,17 @@ from dataclasses import dataclass
 import httpx
 
 from pdserve.probes import http
+from pdserve.probes.answers import Mismatch, shown
+from pdserve.probes.metrics import MAX_BYTES as METRICS_MAX_BYTES
 from pdserve.probes.router import worker_counts
 from pdserve.schema.config import Deployment, Role
 from pdserve.schema.derived import disaggregation_mode, role_url
 from pdserve.schema.topology import server_named, servers
+
+
+# The wait probes once more at its deadline; that probe's requests may run this much past it, so a wait of
+# T seconds ends within T + LAST_PROBE_S (and a few milliseconds) whatever a server does.
+LAST_PROBE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -36,11 +43,17 @@ class _Unreachable(Exception):
     """No HTTP answer at all (refused, timed out); its text is probes.http's error."""
 
 
-def _get(client: httpx.Client, url: str) -> tuple[int, object]:
+class _Unread(Exception):
+    """An answer that cannot be read (not JSON, too deep, a redirect): its text names it."""
+
+
+def _get(client: httpx.Client, url: str, max_bytes: int = http.JSON_MAX_BYTES) -> tuple[int, object]:
     """(status, body: parsed JSON, or the text) through probes.http, which bounds and reads the request."""
-    seen = http.get(client, url)
+    seen = http.get(client, url, max_bytes=max_bytes)
     if seen.status is None:
         raise _Unreachable(seen.error)
+    if seen.error:
+        raise _Unread(f"GET {url} answered {seen.status}, {seen.error}")
     return seen.status, seen.body
 
 
@@ -56,7 +69,7 @@ def _mode_from_metrics(client: httpx.Client, base_url: str, expected_mode: str) 
     """A server started with an API key answers /model_info only with the key, which the gate does
     not hold (systemd 252 gives ExecStartPost= no readable credential). /metrics stays open and its
     series carry the engine_type label, which names the same mode."""
-    status, text = _get(client, f"{base_url}/metrics")
+    status, text = _get(client, f"{base_url}/metrics", METRICS_MAX_BYTES)
     types = set(_ENGINE_TYPE.findall(text)) if status == 200 and isinstance(text, str) else set()
     expected = engine_type_for(expected_mode)
     if types == {expected}:
@@ -82,11 +95,15 @@ def worker_observation(client: httpx.Client, base_url: str, expected_mode: str) 
             status, info = _get(client, f"{base_url}/{source}")
     except _Unreachable as exc:
         return Observation(False, f"{base_url} unreachable: {exc}")
+    except _Unread as exc:
+        return Observation(False, str(exc))
     if status != 200 or not isinstance(info, dict):
-        return Observation(False, f"GET {base_url}/{source} answered {status}")
-    mode = str(info.get("disaggregation_mode"))
+        return Observation(False, f"GET {base_url}/{source} answered {status}" +
+                           ("" if status != 200 else f" with {shown(info)}, expected a JSON object"))
+    mode = info.get("disaggregation_mode")
     if mode != expected_mode:
-        return Observation(False, f"{base_url}/{source} reports disaggregation_mode={mode}, expected {expected_mode}")
+        said = mode if isinstance(mode, str) and len(mode) < 40 else shown(mode)
+        return Observation(False, f"{base_url}/{source} reports disaggregation_mode={said}, expected {expected_mode}")
     return Observation(True, f"{base_url} healthy, disaggregation_mode={mode}")
 
 
@@ -95,7 +112,12 @@ def router_observation(client: httpx.Client, base_url: str, expected_workers: in
         status, body = _get(client, f"{base_url}/readiness")
     except _Unreachable as exc:
         return Observation(False, f"{base_url} unreachable: {exc}")
-    healthy, total = worker_counts(body)
+    except _Unread as exc:
+        return Observation(False, str(exc))
+    counts = worker_counts(body, f"{base_url}/readiness")
+    if isinstance(counts, Mismatch):
+        return Observation(False, f"{counts.observed}; expected {counts.expected}")
+    healthy, total = counts.healthy_workers, counts.total_workers
     if status == 200 and healthy == total == expected_workers:
         return Observation(True, f"{base_url}/readiness: {healthy}/{total} workers healthy")
     return Observation(

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import math
 import re
-import time
 from dataclasses import dataclass, field
 
 import httpx
 
+from pdserve.probes import http
 from pdserve.probes.observations import HttpAnswer
 
 MAX_BYTES = 8 * 1024 * 1024  # SGLang's scrape with every histogram is ~100 KB; anything near this is not /metrics
@@ -104,22 +104,14 @@ def parse(url: str, text: str) -> MetricsObs:
 
 
 def read(client: httpx.Client, url: str, timeout: float, max_bytes: int = MAX_BYTES) -> MetricsObs:
-    """GET url and parse it; never raises for network trouble. `timeout` bounds the whole read (the
-    client's own timeout bounds each wait, so a server that trickles bytes could otherwise hold it)."""
-    deadline = time.monotonic() + timeout
+    """GET url and parse it; never raises for network trouble. Read through pdserve.probes.http, as every
+    answer is: `timeout` bounds the whole read, `max_bytes` the body after decompression."""
     try:
-        with client.stream("GET", url, timeout=timeout) as response:
-            if response.status_code != 200:
-                return MetricsObs(url, response.status_code)
-            body = bytearray()
-            for chunk in response.iter_bytes():
-                body += chunk
-                if len(body) > max_bytes:
-                    return MetricsObs(url, None, error=f"answer larger than {max_bytes} bytes: not a /metrics page")
-                if time.monotonic() > deadline:
-                    return MetricsObs(url, None, error=f"answer not complete within {timeout:g} s")
+        response, body = http.read(client, "GET", url, max_bytes, seconds=timeout, timeout=timeout)
     except httpx.HTTPError as exc:
         return MetricsObs(url, None, error=f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+    if response.status_code != 200:
+        return MetricsObs(url, response.status_code)
     return parse(url, body.decode("utf-8", errors="replace"))
 
 

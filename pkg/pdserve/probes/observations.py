@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pdserve.probes.answers import Mismatch
 
 
 class HttpAnswer:
     """What every observation of one HTTP answer says of itself; the observation has the fields url,
-    status (None: no answer) and error."""
+    status (None: no answer) and error (with a status: an answer pdserve could not read, or a redirect)."""
 
     url: str
     status: int | None
@@ -16,20 +19,21 @@ class HttpAnswer:
 
     @property
     def ok(self) -> bool:
-        return self.status == 200
+        return self.status == 200 and self.error is None
 
     def describe(self) -> str:
         if self.status is None:
             return f"{self.url}: no answer ({self.error})"
-        return f"{self.url}: HTTP {self.status}"
+        return f"{self.url}: HTTP {self.status}" + (f", {self.error}" if self.error else "")
 
 
 @dataclass(frozen=True)
 class HttpObs(HttpAnswer):
     url: str
     status: int | None = None  # None: no HTTP answer at all
-    body: Any = None  # parsed JSON, or text for non-JSON answers
-    error: str | None = None  # connection/timeout error, when status is None
+    body: Any = None  # parsed JSON (bounded in size and depth), or text for non-JSON answers
+    error: str | None = None  # no answer: why; an answer: why it could not be read, or the redirect
+    location: str | None = None  # a 3xx's Location, never followed
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,7 @@ class ChatObs:
     finish_reason: str | None = None
     error: str | None = None  # the request failed: status and message
     status: int | None = None
+    unexpected: Mismatch | None = None  # an answer that is not a chat completion: what came, what should have
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,7 @@ class StreamObs:
     usage: dict[str, Any] | None = None
     finish_reason: str | None = None
     error: str | None = None
+    unexpected: Mismatch | None = None  # a chunk that is not a chat completion chunk (the stream stops there)
 
 
 @dataclass(frozen=True)

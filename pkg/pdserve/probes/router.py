@@ -6,11 +6,12 @@ prefill and one decode server.
 
 from __future__ import annotations
 
+from pdserve.probes.answers import Mismatch, Readiness, fit
+
 PD_WORKER_COUNT = 2  # one prefill, one decode per deployment
 
 
-def worker_counts(body: object) -> tuple[object, object]:
-    """(healthy_workers, total_workers) from a /readiness body; None for what it does not say (sglang-router
-    0.3.2 answers 503 with only {"status", "reason"} while it has no workers)."""
-    counts = body if isinstance(body, dict) else {}
-    return counts.get("healthy_workers"), counts.get("total_workers")
+def worker_counts(body: object, what: str = "/readiness") -> Readiness | Mismatch:
+    """healthy_workers and total_workers from a /readiness body; None for what it does not say (sglang-router
+    0.3.2 answers 503 with only {"status", "reason"} while it has no workers, and an error page is text)."""
+    return fit(Readiness, {} if body is None or isinstance(body, str) else body, what)

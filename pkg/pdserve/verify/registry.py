@@ -155,15 +155,15 @@ def _e2e(kind: str) -> Check:
             return e2e.check_reasoning(exp, None)  # type: ignore[arg-type]
         if kind == "tools" and exp.tool_call_parser is None:
             return e2e.check_tools(exp, None)  # type: ignore[arg-type]
-        c = _openai(ctx)
-        ctx.before_e2e_request()  # one request each, through the router: metrics.router_requests counts them
-        if kind == "chat":
-            return e2e.check_chat(exp, chat.plain(c, exp.served_model))
-        if kind == "reasoning":
-            return e2e.check_reasoning(exp, chat.reasoning(c, exp.served_model))
-        if kind == "tools":
-            return e2e.check_tools(exp, chat.tools(c, exp.served_model))
-        return e2e.check_stream(exp, chat.stream(c, exp.served_model))
+        with _openai(ctx) as c:
+            ctx.before_e2e_request()  # one request each, through the router: metrics.router_requests counts them
+            if kind == "chat":
+                return e2e.check_chat(exp, chat.plain(c, exp.served_model))
+            if kind == "reasoning":
+                return e2e.check_reasoning(exp, chat.reasoning(c, exp.served_model))
+            if kind == "tools":
+                return e2e.check_tools(exp, chat.tools(c, exp.served_model))
+            return e2e.check_stream(exp, chat.stream(c, exp.served_model))
     return run
 
 

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from pdserve.verify.printable import LINE_CHARS, printable
 from pdserve.verify.result import CheckResult, Status
 
 SCHEMA_VERSION = 1
@@ -65,21 +66,27 @@ def exit_code(results: list[CheckResult], broken: list[str]) -> int:
     return EXIT_FAILED if any(r.status is Status.FAIL for r in results) else EXIT_OK
 
 
+def _record(check: dict) -> dict:
+    """A check's record with every text printable (pdserve.verify.printable): servers' bytes end up in it."""
+    text = {key: printable(check[key]) for key in ("id", "observed", "expected", "remediation")}
+    return {**check, **text, "details": [printable(line, LINE_CHARS) for line in check["details"]]}
+
+
 def build(deployment: str, source: str, results: list[CheckResult], broken: list[str], duration_ms: int,
           host: str | None = None) -> dict:
     counts = {s.value: sum(r.status is s for r in results) for s in Status}
     code = exit_code(results, broken)
     data = {
         "schema_version": SCHEMA_VERSION,
-        "deployment": deployment,
-        "source": source,
-        **({"host": host} if host else {}),
+        "deployment": printable(deployment),
+        "source": printable(source),
+        **({"host": printable(host)} if host else {}),
         "ok": code == EXIT_OK,
         "exit_code": code,
         "duration_ms": duration_ms,
         "summary": counts,
-        "verifier_errors": broken,
-        "checks": [r.as_dict() for r in results],
+        "verifier_errors": [printable(error, LINE_CHARS) for error in broken],
+        "checks": [_record(r.as_dict()) for r in results],
     }
     Report.model_validate(data)  # the JSON we print always matches the published schema
     return data
@@ -104,8 +111,9 @@ def _deselected(check: dict) -> bool:
 
 
 def print_table(console: Console, data: dict) -> None:
+    """Every text goes in as rich Text, never as markup: a `[` in a server's answer is printed, not parsed."""
     on = f" on host {data['host']}" if data.get("host") else ""
-    table = Table(title=f"pdserve verify: {data['deployment']} ({data['source']}){on}", expand=True)
+    table = Table(title=Text(f"pdserve verify: {data['deployment']} ({data['source']}){on}"), expand=True)
     table.add_column("check", no_wrap=True)
     table.add_column("status", no_wrap=True)
     table.add_column("observed", ratio=3)
@@ -118,11 +126,11 @@ def print_table(console: Console, data: dict) -> None:
         observed = Text(check["observed"])
         for line in check["details"][:12]:
             observed.append(f"\n  {line}", style="dim")
-        table.add_row(check["id"], Text(check["status"], style=_STYLE[check["status"]]), observed,
-                      check["expected"], str(check["duration_ms"]))
+        table.add_row(Text(check["id"]), Text(check["status"], style=_STYLE[check["status"]]), observed,
+                      Text(check["expected"]), str(check["duration_ms"]))
     console.print(table)
     if hidden:
-        console.print(f"not run (--only/--skip): {', '.join(hidden)}", style="dim", soft_wrap=True)
+        console.print(Text(f"not run (--only/--skip): {', '.join(hidden)}", style="dim"), soft_wrap=True)
     # Remediations below the table, one unwrapped line each, so they can be copied.
     for check in data["checks"]:
         if check["status"] in ("fail", "warn") and check["remediation"]:
@@ -133,4 +141,4 @@ def print_table(console: Console, data: dict) -> None:
     console.print(f"{verdict}: {s['pass']} pass, {s['fail']} fail, {s['warn']} warn, {s['skip']} skip "
                   f"in {data['duration_ms'] / 1000:.1f} s", style=_STYLE["pass" if data["ok"] else "fail"])
     for error in data["verifier_errors"]:
-        console.print(f"verifier error: {error}", style="bold red", soft_wrap=True)
+        console.print(Text(f"verifier error: {error}", style="bold red"), soft_wrap=True)

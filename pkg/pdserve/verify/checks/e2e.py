@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import json
-
+from pdserve.probes.http import NotJson, parse_json
 from pdserve.probes.observations import ChatObs, StreamObs
 from pdserve.verify.expect import Expectations
 from pdserve.verify.result import CheckResult, failed, passed, skipped
@@ -21,6 +20,18 @@ def _request_failed(cid: str, obs: ChatObs | StreamObs, expected: str, exp: Expe
     return failed(cid, f"request failed: {obs.error}", expected, hint)
 
 
+def _not_the_api(cid: str, obs: ChatObs | StreamObs, expected: str, exp: Expectations) -> CheckResult | None:
+    """The failure when the request failed or the answer is not in the OpenAI format; else None."""
+    if obs.error:
+        return _request_failed(cid, obs, expected, exp)
+    if obs.unexpected:
+        return failed(cid, f"unexpected answer: {obs.unexpected.observed}", f"{expected}; {obs.unexpected.expected}",
+                      f"the answer through {exp.router_url} is not the OpenAI chat completions format: something "
+                      f"other than the router answers on its port, or the router and SGLang versions disagree "
+                      f"(see versions.*); `journalctl -u {exp.router_unit}`")
+    return None
+
+
 # check id -> the model field naming its parser, an example value, what the parser produces, what it does.
 PARSER_CHECKS = {
     "e2e.reasoning": ("reasoning_parser", "deepseek-v4", "separated reasoning", "separate reasoning"),
@@ -36,9 +47,7 @@ def _before_judging(cid: str, obs: ChatObs | None, expected: str, exp: Expectati
         return skipped(cid, f"model.{parser} is not set, so no {result} is expected", expected,
                        f"set model.{parser} (e.g. {example}) to have SGLang {job}")
     assert obs is not None  # the runner sends the request whenever the parser is set
-    if obs.error:
-        return _request_failed(cid, obs, expected, exp)
-    return None
+    return _not_the_api(cid, obs, expected, exp)
 
 
 def _short(text: str | None, n: int = 80) -> str:
@@ -51,8 +60,9 @@ def _short(text: str | None, n: int = 80) -> str:
 def check_chat(exp: Expectations, obs: ChatObs) -> CheckResult:
     cid = "e2e.chat"
     expected = "a non-empty assistant reply"
-    if obs.error:
-        return _request_failed(cid, obs, expected, exp)
+    unread = _not_the_api(cid, obs, expected, exp)
+    if unread:
+        return unread
     observed = f"content {_short(obs.content)}, finish_reason={obs.finish_reason}"
     if not (obs.content or "").strip():
         return failed(cid, observed, expected, "the decode server answered with no text: check its journal")
@@ -84,8 +94,8 @@ def check_tools(exp: Expectations, obs: ChatObs) -> CheckResult:
     problems = []
     for i, call in enumerate(obs.tool_calls):
         try:
-            args = json.loads(call.arguments or "")
-        except ValueError as exc:
+            args = parse_json((call.arguments or "").encode("utf-8", errors="surrogatepass"))
+        except NotJson as exc:
             problems.append(f"call {i} ({call.name}) arguments are not JSON: {exc}")
             continue
         if not isinstance(args, dict):
@@ -105,8 +115,9 @@ def check_tools(exp: Expectations, obs: ChatObs) -> CheckResult:
 def check_stream(exp: Expectations, obs: StreamObs) -> CheckResult:
     cid = "e2e.stream"
     expected = "several content chunks, a finish_reason, and a usage chunk (stream_options.include_usage)"
-    if obs.error:
-        return _request_failed(cid, obs, expected, exp)
+    unread = _not_the_api(cid, obs, expected, exp)
+    if unread:
+        return unread
     usage = obs.usage or {}
     observed = (f"{obs.chunks} chunks ({obs.content_chunks} with content), finish_reason={obs.finish_reason}, "
                 f"usage={ {k: usage.get(k) for k in ('prompt_tokens', 'completion_tokens')} if obs.usage else None}")

@@ -7,6 +7,7 @@ describe a worker that is already down.
 
 from __future__ import annotations
 
+from pdserve.probes.answers import Mismatch, Workers, fit
 from pdserve.probes.observations import HttpObs
 from pdserve.probes.router import worker_counts
 from pdserve.verify.expect import Expectations
@@ -17,14 +18,21 @@ def check_readiness(exp: Expectations, readiness: HttpObs, workers_health: dict[
     cid = "router.readiness"
     count = len(exp.servers)  # one prefill and one decode on one host; every server of a multi-host file
     expected = f"{exp.router_url}/readiness: 200 with {count}/{count} workers healthy"
-    if readiness.status is None:
+    if readiness.status is None or readiness.error:
         return failed(cid, readiness.describe(), expected,
                       f"the router is not listening: `systemctl status {exp.router_unit}`; "
-                      f"`journalctl -u {exp.router_unit} -n 100`")
-    healthy, total = worker_counts(readiness.body)
+                      f"`journalctl -u {exp.router_unit} -n 100`" if readiness.status is None else
+                      f"the answer on the router's port is not sglang-router's: `systemctl cat {exp.router_unit}` "
+                      f"and `ss -ltnp` name what listens there")
+    counts = worker_counts(readiness.body, f"{exp.router_url}/readiness")
+    if isinstance(counts, Mismatch):
+        return failed(cid, counts.observed, f"{expected}; {counts.expected}",
+                      f"the answer on the router's port is not sglang-router {exp.router_version}'s: see "
+                      f"versions.router; `journalctl -u {exp.router_unit} -n 100`")
+    healthy, total = counts.healthy_workers, counts.total_workers
     if healthy is None and isinstance(readiness.body, dict):
         # 0.3.2 answers 503 with {"status": "not ready", "reason": ...} and no counts.
-        observed = f"/readiness {readiness.status}: {readiness.body.get('reason') or readiness.body.get('status')}"
+        observed = f"/readiness {readiness.status}: {counts.reason or counts.status}"
     else:
         observed = f"/readiness {readiness.status}, {healthy}/{total} workers healthy"
     down = {role: obs for role, obs in workers_health.items() if not obs.ok}
@@ -67,15 +75,17 @@ def check_workers(exp: Expectations, workers: HttpObs, workers_health: dict[str,
     want = {w.url: (w.role, w.bootstrap_port if w.role == "prefill" else None) for w in exp.servers.values()}
     expected = "; ".join(f"{kind} {url}" + (f" bootstrap {port}" if port else "")
                          for url, (kind, port) in want.items())
-    if not workers.ok or not isinstance(workers.body, dict):
+    if not workers.ok:
         return failed(cid, workers.describe(), expected,
                       f"the router's /workers did not answer; `journalctl -u {exp.router_unit} -n 100`")
-    listed = workers.body.get("workers") or []
+    listed = fit(Workers, workers.body, f"{exp.router_url}/workers")
+    if isinstance(listed, Mismatch):
+        return failed(cid, listed.observed, f"{expected}; {listed.expected}",
+                      f"the answer on the router's port is not sglang-router {exp.router_version}'s: see "
+                      f"versions.router; `journalctl -u {exp.router_unit} -n 100`")
     seen: dict[str, tuple[str, int | None, bool]] = {}
-    for w in listed:
-        if isinstance(w, dict):
-            seen[str(w.get("url", "")).rstrip("/")] = (str(w.get("worker_type")), w.get("bootstrap_port"),
-                                                       bool(w.get("is_healthy", False)))
+    for w in listed.workers:
+        seen[w.url.rstrip("/")] = (str(w.worker_type), w.bootstrap_port, w.is_healthy)
     observed = "; ".join(f"{kind} {url}" + (f" bootstrap {port}" if port else "") + ("" if ok else " (unhealthy)")
                          for url, (kind, port, ok) in sorted(seen.items())) or "no workers"
     problems = []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from pdserve.probes.answers import Capacity, Mismatch, ModelInfo, ServerArgs, fit
 from pdserve.probes.observations import HttpObs
 from pdserve.verify.expect import Expectations, WorkerExpectation
 from pdserve.verify.result import CheckResult, failed, passed
@@ -26,12 +27,14 @@ def check_kv(exp: Expectations, w: WorkerExpectation, info: HttpObs, journal: li
     cid = f"kv.{w.id}"
     expected = f"max_total_num_tokens >= {exp.kv_floor} (floor; --kv-floor)"
     tokens, source = None, ""
-    if info.ok and isinstance(info.body, dict) and isinstance(info.body.get("max_total_num_tokens"), int):
-        tokens, source = info.body["max_total_num_tokens"], f"{w.url}/server_info"
+    capacity = fit(Capacity, info.body, f"{w.url}/server_info") if info.ok else None
+    if isinstance(capacity, Capacity) and capacity.max_total_num_tokens is not None:
+        tokens, source = capacity.max_total_num_tokens, f"{w.url}/server_info"
     elif journal:
         tokens, source = capacity_from_journal(journal), f"journal of {w.unit}"
     if tokens is None:
-        why = info.describe() if not info.ok else "/server_info has no max_total_num_tokens"
+        why = (info.describe() if not info.ok else str(capacity) if isinstance(capacity, Mismatch)
+               else "/server_info has no max_total_num_tokens")
         if journal_on:
             why += f"; its journal is on host {journal_on} (`pdserve verify --host {journal_on}` there reads it)"
         elif journal is None:
@@ -49,10 +52,15 @@ def check_kv(exp: Expectations, w: WorkerExpectation, info: HttpObs, journal: li
     return passed(cid, observed, expected)
 
 
-def _parser(info: dict, model_info: dict | None, key: str):
-    if model_info and key in model_info:
-        return model_info.get(key)
-    return info.get(key)
+def _parser(info: ServerArgs, model_info: ModelInfo | None, key: str):
+    if model_info and key in model_info.model_fields_set:
+        return getattr(model_info, key)
+    return getattr(info, key)
+
+
+def _not_sglang(w: WorkerExpectation) -> str:
+    return (f"the answer on the {w.role} port is not SGLang's: `systemctl cat {w.unit}` and `ss -ltnp` name what "
+            f"listens there; see versions.{w.id}")
 
 
 def check_server_args(exp: Expectations, w: WorkerExpectation, info: HttpObs, model_info: HttpObs) -> CheckResult:
@@ -68,20 +76,24 @@ def check_server_args(exp: Expectations, w: WorkerExpectation, info: HttpObs, mo
     expected = ", ".join(f"{k}={v}" for k, v in want.items())
     if not info.ok or not isinstance(info.body, dict):
         return failed(cid, info.describe(), expected, f"the {w.role} server is not up: `journalctl -u {w.unit}`")
-    body = info.body
-    minfo = model_info.body if model_info.ok and isinstance(model_info.body, dict) else None
+    body = fit(ServerArgs, info.body, f"{w.url}/server_info")
+    minfo = fit(ModelInfo, model_info.body, f"{w.url}/model_info") if model_info.ok else None
+    for odd in (body, minfo):
+        if isinstance(odd, Mismatch):
+            return failed(cid, odd.observed, f"{expected}; {odd.expected}", _not_sglang(w))
+    assert isinstance(body, ServerArgs) and not isinstance(minfo, Mismatch)
     got = {}
     for key in want:
         if key in ("reasoning_parser", "tool_call_parser", "disaggregation_mode"):
             got[key] = _parser(body, minfo, key)
         else:
-            got[key] = body.get(key)
+            got[key] = getattr(body, key)
     if exp.context_length is None:
-        got_note = f"context_length={body.get('context_length')} (model default)"
+        got_note = f"context_length={body.context_length} (model default)"
     else:
         got_note = ""
     mismatched = [k for k, v in want.items() if not _same(got[k], v)]
-    observed = ", ".join(f"{k}={got[k]}" for k in want) + (f", {got_note}" if got_note else "")
+    observed = ", ".join(f"{k}={_text(got[k])}" for k in want) + (f", {got_note}" if got_note else "")
     if mismatched:
         fixes = []
         if "disaggregation_mode" in mismatched:
@@ -92,8 +104,13 @@ def check_server_args(exp: Expectations, w: WorkerExpectation, info: HttpObs, mo
             fixes.append(f"{', '.join(others)} differ from the deployment: the unit runs stale flags; "
                          f"re-render the units and `systemctl restart {w.unit}`")
         return failed(cid, observed, expected, "; ".join(fixes),
-                      [f"{k}: running {got[k]!r}, configured {want[k]!r}" for k in mismatched])
+                      [f"{k}: running {_text(repr(got[k]))}, configured {want[k]!r}" for k in mismatched])
     return passed(cid, observed, expected)
+
+
+def _text(value: object) -> str:
+    text = str(value)
+    return text if len(text) <= 80 else text[:80] + "..."
 
 
 def _same(got: object, want: object) -> bool:

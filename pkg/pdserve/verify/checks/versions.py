@@ -3,6 +3,7 @@ as its process has it loaded (pdserve.probes.versions)."""
 
 from __future__ import annotations
 
+from pdserve.probes.answers import Mismatch, Version, fit
 from pdserve.probes.observations import HttpObs
 from pdserve.verify.expect import Expectations, WorkerExpectation
 from pdserve.verify.result import CheckResult, failed, passed, skipped
@@ -21,7 +22,12 @@ def check_version(exp: Expectations, w: WorkerExpectation, info: HttpObs) -> Che
     if not info.ok or not isinstance(info.body, dict):
         return skipped(cid, f"no /server_info from the {w.role} server ({info.describe()})",
                        f"sglang {exp.sglang_version} (pdserve.schema.pins)")
-    return _against_pin(cid, "sglang", info.body.get("version"), exp.sglang_version, "",
+    version = fit(Version, info.body, f"{w.url}/server_info")
+    if isinstance(version, Mismatch):
+        return failed(cid, version.observed, f"sglang {exp.sglang_version}; {version.expected}",
+                      f"the answer on the {w.role} port is not SGLang's: `systemctl cat {w.unit}` and `ss -ltnp` "
+                      "name what listens there")
+    return _against_pin(cid, "sglang", version.version, exp.sglang_version, "",
                         f"install sglang=={exp.sglang_version} in the units' Python (or update pdserve.schema.pins "
                         f"after re-checking the facts it depends on), then restart {w.unit}")
 
