@@ -127,7 +127,9 @@ def test_a_redirect_is_an_answer_never_a_request_elsewhere(client, status):
     ('{"a": ' + ms.PYTHON_REFUSED_INT + "}", "an integer of 5000 digits"),
     ("{'a': 1}", "not JSON"),
     (b'{"a": "\xff\xfe"}', "not UTF-8"),
-], ids=["deep", "400 digits", "5000 digits", "not JSON", "invalid UTF-8"])
+    ('{"a": NaN}', "NaN is no JSON number"),
+    ('[-Infinity]', "-Infinity is no JSON number"),
+], ids=["deep", "400 digits", "5000 digits", "not JSON", "invalid UTF-8", "NaN", "-Infinity"])
 def test_json_the_client_cannot_read_is_named_not_raised(client, body, named):
     with ms.serving({"/server_info": ms.answer(200, body)}) as server:
         seen = http.get(client, f"{server.url}/server_info")

@@ -61,6 +61,12 @@ def _depth_within(value: object) -> None:
                 stack.append((child, depth + 1))
 
 
+def _not_a_number(name: str) -> Any:
+    # Python's json reads NaN and Infinity, which JSON (RFC 8259) does not have: a server sending them is
+    # not speaking JSON, and the value would otherwise travel on into reports.
+    raise NotJson(f"not JSON: {name} is no JSON number")
+
+
 def parse_json(data: bytes) -> Any:
     """The JSON value of a body; NotJson naming what it is instead. Integers longer than MAX_DIGITS and
     nesting deeper than MAX_DEPTH are refused here, so no later step meets them."""
@@ -69,7 +75,7 @@ def parse_json(data: bytes) -> Any:
     except UnicodeDecodeError as exc:
         raise NotJson(f"not UTF-8 (byte {exc.start}: {data[exc.start:exc.start + 4]!r})") from None
     try:
-        value = json.loads(text, parse_int=_int)
+        value = json.loads(text, parse_int=_int, parse_constant=_not_a_number)
     except RecursionError:
         raise NotJson(f"JSON nested deeper than {MAX_DEPTH} levels") from None
     except ValueError as exc:

@@ -6,7 +6,6 @@ SCHEMA_VERSION on any change that is not a pure addition.
 
 from __future__ import annotations
 
-import json
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -14,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from pdserve.schema import strict_json
 from pdserve.verify.printable import LINE_CHARS, printable
 from pdserve.verify.result import CheckResult, Status
 
@@ -93,7 +93,7 @@ def build(deployment: str, source: str, results: list[CheckResult], broken: list
 
 
 def to_json(data: dict) -> str:
-    return json.dumps(data, indent=2, ensure_ascii=False)
+    return strict_json.dumps(data, indent=2, ensure_ascii=False)
 
 
 def json_schema() -> dict:
