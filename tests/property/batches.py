@@ -1,0 +1,172 @@
+"""The consumers outside Python, run once over every accepted example of the session (one systemd root, one
+`systemd --test`, one throwaway root for all plans, one promtool call per file kind), then told apart per
+example: example key -> the consumer's complaints about that example's files."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+from tests.property.consumers import nft, promtool, shell, systemd
+from tests.property.outputs import Example, HostOutput
+
+Failures = dict[str, list[str]]  # example key -> complaints
+
+
+def key(example: Example, host: HostOutput) -> str:
+    return f"{example.case.id} = {example.value!r}"[:400] + (f" (host {host.host})" if host.host else "") + \
+        f" [{example.name}]"
+
+
+def _pairs(examples: Iterable[Example]) -> list[tuple[str, Example, HostOutput]]:
+    return [(key(e, h), e, h) for e in examples for h in e.hosts]
+
+
+def _unit_batches(pairs: list[tuple[str, Example, HostOutput]]) -> list[list[tuple[str, Example, HostOutput]]]:
+    """Groups in which no two examples render a unit of the same name (a deployment's own `name` field can
+    give two examples one name)."""
+    batches: list[tuple[set[str], list[tuple[str, Example, HostOutput]]]] = []
+    for pair in pairs:
+        names = set(pair[2].plan["units"])
+        for used, members in batches:
+            if not used & names:
+                used |= names
+                members.append(pair)
+                break
+        else:
+            batches.append((set(names), [pair]))
+    return [members for _, members in batches]
+
+
+def _executables(example: Example, host: HostOutput) -> set[str]:
+    deployment = json.loads(host.files[f"pdserve-{example.name}.json"])
+    return {role["argv"][0] for role in host.plan["roles"].values()} | {deployment["tools"]["pdserve"]}
+
+
+def systemd_verify(examples: Iterable[Example], work: Path) -> Failures:
+    failures: Failures = {}
+    for n, batch in enumerate(_unit_batches(_pairs(examples))):
+        units = {name: text for _, _, h in batch for name, text in h.plan["units"].items()}
+        tools = {tool for _, e, h in batch for tool in _executables(e, h)}
+        code, lines = systemd.verify(units, tools, work / f"verify-{n}")
+        for pair_key, _, host in batch:
+            own = [line for line in lines if any(name in line for name in host.plan["units"])]
+            if own:
+                failures[pair_key] = own
+        unexplained = [line for line in lines if not any(name in line for _, _, h in batch for name in h.plan["units"])]
+        if unexplained or (code != 0 and not lines):
+            # A complaint that names no unit: check each example alone to find whose it is.
+            for pair_key, example, host in batch:
+                alone_code, alone = systemd.verify(host.plan["units"], _executables(example, host),
+                                                   work / f"verify-{n}-{len(failures)}-{abs(hash(pair_key))}")
+                if alone or alone_code != 0:
+                    failures[pair_key] = alone or [f"systemd-analyze verify exited {alone_code}"]
+    return failures
+
+
+def systemd_read_back(examples: Iterable[Example]) -> Failures:
+    """systemd's own parse of each unit gives back plan --json's argv and environment exactly."""
+    failures: Failures = {}
+    for batch in _unit_batches(_pairs(examples)):
+        parsed = systemd.read_back({name: text for _, _, h in batch for name, text in h.plan["units"].items()})
+        for pair_key, example, host in batch:
+            found = _compare_units(example, host, parsed)
+            if found:
+                failures[pair_key] = found
+    return failures
+
+
+def _compare_units(example: Example, host: HostOutput, parsed: dict[str, systemd.ParsedUnit]) -> list[str]:
+    found = []
+    deployment = json.loads(host.files[f"pdserve-{example.name}.json"])
+    for role in host.plan["roles"].values():
+        name = f"{role['unit']}.service"
+        unit = parsed.get(name)
+        if unit is None:
+            found.append(f"{name}: systemd did not load it")
+            continue
+        starts = unit.commands.get("ExecStart", [])
+        if starts != [role["argv"]]:
+            found.append(f"{name}: systemd reads ExecStart= as {starts!r}, plan --json says {[role['argv']]!r}")
+        line = next(line for line in host.plan["units"][name].split("\n") if line.startswith("ExecStart="))
+        if any("$" in arg for arg in role["argv"]) and ":" not in line.split("=", 1)[1].split("/", 1)[0]:
+            found.append(f"{name}: an argument holds $ but ExecStart= lacks the ':' prefix (systemd expands it at exec)")
+        environment = dict(item.split("=", 1) for item in unit.properties.get("Environment", []))
+        for variable, value in role["env"].items():
+            if environment.get(variable) != value:
+                found.append(f"{name}: systemd reads {variable}={environment.get(variable)!r}, plan --json says {value!r}")
+        for prop, want in (("User", deployment["systemd"]["user"]), ("Group", deployment["systemd"]["group"])):
+            if unit.properties.get(prop) != [want]:
+                found.append(f"{name}: systemd reads {prop}={unit.properties.get(prop)!r}, the deployment says {want!r}")
+        stop = systemd.seconds(unit.properties["TimeoutStopSec"][0])
+        if stop != deployment["systemd"]["stop_timeout_sec"]:
+            found.append(f"{name}: systemd reads TimeoutStopSec={stop}, the deployment says "
+                         f"{deployment['systemd']['stop_timeout_sec']}")
+    return found
+
+
+def plans(examples: Iterable[Example], work: Path) -> Failures:
+    """bash -n, sh -n, and a run of each plan against recording stubs: each command records plan --json's
+    argv and the role's environment, the here-documents write the files, nothing else happens."""
+    failures: Failures = {}
+    pairs = _pairs(examples)
+    texts = {k: h.plan_text for k, _, h in pairs}
+    for pair_key, text in texts.items():
+        for sh in ("bash", "sh"):
+            complaint = shell.syntax(text, sh)
+            if complaint:
+                failures.setdefault(pair_key, []).append(f"{sh} -n: {complaint[-500:]}")
+    tools = {role["argv"][0] for _, _, h in pairs for role in h.plan["roles"].values()}
+    runs = shell.run_plans(texts, tools, work / "plans")
+    for pair_key, _, host in pairs:
+        found = _compare_run(host, runs[pair_key])
+        if found:
+            failures.setdefault(pair_key, []).extend(found)
+    return failures
+
+
+def _compare_run(host: HostOutput, run: shell.Run) -> list[str]:
+    found = []
+    if run.rc != "0" or run.stderr.strip():
+        found.append(f"the plan exited {run.rc}: {run.stderr.strip()[-500:]}")
+    roles = list(host.plan["roles"].values())
+    if [call.argv for call in run.calls] != [role["argv"] for role in roles]:
+        found.append(f"the plan ran {[c.argv for c in run.calls]!r}"[:1500] + f", plan --json says "
+                     f"{[r['argv'] for r in roles]!r}"[:1500])
+    for call, role in zip(run.calls, roles, strict=False):
+        wrong = {k: call.env.get(k) for k, v in role["env"].items() if call.env.get(k) != v}
+        if wrong:
+            found.append(f"{role['unit']}: the plan's KEY=value lines gave {wrong!r}"[:1500])
+    documents = dict(host.plan["units"])
+    if host.plan.get("firewall"):
+        documents[f"pdserve-{host.plan['deployment']}-firewall.nft"] = host.plan["firewall"]
+    if run.files != documents:
+        extra = sorted(set(run.files) ^ set(documents))
+        differ = sorted(n for n in set(run.files) & set(documents) if run.files[n] != documents[n])
+        found.append(f"the plan wrote other files than plan --json's: extra/missing {extra}, different {differ}")
+    return found
+
+
+def rulesets(examples: Iterable[Example]) -> Failures:
+    failures: Failures = {}
+    for pair_key, _, host in _pairs(examples):
+        for name in (n for n in host.files if n.endswith("-firewall.nft")):
+            complaint = nft.check(host.out / name)
+            if complaint:
+                failures.setdefault(pair_key, []).append(f"nft -c -f {name}: {complaint}")
+    return failures
+
+
+def prometheus(examples: Iterable[Example]) -> Failures:
+    failures: Failures = {}
+    owners: dict[Path, str] = {}
+    for pair_key, _, host in _pairs(examples):
+        for name in host.files:
+            if name.endswith(("monitoring/prometheus.yml", "monitoring/alerts.yml")):
+                owners[host.out / name] = pair_key
+    for kind, suffix in (("config", "prometheus.yml"), ("rules", "alerts.yml")):
+        refused = promtool.check(kind, [path for path in owners if path.name == suffix])
+        for path, complaint in refused.items():
+            failures.setdefault(owners[path], []).append(f"promtool check {kind} {suffix}: {complaint}")
+    return failures
