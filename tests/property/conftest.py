@@ -25,3 +25,10 @@ settings.register_profile(
 # A longer local exploration: HYPOTHESIS_PROFILE=explore PDSERVE_PROPERTY_EXAMPLES=200 pytest tests/property
 settings.register_profile("explore", parent=settings.get_profile("ci"), derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def pytest_collection_modifyitems(items):
+    # `-m "not property"` leaves the tier out of a quick local run; CI runs it.
+    for item in items:
+        if "tests/property/" in str(item.fspath):
+            item.add_marker("property")

@@ -205,7 +205,7 @@ def mutated(case: FieldCase, value: Any, name: str | None) -> dict[str, Any]:
         data["tools"].pop("sglang_python")  # the two name one Python: beside each other they are refused
     *parents, last = case.location
     node: Any = data
-    for part, following in zip(parents, [*parents[1:], last], strict=True):
+    for part, following in zip(parents, [*parents[1:], last][:len(parents)], strict=True):
         if isinstance(node, list):
             while len(node) <= part:
                 node.append({} if not isinstance(following, int) else [])

@@ -14,7 +14,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from tests.property.schema_fields import FieldCase
+from tests.property.schema_fields import BASES, FieldCase
 
 # Each of these means something to one of the consumers: a shell (quotes, ; $( ) ` \ newline), systemd
 # (% specifiers, $ expansion, \ continuation, leading - @ + ! : prefixes of Exec lines), nftables and
@@ -43,6 +43,22 @@ ADDRESSES = [
     "2001:db8::1", "10.0.0.256", "localhost", "-x", "a..b",
 ]
 
+# Path fields: where a unit cannot see (PrivateTmp=, ProtectHome=), and shell/systemd syntax inside an
+# absolute path.
+PATHS = [
+    "/tmp/pdserve/x", "/var/tmp/x", "/dev/shm/x", "/home/user/x", "/root/x", "/run/user/1000/x", "/opt/a b/x",
+    "/opt/x;y", "/opt/$(id)/x", "/opt/%n/x", "/opt/-x", "/opt/x'y", '/opt/x"y', "/opt/x\\y", "/opt/ü€😀/x",
+    "/opt/x/", "/opt/./x", "/opt/../x", "//opt/x", "/opt/x ", "/", "/opt/{x}#",
+]
+_PATH_FIELDS = {"path", "chat_template", "api_key_file", "sglang_python", "sglang_venv", "numactl", "pdserve"}
+
+# Names that are valid but odd (the shortest, the longest, digits first): the tier must also see such
+# values rendered, not only refused.
+NAMES = ["a", "0", "a-b", "9-9", "x" * 41, "x" * 42]
+USERS = ["_x", "a-b_c", "A", "x" * 31, "x" * 32]
+UNITS = ["default.target", "a@b.target", "x:y.target", "a.service", "x" * 250 + ".target"]
+DEVICES = ["mlx5_0.x:1-2", "a" * 64, "a" * 65]
+
 # Numbers: what JSON and TOML can carry and a format may not (NaN, infinities, -0.0, 10**400, 2**63), the
 # wrong type (bool, float for an int, a numeric string, null), and the edges of each field's range.
 NUMBERS = [math.nan, math.inf, -math.inf, -0.0, 0, 0.0, -1, 1, True, False, 2**31 - 1, 2**31, 2**63, -(2**63), 2**64,
@@ -64,11 +80,34 @@ def _is_address(case: FieldCase) -> bool:
     return case.location[-1] in ("host", "prometheus_host", "address")
 
 
+def _own_address(case: FieldCase) -> str | None:
+    if case.base != "multi" or case.location[-1] != "host" or not isinstance(case.location[1], int):
+        return None
+    server = BASES["multi"][case.location[0]][case.location[1]]
+    return BASES["multi"]["hosts"][server["hosts"][0]]["address"]
+
+
 def curated(case: FieldCase) -> list[Any]:
     if case.kind in ("integer", "number"):
         return [*NUMBERS, *_bounds(case)]
     base = case.original()
     values = list(ADDRESSES) if _is_address(case) else list(STRINGS)
+    last = case.location[-1]
+    if last in _PATH_FIELDS:
+        values += PATHS
+    if last == "name" or case.renames_key and case.location[0] == "hosts":
+        values += NAMES
+    if last in ("user", "group") or case.location[-2:-1] == ("supplementary_groups",):
+        values += USERS
+    if last == "wanted_by":
+        values += UNITS
+    if "ib_devices" in case.location:
+        values += DEVICES
+    values += case.schema.get("enum", [])
+    own = _own_address(case)
+    if own:
+        # A placed server listens on its host's address: that address in disguise (IPv4-mapped, other spellings).
+        values += [own, f"::ffff:{own}", f"::ffff:{own}%eth0", f"{own}%eth0", f"0{own}"]
     if isinstance(base, str) and not _is_address(case):
         # The field's own good value with hostile text around it: what slips past a prefix or suffix check.
         values += [f"{base};x", f"{base} $(id)", f"-{base}", f"{base}%n", f"{base}\\", f"{base}{{}}#"]

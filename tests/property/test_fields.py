@@ -130,9 +130,10 @@ def test_the_plain_plan_runs_as_planned_against_recording_stubs(case, accepted_e
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.base == "multi"], ids=lambda c: c.id)
-def test_every_hosts_ruleset_passes_nft_check(case, accepted_examples):
+def test_every_hosts_ruleset_passes_nft_check(case, accepted_examples, tmp_path_factory):
     _require(nft.usable(), "PDSERVE_REQUIRE_NFT")
-    failures = _results("nft", accepted_examples, batches.rulesets)
+    failures = _results("nft", accepted_examples,
+                        lambda examples: batches.rulesets(examples, tmp_path_factory.mktemp("nft")))
     _assert_none_for(case, failures, "nft -c")
 
 

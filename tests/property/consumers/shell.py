@@ -36,19 +36,21 @@ while IFS= read -r -d '' tool; do
   mkdir -p "$layer/merged$(dirname -- "$tool")"
   cp "$batch/stub" "$layer/merged$tool"; chmod 755 "$layer/merged$tool"
 done < "$batch/tools"
-for plan in "$batch"/*/plan.sh; do
-  dir=$(dirname -- "$plan")
-  chroot "$layer/merged" /bin/bash -c 'cd "$1" && { /bin/bash -a ./plan.sh >stdout 2>stderr; echo $? >rc; }' _ "$dir" \
-    || echo "chroot: $?" >"$dir/rc.chroot"
-done
+# Two chroots, one per core, for all plans: each runs in its own directory, after bash -n and sh -n (dash)
+# have parsed it.
+printf '%s\0' "$batch"/p*/ | xargs -0 -n 64 -P 2 chroot "$layer/merged" /bin/bash -c '
+  for dir in "$@"; do
+    cd "$dir" && mkdir calls
+    /bin/bash -n plan.sh 2>syntax.bash; /bin/sh -n plan.sh 2>syntax.sh
+    /bin/bash -a ./plan.sh >stdout 2>stderr; echo $? >rc
+  done' _
 """
 
 # The recording stub: argv (with the path it was run as) and environment, NUL-separated, one directory per call.
 _STUB = r"""#!/bin/bash
-n=0; while [ -e "calls/$n" ]; do n=$((n+1)); done
-mkdir -p "calls/$n"
-printf '%s\0' "$0" "$@" >"calls/$n/argv"
-/usr/bin/env -0 >"calls/$n/env"
+shopt -s nullglob; made=(calls/*.argv); n=${#made[@]}
+printf '%s\0' "$0" "$@" >"calls/$n.argv"
+exec /usr/bin/env -0 >"calls/$n.env"
 """
 
 
@@ -86,6 +88,7 @@ class Run:
     stderr: str
     calls: list[Call] = field(default_factory=list)
     files: dict[str, str] = field(default_factory=dict)  # what the plan wrote beside the calls
+    syntax: dict[str, str] = field(default_factory=dict)  # shell -> its complaint from `-n` ("" for none)
 
 
 def run_plans(plans: dict[str, str], tools: set[str], batch: Path) -> dict[str, Run]:
@@ -107,14 +110,17 @@ def run_plans(plans: dict[str, str], tools: set[str], batch: Path) -> dict[str, 
 def _collect(path: Path) -> Run:
     rc = (path / "rc").read_text().strip() if (path / "rc").exists() else "(no exit status)"
     run = Run(rc, (path / "stderr").read_text(errors="replace"))
+    run.syntax = {sh: (path / f"syntax.{sh}").read_text(errors="replace").strip() for sh in ("bash", "sh")
+                  if (path / f"syntax.{sh}").exists()}
     calls = path / "calls"
-    for n in range(len(list(calls.iterdir())) if calls.exists() else 0):
-        argv = (calls / str(n) / "argv").read_bytes().decode("utf-8", "surrogateescape").split("\0")[:-1]
-        env_items = (calls / str(n) / "env").read_bytes().decode("utf-8", "surrogateescape").split("\0")[:-1]
+    for n in range(len(list(calls.glob("*.argv")))):
+        argv = (calls / f"{n}.argv").read_bytes().decode("utf-8", "surrogateescape").split("\0")[:-1]
+        env_items = (calls / f"{n}.env").read_bytes().decode("utf-8", "surrogateescape").split("\0")[:-1]
         run.calls.append(Call(argv, dict(item.split("=", 1) for item in env_items)))
     for item in sorted(path.rglob("*")):
         name = str(item.relative_to(path))
-        if item.is_file() and name not in {"plan.sh", "stdout", "stderr", "rc"} and not name.startswith("calls/"):
+        if item.is_file() and name not in {"plan.sh", "stdout", "stderr", "rc", "syntax.bash", "syntax.sh"} \
+                and not name.startswith("calls/"):
             run.files[name] = item.read_text(encoding="utf-8", errors="surrogateescape")
     return run
 
