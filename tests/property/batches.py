@@ -5,7 +5,8 @@ example: example key -> the consumer's complaints about that example's files."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+import os
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from tests.property.consumers import nft, promtool, shell, systemd
@@ -38,7 +39,12 @@ def _signature(value: object) -> tuple:
         return (type(value).__name__,)
     return (tuple(name for name, chars in _CLASSES.items() if any(c in value for c in chars)),
             value[:1] in "-+@!:", value != value.strip(), any(ord(c) > 127 for c in value), len(value) > 1000,
-            "%" in value and ":" in value)  # a scope ID on an IPv6 address
+            "%" in value and ":" in value,  # a scope ID on an IPv6 address
+            next((root for root in _SANDBOXED if value.startswith(root)), None))
+
+
+# Where a unit's sandbox hides or changes the filesystem: a path under each is its own kind of value.
+_SANDBOXED = ("/tmp/", "/var/tmp/", "/dev/shm/", "/home/", "/root/", "/run/user/")
 
 
 def representatives(examples: Iterable[Example]) -> list[Example]:
@@ -56,20 +62,37 @@ def representatives(examples: Iterable[Example]) -> list[Example]:
     return chosen
 
 
-def _unit_batches(pairs: list[tuple[str, Example, HostOutput]]) -> list[list[tuple[str, Example, HostOutput]]]:
-    """Groups in which no two examples render a unit of the same name (a deployment's own `name` field can
-    give two examples one name)."""
-    batches: list[tuple[set[str], list[tuple[str, Example, HostOutput]]]] = []
+Pair = tuple[str, Example, HostOutput]
+
+
+def _tool_clash(tools: set[str], taken: set[str]) -> bool:
+    """Two stubs cannot both exist when one path is a directory on the other's way (/opt/x and /opt/x/bin/y)."""
+    return any(a.startswith(f"{b}/") or b.startswith(f"{a}/") for a in tools for b in taken)
+
+
+def _groups(pairs: list[Pair], names: Callable[[Pair], set[str]], tools: Callable[[Pair], set[str]]) -> list[list[Pair]]:
+    """Groups in which no two examples render a file of the same name (a deployment's own `name` field can give
+    two examples one name) or need clashing stubs (a tool path field can name a directory of another's)."""
+    groups: list[tuple[set[str], set[str], list[Pair]]] = []
     for pair in pairs:
-        names = set(pair[2].plan["units"])
-        for used, members in batches:
-            if not used & names:
-                used |= names
+        own_names, own_tools = names(pair), {os.path.normpath(t) for t in tools(pair)}
+        for used, stubs, members in groups:
+            if not used & own_names and not _tool_clash(own_tools, stubs):
+                used |= own_names
+                stubs |= own_tools
                 members.append(pair)
                 break
         else:
-            batches.append((set(names), [pair]))
-    return [members for _, members in batches]
+            groups.append((set(own_names), set(own_tools), [pair]))
+    return [members for _, _, members in groups]
+
+
+def _unit_batches(pairs: list[Pair]) -> list[list[Pair]]:
+    return _groups(pairs, lambda p: set(p[2].plan["units"]), lambda p: _executables(p[1], p[2]))
+
+
+def _plan_tools(host: HostOutput) -> set[str]:
+    return {role["argv"][0] for role in host.plan["roles"].values()}
 
 
 def _executables(example: Example, host: HostOutput) -> set[str]:
@@ -132,6 +155,12 @@ def _compare_units(example: Example, host: HostOutput, parsed: dict[str, systemd
         for prop, want in (("User", deployment["systemd"]["user"]), ("Group", deployment["systemd"]["group"])):
             if unit.properties.get(prop) != [want]:
                 found.append(f"{name}: systemd reads {prop}={unit.properties.get(prop)!r}, the deployment says {want!r}")
+        for command, lines in unit.commands.items():
+            for argv in lines:
+                for path in _opened_paths(argv):
+                    why = _hidden(path, unit.properties)
+                    if why:
+                        found.append(f"{name}: {command}= needs {path!r}, which {why}")
         stop = systemd.seconds(unit.properties["TimeoutStopSec"][0])
         if stop != deployment["systemd"]["stop_timeout_sec"]:
             found.append(f"{name}: systemd reads TimeoutStopSec={stop}, the deployment says "
@@ -139,14 +168,42 @@ def _compare_units(example: Example, host: HostOutput, parsed: dict[str, systemd
     return found
 
 
+# Flags whose value SGLang opens as a file or directory (sglang 0.5.23 server_args).
+_PATH_FLAGS = ("--model-path", "--chat-template", "--tokenizer-path", "--config")
+
+
+def _opened_paths(argv: list[str]) -> list[str]:
+    """The files a command line makes its process open: the executable, the program numactl runs (after
+    --), a Python script, and the values of path flags, where they are absolute paths."""
+    found = [argv[0]]
+    for i, arg in enumerate(argv[1:], start=1):
+        if argv[i - 1] == "--" or arg.endswith(".py") or argv[i - 1] in _PATH_FLAGS:
+            found.append(arg)
+    return [path for path in found if path.startswith("/")]
+
+
+def _hidden(path: str, properties: dict[str, list[str]]) -> str | None:
+    """Why the unit's own mount namespace (as systemd parsed its sandbox) does not show `path` (None: it does)."""
+    def under(*roots: str) -> bool:
+        return any(path == root or path.startswith(f"{root}/") for root in roots)
+    if properties.get("PrivateTmp") == ["yes"] and under("/tmp", "/var/tmp"):
+        return "PrivateTmp=yes hides from the unit (it gets an empty /tmp and /var/tmp)"
+    if properties.get("ProtectHome", ["no"])[0] in ("yes", "tmpfs") and under("/home", "/root", "/run/user"):
+        return f"ProtectHome={properties['ProtectHome'][0]} hides from the unit"
+    if properties.get("PrivateDevices") == ["yes"] and under("/dev/shm"):
+        return "PrivateDevices=yes hides from the unit (it gets its own /dev)"
+    return None
+
+
 def plans(examples: Iterable[Example], work: Path) -> Failures:
     """bash -n, sh -n, and a run of each plan against recording stubs: each command records plan --json's
     argv and the role's environment, the here-documents write the files, nothing else happens."""
     failures: Failures = {}
     pairs = _pairs(examples)
-    texts = {k: h.plan_text for k, _, h in pairs}
-    tools = {role["argv"][0] for _, _, h in pairs for role in h.plan["roles"].values()}
-    runs = shell.run_plans(texts, tools, work / "plans")
+    runs: dict[str, shell.Run] = {}
+    for n, group in enumerate(_groups(pairs, lambda p: {p[0]}, lambda p: _plan_tools(p[2]))):
+        runs.update(shell.run_plans({k: h.plan_text for k, _, h in group},
+                                    {t for _, _, h in group for t in _plan_tools(h)}, work / f"plans-{n}"))
     for pair_key, _, host in pairs:
         found = _compare_run(host, runs[pair_key])
         if found:

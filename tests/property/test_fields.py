@@ -86,13 +86,22 @@ def _require(why_not: str | None, flag: str) -> None:
 _RESULTS: dict[str, tuple[set[str], batches.Failures]] = {}
 
 
+_BROKEN: dict[str, str] = {}  # consumer -> how its batch run failed (told once, then by every test of it)
+
+
 def _results(name: str, accepted: dict[str, list[Example]],
              run: Callable[[list[Example]], batches.Failures]) -> batches.Failures:
+    if name in _BROKEN:
+        pytest.fail(f"the {name} batch failed earlier in this session: {_BROKEN[name]}", pytrace=False)
     seen, failures = _RESULTS.setdefault(name, (set(), {}))
     new = [case_id for case_id in accepted if case_id not in seen]
     if new:
-        failures.update(run([e for case_id in new for e in accepted[case_id]]))
         seen.update(new)
+        try:
+            failures.update(run([e for case_id in new for e in accepted[case_id]]))
+        except Exception as exc:
+            _BROKEN[name] = f"{type(exc).__name__}: {str(exc)[:1000]}"
+            raise
     return failures
 
 

@@ -33,8 +33,8 @@ for dir in /dev /proc; do mount --rbind "$dir" "$layer/merged$dir"; done
 # Not recursive: the layer's own tmpfs, mounted inside the batch directory, stays out of the root.
 mkdir -p "$layer/merged$batch"; mount --bind "$batch" "$layer/merged$batch"
 while IFS= read -r -d '' tool; do
-  mkdir -p "$layer/merged$(dirname -- "$tool")"
-  cp "$batch/stub" "$layer/merged$tool"; chmod 755 "$layer/merged$tool"
+  mkdir -p -- "$layer/merged$(dirname -- "$tool")"
+  cp -- "$batch/stub" "$layer/merged$tool"; chmod 755 -- "$layer/merged$tool"
 done < "$batch/tools"
 # Two chroots, one per core, for all plans: each runs in its own directory, after bash -n and sh -n (dash)
 # have parsed it.
