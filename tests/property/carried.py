@@ -11,6 +11,7 @@ import ipaddress
 import math
 import re
 from typing import Any
+from urllib.parse import urlsplit
 
 from tests.property.consumers import shell
 from tests.property.outputs import Example, HostOutput
@@ -193,9 +194,63 @@ def _equal_numeral(text: str, value: int | float) -> bool:
         return False
 
 
+def _unmapped(address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    ip = ipaddress.ip_address(address)
+    # An IPv4-mapped IPv6 address is the IPv4 address it maps, to the kernel and so to every class below.
+    return ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped else ip
+
+
+def _not_a_cluster_address(address: str) -> str | None:
+    try:
+        ip = _unmapped(address)
+    except ValueError:
+        return "is not an IP address"
+    if "%" in address:
+        return "carries a zone ID (only meaningful on one host's link)"
+    for kind, test in (("the wildcard", ip.is_unspecified), ("loopback", ip.is_loopback),
+                       ("multicast", ip.is_multicast), ("link-local", ip.is_link_local),
+                       ("broadcast", ip == ipaddress.IPv4Address("255.255.255.255"))):
+        if test:
+            return f"is {kind} ({ip})"
+    return None
+
+
+def cluster_addresses(example: Example, host: HostOutput) -> list[str]:
+    """A multi-host file's servers listen on, and are reached at, their host's cluster address: a routable
+    unicast address without a zone ID, IPv4-mapped forms judged by the address they map (ISSUE-37: addresses
+    in disguise); no two hosts share one."""
+    if host.host is None:
+        return []
+    failures = []
+    for role in host.plan["roles"].values():
+        argv = role["argv"]
+        for flag, value in zip(argv, argv[1:], strict=False):
+            if flag == "--host" and role["role"] != "router":
+                address = value
+            elif flag == "--dist-init-addr":
+                address = value.rsplit(":", 1)[0]
+            elif flag in ("--prefill", "--decode") and role["role"] == "router":
+                address = (urlsplit(value).hostname or "") if "%" not in value else value.split("//", 1)[-1]
+            else:
+                continue
+            why = _not_a_cluster_address(address.strip("[]").rsplit("]", 1)[0])
+            if why:
+                failures.append(f"{role['unit']}: {flag} {value!r}: the address {why}")
+    seen: dict[str, str] = {}
+    for name, spec in (example.data.get("hosts") or {}).items():
+        try:
+            canonical = str(_unmapped(spec["address"]))
+        except ValueError:
+            continue
+        if canonical in seen:
+            failures.append(f"hosts {seen[canonical]} and {name} share the address {canonical}")
+        seen[canonical] = name
+    return failures
+
+
 def in_process(example: Example) -> list[str]:
     failures = []
     for host in example.hosts:
         failures += deployment_json(example, host) + render_matches_plan(host) + plain_plan(host) + \
-            monitoring(example, host)
+            monitoring(example, host) + cluster_addresses(example, host)
     return failures + value_reaches_outputs(example)
