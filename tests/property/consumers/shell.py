@@ -29,12 +29,18 @@ batch=$1; layer=$batch/.layer
 mkdir "$layer"; mount -t tmpfs pdserve-prop "$layer"
 mkdir "$layer/upper" "$layer/work" "$layer/merged"
 mount -t overlay overlay -o "lowerdir=/,upperdir=$layer/upper,workdir=$layer/work" "$layer/merged"
-for dir in /dev /proc; do mount --rbind "$dir" "$layer/merged$dir"; done
+# A /dev of its own (a tool path may point under /dev/shm; its stub must not land in the host's), with the
+# devices a shell uses; the host's /proc.
+mount -t tmpfs pdserve-prop-dev "$layer/merged/dev"
+mkdir "$layer/merged/dev/shm"
+for dev in null zero random urandom; do touch "$layer/merged/dev/$dev"; mount --bind "/dev/$dev" "$layer/merged/dev/$dev"; done
+mount --rbind /proc "$layer/merged/proc"
 # Not recursive: the layer's own tmpfs, mounted inside the batch directory, stays out of the root.
 mkdir -p "$layer/merged$batch"; mount --bind "$batch" "$layer/merged$batch"
+# A tool path where no file can be made (under /proc, say) gets no stub: its plans then fail on their own.
 while IFS= read -r -d '' tool; do
-  mkdir -p -- "$layer/merged$(dirname -- "$tool")"
-  cp -- "$batch/stub" "$layer/merged$tool"; chmod 755 -- "$layer/merged$tool"
+  { mkdir -p -- "$layer/merged$(dirname -- "$tool")" && cp -- "$batch/stub" "$layer/merged$tool" &&
+    chmod 755 -- "$layer/merged$tool"; } 2>>"$batch/stub-errors" || true
 done < "$batch/tools"
 # Two chroots, one per core, for all plans: each runs in its own directory, after bash -n and sh -n (dash)
 # have parsed it.
