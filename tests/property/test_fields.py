@@ -48,10 +48,11 @@ def explore(case: FieldCase, work: Path) -> list[Example]:
             problem = refusal_problems(ex.check, case)
             assert problem is None, f"{case.id} = {value!r}: refused, but {problem}"
             return
+        # Accepted by check: the consumers outside Python see it whatever the in-process checks find.
+        accepted.append(ex)
         assert loader is None, f"{case.id} = {value!r}: check accepted it, the loader refused: {loader}"
         failures = carried.in_process(ex)
         assert not failures, f"{case.id} = {value!r}:\n" + "\n".join(failures)
-        accepted.append(ex)
 
     for value in reversed(curated(case)):
         one = example(value=value)(one)
