@@ -113,7 +113,8 @@ def curated(case: FieldCase) -> list[Any]:
         values += [f"{base};x", f"{base} $(id)", f"-{base}", f"{base}%n", f"{base}\\", f"{base}{{}}#"]
     if "enum" in case.schema:
         values += [f" {case.schema['enum'][0]}", case.schema["enum"][0].upper()]
-    values += [1, True]  # a number where text belongs
+    if not case.renames_key:  # a JSON key is always text: a number there is the text "1"
+        values += [1, True]  # a number where text belongs
     return values
 
 
