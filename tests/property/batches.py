@@ -72,7 +72,8 @@ def _tool_clash(tools: set[str], taken: set[str]) -> bool:
     return any(a.startswith(f"{b}/") or b.startswith(f"{a}/") for a in tools for b in taken)
 
 
-def _groups(pairs: list[Pair], names: Callable[[Pair], set[str]], tools: Callable[[Pair], set[str]]) -> list[list[Pair]]:
+def _groups(pairs: list[Pair], names: Callable[[Pair], set[str]],
+            tools: Callable[[Pair], set[str]]) -> list[list[Pair]]:
     """Groups in which no two examples render a file of the same name (a deployment's own `name` field can give
     two examples one name) or need clashing stubs (a tool path field can name a directory of another's)."""
     groups: list[tuple[set[str], set[str], list[Pair]]] = []
@@ -149,14 +150,17 @@ def _compare_units(example: Example, host: HostOutput, parsed: dict[str, systemd
             found.append(f"{name}: systemd reads ExecStart= as {starts!r}, plan --json says {[role['argv']]!r}")
         line = next(line for line in host.plan["units"][name].split("\n") if line.startswith("ExecStart="))
         if any("$" in arg for arg in role["argv"]) and ":" not in line.split("=", 1)[1].split("/", 1)[0]:
-            found.append(f"{name}: an argument holds $ but ExecStart= lacks the ':' prefix (systemd expands it at exec)")
+            found.append(f"{name}: an argument holds $ but ExecStart= lacks the ':' prefix "
+                         "(systemd expands it at exec)")
         environment = dict(item.split("=", 1) for item in unit.properties.get("Environment", []))
         for variable, value in role["env"].items():
             if environment.get(variable) != value:
-                found.append(f"{name}: systemd reads {variable}={environment.get(variable)!r}, plan --json says {value!r}")
+                found.append(f"{name}: systemd reads {variable}={environment.get(variable)!r}, "
+                             f"plan --json says {value!r}")
         for prop, want in (("User", deployment["systemd"]["user"]), ("Group", deployment["systemd"]["group"])):
             if unit.properties.get(prop) != [want]:
-                found.append(f"{name}: systemd reads {prop}={unit.properties.get(prop)!r}, the deployment says {want!r}")
+                found.append(f"{name}: systemd reads {prop}={unit.properties.get(prop)!r}, "
+                             f"the deployment says {want!r}")
         for command, lines in unit.commands.items():
             for argv in lines:
                 for path in _opened_paths(argv):

@@ -43,7 +43,8 @@ def test_a_refusal_must_name_the_mutated_field():
     assert names_field({**problem, "field": "router.port", "message": "collides with prefill.port"}, case)
     assert not names_field({**problem, "field": "decode.port"}, case)
     gpu = next(c for c in field_cases() if c.id == "single:prefill.gpus[0]")
-    assert names_field({**problem, "field": "prefill.gpus.0"}, gpu) and names_field({**problem, "field": "prefill.gpus"}, gpu)
+    assert names_field({**problem, "field": "prefill.gpus.0"}, gpu)
+    assert names_field({**problem, "field": "prefill.gpus"}, gpu)
 
 
 def test_prometheus_targets_are_split_as_go_splits_them():
@@ -99,7 +100,8 @@ def test_nft_refuses_a_broken_ruleset_among_good_ones(tmp_path):
     require_or_skip(why is None, why or "", "PDSERVE_REQUIRE_NFT")
     good = [tmp_path / f"good{i}.nft" for i in range(3)]
     for i, path in enumerate(good):
-        path.write_text(f"table inet pdserve_prop_{i} {{\n\tchain input {{\n\t\tip saddr {{ 10.0.0.{i + 1} }} accept\n\t}}\n}}\n")
+        path.write_text(f"table inet pdserve_prop_{i} {{\n\tchain input {{\n"
+                        f"\t\tip saddr {{ 10.0.0.{i + 1} }} accept\n\t}}\n}}\n")
     bad = tmp_path / "bad.nft"
     bad.write_text("table inet pdserve_prop_bad {\n\tchain input {\n\t\tip6 saddr { fe80::1%eth0 } accept\n\t}\n}\n")
     refused = nft.check_all([*good, bad], tmp_path / "work")

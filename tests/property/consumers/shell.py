@@ -33,7 +33,9 @@ mount -t overlay overlay -o "lowerdir=/,upperdir=$layer/upper,workdir=$layer/wor
 # devices a shell uses; the host's /proc.
 mount -t tmpfs pdserve-prop-dev "$layer/merged/dev"
 mkdir "$layer/merged/dev/shm"
-for dev in null zero random urandom; do touch "$layer/merged/dev/$dev"; mount --bind "/dev/$dev" "$layer/merged/dev/$dev"; done
+for dev in null zero random urandom; do
+  touch "$layer/merged/dev/$dev"; mount --bind "/dev/$dev" "$layer/merged/dev/$dev"
+done
 mount --rbind /proc "$layer/merged/proc"
 # Not recursive: the layer's own tmpfs, mounted inside the batch directory, stays out of the root.
 mkdir -p "$layer/merged$batch"; mount --bind "$batch" "$layer/merged$batch"
