@@ -1,0 +1,1 @@
+"""The real consumers of pdserve's outputs, run in batches: systemd, the shell, nftables, promtool."""
