@@ -196,7 +196,10 @@ def _hidden(path: str, properties: dict[str, list[str]]) -> str | None:
         return "PrivateTmp=yes hides from the unit (it gets an empty /tmp and /var/tmp)"
     if properties.get("ProtectHome", ["no"])[0] in ("yes", "tmpfs") and under("/home", "/root", "/run/user"):
         return f"ProtectHome={properties['ProtectHome'][0]} hides from the unit"
-    if properties.get("PrivateDevices") == ["yes"] and under("/dev/shm"):
+    # systemd's private /dev (namespace.c, mount_private_dev) holds the API devices and binds the host's
+    # /dev/pts, /dev/shm, /dev/mqueue and /dev/hugepages into it: only the rest of /dev is hidden.
+    if properties.get("PrivateDevices") == ["yes"] and under("/dev") and \
+            not under("/dev/pts", "/dev/shm", "/dev/mqueue", "/dev/hugepages"):
         return "PrivateDevices=yes hides from the unit (it gets its own /dev)"
     return None
 

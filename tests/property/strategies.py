@@ -46,7 +46,7 @@ ADDRESSES = [
 # Path fields: where a unit cannot see (PrivateTmp=, ProtectHome=), and shell/systemd syntax inside an
 # absolute path.
 PATHS = [
-    "/tmp/pdserve/x", "/var/tmp/x", "/dev/shm/x", "/home/user/x", "/root/x", "/run/user/1000/x", "/opt/a b/x",
+    "/tmp/pdserve/x", "/var/tmp/x", "/dev/shm/x", "/dev/pdserve/x", "/home/user/x", "/root/x", "/run/user/1000/x", "/opt/a b/x",
     "/opt/x;y", "/opt/$(id)/x", "/opt/%n/x", "/opt/-x", "/opt/x'y", '/opt/x"y', "/opt/x\\y", "/opt/ü€😀/x",
     "/opt/x/", "/opt/./x", "/opt/../x", "//opt/x", "/opt/x ", "/", "/opt/{x}#",
 ]

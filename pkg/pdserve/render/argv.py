@@ -75,7 +75,8 @@ def _model_args(dep: Deployment) -> list[str]:
 
 
 def _capacity_args(server: ServerSpec) -> list[str]:
-    args = ["--mem-fraction-static", f"{server.mem_fraction_static:g}"]
+    # repr: the shortest text that reads back as the same float (`:g` would round 0.9999999999999999 to 1).
+    args = ["--mem-fraction-static", repr(server.mem_fraction_static)]
     if server.chunked_prefill_size:
         args += ["--chunked-prefill-size", str(server.chunked_prefill_size)]
     if server.max_running_requests:

@@ -27,8 +27,14 @@ from pdserve.schema.extra_args import (
 
 
 def invalid(message: str, fix: str) -> PydanticCustomError:
-    # The fix travels in the error's context, so the loader can print it beside the message.
-    return PydanticCustomError("pdserve", message, {"fix": fix})
+    # The fix travels in the error's context, so the loader can print it beside the message. Either may quote
+    # the value, and pydantic's errors() cannot encode a lone surrogate (it ends in a UnicodeEncodeError, not
+    # a problem line): such characters are written as their escapes.
+    return PydanticCustomError("pdserve", _encodable(message), {"fix": _encodable(fix)})
+
+
+def _encodable(text: str) -> str:
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _absolute_path(value: str) -> str:

@@ -153,8 +153,9 @@ def multi_node_fields(dep: Deployment) -> Iterator[Problem]:
                           f"set dist_init_port to a free port of {server.hosts[0]}, e.g. 5000 (SGLang also binds "
                           f"the {DIST_INIT_SPAN - 1} ports above it)")
         elif server.nnodes == 1 and port is not None:
+            # An error, not a warning: a value the file sets must reach the server or be refused, never be dropped.
             yield Problem(f"{server.field}.dist_init_port", port, "is set on a server of one host; only a multi-node "
-                          "server (several hosts) uses --dist-init-addr", "remove it", Severity.WARNING)
+                          "server (several hosts) uses --dist-init-addr, so it would go nowhere", "remove it")
         if port is not None and port + DIST_INIT_SPAN - 1 > 65535:
             yield Problem(f"{server.field}.dist_init_port", port, f"leaves no room for the {DIST_INIT_SPAN - 1} "
                           "ports SGLang binds above it", f"use a port at most {65536 - DIST_INIT_SPAN}")
