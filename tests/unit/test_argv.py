@@ -102,3 +102,11 @@ def test_api_key_goes_through_a_credential_never_argv(reference_data, tools):
         assert run.argv[1:5] == (tools.keyed_launcher, "router" if role == "router" else "server", "api-key", "--")
         assert not any("key" in arg.lower() for arg in run.argv[5:])
     assert launch(dep, "prefill", tools).credentials == {}
+
+
+def test_mem_fraction_static_reaches_the_flag_as_the_same_float(reference_data):
+    # `:g` once rendered 0.9999999999999999 as 1 and 0.1234567 as 0.123457: the flag must read back exactly.
+    for fraction in (0.9999999999999999, 0.1234567, 0.85):
+        reference_data["decode"]["mem_fraction_static"] = fraction
+        dep = deployment_from_data(reference_data, "t").deployment
+        assert float(flag_value(server_args(dep, "decode"), "--mem-fraction-static")) == fraction

@@ -269,3 +269,14 @@ def test_a_broken_flag_does_not_raise_a_rule_it_would_have_silenced(reference_da
     reference_data["prefill"]["mem_fraction_static"] = reference_data["decode"]["mem_fraction_static"] = 0.4
     found = problems(reference_data)
     assert set(found) == {"allow_shared_gpus"}, sorted(found)
+
+
+@pytest.mark.parametrize(("section", "key"), [("router", "api_key_file"), ("tools", "sglang_venv")])
+def test_a_lone_surrogate_in_a_refused_path_is_a_problem_line_not_a_crash(reference_data, tmp_path, section, key):
+    # The relative-path refusal quotes the value in its fix; pydantic could not encode the surrogate (exit 3).
+    reference_data.setdefault(section, {})[key] = "\ud800"
+    path = tmp_path / "d.json"
+    path.write_text(json.dumps(reference_data))  # json writes the surrogate as the escape \ud800
+    result = cli_check(path)
+    assert result.exit_code == 1, result.output
+    assert f"{section}.{key}" in result.output and "\\ud800" in result.output

@@ -281,3 +281,10 @@ def test_check_says_why_it_does_not_check_a_host_of_several():
     result = CliRunner().invoke(main, ["check", "-c", str(TWO_HOST), "--no-parsers", "--host"])
     assert result.exit_code == 0, result.output
     assert "host checks: off: deployment dsv4 spans hosts (gpu-a, gpu-b)" in result.output
+
+
+def test_a_dist_init_port_on_a_one_host_server_is_refused_not_dropped():
+    data = two_host()
+    data["prefill"][0]["dist_init_port"] = 5000  # the two-host prefill runs on one host: the port would go nowhere
+    problem = one(problems_of(data), "prefill[0].dist_init_port")
+    assert problem.severity.name == "ERROR" and "would go nowhere" in problem.line()
