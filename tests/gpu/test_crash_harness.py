@@ -27,7 +27,9 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def standin_pd(tmp_path):
+def standin_pd(visible_tmp_path):
+    # The model and tools go where the units could see them: check refuses /tmp (PrivateTmp=yes).
+    tmp_path = visible_tmp_path
     have = all(importlib.util.find_spec(m) is not None for m in ("sglang_router", "openai"))
     require_or_skip(have, "sglang-router and openai are not installed in this Python", "PDSERVE_REQUIRE_PARSERS")
     sys.path.insert(0, str(FIXTURES))

@@ -16,7 +16,9 @@ from tests.gpu.pd_run import PDRun, pdserve_executable, write_deployment
 
 
 @pytest.fixture
-def run(tmp_path) -> PDRun:
+def run(visible_tmp_path) -> PDRun:
+    # The model and tools go where the units could see them: check refuses /tmp (PrivateTmp=yes).
+    tmp_path = visible_tmp_path
     # Free ports, not fixed ones: CI's container tier shares the host network, and so do parallel runs.
     ports = dict(zip(("prefill", "decode", "router", "bootstrap", "prometheus"), free_ports(5)))
     config = write_deployment(tmp_path, tmp_path / "tiny", ports, numa_node=None)

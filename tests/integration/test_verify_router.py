@@ -198,8 +198,9 @@ def test_router_started_before_workers_healthy(tmp_path):
         c.stop()
 
 
-def test_api_key_enforced_and_a_router_without_it_caught(tmp_path):
-    key_file = tmp_path / "router.key"
+def test_api_key_enforced_and_a_router_without_it_caught(tmp_path, visible_tmp_path):
+    # Not under /tmp: check refuses a key file where any user could create it first.
+    key_file = visible_tmp_path / "router.key"
     key_file.write_text("test-key-123\n")
     c = PDCluster(write_deployment(tmp_path, api_key_file=str(key_file)), tmp_path)
     assert c.launch["router"].argv[1].endswith("keyed_launch.py")  # rendered exactly as the unit runs it
