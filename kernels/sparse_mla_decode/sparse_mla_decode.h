@@ -240,9 +240,7 @@ constexpr int kCombineThreads = 128;
   X(sparse_mla_v4_h32_t64, V4, 2, 64, 8, 2, 0)                                                 \
   X(sparse_mla_v4_h64_t64, V4, 4, 64, 4, 2, 0)                                                 \
   X(sparse_mla_v4_h16_t32, V4, 1, 32, 4, 2, 0)     /* small smem (sm_120: 99 KB per block) */ \
-  X(sparse_mla_v32_h16_t64, V32, 1, 64, 8, 2, 0)                                               \
   X(sparse_mla_v32_h32_t64, V32, 2, 64, 8, 2, 0)                                               \
-  X(sparse_mla_v32_h64_t32, V32, 4, 32, 4, 3, 0)                                               \
   X(sparse_mla_v32_h16_t32, V32, 1, 32, 4, 2, 0)   /* small smem (sm_120) */                   \
   X(sparse_mla_v4b_h16_t64, V4B, 1, 64, 8, 3, 1)                                               \
   X(sparse_mla_v4b_h32_t64, V4B, 2, 64, 8, 2, 1)                                               \
@@ -259,6 +257,14 @@ constexpr int kCombineThreads = 128;
 //   _w16: 16 warps, pairs splitting d_qk in QK (OPT bit 1);
 //   _tl: the 8-warp kernels with a timeline (OPT bit 2: kMlaTl words of clock64 / globaltimer per CTA into
 //        p.counters; kernels/tuning/probe_first_timeline.py).
+// Retired from production (issue 38 item 3): kernels the launcher's one kernel table (default_fp8_kernel in
+// sparse_mla_decode.py: exact by default, the fastest with the lossy opt-in) chooses for no shape, so nothing in
+// serving could reach them. They stay in the tuning build (metadata "retired": true) for A/B runs; each list names
+// what replaced it. The first-version V3.2 fp8 kernels at 16 and 64 heads: the ds and wg kernels everywhere.
+#define SPARSE_MLA_FIRST_RETIRED_KERNELS(X)                 \
+  X(sparse_mla_v32_h16_t64, V32, 1, 64, 8, 2, 0)            \
+  X(sparse_mla_v32_h64_t32, V32, 4, 32, 4, 3, 0)
+
 #define SPARSE_MLA_FIRST_TUNING_KERNELS(X)                \
   X(sparse_mla_v4_h16_t64_o1, V4, 1, 64, 8, 3, 1)          \
   X(sparse_mla_v32_h16_t64_o1, V32, 1, 64, 8, 2, 1)        \
@@ -273,10 +279,16 @@ constexpr int kCombineThreads = 128;
 // X(NAME, LAYOUT, MT, T, NST, CV); suffix _c4 (CV 4): the entry scale goes into P, relative to a running
 // maximum (no f16 range limit on V).
 #define SPARSE_MLA_DS_KERNELS(X)                             \
-  X(sparse_mla_ds_v4_h16_t64_s3, V4, 1, 64, 3, 0)            \
   X(sparse_mla_ds_v4_h16_t64_s2, V4, 1, 64, 2, 0)            \
   X(sparse_mla_ds_v4_h16_t32_s4, V4, 1, 32, 4, 0)            \
+  X(sparse_mla_ds_v32_h16_t64_s2, V32, 1, 64, 2, 0)          \
+  X(sparse_mla_ds_v32_h16_t32_s4, V32, 1, 32, 4, 0)          \
+  X(sparse_mla_ds_v32_h32_t64_s2, V32, 2, 64, 2, 0)
+// Retired (see SPARSE_MLA_FIRST_RETIRED_KERNELS): three ring stages (measured equal to two), _c4 (2-5% slower) and
+// V4's 32-head block (on sm_90a the wg kernels took 17-63 heads; the fatbin runs on no other GPU with its smem).
+#define SPARSE_MLA_DS_RETIRED_KERNELS(X)                     \
   X(sparse_mla_ds_v4_h32_t64_s2, V4, 2, 64, 2, 0)            \
+  X(sparse_mla_ds_v4_h16_t64_s3, V4, 1, 64, 3, 0)            \
   X(sparse_mla_ds_v4_h32_t64_s3, V4, 2, 64, 3, 0)            \
   X(sparse_mla_ds_v32_h16_t64_s3, V32, 1, 64, 3, 0)          \
   X(sparse_mla_ds_v4_h16_t64_s3_c4, V4, 1, 64, 3, 4)         \
@@ -285,9 +297,6 @@ constexpr int kCombineThreads = 128;
   X(sparse_mla_ds_v32_h32_t64_s3_c4, V32, 2, 64, 3, 4)       \
   X(sparse_mla_ds_v4_h16_t32_s4_c4, V4, 1, 32, 4, 4)         \
   X(sparse_mla_ds_v32_h16_t32_s4_c4, V32, 1, 32, 4, 4)       \
-  X(sparse_mla_ds_v32_h16_t64_s2, V32, 1, 64, 2, 0)          \
-  X(sparse_mla_ds_v32_h16_t32_s4, V32, 1, 32, 4, 0)          \
-  X(sparse_mla_ds_v32_h32_t64_s2, V32, 2, 64, 2, 0)          \
   X(sparse_mla_ds_v32_h32_t64_s3, V32, 2, 64, 3, 0)
 
 // es kernels (fp8 only; kDsThreads, kEsT-entry tiles, family "ds"): sparse_mla_es_<layout>_h<heads>_t64_s<stages>.
@@ -302,15 +311,20 @@ constexpr int kCombineThreads = 128;
 // X(NAME, LAYOUT, NST, PROBE, H, SC): _h (H) f16 tile, _c2 (SC) warpgroup 1 converts half of each tile.
 #define SPARSE_MLA_WG_KERNELS(X)                          \
   X(sparse_mla_wg_v4_s3, V4, 3, 0, false, false)          \
+  X(sparse_mla_wg_v32_s3_c2, V32, 3, 0, false, true)
+// Retired (see SPARSE_MLA_FIRST_RETIRED_KERNELS): the plain V3.2 kernel (_c2 took its place), _h (the f16 tile, an
+// opt-in that was never the default) and V4's _c2 (0-8% slower than the plain one).
+#define SPARSE_MLA_WG_RETIRED_KERNELS(X)                  \
   X(sparse_mla_wg_v32_s3, V32, 3, 0, false, false)        \
   X(sparse_mla_wg_v4_s3_h, V4, 3, 0, true, false)         \
   X(sparse_mla_wg_v32_s3_h, V32, 3, 0, true, false)       \
-  X(sparse_mla_wg_v4_s3_c2, V4, 3, 0, false, true)        \
-  X(sparse_mla_wg_v32_s3_c2, V32, 3, 0, false, true)
+  X(sparse_mla_wg_v4_s3_c2, V4, 3, 0, false, true)
 // The defaults at 64 heads with their split-pair merge (sparse_mla_wg_<layout>..._m, metadata "merges_split_pairs"):
-// the launcher takes them for two splits (fuse_combine), where they replace the combine kernel.
+// the launcher takes them for two splits (fuse_combine), where they replace the combine kernel. V3.2's _c2_m is
+// retired: where _c2 runs in two splits, _t64c (its _t64c_m) is the choice.
 #define SPARSE_MLA_WG_PAIR_KERNELS(X)                     \
-  X(sparse_mla_wg_v4_s3_m, V4, 3, 0, false, false)        \
+  X(sparse_mla_wg_v4_s3_m, V4, 3, 0, false, false)
+#define SPARSE_MLA_WG_PAIR_RETIRED_KERNELS(X)             \
   X(sparse_mla_wg_v32_s3_c2_m, V32, 3, 0, false, true)
 
 // wgt kernels (sm_90a, fp8; kWgThreads, 64 heads per CTA, kWgtT-entry tiles gathered through registers, no ring),
@@ -349,7 +363,9 @@ constexpr int kCombineThreads = 128;
 // fp32 tile scale (raw e4m3 in f16, the scales applied to the fp32 partial S and to P): sparse_mla_wg_v32_s<stages>_e.
 // X(NAME, NST, SC): _c2 (SC) warpgroup 1 converts half of each tile.
 #define SPARSE_MLA_WGE_KERNELS(X)                         \
-  X(sparse_mla_wg_v32_s3_e, 3, false)                     \
+  X(sparse_mla_wg_v32_s3_e, 3, false)
+// Retired (see SPARSE_MLA_FIRST_RETIRED_KERNELS): _e_c2, 8% slower than _e (NOTES.md "wge kernels").
+#define SPARSE_MLA_WGE_RETIRED_KERNELS(X)                 \
   X(sparse_mla_wg_v32_s3_e_c2, 3, true)
 
 // Tuning probes (PROBE bits: 1 = no conversion, 2 = no wgmma): wrong results by design, so they exist only

@@ -276,29 +276,32 @@ def test_mla_plan_against_the_metadata(mla_table, layout, rows, h, topk, extra):
 
 def test_mla_plan_split_pairs_fuse_by_default(mla_table):
     mla = _launcher(mla_table)
-    # the default kernel at 64 heads and 64 rows runs in two splits: its _m variant, which merges them itself
-    pair = mla.make_plan("v32", 64, 64, 2048)
+    lossy = dict(lossy_bf16_dequant=True)   # V3.2's wg and cluster kernels: exact for power-of-two scales only
+    # the fastest kernel at 64 heads and 64 rows runs in two splits: its _m variant, which merges them itself
+    pair = mla.make_plan("v32", 64, 64, 2048, **lossy)
     assert pair.splits == 2 and pair.kernel == "sparse_mla_wg_v32_t64c_m" and pair.fuse_combine
     assert pair.counter_ints == 64 * 16 and pair.workspace_floats == pair.partial_floats + pair.counter_ints
     v4 = mla.make_plan("v4", 64, 64, 512, 128)
     assert v4.splits == 2 and v4.kernel == "sparse_mla_wg_v4_s3_m" and v4.fuse_combine
     # fuse_combine=False: the plain kernel and the combine launch
-    plain = mla.make_plan("v32", 64, 64, 2048, fuse_combine=False)
+    plain = mla.make_plan("v32", 64, 64, 2048, fuse_combine=False, **lossy)
     assert plain.kernel == "sparse_mla_wg_v32_t64c" and not plain.fuse_combine and plain.counter_ints == 0
     # a kernel named by the caller is kept: the plain one does not merge, the _m one merges two splits only
-    assert not mla.make_plan("v32", 64, 64, 2048, kernel="sparse_mla_wg_v32_s3_c2", fuse_combine=True).fuse_combine
-    assert mla.make_plan("v32", 64, 64, 2048, kernel="sparse_mla_wg_v32_s3_c2_m").fuse_combine
-    assert not mla.make_plan("v32", 64, 64, 2048, kernel="sparse_mla_wg_v32_s3_c2_m", splits=3).fuse_combine
+    assert not mla.make_plan("v32", 64, 64, 2048, kernel="sparse_mla_wg_v32_t64c", fuse_combine=True,
+                             **lossy).fuse_combine
+    assert mla.make_plan("v32", 64, 64, 2048, kernel="sparse_mla_wg_v32_t64c_m", **lossy).fuse_combine
+    assert not mla.make_plan("v32", 64, 64, 2048, kernel="sparse_mla_wg_v32_t64c_m", splits=3, **lossy).fuse_combine
     assert not mla.make_plan("v32", 64, 64, 2048, kernel="sparse_mla_wg_v32_s3_e", splits=2,
                              fuse_combine=True).fuse_combine   # the wge epilogue does not merge pairs
     # the cluster pair at 128 heads and 32 rows: two splits of 64 clusters, merged by its _m variant
     for layout, topk, extra in (("v32", 2048, 0), ("v4", 512, 128)):
-        x = mla.make_plan(layout, 32, 128, topk, extra)
+        x = mla.make_plan(layout, 32, 128, topk, extra, **lossy)
         assert (x.kernel, x.splits, x.fuse_combine) == (f"sparse_mla_wg_{layout}_t64x_m", 2, True)
         assert x.counter_ints == 32 * 2 * 16 and x.grid == (2, 2, 32)
-        assert mla.make_plan(layout, 32, 128, topk, extra, fuse_combine=False).kernel == f"sparse_mla_wg_{layout}_t64x"
+        assert mla.make_plan(layout, 32, 128, topk, extra, fuse_combine=False,
+                             **lossy).kernel == f"sparse_mla_wg_{layout}_t64x"
     # more splits (fewer rows): the plain kernel with the combine
-    few = mla.make_plan("v32", 8, 64, 2048)
+    few = mla.make_plan("v32", 8, 64, 2048, **lossy)
     assert few.splits > 2 and not few.kernel.endswith("_m") and not few.fuse_combine
     # the ds kernels' last-CTA combine stays opt-in (measured slower)
     ds = mla.make_plan("v4", 8, 16, 512, 128, kernel="sparse_mla_ds_v4_h16_t64_s2", splits=2)
@@ -316,28 +319,31 @@ def test_mla_plan_choices_and_refusals(mla_table):
     with pytest.raises(ValueError, match="not a v32 kernel"):
         mla.make_plan("v32", 8, 128, 2048, kernel="sparse_mla_wg_v4_s3")
     with pytest.raises(ValueError, match="needs an sm_90a GPU"):
-        _launcher(mla_table, capability=(12, 0)).make_plan("v32", 8, 128, 2048, kernel="sparse_mla_wg_v32_s3_c2")
+        _launcher(mla_table, capability=(12, 0)).make_plan("v32", 8, 128, 2048, kernel="sparse_mla_wg_v32_s3_e")
     with pytest.raises(ValueError, match="at least one index"):
         mla.make_plan("v32", 8, 128, 0)
     with pytest.raises(ValueError, match="layout must be one of"):
         mla.make_plan("v5", 8, 128, 2048)
 
 
-@pytest.mark.parametrize("rows,h", [(1, 16), (8, 32), (8, 64), (64, 128), (64, 16), (4, 128), (512, 16)])
-def test_fp32_scales_plan_takes_an_exact_kernel(mla_table, rows, h):
-    """V3.2 caches with SGLang's amax/448 scales: only the wge and ds kernels apply an fp32 scale exactly (the
-    default for h >= 64 from 8 rows is a wg kernel, for 17-32 heads with few rows a first-version one). On sm_90a
-    the wge kernel where the default is a wg kernel, else the ds kernel; on other GPUs always the ds kernel."""
+@pytest.mark.parametrize("rows,h", [(1, 16), (8, 32), (8, 64), (64, 128), (64, 16), (4, 128), (512, 16), (1, 128)])
+def test_default_v32_plan_takes_an_exact_kernel(mla_table, rows, h):
+    """V3.2 caches with SGLang's amax/448 scales: only the wge and ds kernels apply an fp32 scale exactly (the fastest
+    for h >= 64 is a wg or cluster kernel, for 17-32 heads with few rows a first-version one). The default plan: on
+    sm_90a the wge kernel where the fastest is a wg or cluster kernel from 8 rows, else the ds kernel; on other GPUs
+    always the ds kernel. (128 heads at one row: the cluster pair rounds, so the default is the ds kernel.)"""
     mla = _launcher(mla_table)
-    p = mla.make_plan("v32", rows, h, 2048, fp32_scales=True)
+    p = mla.make_plan("v32", rows, h, 2048)
     if h >= 64 and rows >= 8:
         assert p.kernel == "sparse_mla_wg_v32_s3_e" and mla.kernels[p.kernel].shape["exact_scales"]
         # as for the wg kernels a whole top-2048 row fits one CTA (splits only to fill the GPU)
         assert p.smem <= mla.smem_limit and mla.kernels[p.kernel].smem_bytes(2048) <= mla.smem_limit
     else:
         assert mla.kernels[p.kernel].family == "ds" and p.kernel == mla_mod.ds_kernel_name("v32", h, rows, 2048)
-    other = _launcher(mla_table, capability=(12, 0)).make_plan("v32", rows, h, 2048, fp32_scales=True)
+    assert mla_mod.applies_scales_exactly(mla.kernels[p.kernel])
+    other = _launcher(mla_table, capability=(12, 0)).make_plan("v32", rows, h, 2048)
     assert other.kernel == mla_mod.ds_kernel_name("v32", h, rows, 2048)
-    # no effect where scales are powers of two by format (V4) or there are none (bf16 KV)
-    assert mla.make_plan("v4", rows, h, 512, 128, fp32_scales=True).kernel == mla.make_plan("v4", rows, h, 512, 128).kernel
-    assert mla.make_plan("v32_bf16", rows, h, 2048, fp32_scales=True).kernel == mla.pick_kernel("v32_bf16", h, rows=rows)
+    # the lossy opt-in changes nothing where scales are powers of two by format (V4) or there are none (bf16 KV)
+    lossy = dict(lossy_bf16_dequant=True)
+    assert mla.make_plan("v4", rows, h, 512, 128, **lossy).kernel == mla.make_plan("v4", rows, h, 512, 128).kernel
+    assert mla.make_plan("v32_bf16", rows, h, 2048, **lossy).kernel == mla.pick_kernel("v32_bf16", h, rows=rows)

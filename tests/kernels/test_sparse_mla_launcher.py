@@ -1,5 +1,6 @@
 """CPU-only checks of the sparse MLA decode launcher's kernel choice against the H200 measurements it encodes
-(what the fatbin's metadata says about those kernels: test_kernel_metadata.py)."""
+(what the fatbin's metadata says about those kernels: test_kernel_metadata.py). The fastest choice is the default for
+V4 and, with the lossy opt-in, for V3.2; V3.2's exact default is exact_v32_kernel (test_exact_default.py)."""
 
 import importlib
 
@@ -58,10 +59,14 @@ MEASURED_DEFAULT = {
 
 
 @pytest.mark.parametrize("key", sorted(MEASURED_DEFAULT))
-def test_default_fp8_choice_is_the_measured_fastest(key, monkeypatch):
+def test_fastest_fp8_choice_is_the_measured_fastest(key, monkeypatch):
     monkeypatch.setattr(mla_mod, "FP8_VARIANT", "auto")
     layout, h, rows = key
-    assert _launcher().pick_kernel(layout, h, rows=rows) == MEASURED_DEFAULT[key]
+    assert _launcher().pick_kernel(layout, h, rows=rows, lossy_bf16_dequant=True) == MEASURED_DEFAULT[key]
+    # V4's scales are powers of two, so its fastest kernels are exact: they are its default without the opt-in;
+    # V3.2's default is the exact choice
+    default = _launcher().pick_kernel(layout, h, rows=rows)
+    assert default == (MEASURED_DEFAULT[key] if layout == "v4" else mla_mod.exact_v32_kernel(h, rows, sm90=True))
 
 
 # 16 heads, the rows' entry count known (make_plan passes topk + topk_extra): the 64-entry ds kernel in one split
@@ -132,9 +137,9 @@ def test_explicit_variants_and_small_smem_gpus(monkeypatch):
     assert sm100.pick_kernel("v32", 128, rows=128) == "sparse_mla_ds_v32_h32_t64_s2"
 
 
-def test_wge_variant_and_fp32_scales_rule(monkeypatch):
+def test_wge_variant_and_exact_v32_rule(monkeypatch):
     """"wge" (the exact-scale V3.2 wg kernel) on sm_90a; V4's UE8M0 scales are powers of two, so there "wge" is the
-    default wg kernel; elsewhere the default choice. fp32_scales_kernel: wge where the default is a wg kernel."""
+    default wg kernel; elsewhere the default choice. exact_v32_kernel: wge where the fastest is a wg kernel."""
     monkeypatch.setattr(mla_mod, "FP8_VARIANT", "auto")
     big, sm100 = _launcher(), _launcher(capability=(10, 0))
     assert big.pick_kernel("v32", 128, variant="wge", rows=64) == "sparse_mla_wg_v32_s3_e"
@@ -142,7 +147,7 @@ def test_wge_variant_and_fp32_scales_rule(monkeypatch):
     assert sm100.pick_kernel("v32", 128, variant="wge", rows=64) == sm100.pick_kernel("v32", 128, rows=64)
     assert _launcher(smem_limit=101376).pick_kernel("v32", 128, variant="wge", rows=64) == "sparse_mla_v32_h16_t32"
     for h, rows in ((64, 8), (128, 64), (96, 128)):
-        assert mla_mod.fp32_scales_kernel(h, rows, sm90=True) == "sparse_mla_wg_v32_s3_e"
-        assert mla_mod.fp32_scales_kernel(h, rows, sm90=False) == mla_mod.ds_kernel_name("v32", h, rows)
+        assert mla_mod.exact_v32_kernel(h, rows, sm90=True) == "sparse_mla_wg_v32_s3_e"
+        assert mla_mod.exact_v32_kernel(h, rows, sm90=False) == mla_mod.ds_kernel_name("v32", h, rows)
     for h, rows in ((32, 64), (128, 1), (64, 7), (16, 128)):
-        assert mla_mod.fp32_scales_kernel(h, rows, sm90=True) == mla_mod.ds_kernel_name("v32", h, rows)
+        assert mla_mod.exact_v32_kernel(h, rows, sm90=True) == mla_mod.ds_kernel_name("v32", h, rows)

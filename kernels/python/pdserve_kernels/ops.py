@@ -276,10 +276,9 @@ class SparseMlaPlan:
     """One step's sparse MLA decode launch, made once per batch and called for every layer.
 
     `layout` is "v4" / "v32" with `bf16_kv` for a bf16 cache (or "v4_bf16" / "v32_bf16"); `page` is the cache's
-    page size (V4 with page 1 takes the first-version kernels); `fp32_scales=True` for V3.2 FP8 caches whose
-    tile scales are not powers of two (SGLang's amax/448): only kernels exact for any scale (NOTES.md,
-    "Accuracy on SGLang's scales"). The rest as SparseMlaDecode.make_plan. Without a `workspace` one is
-    allocated for exactly this plan."""
+    page size (V4 with page 1 takes the first-version kernels). Exact on any fp32 scale by default (SGLang's
+    amax/448 V3.2 tile scales included); `lossy_bf16_dequant=True` is the faster lossy opt-in (NOTES.md, "Exact by
+    default"). The rest as SparseMlaDecode.make_plan. Without a `workspace` one is allocated for exactly this plan."""
 
     def __init__(self, layout: str, batch: int, next_n: int, h: int, topk: int, *, topk_extra: int = 0,
                  bf16_kv: bool = False, page: int = 64, device=None, workspace: MlaWorkspace | None = None,

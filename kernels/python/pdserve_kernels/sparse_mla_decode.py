@@ -19,21 +19,29 @@ Conventions (FlashMLA's sparse decode, so callers can swap them):
 Returns ``(out bf16 [B, next_n, h, 512], lse fp32 [B, next_n, h])``; lse is the natural-log sum over the
 valid entries, without the sink; a row with no valid entry gets out = 0, lse = +inf.
 
-Kernel choice (fp8): by default ("auto", ``auto_fp8_kernel``) the fastest kernel measured on H200 for the
-layout, head count and number of query rows: on sm_90a with an even number of 64-head blocks (96-128 heads) the
-wgt cluster kernels at every row count (``wgx_kernel_name``: 64-entry tiles gathered through registers, the two
-64-head CTAs of a row sharing every converted tile), else with h >= 64 and >= 8 rows the "wg" kernels (wgmma, 64
-heads per CTA, a producer warpgroup converting each tile once; V3.2 with at most two splits per row their 64-entry
-successor ``WGTC_V32``, warpgroup 1 converting half of each tile), else the "ds" kernels (warps split the head
-dimension, e4m3 converted inside the MMA operands) or the first-version kernels. ``variant=`` ("wgx", "wg", "wge",
-"ds", "" ...) / ``kernel=`` force one. V3.2 caches whose fp32 tile scales are not powers of two (SGLang's
-amax/448) need ``make_plan(fp32_scales=True)``: the "wge" kernels on sm_90a at h >= 64 from 8 rows, else the ds
-kernels, which both apply the scale exactly (``fp32_scales_kernel``). The ds kernels
-without ``_c4`` multiply V by its scale in f16: |dequantized V| must stay below 65504 (true for scales up to
-2^7). ``fuse_combine`` merges a plan's splits in the main kernel instead of a second (combine) launch, where the
-kernel can (``fused_counters_per_block``): the wg kernels' split pairs, by default (``None``), and the ds kernels'
-last-CTA combine, correct but measured slower, with ``True`` (NOTES.md); and the cluster pair's two splits
-(``_t64x_m``).
+Exact by default: every call without ``lossy_bf16_dequant=True`` runs a kernel that applies the cache's scales
+without rounding the dequantized values to bf16 (``applies_scales_exactly``), so it is exact on any fp32 scale,
+SGLang's amax/448 V3.2 tile scales included (error at the bf16 output's floor). V4's UE8M0 scales are powers of two
+and bf16 KV has none, so there every kernel is exact; V3.2 FP8 takes the ds or wge kernels (``exact_v32_kernel``),
+and where none fits (GPUs with < 200 KB of shared memory per block, e.g. sm_120) make_plan refuses the call.
+``lossy_bf16_dequant=True`` is the faster lossy path, an explicit opt-in: V3.2 FP8 may then take the kernels that
+convert e4m3 x scale into one bf16 tile (first-version, wg, wgt and cluster kernels): exact only for power-of-two
+scales (NOTES.md "Exact by default" has their measured error on amax/448 scales).
+
+Kernel choice (fp8), one table for every caller (``default_fp8_kernel``; the SGLang plugin plans through it too):
+the fastest kernel measured on H200 for the layout, head count and number of query rows among those the call allows.
+``auto_fp8_kernel``, the fastest of all: on sm_90a with an even number of 64-head blocks (96-128 heads) the wgt
+cluster kernels at every row count (``wgx_kernel_name``: 64-entry tiles gathered through registers, the two 64-head
+CTAs of a row sharing every converted tile), else with h >= 64 and >= 8 rows the "wg" kernels (wgmma, 64 heads per
+CTA, a producer warpgroup converting each tile once; V3.2 with at most two splits per row their 64-entry successor
+``WGTC_V32``, warpgroup 1 converting half of each tile), else the "ds" kernels (warps split the head dimension, e4m3
+converted inside the MMA operands) or the first-version kernels. V3.2 FP8 without the lossy opt-in: the "wge"
+kernel on sm_90a at h >= 64 from 8 rows, else the ds kernels (``exact_v32_kernel``). ``variant=`` ("wgx", "wg",
+"wge", "ds", "" ...) / ``kernel=`` force one (a V3.2 kernel that rounds still needs the lossy opt-in). The ds kernels
+multiply V by its scale in f16: |dequantized V| must stay below 65504. ``fuse_combine`` merges a plan's splits in the
+main kernel instead of a second (combine) launch, where the kernel can (``fused_counters_per_block``): the wg
+kernels' split pairs, by default (``None``), and the ds kernels' last-CTA combine, correct but measured slower, with
+``True`` (NOTES.md); and the cluster pair's two splits (``_t64x_m``).
 """
 
 from __future__ import annotations
@@ -124,7 +132,9 @@ def h16_one_split_wins(layout: str, rows: int, entries: int, num_sms: int) -> bo
 
 def auto_fp8_kernel(layout: str, h: int, rows: int | None, num_sms: int, sm90: bool = False,
                     entries: int | None = None) -> str | None:
-    """The default fp8 kernel: a wg or ds kernel name, or None for the first-version kernel of that shape.
+    """The fastest fp8 kernel measured: a wg or ds kernel name, or None for the first-version kernel of that shape.
+    Exact for V4; for V3.2 the kernel default_fp8_kernel takes only with the lossy opt-in (its wg, cluster and
+    first-version kernels round e4m3 x fp32 scale to bf16).
 
     On sm_90a with an even number of 64-head blocks, the wgt cluster kernels at every row count (wgx_serves). Else
     on sm_90a with h > 32 and >= 8 rows, or 17-32 heads and >= WG_MID_HEADS_MIN_ROWS rows: V3.2 at most two splits
@@ -161,7 +171,7 @@ def auto_fp8_kernel(layout: str, h: int, rows: int | None, num_sms: int, sm90: b
 # power-of-two scales 2^-15 .. 2^7). "_c2": warpgroup 1 converts half of every tile (it idles while warpgroup 0
 # runs QK and the softmax).
 # Where the default takes them: from 8 rows at h >= 64 (measured faster at h = 64 and 128) and, by the rule below, at
-# 17-63 heads; WG_MIN_HEADS also bounds where fp32_scales plans take the wge kernel.
+# 17-63 heads; WG_MIN_HEADS also bounds where the exact V3.2 choice takes the wge kernel (exact_v32_kernel).
 WG_MIN_HEADS, WG_MIN_ROWS = 64, 8
 # 17-63 heads (one 64-head block, the heads past h zero-filled): the same wg kernels from 16 rows. H200, 2026-12-02
 # eighth session (bench_mla_variants.py, call 6; raw bench/results/h200-2026-12-02-s8call6-mid-heads-variants.json),
@@ -229,19 +239,40 @@ def wgx_kernel_name(layout: str) -> str:
 # fp32 scale, where the wg kernels round e4m3 x scale to bf16. No range limit on scales, q or RoPE. "_e_c2":
 # warpgroup 1 converts half of each tile, as "_c2".
 def wge_kernel_name() -> str:
-    """The wge kernel fp32_scales plans take (H200, 2026-12-01: V3.2 h=128 B=64 156.4 us against 169.8 for "_e_c2"
+    """The wge kernel the exact V3.2 choice takes (H200, 2026-12-01: V3.2 h=128 B=64 156.4 us against 169.8 for "_e_c2"
     and 282.7 for the ds kernel, at the ds kernels' accuracy on amax/448 scales; NOTES.md "wge kernels")."""
     return "sparse_mla_wg_v32_s3_e"
 
 
-def fp32_scales_kernel(h: int, rows: int, sm90: bool, entries: int | None = None, num_sms: int = 132) -> str:
-    """The V3.2 fp8 kernel for fp32 tile scales that are not powers of two (SGLang's amax/448): the wge kernel where
-    the default is a wg kernel from 8 rows (sm_90a, h >= 64), else the ds kernel (ds_kernel_name, with the rows'
-    entry count; also at the 4-7 rows where more than 64 heads take a wg kernel by default: wge was not timed
-    there). Both apply the scale exactly."""
-    if sm90 and h >= WG_MIN_HEADS and rows >= WG_MIN_ROWS:
+def exact_v32_kernel(h: int, rows: int | None, sm90: bool, entries: int | None = None, num_sms: int = 132) -> str:
+    """The V3.2 fp8 kernel exact for any fp32 tile scale (SGLang's amax/448 included): the wge kernel where the fastest
+    choice is a wg or cluster kernel from 8 rows (sm_90a, h >= 64), else the ds kernel (ds_kernel_name, with the rows'
+    entry count; also at the 1-7 rows where more than 64 heads take a wg or cluster kernel by default: wge was not
+    timed there). Formerly `fp32_scales_kernel`, what make_plan(fp32_scales=True) took."""
+    if sm90 and h >= WG_MIN_HEADS and rows is not None and rows >= WG_MIN_ROWS:
         return wge_kernel_name()
     return ds_kernel_name("v32", h, rows, entries, num_sms)
+
+
+def default_fp8_kernel(layout: str, h: int, rows: int | None, num_sms: int, sm90: bool = False,
+                       entries: int | None = None, lossy_bf16_dequant: bool = False) -> str | None:
+    """THE fp8 kernel table, for the launcher's calls and plans and the SGLang plugin's alike: a wg or ds kernel name,
+    or None for the first-version kernel of that shape. V4 (UE8M0 scales, powers of two: every kernel exact) and V3.2
+    with the lossy opt-in: the fastest measured (auto_fp8_kernel); V3.2 otherwise: exact_v32_kernel."""
+    if layout == "v32" and not lossy_bf16_dequant:
+        return exact_v32_kernel(h, rows, sm90, entries, num_sms)
+    return auto_fp8_kernel(layout, h, rows, num_sms, sm90, entries)
+
+
+def applies_scales_exactly(info: KernelInfo) -> bool:
+    """Whether `info`'s kernel is exact on any fp32 scale: it never rounds a dequantized cache value (e4m3 x scale) to
+    bf16. True for V4 (its UE8M0 scales are powers of two, so e4m3 x scale is a bf16 value) and bf16 KV (no scales);
+    for V3.2 FP8 (fp32 scales per 128-value tile) only the ds kernels (the scale multiplies the fp32 partial S; PV
+    runs on e4m3 x scale in f16, 11 significant bits) and the wge kernels (metadata "exact_scales"). The others
+    convert e4m3 x scale into one bf16 tile: exact for power-of-two scales only."""
+    if info.family == "combine" or info.shape.get("layout") != "v32":
+        return True
+    return info.family == "ds" or bool(info.shape.get("exact_scales"))
 
 
 # The split combine reading at most 8 splits per round trip (fewer registers, more CTAs per SM) where one round trip
@@ -359,17 +390,19 @@ class SparseMlaDecode:
         return buf
 
     def pick_kernel(self, layout: str, h: int, small: bool | None = None, variant: str | None = None,
-                    rows: int | None = None, entries: int | None = None) -> str:
+                    rows: int | None = None, entries: int | None = None, lossy_bf16_dequant: bool = False) -> str:
         """The kernel for `layout` ("v4", "v32", "v4_bf16", "v32_bf16"), h heads, `rows` query rows and `entries`
         indices per row (topk + topk_extra; None: unknown, as for a plan made before the step knows it).
 
         First-version kernels: heads per CTA = the smallest of 16/32/64 covering h (h > 64: blocks of 64);
         `small` (default on GPUs with < 200 KB of shared memory per block, e.g. sm_120) takes the 16-head,
-        32-entry variant. fp8 `variant` (default FP8_VARIANT): "auto" (auto_fp8_kernel), "" (first version),
-        "ds" (ds_kernel_name), "wg" / "wgh" / "wge" / "wgx" (sm_90a only, else "auto"; "wgh": the f16-tile wg kernels;
+        32-entry variant. fp8 `variant` (default FP8_VARIANT): "auto" (default_fp8_kernel: exact unless
+        `lossy_bf16_dequant`), "" (first version), "ds" (ds_kernel_name), "wg" / "wgh" / "wge" / "wgx" (sm_90a only,
+        else "auto"; "wgh": the f16-tile wg kernels, tuning fatbin only;
         "wge": the exact-scale V3.2 kernel, for V4, whose UE8M0 scales are powers of two, the default wg kernel;
         "wgx": the wgt cluster kernel where it serves h (wgx_serves), else the default wg kernel).
-        The ds and wg kernels need > 99 KB of shared memory: never `small`."""
+        The ds and wg kernels need > 99 KB of shared memory: never `small`. A V3.2 kernel that rounds e4m3 x scale
+        (applies_scales_exactly) is named here whatever `lossy_bf16_dequant` says; make_plan refuses it without."""
         if small is None:
             small = self.smem_limit < 200 * 1024
         base = layout.split("_")[0]
@@ -389,7 +422,8 @@ class SparseMlaDecode:
             name = None
             if not small:
                 name = (ds_kernel_name(base, h, rows, entries, self.num_sms) if suffix == "ds"
-                        else auto_fp8_kernel(base, h, rows, self.num_sms, self.capability[0] == 9, entries))
+                        else default_fp8_kernel(base, h, rows, self.num_sms, self.capability[0] == 9, entries,
+                                                lossy_bf16_dequant))
             if name is not None:
                 return name
             suffix = ""
@@ -434,20 +468,17 @@ class SparseMlaDecode:
 
     def make_plan(self, layout: str, rows: int, h: int, topk: int, topk_extra: int = 0, *, kernel: str | None = None,
                   variant: str | None = None, small: bool | None = None, splits: int | None = None,
-                  fuse_combine: bool | None = None, page: int = 64, fp32_scales: bool = False,
+                  fuse_combine: bool | None = None, page: int = 64, lossy_bf16_dequant: bool = False,
                   pair_variant: bool | None = None) -> MlaPlan:
         """The MlaPlan for `rows` query rows of h heads with topk (+ topk_extra) indices each in `layout`
         (a bf16 layout name for bf16 KV). V4 with page 1 takes the first-version kernels (the ds and wg
-        kernels may read 8 bytes past a page-1 entry: see __call__). `fp32_scales` (V3.2 FP8 whose tile scales
-        are not powers of two, as SGLang writes them: amax/448): fp32_scales_kernel, the wge or ds kernels, which
-        apply the scale exactly; the first-version and wg kernels round e4m3 x scale to bf16 (measured 7e-3
-        relative error instead of 1.3-1.7e-3, NOTES.md "Accuracy on SGLang's scales"). `fuse_combine`: None (default)
+        kernels may read 8 bytes past a page-1 entry: see __call__). Exact by default: a kernel that rounds
+        e4m3 x fp32 scale to bf16 (V3.2's first-version, wg, wgt and cluster kernels: applies_scales_exactly) is
+        refused, chosen or named, unless `lossy_bf16_dequant=True` (the faster lossy path; measured error on SGLang's
+        amax/448 scales in NOTES.md "Exact by default"). `fuse_combine`: None (default)
         merges the splits in the kernel where that measured faster (fuses_by_default), True wherever the kernel can,
         False never. `pair_variant` (default: when `kernel` is None) lets two splits of a wg kernel take its "_m"
         variant, which merges them itself."""
-        if (fp32_scales and kernel is None and variant is None and layout == "v32"
-                and not (self.smem_limit < 200 * 1024 if small is None else small)):
-            kernel = fp32_scales_kernel(h, rows, self.capability[0] == 9, topk + topk_extra, self.num_sms)
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {sorted(LAYOUTS)}, got {layout!r}")
         for name, v in (("rows", rows), ("h", h)):
@@ -455,7 +486,7 @@ class SparseMlaDecode:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
         if topk < 0 or topk_extra < 0 or topk + topk_extra < 1:
             raise ValueError("at least one index per row is needed (topk + topk_extra >= 1)")
-        name = kernel or self.pick_kernel(layout, h, small, variant, rows, topk + topk_extra)
+        name = kernel or self.pick_kernel(layout, h, small, variant, rows, topk + topk_extra, lossy_bf16_dequant)
         info = self.kernels.kernels.get(name)
         if (info is not None and info.family in ("ds", "wg") and layout == "v4" and page == 1 and kernel is None):
             name = self.pick_kernel(layout, h, small, "")
@@ -463,6 +494,8 @@ class SparseMlaDecode:
         if info is None or info.family == "combine" or kernel_shape(info)[0] != layout:
             known = sorted(n for n, k in self.kernels.kernels.items() if k.family != "combine")
             raise ValueError(f"kernel {name!r} is not a {layout} kernel ({known})")
+        if not lossy_bf16_dequant and not applies_scales_exactly(info):
+            raise ValueError(self._lossy_refusal(name, small))
         if info.family == "wg" and self.capability[0] != 9:
             raise ValueError(f"kernel {name!r} needs an sm_90a GPU (wgmma); this one is sm_{self.capability[0]}{self.capability[1]}")
         pair = info.shape.get("cluster_head_blocks", 1)
@@ -482,6 +515,19 @@ class SparseMlaDecode:
                        fuse_combine=(fuses_by_default(info, n_splits) if fuse_combine is None
                                      else bool(fuse_combine) and fused_counters_per_block(info, n_splits) > 0),
                        counters_per_block=fused_counters_per_block(info, n_splits))
+
+    def _lossy_refusal(self, name: str, small: bool | None) -> str:
+        """Why make_plan refuses `name` without the lossy opt-in, and what to do instead."""
+        what = (f"kernel {name!r} rounds each e4m3 value times its fp32 tile scale to bf16: exact only for "
+                "power-of-two scales, not for SGLang's amax/448 ones")
+        if small if small is not None else self.smem_limit < 200 * 1024:
+            how = (f"no V3.2 FP8 kernel exact for fp32 scales fits this GPU ({self.smem_limit} B of shared memory "
+                   "per block; the ds and wge kernels need more than 99 KB)")
+        else:
+            how = "name an exact kernel (ds, wge) or let the launcher choose (its default is exact)"
+            if FP8_VARIANT not in ("auto", "ds", "wge"):
+                how += f"; PDSERVE_SPARSE_MLA_FP8_OPT={FP8_VARIANT!r} asks for another"
+        return f"{what}; {how}, or pass lossy_bf16_dequant=True to accept the rounding"
 
     def launch(self, plan: MlaPlan, q4, kv, ind3, sm_scale: float, *, sinks, extra_kv, e3, out, lse,
                o_part_ptr: int | None, lse_part_ptr: int | None, counters_ptr: int | None = None,
@@ -514,7 +560,7 @@ class SparseMlaDecode:
     def __call__(self, q, kv, indices, sm_scale: float, *, layout: str = "v4", sinks=None, extra_kv=None,
                  extra_indices=None, out=None, lse=None, splits: int | None = None, kernel: str | None = None,
                  small: bool | None = None, variant: str | None = None, fuse_combine: bool | None = None,
-                 pdl: bool | None = None):
+                 pdl: bool | None = None, lossy_bf16_dequant: bool = False):
         torch = self.torch
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {sorted(LAYOUTS)}, got {layout!r}")
@@ -549,7 +595,7 @@ class SparseMlaDecode:
         if ntot < 1:
             raise ValueError("at least one index per row is needed (topk + topk_extra >= 1)")
 
-        name = kernel or self.pick_kernel(layout, h, small, variant, rows, ntot)
+        name = kernel or self.pick_kernel(layout, h, small, variant, rows, ntot, lossy_bf16_dequant)
         family = self.kernels[name].family if name in self.kernels else None
         if family in ("ds", "wg") and layout == "v4" and page == 1 and not (
                 _covers(kv, stride, 592) and (topk_extra == 0 or _covers(extra_kv, estride, 592))):
@@ -557,7 +603,7 @@ class SparseMlaDecode:
             # reads 8 bytes past the entry, which must still be inside the tensor's storage.
             name = self.pick_kernel(layout, h, small, "")
         plan = self.make_plan(layout, rows, h, topk, topk_extra, kernel=name, splits=splits, fuse_combine=fuse_combine,
-                              pair_variant=kernel is None)
+                              pair_variant=kernel is None, lossy_bf16_dequant=lossy_bf16_dequant)
         if out is None:
             out = torch.empty((B, next_n, h, DV), dtype=torch.bfloat16, device=self.device)
         elif out.dtype != torch.bfloat16 or out.numel() != rows * h * DV or not out.is_contiguous():

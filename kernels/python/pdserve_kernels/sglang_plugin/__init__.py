@@ -8,6 +8,9 @@ top-k and sparse MLA decode run pdserve's kernels, and SGLang's own kernel serve
 configuration they do not support (logged once per reason). Either way each DSA backend logs one status
 line saying which kernel serves each op (status.py), which `pdserve verify` reads.
 
+Sparse MLA decode is exact on SGLang's amax/448 V3.2 scales by default; ``PDSERVE_DSA_LOSSY_BF16_DEQUANT=1`` opts
+into the faster lossy kernels (e4m3 x scale rounded to bf16; NOTES.md "Exact by default"), and the status line says so.
+
 ``PDSERVE_DSA_RECORD_DIR=<dir>`` (tests only) also runs SGLang's kernel beside each eager call and writes
 the comparison there (record.py).
 """
@@ -20,6 +23,7 @@ from .status import PDSERVE, SGLANG
 
 ENV_SWITCH = "PDSERVE_DSA_KERNELS"
 ENV_RECORD = "PDSERVE_DSA_RECORD_DIR"
+ENV_LOSSY = "PDSERVE_DSA_LOSSY_BF16_DEQUANT"
 
 _BACKEND = "sglang.srt.layers.attention.dsa_backend.DeepseekSparseAttnBackend"
 _INDEXER = "sglang.srt.layers.attention.dsa.dsa_indexer.Indexer"
@@ -44,6 +48,11 @@ def requested() -> str:
     return PDSERVE if value == PDSERVE else SGLANG
 
 
+def lossy_requested() -> bool:
+    """Whether the environment opts into the lossy sparse MLA kernels: exactly "1" (anything else keeps them off)."""
+    return os.environ.get(ENV_LOSSY, "").strip() == "1"
+
+
 def load(registry=None):
     """The entry point: register the hooks with SGLang's HookRegistry (SGLang applies them after every
     plugin has loaded). Returns the Runtime. `registry` is for tests."""
@@ -60,7 +69,7 @@ def load(registry=None):
     if want == PDSERVE:
         from .. import ops  # noqa: F401 - registers torch.ops.pdserve.* in this process
 
-    runtime = Runtime(want, os.environ.get(ENV_RECORD) or None)
+    runtime = Runtime(want, os.environ.get(ENV_RECORD) or None, lossy_bf16_dequant=lossy_requested())
     targets = TARGETS if want == PDSERVE else {t: TARGETS[t] for t in STATUS_ONLY}
     for target, method in targets.items():
         registry.register(target, getattr(runtime, method), HookType.AROUND)

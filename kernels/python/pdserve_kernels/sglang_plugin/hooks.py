@@ -9,8 +9,9 @@ Where (SGLang 0.5.17 and 0.5.23 agree on these signatures; CPU tests check them 
   exact top-k, whose positions are mapped through the page table to physical KV slots (SGLang's fused
   top-k contract: page_table[row, p // 64] * 64 + p % 64, -1 padding).
 * DeepseekSparseAttnBackend._forward_flashmla_kv (fp8 cache) / _forward_flashmla_sparse (bf16 cache):
-  FlashMLA's sparse decode -> pdserve::sparse_mla_decode. V3.2 FP8 caches carry fp32 amax/448 tile scales,
-  so the plan asks for kernels exact for any scale (fp32_scales).
+  FlashMLA's sparse decode -> pdserve::sparse_mla_decode, with the launcher's kernel choice (one table,
+  SparseMlaDecode.make_plan): exact on the fp32 amax/448 tile scales of V3.2 FP8 caches, unless the deployment
+  opted into the lossy path ($PDSERVE_DSA_LOSSY_BF16_DEQUANT=1, Runtime.lossy_bf16_dequant).
 
 Nothing here syncs the host or allocates but the ops' outputs (and a plan's workspace, once per shape), so
 the hooks run inside SGLang's decode CUDA graphs.
@@ -54,8 +55,10 @@ def physical_slots(positions, page_table, page: int = PAGE):
 class Runtime:
     """The plugin's state in one scheduler process."""
 
-    def __init__(self, requested: str, record_dir: str | None = None) -> None:
+    def __init__(self, requested: str, record_dir: str | None = None, lossy_bf16_dequant: bool = False) -> None:
         self.requested = requested
+        # The faster lossy sparse MLA path (V3.2 FP8: e4m3 x scale rounded to bf16), an explicit opt-in.
+        self.lossy_bf16_dequant = lossy_bf16_dequant
         self.kernels: dict[int, dict[str, str]] = {}  # device index -> op -> kernel
         self.plans = PlanCache()
         self.fallbacks = FallbackLog()
@@ -85,7 +88,8 @@ class Runtime:
                 index_topk=int(getattr(backend, "dsa_index_topk", 0) or 0),
                 modules_error=_load_modules(device) if (major, minor) in decision.SUPPORTED_SM else None)
             kernels, reasons = decision.decide(facts)
-            status = Status(requested=self.requested, kernels=kernels, reasons=reasons, **where)
+            status = Status(requested=self.requested, kernels=kernels, reasons=reasons,
+                            lossy_bf16_dequant=self.lossy_bf16_dequant, **where)
             self.kernels[device.index] = kernels
         log_status(status)
         return status
@@ -170,7 +174,7 @@ class Runtime:
         q = q_all.view(-1, 1, layer.tp_q_head_num, layer.head_dim)
         cache = kv_cache.view(-1, backend.real_page_size, 1, backend.kv_cache_dim)
         out = self._mla(original, backend, kwargs, "fp8", q, cache, page_table_1, v_head_dim, sm_scale,
-                        bf16_kv=False, page=backend.real_page_size, fp32_scales=True)
+                        bf16_kv=False, page=backend.real_page_size)
         return out
 
     def mla_bf16(self, original, backend, q_all, kv_cache, v_head_dim, page_table_1, sm_scale, topk_length=None,
@@ -184,10 +188,10 @@ class Runtime:
                           tuple(q_all.shape))
             return original(backend, **kwargs)
         return self._mla(original, backend, kwargs, "bf16", q_all, kv_cache, page_table_1, v_head_dim, sm_scale,
-                         bf16_kv=True, page=kv_cache.shape[1] if kv_cache.dim() >= 3 else 1, fp32_scales=False)
+                         bf16_kv=True, page=kv_cache.shape[1] if kv_cache.dim() >= 3 else 1)
 
     def _mla(self, original, backend, kwargs, variant, q, cache, page_table_1, v_head_dim, sm_scale, *, bf16_kv,
-             page, fp32_scales):
+             page):
         shape = (variant, tuple(q.shape))
         if v_head_dim != 512:
             self.fallback("sparse_mla_decode", f"v_head_dim {v_head_dim} (the kernels write 512)", shape)
@@ -196,7 +200,7 @@ class Runtime:
         rows, h = q.shape[0] * (q.shape[1] if q.dim() == 4 else 1), q.shape[-2]
         try:
             plan = self.plans.mla(q.device, "v32", rows, h, indices.shape[-1], bf16_kv=bf16_kv, page=page,
-                                  fp32_scales=fp32_scales)
+                                  lossy_bf16_dequant=self.lossy_bf16_dequant)
             out, _lse = plan(q, cache, indices, sm_scale)
         except ValueError as e:
             self.fallback("sparse_mla_decode", str(e), shape)

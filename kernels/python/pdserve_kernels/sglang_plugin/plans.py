@@ -45,21 +45,23 @@ class PlanCache:
         return plan
 
     def mla(self, device, layout: str, batch: int, h: int, topk: int, *, bf16_kv: bool, page: int,
-            fp32_scales: bool) -> ops.SparseMlaPlan:
+            lossy_bf16_dequant: bool = False) -> ops.SparseMlaPlan:
+        """The plan of one shape. The kernel is the launcher's choice (SparseMlaDecode.make_plan: one table for the
+        plugin and every other caller), exact on SGLang's amax/448 scales unless the lossy opt-in is on."""
         stream = _stream_key(device)
-        key = ("mla", device.index, stream, layout, bf16_kv, batch, h, topk, page, fp32_scales)
+        key = ("mla", device.index, stream, layout, bf16_kv, batch, h, topk, page, lossy_bf16_dequant)
         plan = self._plans.get(key)
         if plan is None:
             name = layout + ("_bf16" if bf16_kv else "")
-            choice = {"fp32_scales": True} if fp32_scales else {}
-            shape = ops.mla_for(device).make_plan(name, batch, h, topk, 0, page=page, **choice)
+            shape = ops.mla_for(device).make_plan(name, batch, h, topk, 0, page=page,
+                                                  lossy_bf16_dequant=lossy_bf16_dequant)
             pool = self._mla_workspaces.setdefault(stream, [])
             workspace = next((w for w in pool if w.fits(shape)), None)
             if workspace is None:
                 workspace = ops.MlaWorkspace.for_plan(shape, device)
                 pool.append(workspace)
             plan = ops.SparseMlaPlan(layout, batch, 1, h, topk, bf16_kv=bf16_kv, page=page, device=device,
-                                     workspace=workspace, **choice)
+                                     workspace=workspace, lossy_bf16_dequant=lossy_bf16_dequant)
             self._plans[key] = plan
         return plan
 

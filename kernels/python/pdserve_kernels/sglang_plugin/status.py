@@ -52,6 +52,7 @@ class Status:
     sm: str | None = None
     sglang: str | None = None
     pdserve_kernels: str | None = None
+    lossy_bf16_dequant: bool = False  # the lossy sparse MLA opt-in ($PDSERVE_DSA_LOSSY_BF16_DEQUANT=1) is on
 
     def line(self) -> str:
         return STATUS_PREFIX + json.dumps(self.__dict__, sort_keys=True, separators=(", ", ": "))
