@@ -7,6 +7,9 @@ NaN. Outputs are poisoned with NaN before each call, so every element must be wr
   bf16 output give ~2e-3; an algorithm emulation in fp32/bf16 measured 1.6-2.2e-3);
 * lse: |ours - ref| <= 1e-3 where finite; rows with no valid entry: o == 0 exactly and lse == +inf;
 * no NaN anywhere.
+A test that names a kernel or forces a family (kernel=, variant=) opts into the lossy path: these inputs' scales are
+powers of two (unless a test says otherwise), where the kernels that round e4m3 x scale to bf16 are exact too; a
+kernel retired from production (metadata "retired") runs from the tuning fatbin, which holds every kernel.
 """
 
 import os
@@ -40,10 +43,36 @@ def mla():
     return SparseMlaDecode(fatbin=fatbin)
 
 
+_TUNING = {}
+
+
+def tuning_launcher():
+    """The tuning fatbin's launcher (kernels/tuning/build.sh: the production kernels and the retired, experimental
+    and probe ones), loaded once."""
+    if "mla" not in _TUNING:
+        from pdserve_kernels.sparse_mla_decode import SparseMlaDecode
+
+        built = REPO / "kernels" / "build" / "sparse_mla_decode_tuning.fatbin"
+        if not built.is_file():
+            if shutil.which("nvcc") is None:
+                pytest.skip("no tuning fatbin (kernels/tuning/build.sh) and no nvcc to build one")
+            subprocess.run(["bash", str(REPO / "kernels" / "tuning" / "build.sh")], check=True, timeout=900)
+        _TUNING["mla"] = SparseMlaDecode(fatbin=str(built))
+    return _TUNING["mla"]
+
+
 def run_and_check(mla, gen, layout, B, next_n, h, topk, *, topk_extra=0, empty_rows=(), invalid_frac=0.1,
                   sinks=True, sm_scale=None, call_layout=None, scale_factor=1.0, page=64, q_scale=1.0,
                   scale_mode="pow2", max_rel=5e-3, max_worst=1e-2, invalid_span=None, **kw):
     from pdserve_kernels.sparse_mla_reference import LAYOUTS, make_inputs, reference_from_inputs
+
+    forced = "kernel" in kw or "variant" in kw
+    kw.setdefault("lossy_bf16_dequant", forced)
+    if forced:
+        name = kw.get("kernel") or mla.pick_kernel(call_layout or layout, h, kw.get("small"), kw.get("variant"),
+                                                   B * next_n, topk + topk_extra, kw["lossy_bf16_dequant"])
+        if name not in mla.kernels:   # retired from production
+            mla = tuning_launcher()
 
     inp = make_inputs(layout, B, next_n, h, topk, topk_extra=topk_extra, empty_rows=empty_rows,
                       invalid_frac=invalid_frac, sinks=sinks, generator=gen, scale_factor=scale_factor, page=page,
@@ -134,9 +163,14 @@ def test_next_n_2_and_sharp_scale_no_sinks(mla, gen):
 
 @pytest.mark.parametrize("layout", ["v4", "v32"])
 def test_small_smem_variant(mla, gen, layout):
-    # The 16-head, 32-entry kernels are what sm_120 (99 KB of shared memory per block) runs; check them here.
+    # The 16-head, 32-entry kernels are what sm_120 (99 KB of shared memory per block) runs; check them here. V3.2's
+    # rounds e4m3 x scale to bf16 (these scales are powers of two): the default refuses it, the opt-in runs it.
+    lossy = layout == "v32"
+    if lossy:
+        with pytest.raises(ValueError, match="no V3.2 FP8 kernel exact for fp32 scales fits"):
+            run_and_check(mla, gen, layout, 3, 1, 64, 2048, small=True)
     run_and_check(mla, gen, layout, 3, 1, 64, 512 if layout == "v4" else 2048,
-                  topk_extra=128 if layout == "v4" else 0, empty_rows=(1,), small=True)
+                  topk_extra=128 if layout == "v4" else 0, empty_rows=(1,), small=True, lossy_bf16_dequant=lossy)
 
 
 # ---- fp8: the first-version kernels stay selectable and correct next to the default ----
@@ -214,9 +248,10 @@ def test_default_kernel_at_64_rows(mla, gen, layout, topk, extra):
     run_and_check(mla, gen, layout, 32, 2, 64, topk, topk_extra=extra, invalid_frac=0.3)
 
 
-def test_ds_every_kernel(mla, gen):
-    ds = mla.kernels.family("ds")   # from the fatbin's metadata
-    assert len(ds) == 16
+def test_ds_every_kernel(mla, mla_tuning, gen):
+    # production's ds kernels and the retired ones (tuning fatbin), from the fatbins' metadata
+    ds = {n: k for n, k in mla_tuning.kernels.family("ds").items() if not k.shape.get("experimental")}
+    assert len(ds) == 16 and set(mla.kernels.family("ds")) <= set(ds) and len(mla.kernels.family("ds")) == 5
     for name, info in ds.items():
         layout, hb = info.shape["layout"], info.shape["heads"]
         h = 8 if hb == 16 else 48   # half-used head blocks too
@@ -273,19 +308,22 @@ def test_wg_split_kv_empty_rows_mostly_invalid(mla, gen, sm90, splits):
 
 
 # Every kernel that merges split pairs in its epilogue (metadata "merges_split_pairs"), with the head count its
-# cases run at: the cluster pair (_t64x_m) serves two head blocks per cluster.
+# cases run at: the cluster pair (_t64x_m) serves two head blocks per cluster. wg_v32_s3_c2_m is retired (tuning).
 SPLIT_PAIR_KERNELS = [("sparse_mla_wg_v4_s3_m", 64), ("sparse_mla_wg_v32_s3_c2_m", 64),
                       ("sparse_mla_wg_v32_t64c_m", 64), ("sparse_mla_wg_v4_t64x_m", 128),
                       ("sparse_mla_wg_v32_t64x_m", 128)]
 
 
-def test_split_pair_kernels_are_every_merging_kernel(mla):
+def test_split_pair_kernels_are_every_merging_kernel(mla, mla_tuning):
+    merging = {n for n, k in mla_tuning.kernels.kernels.items()
+               if k.shape.get("merges_split_pairs") and not k.shape.get("experimental") and not k.shape.get("probe")}
+    assert merging == {n for n, _ in SPLIT_PAIR_KERNELS}
     assert {n for n, k in mla.kernels.kernels.items() if k.shape.get("merges_split_pairs")} == \
-        {n for n, _ in SPLIT_PAIR_KERNELS}
+        merging - {"sparse_mla_wg_v32_s3_c2_m"}
 
 
 @pytest.mark.parametrize("kernel,h", SPLIT_PAIR_KERNELS)
-def test_wg_split_pairs_merged_in_the_kernel(mla, gen, sm90, kernel, h):
+def test_wg_split_pairs_merged_in_the_kernel(request, mla, gen, sm90, kernel, h):
     # The _m kernels with two splits: the second of each pair of consumer warps merges the first's partial, no
     # combine launch (the launcher's default for two splits of these kernels). Twice in a row (the counters must
     # be left at zero), a warp with heads past h, empty rows, mostly invalid entries, next_n = 2 without sinks,
@@ -293,10 +331,14 @@ def test_wg_split_pairs_merged_in_the_kernel(mla, gen, sm90, kernel, h):
     layout = kernel.split("_")[3]
     extra = 128 if layout == "v4" else 0
     blocks = h // 64
-    plan = mla.make_plan(layout, 3, h, 512, extra, kernel=kernel, splits=2)
+    if kernel not in mla.kernels:   # retired: in the tuning fatbin
+        mla = request.getfixturevalue("mla_tuning")
+    lossy = dict(lossy_bf16_dequant=True)   # V3.2's pairs round e4m3 x scale (exact on these power-of-two scales)
+    plan = mla.make_plan(layout, 3, h, 512, extra, kernel=kernel, splits=2, **lossy)
     assert plan.fuse_combine and plan.counter_ints == 3 * 16 * blocks
-    assert not mla.make_plan(layout, 3, h, 512, extra, kernel=kernel, splits=3).fuse_combine
-    assert not mla.make_plan(layout, 3, h, 512, extra, kernel=kernel[:-2], splits=2, fuse_combine=True).fuse_combine
+    assert not mla.make_plan(layout, 3, h, 512, extra, kernel=kernel, splits=3, **lossy).fuse_combine
+    assert not mla.make_plan(layout, 3, h, 512, extra, kernel=kernel[:-2], splits=2, fuse_combine=True,
+                             **lossy).fuse_combine
     fused = dict(kernel=kernel, splits=2)
     for _ in range(2):
         run_and_check(mla, gen, layout, 3, 1, h, 512, topk_extra=extra, empty_rows=(1,), **fused)
@@ -311,9 +353,11 @@ def test_wg_split_pairs_merged_in_the_kernel(mla, gen, sm90, kernel, h):
 
 
 def test_default_merges_split_pairs_at_64_heads(mla, sm90):
-    for layout, entries in (("v4", 640), ("v32", 2048)):
-        plan = mla.make_plan(layout, 64, 64, entries)
+    # V4's default, and V3.2's fastest (the lossy opt-in; its exact default, the wge kernel, has no pair variant)
+    for layout, entries, lossy in (("v4", 640, False), ("v32", 2048, True)):
+        plan = mla.make_plan(layout, 64, 64, entries, lossy_bf16_dequant=lossy)
         assert plan.splits == 2 and plan.fuse_combine and plan.kernel.endswith("_m")
+    assert mla.make_plan("v32", 64, 64, 2048).kernel == "sparse_mla_wg_v32_s3_e"
 
 
 @pytest.mark.parametrize("suffix", ["_h", "_c2"])
@@ -354,14 +398,7 @@ def test_wg_next_n_2_no_sinks_pages_scales(mla, gen, sm90):
 
 @pytest.fixture(scope="module")
 def mla_tuning(mla):
-    from pdserve_kernels.sparse_mla_decode import SparseMlaDecode
-
-    built = REPO / "kernels" / "build" / "sparse_mla_decode_tuning.fatbin"
-    if not built.is_file():
-        if shutil.which("nvcc") is None:
-            pytest.skip("no tuning fatbin (kernels/tuning/build.sh) and no nvcc to build one")
-        subprocess.run(["bash", str(REPO / "kernels" / "tuning" / "build.sh")], check=True, timeout=900)
-    return SparseMlaDecode(fatbin=str(built))
+    return tuning_launcher()
 
 
 WGT_KERNELS = [f"sparse_mla_wg_{lay}_{v}" for v in ("t64", "t64q", "t64p", "t64c") for lay in ("v4", "v32")]
@@ -409,13 +446,16 @@ def test_wgt_kernels(mla_tuning, gen, sm90, name):
 
 
 def test_default_takes_the_cluster_kernels_at_128_heads(mla, gen, sm90):
-    assert mla.pick_kernel("v32", 128, rows=64) == "sparse_mla_wg_v32_t64x"
+    # V4's default; V3.2's with the lossy opt-in (the pair rounds e4m3 x fp32 scale: its exact default is wge / ds)
+    lossy = dict(lossy_bf16_dequant=True)
+    assert mla.pick_kernel("v32", 128, rows=64, **lossy) == "sparse_mla_wg_v32_t64x"
+    assert mla.pick_kernel("v32", 128, rows=64) == "sparse_mla_wg_v32_s3_e"
     assert mla.pick_kernel("v4", 128, rows=128) == "sparse_mla_wg_v4_t64x"
     assert mla.pick_kernel("v4", 96, rows=32) == "sparse_mla_wg_v4_t64x"
     assert mla.pick_kernel("v4", 128, rows=1) == "sparse_mla_wg_v4_t64x"    # every row count (NOTES.md)
-    assert mla.pick_kernel("v32", 64, rows=64) == "sparse_mla_wg_v32_t64c"   # one head block: no cluster
-    # the default at one row: splits of one tile each, merged by the combine kernel
-    run_and_check(mla, gen, "v32", 1, 1, 128, 2048)
+    assert mla.pick_kernel("v32", 64, rows=64, **lossy) == "sparse_mla_wg_v32_t64c"   # one head block: no cluster
+    # at one row: splits of one tile each, merged by the combine kernel
+    run_and_check(mla, gen, "v32", 1, 1, 128, 2048, **lossy)
     run_and_check(mla, gen, "v4", 1, 1, 128, 512, topk_extra=128)
 
 
@@ -454,7 +494,7 @@ def test_wgtx_cluster_kernels(request, mla, gen, sm90, name):
 
 # ---- wge kernels (sm_90a, V3.2: the wg pipeline exact for any fp32 tile scale) ----
 
-WGE_KERNELS = ["sparse_mla_wg_v32_s3_e", "sparse_mla_wg_v32_s3_e_c2"]
+WGE_KERNELS = ["sparse_mla_wg_v32_s3_e", "sparse_mla_wg_v32_s3_e_c2"]   # _e_c2 retired (tuning fatbin)
 # SGLang's amax/448 scales: the wge kernels must be as accurate as the ds kernels (1.6-1.7e-3 relative L2, worst
 # row-head <= 2.6e-3, lse within 1.1e-4; NOTES.md "Accuracy on SGLang's scales"; a lane-level CPU emulation of the
 # wge kernel gave 1.6e-3, worst 2.0-2.5e-3). 3e-3 / 5e-3 is that bf16-output level with margin, and well below the
@@ -462,8 +502,9 @@ WGE_KERNELS = ["sparse_mla_wg_v32_s3_e", "sparse_mla_wg_v32_s3_e_c2"]
 AMAX448 = dict(scale_mode="amax448", max_rel=3e-3, max_worst=5e-3)
 
 
-def test_wge_kernels_are_in_the_fatbin(mla):
-    assert {n for n, k in mla.kernels.family("wg").items() if k.shape.get("exact_scales")} == set(WGE_KERNELS)
+def test_wge_kernels_are_in_the_fatbin(mla, mla_tuning):
+    assert {n for n, k in mla.kernels.family("wg").items() if k.shape.get("exact_scales")} == {WGE_KERNELS[0]}
+    assert {n for n, k in mla_tuning.kernels.family("wg").items() if k.shape.get("exact_scales")} == set(WGE_KERNELS)
 
 
 @pytest.mark.parametrize("name", WGE_KERNELS)
@@ -501,10 +542,11 @@ def test_wge_any_fp32_scale(mla, gen, sm90, name):
                   **AMAX448)
 
 
-def test_wge_variant_and_fp32_scales_default(mla, gen, sm90):
-    run_and_check(mla, gen, "v32", 8, 1, 128, 2048, variant="wge", **AMAX448)
+def test_wge_variant_and_the_exact_default(mla, gen, sm90):
+    run_and_check(mla, gen, "v32", 8, 1, 128, 2048, variant="wge", lossy_bf16_dequant=False, **AMAX448)
+    run_and_check(mla, gen, "v32", 8, 1, 128, 2048, **AMAX448)   # the default: the same kernel
     assert mla.pick_kernel("v32", 128, variant="wge", rows=8) == WGE_KERNELS[0]
-    assert mla.make_plan("v32", 8, 128, 2048, fp32_scales=True).kernel == WGE_KERNELS[0]
+    assert mla.make_plan("v32", 8, 128, 2048).kernel == WGE_KERNELS[0]
 
 # ---- bf16 KV (V4: 512-dim entry, K = V incl. RoPE; V3.2: 576-dim key, V = first 512) ----
 

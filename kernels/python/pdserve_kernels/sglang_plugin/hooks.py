@@ -29,6 +29,9 @@ from .record import Recorder
 from .status import PDSERVE, FallbackLog, RanLog, Status, all_sglang, log_status
 
 PAGE = decision.PAGE
+# The sparse MLA layout the hooks serve: DeepSeek V3.2's (fp8 cache, or bf16 with bf16_kv). V4's dsv4 backend is not
+# hooked yet, so the V4 kernels are reachable from the plugin only once it is (issue 38 item 1).
+MLA_LAYOUT = "v32"
 OFF_REASON = "not requested (PDSERVE_DSA_KERNELS is not 'pdserve')"
 V4_REASON = ("DeepSeek V4 (the dsv4 attention backend: SWA + compressed caches) is not served by the plugin yet; "
              "SGLang's kernels run")
@@ -199,7 +202,7 @@ class Runtime:
         indices = page_table_1.unsqueeze(1) if page_table_1.dim() == 2 else page_table_1
         rows, h = q.shape[0] * (q.shape[1] if q.dim() == 4 else 1), q.shape[-2]
         try:
-            plan = self.plans.mla(q.device, "v32", rows, h, indices.shape[-1], bf16_kv=bf16_kv, page=page,
+            plan = self.plans.mla(q.device, MLA_LAYOUT, rows, h, indices.shape[-1], bf16_kv=bf16_kv, page=page,
                                   lossy_bf16_dequant=self.lossy_bf16_dequant)
             out, _lse = plan(q, cache, indices, sm_scale)
         except ValueError as e:

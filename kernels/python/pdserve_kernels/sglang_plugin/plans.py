@@ -65,5 +65,9 @@ class PlanCache:
             self._plans[key] = plan
         return plan
 
+    def mla_kernels(self) -> set[str]:
+        """The sparse MLA kernels this process's plans launch (each the launcher's choice for its shape)."""
+        return {plan.plan.kernel for key, plan in self._plans.items() if key[0] == "mla"}
+
     def __len__(self) -> int:
         return len(self._plans)
