@@ -1,8 +1,9 @@
 """Accuracy of the sparse MLA decode kernels on V3.2 FP8 caches with SGLang's own scales (fp32 amax/448 per
 128-value tile, not powers of two; quantize_amax448 in sparse_mla_reference.py) against the fp32 reference
-(which dequantizes the same bytes), beside the same kernels on power-of-two scales: the default, the first
-version, the fp32_scales plan's kernel, the ds kernel and (sm_90a) the wge kernels. One table: relative L2
-error of o over all (row, head) pairs, the worst (row, head), max |lse - ref|.
+(which dequantizes the same bytes), beside the same kernels on power-of-two scales: the default (exact on any fp32
+scale), the lossy opt-in's choice (lossy_bf16_dequant=True: e4m3 x scale rounded to bf16), the ds kernel and
+(sm_90a) the wge kernel. One table: relative L2 error of o over all (row, head) pairs, the worst (row, head),
+max |lse - ref|.
 
     python3 kernels/bench/accuracy_amax448.py [--heads 16,32,64,128] [--batches 1,8,64] [--json FILE]
 """
@@ -29,15 +30,14 @@ def errors(mla, inp, **kw):
                 lse=(lse[fin] - ref_lse[fin]).abs().max().item(), nan=bool(torch.isnan(o.float()).any()))
 
 
-def kernels(mla, B: int, h: int) -> list[tuple[str, str]]:
-    """(label, kernel): the default, the first version, the fp32_scales plan's kernel, the ds kernel and, on sm_90a,
-    every wge kernel (the exact-scale wg kernels), each once (the first label wins)."""
-    out = [("default", mla.pick_kernel("v32", h, rows=B, entries=2048)),
-           ("first version", mla.pick_kernel("v32", h, variant="", rows=B)),
-           ("fp32_scales plan", mla.make_plan("v32", B, h, 2048, fp32_scales=True).kernel),
-           ("ds", mla.pick_kernel("v32", h, variant="ds", rows=B, entries=2048))]
+def kernels(mla, B: int, h: int) -> list[tuple[str, str, bool]]:
+    """(label, kernel, lossy opt-in): the default, the lossy opt-in's choice, the ds kernel and, on sm_90a, every wge
+    kernel of the fatbin (the exact-scale wg kernels), each once (the first label wins)."""
+    out = [("default", mla.make_plan("v32", B, h, 2048).kernel, False),
+           ("lossy opt-in", mla.make_plan("v32", B, h, 2048, lossy_bf16_dequant=True).kernel, True),
+           ("ds", mla.pick_kernel("v32", h, variant="ds", rows=B, entries=2048), False)]
     if mla.capability[0] == 9:
-        out += [("wge", n) for n, k in sorted(mla.kernels.family("wg").items()) if k.shape.get("exact_scales")]
+        out += [("wge", n, False) for n, k in sorted(mla.kernels.family("wg").items()) if k.shape.get("exact_scales")]
     return out
 
 
@@ -54,12 +54,12 @@ def main() -> int:
             for mode in ("amax448", "pow2"):
                 inp = make_inputs("v32", B, 1, h, 2048, generator=gen, scale_mode=mode)
                 seen = set()
-                for variant, kernel in kernels(mla, B, h):
+                for variant, kernel, lossy in kernels(mla, B, h):
                     if kernel in seen:
                         continue
                     seen.add(kernel)
                     rows.append(dict(B=B, h=h, scales=mode, variant=variant, kernel=kernel,
-                                     **errors(mla, inp, kernel=kernel)))
+                                     **errors(mla, inp, kernel=kernel, lossy_bf16_dequant=lossy)))
 
     table = row_table("", "| B | h | scales | kernel | rel L2 error of o | worst (row, head) | max abs lse error | NaN |",
                       "| {B} | {h} | {scales} | {kernel} ({variant}) | {rel:.2e} | {worst:.2e} | {lse:.1e} | {nan} |")

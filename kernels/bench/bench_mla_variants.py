@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""Variant table (not THE benchmark): fp8 sparse MLA decode, the launcher's default ("auto") against every
-kernel of the fatbin that can serve the shape, timed round-robin in one process on the same inputs:
+"""Variant table (not THE benchmark): fp8 sparse MLA decode, the launcher's default ("auto", exact on any fp32
+scale) and its lossy opt-in's choice ("fastest", lossy_bf16_dequant=True, where it differs) against every kernel of
+the fatbin that can serve the shape (named kernels run with the opt-in: these inputs' scales are powers of two, where
+the kernels that round e4m3 x scale are exact too), timed round-robin in one process on the same inputs:
 the first-version kernel ("old"), every "ds" kernel of the head block (16 heads for h <= 16, else 32), and on
 sm_90a for h > 32 every "wg" kernel of the layout (64-head blocks; for V3.2 also the exact-scale "wge" kernels
 wg_v32_s3_e and wg_v32_s3_e_c2, on these power-of-two-scale inputs like the others). Each candidate is also checked against the
-fp32 reference (first rows). The launcher's default is chosen from this table (auto_fp8_kernel; NOTES.md
+fp32 reference (first rows). The launcher's fastest choice is chosen from this table (auto_fp8_kernel; NOTES.md
 records what it showed).
 
 Options: --fused also times the ds default with the fused split-combine, and the default kernel fused where it
@@ -33,8 +35,12 @@ def candidates(mla, layout: str, h: int, rows: int, entries: int,
     """(label, kernel name, extra call arguments): the default first, then every kernel that serves h heads (with
     `only`, those whose name it matches, first-version kernels included)."""
     out = [("auto", mla.pick_kernel(layout, h, variant="auto", rows=rows, entries=entries), {})]
-    if only is None:
-        out.append(("old", mla.pick_kernel(layout, h, variant=""), {}))
+    fastest = mla.pick_kernel(layout, h, variant="auto", rows=rows, entries=entries, lossy_bf16_dequant=True)
+    if fastest != out[0][1]:
+        out.append(("fastest", fastest, {}))
+    old = mla.pick_kernel(layout, h, variant="")
+    if only is None and old in mla.kernels:   # (V3.2's at 16 and 64 heads are retired: tuning fatbin)
+        out.append(("old", old, {}))
     for name, info in sorted(mla.kernels.kernels.items()):
         if info.family not in ("ds", "wg", "mla") or kernel_shape(info)[0] != layout or info.shape.get("probe"):
             continue
@@ -89,19 +95,20 @@ def main() -> int:
             def fuses(kw):   # the default kernel merges these splits itself (fused_counters_per_block)
                 return mla.make_plan(x.layout, B, h, x.ind.shape[-1],
                                      x.win_ind.shape[-1] if x.win_ind is not None else 0, kernel=auto,
-                                     fuse_combine=True, **kw).fuse_combine
+                                     fuse_combine=True, lossy_bf16_dequant=True, **kw).fuse_combine
             cands += [(f"auto{f', {s} splits' if s else ''} fused", auto, {"fuse_combine": True, **kw})
                       for s, kw in [(None, {})] + [(s, {"splits": s}) for s in split_list] if fuses(kw)]
         ro, _ = x.reference(2)
         fns, info = [], {}
         for label, name, kw in cands:
-            if label == "auto":   # the launcher's own choice: kernel, splits and, for two wg splits, the _m variant
-                call = x.call(mla, **kw)
+            if label in ("auto", "fastest"):   # the launcher's own choice: kernel, splits, the _m variant of two
+                choice = {"lossy_bf16_dequant": label == "fastest"}
+                call = x.call(mla, **choice, **kw)
                 plan = mla.make_plan(x.layout, B, h, x.ind.shape[-1],
-                                     x.win_ind.shape[-1] if x.win_ind is not None else 0)
+                                     x.win_ind.shape[-1] if x.win_ind is not None else 0, **choice)
                 name, n_splits = plan.kernel, plan.splits
             else:
-                call = x.call(mla, kernel=name, **kw)
+                call = x.call(mla, kernel=name, lossy_bf16_dequant=True, **kw)
                 n_splits = mla.plan(name, B, h, x.n_valid, kw.get("splits"))[0]
             out, _ = call()
             info[label] = {"kernel": name, "splits": n_splits, "rel_err": x.rel_err(out, ro)}

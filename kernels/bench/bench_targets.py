@@ -9,7 +9,8 @@ Rows (targets.py): issue 19's target shapes first, then the grids (unless --quic
 {8K, 32K, 128K, 512K} at max_context = L. One query token per request, page 64.
 
 Per row:
-- ours: the launchers' default choice (SparseMlaDecode / DsaIndexer with no kernel arguments), median of --reps
+- ours: the launchers' default choice (SparseMlaDecode / DsaIndexer with no kernel arguments; sparse MLA exact on any
+  fp32 scale, or with --lossy the faster lossy opt-in, lossy_bf16_dequant=True: the env says which), median of --reps
   (>= 30) CUDA-event timings, L2 evicted before every repeat, ~100 us device head start (harness.Timer), timed
   round-robin with the comparator on the same inputs;
 - comparator: FlashMLA 9241ae3e's sparse decode for the fp8 cases (flashmla_adapter.py; below 64 heads q is
@@ -49,6 +50,9 @@ def main() -> int:
     ap.add_argument("--json", default=None, help="write the env and every measured row here")
     ap.add_argument("--markdown-from", default=None, metavar="JSON", help="print the table of a saved run")
     ap.add_argument("--dry-run", action="store_true", help="list the rows that would be timed, then stop")
+    ap.add_argument("--lossy", action="store_true",
+                    help="sparse MLA with lossy_bf16_dequant=True (V3.2 e4m3 x scale rounded to bf16; these inputs' "
+                         "scales are powers of two, where that is exact too)")
     args = ap.parse_args()
     if args.markdown_from:
         saved = json.loads(pathlib.Path(args.markdown_from).read_text())
@@ -60,7 +64,7 @@ def main() -> int:
         return 0
     assert args.reps >= 30, "the benchmark contract is >= 30 repeats"
     from targets_measure import Bench   # torch, the launchers and the comparators: only to measure
-    return Bench(args.reps, rows).run(args.json)
+    return Bench(args.reps, rows, lossy_bf16_dequant=args.lossy).run(args.json)
 
 
 def print_plan(rows: list[dict]) -> None:

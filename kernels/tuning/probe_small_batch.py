@@ -79,13 +79,14 @@ def sweep(x, new: SparseMlaDecode):
     for name in names:
         for want in (None, 4, 8, 16, 32, 64):
             try:
-                plan = new.make_plan(x.layout, x.B, x.h, x.ind.shape[-1], topk_extra, kernel=name, splits=want)
+                plan = new.make_plan(x.layout, x.B, x.h, x.ind.shape[-1], topk_extra, kernel=name, splits=want,
+                                     lossy_bf16_dequant=True)   # pow2 scales: the rounding kernels are exact too
             except ValueError:
                 continue
             if any(o[1] == name and o[2] == plan.splits for o in out):
                 continue
             out.append((f"sweep{'' if want is None else want}", name, plan.splits,
-                        x.call(new, kernel=name, splits=plan.splits)))
+                        x.call(new, kernel=name, splits=plan.splits, lossy_bf16_dequant=True)))
     return out
 
 

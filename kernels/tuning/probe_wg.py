@@ -44,7 +44,7 @@ def main() -> None:
             kw = dict(extra_kv=inp["extra_kv"], extra_indices=inp["extra_indices"]) if extra else {}
             try:
                 out, lse = mla(inp["q"], inp["kv"], inp["indices"], sm, layout=layout, sinks=inp["sinks"],
-                               kernel=name, **kw)
+                               kernel=name, lossy_bf16_dequant=True, **kw)
                 torch.cuda.synchronize()
             except Exception as e:   # a probe: report and go on
                 print(f"{name} h={h}: {type(e).__name__}: {e}")
@@ -78,7 +78,7 @@ def time_probes() -> None:
         ind = distinct_indices(B, 2048, kv.shape[0] * PAGE, g).view(B, 1, 2048)
         q = torch.randn((B, 1, h, 576), device="cuda", generator=g).to(torch.bfloat16)
         ok = [n for n in names if -(-h // 64) % mla.kernels[n].shape.get("cluster_head_blocks", 1) == 0]
-        fns = [lambda n=n: mla(q, kv, ind, 576 ** -0.5, layout="v32", kernel=n) for n in ok]
+        fns = [lambda n=n: mla(q, kv, ind, 576 ** -0.5, layout="v32", kernel=n, lossy_bf16_dequant=True) for n in ok]
         ts = dict(zip(ok, timer.medians_us(fns, 20)))
         print(f"| {B} | {h} | " + " | ".join(f"{ts[n]:.1f}" if n in ts else "" for n in names) + " |", flush=True)
 

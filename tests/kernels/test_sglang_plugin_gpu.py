@@ -178,8 +178,8 @@ def _first_shape_per_kernel(lossy: bool) -> dict[str, tuple[int, int, bool]]:
         for h in (8, 16, 32, 64, 128):
             for bf16 in (False, True):
                 try:
-                    kernel = mla.make_plan(MLA_LAYOUT + ("_bf16" if bf16 else ""), rows, h, 2048, page=1 if bf16 else 64,
-                                           lossy_bf16_dequant=lossy).kernel
+                    kernel = mla.make_plan(MLA_LAYOUT + ("_bf16" if bf16 else ""), rows, h, 2048,
+                                           page=1 if bf16 else 64, lossy_bf16_dequant=lossy).kernel
                 except ValueError:   # no exact kernel fits this GPU: the hook falls back to SGLang's
                     continue
                 first.setdefault(kernel, (rows, h, bf16))

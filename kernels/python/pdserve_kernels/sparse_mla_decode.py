@@ -493,8 +493,8 @@ class SparseMlaDecode:
             info = self.kernels.kernels.get(name)
         if info is None or info.family == "combine" or kernel_shape(info)[0] != layout:
             known = sorted(n for n, k in self.kernels.kernels.items() if k.family != "combine")
-            raise ValueError(f"kernel {name!r} is not a {layout} kernel of {self.kernels.path.name} ({known}; kernels no "
-                             "shape chooses are in the tuning build only, kernels/tuning/build.sh)")
+            raise ValueError(f"kernel {name!r} is not a {layout} kernel of {self.kernels.path.name} ({known}; "
+                             "kernels no shape chooses are in the tuning build only, kernels/tuning/build.sh)")
         if not lossy_bf16_dequant and not applies_scales_exactly(info):
             raise ValueError(self._lossy_refusal(name, small))
         if info.family == "wg" and self.capability[0] != 9:
