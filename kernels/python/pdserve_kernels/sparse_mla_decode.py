@@ -38,7 +38,8 @@ CTA, a producer warpgroup converting each tile once; V3.2 with at most two split
 converted inside the MMA operands) or the first-version kernels. V3.2 FP8 without the lossy opt-in: the "wge"
 kernel on sm_90a at h >= 64 from 8 rows, else the ds kernels (``exact_v32_kernel``). ``variant=`` ("wgx", "wg",
 "wge", "ds", "" ...) / ``kernel=`` force one (a V3.2 kernel that rounds still needs the lossy opt-in). The ds kernels
-multiply V by its scale in f16: |dequantized V| must stay below 65504. ``fuse_combine`` merges a plan's splits in the
+multiply V by its scale in f16: |dequantized V| must stay below 65504, and values below f16's normal range (6.1e-5)
+keep fewer bits (the wge kernel has neither limit). ``fuse_combine`` merges a plan's splits in the
 main kernel instead of a second (combine) launch, where the kernel can (``fused_counters_per_block``): the wg
 kernels' split pairs, by default (``None``), and the ds kernels' last-CTA combine, correct but measured slower, with
 ``True`` (NOTES.md); and the cluster pair's two splits (``_t64x_m``).
