@@ -320,6 +320,9 @@ def test_mla_plan_choices_and_refusals(mla_table):
         mla.make_plan("v32", 8, 128, 2048, kernel="sparse_mla_wg_v4_s3")
     with pytest.raises(ValueError, match="needs an sm_90a GPU"):
         _launcher(mla_table, capability=(12, 0)).make_plan("v32", 8, 128, 2048, kernel="sparse_mla_wg_v32_s3_e")
+    # what a kernel can serve is said before whether it rounds (a cluster pair at one head block, lossy or not)
+    with pytest.raises(ValueError, match="clusters of 2 head blocks"):
+        mla.make_plan("v32", 8, 64, 2048, kernel="sparse_mla_wg_v32_t64x")
     with pytest.raises(ValueError, match="at least one index"):
         mla.make_plan("v32", 8, 128, 0)
     with pytest.raises(ValueError, match="layout must be one of"):

@@ -496,14 +496,14 @@ class SparseMlaDecode:
             known = sorted(n for n, k in self.kernels.kernels.items() if k.family != "combine")
             raise ValueError(f"kernel {name!r} is not a {layout} kernel of {self.kernels.path.name} ({known}; "
                              "kernels no shape chooses are in the tuning build only, kernels/tuning/build.sh)")
-        if not lossy_bf16_dequant and not applies_scales_exactly(info):
-            raise ValueError(self._lossy_refusal(name, small))
         if info.family == "wg" and self.capability[0] != 9:
             raise ValueError(f"kernel {name!r} needs an sm_90a GPU (wgmma); this one is sm_{self.capability[0]}{self.capability[1]}")
         pair = info.shape.get("cluster_head_blocks", 1)
         if -(-h // kernel_shape(info)[1]) % pair:
             raise ValueError(f"kernel {name!r} runs in clusters of {pair} head blocks of {kernel_shape(info)[1]}: "
                              f"h={h} gives {-(-h // kernel_shape(info)[1])}; use an h it serves or another kernel")
+        if not lossy_bf16_dequant and not applies_scales_exactly(info):
+            raise ValueError(self._lossy_refusal(name, small))
         n_splits, per_split = self.plan(name, rows, h, topk + topk_extra, splits)
         # pair_variant (default: when the kernel is the launcher's choice): two splits of a kernel with a split-pair
         # variant (the same kernel merging them itself, name + "_m") take that variant unless fuse_combine=False.
