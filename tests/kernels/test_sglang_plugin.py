@@ -124,6 +124,18 @@ def test_requested_registers_an_around_hook_on_each_target(monkeypatch, registry
     assert hasattr(torch.ops.pdserve, "sparse_mla_decode")  # the ops are registered in this process
 
 
+@pytest.mark.parametrize("lossy", [None, "1"])
+def test_the_runtime_carries_the_lossy_opt_in_from_the_environment(monkeypatch, registry, lossy):
+    # exact by default; $PDSERVE_DSA_LOSSY_BF16_DEQUANT=1 lets the MLA plans take the kernels that round e4m3 x scale
+    reg, _ = registry
+    plugin = _fresh_plugin(monkeypatch, "pdserve")
+    if lossy is None:
+        monkeypatch.delenv(plugin.ENV_LOSSY, raising=False)
+    else:
+        monkeypatch.setenv(plugin.ENV_LOSSY, lossy)
+    assert plugin.load(reg).lossy_bf16_dequant is (lossy == "1")
+
+
 @pytest.mark.parametrize("value", [None, "sglang", "PDSERVE", "yes", ""])
 def test_anything_but_pdserve_only_reports_status(monkeypatch, registry, value):
     reg, _ = registry
