@@ -165,9 +165,13 @@ def test_next_n_2_and_sharp_scale_no_sinks(mla, gen):
 def test_small_smem_variant(mla, gen, layout):
     # The 16-head, 32-entry kernels are what sm_120 (99 KB of shared memory per block) runs; check them here. V3.2's
     # rounds e4m3 x scale to bf16 (these scales are powers of two): the default refuses it, the opt-in runs it.
+    # Where the GPU itself is small (sm_120) the launcher finds no exact kernel that fits; on sm_90 `small`
+    # names the rounding kernel, which make_plan refuses by name. Either refusal is the exact default at work.
     lossy = layout == "v32"
     if lossy:
-        with pytest.raises(ValueError, match="no V3.2 FP8 kernel exact for fp32 scales fits"):
+        refused = ("no V3.2 FP8 kernel exact for fp32 scales fits"
+                   "|rounds each e4m3 value times its fp32 tile scale to bf16")
+        with pytest.raises(ValueError, match=refused):
             run_and_check(mla, gen, layout, 3, 1, 64, 2048, small=True)
     run_and_check(mla, gen, layout, 3, 1, 64, 512 if layout == "v4" else 2048,
                   topk_extra=128 if layout == "v4" else 0, empty_rows=(1,), small=True, lossy_bf16_dequant=lossy)
