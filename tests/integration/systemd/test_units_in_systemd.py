@@ -1,5 +1,5 @@
 """The rendered units under a real systemd (in a container), with the stand-in SGLang workers behind
-`python -m sglang.launch_server` and the real sglang-router 0.3.2: After= means ready,
+`python -m sglang.launch_server` and the real router, smg 1.13.0: After= means ready,
 Restart=on-failure, Conflicts=, LoadCredential=, `pdserve cutover`, and enabled units across a reboot.
 
 The tests share one booted container; each starts from every unit stopped and disabled. The reboot
