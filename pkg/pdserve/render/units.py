@@ -71,7 +71,7 @@ def _gpus(gpus: list[int]) -> str:
 def _describe(dep: Deployment, launch: Launch) -> str:
     role = launch.role
     if role == "router":
-        return f"pdserve {dep.name}: sglang-router (PD) on {launch.url}"
+        return f"pdserve {dep.name}: smg router (PD) on {launch.url}"
     server = dep.server(role)
     numa = f", NUMA node {server.numa_node}" if server.numa_node is not None else ""
     what = "single SGLang server (fallback)" if role == "fallback" else f"SGLang {role} server"
@@ -99,6 +99,13 @@ def _unit_section(dep: Deployment, role: Role, description: str) -> Section:
         # start together both count the other's share as free. After= (ordering only) starts the decode
         # once the prefill is ready, and a later prefill restart still leaves the decode alone.
         entries.append(("After", f"network-online.target {pd_units[0]}"))
+    elif role == "fallback":
+        # Ordering only, so that a start of one layout waits for the other's stop to finish: systemd orders
+        # the stop of a unit before the start of one ordered against it in either direction, and without
+        # an ordering runs them at once. smg keeps its port open for 5 s after SIGTERM and then drains, so a
+        # fallback started beside the router's stop found the public port taken ("Address already in use",
+        # container tier); a worker's GPUs are only free once its process has gone, too.
+        entries.append(("After", f"network-online.target {' '.join(pd_units)}"))
     else:
         entries.append(("After", "network-online.target"))
     # The two layouts share GPUs and the public port: starting one stops the other.
@@ -118,7 +125,7 @@ def _service_section(dep: Deployment, launch: Launch, config_path: str, tools: T
     gates = []
     if launch.role == "router":
         # By the time this runs (After=) both workers' starts have ended, ready or failed: the gate only
-        # confirms, so it is short. sglang-router 0.3.2 never registers a worker it found down at start.
+        # confirms, so it is short.
         gates = [[tools.pdserve, "wait-ready", worker, "--config", config_path, "--timeout", str(WORKER_GATE_SEC),
                   "--interval", "0.5"] for worker in ("prefill", "decode")]
     return service_section(dep, launch, tools, start_timeout=start_timeout, gates=gates, ready=ready)
