@@ -1,5 +1,6 @@
 """The router outlives its workers: unit ordering, the start gate, and the flags that let it ride out a
-worker's restart (issue 14, item 3; smg's settings: issue 41, item 2). Rendered text parsed back; the real parser check is in
+worker's restart (issue 14, item 3; smg's settings: issue 41, item 2). Rendered text parsed back; the real
+parser check is in
 tests/integration/test_real_parsers.py."""
 
 from __future__ import annotations

@@ -95,7 +95,8 @@ def test_keep_alive_unset_is_sglangs_five_seconds(reference_data):
 def test_a_servers_own_keep_alive_counts(reference_data):
     reference_data["decode"]["env"] = {"SGLANG_TIMEOUT_KEEP_ALIVE": "2"}
     (problem,) = _problems(reference_data)
-    assert problem[0] == "router.upstream_pool_idle_timeout_secs" and "decode.env.SGLANG_TIMEOUT_KEEP_ALIVE" in problem[2]
+    assert problem[0] == "router.upstream_pool_idle_timeout_secs"
+    assert "decode.env.SGLANG_TIMEOUT_KEEP_ALIVE" in problem[2]
 
 
 @pytest.mark.parametrize("text,expected", [

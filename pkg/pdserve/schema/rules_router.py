@@ -32,7 +32,8 @@ def retry_budget_ms(router: RouterSpec) -> float:
     """The longest smg may pause between the attempts of one request: the sum of its backoffs, pause n being
     min(initial x multiplier^n, max) stretched by the full jitter (smg's BackoffCalculator), over the
     retry_max_retries - 1 pauses between retry_max_retries attempts. Closed form: the values reach 2^32."""
-    pauses, initial, ceiling = router.retry_max_retries - 1, router.retry_initial_backoff_ms, router.retry_max_backoff_ms
+    pauses = router.retry_max_retries - 1
+    initial, ceiling = router.retry_initial_backoff_ms, router.retry_max_backoff_ms
     factor = router.retry_backoff_multiplier
     if initial == 0 or factor == 1.0 or initial >= ceiling:
         total = pauses * min(initial, ceiling)
@@ -134,8 +135,8 @@ def admission_wait_fits_request_timeout(dep: Deployment) -> Iterator[Problem]:
     wait = router.prefill_queue_timeout_secs
     if wait is None and SMG_PREFILL_QUEUE_TIMEOUT_SEC >= router.request_timeout_secs:
         yield Problem("router.prefill_queue_timeout_secs", None, f"is unset, so smg waits its own "
-                      f"{SMG_PREFILL_QUEUE_TIMEOUT_SEC} s for a prefill slot, not less than router.request_timeout_secs "
-                      f"({router.request_timeout_secs}): a queued request would time out instead of getting a 429",
+                      f"{SMG_PREFILL_QUEUE_TIMEOUT_SEC} s for a prefill slot, not less than "
+                      f"router.request_timeout_secs ({router.request_timeout_secs}): a queued request would time out instead of getting a 429",
                       f"set it below {router.request_timeout_secs}")
     elif wait is not None and wait >= router.request_timeout_secs:
         yield Problem("router.prefill_queue_timeout_secs", wait, f"is not below router.request_timeout_secs "
