@@ -17,7 +17,8 @@ from pdserve.schema.rules_across import listeners, validate_across
 
 # A second deployment beside the reference: every port and the name moved off the reference's.
 SECOND = {"name": "other", "prefill": {"port": 31000}, "decode": {"port": 31002},
-          "router": {"port": 31001, "prometheus_port": 29100, "health_check_port": 29101}, "transfer": {"bootstrap_port": 8999}}
+          "router": {"port": 31001, "prometheus_port": 29100, "health_check_port": 29101},
+          "transfer": {"bootstrap_port": 8999}}
 
 
 def merged(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:

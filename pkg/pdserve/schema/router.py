@@ -24,8 +24,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from pdserve.schema.fields import MAX_LIST_ITEMS, Environment, FilePath, Host, Port, RouterExtraArgs, Seconds
 from pdserve.schema.hosts import HostName
 
-# Load-balancing policies of sglang-router 0.3.2 (`--policy`, `--prefill-policy`, `--decode-policy`).
-Policy = Literal["random", "round_robin", "cache_aware", "power_of_two", "manual"]
+# Load-balancing policies of smg 1.13.0 (`--policy`, `--prefill-policy`, `--decode-policy`; a test compares them
+# with the pinned router's own parser).
+Policy = Literal["random", "round_robin", "passthrough", "cache_aware", "power_of_two", "least_load", "manual",
+                 "consistent_hashing", "prefix_hash"]
 
 # smg keeps counts and milliseconds in 32-bit unsigned integers; a value past that overflows at start.
 U32 = 2**32 - 1

@@ -136,7 +136,8 @@ def admission_wait_fits_request_timeout(dep: Deployment) -> Iterator[Problem]:
     if wait is None and SMG_PREFILL_QUEUE_TIMEOUT_SEC >= router.request_timeout_secs:
         yield Problem("router.prefill_queue_timeout_secs", None, f"is unset, so smg waits its own "
                       f"{SMG_PREFILL_QUEUE_TIMEOUT_SEC} s for a prefill slot, not less than "
-                      f"router.request_timeout_secs ({router.request_timeout_secs}): a queued request would time out instead of getting a 429",
+                      f"router.request_timeout_secs ({router.request_timeout_secs}): a queued request would time out "
+                      "instead of getting a 429",
                       f"set it below {router.request_timeout_secs}")
     elif wait is not None and wait >= router.request_timeout_secs:
         yield Problem("router.prefill_queue_timeout_secs", wait, f"is not below router.request_timeout_secs "
