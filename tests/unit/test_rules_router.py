@@ -43,7 +43,6 @@ def test_the_default_retry_budget_is_about_three_and_a_half_seconds():
 @pytest.mark.parametrize("settings,expected_ms", [
     ({"retry_max_retries": 1}, 0),
     ({"retry_max_retries": 4, "retry_backoff_multiplier": 1.0, "retry_jitter_factor": 0.0}, 150),
-    ({"retry_max_retries": 3, "retry_initial_backoff_ms": 0, "retry_jitter_factor": 0.0}, 0),
     ({"retry_max_retries": 5, "retry_initial_backoff_ms": 2000, "retry_jitter_factor": 0.0}, 4000),
     ({"retry_max_retries": 4, "retry_backoff_multiplier": 2.0, "retry_jitter_factor": 0.0}, 50 + 100 + 200),
 ])
@@ -198,9 +197,9 @@ def test_a_drain_as_long_as_the_stop_timeout_is_refused(reference_data):
     ("upstream_pool_idle_timeout_secs", 0),  # smg: keep forever, past any keep-alive
     ("health_check_interval_secs", 0), ("health_failure_threshold", 0), ("health_success_threshold", 0),
     ("retry_max_retries", 0), ("retry_backoff_multiplier", 0.5), ("retry_backoff_multiplier", float("inf")),
-    ("retry_jitter_factor", 1.5), ("retry_jitter_factor", float("nan")), ("retry_initial_backoff_ms", -1),
+    ("retry_jitter_factor", 1.5), ("retry_jitter_factor", float("nan")), ("retry_initial_backoff_ms", 0),
     ("cb_failure_threshold", 0), ("prefill_queue_size", -1), ("prefill_queue_timeout_secs", 0),
-    ("prefill_max_inflight_requests_per_worker", 0), ("retry_max_retries", 2**32), ("health_check_port", 0),
+    ("prefill_max_inflight_requests_per_worker", 0), ("prefill_max_inflight_requests_per_worker", 2**31), ("retry_max_retries", 2**32), ("health_check_port", 0),
     ("health_check_port", 65536), ("retry_max_retries", True), ("retry_backoff_multiplier", "1.5"),
 ])
 def test_values_out_of_range_are_refused_by_field(reference_data, field, value):

@@ -89,10 +89,10 @@ class RouterSpec(BaseModel):
         "5; 1 means no retry). 10 attempts with the backoffs below wait about 3.5 s in all, just past the 3 s a "
         "dead worker takes to be marked unhealthy")
     retry_initial_backoff_ms: int = Field(
-        50, ge=0, le=U32, description="--retry-initial-backoff-ms (smg default 50): the first pause; a stale "
-        "connection or a worker's momentary refusal is retried almost at once")
+        50, ge=1, le=U32, description="--retry-initial-backoff-ms (smg default 50, more than 0): the first pause; a "
+        "stale connection or a worker's momentary refusal is retried almost at once")
     retry_max_backoff_ms: int = Field(
-        1000, ge=0, le=U32, description="--retry-max-backoff-ms (smg default 30000): the longest pause, so a held "
+        1000, ge=1, le=U32, description="--retry-max-backoff-ms (smg default 30000): the longest pause, so a held "
         "request notices within a second that the worker answers again")
     retry_backoff_multiplier: float = Field(
         1.5, ge=1.0, le=10.0, allow_inf_nan=False, description="--retry-backoff-multiplier (smg default 1.5, "
@@ -123,7 +123,7 @@ class RouterSpec(BaseModel):
     # Admission in front of prefill. smg holds a request that finds every prefill slot taken in a queue, and
     # answers 429 (`pd_prefill_queue_full` at once, `pd_prefill_queue_timeout` after the wait).
     prefill_max_inflight_requests_per_worker: int | None = Field(
-        None, ge=1, le=U32, description="--prefill-max-inflight-requests-per-worker: requests a prefill server "
+        None, ge=1, le=2**31 - 1, description="--prefill-max-inflight-requests-per-worker: requests a prefill server "
         "works on at once; more wait in the router's queue. Unset: no limit (smg's default): how many a prefill "
         "takes depends on the model, its GPUs and the prompts, so only a measurement of the deployment can say")
     prefill_queue_size: int | None = Field(

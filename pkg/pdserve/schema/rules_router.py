@@ -35,7 +35,7 @@ def retry_budget_ms(router: RouterSpec) -> float:
     pauses = router.retry_max_retries - 1
     initial, ceiling = router.retry_initial_backoff_ms, router.retry_max_backoff_ms
     factor = router.retry_backoff_multiplier
-    if initial == 0 or factor == 1.0 or initial >= ceiling:
+    if factor == 1.0 or initial >= ceiling:
         total = pauses * min(initial, ceiling)
     else:
         growing = min(pauses, math.ceil(math.log(ceiling / initial) / math.log(factor)))
