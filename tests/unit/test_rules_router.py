@@ -199,7 +199,8 @@ def test_a_drain_as_long_as_the_stop_timeout_is_refused(reference_data):
     ("retry_max_retries", 0), ("retry_backoff_multiplier", 0.5), ("retry_backoff_multiplier", float("inf")),
     ("retry_jitter_factor", 1.5), ("retry_jitter_factor", float("nan")), ("retry_initial_backoff_ms", 0),
     ("cb_failure_threshold", 0), ("prefill_queue_size", -1), ("prefill_queue_timeout_secs", 0),
-    ("prefill_max_inflight_requests_per_worker", 0), ("prefill_max_inflight_requests_per_worker", 2**31), ("retry_max_retries", 2**32), ("health_check_port", 0),
+    ("prefill_max_inflight_requests_per_worker", 0), ("prefill_max_inflight_requests_per_worker", 2**31),
+    ("retry_max_retries", 2**32), ("health_check_port", 0),
     ("health_check_port", 65536), ("retry_max_retries", True), ("retry_backoff_multiplier", "1.5"),
 ])
 def test_values_out_of_range_are_refused_by_field(reference_data, field, value):
