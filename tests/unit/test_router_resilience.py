@@ -29,19 +29,20 @@ def _loaded(data):
     return loaded.deployment, [(p.field, p.message) for p in loaded.warnings]
 
 
-def test_default_flags_answer_an_outage_fast_and_ride_out_a_hiccup(reference):
+def test_default_flags_answer_an_outage_fast_and_ride_out_a_stall(reference):
     args = router_args(reference)
-    # No circuit breaker: one worker per role leaves nothing to fail over to, and smg's PD breaker counts
-    # every retry, so it would open on a short hiccup under load.
-    assert "--disable-circuit-breaker" in args and "--cb-failure-threshold" not in args
-    # A dead worker is out of the router after 3 probes 1 s apart (then 503 with Retry-After at once) ...
-    assert [_flag(args, f) for f in ("--health-check-interval-secs", "--health-failure-threshold")] == ["1", "3"]
-    # ... and 10 attempts 50 ms to 1 s apart (about 3.5 s of pauses) hold a request just past that.
+    # The breaker opens on the third failed attempt (every retry counts in PD mode) and tries the worker
+    # again after 1 s; one answered request closes it (smg: 10, 60 s, 3).
+    assert "--disable-circuit-breaker" not in args
+    assert [_flag(args, f) for f in ("--cb-failure-threshold", "--cb-timeout-duration-secs",
+                                     "--cb-success-threshold")] == ["3", "1", "1"]
+    # 6 attempts 50 to 250 ms apart: the fourth meets the open breaker (503, Retry-After), well within 1 s.
     assert [_flag(args, f) for f in ("--retry-max-retries", "--retry-initial-backoff-ms", "--retry-max-backoff-ms",
                                      "--retry-backoff-multiplier", "--retry-jitter-factor")] == \
-        ["10", "50", "1000", "1.5", "0.2"]
-    # A worker back from its restart is taken back after one good probe (smg default: 2 checks 60 s apart).
-    assert _flag(args, "--health-success-threshold") == "1"
+        ["6", "50", "250", "1.5", "0.2"]
+    # The health check marks a dead worker after 3 probes 1 s apart and takes it back after one good one.
+    assert [_flag(args, f) for f in ("--health-check-interval-secs", "--health-failure-threshold",
+                                     "--health-success-threshold")] == ["1", "3", "1"]
     # Pooled connections are dropped before SGLang's keep-alive closes them (smg's own default, written out).
     assert _flag(args, "--upstream-pool-idle-timeout-secs") == "3"
     # The reference deployment answers probes on a port of their own.
@@ -55,7 +56,7 @@ def test_default_flags_answer_an_outage_fast_and_ride_out_a_hiccup(reference):
 
 def test_fields_reach_the_router_flags(reference_data):
     reference_data["router"].update(
-        circuit_breaker=True, cb_failure_threshold=50, cb_success_threshold=2, cb_timeout_duration_secs=5,
+        circuit_breaker=True, cb_failure_threshold=5, cb_success_threshold=2, cb_timeout_duration_secs=5,
         retry_max_retries=7, retry_initial_backoff_ms=20, retry_max_backoff_ms=500, retry_backoff_multiplier=2.0,
         retry_jitter_factor=0.0, health_check_interval_secs=9, health_failure_threshold=4,
         health_success_threshold=3, shutdown_grace_period_secs=40, upstream_pool_idle_timeout_secs=60,
@@ -65,7 +66,7 @@ def test_fields_reach_the_router_flags(reference_data):
     assert problems == []
     args = router_args(dep)
     assert "--disable-circuit-breaker" not in args
-    flags = {"--cb-failure-threshold": "50", "--cb-success-threshold": "2", "--cb-timeout-duration-secs": "5",
+    flags = {"--cb-failure-threshold": "5", "--cb-success-threshold": "2", "--cb-timeout-duration-secs": "5",
              "--retry-max-retries": "7", "--retry-initial-backoff-ms": "20", "--retry-max-backoff-ms": "500",
              "--retry-backoff-multiplier": "2.0", "--retry-jitter-factor": "0.0",
              "--health-check-interval-secs": "9", "--health-failure-threshold": "4",

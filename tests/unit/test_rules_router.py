@@ -31,19 +31,20 @@ def test_the_reference_settings_pass_every_rule(reference_data):
 
 
 # ---- the retry budget
-def test_the_default_retry_budget_is_about_three_and_a_half_seconds():
-    # smg's BackoffCalculator: pauses of 50, 75, 112, ... ms up to 1000 ms, between 10 attempts, x1.2 jitter.
-    pauses = [min(50 * 1.5 ** n, 1000) for n in range(9)]
+def test_the_default_retries_outlast_the_breaker_and_pause_under_a_second():
+    # smg's BackoffCalculator: pauses of 50, 75, 112, 168, 250 ms between 6 attempts, up to x1.2 by jitter.
+    pauses = [min(50 * 1.5 ** n, 250) for n in range(5)]
     assert retry_budget_ms(RouterSpec()) == pytest.approx(sum(pauses) * 1.2)
-    assert 3.4 < retry_budget_ms(RouterSpec()) / 1000 / 1.2 < 3.5
-    # Past the dead worker's detection (3 s): the health check, not the budget, ends the retries.
-    assert retry_budget_ms(RouterSpec()) / 1000 > health_detection_sec(RouterSpec()) == 3
+    assert retry_budget_ms(RouterSpec()) < 1000
+    # The breaker opens at the third failed attempt; the fourth meets it and is answered 503 + Retry-After.
+    assert RouterSpec().circuit_breaker and RouterSpec().cb_failure_threshold < RouterSpec().retry_max_retries
 
 
 @pytest.mark.parametrize("settings,expected_ms", [
     ({"retry_max_retries": 1}, 0),
     ({"retry_max_retries": 4, "retry_backoff_multiplier": 1.0, "retry_jitter_factor": 0.0}, 150),
-    ({"retry_max_retries": 5, "retry_initial_backoff_ms": 2000, "retry_jitter_factor": 0.0}, 4000),
+    ({"retry_max_retries": 5, "retry_initial_backoff_ms": 2000, "retry_max_backoff_ms": 1000, "retry_jitter_factor": 0.0},
+     4000),
     ({"retry_max_retries": 4, "retry_backoff_multiplier": 2.0, "retry_jitter_factor": 0.0}, 50 + 100 + 200),
 ])
 def test_retry_budget_matches_smgs_backoff(settings, expected_ms):
@@ -136,8 +137,9 @@ def test_smgs_own_queue_wait_counts_when_unset(reference_data):
 
 
 def test_holding_requests_through_a_restart_without_a_bound_is_a_warning(reference_data):
-    # The opt-in hold: the worker stays in the router 60 s and the retries last as long.
-    reference_data["router"].update(health_failure_threshold=60, retry_max_retries=70)
+    # The opt-in hold: no breaker, the worker stays in the router 60 s and the retries last as long.
+    reference_data["router"].update(circuit_breaker=False, health_failure_threshold=60, retry_max_retries=70,
+                                    retry_max_backoff_ms=1000)
     (problem,) = _problems(reference_data)
     assert problem[0] == "router.prefill_max_inflight_requests_per_worker" and problem[4] is Severity.WARNING
     assert "held up to" in problem[2] and "prefill_queue_size" in problem[3]
@@ -146,25 +148,40 @@ def test_holding_requests_through_a_restart_without_a_bound_is_a_warning(referen
     assert _problems(reference_data) == []
 
 
-def test_a_long_detection_with_short_retries_holds_nothing(reference_data):
-    reference_data["router"]["health_failure_threshold"] = 60  # retries still end after ~3.5 s
+def test_long_retries_with_the_breaker_on_hold_nothing(reference_data):
+    # The breaker answers once the attempts open it, however long they could go on.
+    reference_data["router"].update(health_failure_threshold=60, retry_max_retries=70, retry_max_backoff_ms=1000)
     assert _problems(reference_data) == []
-    assert HOLD_WARN_SEC > retry_budget_ms(RouterSpec()) / 1000
+    assert HOLD_WARN_SEC < retry_budget_ms(RouterSpec(retry_max_retries=70, retry_max_backoff_ms=1000)) / 1000
 
 
-# ---- the breaker
+# ---- the breaker, and what a request that meets a dead worker ends with
 def test_breaker_settings_without_the_breaker_are_a_warning(reference_data):
-    reference_data["router"]["cb_timeout_duration_secs"] = 5
+    reference_data["router"].update(circuit_breaker=False, cb_timeout_duration_secs=5, retry_max_retries=10,
+                                    retry_max_backoff_ms=1000)
     (problem,) = _problems(reference_data)
     assert problem[:2] == ("router.cb_timeout_duration_secs", 5) and problem[4] is Severity.WARNING
     assert "circuit_breaker = true" in problem[3]
 
 
-def test_a_breaker_one_requests_retries_can_open_is_a_warning(reference_data):
-    reference_data["router"]["circuit_breaker"] = True  # smg's 10 failures against 10 attempts
+def test_a_breaker_that_keeps_a_worker_out_long_is_a_warning(reference_data):
+    reference_data["router"]["cb_timeout_duration_secs"] = 60  # smg's own default
     (problem,) = _problems(reference_data)
-    assert problem[:2] == ("router.cb_failure_threshold", 10) and "every failed attempt" in problem[2]
-    reference_data["router"]["cb_failure_threshold"] = 50
+    assert problem[:2] == ("router.cb_timeout_duration_secs", 60) and "at most 10" in problem[3]
+
+
+def test_attempts_that_end_before_the_breaker_opens_are_a_warning(reference_data):
+    reference_data["router"]["retry_max_retries"] = 3  # the breaker opens at the third
+    (problem,) = _problems(reference_data)
+    assert problem[:2] == ("router.retry_max_retries", 3) and problem[4] is Severity.WARNING
+    assert "502 without Retry-After" in problem[2]
+
+
+def test_without_the_breaker_retries_shorter_than_the_health_check_are_a_warning(reference_data):
+    reference_data["router"]["circuit_breaker"] = False  # 0.8 s of pauses against 3 s to mark the worker
+    (problem,) = _problems(reference_data)
+    assert problem[0] == "router.retry_max_retries" and "3 s the health check takes" in problem[2]
+    reference_data["router"].update(retry_max_retries=10, retry_max_backoff_ms=1000)  # 3.5 s of pauses
     assert _problems(reference_data) == []
 
 

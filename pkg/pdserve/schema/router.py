@@ -8,11 +8,14 @@ narrower where a value smg takes would defeat the setting (tests/integration/tes
 holds them against the real binary).
 
 How a request meets a worker outage with the defaults (measured: README, "Router settings"):
-- a worker that dies is marked unhealthy after health_failure_threshold x health_check_interval_secs
-  (3 s). Until then a request is retried (each retry picks a new prefill/decode pair in PD mode) for at
-  most the retry budget, so a hiccup shorter than that costs no request; from then on smg answers 503
-  `no_available_workers` with `Retry-After: 1` at once, and stops retrying requests already waiting;
-- the worker is taken back one health_success_threshold x interval (1 s) after its /health answers 200.
+- a worker that dies refuses connections: the first attempts of a request fail, the circuit breaker opens
+  after cb_failure_threshold of them, and every request from then on gets 503 `no_available_workers` with
+  `Retry-After: 1` within a second of arriving; the health check marks the worker unhealthy 3 s after its
+  death and /readiness answers 503;
+- a worker that stalls (a pause of a few seconds) accepts connections and fails no attempt: its requests
+  wait and complete, the breaker stays closed;
+- once the worker answers again the breaker tries it within cb_timeout_duration_secs (1 s), and the health
+  check takes it back one interval (1 s) after its /health answers 200.
 """
 
 from __future__ import annotations
@@ -63,62 +66,62 @@ class RouterSpec(BaseModel):
         "connection the worker already closed, reused, is a 500 to the client. 3 s is smg's default and under "
         "SGLang's; 0 (keep forever) is refused for that reason")
 
-    # Worker health. smg's /readiness needs a Ready prefill AND a Ready decode in PD mode, and smg stops
-    # retrying and answers 503 at once for a role with no healthy worker: these decide how soon that is.
+    # Worker health. smg's /readiness needs a Ready prefill AND a Ready decode in PD mode; a role with no
+    # healthy worker gets 503 `no_available_workers` with `Retry-After: 1` at once.
     health_check_timeout_secs: Seconds = Field(
         30, description="--health-check-timeout-secs. SGLang releases that generate a token for /health (0.5.17, "
         "or SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION) can take 20 s to answer it under load; smg's 5 s would "
-        "count a busy worker as failed")
+        "count a busy worker as failed. A worker that stalls (a pause, not a death) is waited for, not marked")
     health_check_interval_secs: int = Field(
         1, ge=1, le=3600, description="--health-check-interval-secs (smg default 60, at least 1): SGLang 0.5.23 "
-        "answers /health without work, so probing each worker once a second is free, and it sets how soon a dead "
-        "worker is noticed and a restarted one taken back")
+        "answers /health without work, so probing each worker once a second is free; it sets how soon a "
+        "restarted worker is taken back")
     health_failure_threshold: int = Field(
         3, ge=1, le=100, description="--health-failure-threshold (smg default 3): failed probes in a row before a "
-        "worker is marked unhealthy. 3 at 1 s: a worker that died is out of the router 2-3 s later (requests then "
-        "get a 503 with Retry-After at once), and a pause of 2 s or less never marks it")
+        "worker is marked unhealthy and /readiness says 503 (3 s at 1 s). The breaker answers sooner")
     health_success_threshold: int = Field(
         1, ge=1, le=100, description="--health-success-threshold (smg default 2): a worker's /health 200 already "
         "means it finished loading, so one success takes it back (within one interval)")
 
+    # The circuit breaker: what answers a request that meets a dead worker within a second. In PD HTTP mode smg
+    # charges every failed attempt (retries included) to both legs, so the retries of one request open it: the
+    # attempts that follow find no worker and get 503 with Retry-After at once. A worker that stalls fails no
+    # attempt (its requests wait), so a pause does not open it. smg's own 60 s timeout kept a worker out a
+    # minute after it was back (0.3.2, measured on a GPU); 1 s tries it again every second.
+    circuit_breaker: bool = Field(
+        True, description="smg's circuit breaker (--disable-circuit-breaker when false). On: it turns a dead "
+        "worker's connection refusals into 503s with Retry-After within a second of a request's arrival (the "
+        "health check takes 3 s). Off: a request that meets a dead worker is retried until the health check marks "
+        "the worker (503, Retry-After) or its attempts end (502 without Retry-After), whichever comes first")
+    cb_failure_threshold: int = Field(
+        3, ge=1, le=U32, description="--cb-failure-threshold (smg default 10): failed attempts in a row that open "
+        "it; every retry counts, so one request's first 3 attempts (about 0.15 s) do. Keep it below "
+        "retry_max_retries, so that the request's next attempt meets the open breaker (503, Retry-After)")
+    cb_success_threshold: int = Field(
+        1, ge=1, le=U32, description="--cb-success-threshold (smg default 3): one success in half-open state "
+        "closes it; a worker answering again is taken back at its first answered request")
+    cb_timeout_duration_secs: Seconds = Field(
+        1, description="--cb-timeout-duration-secs (smg default 60): an open breaker lets a request try the worker "
+        "again after this long, so a worker back from a restart is used within a second, not a minute later")
+
     # Retries. In PD mode each retry picks a new prefill/decode pair; pdserve has one of each, so a retry can
-    # only wait for the same pair. The budget (the sum of the backoffs) rides out a hiccup until the health
-    # check has decided; past that smg stops retrying anyway.
+    # only try the same pair again. They cover a stale pooled connection or a refused attempt until the breaker
+    # opens; short pauses so the attempt that meets the open breaker comes soon.
     retry_max_retries: int = Field(
-        10, ge=1, le=U32, description="--retry-max-retries: attempts per request, the first included (smg default "
-        "5; 1 means no retry). 10 attempts with the backoffs below wait about 3.5 s in all, just past the 3 s a "
-        "dead worker takes to be marked unhealthy")
+        6, ge=1, le=U32, description="--retry-max-retries: attempts per request, the first included (smg default "
+        "5; 1 means no retry). 6: three to open the breaker, the next meets it; about 0.8 s of pauses in all")
     retry_initial_backoff_ms: int = Field(
         50, ge=1, le=U32, description="--retry-initial-backoff-ms (smg default 50, more than 0): the first pause; a "
         "stale connection or a worker's momentary refusal is retried almost at once")
     retry_max_backoff_ms: int = Field(
-        1000, ge=1, le=U32, description="--retry-max-backoff-ms (smg default 30000): the longest pause, so a held "
-        "request notices within a second that the worker answers again")
+        250, ge=1, le=U32, description="--retry-max-backoff-ms (smg default 30000): the longest pause, which bounds "
+        "how late a retrying request notices the open breaker")
     retry_backoff_multiplier: float = Field(
         1.5, ge=1.0, le=10.0, allow_inf_nan=False, description="--retry-backoff-multiplier (smg default 1.5, "
         "finite and at least 1)")
     retry_jitter_factor: float = Field(
         0.2, ge=0.0, le=1.0, allow_inf_nan=False, description="--retry-jitter-factor (smg default 0.2, 0-1): each "
         "pause varies by up to this share, so requests held together do not retry in lockstep")
-
-    # The circuit breaker. In PD HTTP mode smg charges every failed attempt (retries included) to both legs,
-    # so two failed requests can open it, and an open breaker keeps a worker out for cb_timeout_duration_secs
-    # after it is back. With one worker per role the health check already takes a dead worker out, independent
-    # of load; a breaker, which counts attempts, would open on a 2 s hiccup under load.
-    circuit_breaker: bool = Field(
-        False, description="smg's circuit breaker (--disable-circuit-breaker when false). Off: with one worker per "
-        "role there is no other to fail over to, the health check takes a dead worker out within 3 s whatever the "
-        "load, and a breaker that counts every retry opens on a short hiccup under load, then keeps the worker "
-        "out for cb_timeout_duration_secs after it is back")
-    cb_failure_threshold: int = Field(
-        10, ge=1, le=U32, description="--cb-failure-threshold (circuit_breaker = true only): failed attempts that "
-        "open it; every retry counts")
-    cb_success_threshold: int = Field(
-        3, ge=1, le=U32, description="--cb-success-threshold (circuit_breaker = true only): successes in half-open "
-        "state that close it")
-    cb_timeout_duration_secs: Seconds = Field(
-        60, description="--cb-timeout-duration-secs (circuit_breaker = true only): how long an open breaker "
-        "refuses before it tries the worker again")
 
     # Admission in front of prefill. smg holds a request that finds every prefill slot taken in a queue, and
     # answers 429 (`pd_prefill_queue_full` at once, `pd_prefill_queue_timeout` after the wait).

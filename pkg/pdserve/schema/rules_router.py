@@ -147,21 +147,23 @@ def admission_wait_fits_request_timeout(dep: Deployment) -> Iterator[Problem]:
 
 
 def held_requests_are_bounded(dep: Deployment) -> Iterator[Problem]:
-    """Holding requests through a restart is a choice: the worker stays in the router (a high
-    health_failure_threshold) and the retries outlast the restart. Without an admission limit nothing
-    bounds how many are held."""
+    """Holding requests through a restart is a choice: the breaker off, the worker kept in the router (a high
+    health_failure_threshold) and retries that outlast the restart. Without an admission limit nothing
+    bounds how many are held. (With the breaker on, a request is answered once its attempts open it.)"""
     router = dep.router
     held = min(retry_budget_ms(router) / 1000, health_detection_sec(router))
-    if held > HOLD_WARN_SEC and router.prefill_max_inflight_requests_per_worker is None:
+    if not router.circuit_breaker and held > HOLD_WARN_SEC and router.prefill_max_inflight_requests_per_worker is None:
         yield Problem("router.prefill_max_inflight_requests_per_worker", None,
                       f"is unset while a request that arrives during a worker restart is held up to {held:.0f} s "
                       f"(the retries pause {retry_budget_ms(router) / 1000:.0f} s, and a dead worker stays in the "
                       f"router {health_detection_sec(router)} s): nothing bounds how many are held",
                       "set router.prefill_max_inflight_requests_per_worker and router.prefill_queue_size, or keep the "
-                      "defaults (a 503 with Retry-After within 3 s of a worker's death)", Severity.WARNING)
+                      "defaults (a 503 with Retry-After within a second)", Severity.WARNING)
 
 
 _BREAKER_FIELDS = ("cb_failure_threshold", "cb_success_threshold", "cb_timeout_duration_secs")
+# An open breaker keeps a worker out this long after it is back before pdserve calls it a problem.
+BREAKER_TIMEOUT_WARN_SEC = 10
 
 
 def breaker_settings(dep: Deployment) -> Iterator[Problem]:
@@ -173,13 +175,33 @@ def breaker_settings(dep: Deployment) -> Iterator[Problem]:
                               "is false", f"set router.circuit_breaker = true, or remove router.{field}",
                               Severity.WARNING)
         return
-    if router.cb_failure_threshold <= router.retry_max_retries:
-        yield Problem("router.cb_failure_threshold", router.cb_failure_threshold,
-                      f"is at most router.retry_max_retries ({router.retry_max_retries}): in PD mode smg counts "
-                      "every failed attempt, so the retries of one request open the breaker, which then keeps the "
-                      f"worker out for {router.cb_timeout_duration_secs} s after it is back",
-                      f"raise it above {router.retry_max_retries} (a few requests' worth of attempts), or leave "
-                      "router.circuit_breaker off", Severity.WARNING)
+    if router.cb_timeout_duration_secs > BREAKER_TIMEOUT_WARN_SEC:
+        yield Problem("router.cb_timeout_duration_secs", router.cb_timeout_duration_secs,
+                      "keeps a worker out that long after it is back: in PD mode smg opens the breaker on the failed "
+                      "attempts of a restart, and tries the worker again only after this timeout",
+                      f"lower it to at most {BREAKER_TIMEOUT_WARN_SEC} (the default is 1)", Severity.WARNING)
+
+
+def outage_answer_is_retryable(dep: Deployment) -> Iterator[Problem]:
+    """A request that meets a dead worker ends in smg's 503 with Retry-After only if its attempts last until
+    the worker is out (the breaker open, or the health check's verdict); else it fails with the last attempt's
+    502 `PD disaggregation request failed`, without Retry-After (measured with smg 1.13.0)."""
+    router = dep.router
+    fix = ("raise router.retry_max_retries (the defaults: 6 attempts against a breaker that opens at 3)")
+    if router.circuit_breaker and router.retry_max_retries <= router.cb_failure_threshold:
+        yield Problem("router.retry_max_retries", router.retry_max_retries,
+                      f"is not above router.cb_failure_threshold ({router.cb_failure_threshold}): a request that "
+                      "meets a dead worker uses up its attempts before they open the breaker, and fails with a 502 "
+                      "without Retry-After instead of a 503 the client can retry",
+                      f"{fix}, or lower router.cb_failure_threshold", Severity.WARNING)
+    elif not router.circuit_breaker and retry_budget_ms(router) / 1000 < health_detection_sec(router):
+        yield Problem("router.retry_max_retries", router.retry_max_retries,
+                      f"pauses {retry_budget_ms(router) / 1000:.1f} s in all, less than the "
+                      f"{health_detection_sec(router)} s the health check takes to mark a dead worker, with the "
+                      "breaker off: a request that meets a dead worker fails with a 502 without Retry-After instead "
+                      "of a 503 the client can retry",
+                      "turn router.circuit_breaker on (the default), or raise router.retry_max_retries or "
+                      "router.retry_max_backoff_ms", Severity.WARNING)
 
 
 def router_drains_before_sigkill(dep: Deployment) -> Iterator[Problem]:
@@ -210,5 +232,6 @@ RULES = (
     admission_wait_fits_request_timeout,
     held_requests_are_bounded,
     breaker_settings,
+    outage_answer_is_retryable,
     router_drains_before_sigkill,
 )
