@@ -215,7 +215,17 @@ let
         ((listener on "router.port" (router "port") (router "port") "router" [ ]) // { worker_port = false; })
         ((listener on "router.prometheus_port" (router "prometheus_port") (router "prometheus_port") "router metrics" [ ])
           // { worker_port = false; })
-      ];
+      ]
+      # smg's probe port, where the deployment sets one (unset: off).
+      ++ (
+        if router "health_check_port" != null then
+          [
+            ((listener on "router.health_check_port" (router "health_check_port") (router "health_check_port")
+              "router probes" [ ]) // { worker_port = false; })
+          ]
+        else
+          [ ]
+      );
     in
     builtins.filter (l: l.host == host) (builtins.concatMap ofServer placed ++ builtins.concatMap ofRouter routers);
 in

@@ -352,6 +352,8 @@ let
           "router.prometheus_port"
           "transfer.bootstrap_port"
         ]
+        # smg's probe port, where the deployment sets one.
+        ++ lib.optional ((d.settings.router.health_check_port or null) != null) "router.health_check_port"
         # By default the fallback takes its own router's port, which never runs beside it.
         ++ lib.optional ((d.settings.fallback.port or null) != null
           && d.settings.fallback.port != d.settings.router.port

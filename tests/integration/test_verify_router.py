@@ -63,9 +63,8 @@ def serve_pd(c: PDCluster) -> None:
 def cluster(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("pd")
     # A worker that turns unhealthy is dropped at the router's first failed health check (pdserve renders
-    # checks every router.health_check_interval_secs = 2 s and re-admission after one success).
-    fast_health = ["--health-failure-threshold", "1"]
-    c = PDCluster(write_deployment(workdir, router_extra_args=fast_health), workdir)
+    # checks every router.health_check_interval_secs = 1 s and re-admission after one success).
+    c = PDCluster(write_deployment(workdir, router={"health_failure_threshold": 1}), workdir)
     try:
         serve_pd(c)
         yield c

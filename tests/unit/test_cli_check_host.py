@@ -156,7 +156,7 @@ def test_the_nixos_build_check_command_line_still_works(tmp_path, visible_tmp_pa
     reference_data.update(name="other")
     for section, port in (("prefill", 31000), ("decode", 31002), ("router", 31001)):
         reference_data[section]["port"] = port
-    reference_data["router"]["prometheus_port"] = 29001
+    reference_data["router"].update(prometheus_port=29100, health_check_port=29101)
     reference_data.setdefault("transfer", {})["bootstrap_port"] = 8999
     b.write_text(json.dumps(reference_data))
     python = fake_python(visible_tmp_path, {"sglang": pins.SGLANG_VERSION})

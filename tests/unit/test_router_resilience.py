@@ -1,5 +1,6 @@
 """The router outlives its workers: unit ordering, the start gate, and the flags that let it ride out a
-worker's restart (issue 14, item 3). Rendered text parsed back; the real parser check is in
+worker's restart (issue 14, item 3; smg's settings: issue 41, item 2). Rendered text parsed back; the real
+parser check is in
 tests/integration/test_real_parsers.py."""
 
 from __future__ import annotations
@@ -28,31 +29,53 @@ def _loaded(data):
     return loaded.deployment, [(p.field, p.message) for p in loaded.warnings]
 
 
-def test_default_flags_ride_out_a_worker_restart(reference):
+def test_default_flags_answer_an_outage_fast_and_ride_out_a_stall(reference):
     args = router_args(reference)
-    # No circuit breaker: one worker per role leaves nothing to fail over to.
-    assert "--disable-circuit-breaker" in args
-    # Held requests are retried for about 45 s (router default: 5 attempts, ~0.7 s of backoff in all).
-    assert _flag(args, "--retry-max-retries") == "30" and _flag(args, "--retry-max-backoff-ms") == "2000"
-    # A worker back from its restart is re-admitted within 2 s (router default: 2 checks 60 s apart).
-    assert _flag(args, "--health-check-interval-secs") == "2"
-    assert _flag(args, "--health-success-threshold") == "1"
+    # The breaker opens on the third failed attempt (every retry counts in PD mode) and tries the worker
+    # again after 1 s; one answered request closes it (smg: 10, 60 s, 3).
+    assert "--disable-circuit-breaker" not in args
+    assert [_flag(args, f) for f in ("--cb-failure-threshold", "--cb-timeout-duration-secs",
+                                     "--cb-success-threshold")] == ["3", "1", "1"]
+    # 6 attempts 50 to 250 ms apart: the fourth meets the open breaker (503, Retry-After), well within 1 s.
+    assert [_flag(args, f) for f in ("--retry-max-retries", "--retry-initial-backoff-ms", "--retry-max-backoff-ms",
+                                     "--retry-backoff-multiplier", "--retry-jitter-factor")] == \
+        ["6", "50", "250", "1.5", "0.2"]
+    # The health check marks a dead worker after 3 probes 1 s apart and takes it back after one good one.
+    assert [_flag(args, f) for f in ("--health-check-interval-secs", "--health-failure-threshold",
+                                     "--health-success-threshold")] == ["1", "3", "1"]
+    # Pooled connections are dropped before SGLang's keep-alive closes them (smg's own default, written out).
+    assert _flag(args, "--upstream-pool-idle-timeout-secs") == "3"
+    # The reference deployment answers probes on a port of their own.
+    assert _flag(args, "--health-check-port") == "29001"
+    # No admission limit unless the deployment measures one (smg's default).
+    assert not [a for a in args if a.startswith("--prefill-max-inflight") or a.startswith("--prefill-queue")]
     # The drain ends before systemd's SIGKILL (router default 180 s, TimeoutStopSec 120 s).
     grace = int(_flag(args, "--shutdown-grace-period-secs"))
     assert grace == 30 < reference.systemd.stop_timeout_sec
 
 
 def test_fields_reach_the_router_flags(reference_data):
-    reference_data["router"].update(circuit_breaker=True, retry_max_retries=7, retry_max_backoff_ms=500,
-                                    health_check_interval_secs=9, health_success_threshold=3,
-                                    shutdown_grace_period_secs=40)
+    reference_data["router"].update(
+        circuit_breaker=True, cb_failure_threshold=5, cb_success_threshold=2, cb_timeout_duration_secs=5,
+        retry_max_retries=7, retry_initial_backoff_ms=20, retry_max_backoff_ms=500, retry_backoff_multiplier=2.0,
+        retry_jitter_factor=0.0, health_check_interval_secs=9, health_failure_threshold=4,
+        health_success_threshold=3, shutdown_grace_period_secs=40, upstream_pool_idle_timeout_secs=60,
+        health_check_port=29011, prefill_max_inflight_requests_per_worker=64, prefill_queue_size=0,
+        prefill_queue_timeout_secs=20)
     dep, problems = _loaded(reference_data)
     assert problems == []
     args = router_args(dep)
     assert "--disable-circuit-breaker" not in args
-    assert [_flag(args, f) for f in ("--retry-max-retries", "--retry-max-backoff-ms", "--health-check-interval-secs",
-                                     "--health-success-threshold", "--shutdown-grace-period-secs")] == \
-        ["7", "500", "9", "3", "40"]
+    flags = {"--cb-failure-threshold": "5", "--cb-success-threshold": "2", "--cb-timeout-duration-secs": "5",
+             "--retry-max-retries": "7", "--retry-initial-backoff-ms": "20", "--retry-max-backoff-ms": "500",
+             "--retry-backoff-multiplier": "2.0", "--retry-jitter-factor": "0.0",
+             "--health-check-interval-secs": "9", "--health-failure-threshold": "4",
+             "--health-success-threshold": "3", "--shutdown-grace-period-secs": "40",
+             "--upstream-pool-idle-timeout-secs": "60", "--health-check-port": "29011",
+             "--prefill-max-inflight-requests-per-worker": "64", "--prefill-queue-size": "0",
+             "--prefill-queue-timeout-secs": "20"}
+    assert {flag: _flag(args, flag) for flag in flags} == flags
+    assert all(args.count(flag) == 1 for flag in flags)
 
 
 @pytest.mark.parametrize("stop,grace", [(120, 30), (20, 15), (6, 1), (3, 1)])
@@ -87,8 +110,10 @@ def test_the_suggested_lower_grace_passes_the_same_rule(reference_data):
     assert _loaded(reference_data)[1] == []
 
 
-@pytest.mark.parametrize("arg", ["--disable-circuit-breaker", "--retry-max-retries=3",
-                                 "--health-check-interval-secs=60", "--shutdown-grace-period-secs=180"])
+@pytest.mark.parametrize("arg", ["--disable-circuit-breaker", "--retry-max-retries=3", "--disable-retries",
+                                 "--health-check-interval-secs=60", "--shutdown-grace-period-secs=180",
+                                 "--health-check-port=1", "--upstream-pool-idle=9", "--prefill-queue-size=3",
+                                 "--cb-failure-threshold=2", "--health-failure-threshold=9"])
 def test_rendered_resilience_flags_cannot_be_repeated_in_extra_args(reference_data, arg):
     reference_data["router"]["extra_args"] = [arg]
     _, problems = _loaded(reference_data)

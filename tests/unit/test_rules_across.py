@@ -17,7 +17,8 @@ from pdserve.schema.rules_across import listeners, validate_across
 
 # A second deployment beside the reference: every port and the name moved off the reference's.
 SECOND = {"name": "other", "prefill": {"port": 31000}, "decode": {"port": 31002},
-          "router": {"port": 31001, "prometheus_port": 29001}, "transfer": {"bootstrap_port": 8999}}
+          "router": {"port": 31001, "prometheus_port": 29100, "health_check_port": 29101},
+          "transfer": {"bootstrap_port": 8999}}
 
 
 def merged(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
@@ -45,6 +46,7 @@ def test_two_deployments_on_distinct_ports_and_names_pass(reference_data, second
     ("decode", "port", "decode.port"),
     ("router", "port", "router.port"),
     ("router", "prometheus_port", "router.prometheus_port"),
+    ("router", "health_check_port", "router.health_check_port"),
     ("transfer", "bootstrap_port", "transfer.bootstrap_port"),
 ])
 def test_each_listener_collides_with_the_same_listener_of_another(reference_data, second, section, key, field):
@@ -63,7 +65,8 @@ def test_a_listener_collides_with_a_different_listener_of_another(reference_data
 
 def test_a_fallback_on_its_own_port_collides_but_on_its_routers_port_does_not(reference_data, second):
     assert [listener.field for listener in listeners(deployment(second))] == [
-        "prefill.port", "decode.port", "router.port", "router.prometheus_port", "transfer.bootstrap_port"]
+        "prefill.port", "decode.port", "router.port", "router.prometheus_port", "transfer.bootstrap_port",
+        "router.health_check_port"]
     second["fallback"]["port"] = 30002  # the reference's decode port
     (problem,) = validate_across([deployment(reference_data), deployment(second)])
     assert (problem.field, problem.value) == ("other: fallback.port", 30002)

@@ -134,7 +134,8 @@ def _closing_args(args: list[str], spec: ServerSpec) -> list[str]:
 
 
 def router_args(dep: Deployment) -> list[str]:
-    """The router's flags for PD mode, as `smg.launch_router` takes them."""
+    """The router's flags for PD mode, as `smg.launch_router` takes them. Every setting pdserve has a
+    default for is written out, so another smg release's defaults change nothing unseen."""
     router = dep.router
     args = ["--pd-disaggregation"]
     # Every server of the deployment: each router is a full view (a prefill with its bootstrap port).
@@ -147,6 +148,8 @@ def router_args(dep: Deployment) -> list[str]:
         "--prometheus-host", router.prometheus_host,
         "--prometheus-port", str(router.prometheus_port),
     ]
+    if router.health_check_port is not None:
+        args += ["--health-check-port", str(router.health_check_port)]
     for flag, policy in (
         ("--policy", router.policy),
         ("--prefill-policy", router.prefill_policy),
@@ -155,27 +158,49 @@ def router_args(dep: Deployment) -> list[str]:
         if policy:
             args += [flag, policy]
     args += [
-        "--health-check-timeout-secs", str(router.health_check_timeout_secs),
         "--worker-startup-timeout-secs", str(router.worker_startup_timeout_secs),
         "--request-timeout-secs", str(router.request_timeout_secs),
+        "--upstream-pool-idle-timeout-secs", str(router.upstream_pool_idle_timeout_secs),
     ]
-    args += resilience_args(dep)
+    args += router_resilience_args(dep)
     args += router.extra_args
     return args
 
 
-def resilience_args(dep: Deployment) -> list[str]:
-    """How the router rides out a worker's crash and restart (see RouterSpec): requests that arrive
-    meanwhile are retried until the worker is back, and nothing keeps it out once it is."""
+def router_resilience_args(dep: Deployment) -> list[str]:
+    """How the router meets a worker's crash, hiccup and restart, and how it stops (see
+    pdserve.schema.router): health checks decide when a worker is out and back, retries ride over what is
+    shorter, the breaker (off by default) and the admission queue (unset by default) as the deployment
+    says, and a drain that ends before systemd's SIGKILL."""
     router = dep.router
-    args = [] if router.circuit_breaker else ["--disable-circuit-breaker"]
-    return args + [
-        "--retry-max-retries", str(router.retry_max_retries),
-        "--retry-max-backoff-ms", str(router.retry_max_backoff_ms),
+    args = [
+        "--health-check-timeout-secs", str(router.health_check_timeout_secs),
         "--health-check-interval-secs", str(router.health_check_interval_secs),
+        "--health-failure-threshold", str(router.health_failure_threshold),
         "--health-success-threshold", str(router.health_success_threshold),
-        "--shutdown-grace-period-secs", str(router_shutdown_grace(dep)),
+        "--retry-max-retries", str(router.retry_max_retries),
+        "--retry-initial-backoff-ms", str(router.retry_initial_backoff_ms),
+        "--retry-max-backoff-ms", str(router.retry_max_backoff_ms),
+        # repr: the shortest text that reads back as the same float.
+        "--retry-backoff-multiplier", repr(router.retry_backoff_multiplier),
+        "--retry-jitter-factor", repr(router.retry_jitter_factor),
     ]
+    if router.circuit_breaker:
+        args += [
+            "--cb-failure-threshold", str(router.cb_failure_threshold),
+            "--cb-success-threshold", str(router.cb_success_threshold),
+            "--cb-timeout-duration-secs", str(router.cb_timeout_duration_secs),
+        ]
+    else:
+        args.append("--disable-circuit-breaker")
+    for flag, value in (
+        ("--prefill-max-inflight-requests-per-worker", router.prefill_max_inflight_requests_per_worker),
+        ("--prefill-queue-size", router.prefill_queue_size),
+        ("--prefill-queue-timeout-secs", router.prefill_queue_timeout_secs),
+    ):
+        if value is not None:
+            args += [flag, str(value)]
+    return args + ["--shutdown-grace-period-secs", str(router_shutdown_grace(dep))]
 
 
 def numa_binding(dep: Deployment, role: Role) -> NumaBinding | None:

@@ -19,12 +19,10 @@ from pdserve.schema.fields import (
     Count,
     Environment,
     ExtraArgs,
-    FilePath,
     Fraction,
     Host,
     Index,
     Port,
-    RouterExtraArgs,
     Seconds,
     UnitName,
     UserName,
@@ -33,6 +31,7 @@ from pdserve.schema.fields import (
 from pdserve.schema.hosts import HostName, HostSpec, IbDevice
 from pdserve.schema.model import ModelSpec
 from pdserve.schema.monitoring import MonitoringSpec
+from pdserve.schema.router import Policy, RouterSpec  # noqa: F401 - read from here too
 from pdserve.schema.tools import ToolPaths, venv_python  # noqa: F401 - venv_python is read from here too
 
 Role = Literal["prefill", "decode", "router", "fallback"]
@@ -144,60 +143,6 @@ class TransferSpec(_Section):
                 raise invalid(f"{device!r} is not an RDMA device name (they are joined with ',' on the command line)",
                                "use names as `ibv_devices` lists them, e.g. mlx5_0")
         return value
-
-
-# Load-balancing policies of smg 1.13.0 (`--policy`, `--prefill-policy`, `--decode-policy`; a test compares them
-# with the pinned router's own parser).
-Policy = Literal["random", "round_robin", "passthrough", "cache_aware", "power_of_two", "least_load", "manual",
-                 "consistent_hashing", "prefix_hash"]
-
-
-class RouterSpec(_Section):
-    """The router (smg) in PD mode: the only public endpoint."""
-
-    host: Host = "127.0.0.1"
-    port: Port = 30001
-    hosts: list[HostName] = Field(default_factory=list, max_length=MAX_LIST_ITEMS, description="Multi-host "
-                                  "deployments: the host(s) that run a router, each a full view of every server")
-    prometheus_host: Host = "127.0.0.1"
-    prometheus_port: Port = 29000
-    policy: Policy | None = Field(None, description="--policy for both roles; unset keeps the router's default")
-    prefill_policy: Policy | None = None
-    decode_policy: Policy | None = None
-    health_check_timeout_secs: Seconds = Field(
-        30, description="A loaded worker's /health can take 20 s; the router's own default (5 s) is too short"
-    )
-    worker_startup_timeout_secs: Seconds = 1800
-    request_timeout_secs: Seconds = 1800
-    # Riding out a worker restart. sglang-router 0.3.2's defaults suit several workers per role, where
-    # another can take over; pdserve runs one of each, so a request can only wait for the worker to return.
-    circuit_breaker: bool = Field(
-        False, description="The router's circuit breaker (--disable-circuit-breaker when false). Off: with one "
-        "worker per role there is none to fail over to, and an open circuit stays open 60 s (the router's "
-        "--cb-timeout-duration-secs), turning a 5 s worker outage into a minute of 503s")
-    retry_max_retries: int = Field(
-        30, ge=1, le=1000, description="--retry-max-retries (router default 5, about 0.7 s of backoff in all). "
-        "30 attempts with retry_max_backoff_ms hold a request that arrives while a worker restarts for about "
-        "45 s before it fails, instead of failing it at once")
-    retry_max_backoff_ms: int = Field(
-        2000, ge=1, le=600_000, description="--retry-max-backoff-ms (router default 30000): the longest pause "
-        "between attempts, so how late a held request notices the worker is back")
-    health_check_interval_secs: int = Field(
-        2, ge=1, le=3600, description="--health-check-interval-secs (router default 60): a worker the router "
-        "marked unhealthy is taken back within one interval of answering /health again, not a minute later")
-    health_success_threshold: int = Field(
-        1, ge=1, le=100, description="--health-success-threshold (router default 2): a worker's /health 200 "
-        "already means it finished loading, so one success re-admits it")
-    shutdown_grace_period_secs: int | None = Field(
-        None, ge=1, le=365 * 24 * 3600, description="--shutdown-grace-period-secs: how long the router drains "
-        "requests in flight after SIGTERM. Must stay below systemd.stop_timeout_sec: the router's own 180 s "
-        "outlasts the stop timeout, so systemd SIGKILLed it mid-drain and a worker restart ordered behind that "
-        "stop waited. Unset: 30 s, or systemd.stop_timeout_sec - 5 s when that is shorter")
-    api_key_file: FilePath | None = Field(
-        None, description="File holding the API key clients must send; passed with LoadCredential="
-    )
-    extra_args: RouterExtraArgs = Field(default_factory=list, description="Further router flags, verbatim")
-    env: Environment = Field(default_factory=dict)
 
 
 class SystemdSpec(_Section):

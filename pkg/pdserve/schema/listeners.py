@@ -8,8 +8,8 @@ that use it:
   the prefill's own other nodes, whose ranks register there;
 - a multi-node server's dist-init ports (node 0): its other nodes (torch's TCPStore, SGLang's ZMQ ports);
 - the other nodes' HTTP port (SGLang's health-only server there): nobody from elsewhere.
-The router's own port and its metrics port are public endpoints, not worker ports: the host's own
-firewall (NixOS: services.pdserve's openFirewall) decides who reaches them.
+The router's own port, its metrics port and its probe port (health_check_port) are public endpoints, not
+worker ports: the host's own firewall (NixOS: services.pdserve's openFirewall) decides who reaches them.
 """
 
 from __future__ import annotations
@@ -73,6 +73,9 @@ def listeners(dep: Deployment) -> list[Listener]:
         found.append(Listener(host, "router.port", dep.router.port, dep.router.port, "router", (), False))
         found.append(Listener(host, "router.prometheus_port", dep.router.prometheus_port,
                               dep.router.prometheus_port, "router metrics", (), False))
+        if dep.router.health_check_port is not None:
+            found.append(Listener(host, "router.health_check_port", dep.router.health_check_port,
+                                  dep.router.health_check_port, "router probes", (), False))
     return found
 
 

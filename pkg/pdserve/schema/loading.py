@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from pdserve.schema import field_errors, rules_hosts, rules_ports
+from pdserve.schema import field_errors, rules_hosts, rules_ports, rules_router
 from pdserve.schema.config import Deployment
 from pdserve.schema.field_errors import field_name
 from pdserve.schema.problems import ConfigError, Problem, errors
@@ -129,7 +129,7 @@ def deployment_from_data(data: dict[str, Any], source: str, extra_rules: Sequenc
     """Validate a parsed document: fields, then the cross-field rules and `extra_rules` (the render
     layer's, see pdserve.render.renderable), every problem at once."""
     # The hosts' rules first: a file of the wrong shape is told so before what follows from it.
-    rules = (*rules_hosts.RULES, *RULES, *rules_ports.RULES, *extra_rules)
+    rules = (*rules_hosts.RULES, *RULES, *rules_router.RULES, *rules_ports.RULES, *extra_rules)
     raw_problems = _raw_problems(data)
     try:
         deployment = Deployment.model_validate(data)

@@ -6,7 +6,6 @@ from collections.abc import Callable, Iterator, Sequence
 
 from pdserve.schema.addresses import is_loopback  # noqa: F401 - verify.expect reads it from here
 from pdserve.schema.config import WORKER_ROLES, Deployment, ServerSpec, WorkerSpec
-from pdserve.schema.derived import router_shutdown_grace
 from pdserve.schema.extra_args import ROUTER_EXACT_FLAGS, SERVER_EXACT_FLAGS, long_flag, read_as
 from pdserve.schema.problems import Problem, Severity
 from pdserve.schema.topology import servers
@@ -58,11 +57,24 @@ RENDERED_ROUTER_FLAGS = {
     "--health-check-timeout-secs": "router.health_check_timeout_secs",
     "--worker-startup-timeout-secs": "router.worker_startup_timeout_secs",
     "--request-timeout-secs": "router.request_timeout_secs",
+    "--health-check-port": "router.health_check_port",
+    "--upstream-pool-idle-timeout-secs": "router.upstream_pool_idle_timeout_secs",
     "--disable-circuit-breaker": "router.circuit_breaker",
+    "--cb-failure-threshold": "router.cb_failure_threshold",
+    "--cb-success-threshold": "router.cb_success_threshold",
+    "--cb-timeout-duration-secs": "router.cb_timeout_duration_secs",
     "--retry-max-retries": "router.retry_max_retries",
+    "--disable-retries": "router.retry_max_retries (1: no retry)",
+    "--retry-initial-backoff-ms": "router.retry_initial_backoff_ms",
     "--retry-max-backoff-ms": "router.retry_max_backoff_ms",
+    "--retry-backoff-multiplier": "router.retry_backoff_multiplier",
+    "--retry-jitter-factor": "router.retry_jitter_factor",
     "--health-check-interval-secs": "router.health_check_interval_secs",
+    "--health-failure-threshold": "router.health_failure_threshold",
     "--health-success-threshold": "router.health_success_threshold",
+    "--prefill-max-inflight-requests-per-worker": "router.prefill_max_inflight_requests_per_worker",
+    "--prefill-queue-size": "router.prefill_queue_size",
+    "--prefill-queue-timeout-secs": "router.prefill_queue_timeout_secs",
     "--shutdown-grace-period-secs": "router.shutdown_grace_period_secs",
     "--reasoning-parser": "model.reasoning_parser (parsers belong on the SGLang servers)",
     "--tool-call-parser": "model.tool_call_parser (parsers belong on the SGLang servers)",
@@ -163,6 +175,8 @@ def distinct_ports(dep: Deployment) -> Iterator[Problem]:
         "router.prometheus_port": dep.router.prometheus_port,
         "transfer.bootstrap_port": dep.transfer.bootstrap_port,
     }
+    if dep.router.health_check_port is not None:
+        ports["router.health_check_port"] = dep.router.health_check_port
     seen: dict[int, str] = {}
     for field, port in ports.items():
         if port in seen:
@@ -240,26 +254,6 @@ def no_rendered_flags_in_extra_args(dep: Deployment) -> Iterator[Problem]:
     yield from clashes("router.extra_args", dep.router.extra_args, RENDERED_ROUTER_FLAGS, "router")
 
 
-def router_drains_before_sigkill(dep: Deployment) -> Iterator[Problem]:
-    # The drain as rendered (explicit or derived), so a tiny stop timeout is caught even when it is unset.
-    grace, stop = router_shutdown_grace(dep), dep.systemd.stop_timeout_sec
-    if grace < stop:
-        return
-    why = ("systemd SIGKILLs the router mid-drain, and a worker restart ordered behind that stop waits for it")
-    if dep.router.shutdown_grace_period_secs is None:
-        yield Problem("systemd.stop_timeout_sec", stop,
-                      f"leaves no time for the router's drain (at least 1 s, which must end before it): {why}",
-                      "raise systemd.stop_timeout_sec to at least 2 (the default is 120)")
-        return
-    yield Problem(
-        "router.shutdown_grace_period_secs",
-        grace,
-        f"is not below systemd.stop_timeout_sec ({stop}): {why}",
-        f"lower it to at most {stop - 5 if stop > 5 else max(1, stop - 1)}, raise systemd.stop_timeout_sec, "
-        "or leave it unset",
-    )
-
-
 def policy_choice(dep: Deployment) -> Iterator[Problem]:
     router = dep.router
     if router.policy and (router.prefill_policy or router.decode_policy):
@@ -280,7 +274,6 @@ RULES: tuple[Rule, ...] = (
     context_fits_chunk,
     no_rendered_flags_in_extra_args,
     policy_choice,
-    router_drains_before_sigkill,
 )
 
 

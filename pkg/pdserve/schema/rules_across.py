@@ -43,6 +43,8 @@ def listeners(dep: Deployment) -> list[Listener]:
         Listener("router.prometheus_port", dep.router.prometheus_port),
         Listener("transfer.bootstrap_port", dep.transfer.bootstrap_port),
     ]
+    if dep.router.health_check_port is not None:
+        found.append(Listener("router.health_check_port", dep.router.health_check_port))
     if dep.fallback_port != dep.router.port:
         found.append(Listener("fallback.port", dep.fallback_port))
     return found
