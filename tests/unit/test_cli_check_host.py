@@ -88,7 +88,8 @@ def test_check_with_host_on_a_laptop_reports_what_is_wrong_here(monkeypatch):
 # -- the SGLang Python: pinned versions ------------------------------------------------------------
 
 def fake_python(tmp_path: Path, versions: dict[str, str]) -> str:
-    """In `tmp_path` (one the units could see: check refuses a Python under /tmp), a real Python whose installed sglang/smg are `versions` (dist-info only) and nothing
+    """In `tmp_path` (one the units could see: check refuses a Python under /tmp), a real Python whose installed
+    sglang/smg are `versions` (dist-info only) and nothing
     else: -S drops this venv's site-packages, PYTHONPATH brings the fake distributions."""
     site = tmp_path / "site"
     for name, version in versions.items():
@@ -137,7 +138,8 @@ def test_on_the_host_a_python_without_the_pinned_sglang_is_refused(visible_tmp_p
 def test_on_the_host_parsers_that_cannot_be_imported_are_an_error_not_a_skip(visible_tmp_path, monkeypatch):
     monkeypatch.setattr(check_run, "THIS_HOST", reading(TARGET))
     # The pinned versions are installed (dist-info) but nothing can be imported: a broken environment.
-    python = fake_python(visible_tmp_path, {"sglang": pins.SGLANG_VERSION, pins.ROUTER_DISTRIBUTION: pins.ROUTER_VERSION})
+    python = fake_python(visible_tmp_path, {"sglang": pins.SGLANG_VERSION,
+                                            pins.ROUTER_DISTRIBUTION: pins.ROUTER_VERSION})
     on = check("--host", "--json", "--sglang-python", python)
     messages = [p["message"] for p in json.loads(on.stdout)["problems"] if p["field"] == "--sglang-python"]
     assert any("cannot import the parser of prefill, decode, fallback" in m for m in messages), messages
