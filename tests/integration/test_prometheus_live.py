@@ -134,7 +134,8 @@ def live(tmp_path_factory):
         handle.write("\n[monitoring]\nenable = true\nscrape_interval_secs = 1\n")
     rendered = work / "rendered"
     result = CliRunner().invoke(main, ["render", "-c", str(config), "--out", str(rendered), "--sglang-python",
-                                       sys.executable, "--numactl", "/usr/bin/numactl", "--pdserve", "/usr/bin/pdserve"])
+                                       sys.executable, "--numactl", "/usr/bin/numactl",
+                                       "--pdserve", "/usr/bin/pdserve"])
     assert result.exit_code == 0, result.output
     cluster = PDCluster(config, work)
     prometheus = None
@@ -246,7 +247,8 @@ def test_rules_evaluate_and_the_transfer_failure_fires(live):
         return {a["labels"]["alertname"]: a["state"] for a in prometheus.api("alerts")["alerts"]}
 
     assert wait_until(lambda: active().get("PdserveKVTransferFailures") == "firing", SERIES_TIMEOUT, 0.5), active()
-    firing = next(a for a in prometheus.api("alerts")["alerts"] if a["labels"]["alertname"] == "PdserveKVTransferFailures")
+    firing = next(a for a in prometheus.api("alerts")["alerts"]
+                  if a["labels"]["alertname"] == "PdserveKVTransferFailures")
     assert firing["labels"]["role"] == "decode" and firing["labels"]["deployment"] == dep.name
     # Nothing else is wrong with this cluster: no other alert is pending or firing.
     assert set(active()) == {"PdserveKVTransferFailures"}, active()

@@ -8,7 +8,6 @@ Needs promtool (Debian's `prometheus` package); CI installs it and sets PDSERVE_
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import subprocess

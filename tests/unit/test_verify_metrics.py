@@ -230,7 +230,8 @@ def counting_context():
         seen.append(str(request.url))
         return httpx.Response(200, text=ROUTER_READY)
 
-    ctx = runner.Context(DEP, EXP, runner.Options(probe_timeout=1), httpx.Client(transport=httpx.MockTransport(handler)))
+    ctx = runner.Context(DEP, EXP, runner.Options(probe_timeout=1),
+                         httpx.Client(transport=httpx.MockTransport(handler)))
     return ctx, seen
 
 

@@ -38,7 +38,8 @@ def _no_answer_fix(exp: Expectations, role: str, obs: MetricsObs) -> str:
                 f"and whether another process holds the port (`ss -ltnp`); `journalctl -u {unit} -n 100`")
     if obs.status == 404:
         return (f"the server answers but serves no /metrics: pdserve renders --enable-metrics on both servers; look "
-                f"for a drop-in that replaces the command line (`systemctl cat {unit}`) and re-render (`pdserve render`)")
+                f"for a drop-in that replaces the command line (`systemctl cat {unit}`) and re-render "
+                f"(`pdserve render`)")
     return f"the server did not answer: `systemctl status {unit}`; `journalctl -u {unit} -n 100`"
 
 
