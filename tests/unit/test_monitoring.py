@@ -153,6 +153,17 @@ def test_the_router_name_check_fails_on_what_smg_does_not_expose(expr, problem):
     assert any(problem in p for p in found), found
 
 
+def test_the_reader_gives_a_by_clause_only_to_its_own_argument():
+    expr = ('sum by (worker) (smg_worker_health{a="x"}) + on() group_left sum(smg_http_requests_total{b=~"y|z"}) '
+            'or histogram_quantile(0.9, sum by (le) (rate(smg_pd_ttft_seconds_bucket[1m])))')
+    read = {ref.family: (ref.labels, ref.matched) for ref in refs(expr, "smg_")}
+    assert read == {"smg_worker_health": ({"worker", "a"}, [("a", "=", "x")]),
+                    "smg_http_requests_total": ({"b"}, [("b", "=~", "y|z")]),
+                    "smg_pd_ttft_seconds": ({"le"}, [])}
+    with pytest.raises(ValueError, match="not read here"):
+        refs("sum(smg_worker_health) by (worker)", "smg_")
+
+
 def test_verify_requires_only_router_families_an_idle_smg_has_series_of():
     ready = families(recorded("ready"))
     assert set(verify_metrics.ROUTER_FAMILIES) <= set(ready), set(verify_metrics.ROUTER_FAMILIES) - set(ready)
