@@ -4,9 +4,10 @@ failed during the end-to-end checks, and the router counted the requests they se
 The names are the monitoring's own (pdserve.render.monitoring.metrics), so what the verifier requires
 is what the rules and the dashboard read. Only families that have a series on an idle server are
 required: SGLang's scheduler gauges (logged on idle at least every 30 s), the constants it sets at
-start, and the router's worker health, health checks, HTTP counters (/readiness is polled from its start)
-and breaker transitions (smg registers them at 0 for each worker). The failure counters and the latency
-histograms have no series before their first event.
+start, and the router's worker health, health checks and breaker transitions (smg registers these at 0 for
+each worker). Not its HTTP counters: a router whose readiness is asked on --health-check-port alone has no
+series of them until a request reaches its main port. The failure counters and the latency histograms have
+no series before their first event.
 """
 
 from __future__ import annotations
@@ -17,8 +18,7 @@ from pdserve.verify.expect import Expectations
 from pdserve.verify.result import CheckResult, failed, passed, skipped, warned
 
 WORKER_FAMILIES = (m.RUNNING, m.QUEUED, m.TOKEN_USAGE, m.GEN_THROUGHPUT, *m.GPU_MEMORY_PARTS_GB, m.STARTUP_TIME)
-ROUTER_FAMILIES = (m.ROUTER_WORKER_HEALTH, m.ROUTER_HEALTH_CHECKS, m.ROUTER_HTTP_REQUESTS, m.ROUTER_HTTP_RESPONSES,
-                   m.BREAKER_TRANSITIONS)
+ROUTER_FAMILIES = (m.ROUTER_WORKER_HEALTH, m.ROUTER_HEALTH_CHECKS, m.BREAKER_TRANSITIONS)
 CHAT_PATH = "/v1/chat/completions"
 
 
