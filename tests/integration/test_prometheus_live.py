@@ -148,6 +148,10 @@ def live(tmp_path_factory):
         cluster.wait_router_ready()
         prometheus = Prometheus(binary, rendered / SUBDIR / PROMETHEUS_FILE, work)
         assert wait_until(prometheus.ready, PROMETHEUS_START_TIMEOUT, 0.5), prometheus.log.read_text()[-2000:]
+        # Counters must have a sample from before the failure, or increase() cannot see it (as in production,
+        # where Prometheus scrapes long before).
+        pd_up = 'count(up{role=~"prefill|decode|router"} == 1)'
+        assert wait_until(lambda: [r["value"][1] for r in prometheus.query(pd_up)] == ["3"], SERIES_TIMEOUT, 0.5)
         started = time.time()
         with Traffic(cluster.url("router")) as traffic:
             _one_failed_transfer(cluster)
