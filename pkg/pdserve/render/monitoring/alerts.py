@@ -100,7 +100,8 @@ def alerts(dep: Deployment) -> list[Alert]:
             f"{m.BREAKER_TRANSITIONS}{{to=\"{m.BREAKER_OPEN}\"}} rose in the last 5 minutes: the router stopped "
             f"sending to {{{{ $labels.worker }}}} after failed requests and answers 503 {m.NO_WORKERS} while no "
             f"pair is left. In PD mode both legs are charged with every failed attempt, so a few failed "
-            f"requests open both breakers. Read `journalctl -u sglang-{name}-router`."),
+            f"requests open both breakers: expected while a role restarts; with every role up, requests failed. "
+            f"Read `journalctl -u sglang-{name}-router`."),
         Alert(
             "PdserveKVTransferFailures",
             # increase() needs two samples of a series, and SGLang's counter has no series before its first
