@@ -2,7 +2,7 @@
 (smg 1.13.0) and two stand-in workers (serving SGLang 0.5.23's metric families) while requests flow through
 the router. Every metric a rule or panel uses must be in that scrape, every panel's query must return a
 series with a value, the rules must evaluate, the KV-transfer alert must fire on a real failure and the
-router's worker count must drop when a worker stops.
+router's worker count must drop when a worker stops, and its refusals (503 no_available_workers) show.
 
 Needs `prometheus` on PATH (CI installs Debian's package and sets PDSERVE_REQUIRE_PROMETHEUS=1).
 With PDSERVE_DASHBOARD_DATA=FILE the panels' range queries are also written to FILE as JSON (after
@@ -33,9 +33,11 @@ from pd_cluster import PDCluster, wait_until, write_deployment  # noqa: E402
 from standin_sglang.launch import free_ports  # noqa: E402
 
 from pdserve.cli.main import main  # noqa: E402
+from pdserve.render.argv import router_args  # noqa: E402
 from pdserve.render.monitoring import PROMETHEUS_FILE, SUBDIR  # noqa: E402
+from pdserve.render.monitoring import metrics as m  # noqa: E402
 from pdserve.render.monitoring.alerts import alerts, rule_groups  # noqa: E402
-from pdserve.render.monitoring.dashboard import dashboard  # noqa: E402
+from pdserve.render.monitoring.dashboard import dashboard, panels  # noqa: E402
 from tests.conftest import require_or_skip  # noqa: E402
 
 pytestmark = pytest.mark.integration
@@ -45,6 +47,9 @@ PROMETHEUS_START_TIMEOUT = 60.0
 SERIES_TIMEOUT = 90.0  # scrapes every second; the slowest panel needs two samples after the first failure
 RATE_WINDOW = "1m"  # what Grafana's $__rate_interval stands for in these queries
 METRIC_NAME = re.compile(r"\b(?:sglang:[a-z_]+|smg_[a-z_]+)")
+# Needs a router whose prefill bootstrap port refuses, which this cluster is not:
+# tests/integration/test_router_metrics_smg.py starts one and finds it in the real router's scrape.
+NOT_IN_THIS_CLUSTER = {m.PD_RENDEZVOUS_FAILURES}
 
 
 def _chat(client: httpx.Client, router: str, stream: bool = False) -> int:
@@ -130,7 +135,8 @@ def live(tmp_path_factory):
         handle.write("\n[monitoring]\nenable = true\nscrape_interval_secs = 1\n")
     rendered = work / "rendered"
     result = CliRunner().invoke(main, ["render", "-c", str(config), "--out", str(rendered), "--sglang-python",
-                                       sys.executable, "--numactl", "/usr/bin/numactl", "--pdserve", "/usr/bin/pdserve"])
+                                       sys.executable, "--numactl", "/usr/bin/numactl",
+                                       "--pdserve", "/usr/bin/pdserve"])
     assert result.exit_code == 0, result.output
     cluster = PDCluster(config, work)
     prometheus = None
@@ -142,6 +148,10 @@ def live(tmp_path_factory):
         cluster.wait_router_ready()
         prometheus = Prometheus(binary, rendered / SUBDIR / PROMETHEUS_FILE, work)
         assert wait_until(prometheus.ready, PROMETHEUS_START_TIMEOUT, 0.5), prometheus.log.read_text()[-2000:]
+        # Counters must have a sample from before the failure, or increase() cannot see it (as in production,
+        # where Prometheus scrapes long before).
+        pd_up = 'count(up{role=~"prefill|decode|router"} == 1)'
+        assert wait_until(lambda: [r["value"][1] for r in prometheus.query(pd_up)] == ["3"], SERIES_TIMEOUT, 0.5)
         started = time.time()
         with Traffic(cluster.url("router")) as traffic:
             _one_failed_transfer(cluster)
@@ -163,8 +173,10 @@ def _one_failed_transfer(cluster: PDCluster) -> None:
         cluster.set_faults("decode", faults=[])
 
 
-def _panel_exprs(dep) -> list[str]:
-    return [t["expr"] for p in dashboard(dep)["panels"] for t in p["targets"]]
+def _panel_exprs(dep, with_event_only: bool = True) -> list[str]:
+    """Every panel query; without those that have no series before their event (a refusal, a refused
+    bootstrap port) if `with_event_only` is False."""
+    return [q.expr for p in panels(dep) for q in p.queries if with_event_only or not q.after_first_event]
 
 
 def _used_names(dep) -> set[str]:
@@ -185,7 +197,7 @@ def test_prometheus_scrapes_every_running_role(live):
 
 def test_every_metric_the_rules_and_panels_use_is_in_the_live_scrape(live):
     prometheus = live["prometheus"]
-    used = _used_names(live["cluster"].deployment)
+    used = _used_names(live["cluster"].deployment) - NOT_IN_THIS_CLUSTER
 
     def missing() -> set[str]:
         names = set(prometheus.api("label/__name__/values"))
@@ -196,7 +208,8 @@ def test_every_metric_the_rules_and_panels_use_is_in_the_live_scrape(live):
 
 
 def _panel_results(prometheus: Prometheus, dep) -> dict[str, list[dict]]:
-    return {expr: prometheus.query(expr.replace("$__rate_interval", RATE_WINDOW)) for expr in _panel_exprs(dep)}
+    return {expr: prometheus.query(expr.replace("$__rate_interval", RATE_WINDOW))
+            for expr in _panel_exprs(dep, with_event_only=False)}
 
 
 def _finite(result: list[dict]) -> bool:
@@ -239,10 +252,18 @@ def test_rules_evaluate_and_the_transfer_failure_fires(live):
         return {a["labels"]["alertname"]: a["state"] for a in prometheus.api("alerts")["alerts"]}
 
     assert wait_until(lambda: active().get("PdserveKVTransferFailures") == "firing", SERIES_TIMEOUT, 0.5), active()
-    firing = next(a for a in prometheus.api("alerts")["alerts"] if a["labels"]["alertname"] == "PdserveKVTransferFailures")
+    firing = next(a for a in prometheus.api("alerts")["alerts"]
+                  if a["labels"]["alertname"] == "PdserveKVTransferFailures")
     assert firing["labels"]["role"] == "decode" and firing["labels"]["deployment"] == dep.name
-    # Nothing else is wrong with this cluster: no other alert is pending or firing.
-    assert set(active()) == {"PdserveKVTransferFailures"}, active()
+    # Nothing else is wrong with this cluster. With the router's circuit breaker on, the failed hand-off's
+    # attempts open both breakers, and the router refuses for as long as they stay open: the breaker alert
+    # fires, the refusing one may wait (it needs 2 minutes of refusals), nothing else.
+    breaker_on = "--disable-circuit-breaker" not in router_args(dep)
+    allowed = {"PdserveKVTransferFailures": {"firing"}}
+    if breaker_on:
+        allowed |= {"PdserveRouterBreakerOpened": {"firing"}, "PdserveRouterRefusing": {"pending"}}
+    assert all(allowed.get(name) and state in allowed[name] for name, state in active().items()), active()
+    assert ("PdserveRouterBreakerOpened" in active()) == breaker_on, active()
 
 
 def test_a_stopped_worker_is_seen_down_by_prometheus_and_by_the_router(live):
@@ -257,6 +278,11 @@ def test_a_stopped_worker_is_seen_down_by_prometheus_and_by_the_router(live):
                       SERIES_TIMEOUT, 0.5), prometheus.query(unhealthy)
     assert wait_until(lambda: [r["metric"]["role"] for r in prometheus.query(down)] == ["decode"],
                       SERIES_TIMEOUT, 0.5), prometheus.query(down)
+    # The traffic goes on: smg answers it 503 no_available_workers, which the refusing alert counts (it
+    # fires after 2 minutes of it, longer than this test waits).
+    refusing = by_name["PdserveRouterRefusing"].split(" > ")[0]
+    assert wait_until(lambda: [float(r["value"][1]) > 0 for r in prometheus.query(refusing)] == [True],
+                      SERIES_TIMEOUT, 0.5), prometheus.query(refusing)
 
 
 def _legend(template: str, labels: dict[str, str]) -> str:

@@ -1,13 +1,13 @@
 """The rendered monitoring files against Debian's promtool: `check config`, `check rules`, and `test rules`
 with input series, generated from the same deployment, that make every alert fire and others that keep
-each one silent (a rule that can never fire, or always does, fails here).
+each one silent (a rule that can never fire, or always does, fails here). The router's input series carry
+the names and labels the real smg 1.13.0 exposed (tests/fixtures/recorded/, by tests/fixtures/smg_exposition.py).
 
 Needs promtool (Debian's `prometheus` package); CI installs it and sets PDSERVE_REQUIRE_PROMETHEUS=1.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import subprocess
@@ -16,13 +16,16 @@ from pathlib import Path
 
 import pytest
 
+from pdserve.render.emit import prometheus
 from pdserve.render.monitoring import ALERTS_FILE, PROMETHEUS_FILE, monitoring_files
 from pdserve.render.monitoring import metrics as m
 from pdserve.render.monitoring.alerts import Alert, alerts
 from pdserve.render.monitoring.targets import Target, targets
 from pdserve.schema.config import Deployment
+from pdserve.schema.derived import role_url
 from pdserve.schema.loading import deployment_from_data
 from tests.conftest import require_or_skip
+from tests.fixtures.smg_exposition import PHASES, recorded
 
 pytestmark = pytest.mark.integration
 PROMTOOL_TIMEOUT = 60
@@ -75,13 +78,24 @@ class Scenario:
     alert: str
     fires: bool
     why: str
-    series: dict[str, str]  # series selector -> promtool values notation, 1 minute apart
+    series: dict[str, str]  # series selector -> promtool values notation, `interval` apart
     eval_minutes: int
     labels: list[dict[str, str]] = field(default_factory=list)  # the firing alerts' labels beyond the rule's
+    interval: str = "1m"  # rules over 1m windows need samples closer than that, as a 15 s scrape gives
+
+
+def _recorded_router_samples():
+    """The real router's samples, every phase (each a (name, labels) pair)."""
+    from pdserve.probes.metrics import parse
+
+    return [(sample.name, dict(sample.labels)) for phase in PHASES for sample in parse("rec", recorded(phase)).samples]
+
+
+ROUTER_SAMPLES = _recorded_router_samples()
 
 
 def _selector(metric: str, labels: dict[str, str]) -> str:
-    return metric + "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
+    return metric + "{" + ",".join(prometheus.matcher(k, v) for k, v in labels.items()) + "}"
 
 
 class Series:
@@ -96,6 +110,16 @@ class Series:
     def of(self, metric: str, role: str, **extra: str) -> tuple[str, dict[str, str]]:
         labels = {**self.target_labels(role), **extra}
         return _selector(metric, labels), labels
+
+    def router(self, metric: str, **match: str) -> tuple[str, dict[str, str]]:
+        """A router series as the real smg exposed it: the labels of a recorded sample of `metric` that
+        matches `match`, its worker URL made this deployment's."""
+        for name, labels in ROUTER_SAMPLES:
+            if name == metric and all(labels.get(k) == v for k, v in match.items()):
+                if "worker" in labels:
+                    labels = {**labels, "worker": role_url(self.dep, "prefill")}
+                return self.of(metric, "router", **labels)
+        raise AssertionError(f"smg never exposed {metric} with {match}")
 
     def sglang(self, metric: str, role: str, scheduler: bool = True, **extra: str) -> tuple[str, dict[str, str]]:
         engine = {"fallback": "unified"}.get(role, role)
@@ -145,6 +169,36 @@ def scenarios(dep: Deployment) -> list[Scenario]:
         Scenario("PdserveRouterWorkersUnhealthy", False, "both workers healthy",
                  {**router_up, health[0]: "1x20", health[1]: "1x20"}, 10),
     ]
+    # The router refusing: 503 no_available_workers for over 2 minutes, its series created by the first.
+    refused, _ = s.router(m.ROUTER_HTTP_RESPONSES, error_code=m.NO_WORKERS)
+    not_ready, _ = s.router(m.ROUTER_HTTP_RESPONSES, path="/readiness", status_code="503")
+    exhausted, _ = s.router("smg_worker_retries_exhausted_total", worker_type="prefill", endpoint="chat")
+    found += [
+        Scenario("PdserveRouterRefusing", True, "refusals go on for minutes (retries exhausted stays 0)",
+                 {refused: "_x8 5+3x40", exhausted: "0x48"}, 6, [{"deployment": name}], "15s"),
+        Scenario("PdserveRouterRefusing", False, "a restart's minute of refusals, then served again",
+                 {refused: "_x8 5+3x4 17x36"}, 6, interval="15s"),
+        Scenario("PdserveRouterRefusing", False, "503 on /readiness only (not ready yet), no request refused",
+                 {not_ready: "0+1x48"}, 6, interval="15s"),
+    ]
+    # A bootstrap port the router's registration probe found closed: counted once, at the router's start.
+    probe_failed, probe_labels = s.router(m.PD_RENDEZVOUS_FAILURES, phase=m.BOOTSTRAP_PROBE)
+    found += [
+        Scenario("PdserveRouterBootstrapRefused", True, "the router started with the prefill's port closed",
+                 {probe_failed: "_x2 1x20"}, 10, [group(probe_labels, "deployment", "leg")]),
+        Scenario("PdserveRouterBootstrapRefused", False, "the refusal is older than 30 minutes",
+                 {probe_failed: "1x50"}, 45),
+    ]
+    # Breakers: every transition exists from the router's start at 0.
+    opened, opened_labels = s.router(m.BREAKER_TRANSITIONS, to=m.BREAKER_OPEN, **{"from": "closed"})
+    closed, _ = s.router(m.BREAKER_TRANSITIONS, to="closed", **{"from": "half_open"})
+    found += [
+        Scenario("PdserveRouterBreakerOpened", True, "a breaker opened",
+                 {opened: "0x5 1x10", closed: "0x15"}, 8, [group(opened_labels, "deployment", "worker")]),
+        Scenario("PdserveRouterBreakerOpened", False, "only closing transitions",
+                 {opened: "0x20", closed: "0x5 1x15"}, 8),
+        Scenario("PdserveRouterBreakerOpened", False, "it opened long ago", {opened: "0x2 1x30"}, 20),
+    ]
     # KV transfer failures on the decode: a rising counter, and a counter's first series.
     failed, failed_labels = s.sglang(m.TRANSFER_FAILED, "decode")
     by_role = group(failed_labels, "deployment", "role")
@@ -173,19 +227,27 @@ def scenarios(dep: Deployment) -> list[Scenario]:
     # TTFT: every observation in one histogram bucket, just above or well below the bound.
     bound = mon.ttft_p99_seconds
 
-    def ttft(slow: bool) -> dict[str, str]:
-        rows = {}
-        for le in (f"{bound / 2:g}", f"{bound * 2:g}", "+Inf"):
-            selector = s.sglang(f"{m.TTFT}_bucket", "decode", scheduler=False, is_streaming="false", le=le)[0]
-            counted = not slow or le != f"{bound / 2:g}"
-            rows[selector] = "0+10x30" if counted else "0x30"
-        return rows
+    def buckets(selector, slow: bool) -> dict[str, str]:
+        """selector(le) -> series; every observation just above the bound (slow) or well below it."""
+        return {selector(le): "0x30" if slow and le == f"{bound / 2:g}" else "0+10x30"
+                for le in (f"{bound / 2:g}", f"{bound * 2:g}", "+Inf")}
 
-    ttft_labels = s.sglang(m.TTFT, "decode", scheduler=False)[1]
+    def router_ttft(slow: bool) -> dict[str, str]:
+        (_, labels) = s.router(f"{m.PD_TTFT}_bucket")
+        return buckets(lambda le: _selector(f"{m.PD_TTFT}_bucket", {**labels, "le": le}), slow)
+
+    def sglang_ttft(role: str, slow: bool) -> dict[str, str]:
+        return buckets(lambda le: s.sglang(f"{m.TTFT}_bucket", role, scheduler=False, is_streaming="false",
+                                           le=le)[0], slow)
+
     found += [
-        Scenario("PdserveTTFTHigh", True, "p99 above the bound for 10 minutes", ttft(True), 20,
-                 [group(ttft_labels, "deployment", "role")]),
-        Scenario("PdserveTTFTHigh", False, "p99 below the bound", ttft(False), 20),
+        Scenario("PdserveTTFTHigh", True, "the router's PD p99 above the bound for 10 minutes", router_ttft(True),
+                 20, [{"deployment": name, "role": "router"}]),
+        Scenario("PdserveTTFTHigh", True, "the fallback's p99 above the bound while it serves",
+                 sglang_ttft("fallback", True), 20, [{"deployment": name, "role": "fallback"}]),
+        Scenario("PdserveTTFTHigh", False, "the router's p99 below the bound", router_ttft(False), 20),
+        Scenario("PdserveTTFTHigh", False, "one leg's own view (the decode's SGLang TTFT) is not the client's",
+                 {**router_ttft(False), **sglang_ttft("decode", True)}, 20),
     ]
     start, start_labels = s.sglang(m.STARTUP_TIME, "prefill", scheduler=False, phase=m.STARTUP_PHASE)
     found += [
@@ -202,9 +264,23 @@ def scenarios(dep: Deployment) -> list[Scenario]:
     return found
 
 
+_GO_STRING_ESCAPE = re.compile(r"\\(u[0-9a-f]{4}|U[0-9a-f]{8}|.)")
+
+
+def _go_string(body: str) -> str:
+    """The text of a Go string literal's body, as prometheus.promql_string escapes it."""
+    def one(mt: re.Match) -> str:
+        code = mt.group(1)
+        return chr(int(code[1:], 16)) if code[0] in "uU" and len(code) > 1 else \
+            {"n": "\n", "r": "\r", "t": "\t"}.get(code, code)
+    return _GO_STRING_ESCAPE.sub(one, body)
+
+
 def _annotations(rule: Alert, labels: dict[str, str]) -> dict[str, str]:
     def expand(text: str) -> str:
-        return re.sub(r"\{\{ \$labels\.(\w+) \}\}", lambda mt: labels.get(mt.group(1), ""), text)
+        # Template actions pdserve writes: a label, or a string literal (prometheus.template_text).
+        return re.sub(r'\{\{ (?:\$labels\.(\w+)|"((?:[^"\\]|\\.)*)") \}\}',
+                      lambda mt: labels.get(mt.group(1), "") if mt.group(1) else _go_string(mt.group(2)), text)
 
     return {"summary": expand(rule.summary), "description": expand(rule.description)}
 
@@ -220,12 +296,36 @@ def rule_tests(dep: Deployment) -> dict:
             expected.append({"exp_labels": full, "exp_annotations": _annotations(rule, full)})
         tests.append({
             "name": f"{sc.alert} {'fires' if sc.fires else 'stays silent'}: {sc.why}",
-            "interval": "1m",
+            "interval": sc.interval,
             "input_series": [{"series": k, "values": v} for k, v in sc.series.items()],
             "alert_rule_test": [{"eval_time": f"{sc.eval_minutes}m", "alertname": sc.alert,
                                  "exp_alerts": expected}],
         })
     return {"rule_files": [ALERTS_FILE], "evaluation_interval": "1m", "tests": tests}
+
+
+# Deployment names the schema refuses (lowercase, digits, dashes only), put in past it: the emitter alone must
+# carry them into selectors, labels and templates. promtool's own parsers read them, and its rule tests
+# select by them, so a value that leaked out of its quoting would fail a case or the files.
+ODD_NAMES = ['quote " back\\slash', "{{ template }}", "}} {{ $labels.role", "line\nbreak, tab\t",
+             "nel\x85 sep\u2028 del\x7f", "emoji \U0001f600", 'a",role="router', "by (x) (y)"]
+
+
+@pytest.mark.parametrize("odd", ODD_NAMES)
+def test_rules_hold_for_odd_names_and_hosts(promtool, reference_data, tmp_path, odd):
+    """An IPv6 loopback router, a host name and IPv6 workers, the highest port: in targets, worker URLs and
+    instance labels; the name in every selector, label and annotation."""
+    reference_data["router"].update(prometheus_host="::1", host="localhost")
+    reference_data["prefill"].update(host="::1", port=65535)
+    reference_data["decode"].update(host="::1")
+    dep = _deployment(reference_data, ttft_p99_seconds=7.5).model_copy(update={"name": odd})
+    out = _written(dep, tmp_path)
+    for argv in (["check", "config", PROMETHEUS_FILE], ["check", "rules", ALERTS_FILE]):
+        done = _run([promtool, *argv], out)
+        assert done.returncode == 0, (argv, done.stdout + done.stderr)
+    (out / "rules_test.yml").write_text(prometheus.document(rule_tests(dep)), encoding="utf-8")
+    result = _run([promtool, "test", "rules", "rules_test.yml"], out)
+    assert result.returncode == 0 and "SUCCESS" in result.stdout, result.stdout + result.stderr
 
 
 def test_every_alert_has_a_firing_and_a_silent_case(dep):
@@ -238,7 +338,7 @@ def test_every_alert_has_a_firing_and_a_silent_case(dep):
 
 def test_promtool_test_rules(promtool, dep, tmp_path):
     out = _written(dep, tmp_path)
-    (out / "rules_test.yml").write_text(json.dumps(rule_tests(dep), indent=2), encoding="utf-8")
+    (out / "rules_test.yml").write_text(prometheus.document(rule_tests(dep)), encoding="utf-8")
     result = _run([promtool, "test", "rules", "rules_test.yml"], out)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout, result.stdout
@@ -252,7 +352,7 @@ def test_promtool_fails_every_case_with_its_expectation_flipped(promtool, dep, t
     for case in flipped["tests"]:
         check = case["alert_rule_test"][0]
         check["exp_alerts"] = [] if check["exp_alerts"] else [{"exp_labels": {"severity": "critical"}}]
-    (out / "rules_test.yml").write_text(json.dumps(flipped, indent=2), encoding="utf-8")
+    (out / "rules_test.yml").write_text(prometheus.document(flipped), encoding="utf-8")
     result = _run([promtool, "test", "rules", "rules_test.yml"], out)
     assert result.returncode != 0
     failed = re.findall(r"^\s+name: (.+),$", result.stdout + result.stderr, re.MULTILINE)

@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from pdserve.cli.main import main
+from pdserve.probes.metrics import parse
 from pdserve.render.monitoring import ALERTS_FILE, DASHBOARD_FILE, PROMETHEUS_FILE, SCRAPE_FILE, monitoring_files
 from pdserve.render.monitoring import metrics as m
 from pdserve.render.monitoring.alerts import alerts, rule_groups
@@ -18,7 +19,10 @@ from pdserve.render.monitoring.dashboard import dashboard, panels
 from pdserve.render.monitoring.scrape import scrape_configs
 from pdserve.schema.loading import deployment_from_data
 from pdserve.schema.problems import ConfigError
+from pdserve.verify.checks import metrics as verify_metrics
 from tests.conftest import require_or_skip
+from tests.fixtures.promql_refs import Ref, problems, refs
+from tests.fixtures.smg_exposition import PHASES, families, merged, recorded
 
 SGLANG_METRIC = re.compile(r"sglang:[a-z_]+")
 ROUTER_METRIC = re.compile(r"\bsmg_[a-z_]+")
@@ -62,8 +66,10 @@ def test_the_fallback_alerts_only_where_it_boots(reference_data):
     reference_data["boot_layout"] = "single"
     single = {a.name for a in alerts(_dep(reference_data))}
     assert single - pd == {"PdserveFallbackDown"} and "PdserveFallbackDown" not in pd
-    assert {"PdserveTargetDown", "PdserveRouterWorkersUnhealthy", "PdserveKVTransferFailures", "PdserveKVCacheFull",
-            "PdserveQueueGrowing", "PdserveTTFTHigh", "PdserveWorkerRestarted", "PdserveRouterRestarted"} <= pd
+    assert {"PdserveTargetDown", "PdserveRouterWorkersUnhealthy", "PdserveRouterRefusing",
+            "PdserveRouterBootstrapRefused", "PdserveRouterBreakerOpened", "PdserveKVTransferFailures",
+            "PdserveKVCacheFull", "PdserveQueueGrowing", "PdserveTTFTHigh", "PdserveWorkerRestarted",
+            "PdserveRouterRestarted"} <= pd
 
 
 def test_dashboard_is_one_grafana_page(reference):
@@ -74,7 +80,8 @@ def test_dashboard_is_one_grafana_page(reference):
     titles = {p["title"] for p in board["panels"]}
     assert {"Time to first token", "Inter-token latency", "Throughput", "Running and queued requests",
             "KV cache usage", "KV transfer latency", "KV transfer failures", "Router requests",
-            "Router errors and retries", "GPU memory held by SGLang"} <= titles
+            "Router errors and retries", "PD time to first token (router)", "Router refusals, breakers, bootstrap",
+            "GPU memory held by SGLang"} <= titles
     for panel in board["panels"]:
         assert panel["targets"] and all(t["expr"] for t in panel["targets"]), panel["title"]
         assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
@@ -110,6 +117,70 @@ def test_every_router_metric_used_is_in_the_router_binary(reference):
     binary = b"".join(p.read_bytes() for p in Path(smg.__file__).parent.glob("*.so"))
     used = {re.sub(r"_(bucket|count|sum)$", "", n) for n in _used_names(reference) if n.startswith("smg_")}
     assert used and all(name.encode() in binary for name in used)
+
+
+def router_refs(dep) -> list[Ref]:
+    """Every smg_* family, label and value pdserve reads: in the rules, the panels and `pdserve verify`."""
+    exprs = [a.expr for a in alerts(dep)] + [t["expr"] for p in dashboard(dep)["panels"] for t in p["targets"]]
+    found = [ref for expr in exprs for ref in refs(expr, "smg_")]
+    found += [Ref(name) for name in verify_metrics.ROUTER_FAMILIES]
+    found += [Ref(m.ROUTER_REQUESTS), Ref(m.ROUTER_HTTP_REQUESTS, {"path"}, [("path", "=", verify_metrics.CHAT_PATH)])]
+    return found
+
+
+def test_every_router_metric_label_and_value_read_is_one_smg_exposes(reference):
+    """Against what the real smg 1.13.0 exposed while it served, failed and refused (recorded by
+    tests/fixtures/smg_exposition.py; tests/integration/test_router_metrics_smg.py checks the live binary)."""
+    exposed = merged(*(recorded(phase) for phase in PHASES))
+    found = router_refs(reference)
+    assert {ref.family for ref in found} >= {m.PD_TTFT, m.PD_PREFILL_DURATION, m.PD_RENDEZVOUS_FAILURES,
+                                             m.BREAKER_TRANSITIONS, m.ROUTER_HTTP_RESPONSES}
+    wrong = [problem for ref in found for problem in problems(ref, exposed)]
+    assert not wrong, wrong
+
+
+@pytest.mark.parametrize("expr, problem", [
+    ('smg_pd_ttft{deployment="x"}', "smg_pd_ttft: no such family"),  # the name the facts give, not the exposed one
+    ('sum by (code) (smg_http_responses_total{deployment="x"})', "no label 'code'"),
+    ('smg_http_responses_total{error_code="server_selection_failed"}', "matches none of"),  # 0.3.2's code
+    ('increase(smg_worker_retries_exhausted_total{reason="x"}[5m])', "no label 'reason'"),
+    ('sum by (worker, le) (rate(smg_pd_prefill_duration_seconds_bucket[1m]))', "no label 'worker'"),
+    ('smg_worker_cb_transitions_total{to=~"opened|tripped"}', "matches none of"),
+])
+def test_the_router_name_check_fails_on_what_smg_does_not_expose(expr, problem):
+    exposed = merged(*(recorded(phase) for phase in PHASES))
+    found = [p for ref in refs(expr, "smg_") for p in problems(ref, exposed)]
+    assert any(problem in p for p in found), found
+
+
+def test_the_reader_gives_a_by_clause_only_to_its_own_argument():
+    expr = ('sum by (worker) (smg_worker_health{a="x"}) + on() group_left sum(smg_http_requests_total{b=~"y|z"}) '
+            'or histogram_quantile(0.9, sum by (le) (rate(smg_pd_ttft_seconds_bucket[1m])))')
+    read = {ref.family: (ref.labels, ref.matched) for ref in refs(expr, "smg_")}
+    assert read == {"smg_worker_health": ({"worker", "a"}, [("a", "=", "x")]),
+                    "smg_http_requests_total": ({"b"}, [("b", "=~", "y|z")]),
+                    "smg_pd_ttft_seconds": ({"le"}, [])}
+    with pytest.raises(ValueError, match="not read here"):
+        refs("sum(smg_worker_health) by (worker)", "smg_")
+
+
+def test_verify_requires_only_router_families_an_idle_smg_has_series_of():
+    """Idle: nothing asked on its main port, readiness asked on --health-check-port (smg's HTTP counters are
+    not there yet, so requiring smg_http_requests_total would fail a healthy router)."""
+    idle = families(recorded("idle_health_port"))
+    assert set(verify_metrics.ROUTER_FAMILIES) <= set(idle), set(verify_metrics.ROUTER_FAMILIES) - set(idle)
+    assert m.ROUTER_HTTP_REQUESTS not in idle
+
+
+def test_router_refusals_are_read_from_the_503_code_not_the_retry_counters(reference):
+    """smg answers 503 no_available_workers at once in an outage; its retries-exhausted counter stays 0."""
+    faults = families(recorded("faults"))
+    assert m.NO_WORKERS in faults[m.ROUTER_HTTP_RESPONSES]["error_code"]
+    stayed = [s for s in parse("recorded", recorded("faults")).samples
+              if s.name == "smg_worker_retries_exhausted_total" and s.value]
+    assert stayed == []
+    refusing = next(a for a in alerts(reference) if a.name == "PdserveRouterRefusing")
+    assert f'error_code="{m.NO_WORKERS}"' in refusing.expr and "retries" not in refusing.expr
 
 
 def test_metric_names_live_in_one_module(reference):

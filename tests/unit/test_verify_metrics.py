@@ -1,7 +1,8 @@
 """The metrics checks on recorded exposition text, and the bounded reader and parser under them.
 
-The texts are cut from real answers: the sglang-router 0.3.2's Prometheus listener just after /readiness
-turned 200 and after two chat requests, and the stand-in's SGLang 0.5.23 families (prefill, idle).
+The texts are real answers: the router's (smg 1.13.0's) Prometheus listener just after /readiness turned 200,
+recorded whole, with chat requests' lines cut from its later answers, and the stand-in's SGLang 0.5.23 families
+(prefill, idle).
 """
 
 import time
@@ -14,6 +15,7 @@ from pdserve.schema.loading import load
 from pdserve.verify import runner
 from pdserve.verify.checks import metrics
 from pdserve.verify.expect import expectations
+from tests.fixtures.smg_exposition import recorded
 
 DEP = load().deployment
 EXP = expectations(DEP)
@@ -45,17 +47,8 @@ def failed_transfers(n: int) -> str:
     return f"sglang:num_transfer_failed_reqs_total{{{SCHED}}} {float(n)}\n"
 
 
-ROUTER_READY = """# TYPE smg_http_requests_total counter
-smg_http_requests_total{method="GET",path="/readiness"} 2
-# TYPE smg_worker_health gauge
-smg_worker_health{worker="http://127.0.0.1:30002"} 1
-smg_worker_health{worker="http://127.0.0.1:30003"} 1
-# TYPE smg_http_request_duration_seconds histogram
-smg_http_request_duration_seconds_bucket{method="GET",path="/readiness",le="0.005"} 2
-smg_http_request_duration_seconds_bucket{method="GET",path="/readiness",le="+Inf"} 2
-smg_http_request_duration_seconds_sum{method="GET",path="/readiness"} 0.000731
-smg_http_request_duration_seconds_count{method="GET",path="/readiness"} 2
-"""
+# The real smg 1.13.0's listener just after /readiness turned 200 (tests/fixtures/smg_exposition.py).
+ROUTER_READY = recorded("ready")
 ROUTED = ('smg_router_requests_total{router_type="http",backend_type="pd",connection_mode="http",model="standin",'
           'endpoint="chat",streaming="%s"} %d\n')
 CHAT_HTTP = 'smg_http_requests_total{method="POST",path="/v1/chat/completions"} %d\n'
@@ -237,7 +230,8 @@ def counting_context():
         seen.append(str(request.url))
         return httpx.Response(200, text=ROUTER_READY)
 
-    ctx = runner.Context(DEP, EXP, runner.Options(probe_timeout=1), httpx.Client(transport=httpx.MockTransport(handler)))
+    ctx = runner.Context(DEP, EXP, runner.Options(probe_timeout=1),
+                         httpx.Client(transport=httpx.MockTransport(handler)))
     return ctx, seen
 
 

@@ -41,6 +41,14 @@ def alerts(dep: Deployment) -> list[Alert]:
     mon = dep.monitoring
     workers = len(WORKER_ROLES)  # one prefill and one decode: what pdserve configures the router with
     unit = f"sglang-{name}-{{{{ $labels.role }}}}"
+    refused = prometheus.matcher("error_code", m.NO_WORKERS)
+    probe = prometheus.matcher("phase", m.BOOTSTRAP_PROBE)
+    opened = prometheus.matcher("to", m.BREAKER_OPEN)
+    fallback = prometheus.matcher("role", "fallback")
+
+    def p99_above(histogram: str, selector: str) -> str:
+        return (f"histogram_quantile(0.99, sum by (deployment, role, le) (rate({histogram}_bucket{{{selector}}}[5m]))) "
+                f"> {mon.ttft_p99_seconds:g}")
     found = [
         Alert(
             "PdserveTargetDown",
@@ -55,9 +63,45 @@ def alerts(dep: Deployment) -> list[Alert]:
             f'and on() (up{{{d},role="router"}} == 1)',
             "1m", "critical",
             f"{name}: the router counts fewer than {workers} healthy workers",
-            f"sglang-router reports fewer healthy workers ({m.ROUTER_WORKER_HEALTH}) than the {workers} it was "
+            f"The router reports fewer healthy workers ({m.ROUTER_WORKER_HEALTH}) than the {workers} it was "
             f"started with (prefill and decode); requests fail or wait. Run `pdserve verify` and read "
             f"`journalctl -u sglang-{name}-prefill -u sglang-{name}-decode`."),
+        Alert(
+            "PdserveRouterRefusing",
+            # smg answers 503 at once when no prefill/decode pair can serve (a role down, or its breaker
+            # open); its retry counters do not move then. The first refusals create the series, which
+            # increase() cannot see: a refusal that goes on is what this is for, and it keeps counting.
+            f"sum by (deployment) (increase({m.ROUTER_HTTP_RESPONSES}{{{d},{refused}}}[1m])) > 0",
+            "2m", "critical",
+            f"{name}: the router refuses requests: no prefill/decode pair can serve",
+            f"For over 2 minutes the router answered 503 {m.NO_WORKERS} "
+            f"({m.ROUTER_HTTP_RESPONSES}{{error_code=\"{m.NO_WORKERS}\"}}): a role is down or not ready, or its "
+            f"circuit breaker is open. A restart takes about a minute; longer is an outage. Run `pdserve verify` "
+            f"and read `journalctl -u sglang-{name}-prefill -u sglang-{name}-decode -u sglang-{name}-router`."),
+        Alert(
+            "PdserveRouterBootstrapRefused",
+            # Counted once, when the router registers the prefill (at its start); the series appears then.
+            f"sum by (deployment, leg) (increase({m.PD_RENDEZVOUS_FAILURES}{{{d},{probe}}}[30m])) > 0 "
+            f"or sum by (deployment, leg) ({m.PD_RENDEZVOUS_FAILURES}{{{d},{probe}}} "
+            f"unless {m.PD_RENDEZVOUS_FAILURES}{{{d},{probe}}} offset 30m)",
+            "0m", "warning",
+            f"{name}: the router could not reach the {{{{ $labels.leg }}}}'s bootstrap port",
+            f"When the router registered the {{{{ $labels.leg }}}} ({m.PD_RENDEZVOUS_FAILURES}, "
+            f"phase=\"{m.BOOTSTRAP_PROBE}\"), nothing accepted a connection on its bootstrap port "
+            f"{dep.transfer.bootstrap_port}: the decode cannot fetch KV caches there, and requests fail or wait. "
+            f"Check `ss -ltnp` for the port and `journalctl -u sglang-{name}-prefill`; the router probes only "
+            f"when it registers a worker: restart sglang-{name}-router once the port listens."),
+        Alert(
+            "PdserveRouterBreakerOpened",
+            # The transition counters exist from start at 0 for every worker, so increase() sees the first.
+            f"sum by (deployment, worker) (increase({m.BREAKER_TRANSITIONS}{{{d},{opened}}}[5m])) > 0",
+            "0m", "warning",
+            f"{name}: the router's circuit breaker opened for {{{{ $labels.worker }}}}",
+            f"{m.BREAKER_TRANSITIONS}{{to=\"{m.BREAKER_OPEN}\"}} rose in the last 5 minutes: the router stopped "
+            f"sending to {{{{ $labels.worker }}}} after failed requests and answers 503 {m.NO_WORKERS} while no "
+            f"pair is left. In PD mode both legs are charged with every failed attempt, so a few failed "
+            f"requests open both breakers: expected while a role restarts; with every role up, requests failed. "
+            f"Read `journalctl -u sglang-{name}-router`."),
         Alert(
             "PdserveKVTransferFailures",
             # increase() needs two samples of a series, and SGLang's counter has no series before its first
@@ -88,12 +132,14 @@ def alerts(dep: Deployment) -> list[Alert]:
             f"up with the load."),
         Alert(
             "PdserveTTFTHigh",
-            f"histogram_quantile(0.99, sum by (deployment, role, le) (rate({m.TTFT}_bucket{{{d}}}[5m]))) "
-            f"> {mon.ttft_p99_seconds:g}",
+            # What a client waits for its first token: the router's PD view (both legs, which neither server
+            # sees alone), or the fallback's own while it serves instead.
+            f"{p99_above(m.PD_TTFT, d)} or {p99_above(m.TTFT, f'{d},{fallback}')}",
             "10m", "warning",
-            f"{name}: p99 time to first token on the {{{{ $labels.role }}}} is over "
+            f"{name}: p99 time to first token through the {{{{ $labels.role }}}} is over "
             f"{mon.ttft_p99_seconds:g} s",
-            f"The 99th percentile of {m.TTFT} stayed above monitoring.ttft_p99_seconds "
+            f"The 99th percentile of the time to first token ({m.PD_TTFT} on the router: prefill dispatch to the "
+            f"decode's first token; {m.TTFT} on the fallback) stayed above monitoring.ttft_p99_seconds "
             f"({mon.ttft_p99_seconds:g} s) for 10 minutes."),
         Alert(
             "PdserveWorkerRestarted",
@@ -111,7 +157,7 @@ def alerts(dep: Deployment) -> list[Alert]:
             f'resets({m.ROUTER_HEALTH_CHECKS}{{{d},role="router",result="success"}}[30m]) > 0',
             "0m", "warning",
             f"{name}: the router restarted",
-            f"{m.ROUTER_HEALTH_CHECKS} went back to zero within 30 minutes: sglang-router started again. "
+            f"{m.ROUTER_HEALTH_CHECKS} went back to zero within 30 minutes: the router started again. "
             f"Read `journalctl -u sglang-{name}-router`."),
     ]
     if dep.boot_layout == "single":

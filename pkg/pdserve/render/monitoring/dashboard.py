@@ -1,6 +1,6 @@
 """A Grafana dashboard (JSON model, schemaVersion 39) for one deployment: one page, a row per concern.
 
-Queries use only the pinned SGLang's and sglang-router's metrics (pdserve.render.monitoring.metrics) and
+Queries use only the pinned SGLang's and router's (smg's) metrics (pdserve.render.monitoring.metrics) and
 Grafana's `$__rate_interval`; the data source is the dashboard's `datasource` variable, so it imports
 into any Grafana with a Prometheus data source.
 """
@@ -22,6 +22,9 @@ DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 class Query:
     expr: str
     legend: str
+    # No series until the event it counts first happens (a refusal, a refused bootstrap port): an empty
+    # panel line then means "none yet", and the live tests see these only with the fault that makes them.
+    after_first_event: bool = False
 
 
 @dataclass(frozen=True)
@@ -36,12 +39,16 @@ class Panel:
 def panels(dep: Deployment) -> list[Panel]:
     d = prometheus.matcher("deployment", dep.name)
 
-    def quantiles(metric: str, by: str = "role") -> tuple[Query, ...]:
+    def quantiles(metric: str, by: str = "role", what: str = "") -> tuple[Query, ...]:
         """p50 and p99 of a histogram, per `by` label (the router has one series, so by nothing)."""
         group = f"sum by ({by}, le)" if by else "sum by (le)"
-        legend = f"{{{{{by}}}}} " if by else ""
+        legend = f"{{{{{by}}}}} " if by else f"{what} " if what else ""
         return tuple(Query(f"histogram_quantile({q}, {group} (rate({metric}_bucket{{{d}}}[{RATE}])))",
                            f"{legend}p{int(q * 100)}") for q in (0.5, 0.99))
+
+    refused = prometheus.matcher("error_code", m.NO_WORKERS)
+    probe = prometheus.matcher("phase", m.BOOTSTRAP_PROBE)
+    opened = prometheus.matcher("to", m.BREAKER_OPEN)
 
     return [
         Panel("Time to first token", "s", quantiles(m.TTFT),
@@ -76,8 +83,24 @@ def panels(dep: Deployment) -> list[Panel]:
         Panel("Router requests", "reqps", (
             Query(f"sum by (endpoint, streaming) (rate({m.ROUTER_REQUESTS}{{{d}}}[{RATE}]))",
                   "{{endpoint}} streaming={{streaming}}"),
-            Query(f"sum by (status_code) (rate({m.ROUTER_HTTP_RESPONSES}{{{d}}}[{RATE}]))", "HTTP {{status_code}}"),
-        ), f"{m.ROUTER_REQUESTS}, {m.ROUTER_HTTP_RESPONSES}"),
+            Query(f"sum by (status_code, error_code) (rate({m.ROUTER_HTTP_RESPONSES}{{{d}}}[{RATE}]))",
+                  "HTTP {{status_code}} {{error_code}}"),
+        ), f"{m.ROUTER_REQUESTS}, {m.ROUTER_HTTP_RESPONSES} (with the router's error_code)"),
+        Panel("PD time to first token (router)", "s",
+              quantiles(m.PD_TTFT, by="", what="first token") + quantiles(m.PD_PREFILL_DURATION, by="", what="prefill"),
+              f"{m.PD_TTFT}: the router's dispatch to the prefill until the decode's first token, what a client "
+              f"waits; {m.PD_PREFILL_DURATION}: the prefill leg alone. The alert bound is "
+              f"{dep.monitoring.ttft_p99_seconds:g} s (p99)", (dep.monitoring.ttft_p99_seconds,)),
+        Panel("Router refusals, breakers, bootstrap", "none", (
+            Query(f"sum by (path) (rate({m.ROUTER_HTTP_RESPONSES}{{{d},{refused}}}[{RATE}]))",
+                  f"503 {m.NO_WORKERS}/s {{{{path}}}}", after_first_event=True),
+            Query(f"sum by (worker) (increase({m.BREAKER_TRANSITIONS}{{{d},{opened}}}[{RATE}]))",
+                  "breaker opened {{worker}}"),
+            Query(f"sum by (leg) ({m.PD_RENDEZVOUS_FAILURES}{{{d},{probe}}})",
+                  "{{leg}} bootstrap port refused (since the router started)", after_first_event=True),
+        ), f"Requests refused at once because no prefill/decode pair could serve ({m.ROUTER_HTTP_RESPONSES}"
+           f"{{error_code=\"{m.NO_WORKERS}\"}}), circuit breakers opening ({m.BREAKER_TRANSITIONS}), and "
+           f"bootstrap ports the router could not reach when it registered the prefill ({m.PD_RENDEZVOUS_FAILURES})"),
         Panel("Router errors and retries", "reqps", (
             Query(f"sum by (worker_type, error_type) (rate({m.ROUTER_WORKER_ERRORS}{{{d}}}[{RATE}]))",
                   "{{worker_type}} {{error_type}}"),
@@ -90,7 +113,8 @@ def panels(dep: Deployment) -> list[Panel]:
             Query(f"up{{{d}}}", "{{role}} up"),
         ), f"{m.ROUTER_WORKER_HEALTH} summed over workers; Prometheus' up per scraped role"),
         Panel("GPU memory held by SGLang", "decgbytes", tuple(
-            Query(f"sum by (role) ({name}{{{d}}})", f"{{{{role}}}} {name.split(':')[1].removesuffix('_memory_usage_gb')}")
+            Query(f"sum by (role) ({name}{{{d}}})",
+                  f"{{{{role}}}} {name.split(':')[1].removesuffix('_memory_usage_gb')}")
             for name in m.GPU_MEMORY_PARTS_GB
         ), f"What SGLang allocated at start, summed over its ranks (weights, KV cache, CUDA graphs); "
            f"{m.GPU_MEMORY_EXPORTER}"),

@@ -6,8 +6,13 @@ pp_rank, moe_ep_rank; the tokenizer's carry model_name and engine_type, several 
 SGLang's /metrics registry holds only prometheus_client's MultiProcessCollector
 (sglang/srt/utils/common.py add_prometheus_middleware), so it exports no process_* metrics.
 
-sglang-router 0.3.2 (the Rust binary; names read from its Prometheus listener in
-tests/integration/test_prometheus_live.py): smg_* families; no process_* metrics either.
+The router, smg 1.13.0 (the Rust binary): smg_* families, no process_* metrics either. Each name and label
+below was read from its Prometheus listener in front of the stand-in workers, with traffic served, a failed
+KV hand-off, a refused bootstrap port and a prefill down (tests/fixtures/smg_exposition.py records it in
+tests/fixtures/recorded/, and tests/integration/test_router_metrics_smg.py checks the binary still says so).
+smg registers some labelled families at start with every label value at 0 (the breaker's transitions, the
+retry counters); others appear with their first event (the PD histograms, the rendezvous failures, each
+error_code of smg_http_responses_total).
 
 A labelled prometheus_client counter has no series before its first increment: the failure counters
 appear with the first failure, and the tokenizer's histograms with the first finished request.
@@ -39,15 +44,31 @@ GENERATION_TOKENS = "sglang:generation_tokens_total"
 STARTUP_TIME = "sglang:startup_time_seconds"
 STARTUP_PHASE = "tokenizer_e2e"
 
-# sglang-router
+# The router (smg 1.13.0)
 ROUTER_HEALTH_CHECKS = "smg_worker_health_checks_total"  # labels worker_type, result; every interval
 ROUTER_WORKER_HEALTH = "smg_worker_health"  # gauge per worker URL: 1 healthy, 0 not (label worker)
 ROUTER_REQUESTS = "smg_router_requests_total"  # labels endpoint, streaming, model, backend_type, ...
-ROUTER_REQUEST_DURATION = "smg_router_request_duration_seconds"  # histogram
-ROUTER_HTTP_RESPONSES = "smg_http_responses_total"  # label status_code
+ROUTER_REQUEST_DURATION = "smg_router_request_duration_seconds"  # histogram, requests that were served
+ROUTER_HTTP_RESPONSES = "smg_http_responses_total"  # labels path, status_code, error_code ("" on success)
 ROUTER_HTTP_REQUESTS = "smg_http_requests_total"  # labels method, path; /readiness is polled at each start
-ROUTER_WORKER_ERRORS = "smg_worker_errors_total"  # labels worker_type, error_type
+ROUTER_WORKER_ERRORS = "smg_worker_errors_total"  # labels worker_type, connection_mode, error_type
 ROUTER_WORKER_RETRIES = "smg_worker_retries_total"  # labels worker_type, endpoint
+# What smg answers, at once and with Retry-After, when no prefill/decode pair can take a request (a role
+# down, or both breakers open): a 503 with this error_code. smg_worker_retries_exhausted_total stays 0
+# then (it gives up before any retry), so a refusal is read here, never from the retry counters.
+NO_WORKERS = "no_available_workers"
+# PD: what only the router sees, both legs of one request. Histograms by backend_type, model, runtime.
+PD_TTFT = "smg_pd_ttft_seconds"  # prefill dispatch to the decode's response head: the client's wait
+PD_PREFILL_DURATION = "smg_pd_prefill_duration_seconds"  # prefill dispatch to the end of its response
+# Labels leg (prefill/decode) and phase. Over HTTP only phase="probe" occurs: at registration the router
+# connects to the prefill's bootstrap port, and a refusal leaves the leg registered but unable to hand off
+# KV. (smg_pd_bootstrap_failures_total, "bootstrap injection failures", is not read: in smg's source it
+# counts only a dispatched body that is not a JSON object, and no traffic or fault here ever produced it.)
+PD_RENDEZVOUS_FAILURES = "smg_pd_rendezvous_failures_total"
+BOOTSTRAP_PROBE = "probe"
+# The circuit breaker per worker URL: transitions by from/to (closed, open, half_open), all at 0 from start.
+BREAKER_TRANSITIONS = "smg_worker_cb_transitions_total"
+BREAKER_OPEN = "open"
 
 # What no pinned metric tells, and who would.
 GPU_MEMORY_EXPORTER = ("live per-GPU memory comes from NVIDIA's dcgm-exporter (DCGM_FI_DEV_FB_USED, "

@@ -4,8 +4,10 @@ failed during the end-to-end checks, and the router counted the requests they se
 The names are the monitoring's own (pdserve.render.monitoring.metrics), so what the verifier requires
 is what the rules and the dashboard read. Only families that have a series on an idle server are
 required: SGLang's scheduler gauges (logged on idle at least every 30 s), the constants it sets at
-start, and the router's worker health and HTTP counters (/readiness is polled from its start). The
-failure counters and the latency histograms have no series before their first event.
+start, and the router's worker health, health checks and breaker transitions (smg registers these at 0 for
+each worker). Not its HTTP counters: a router whose readiness is asked on --health-check-port alone has no
+series of them until a request reaches its main port. The failure counters and the latency histograms have
+no series before their first event.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pdserve.verify.expect import Expectations
 from pdserve.verify.result import CheckResult, failed, passed, skipped, warned
 
 WORKER_FAMILIES = (m.RUNNING, m.QUEUED, m.TOKEN_USAGE, m.GEN_THROUGHPUT, *m.GPU_MEMORY_PARTS_GB, m.STARTUP_TIME)
-ROUTER_FAMILIES = (m.ROUTER_WORKER_HEALTH, m.ROUTER_HTTP_REQUESTS)
+ROUTER_FAMILIES = (m.ROUTER_WORKER_HEALTH, m.ROUTER_HEALTH_CHECKS, m.BREAKER_TRANSITIONS)
 CHAT_PATH = "/v1/chat/completions"
 
 
@@ -36,7 +38,8 @@ def _no_answer_fix(exp: Expectations, role: str, obs: MetricsObs) -> str:
                 f"and whether another process holds the port (`ss -ltnp`); `journalctl -u {unit} -n 100`")
     if obs.status == 404:
         return (f"the server answers but serves no /metrics: pdserve renders --enable-metrics on both servers; look "
-                f"for a drop-in that replaces the command line (`systemctl cat {unit}`) and re-render (`pdserve render`)")
+                f"for a drop-in that replaces the command line (`systemctl cat {unit}`) and re-render "
+                f"(`pdserve render`)")
     return f"the server did not answer: `systemctl status {unit}`; `journalctl -u {unit} -n 100`"
 
 
@@ -52,7 +55,7 @@ def check_endpoint(exp: Expectations, role: str, obs: MetricsObs) -> CheckResult
         details.append(f"{obs.bad_lines} line(s) not in the text format, e.g. {obs.bad_examples[0]!r}")
     observed = f"HTTP 200, {len(obs.samples)} series" + (f"; missing: {', '.join(missing)}" if missing else "")
     if missing:
-        software = "sglang-router " + exp.router_version if role == "router" else "SGLang " + exp.sglang_version
+        software = "smg " + exp.router_version if role == "router" else "SGLang " + exp.sglang_version
         return failed(cid, observed, expected,
                       f"the alert rules and the dashboard read these families: the process on this port is not "
                       f"{software} (see versions.{role}), or it is still starting", details)
