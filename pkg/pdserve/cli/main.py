@@ -74,10 +74,10 @@ def plan(config_path: Path | None, as_json: bool, host: str | None, sglang_pytho
          pdserve: str | None) -> None:
     """Show what would run: topology, exact commands, environment and unit files.
 
-    On a terminal: tables and panels. Piped or redirected: plain shell to copy from (each command quoted
-    so the shell gives back its exact argv, the environment as KEY=value lines, the unit files as
-    here-documents, the rest as # comments). --json: the same content for machines. A multi-host
-    deployment is shown one host at a time (--host), its firewall ruleset included.
+    On a terminal: tables and panels. Piped or redirected: plain shell to copy from (each role's command runs
+    as pasted: `env NAME=value ...` and the argv, quoted so the program gets exactly the unit's argv and
+    environment; the unit files as here-documents, the rest as # comments). --json: the same content for
+    machines. A multi-host deployment is shown one host at a time (--host), its firewall ruleset included.
     """
     from pdserve.render.firewall import render_firewall
     from pdserve.render.host_units import render_host_units
