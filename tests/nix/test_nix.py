@@ -319,13 +319,13 @@ def test_sglang_env_pins_what_pdserve_is_pinned_to() -> None:
     pyproject = tomllib.loads((REPO / "pkg" / "sglang-env" / "pyproject.toml").read_text(encoding="utf-8"))
     assert set(pyproject["project"]["dependencies"]) == {
         f"sglang=={pins.SGLANG_VERSION}",
-        f"sglang-router=={pins.SGLANG_ROUTER_VERSION}",
+        f"sglang-router=={pins.ROUTER_VERSION}",
         f"nixl-cu13=={pins.NIXL_VERSION}",
     }
     locked = {p["name"]: p["version"] for p in
               tomllib.loads((REPO / "pkg" / "sglang-env" / "uv.lock").read_text(encoding="utf-8"))["package"]}
     assert locked["sglang"] == pins.SGLANG_VERSION
-    assert locked["sglang-router"] == pins.SGLANG_ROUTER_VERSION
+    assert locked["sglang-router"] == pins.ROUTER_VERSION
     assert locked["nixl-cu13"] == pins.NIXL_VERSION
     assert "torch" not in {p["name"] for p in
                            tomllib.loads((REPO / "uv.lock").read_text(encoding="utf-8"))["package"]}, (
