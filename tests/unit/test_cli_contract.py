@@ -23,7 +23,7 @@ TOOLS = ["--sglang-python", "/opt/sg/bin/python", "--numactl", "/usr/bin/numactl
 COMMANDS = {
     "plan": ["plan", "-c", "{file}", *TOOLS],
     "check": ["check", "-c", "{file}", "--no-host", "--no-parsers"],
-    "render": ["render", "-c", "{file}", "--out", "{out}", *TOOLS],
+    "render": ["render", "-c", "{file}", "--out", "{out}", *TOOLS, "--no-python-check"],
     "wait-ready": ["wait-ready", "prefill", "-c", "{file}", "--timeout", "0", "--probe-timeout", "0.2"],
     "verify": ["verify", "-c", "{file}", "--only", "units"],
     "cutover": ["cutover", "pd", "-c", "{file}", "--dry-run"],
@@ -91,7 +91,7 @@ def test_a_crash_inside_a_command_exits_3_with_its_reason(tmp_path, monkeypatch,
 @pytest.mark.parametrize(("command", "args"), [
     ("plan", ["plan", *TOOLS]),
     ("check", ["check", "--no-host", "--no-parsers"]),
-    ("render", ["render", "--out", "{out}", *TOOLS]),
+    ("render", ["render", "--out", "{out}", *TOOLS, "--no-python-check"]),
     ("schema", ["schema"]),
     ("verify", ["verify", "--list"]),
 ])
