@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pdserve.check.host import HostView, check_host, read_host
+from pdserve.check.host import NOT_EXECUTABLE, HostView, check_host, read_host
 from pdserve.check.parsers import check_with_parsers, kernel_plugin_problems
 from pdserve.check.sglang_python import needs_nixl, package_problems
 from pdserve.check.target import HostRule, decide
@@ -135,7 +135,7 @@ def run_check(config_path: Path | None, tool_overrides: dict[str, str | None], p
         seen = check_host(dep, tools, view)
         # The SGLang Python was asked above: "not an executable file" would count its one cause twice (or, with
         # none named, be about the placeholder: then say what is missing and how to name it).
-        seen.problems = [p for p in seen.problems if p.field != "tools.sglang_python"]
+        seen.problems = [p for p in seen.problems if (p.field, p.message) != ("tools.sglang_python", NOT_EXECUTABLE)]
         if not have_python:
             report.problems += missing_tools(dep, tool_overrides, "sglang_python")
         report.problems += seen.problems
