@@ -48,7 +48,8 @@ def test_single_host_file_without_fallback_still_reads_field_required():
     data = tomllib.loads(default_profile_text())
     del data["fallback"]
     problem = one(problems_of(data), "fallback")
-    assert problem.line() == "error: fallback = (unset): is required and missing; fix: add it (`pdserve schema` describes it)"
+    assert problem.line() == ("error: fallback = (unset): is required and missing; fix: add it (`pdserve schema` "
+                              "describes it)")
 
 
 def test_two_host_servers_and_listeners():

@@ -42,7 +42,8 @@ def default_profile_text() -> str:
 
 def _file_problem(source: str, message: str, fix: str, step: str = "reading the file") -> ConfigError:
     """The one problem of a file that stopped the check at `step`, which the report names as what it checked."""
-    return ConfigError([Problem("(file)", source, message, fix)], source, [f"{step}, which failed: no field was reached"])
+    return ConfigError([Problem("(file)", source, message, fix)], source,
+                       [f"{step}, which failed: no field was reached"])
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
