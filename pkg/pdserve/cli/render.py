@@ -4,13 +4,17 @@ read, and what goes with them; nothing is written if anything is wrong."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
+from pdserve.cli.commands import short_help
 from pdserve.cli.exits import Exit
 from pdserve.cli.options import config_option, exit_with, load_or_exit, print_problems, tool_options, tool_overrides
-from pdserve.schema.config import Deployment
 from pdserve.schema.problems import ConfigError, Problem, Severity, errors
+
+if TYPE_CHECKING:
+    from pdserve.schema.config import Deployment
 
 
 def chosen_host(dep: Deployment, host: str | None) -> str | None:
@@ -96,7 +100,7 @@ def _monitoring_files(dep: Deployment) -> dict[str, str]:
     return {f"{SUBDIR}/{name}": text for name, text in monitoring_files(dep).items()}
 
 
-@click.command("render", short_help="Write the unit files and the deployment JSON they read.")
+@click.command("render", short_help=short_help("render"))
 @config_option
 @click.option("--out", "out_dir", required=True, metavar="DIR", type=click.Path(path_type=Path, file_okay=False),
               help="Directory for the unit files (e.g. /etc/systemd/system).")

@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
+from pdserve.cli.commands import short_help
 from pdserve.cli.exits import Exit
 from pdserve.cli.options import config_option, load_or_exit, seconds_option
 from pdserve.probes import http, net
@@ -26,7 +27,7 @@ def _tokens(values: tuple[str, ...]) -> list[str]:
     return [t.strip() for v in values for t in v.split(",") if t.strip()]
 
 
-@click.command("verify", short_help="Prove the running deployment works, check by check.")
+@click.command("verify", short_help=short_help("verify"))
 @config_option
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (stable, with schema_version).")
 @click.option("--only", multiple=True, metavar="IDS",

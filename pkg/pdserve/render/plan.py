@@ -11,13 +11,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from rich.console import Console, Group
-from rich.panel import Panel
-from rich.syntax import Syntax
-from rich.table import Table
-from rich.text import Text
+from typing import TYPE_CHECKING, Any
 
 from pdserve.render.argv import Launch, host_launches, launches
 from pdserve.render.emit import shell
@@ -26,6 +20,11 @@ from pdserve.render.units import Unit
 from pdserve.schema.boot import wanted_at_boot
 from pdserve.schema.config import Deployment, Role
 from pdserve.schema.topology import server_named
+
+if TYPE_CHECKING:  # rich (pygments with it) is imported by the terminal view alone: a piped plan starts faster
+    from rich.console import Console
+    from rich.panel import Panel
+    from rich.table import Table
 
 SCHEMA_VERSION = 1
 # Ends each here-document (shell.heredoc adds _1, _2, ... should a line of the body equal it).
@@ -174,6 +173,8 @@ def plain_text(data: dict[str, Any]) -> str:
 
 
 def topology_table(data: dict[str, Any]) -> Table:
+    from rich.table import Table
+
     where = f" on host {data['host']}" if data.get("host") else ""
     table = Table(title=f"deployment {data['deployment']}{where}: {data['model']}", title_justify="left")
     for column in _COLUMNS:
@@ -184,6 +185,11 @@ def topology_table(data: dict[str, Any]) -> Table:
 
 
 def launch_panel(role: str, item: dict[str, Any]) -> Panel:
+    from rich.console import Group
+    from rich.panel import Panel
+    from rich.syntax import Syntax
+    from rich.text import Text
+
     body = [Text(_command_comment(item), style="bold"),
             Syntax(shell_command(item["argv"], item["env"]), "bash", word_wrap=True)]
     if item["credentials"]:
@@ -193,6 +199,10 @@ def launch_panel(role: str, item: dict[str, Any]) -> Panel:
 
 
 def print_rich(console: Console, data: dict[str, Any]) -> None:
+    from rich.panel import Panel
+    from rich.syntax import Syntax
+    from rich.text import Text
+
     console.print(topology_table(data))
     for note in data["notes"]:
         console.print(Text.assemble(("note: ", "yellow"), note))
