@@ -213,6 +213,13 @@ def test_api_key_enforced_and_a_router_without_it_caught(tmp_path, visible_tmp_p
         assert checks["exposure.auth"]["status"] == "pass"
         assert checks["exposure.auth"]["observed"] == "without the key: 401; with it: 200"
         assert "test-key-123" not in json.dumps(report)
+        # The key is nowhere ps or /proc shows it: not in the router's argv (smg retitles the process
+        # "smg::router"; the original argv is the keyed launcher's, without the key) nor in its environment.
+        pid = c.procs["router"].pid
+        shown = Path(f"/proc/{pid}/cmdline").read_bytes() + Path(f"/proc/{pid}/environ").read_bytes()
+        assert b"smg::router" in shown and b"test-key-123" not in shown
+        ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, timeout=30, check=True).stdout
+        assert "smg::router" in ps and "test-key-123" not in ps
 
         # The same deployment, but the router started without its key: clients get in without one.
         c.stop_role("router")

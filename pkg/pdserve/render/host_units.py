@@ -54,7 +54,8 @@ def _local(dep: Deployment, host: str) -> set[str]:
 
 def _describe(dep: Deployment, host: str, launch: Launch) -> str:
     if launch.role == "router":
-        return f"pdserve {dep.name}: router (smg, PD) on host {host}, {launch.url}, in front of {len(servers(dep))} servers"
+        count = len(servers(dep))
+        return f"pdserve {dep.name}: smg router (PD) on host {host}, {launch.url}, in front of {count} servers"
     server = server_named(dep, launch.server or "")
     assert server is not None  # host_launches made it from a server
     gpus = ",".join(str(g) for g in server.spec.gpus)

@@ -71,7 +71,7 @@ def _gpus(gpus: list[int]) -> str:
 def _describe(dep: Deployment, launch: Launch) -> str:
     role = launch.role
     if role == "router":
-        return f"pdserve {dep.name}: router (smg, PD) on {launch.url}"
+        return f"pdserve {dep.name}: smg router (PD) on {launch.url}"
     server = dep.server(role)
     numa = f", NUMA node {server.numa_node}" if server.numa_node is not None else ""
     what = "single SGLang server (fallback)" if role == "fallback" else f"SGLang {role} server"
