@@ -5,6 +5,7 @@ install command is the pins'."""
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import subprocess
@@ -14,7 +15,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from pdserve.check.sglang_python import create_command, install_command, package_problems
+from pdserve.check.sglang_python import package_problems
+from pdserve.render.toolchain import create_command, install_command
 from pdserve.cli.main import main
 from pdserve.schema import pins
 from pdserve.schema.problems import Severity
@@ -88,3 +90,18 @@ def test_render_refuses_a_python_it_cannot_use_and_writes_nothing(visible_tmp_pa
 def test_the_readmes_install_command_is_the_pins():
     (command,) = re.findall(r"^/opt/sglang-env/bin/python -m pip install .*$", README.read_text(), re.MULTILINE)
     assert command == install_command("/opt/sglang-env/bin/python")
+
+
+def test_no_sglang_python_named_is_told_how_to_make_one(tmp_path, reference_data):
+    """check's fix for a missing SGLang Python names the install path without Nix, NIXL included where the
+    deployment moves KV with it, and without it where it does not."""
+    from pdserve.render.toolchain import missing_tools
+    from pdserve.schema.loading import deployment_from_data
+
+    for backend, nixl in (("nixl", True), ("mooncake", False)):
+        reference_data["transfer"] = {**reference_data.get("transfer", {}), "backend": backend}
+        dep = deployment_from_data(json.loads(json.dumps(reference_data)), "t").deployment
+        (problem,) = missing_tools(dep, {}, "sglang_python")
+        made = create_command("/opt/sglang-env/bin/python", nixl)
+        assert problem.fix.endswith(f"without Nix, make one first: `{made}`")
+        assert (pins.NIXL_DISTRIBUTION in problem.fix) is nixl

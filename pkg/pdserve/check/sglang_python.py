@@ -12,18 +12,13 @@ from __future__ import annotations
 import errno
 import json
 import subprocess
-from pathlib import PurePosixPath
 
-from pdserve.render.emit import shell
+from pdserve.render.toolchain import DEFAULT_VENV, create_command, install_command
 from pdserve.schema import pins
 from pdserve.schema.config import Deployment
 from pdserve.schema.problems import Problem, Severity
 
 VERSION_TIMEOUT_SEC = 60.0
-# Where `fix` suggests making an environment when the given path is no venv's bin/python.
-DEFAULT_VENV = "/opt/sglang-env"
-# A python under these is the system's: an environment is never made over it.
-_SYSTEM_PREFIXES = {"/", "/usr", "/usr/local"}
 
 
 def needs_nixl(dep: Deployment) -> bool:
@@ -34,22 +29,6 @@ def _packages(dep: Deployment) -> list[tuple[str, str]]:
     """(distribution, pinned version) the deployment's SGLang Python must hold."""
     found = [("sglang", pins.SGLANG_VERSION), (pins.ROUTER_DISTRIBUTION, pins.ROUTER_VERSION)]
     return found + ([(pins.NIXL_DISTRIBUTION, pins.NIXL_VERSION)] if needs_nixl(dep) else [])
-
-
-def install_command(python: str, nixl: bool = True) -> str:
-    """The shell command that installs the pins into the environment of `python`."""
-    return " ".join([shell.word(python), "-m", "pip", "install", *map(shell.word, pins.serving_requirements(nixl))])
-
-
-def create_command(python: str, nixl: bool = True) -> str:
-    """The shell command that makes a virtual environment whose bin/python is `python` (or DEFAULT_VENV's,
-    when `python` is no venv's bin/python) and installs the pins into it."""
-    path = PurePosixPath(python)
-    venv = str(path.parent.parent)
-    if path.parent.name != "bin" or not path.is_absolute() or venv in _SYSTEM_PREFIXES:
-        venv = DEFAULT_VENV
-    made = f"{venv}/bin/python"
-    return f"python3 -m venv {shell.word(venv)} && {install_command(made, nixl)}"
 
 
 def _others(origin: str) -> str:
