@@ -14,28 +14,28 @@ import os
 import subprocess
 
 from pdserve.probes.observations import Unavailable
-from pdserve.schema.pins import ROUTER_DISTRIBUTION
-
-_ASK = f"import importlib.metadata as m; print(m.version({ROUTER_DISTRIBUTION!r}))"
-# The Rust extension's path inside the import package (site-packages/smg/smg_rs.abi3.so): the package
-# directory alone could match an unrelated path that happens to have a directory named smg.
-_MARKER = f"{os.sep}{ROUTER_DISTRIBUTION}{os.sep}smg_rs."
 
 
-def _loaded_package_dir(pid: int) -> str | None:
+def _marker(distribution: str) -> str:
+    # The Rust extension's path inside the import package (site-packages/smg/smg_rs.abi3.so): the package
+    # directory alone could match an unrelated path that happens to have a directory of that name.
+    return f"{os.sep}{distribution}{os.sep}{distribution}_rs."
+
+
+def _loaded_package_dir(pid: int, marker: str) -> str | None:
     try:
         with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as handle:
             for line in handle:
                 path = line.split(None, 5)[-1].strip() if line.count(" ") >= 5 else ""
-                if _MARKER in path:
-                    return path[: path.index(_MARKER)]
+                if marker in path:
+                    return path[: path.index(marker)]
     except OSError:
         return None
     return None
 
 
-def _dist_info_version(site_packages: str) -> str | None:
-    for meta in sorted(glob.glob(os.path.join(site_packages, f"{ROUTER_DISTRIBUTION}-*.dist-info", "METADATA"))):
+def _dist_info_version(site_packages: str, distribution: str) -> str | None:
+    for meta in sorted(glob.glob(os.path.join(site_packages, f"{distribution}-*.dist-info", "METADATA"))):
         with open(meta, encoding="utf-8", errors="replace") as handle:
             for line in handle:
                 if line.startswith("Version:"):
@@ -52,24 +52,26 @@ def _argv0(pid: int) -> str | None:
     return first if os.path.isabs(first) and os.path.exists(first) else None
 
 
-def router_version(pids: set[int], timeout: float) -> tuple[str, str]:
-    """(version, where it came from) for the router among `pids`."""
+def router_version(pids: set[int], timeout: float, distribution: str) -> tuple[str, str]:
+    """(version, where it came from) of `distribution` (the router's, pdserve.schema.pins) among `pids`."""
+    marker = _marker(distribution)
     if not pids:
         raise Unavailable("no router process found (not running, or owned by another user: run as root)")
     for pid in sorted(pids):
-        site = _loaded_package_dir(pid)
+        site = _loaded_package_dir(pid, marker)
         if site:
-            version = _dist_info_version(site)
+            version = _dist_info_version(site, distribution)
             if version:
-                return version, f"pid {pid} loaded {site}{os.sep}{ROUTER_DISTRIBUTION}"
+                return version, f"pid {pid} loaded {site}{os.sep}{distribution}"
     for pid in sorted(pids):
         python = _argv0(pid)
         if not python:
             continue
         try:
-            done = subprocess.run([python, "-c", _ASK], capture_output=True, text=True, timeout=timeout)
+            ask = f"import importlib.metadata as m; print(m.version({distribution!r}))"
+            done = subprocess.run([python, "-c", ask], capture_output=True, text=True, timeout=timeout)
         except (OSError, subprocess.TimeoutExpired) as exc:
-            raise Unavailable(f"cannot ask {python} for its {ROUTER_DISTRIBUTION} version: {exc}") from None
+            raise Unavailable(f"cannot ask {python} for its {distribution} version: {exc}") from None
         if done.returncode == 0 and done.stdout.strip():
             return done.stdout.strip(), f"pid {pid}, {python}"
-    raise Unavailable(f"cannot tell which {ROUTER_DISTRIBUTION} router pid(s) {sorted(pids)} run (run as root)")
+    raise Unavailable(f"cannot tell which {distribution} router pid(s) {sorted(pids)} run (run as root)")

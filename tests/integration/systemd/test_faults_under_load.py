@@ -20,9 +20,11 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
 import pytest
 
 from pdserve.schema.derived import router_shutdown_grace
@@ -54,6 +56,42 @@ class Row:
 
 
 ROWS: list[Row] = []
+
+
+@dataclass
+class ReadinessSampler:
+    """GETs the router's /readiness every `period` s (each bounded) during a fault: when smg answers 503 there,
+    it has marked a worker unhealthy and has no full prefill/decode pair to send a request to."""
+
+    url: str
+    period: float = 0.1
+    samples: list[tuple[float, int | None]] = field(default_factory=list)  # (time, status; None: no answer)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> ReadinessSampler:
+        self._thread = threading.Thread(target=self._run, name="readiness-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=1.0) as client:
+            while not self._stop.is_set():
+                at = time.monotonic()
+                try:
+                    status: int | None = client.get(f"{self.url}/readiness").status_code
+                except httpx.HTTPError:
+                    status = None
+                self.samples.append((at, status))
+                self._stop.wait(self.period)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=5)
+
+    def first_not_ready(self, since: float) -> float | None:
+        return next((at for at, status in self.samples if at >= since and status == 503), None)
 
 
 class _FaultTable:
@@ -142,27 +180,36 @@ def ready_again_s(lab, role: str, before, fault_at: float) -> float:
 FAST_REFUSAL_S = 1.0
 
 
-def refused_at_once(load: Load, fault_at: float) -> list[Outcome]:
-    """The failures of requests sent after the fault (not cut off in flight)."""
-    return sorted((o for o in load.outcomes if not o.ok and o.start > fault_at), key=lambda o: o.start)
+def refused_after(load: Load, at: float) -> list[Outcome]:
+    """The failures of requests sent after `at` (not cut off in flight)."""
+    return sorted((o for o in load.outcomes if not o.ok and o.start > at), key=lambda o: o.start)
 
 
 def describe_refusals(refused: list[Outcome]) -> str:
     if not refused:
         return "no request sent after the fault failed"
     with_header = sum(1 for o in refused if o.retry_after is not None)
+    fast = sum(1 for o in refused if o.seconds <= FAST_REFUSAL_S)
     return (f"{len(refused)} sent after the fault failed ({', '.join(sorted({o.cause for o in refused}))}), "
-            f"{with_header} with Retry-After, slowest {max(o.seconds for o in refused):.2f} s")
+            f"{with_header} with Retry-After, {fast} within {FAST_REFUSAL_S:g} s, "
+            f"slowest {max(o.seconds for o in refused):.2f} s")
 
 
-def assert_sent_after_the_fault_fail_only_fast_and_retryable(load: Load, fault_at: float) -> None:
-    """Every request sent after the fault either succeeds or gets a 503 with Retry-After within a second:
-    none waits for the worker's restart and then fails, none is cut off, none times out."""
-    refused = refused_at_once(load, fault_at)
+def assert_sent_after_the_fault_fail_only_fast_and_retryable(load: Load, fault_at: float, marked_at: float | None,
+                                                            held_s: float) -> None:
+    """Every request sent after the fault succeeds or gets a 503 with Retry-After (none cut off, none timed
+    out): within FAST_REFUSAL_S when sent once the router had marked the worker (`marked_at`, its /readiness
+    503), and within `held_s` of that mark when sent before it, while the router still retried the worker."""
+    refused = refused_after(load, fault_at)
+    if not refused:
+        return
+    assert marked_at is not None, "requests failed, but the router's /readiness never said it lacked a worker"
     wrong = [o for o in refused if o.cause != "HTTP 503" or o.retry_after is None]
     assert wrong == [], f"failed otherwise than a retryable 503: {wrong[:5]}"
-    slow = [o for o in refused if o.seconds > FAST_REFUSAL_S]
-    assert slow == [], f"503s after more than {FAST_REFUSAL_S} s: {[round(o.seconds, 2) for o in slow][:10]}"
+    slow = [round(o.seconds, 2) for o in refused if o.start >= marked_at and o.seconds > FAST_REFUSAL_S]
+    assert slow == [], f"503s after more than {FAST_REFUSAL_S} s although the router knew: {slow[:10]}"
+    held = [round(o.end - marked_at, 2) for o in refused if o.start < marked_at and o.end > marked_at + held_s]
+    assert held == [], f"sent before the mark, refused more than {held_s:g} s after it: {held[:10]}"
 
 
 def assert_nothing_silent(summary: Summary, lab) -> None:
@@ -174,19 +221,31 @@ def test_kill_9_of_a_worker_costs_at_most_the_requests_in_flight(pd, capsys, rol
     lab = pd
     before = serving(lab)
     worker, router = before[lab.unit(role)], before[lab.unit("router")]
-    summary, load, prober, fault_at = under_load(lab, f"kill -9 {role}", lambda: kill(lab, worker.main_pid))
+    readiness = ReadinessSampler(lab.url("router")).start()
+    try:
+        summary, load, prober, fault_at = under_load(lab, f"kill -9 {role}", lambda: kill(lab, worker.main_pid))
+    finally:
+        readiness.stop()
     ready_s = ready_again_s(lab, role, worker, fault_at)
     after = lab.states()[lab.unit("router")]
-    refused = refused_at_once(load, fault_at)
-    record(capsys, summary, f"{role} ready again {ready_s:.1f} s after the kill; router PID "
-                            f"{router.main_pid} -> {after.main_pid}, restarts {router.n_restarts} -> "
-                            f"{after.n_restarts}; {describe_refusals(refused)}")
+    marked_at = readiness.first_not_ready(fault_at)
+    marked = "never" if marked_at is None else f"{marked_at - fault_at:.1f} s"
+    record(capsys, summary, f"{role} ready again {ready_s:.1f} s after the kill; router /readiness 503 after "
+                            f"{marked}; router PID {router.main_pid} -> {after.main_pid}, restarts "
+                            f"{router.n_restarts} -> {after.n_restarts}; "
+                            f"{describe_refusals(refused_after(load, fault_at))}")
     # The router outlived the worker: same process, never restarted, so the public port never refused.
     assert after.main_pid == router.main_pid and after.n_restarts == router.n_restarts, \
         "the router was restarted with the worker\n" + lab.diagnostics()
     assert prober.refused_windows() == [], f"the public port refused connections: {prober.refused_windows()}"
     assert_nothing_silent(summary, lab)
-    assert_sent_after_the_fault_fail_only_fast_and_retryable(load, fault_at)
+    # smg does not hold a request through the worker's whole restart as sglang-router 0.3.2 did: once it has
+    # marked the worker unhealthy it refuses at once, so requests sent meanwhile fail, fast and retryable.
+    # Measured here (stand-in workers, 20 req/s, 2026-12-05): after a prefill kill, 234-312 of 400 failed, all
+    # 503 with Retry-After; those sent before the mark (5-6 s: pdserve's health checks) were retried until it.
+    # A worker back before the mark (the decode, once, in 5.2 s) costs nothing: the retries carry it.
+    held_s = lab.dep.router.retry_max_backoff_ms / 1000 + FAST_REFUSAL_S  # one backoff, then the refusal
+    assert_sent_after_the_fault_fail_only_fast_and_retryable(load, fault_at, marked_at, held_s)
     assert summary.recovered_s is not None and summary.recovered_s <= ready_s + RECOVERY_MARGIN, summary
 
 
@@ -231,8 +290,12 @@ def test_kill_9_of_the_router_refuses_only_until_systemd_restarted_it(pd, capsys
     for role in ("prefill", "decode"):
         assert after[lab.unit(role)].main_pid == before[lab.unit(role)].main_pid, f"{role} was restarted"
     assert_nothing_silent(summary, lab)
-    # What failed was cut off at the kill or refused while no router listened: errors the client sees.
-    assert set(summary.causes) <= CUT_OFF | {"connection refused"}, summary.causes
+    # What failed was cut off at the kill or refused while no router listened: errors the client sees. The
+    # restarted smg listens before it has taken its workers in (a second or less here): what it answers
+    # meanwhile is a fast 503 with Retry-After.
+    assert set(summary.causes) <= CUT_OFF | {"connection refused", "HTTP 503"}, summary.causes
+    early = [o for o in load.outcomes if o.cause == "HTTP 503"]
+    assert all(o.retry_after is not None and o.seconds <= FAST_REFUSAL_S for o in early), early
     # Cut off means the old router held the connection: sent before the kill, or after it but before
     # the kernel tore the dead process's socket down (the prober's first refusal marks that moment).
     windows = prober.refused_windows()
