@@ -80,6 +80,9 @@ def test_render_refuses_a_python_it_cannot_use_and_writes_nothing(visible_tmp_pa
                 "not executable": "the SGLang Python cannot be run (not executable by this user)",
                 "no python": "the SGLang Python failed when asked its package versions: not python"}[kind]
     assert line.startswith(f'error: --sglang-python = "{path}": {expected}; fix: '), line
+    if kind == "missing":  # no venv's bin/python: one is made where the fix says, and named there
+        assert "`python3 -m venv /opt/sglang-env && /opt/sglang-env/bin/python -m pip install " in line
+        assert "`, and point --sglang-python at /opt/sglang-env/bin/python; or point" in line
     # Told to write units for another machine, render does not ask.
     elsewhere = CliRunner().invoke(main, ["render", "--out", str(out), "--sglang-python", str(path),
                                           "--numactl", "/usr/bin/numactl", "--pdserve", "/usr/bin/pdserve",

@@ -13,7 +13,7 @@ import errno
 import json
 import subprocess
 
-from pdserve.render.toolchain import DEFAULT_VENV, create_command, install_command
+from pdserve.render.toolchain import DEFAULT_VENV, create_command, install_command, venv_for
 from pdserve.schema import pins
 from pdserve.schema.config import Deployment
 from pdserve.schema.problems import Problem, Severity
@@ -36,9 +36,11 @@ def _others(origin: str) -> str:
 
 
 def _missing(origin: str, python: str, why: str, nixl: bool) -> Problem:
+    made = f"{venv_for(python)}/bin/python"
+    then = "" if made == python else f", and point {origin} at {made}"
     return Problem(origin, python, f"the SGLang Python {why}",
-                   f"make it: `{create_command(python, nixl)}`, or point {origin} (or {_others(origin)}) at the "
-                   "Python of an environment that has them")
+                   f"make it: `{create_command(python, nixl)}`{then}; or point {origin} (or {_others(origin)}) at "
+                   "the Python of an environment that has them")
 
 
 def cannot_run(origin: str, python: str, why: str, nixl: bool = True) -> Problem:

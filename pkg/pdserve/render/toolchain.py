@@ -111,13 +111,19 @@ def install_command(python: str, nixl: bool = True) -> str:
     return " ".join([shell.word(python), "-m", "pip", "install", *map(shell.word, pins.serving_requirements(nixl))])
 
 
-def create_command(python: str, nixl: bool = True) -> str:
-    """The shell command that makes a virtual environment whose bin/python is `python` (or DEFAULT_VENV's,
-    when `python` is no venv's bin/python) and installs the pins into it: the install path without Nix."""
+def venv_for(python: str) -> str:
+    """The virtual environment to make for `python`: the one it would be bin/python of, or DEFAULT_VENV."""
     path = PurePosixPath(python)
     venv = str(path.parent.parent)
     if path.parent.name != "bin" or not path.is_absolute() or venv in _SYSTEM_PREFIXES:
-        venv = DEFAULT_VENV
+        return DEFAULT_VENV
+    return venv
+
+
+def create_command(python: str, nixl: bool = True) -> str:
+    """The shell command that makes the virtual environment venv_for(`python`) and installs the pins into
+    it: the install path without Nix."""
+    venv = venv_for(python)
     return f"python3 -m venv {shell.word(venv)} && {install_command(f'{venv}/bin/python', nixl)}"
 
 
