@@ -99,6 +99,13 @@ def _unit_section(dep: Deployment, role: Role, description: str) -> Section:
         # start together both count the other's share as free. After= (ordering only) starts the decode
         # once the prefill is ready, and a later prefill restart still leaves the decode alone.
         entries.append(("After", f"network-online.target {pd_units[0]}"))
+    elif role == "fallback":
+        # Ordering only, so that a start of one layout waits for the other's stop to finish: systemd orders
+        # the stop of a unit before the start of one ordered against it in either direction, and without
+        # an ordering runs them at once. smg keeps its port open for 5 s after SIGTERM and then drains, so a
+        # fallback started beside the router's stop found the public port taken ("Address already in use",
+        # container tier); a worker's GPUs are only free once its process has gone, too.
+        entries.append(("After", f"network-online.target {' '.join(pd_units)}"))
     else:
         entries.append(("After", "network-online.target"))
     # The two layouts share GPUs and the public port: starting one stops the other.

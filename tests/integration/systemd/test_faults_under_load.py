@@ -201,15 +201,16 @@ def assert_sent_after_the_fault_fail_only_fast_and_retryable(load: Load, fault_a
     out): within FAST_REFUSAL_S when sent once the router had marked the worker (`marked_at`, its /readiness
     503), and within `held_s` of that mark when sent before it, while the router still retried the worker."""
     refused = refused_after(load, fault_at)
-    if not refused:
-        return
-    assert marked_at is not None, "requests failed, but the router's /readiness never said it lacked a worker"
     wrong = [o for o in refused if o.cause != "HTTP 503" or o.retry_after is None]
     assert wrong == [], f"failed otherwise than a retryable 503: {wrong[:5]}"
-    slow = [round(o.seconds, 2) for o in refused if o.start >= marked_at and o.seconds > FAST_REFUSAL_S]
-    assert slow == [], f"503s after more than {FAST_REFUSAL_S} s although the router knew: {slow[:10]}"
-    held = [round(o.end - marked_at, 2) for o in refused if o.start < marked_at and o.end > marked_at + held_s]
-    assert held == [], f"sent before the mark, refused more than {held_s:g} s after it: {held[:10]}"
+    # A slow refusal is one the router held while it still retried the worker: only before its mark, and
+    # then no longer than `held_s` past it. (A circuit breaker refuses fast even before the health checks.)
+    slow = [o for o in refused if o.seconds > FAST_REFUSAL_S]
+    unexplained = [round(o.seconds, 2) for o in slow
+                   if marked_at is None or o.start >= marked_at or o.end > marked_at + held_s]
+    assert unexplained == [], (f"503s after more than {FAST_REFUSAL_S} s, not held for the health checks' "
+                               f"verdict (marked {marked_at and round(marked_at - fault_at, 1)} s after the "
+                               f"fault): {unexplained[:10]}")
 
 
 def assert_nothing_silent(summary: Summary, lab) -> None:
