@@ -11,6 +11,7 @@ from click.testing import CliRunner
 
 from pdserve.check.parsers import check_with_parsers
 from pdserve.cli.main import main
+from pdserve.schema import pins
 from pdserve.schema.loading import deployment_from_data
 from tests.conftest import require_or_skip
 
@@ -91,10 +92,19 @@ def test_python_without_sglang_is_one_stated_skip_per_missing_package(reference,
 
 
 def test_on_the_host_the_pinned_sglang_passes_and_its_parsers_run(parsers_available):
-    # --host: the SGLang Python must hold the pins (issue 15); this venv's real sglang does.
+    # --host: the SGLang Python must hold the pins (issue 15), NIXL's CUDA build among them (issue 42): CI's venv
+    # has them all (.ci/setup).
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        nixl = version(pins.NIXL_DISTRIBUTION)
+    except PackageNotFoundError:
+        nixl = None
+    require_or_skip(nixl == pins.NIXL_VERSION, f"{pins.NIXL_DISTRIBUTION} {pins.NIXL_VERSION} is not installed here "
+                    f"(found {nixl})", "PDSERVE_REQUIRE_PARSERS")
     result = CliRunner().invoke(main, ["check", "--host", "--json", "--sglang-python", sys.executable])
     report = json.loads(result.stdout)
     assert report["host_checks"]["on"] is True
     assert [p for p in report["problems"] if p["field"] == "--sglang-python"] == []
-    assert "--sglang-python has the pinned sglang and router (smg)" in report["checked"]
+    assert f"--sglang-python has the pinned sglang and router (smg) and {pins.NIXL_DISTRIBUTION}" in report["checked"]
     assert "router argv accepted by the real parser" in report["checked"]

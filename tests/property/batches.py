@@ -231,7 +231,7 @@ def _compare_run(host: HostOutput, run: shell.Run) -> list[str]:
     for call, role in zip(run.calls, roles, strict=False):
         wrong = {k: call.env.get(k) for k, v in role["env"].items() if call.env.get(k) != v}
         if wrong:
-            found.append(f"{role['unit']}: the plan's KEY=value lines gave {wrong!r}"[:1500])
+            found.append(f"{role['unit']}: the plan's command passed {wrong!r}"[:1500])
     documents = dict(host.plan["units"])
     if host.plan.get("firewall"):
         documents[f"pdserve-{host.plan['deployment']}-firewall.nft"] = host.plan["firewall"]

@@ -82,42 +82,29 @@ def render_matches_plan(host: HostOutput) -> list[str]:
 
 
 def plain_plan(host: HostOutput) -> list[str]:
-    """shlex reads each command back as plan --json's argv, each KEY=value line as the role's variable, and the
+    """shlex reads each command back as env(1) with the role's environment running plan --json's argv, and the
     here-documents hold the unit texts and the ruleset byte for byte."""
     failures = []
     found = shell.blocks(host.plan_text)
     roles = list(host.plan["roles"].values())
     if len(found.commands) != len(roles):
         return [f"plain plan: {len(found.commands)} commands for {len(roles)} processes"]
-    for role, command, env_lines in zip(roles, found.commands, found.environments, strict=True):
+    for role, command in zip(roles, found.commands, strict=True):
         try:
-            words = shell.shlex_words(command)
+            env, argv = shell.split_environment(shell.shlex_words(command))
         except ValueError as exc:
             failures.append(f"plain plan: shlex cannot read {role['unit']}'s command: {exc}")
             continue
-        if words != role["argv"]:
-            failures.append(f"plain plan: shlex reads {role['unit']}'s command as {words!r}, not {role['argv']!r}")
-        expected = [f"{key}={value}" for key, value in role["env"].items()]
-        try:
-            read = [shlex_one(line) for line in env_lines]
-        except ValueError as exc:
-            failures.append(f"plain plan: shlex cannot read {role['unit']}'s environment: {exc}")
-            continue
-        if read != expected:
-            failures.append(f"plain plan: {role['unit']}'s KEY=value lines read {read!r}, not {expected!r}")
+        if argv != role["argv"]:
+            failures.append(f"plain plan: shlex reads {role['unit']}'s command as {argv!r}, not {role['argv']!r}")
+        if env != role["env"]:
+            failures.append(f"plain plan: {role['unit']}'s command passes {env!r}, not {role['env']!r}")
     documents = dict(host.plan["units"])
     if host.plan.get("firewall"):
         documents[f"pdserve-{host.plan['deployment']}-firewall.nft"] = host.plan["firewall"]
     if found.heredocs != documents:
         failures.append(f"plain plan: here-documents {sorted(found.heredocs)} differ from plan --json's files")
     return failures
-
-
-def shlex_one(line: str) -> str:
-    words = shell.shlex_words(line)
-    if len(words) != 1:
-        raise ValueError(f"{line!r} is {len(words)} words")
-    return words[0]
 
 
 def split_host_port(target: str) -> tuple[str, str]:

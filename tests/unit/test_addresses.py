@@ -178,7 +178,7 @@ def test_a_missing_address_is_required():
     data = two_host()
     del data["hosts"]["gpu-a"]["address"]
     problem = refusal(data, "hosts.gpu-a.address")
-    assert problem.message == "Field required" and "10.0.0.1" in problem.fix
+    assert problem.message == "is required and missing" and "10.0.0.1" in problem.fix
 
 
 # ---- the rules the NixOS module mirrors, written as it can write them (POSIX regexes over the string, and

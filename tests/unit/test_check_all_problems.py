@@ -114,10 +114,10 @@ def test_the_summary_names_what_ran(tmp_path):
     path.write_text(json.dumps(data))
     result = CliRunner().invoke(main, ["check", "--no-host", "--no-parsers", "-c", str(path)])
     assert "checked: schema and field rules)" in result.stdout and "checked: nothing" not in result.stdout
-    # A file that cannot be parsed has nothing checked, and says so.
+    # A file that cannot be parsed says how far the check got.
     path.write_text("{")
     result = CliRunner().invoke(main, ["check", "--no-host", "--no-parsers", "-c", str(path)])
-    assert "checked: nothing" in result.stdout
+    assert "checked: the JSON syntax, which failed: no field was reached)" in result.stdout
 
 
 def test_the_loader_reports_the_same_at_the_api(tmp_path):

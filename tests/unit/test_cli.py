@@ -83,7 +83,7 @@ def test_usage_error_exits_2():
 def test_render_writes_units_and_the_config_they_read(tmp_path):
     out = tmp_path / "units"
     result = run("render", "--out", str(out), "--sglang-python", "/opt/sg/bin/python",
-                 "--numactl", "/usr/bin/numactl", "--pdserve", "/opt/pd/bin/pdserve")
+                 "--numactl", "/usr/bin/numactl", "--pdserve", "/opt/pd/bin/pdserve", "--no-python-check")
     assert result.exit_code == 0, result.output
     names = sorted(p.name for p in out.iterdir())
     assert names == ["pdserve-dsv4.json", "sglang-dsv4-decode.service", "sglang-dsv4-prefill.service",

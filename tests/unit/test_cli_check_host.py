@@ -87,10 +87,14 @@ def test_check_with_host_on_a_laptop_reports_what_is_wrong_here(monkeypatch):
 
 # -- the SGLang Python: pinned versions ------------------------------------------------------------
 
+PINNED = {"sglang": pins.SGLANG_VERSION, pins.ROUTER_DISTRIBUTION: pins.ROUTER_VERSION,
+          pins.NIXL_DISTRIBUTION: pins.NIXL_VERSION}
+
+
 def fake_python(tmp_path: Path, versions: dict[str, str]) -> str:
     """In `tmp_path` (one the units could see: check refuses a Python under /tmp), a real Python whose installed
-    sglang/smg are `versions` (dist-info only) and nothing
-    else: -S drops this venv's site-packages, PYTHONPATH brings the fake distributions."""
+    distributions are `versions` (dist-info only) and nothing else: -S drops this venv's site-packages,
+    PYTHONPATH brings the fake distributions."""
     site = tmp_path / "site"
     for name, version in versions.items():
         info = site / f"{name.replace('-', '_')}-{version}.dist-info"
@@ -107,39 +111,78 @@ def test_this_venvs_python_has_the_pins(monkeypatch):
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        found = (version("sglang"), version(pins.ROUTER_DISTRIBUTION))
-    except PackageNotFoundError:
-        found = None
+        found = {name: version(name) for name in PINNED}
+    except PackageNotFoundError as exc:
+        found = {"missing": str(exc)}
     # CI installs the pins into this venv (.ci/setup): there a missing or other sglang fails, not skips.
-    require_or_skip(found == (pins.SGLANG_VERSION, pins.ROUTER_VERSION),
-                    f"this environment does not have the pinned sglang (found {found})", "PDSERVE_REQUIRE_PARSERS")
+    require_or_skip(found == PINNED, f"this environment does not have the pins (found {found})",
+                    "PDSERVE_REQUIRE_PARSERS")
     monkeypatch.setattr(check_run, "THIS_HOST", reading(TARGET))
     data = json.loads(check("--host", "--no-parsers", "--json", "--sglang-python", sys.executable).stdout)
-    assert "--sglang-python has the pinned sglang and router (smg)" in data["checked"]
+    assert f"--sglang-python has the pinned sglang and router (smg) and {pins.NIXL_DISTRIBUTION}" in data["checked"]
     assert not [p for p in data["problems"] if p["field"] == "--sglang-python"]
 
 
 @pytest.mark.parametrize(("versions", "found"), [
-    ({"sglang": "0.5.17", pins.ROUTER_DISTRIBUTION: pins.ROUTER_VERSION}, "has sglang 0.5.17"),
-    ({pins.ROUTER_DISTRIBUTION: pins.ROUTER_VERSION}, "has no sglang installed"),
+    ({**PINNED, "sglang": "0.5.17"}, f"has sglang 0.5.17 (pinned: {pins.SGLANG_VERSION})"),
+    ({k: v for k, v in PINNED.items() if k != "sglang"}, f"has no sglang (pinned: {pins.SGLANG_VERSION})"),
+    ({"sglang": pins.SGLANG_VERSION}, f"has no {pins.ROUTER_DISTRIBUTION} (pinned: {pins.ROUTER_VERSION}), "
+                                      f"no {pins.NIXL_DISTRIBUTION} (pinned: {pins.NIXL_VERSION})"),
 ])
-def test_on_the_host_a_python_without_the_pinned_sglang_is_refused(visible_tmp_path, monkeypatch, versions, found):
+def test_on_the_host_a_python_without_the_pins_is_refused(visible_tmp_path, monkeypatch, versions, found):
     monkeypatch.setattr(check_run, "THIS_HOST", reading(TARGET))
     python = fake_python(visible_tmp_path, versions)
     result = check("--host", "--sglang-python", python)
     assert result.exit_code == 1
-    # One error: the parsers of a Python without the pinned sglang are not run to repeat it.
-    (line,) = [line for line in result.output.splitlines() if line.startswith("error: --sglang-python")]
-    assert f"{found}, but pdserve is pinned to sglang {pins.SGLANG_VERSION}" in line
-    assert "tools.sglang_python" in line and f"sglang=={pins.SGLANG_VERSION}" in line and "; fix: " in line
-    assert "skipped: parser check skipped: --sglang-python does not have the pinned sglang" in result.output
+    # One error: the parsers of a Python without the pins are not run to repeat it, nor is its file counted
+    # again by the host's tool check.
+    (line,) = [line for line in result.output.splitlines() if line.startswith(("error: --sglang-python",
+                                                                                "error: tools.sglang_python"))]
+    assert line.startswith("error: --sglang-python") and found in line
+    # The fake is no virtual environment (-S skips finding one): pip may not change it, a new one is made.
+    assert "; fix: make an environment of its own: `python3 -m venv /opt/sglang-env && " in line
+    assert all(requirement in line for requirement in pins.serving_requirements())
+    assert "skipped: parser check skipped: --sglang-python is not an SGLang Python with the pins" in result.output
+
+
+@pytest.mark.parametrize("host", [["--host"], ["--no-host"]], ids=["on the target", "elsewhere"])
+def test_a_python_that_does_not_exist_or_cannot_run_is_one_error_with_the_command_that_makes_it(
+        visible_tmp_path, monkeypatch, host):
+    """Off the target too: a named Python is run for the parsers, so one that is not there is said so."""
+    monkeypatch.setattr(check_run, "THIS_HOST", reading(TARGET))
+    missing = str(visible_tmp_path / "env" / "bin" / "python")
+    result = check(*host, "--sglang-python", missing)
+    assert result.exit_code == 1
+    (line,) = [line for line in result.output.splitlines() if line.startswith("error: ")
+               and ("sglang-python" in line or "tools.sglang" in line)]
+    assert "the SGLang Python does not exist" in line
+    assert f"`python3 -m venv {visible_tmp_path / 'env'} && {missing} -m pip install " in line
+    not_executable = visible_tmp_path / "python"
+    not_executable.write_text("#!/bin/sh\n")
+    result = check(*host, "--sglang-python", str(not_executable))
+    assert result.exit_code == 1 and "the SGLang Python cannot be run (not executable by this user)" in result.output
+
+
+def test_off_the_target_a_python_without_the_pins_is_refused_and_a_missing_nixl_warns(visible_tmp_path,
+                                                                                     monkeypatch):
+    monkeypatch.setattr(check_run, "THIS_HOST", reading(LAPTOP, "systemd is not running here"))
+    python = fake_python(visible_tmp_path, {"sglang": pins.SGLANG_VERSION, pins.ROUTER_DISTRIBUTION: "1.0.0"})
+    data = json.loads(check("--json", "--sglang-python", python).stdout)
+    assert data["valid"] is False and data["host_checks"]["on"] is False
+    ((error, warning),) = [[(p["severity"], p["message"]) for p in data["problems"]]]
+    assert error == ("error", f"has {pins.ROUTER_DISTRIBUTION} 1.0.0 (pinned: {pins.ROUTER_VERSION}): the units "
+                              "would run this Python (pins: pdserve.schema.pins)")
+    assert warning[0] == "warning" and f"has no {pins.NIXL_DISTRIBUTION}" in warning[1]
+    # --no-parsers off the target runs nothing, so the Python is not asked: said so.
+    quiet = json.loads(check("--json", "--no-parsers", "--sglang-python", python).stdout)
+    assert quiet["valid"] is True and "--sglang-python: not asked for its packages (--no-parsers, and no host " \
+        "checks)" in quiet["skipped"]
 
 
 def test_on_the_host_parsers_that_cannot_be_imported_are_an_error_not_a_skip(visible_tmp_path, monkeypatch):
     monkeypatch.setattr(check_run, "THIS_HOST", reading(TARGET))
     # The pinned versions are installed (dist-info) but nothing can be imported: a broken environment.
-    python = fake_python(visible_tmp_path, {"sglang": pins.SGLANG_VERSION,
-                                            pins.ROUTER_DISTRIBUTION: pins.ROUTER_VERSION})
+    python = fake_python(visible_tmp_path, PINNED)
     on = check("--host", "--json", "--sglang-python", python)
     messages = [p["message"] for p in json.loads(on.stdout)["problems"] if p["field"] == "--sglang-python"]
     assert any("cannot import the parser of prefill, decode, fallback" in m for m in messages), messages
@@ -159,7 +202,7 @@ def test_the_nixos_build_check_command_line_still_works(tmp_path, visible_tmp_pa
     reference_data["router"].update(prometheus_port=29100, health_check_port=29101)
     reference_data.setdefault("transfer", {})["bootstrap_port"] = 8999
     b.write_text(json.dumps(reference_data))
-    python = fake_python(visible_tmp_path, {"sglang": pins.SGLANG_VERSION})
+    python = fake_python(visible_tmp_path, PINNED)
     result = check("--json", "--no-host", "--sglang-python", python, str(a), str(b))
     data = json.loads(result.stdout)
     assert result.exit_code == 0 and data["valid"] is True, result.output
@@ -205,6 +248,7 @@ def test_render_refuses_without_an_sglang_python_and_never_takes_python3_from_pa
     assert line.startswith("error: tools.sglang_python = (unset):") and "tools.sglang_venv" in line
     assert "--sglang-python" in line
     # numactl and pdserve still come from PATH.
-    ok = CliRunner().invoke(main, ["render", "--out", str(out), "--sglang-python", "/opt/sg/bin/python"])
+    ok = CliRunner().invoke(main, ["render", "--out", str(out), "--sglang-python", "/opt/sg/bin/python",
+                                   "--no-python-check"])
     assert ok.exit_code == 0, ok.output
     assert f"{bin_dir}/numactl" in (out / "sglang-dsv4-prefill.service").read_text()

@@ -23,7 +23,7 @@ TOOLS = ["--sglang-python", "/opt/sg/bin/python", "--numactl", "/usr/bin/numactl
 COMMANDS = {
     "plan": ["plan", "-c", "{file}", *TOOLS],
     "check": ["check", "-c", "{file}", "--no-host", "--no-parsers"],
-    "render": ["render", "-c", "{file}", "--out", "{out}", *TOOLS],
+    "render": ["render", "-c", "{file}", "--out", "{out}", *TOOLS, "--no-python-check"],
     "wait-ready": ["wait-ready", "prefill", "-c", "{file}", "--timeout", "0", "--probe-timeout", "0.2"],
     "verify": ["verify", "-c", "{file}", "--only", "units"],
     "cutover": ["cutover", "pd", "-c", "{file}", "--dry-run"],
@@ -73,7 +73,7 @@ def test_a_crash_inside_a_command_exits_3_with_its_reason(tmp_path, monkeypatch,
         raise ZeroDivisionError("injected crash")
 
     if command == "schema":
-        monkeypatch.setattr("pdserve.cli.main.json_schema", crash)
+        monkeypatch.setattr("pdserve.cli.schema_command.json_schema", crash)
         args = ["schema"]
     elif command == "check":
         # A crashed check: the host check blows up on a host it was asked to check.
@@ -91,7 +91,7 @@ def test_a_crash_inside_a_command_exits_3_with_its_reason(tmp_path, monkeypatch,
 @pytest.mark.parametrize(("command", "args"), [
     ("plan", ["plan", *TOOLS]),
     ("check", ["check", "--no-host", "--no-parsers"]),
-    ("render", ["render", "--out", "{out}", *TOOLS]),
+    ("render", ["render", "--out", "{out}", *TOOLS, "--no-python-check"]),
     ("schema", ["schema"]),
     ("verify", ["verify", "--list"]),
 ])
@@ -136,7 +136,8 @@ def test_the_readme_has_the_same_exit_code_table():
 
 
 def _commands() -> dict[str, click.Command]:
-    return dict(main.commands)
+    with click.Context(main) as ctx:
+        return {name: main.get_command(ctx, name) for name in main.list_commands(ctx)}
 
 
 def test_short_help_is_whole_and_metavars_say_what_they_are():

@@ -37,6 +37,24 @@ def test_a_word_and_an_assignment_read_back_exactly(value, tmp_path):
     assert done.stdout == value and not (tmp_path / "MARK").exists()
 
 
+@pytest.mark.parametrize("where", ["/usr/bin", "a=b"])
+def test_an_environment_prefix_passes_every_value_to_the_program(where, tmp_path):
+    """env(1) passes each value exactly, bash's read-only names too, and runs the program given, also one
+    whose path holds `=` (which env would take for one more assignment)."""
+    program = Path(where) / "env"
+    if not program.is_absolute():
+        (tmp_path / where).mkdir()
+        program = tmp_path / program
+        program.symlink_to("/usr/bin/env")
+    env = {f"V{i}": value for i, value in enumerate(HOSTILE)} | {"SHELLOPTS": "xtrace", "BASHOPTS": "x"}
+    words = [*shell.environment_prefix(env, str(program)), shell.word(str(program)), "-0"]
+    done = bash(" ".join(words), tmp_path)
+    assert done.returncode == 0, done.stderr
+    received = dict(item.split("=", 1) for item in done.stdout.split("\0")[:-1])
+    assert {name: received.get(name) for name in env} == env and not (tmp_path / "MARK").exists()
+    assert shell.environment_prefix({}, str(program)) == []
+
+
 def test_an_assignment_needs_a_variable_name_and_nothing_carries_nul():
     for bad in ("A B", "1A", "A;B", ""):
         with pytest.raises(EmitError):

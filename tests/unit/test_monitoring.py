@@ -203,7 +203,8 @@ def test_render_writes_the_monitoring_files_only_when_enabled(reference_data, tm
     config = tmp_path / "deployment.json"
     config.write_text(json.dumps(reference_data))
     off = tmp_path / "off"
-    args = ["--sglang-python", "/usr/bin/python3", "--numactl", "/usr/bin/numactl", "--pdserve", "/usr/bin/pdserve"]
+    args = ["--sglang-python", "/usr/bin/python3", "--numactl", "/usr/bin/numactl", "--pdserve", "/usr/bin/pdserve",
+            "--no-python-check"]
     result = CliRunner().invoke(main, ["render", "-c", str(config), "--out", str(off), *args])
     assert result.exit_code == 0, result.output
     assert not (off / "monitoring").exists()

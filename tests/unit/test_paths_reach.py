@@ -41,7 +41,7 @@ def render(tmp_path: Path, *args: str):
     out = tmp_path / "out"
     result = CliRunner().invoke(main, ["render", "--out", str(out), "--sglang-python", "/opt/sglang/bin/python",
                                        "--numactl", "/usr/bin/numactl", "--pdserve", "/opt/pdserve/bin/pdserve",
-                                       *args])
+                                       "--no-python-check", *args])
     return result, out
 
 
@@ -99,7 +99,7 @@ def test_a_tool_found_on_path_under_the_private_tmp_is_refused(tmp_path, monkeyp
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     out = tmp_path / "out"
     result = CliRunner().invoke(main, ["render", "--out", str(out), "--sglang-python", "/opt/sglang/bin/python",
-                                       "--pdserve", "/opt/pdserve/bin/pdserve"])
+                                       "--pdserve", "/opt/pdserve/bin/pdserve", "--no-python-check"])
     assert result.exit_code == 1 and not out.exists()
     (line,) = errors_of(result, "tools.numactl (found on PATH)")
     assert "PrivateTmp=yes" in line

@@ -17,6 +17,7 @@ from pdserve.render.argv import launches
 from pdserve.render.plan import HEREDOC_END, plain_text, plan_data, print_rich, shell_command
 from pdserve.render.renderable import renderable_from_data
 from pdserve.render.units import render_units
+from tests.property.consumers.shell import split_environment
 
 TOOLS = ["--sglang-python", "/opt/sg env/bin/python", "--numactl", "/usr/bin/numactl", "--pdserve", "/opt/pd/bin/pdserve"]
 # Spaces, both quotes, $, a backslash, a glob, a semicolon and a non-ASCII letter: all must come back exactly.
@@ -44,10 +45,10 @@ def nasty_data(reference_data):
 
 
 def command_blocks(text: str) -> list[str]:
-    """The command under each `# command` comment, continuation lines included."""
+    """The command under each `# command...` comment, continuation lines included."""
     lines, blocks = text.splitlines(), []
     for i, line in enumerate(lines):
-        if line == "# command":
+        if line.startswith("# command"):
             block = [lines[i + 1]]
             while block[-1].endswith(" \\"):
                 block.append(lines[i + 1 + len(block)])
@@ -58,7 +59,7 @@ def command_blocks(text: str) -> list[str]:
 def test_piped_plan_is_plain_text_without_boxes_or_folding(tmp_path, reference_data):
     text = plan(tmp_path, reference_data).output
     assert not set(text) & set("┏┃━│┌─╭╰└┘┡╇┩")
-    # Every line is a comment, a KEY=value line, part of a command, or a unit here-document.
+    # Every line is a comment, part of a command, or a unit here-document.
     assert "sglang-dsv4-prefill  yes" in text and "http://127.0.0.1:30000" in text
     assert "cat > sglang-dsv4-prefill.service <<'PDSERVE_UNIT_END'" in text
 
@@ -68,28 +69,21 @@ def test_plain_commands_parse_back_to_the_exact_argv(tmp_path, nasty_data):
     dep = renderable_from_data(nasty_data, "t").deployment
     argvs = [list(run.argv) for run in launches(dep, _tools()).values()]
     # The shell removes backslash-newline before splitting words; shlex then splits as sh does.
-    assert [shlex.split(block.replace("\\\n", "")) for block in command_blocks(text)] == argvs
+    assert [split_environment(shlex.split(block.replace("\\\n", "")))[1] for block in command_blocks(text)] == argvs
 
 
-def test_plain_commands_run_in_a_real_shell_give_the_exact_argv(tmp_path, nasty_data):
+def test_plain_commands_run_in_a_real_shell_give_the_exact_argv_and_environment(tmp_path, nasty_data):
+    """Each command run by bash, with printf's place taken by a recorder: env(1) prints the environment and
+    then the argv it was given, NUL-separated (tests/unit/test_plan_runs_as_shown.py runs the real blocks)."""
     if shutil.which("bash") is None:
         pytest.skip("bash is missing")
     text = plan(tmp_path, nasty_data).output
     dep = renderable_from_data(nasty_data, "t").deployment
     for block, run in zip(command_blocks(text), launches(dep, _tools()).values(), strict=True):
-        # Pasted after printf, the command's words are printed instead of run: NUL-separated, exact.
-        done = subprocess.run(["bash", "-c", f"printf '%s\\0' {block}"], capture_output=True, timeout=30, check=True)
-        assert done.stdout.decode().split("\0")[:-1] == list(run.argv)
-
-
-def test_plain_environment_lines_set_the_exact_values(tmp_path, nasty_data):
-    if shutil.which("bash") is None:
-        pytest.skip("bash is missing")
-    text = plan(tmp_path, nasty_data).output
-    env_line = next(line for line in text.splitlines() if line.startswith("NASTY="))
-    done = subprocess.run(["bash", "-c", f"{env_line}\nprintf '%s' \"$NASTY\""], capture_output=True, timeout=30,
-                          check=True)
-    assert done.stdout.decode() == NASTY
+        words = subprocess.run(["bash", "-c", f"printf '%s\\0' {block}"], capture_output=True, timeout=30,
+                               check=True).stdout.decode().split("\0")[:-1]
+        env, argv = split_environment(words)
+        assert argv == list(run.argv) and env == run.env
 
 
 def test_plain_unit_here_documents_write_the_exact_unit_files(tmp_path, nasty_data):
@@ -122,8 +116,8 @@ def test_plan_json_has_the_plain_views_content_and_round_trips_values(tmp_path, 
                                      "sglang-dsv4-router.service", "sglang-dsv4.service"]
     # The plain view shows the same commands.
     plain = plan(tmp_path, nasty_data).output
-    assert [shlex.split(b.replace("\\\n", "")) for b in command_blocks(plain)] == \
-        [role["argv"] for role in data["roles"].values()]
+    assert [split_environment(shlex.split(b.replace("\\\n", ""))) for b in command_blocks(plain)] == \
+        [(role["env"], role["argv"]) for role in data["roles"].values()]
 
 
 def test_plan_without_an_sglang_python_still_shows_the_plan_with_a_note(tmp_path, reference_data):
@@ -154,6 +148,12 @@ def test_shell_command_puts_one_flag_per_line():
     text = shell_command(("/usr/bin/numactl", "--cpunodebind=0", "--", "/py", "-m", "sglang.launch_server",
                           "--port", "1", "--x", "a b"))
     assert text == "/usr/bin/numactl --cpunodebind=0 -- /py -m sglang.launch_server \\\n    --port 1 \\\n    --x 'a b'"
+
+
+def test_shell_command_puts_the_environment_first_through_env():
+    text = shell_command(("/opt/a=b/numactl", "--", "/py", "-m", "m", "--port", "1"), {"A": "x y", "B": ""})
+    assert text == ("env \\\n    A='x y' \\\n    B='' \\\n    /bin/sh \\\n    -c \\\n    'exec \"$0\" \"$@\"' \\\n"
+                    "    /opt/a=b/numactl -- /py -m m \\\n    --port 1")
 
 
 def _tools():

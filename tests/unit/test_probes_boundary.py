@@ -16,6 +16,8 @@ HOST_MODULES = {"subprocess", "socket", "fcntl", "pynvml", "openai"}
 ALLOWED = {
     # Runs the SGLang Python's own argument parsers on the rendered argv: a program run, not a host read.
     "check/parsers.py": {"subprocess"},
+    # Asks the SGLang Python for its package versions: the same program run, one question earlier.
+    "check/sglang_python.py": {"subprocess"},
 }
 
 

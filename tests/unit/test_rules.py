@@ -98,9 +98,9 @@ ONE_VALUE_ONE_PROBLEM = {
                                              [("message", "==", "exceeds model.context_length (4096)")]),
     "dashed tool-call parser": ("model", "tool_call_parser", "deepseek-v4", "model.tool_call_parser",
                                 [("message", "in", "not a tool-call parser of sglang 0.5.23"),
-                                 ("fix", "in", "did you mean 'deepseekv4'?")]),
+                                 ("fix", "in", 'did you mean "deepseekv4"?')]),
     "unknown reasoning parser": ("model", "reasoning_parser", "deepseekv4", "model.reasoning_parser",
-                                 [("fix", "in", "did you mean 'deepseek-v4'?")]),
+                                 [("fix", "in", 'did you mean "deepseek-v4"?')]),
     "API key on a command line": ("router", "extra_args", ["--api-key", "sk-secret"], "router.extra_args",
                                   [("message", "in", "ps"), ("fix", "in", "api_key_file")]),
     "API key in the environment": ("environment", "OPENAI_API_KEY", "sk-secret", "environment",
@@ -112,7 +112,8 @@ ONE_VALUE_ONE_PROBLEM = {
     "parser flag on the router": ("router", "extra_args", ["--tool-call-parser", "deepseekv4"], "router.extra_args",
                                   [("fix", "in", "belong on the SGLang servers")]),
     "unknown field": ("router", "prot", 30001, "router.prot",
-                      [("message", "in", "Extra inputs are not permitted"), ("fix", "in", "spelling")]),
+                      [("message", "==", "is not a field of [router]"),
+                       ("fix", "in", 'did you mean "port"? remove it or correct its spelling')]),
     "relative model path": ("model", "path", "./models/dsv4", "model.path", [("fix", "in", "absolute")]),
     "unit-unsafe name": (None, "name", "DSV4 prod", "name", [("message", "in", "unit names")]),
 }
@@ -141,7 +142,7 @@ def test_missing_field(reference_data):
     del reference_data["prefill"]["port"]
     problem = one_problem(reference_data, "prefill.port")
     assert problem.value is None
-    assert problem.fix.startswith("add this field")
+    assert problem.message == "is required and missing" and problem.fix.startswith("add it")
 
 
 def test_every_problem_is_reported_at_once(reference_data):

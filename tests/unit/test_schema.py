@@ -21,7 +21,7 @@ def test_committed_schema_is_current():
 def test_schema_describes_the_sections():
     schema = json_schema()
     # The fallback is required of a single-host file by a rule (a multi-host deployment has none):
-    # tests/unit/test_multihost_schema.py holds that a file without it still gets "fallback: Field required".
+    # tests/unit/test_multihost_schema.py holds that a file without it still gets "fallback: is required and missing".
     assert set(schema["required"]) == {"name", "model", "prefill", "decode"}
     assert {"transfer", "router", "environment", "systemd", "tools", "hosts", "fallback"} <= set(schema["properties"])
 

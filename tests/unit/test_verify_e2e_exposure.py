@@ -66,19 +66,34 @@ def test_stream_needs_chunks_finish_and_usage():
     assert "no usage chunk" in e2e.check_stream(EXP, no_usage).details[0]
 
 
+UP = [PortProbe("127.0.0.1", 30000, "prefill port", True)]
+
+
 def test_ports_closed_beyond_loopback_pass_open_fail():
     closed = [PortProbe("10.0.0.5", 30000, "prefill port", False, "Connection refused")]
-    assert exposure.check_ports(EXP, ["10.0.0.5"], closed).status == "pass"
+    assert exposure.check_ports(EXP, ["10.0.0.5"], closed, UP).status == "pass"
     opened = [PortProbe("10.0.0.5", 30002, "decode port", True)]
-    result = exposure.check_ports(EXP, ["10.0.0.5"], closed + opened)
+    result = exposure.check_ports(EXP, ["10.0.0.5"], closed + opened, UP)
     assert result.status == "fail" and "decode port 30002 reachable at 10.0.0.5" in result.details
-    assert exposure.check_ports(EXP, [], []).status == "skip"
+    assert exposure.check_ports(EXP, [], [], UP).status == "skip"
+
+
+def test_ports_closed_where_no_server_listens_prove_nothing_and_skip():
+    """issue 42: on a host where nothing of the deployment runs, every port refuses; that is no pass."""
+    closed = [PortProbe("10.0.0.5", 30000, "prefill port", False, "Connection refused")]
+    down = [PortProbe("127.0.0.1", 30000, "prefill port", False, "Connection refused"),
+            PortProbe("127.0.0.1", 30002, "decode port", False, "Connection refused")]
+    result = exposure.check_ports(EXP, ["10.0.0.5"], closed, down)
+    assert result.status == "skip"
+    assert result.observed.startswith("skipped: no server of the deployment listens here (prefill port "
+                                      "127.0.0.1:30000, decode port 127.0.0.1:30002: none accepts a connection)")
 
 
 def test_ports_open_by_choice_warn():
     dep = DEP.model_copy(update={"decode": DEP.decode.model_copy(update={"allow_non_loopback": True,
                                                                          "host": "0.0.0.0"})})
-    result = exposure.check_ports(expectations(dep), ["10.0.0.5"], [PortProbe("10.0.0.5", 30002, "decode port", True)])
+    opened = [PortProbe("10.0.0.5", 30002, "decode port", True)]
+    result = exposure.check_ports(expectations(dep), ["10.0.0.5"], opened, UP)
     assert result.status == "warn"
 
 

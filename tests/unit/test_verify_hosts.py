@@ -236,10 +236,13 @@ def test_cluster_listeners_are_expected_on_the_cluster_address_only(dep):
     here = expectations(dep, here="node-b")
     local = replace(here, workers=here.on("node-b"))
     on_cluster = PortProbe("10.0.0.2", 30002, "decode-1 port", True)
-    assert exposure.check_ports(local, ["10.0.0.2"], [on_cluster]).status is Status.PASS
+    assert exposure.check_ports(local, ["10.0.0.2"], [on_cluster], []).status is Status.PASS
     elsewhere = PortProbe("192.168.1.5", 30002, "decode-1 port", True)
-    result = exposure.check_ports(local, ["10.0.0.2", "192.168.1.5"], [on_cluster, elsewhere])
+    result = exposure.check_ports(local, ["10.0.0.2", "192.168.1.5"], [on_cluster, elsewhere], [])
     assert result.status is Status.FAIL and "decode-1 port 30002 reachable at 192.168.1.5" in result.details
+    # Nothing up on the cluster address: nothing to expose, so no pass (issue 42).
+    down = replace(on_cluster, reachable=False, error="Connection refused")
+    assert exposure.check_ports(local, ["10.0.0.2"], [down], []).status is Status.SKIP
 
 
 # --- which host a run stands on ---------------------------------------------------------------------------

@@ -91,13 +91,16 @@ def check_numa_nodes(dep: Deployment, host: HostView, report: HostReport) -> Non
     report.passed.append(f"NUMA nodes exist ({host.numa_nodes})")
 
 
+NOT_EXECUTABLE = "is not an executable file on this host"
+
+
 def check_files(dep: Deployment, tools: Toolchain, report: HostReport) -> None:
     needed = ["sglang_python", "pdserve"]
     if any(server.numa_node is not None for _, server in _servers(dep)):
         needed.append("numactl")
     missing = [name for name in needed if not paths.is_executable_file(getattr(tools, name))]
     for name in missing:
-        report.problems.append(Problem(f"tools.{name}", getattr(tools, name), "is not an executable file on this host",
+        report.problems.append(Problem(f"tools.{name}", getattr(tools, name), NOT_EXECUTABLE,
                                        f"install it or point tools.{name} at the right path"))
     if not missing:
         report.passed.append(f"tool executables exist ({', '.join(needed)})")

@@ -3,8 +3,8 @@
 The parsers run in the SGLang Python (a separate environment from pdserve's own), in one subprocess
 with a deadline. A flag the pinned version does not know becomes a problem that names the flag and the
 field it came from. Parsers that cannot be imported are a stated skip off the target host (a laptop
-need not have SGLang), and an error when the host checks run: there the SGLang Python is what the
-units will run, so it must have the pinned sglang (`pin_problems` asks it for its versions).
+need not have SGLang's dependencies), and an error when the host checks run: there the SGLang Python is what
+the units will run. Whether it holds the pinned packages is pdserve.check.sglang_python's question.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import subprocess
 from dataclasses import dataclass
 from importlib import resources
 
+from pdserve.check.sglang_python import VERSION_TIMEOUT_SEC, cannot_run, needs_nixl
 from pdserve.render.argv import ROUTER_MODULE, SERVER_MODULE, node_args, router_args, server_args
 from pdserve.schema import pins
 from pdserve.schema.config import Deployment
@@ -22,9 +23,6 @@ from pdserve.schema.problems import Problem
 from pdserve.schema.topology import Node, servers
 
 PARSE_TIMEOUT_SEC = 180.0
-
-# What the SGLang Python must hold, as pip names it.
-_PINNED = f"sglang=={pins.SGLANG_VERSION} and {pins.ROUTER_DISTRIBUTION}=={pins.ROUTER_VERSION}"
 
 _FLAG = re.compile(r"(--[A-Za-z0-9][A-Za-z0-9-]*)")
 
@@ -93,55 +91,6 @@ def problem_for(dep: Deployment, role: str, detail: str, culprit: str | None = N
     )
 
 
-def _pin_fix(origin: str, python: str) -> str:
-    others = ", ".join(n for n in ("tools.sglang_python", "tools.sglang_venv", "--sglang-python") if n != origin)
-    return (f"point {origin} (or {others}) at the Python of an "
-            f"environment with {_PINNED}, or install them there: "
-            f"`uv pip install --python {python} {_PINNED.replace(' and ', ' ')}`")
-
-
-def _cannot_run(origin: str, python: str, why: str) -> Problem:
-    return Problem(origin, python, f"the SGLang Python {why}", _pin_fix(origin, python))
-
-
-# Asks the SGLang Python for its installed versions without importing sglang (seconds, not a CUDA init).
-_VERSIONS = (
-    "import importlib.metadata as m, json\n"
-    "def v(name):\n"
-    "    try:\n        return m.version(name)\n"
-    "    except m.PackageNotFoundError:\n        return None\n"
-    f"print(json.dumps({{'sglang': v('sglang'), {pins.ROUTER_DISTRIBUTION!r}: v({pins.ROUTER_DISTRIBUTION!r})}}))\n"
-)
-VERSION_TIMEOUT_SEC = 60.0
-
-
-def pin_problems(sglang_python: str, origin: str, timeout: float = VERSION_TIMEOUT_SEC) -> list[Problem]:
-    """Errors unless `sglang_python` has the pinned sglang and router (smg) installed (pdserve.schema.pins):
-    each names where the Python came from, the version found, the pin and the fix."""
-    try:
-        done = subprocess.run([sglang_python, "-c", _VERSIONS], capture_output=True, text=True, timeout=timeout,
-                              check=False)
-    except OSError as exc:
-        return [_cannot_run(origin, sglang_python, f"cannot be run here: {exc.strerror or exc}")]
-    except subprocess.TimeoutExpired:
-        return [_cannot_run(origin, sglang_python, f"did not say its versions within {timeout:.0f} s")]
-    try:
-        found = json.loads(done.stdout.strip().splitlines()[-1])
-    except (IndexError, json.JSONDecodeError):
-        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return [_cannot_run(origin, sglang_python, f"failed when asked its versions: {tail}")]
-    problems = []
-    for package, pin in (("sglang", pins.SGLANG_VERSION), (pins.ROUTER_DISTRIBUTION, pins.ROUTER_VERSION)):
-        version = found.get(package)
-        if version == pin:
-            continue
-        has = f"has {package} {version}" if version else f"has no {package} installed"
-        problems.append(Problem(origin, sglang_python,
-                                f"{has}, but pdserve is pinned to {package} {pin} (pdserve.schema.pins); the units "
-                                "would run this Python", _pin_fix(origin, sglang_python)))
-    return problems
-
-
 # The entry point pdserve's SGLang plugin is found by (kernels/python/pyproject.toml): SGLang loads the
 # sglang.srt.plugins entry points of the distributions on its sys.path in every scheduler process.
 KERNEL_PLUGIN = ("pdserve_kernels", "pdserve_kernels.sglang_plugin:load")
@@ -170,12 +119,14 @@ def kernel_plugin_problems(dep: Deployment, sglang_python: str, origin: str,
                               check=False)
         found = [tuple(pair) for pair in json.loads(done.stdout.strip().splitlines()[-1])]
     except OSError as exc:
-        return [_cannot_run(origin, sglang_python, f"cannot be run here: {exc.strerror or exc}")], True
+        return [cannot_run(origin, sglang_python, f"cannot be run here: {exc.strerror or exc}", needs_nixl(dep))], True
     except subprocess.TimeoutExpired:
-        return [_cannot_run(origin, sglang_python, f"did not list its SGLang plugins within {timeout:.0f} s")], True
+        return [cannot_run(origin, sglang_python, f"did not list its SGLang plugins within {timeout:.0f} s",
+                            needs_nixl(dep))], True
     except (IndexError, TypeError, ValueError):
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return [_cannot_run(origin, sglang_python, f"failed when asked its SGLang plugins: {tail}")], True
+        return [cannot_run(origin, sglang_python, f"failed when asked its SGLang plugins: {tail}",
+                           needs_nixl(dep))], True
     if (name, value) in found:
         return [], True
     has = ", ".join(f"{n} = {v}" for n, v in found) or "none"
@@ -193,7 +144,8 @@ def check_with_parsers(dep: Deployment, sglang_python: str, timeout: float = PAR
 
     def cannot(why: str) -> ParserReport:
         if required_by:
-            return ParserReport([_cannot_run(required_by, sglang_python, f"cannot run the parsers ({why})")], [], [])
+            return ParserReport([cannot_run(required_by, sglang_python, f"cannot run the parsers ({why})",
+                                           needs_nixl(dep))], [], [])
         return ParserReport([], [], [f"parser check skipped: {sglang_python} {why}"])
 
     try:
@@ -225,7 +177,8 @@ def check_with_parsers(dep: Deployment, sglang_python: str, timeout: float = PAR
         if result["status"] == "error":
             problems.append(problem_for(dep, role, result["detail"], result.get("culprit"), result.get("arg")))
     if required_by:
-        problems += [_cannot_run(required_by, sglang_python, f"cannot import the parser of {', '.join(roles)}: {reason}")
+        problems += [cannot_run(required_by, sglang_python,
+                                f"cannot import the parser of {', '.join(roles)}: {reason}", needs_nixl(dep))
                      for reason, roles in unavailable.items()]
         return ParserReport(problems, checked, [])
     skipped = [f"{', '.join(roles)}: parser not importable in {sglang_python} ({reason})"

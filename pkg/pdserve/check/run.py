@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pdserve.check.host import HostView, check_host, read_host
-from pdserve.check.parsers import check_with_parsers, kernel_plugin_problems, pin_problems
+from pdserve.check.host import NOT_EXECUTABLE, HostView, check_host, read_host
+from pdserve.check.parsers import check_with_parsers, kernel_plugin_problems
+from pdserve.check.sglang_python import needs_nixl, package_problems
 from pdserve.check.target import HostRule, decide
 from pdserve.probes import paths
 from pdserve.render.renderable import load_renderable
@@ -20,7 +21,8 @@ from pdserve.render.toolchain import (
     toolchain_problems,
 )
 from pdserve.schema.loading import CHECKED_ALL
-from pdserve.schema.problems import ConfigError, Problem, errors
+from pdserve.schema.pins import NIXL_DISTRIBUTION, ROUTER_DISTRIBUTION
+from pdserve.schema.problems import ConfigError, Problem, Severity, errors
 
 SCHEMA_VERSION = 1
 
@@ -99,14 +101,19 @@ def run_check(config_path: Path | None, tool_overrides: dict[str, str | None], p
     report.problems += toolchain_problems(dep, tool_overrides)
     view = reading.view() if host is not False else None
     report.host = decide(dep, host, reading.systemd_missing() if host is None else None, view)
-    # On the target, the SGLang Python is what the units will run: it must be named and hold the pins.
+    # A given SGLang Python is asked for its packages whenever it would be run (the parsers) or the host is
+    # checked: one that is missing, cannot run or lacks the pins is refused here, not at launch. A missing
+    # NIXL is an error only where the units will run this Python.
     origin = sglang_python_origin(dep, tool_overrides)
     have_python = tools.sglang_python != SGLANG_PYTHON_PLACEHOLDER
-    pinned = pin_problems(tools.sglang_python, origin) if report.host.on and have_python else []
-    if parsers and pinned:
-        # The wrong (or no) sglang is already an error; its parsers would only repeat it, or judge the
-        # argv by another version's rules.
-        report.skipped.append(f"parser check skipped: {origin} does not have the pinned sglang (see its error)")
+    asked = have_python and (parsers or report.host.on)
+    pinned = (package_problems(dep, tools.sglang_python, origin,
+                               nixl_severity=Severity.ERROR if report.host.on else Severity.WARNING)
+              if asked else [])
+    if parsers and errors(pinned):
+        # The Python's error says it all; its parsers would only repeat it, or judge the argv by another
+        # version's rules.
+        report.skipped.append(f"parser check skipped: {origin} is not an SGLang Python with the pins (see its error)")
     elif parsers and have_python:
         parsed = check_with_parsers(dep, tools.sglang_python, required_by=origin if report.host.on else None)
         report.problems += parsed.problems
@@ -118,22 +125,26 @@ def run_check(config_path: Path | None, tool_overrides: dict[str, str | None], p
                               "tools.sglang_venv or --sglang-python)")
     else:
         report.skipped.append("parsers: --no-parsers")
+    report.problems += pinned
+    if asked and not errors(pinned):
+        nixl = f" and {NIXL_DISTRIBUTION}" if needs_nixl(dep) and not pinned else ""
+        report.checked.append(f"{origin} has the pinned sglang and router ({ROUTER_DISTRIBUTION}){nixl}")
+    elif have_python and not asked:
+        report.skipped.append(f"{origin}: not asked for its packages (--no-parsers, and no host checks)")
     if report.host.on:
         seen = check_host(dep, tools, view)
+        # The SGLang Python was asked above: "not an executable file" would count its one cause twice (or, with
+        # none named, be about the placeholder: then say what is missing and how to name it).
+        seen.problems = [p for p in seen.problems if (p.field, p.message) != ("tools.sglang_python", NOT_EXECUTABLE)]
         if not have_python:
-            # "not an executable file" would be about the placeholder: say what is missing and how to name it.
-            seen.problems = [p for p in seen.problems if p.value != SGLANG_PYTHON_PLACEHOLDER]
             report.problems += missing_tools(dep, tool_overrides, "sglang_python")
         report.problems += seen.problems
         report.checked += seen.passed
         report.skipped += seen.skipped
-        if have_python:
-            report.problems += pinned
-            if not pinned:
-                report.checked.append(f"{origin} has the pinned sglang and router (smg)")
-            plugin, asked = kernel_plugin_problems(dep, tools.sglang_python, origin)
+        if have_python and not errors(pinned):
+            plugin, plugin_asked = kernel_plugin_problems(dep, tools.sglang_python, origin)
             report.problems += plugin
-            if asked and not plugin:
+            if plugin_asked and not plugin:
                 report.checked.append(f"{origin} has pdserve's SGLang plugin (attention_kernels = \"pdserve\")")
     else:
         # Without the host check nobody looks at the tools; say which were only assumed.

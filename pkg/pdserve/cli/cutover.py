@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 import click
 
+from pdserve.cli.commands import short_help
 from pdserve.cli.exits import Exit
 from pdserve.cli.options import config_option, load_or_exit
 from pdserve.cutover.machine import Cutover
@@ -86,7 +87,7 @@ def report_lines(report: Report) -> list[str]:
     return lines
 
 
-@click.command("cutover", short_help="Move to TARGET (pd or single), rolling back on failure.")
+@click.command("cutover", short_help=short_help("cutover"))
 @click.argument("target", metavar="TARGET", type=click.Choice(["pd", "single"]))
 @config_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report.")

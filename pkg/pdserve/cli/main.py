@@ -8,35 +8,37 @@ exception that escapes a command is Exit.INTERNAL with its reason, never a trace
 from __future__ import annotations
 
 import errno
+import importlib
 import sys
-from pathlib import Path
 
 import click
-from rich.console import Console
 
 from pdserve import __version__
+from pdserve.cli.commands import COMMANDS
 from pdserve.cli.exits import Exit, help_epilog
-from pdserve.cli.options import (
-    config_option,
-    exit_with,
-    load_or_exit,
-    print_problems,
-    seconds_option,
-    tool_options,
-    tool_overrides,
-)
-from pdserve.render.renderable import load_renderable
-from pdserve.schema import strict_json
-from pdserve.schema.config import ROLES
-from pdserve.schema.loading import json_schema
-from pdserve.schema.problems import ConfigError, Problem, errors
-
-ROLE_CHOICE = click.Choice(ROLES)
 
 
 class Commands(click.Group):
     """click's group, with Exit.INTERNAL for an exception that escapes a command: what broke, not a
-    traceback, and never an exit code that reads as success or as a problem of the deployment."""
+    traceback, and never an exit code that reads as success or as a problem of the deployment.
+
+    Its commands are pdserve.cli.commands' table: each module is imported when its command runs (or its own
+    --help is asked for), and the group's --help lists them from the table alone."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        entry = COMMANDS.get(cmd_name)
+        if entry is None:
+            return None
+        command: click.Command = getattr(importlib.import_module(entry.module), entry.attribute)
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, entry.short_help) for name, entry in sorted(COMMANDS.items())]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
     def invoke(self, ctx: click.Context):
         try:
@@ -63,169 +65,6 @@ def _internal(ctx: click.Context, exc: BaseException) -> None:
 @click.version_option(__version__, prog_name="pdserve")
 def main() -> None:
     """Deploy an SGLang model as a prefill/decode disaggregated service, and prove it works."""
-
-
-@main.command(short_help="Show what would run: topology, commands, environment, units.")
-@config_option
-@click.option("--json", "as_json", is_flag=True, help="The same content as JSON, for machines.")
-@click.option("--host", "host", metavar="NAME", help="Multi-host deployments: the host whose plan to show.")
-@tool_options
-def plan(config_path: Path | None, as_json: bool, host: str | None, sglang_python: str | None, numactl: str | None,
-         pdserve: str | None) -> None:
-    """Show what would run: topology, exact commands, environment and unit files.
-
-    On a terminal: tables and panels. Piped or redirected: plain shell to copy from (each command quoted
-    so the shell gives back its exact argv, the environment as KEY=value lines, the unit files as
-    here-documents, the rest as # comments). --json: the same content for machines. A multi-host
-    deployment is shown one host at a time (--host), its firewall ruleset included.
-    """
-    from pdserve.render.firewall import render_firewall
-    from pdserve.render.host_units import render_host_units
-    from pdserve.render.plan import host_plan_data, plain_text, plan_data, print_rich
-    from pdserve.render.toolchain import preview_toolchain
-    from pdserve.render.units import render_units
-
-    loaded = load_or_exit(config_path)
-    dep = loaded.deployment
-    chosen = chosen_host(dep, host)
-    tools, notes = preview_toolchain(dep, tool_overrides(sglang_python, numactl, pdserve))
-    runtime = default_config_path(dep, Path("/etc/systemd/system"))
-    try:
-        units = render_host_units(dep, chosen, tools, runtime) if chosen else render_units(dep, tools, runtime)
-    except ConfigError as exc:  # e.g. a previewed tool path systemd cannot execute
-        exit_with(exc.problems)
-    data = (host_plan_data(dep, chosen, tools, units, notes, loaded.source, render_firewall(dep, chosen)) if chosen
-            else plan_data(dep, tools, units, notes, loaded.source))
-    if as_json:
-        click.echo(strict_json.dumps(data, indent=2))
-    elif sys.stdout.isatty():
-        print_rich(Console(), data)
-    else:
-        click.echo(plain_text(data), nl=False)
-
-
-@main.command(short_help="Validate deployment files (and this host, where it is the target).")
-@config_option
-@click.argument("more_configs", metavar="[FILE]...", nargs=-1, type=click.Path(path_type=Path, dir_okay=False))
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable report.")
-@click.option("--host/--no-host", "host", default=None,
-              help="Check this host (GPUs, NUMA nodes, tools, the SGLang Python's sglang version, files), or "
-                   "not. Default: only on a host that looks like the target (see above).")
-@click.option("--no-parsers", is_flag=True, help="Skip running the rendered argv through SGLang's and the router's parsers.")
-@tool_options
-def check(config_path: Path | None, more_configs: tuple[Path, ...], as_json: bool, host: bool | None,
-          no_parsers: bool, sglang_python: str | None, numactl: str | None, pdserve: str | None) -> None:
-    """Validate deployments: every problem at once, one line each (field, value, what is wrong, fix).
-
-    With several files (-c A B C, or A B C), each is checked and then all of them together, as deployments
-    of one host: no two may share a listening port or a unit name.
-
-    Host checks run with --host, never with --no-host, and otherwise only where this host looks like the
-    target: systemd is running, and the NVIDIA GPUs and NUMA nodes the file names exist here. The report
-    says which rule applied.
-    """
-    from pdserve.check.run import run_check
-
-    paths: list[Path | None] = [*([config_path] if config_path else []), *more_configs] or [None]
-    overrides = tool_overrides(sglang_python, numactl, pdserve)
-    reports = [run_check(path, overrides, parsers=not no_parsers, host=host) for path in paths]
-    across = _check_across(paths) if len(paths) > 1 else []
-    valid = all(report.valid for report in reports) and not errors(across)
-    if as_json:
-        data = (reports[0].as_dict() if len(reports) == 1 else
-                {"schema_version": reports[0].as_dict()["schema_version"], "valid": valid,
-                 "deployments": [report.as_dict() for report in reports], "across": [p.as_dict() for p in across]})
-        click.echo(strict_json.dumps(data, indent=2))
-    else:
-        for report in reports:
-            print_problems(report.problems)
-            if report.host_rule:
-                click.echo(f"host checks: {report.host_rule}", err=True)
-            for reason in report.skipped:
-                click.echo(f"skipped: {reason}", err=True)
-            click.echo(report.summary())
-        if len(paths) > 1:
-            print_problems(across)
-            click.echo(f"{len(paths)} deployments together: {'valid' if not errors(across) else 'invalid'} "
-                       f"({len(errors(across))} collision(s) of ports or unit names)")
-    raise SystemExit(Exit.OK if valid else Exit.PROBLEMS)
-
-
-def _check_across(paths: list[Path | None]) -> list[Problem]:
-    """Deployments that do not load are reported by their own check; the rest are checked together."""
-    from pdserve.schema.rules_across import validate_across
-
-    deployments = []
-    for path in paths:
-        try:
-            deployments.append(load_renderable(path).deployment)
-        except ConfigError:
-            continue
-    return validate_across(deployments)
-
-
-@main.command(short_help="Print the deployment's JSON Schema.")
-def schema() -> None:
-    """Print the deployment's JSON Schema."""
-    click.echo(strict_json.dumps(json_schema(), indent=2, sort_keys=True))
-
-
-@main.command("wait-ready", short_help="Wait until ROLE answers as ready (the units' gate).")
-@click.argument("role", metavar="ROLE", type=ROLE_CHOICE)
-@config_option
-@seconds_option("--timeout", 600.0, 0, "Seconds to wait before giving up; no request outlasts them.")
-@seconds_option("--interval", 2.0, 0.05, "Seconds between probes.")
-@seconds_option("--probe-timeout", 10.0, 0.1, "Seconds each HTTP request may take (the whole exchange).")
-@click.option("--server", metavar="NAME", help="Multi-host deployments: which of the role's servers (prefill-1, "
-              "decode-2, ...); it is reached at its host's cluster address.")
-def wait_ready(role: str, config_path: Path | None, timeout: float, interval: float, probe_timeout: float,
-               server: str | None) -> None:
-    """Wait until ROLE (prefill, decode, router or fallback) answers as ready; exit 1 with the last state
-    seen when the deadline passes."""
-    import time
-
-    from pdserve.launch.gate import LAST_PROBE_S, probe_for, wait_until_ready
-    from pdserve.probes import http
-    from pdserve.schema.derived import unit_name
-
-    dep = load_or_exit(config_path).deployment
-    unit = f"sglang-{dep.name}-{server}" if server and role != "router" else unit_name(dep, role)
-    # Each request ends by --probe-timeout and none outlasts --timeout (but the probe at the deadline, which
-    # gets LAST_PROBE_S), so the wait ends within --timeout + LAST_PROBE_S whatever a server does.
-    with http.client(probe_timeout, not_after=time.monotonic() + timeout + LAST_PROBE_S) as client:
-        try:
-            probe = probe_for(dep, role, client, server)
-        except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="--server") from None
-        result = wait_until_ready(
-            probe, timeout, interval,
-            on_change=lambda o: click.echo(f"{server or role}: {o.state}", err=True),
-        )
-    if result.ready:
-        click.echo(f"{unit} ready: {result.state}")
-        return
-    where = " on its host" if dep.multi_host else ""
-    click.echo(f"error: {unit} not ready after {timeout:g} s; last state: {result.state}; "
-               f"fix: read `journalctl -u {unit}`{where}", err=True)
-    raise SystemExit(Exit.PROBLEMS)
-
-
-# `pdserve render` (pdserve.cli.render).
-from pdserve.cli.render import chosen_host, default_config_path, render_command  # noqa: E402
-
-main.add_command(render_command)
-
-
-# `pdserve cutover pd|single` (pkg/pdserve/cutover/).
-from pdserve.cli.cutover import cutover_command  # noqa: E402
-
-main.add_command(cutover_command)
-
-
-# `pdserve verify`: prove a running deployment works (pkg/pdserve/verify/).
-from pdserve.cli.verify import verify as verify_command  # noqa: E402
-
-main.add_command(verify_command)
 
 
 if __name__ == "__main__":

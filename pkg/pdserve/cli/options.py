@@ -5,14 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
 from pdserve.cli.exits import Exit
-from pdserve.render.renderable import load_renderable
-from pdserve.schema.loading import Loaded
 from pdserve.schema.problems import ConfigError, Problem
+
+if TYPE_CHECKING:
+    from pdserve.schema.loading import Loaded
 
 config_option = click.option(
     "-c", "--config", "config_path", metavar="FILE", type=click.Path(path_type=Path, dir_okay=False),
@@ -55,6 +56,14 @@ def exit_with(problems: list[Problem]) -> NoReturn:
     """Print every problem, one line each, and end the command with Exit.PROBLEMS."""
     print_problems(problems)
     raise SystemExit(Exit.PROBLEMS)
+
+
+def load_renderable(config_path: Path | None) -> Loaded:
+    """pdserve.render.renderable's loader, imported by the first command that reads a deployment (the
+    schema's models take a while to build; `--help` never needs them)."""
+    from pdserve.render.renderable import load_renderable as load
+
+    return load(config_path)
 
 
 def load_or_exit(config_path: Path | None, *, print_warnings: bool = True) -> Loaded:

@@ -4,13 +4,17 @@ read, and what goes with them; nothing is written if anything is wrong."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
+from pdserve.cli.commands import short_help
 from pdserve.cli.exits import Exit
-from pdserve.cli.options import config_option, exit_with, load_or_exit, tool_options, tool_overrides
-from pdserve.schema.config import Deployment
-from pdserve.schema.problems import ConfigError
+from pdserve.cli.options import config_option, exit_with, load_or_exit, print_problems, tool_options, tool_overrides
+from pdserve.schema.problems import ConfigError, Problem, Severity, errors
+
+if TYPE_CHECKING:
+    from pdserve.schema.config import Deployment
 
 
 def chosen_host(dep: Deployment, host: str | None) -> str | None:
@@ -30,8 +34,18 @@ def default_config_path(dep: Deployment, out: Path) -> str:
     return str((out / f"pdserve-{dep.name}.json").absolute())
 
 
+def _python_problems(dep: Deployment, python: str, overrides: dict[str, str | None]) -> list[Problem]:
+    """The units' SGLang Python, asked here: refused if it is missing, cannot run or lacks the pinned sglang
+    and router. A missing NIXL only warns: render may write units for another machine (`check --host` there
+    refuses it)."""
+    from pdserve.check.sglang_python import package_problems
+    from pdserve.render.toolchain import sglang_python_origin
+
+    return package_problems(dep, python, sglang_python_origin(dep, overrides), nixl_severity=Severity.WARNING)
+
+
 def _render(config_path: Path | None, out_dir: Path, runtime_config: str | None,
-            overrides: dict[str, str | None], host: str | None = None) -> None:
+            overrides: dict[str, str | None], host: str | None = None, check_python: bool = True) -> None:
     from pdserve.render.firewall import firewall_filename, render_firewall
     from pdserve.render.host_units import render_host_units
     from pdserve.render.toolchain import resolve_toolchain
@@ -46,6 +60,10 @@ def _render(config_path: Path | None, out_dir: Path, runtime_config: str | None,
                  else render_units(dep, tools, target_config))
     except ConfigError as exc:
         exit_with(exc.problems)
+    python = _python_problems(dep, tools.sglang_python, overrides) if check_python else []
+    if errors(python):
+        exit_with(python)
+    print_problems(python)
     # Write everything to temporary names first, then rename: a failed render leaves nothing half written.
     out_dir.mkdir(parents=True, exist_ok=True)
     files = {unit.filename: unit.text for unit in units}
@@ -82,7 +100,7 @@ def _monitoring_files(dep: Deployment) -> dict[str, str]:
     return {f"{SUBDIR}/{name}": text for name, text in monitoring_files(dep).items()}
 
 
-@click.command("render", short_help="Write the unit files and the deployment JSON they read.")
+@click.command("render", short_help=short_help("render"))
 @config_option
 @click.option("--out", "out_dir", required=True, metavar="DIR", type=click.Path(path_type=Path, file_okay=False),
               help="Directory for the unit files (e.g. /etc/systemd/system).")
@@ -90,9 +108,12 @@ def _monitoring_files(dep: Deployment) -> dict[str, str]:
               help="Where the units read the deployment at run time (default: the pdserve-<name>.json written into --out).")
 @click.option("--host", "host", metavar="NAME", help="Multi-host deployments (required there): write this host's "
               "units, and its firewall ruleset as pdserve-<name>-firewall.nft.")
+@click.option("--no-python-check", "no_python_check", is_flag=True,
+              help="Do not run the SGLang Python here to ask for its packages: for units rendered for another "
+                   "machine (`pdserve check --host` asks there).")
 @tool_options
 def render_command(config_path: Path | None, out_dir: Path, runtime_config: str | None, host: str | None,
-                   sglang_python: str | None, numactl: str | None, pdserve: str | None) -> None:
+                   no_python_check: bool, sglang_python: str | None, numactl: str | None, pdserve: str | None) -> None:
     """Write the unit files and the deployment JSON they read; nothing is written if anything is wrong.
 
     A multi-host deployment is rendered one host at a time (--host NAME): that host's units, the whole
@@ -102,6 +123,8 @@ def render_command(config_path: Path | None, out_dir: Path, runtime_config: str 
     With monitoring.enable, also DIR/monitoring/: prometheus-scrape.yml (scrape_configs), prometheus.yml
     (a whole configuration around them), alerts.yml (rules) and dashboard.json (Grafana).
 
-    Refuses without an SGLang Python (tools.sglang_python, tools.sglang_venv or --sglang-python).
+    Refuses without an SGLang Python (tools.sglang_python, tools.sglang_venv or --sglang-python), and one that
+    does not exist, cannot run, or lacks the pinned sglang and router (with the command that installs them).
     """
-    _render(config_path, out_dir, runtime_config, tool_overrides(sglang_python, numactl, pdserve), host)
+    _render(config_path, out_dir, runtime_config, tool_overrides(sglang_python, numactl, pdserve), host,
+            check_python=not no_python_check)

@@ -12,10 +12,11 @@ from pathlib import Path
 import click
 from rich.console import Console
 
+from pdserve.cli.commands import short_help
 from pdserve.cli.exits import Exit
 from pdserve.cli.options import config_option, load_or_exit, seconds_option
 from pdserve.probes import http, net
-from pdserve.verify import report
+from pdserve.verify import presence, report
 from pdserve.verify.expect import expectations
 from pdserve.verify.here import HostChoiceError, choose_host
 from pdserve.verify.hosts import checks_for
@@ -26,7 +27,7 @@ def _tokens(values: tuple[str, ...]) -> list[str]:
     return [t.strip() for v in values for t in v.split(",") if t.strip()]
 
 
-@click.command("verify", short_help="Prove the running deployment works, check by check.")
+@click.command("verify", short_help=short_help("verify"))
 @config_option
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (stable, with schema_version).")
 @click.option("--only", multiple=True, metavar="IDS",
@@ -101,8 +102,9 @@ def _verify(loaded, exp, checks, plan, here, rerun, as_json, wait, interval, pro
     with http.client(probe_timeout) as client:
         ctx = Context(dep, exp, options, client, here=here)
         results, broken = run(ctx, plan, wait=wait, interval=interval, checks=checks, on_retry=on_retry)
+        here_now = presence.observe(ctx)
     data = report.build(dep.name, loaded.source, results, broken, int((time.monotonic() - started) * 1000),
-                        here or None)
+                        here or None, here_now)
     if as_json:
         click.echo(report.to_json(data))
     else:

@@ -2,21 +2,16 @@
 
 - `plan_data`: the content as plain data (`plan --json`);
 - `plain_text`: copyable shell for a pipe or a file, every value through pdserve.render.emit.shell: each
-  command quoted with shlex (the shell gives back exactly the argv), the environment as KEY=value lines,
-  the unit files and the firewall as here-documents whose terminator no line of theirs equals, and
-  everything else as `#` comments that no value can end; no box drawing, no line folded mid-token;
+  role's command runs as pasted, its environment passed by env(1) and every word quoted, so the program
+  gets exactly the unit's argv and Environment=; the unit files and the firewall as here-documents whose
+  terminator no line of theirs equals, and everything else as `#` comments that no value can end; no box
+  drawing, no line folded mid-token;
 - `print_rich`: tables and panels for a terminal.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-from rich.console import Console, Group
-from rich.panel import Panel
-from rich.syntax import Syntax
-from rich.table import Table
-from rich.text import Text
+from typing import TYPE_CHECKING, Any
 
 from pdserve.render.argv import Launch, host_launches, launches
 from pdserve.render.emit import shell
@@ -25,6 +20,11 @@ from pdserve.render.units import Unit
 from pdserve.schema.boot import wanted_at_boot
 from pdserve.schema.config import Deployment, Role
 from pdserve.schema.topology import server_named
+
+if TYPE_CHECKING:  # rich (pygments with it) is imported by the terminal view alone: a piped plan starts faster
+    from rich.console import Console
+    from rich.panel import Panel
+    from rich.table import Table
 
 SCHEMA_VERSION = 1
 # Ends each here-document (shell.heredoc adds _1, _2, ... should a line of the body equal it).
@@ -113,29 +113,39 @@ def _topology_rows(data: dict[str, Any]) -> list[list[str]]:
 _COLUMNS = ["role", "unit", "at boot", "GPUs", "NUMA", "address", "mem fraction", "TP"]
 
 
-def shell_command(argv: tuple[str, ...] | list[str]) -> str:
-    """The argv as a copy-pasteable shell command: the wrapper and program on the first line, then
-    one program flag per line, joined by backslash-newline (which the shell removes)."""
-    parts: list[str] = []
+def shell_command(argv: tuple[str, ...] | list[str], env: dict[str, str] | None = None) -> str:
+    """The argv, run with `env` added to the caller's environment, as a command to paste: `env` and one
+    NAME=value per line, then the wrapper and program, then one program flag per line, joined by
+    backslash-newline (which the shell removes)."""
+    prefix = shell.environment_prefix(env or {}, argv[0]) if argv else []
+    continued = " \\\n    "
+    parts = [prefix[0], *(continued + word for word in prefix[1:])] if prefix else []
     in_program = False
-    for arg in argv:
+    for n, arg in enumerate(argv):
         quoted = shell.word(arg)
-        if in_program and arg.startswith("--") and arg != "--":
-            parts.append(" \\\n    " + quoted)
+        if (n == 0 and prefix) or (in_program and arg.startswith("--") and arg != "--"):
+            parts.append(continued + quoted)
         else:
             parts.append((" " if parts else "") + quoted)
         in_program = in_program or arg == "-m" or arg.endswith(".py")
     return "".join(parts)
 
 
-def environment_lines(env: dict[str, str]) -> list[str]:
-    """KEY=value, the value quoted for the shell (names are validated: letters, digits and _)."""
-    return [shell.assignment(key, value) for key, value in env.items()]
+# What a pasted command leaves as it is: the unit sets these under its own state and cache directories
+# (systemd's %S and %C), a person running it by hand keeps their own.
+UNIT_ONLY_ENVIRONMENT = ("HOME", "XDG_CACHE_HOME")
+
+
+def _command_comment(item: dict[str, Any]) -> str:
+    own = " and ".join(UNIT_ONLY_ENVIRONMENT)
+    if item["env"]:
+        return f"command, with the unit's Environment= (but {own}, which stay yours)"
+    return f"command (its unit sets no Environment= but {own}, which stay yours)"
 
 
 def plain_text(data: dict[str, Any]) -> str:
-    """The plan as shell a person can copy from: commands and KEY=value lines run as shown, the rest
-    is comments. Not meant to be piped into sh: each command runs a server in the foreground."""
+    """The plan as shell a person can copy from: each role's command runs as shown, the rest is comments.
+    Not meant to be piped into sh: each command runs a server in the foreground."""
     c = shell.comment
     where = f", host {data['host']}" if data.get("host") else ""
     lines = [c(f"pdserve plan of deployment {data['deployment']}{where} ({data['model']}), from {data['source']}"),
@@ -147,11 +157,11 @@ def plain_text(data: dict[str, Any]) -> str:
     lines += [c(f"note: {note}") for note in data["notes"]]
     for role, item in data["roles"].items():
         lines += ["", c(f"--- {role}: {item['unit']} ---")]
-        lines += [c("environment (the unit's Environment=)"), *environment_lines(item["env"])] if item["env"] else \
-            [c("environment: none beyond the unit's")]
         for name, path in item["credentials"].items():
-            lines.append(c(f"credential {name} <- {path} (LoadCredential=; read from $CREDENTIALS_DIRECTORY/{name})"))
-        lines += [c("command"), shell_command(item["argv"])]
+            lines.append(c(f"credential {name} <- {path} (LoadCredential=): the command reads "
+                           f"$CREDENTIALS_DIRECTORY/{name}; by hand, export CREDENTIALS_DIRECTORY as a directory "
+                           f"only you can read, holding a copy of {path} named {name}"))
+        lines += [c(_command_comment(item)), shell_command(item["argv"], item["env"])]
     for filename, text in data["units"].items():
         lines += ["", c(f"--- unit file {filename} ---"),
                   *shell.heredoc(f"cat > {shell.word(filename)}", text, HEREDOC_END)]
@@ -163,6 +173,8 @@ def plain_text(data: dict[str, Any]) -> str:
 
 
 def topology_table(data: dict[str, Any]) -> Table:
+    from rich.table import Table
+
     where = f" on host {data['host']}" if data.get("host") else ""
     table = Table(title=f"deployment {data['deployment']}{where}: {data['model']}", title_justify="left")
     for column in _COLUMNS:
@@ -173,9 +185,13 @@ def topology_table(data: dict[str, Any]) -> Table:
 
 
 def launch_panel(role: str, item: dict[str, Any]) -> Panel:
-    env = "\n".join(environment_lines(item["env"])) or "(none beyond the unit's)"
-    body = [Text("command", style="bold"), Syntax(shell_command(item["argv"]), "bash", word_wrap=True),
-            Text("environment", style="bold"), Text(env)]
+    from rich.console import Group
+    from rich.panel import Panel
+    from rich.syntax import Syntax
+    from rich.text import Text
+
+    body = [Text(_command_comment(item), style="bold"),
+            Syntax(shell_command(item["argv"], item["env"]), "bash", word_wrap=True)]
     if item["credentials"]:
         body += [Text("credentials", style="bold"),
                  Text("\n".join(f"{n} <- {p} (LoadCredential=)" for n, p in item["credentials"].items()))]
@@ -183,6 +199,10 @@ def launch_panel(role: str, item: dict[str, Any]) -> Panel:
 
 
 def print_rich(console: Console, data: dict[str, Any]) -> None:
+    from rich.panel import Panel
+    from rich.syntax import Syntax
+    from rich.text import Text
+
     console.print(topology_table(data))
     for note in data["notes"]:
         console.print(Text.assemble(("note: ", "yellow"), note))

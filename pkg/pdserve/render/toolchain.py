@@ -7,9 +7,11 @@ import shutil
 import sys
 from dataclasses import dataclass, field
 from importlib import resources
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
+from pdserve.render.emit import shell
 from pdserve.render.reach import unreachable
+from pdserve.schema import pins
 from pdserve.schema.config import ROLES, SERVER_ROLES, Deployment, venv_python
 from pdserve.schema.problems import ConfigError, Problem
 from pdserve.schema.systemd_syntax import executable_problem
@@ -98,12 +100,40 @@ def _given(dep: Deployment, tool: str, overrides: dict[str, str | None]) -> tupl
     return getattr(dep.tools, tool), f"tools.{tool}"
 
 
-def _missing(tool: str, command: str | None, what: str) -> Problem:
+# Where the fixes suggest making the SGLang Python's environment when no path names one.
+DEFAULT_VENV = "/opt/sglang-env"
+# A python under these is the system's: an environment is never made over it.
+_SYSTEM_PREFIXES = {"/", "/usr", "/usr/local"}
+
+
+def install_command(python: str, nixl: bool = True) -> str:
+    """The shell command that installs the pins (pdserve.schema.pins) into the environment of `python`."""
+    return " ".join([shell.word(python), "-m", "pip", "install", *map(shell.word, pins.serving_requirements(nixl))])
+
+
+def venv_for(python: str) -> str:
+    """The virtual environment to make for `python`: the one it would be bin/python of, or DEFAULT_VENV."""
+    path = PurePosixPath(python)
+    venv = str(path.parent.parent)
+    if path.parent.name != "bin" or not path.is_absolute() or venv in _SYSTEM_PREFIXES:
+        return DEFAULT_VENV
+    return venv
+
+
+def create_command(python: str, nixl: bool = True) -> str:
+    """The shell command that makes the virtual environment venv_for(`python`) and installs the pins into
+    it: the install path without Nix."""
+    venv = venv_for(python)
+    return f"python3 -m venv {shell.word(venv)} && {install_command(f'{venv}/bin/python', nixl)}"
+
+
+def _missing(tool: str, command: str | None, what: str, nixl: bool) -> Problem:
     flag = f"--{tool.replace('_', '-')}"
     if command is None:
         return Problem(f"tools.{tool}", None, f"{what} was not given (pdserve does not guess it from PATH)",
                        f"set tools.{tool} to its absolute path, or tools.sglang_venv to its virtual environment, "
-                       f"or pass {flag}")
+                       f"or pass {flag}; without Nix, make one first: "
+                       f"`{create_command(DEFAULT_VENV + '/bin/python', nixl)}`")
     return Problem(f"tools.{tool}", None, f"{what} was not given and `{command}` is not on PATH",
                    f"install it, or set tools.{tool} (or pass {flag}) to its absolute path")
 
@@ -122,7 +152,7 @@ def _resolve(dep: Deployment, overrides: dict[str, str | None],
             origin = f"tools.{tool} (found on PATH)"
         placeholder = command or SGLANG_PYTHON_PLACEHOLDER
         if path is None:
-            problems.append((tool, _missing(tool, command, what)))
+            problems.append((tool, _missing(tool, command, what, dep.transfer.backend == "nixl")))
             if lenient:
                 resolved[tool] = placeholder
             continue

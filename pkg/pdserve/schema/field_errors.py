@@ -11,6 +11,7 @@ left out: it would be about pdserve's stand-in, not the user's value.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import re
 import tomllib
@@ -19,32 +20,115 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from pdserve.schema.config import SHAPE_TAGS, WORKER_ROLES
-from pdserve.schema.problems import Problem
+from pdserve.schema.config import SHAPE_TAGS, WORKER_ROLES, Deployment
+from pdserve.schema.problems import MISSING, MISSING_FIX, Problem, closest, did_you_mean
 
 # The most passes of patching: a replaced value can fail a rule of its own type (a placeholder the
 # schema later refuses), and each pass patches what the last one left failing.
 MAX_PASSES = 4
 
 
-def _fix_for(error: dict[str, Any], field: str) -> str:
+# pydantic's own error types, worded by pdserve: (what is wrong, the fix). `{...}` take the error's context.
+_KINDS: dict[str, tuple[str, str]] = {
+    "int_type": ("is not a whole number", "write a whole number, without quotes, e.g. 4"),
+    "int_parsing": ("is not a whole number", "write a whole number, without quotes, e.g. 4"),
+    "int_from_float": ("is not a whole number", "write a whole number, without a fraction, e.g. 4"),
+    "float_type": ("is not a number", "write a number, without quotes, e.g. 0.85"),
+    "float_parsing": ("is not a number", "write a number, without quotes, e.g. 0.85"),
+    "finite_number": ("is not a finite number", "write a finite number, e.g. 0.85"),
+    "bool_type": ("is not true or false", "write true or false, without quotes"),
+    "bool_parsing": ("is not true or false", "write true or false, without quotes"),
+    "string_type": ("is not text", "write it as a quoted string"),
+    "string_too_short": ("is shorter than {min_length} character(s)", "write at least {min_length} character(s)"),
+    "string_too_long": ("is longer than {max_length} characters", "shorten it to {max_length} characters"),
+    "string_pattern_mismatch": ("does not have the form this field takes ({pattern})", "write it in that form"),
+    "list_type": ("is not a list", "write it as a list, e.g. [0, 1]"),
+    "tuple_type": ("is not a list", "write it as a list, e.g. [0, 1]"),
+    "set_type": ("is not a list", "write it as a list, e.g. [0, 1]"),
+    "dict_type": ("is not a table", "write it as a table of keys and values"),
+    "model_type": ("is not a table", "write it as a table of the fields `pdserve schema` lists for it"),
+    "model_attributes_type": ("is not a table", "write it as a table of the fields `pdserve schema` lists for it"),
+    "too_short": ("has fewer than {min_length} item(s)", "give at least {min_length}"),
+    "too_long": ("has more than {max_length} items", "keep it to {max_length}"),
+    "greater_than": ("is not above {gt}", "use a value above {gt}"),
+    "greater_than_equal": ("is below {ge}", "use {ge} or more"),
+    "less_than": ("is not below {lt}", "use a value below {lt}"),
+    "less_than_equal": ("is above {le}", "use {le} or less"),
+    "multiple_of": ("is not a multiple of {multiple_of}", "use a multiple of {multiple_of}"),
+    "none_required": ("can only be left out here", "remove it"),
+}
+_QUOTED = re.compile(r"'((?:[^'\\]|\\.)*)'")
+
+
+@functools.cache
+def _schema() -> dict[str, Any]:
+    return Deployment.model_json_schema()
+
+
+def _alternatives(node: Any) -> list[dict[str, Any]]:
+    """`node` with its $ref followed and its anyOf/oneOf/allOf spread: the shapes a value there may take."""
+    found, stack, defs = [], [node], _schema().get("$defs", {})
+    while stack:
+        item = stack.pop()
+        if not isinstance(item, dict):
+            continue
+        if "$ref" in item:
+            stack.append(defs.get(item["$ref"].rsplit("/", 1)[-1]))
+        stack += [*item.get("anyOf", []), *item.get("oneOf", []), *item.get("allOf", [])]
+        found.append(item)
+    return found
+
+
+def known_keys(loc: tuple[Any, ...]) -> set[str]:
+    """The field names the table at data location `loc` takes (empty when the schema does not say)."""
+    nodes: list[Any] = [_schema()]
+    for part in loc:
+        step = []
+        for node in (n for item in nodes for n in _alternatives(item)):
+            if isinstance(part, int):
+                step.append(node.get("items"))
+            elif part in node.get("properties", {}):
+                step.append(node["properties"][part])
+            elif isinstance(node.get("additionalProperties"), dict):
+                step.append(node["additionalProperties"])
+        nodes = step
+    return {key for node in nodes for n in _alternatives(node) for key in n.get("properties", {})}
+
+
+def _section(loc: tuple[Any, ...]) -> str:
+    return f"[{field_of(loc)}]" if loc else "the top level"
+
+
+def _worded(error: dict[str, Any], loc: tuple[Any, ...], field: str) -> tuple[str, str]:
+    """(message, fix) of one validation error, in pdserve's words: pydantic's phrases never reach a user."""
     kind = error["type"]
     ctx = error.get("ctx") or {}
-    if "fix" in ctx:
-        return str(ctx["fix"])
+    if "fix" in ctx:  # pdserve's own validators (schema.fields.invalid) word their errors themselves
+        return error["msg"], str(ctx["fix"])
     if kind == "missing":
-        return "add this field (see `pdserve schema`)"
+        return MISSING, MISSING_FIX
     if kind == "extra_forbidden":
-        return "remove it or correct its spelling (see `pdserve schema` for the known fields)"
-    if kind == "literal_error":
-        return f"use one of {ctx.get('expected', 'the listed values')}"
-    if kind in {"greater_than", "less_than", "greater_than_equal", "less_than_equal"}:
-        if "fraction" in field:
-            return "use a fraction strictly between 0 and 1, e.g. 0.85"
-        return "use a value inside the allowed range shown in the message"
-    if kind.endswith("_type") or kind.endswith("_parsing"):
-        return "use a value of the type shown in the message"
-    return "see `pdserve schema` for this field"
+        known = known_keys(loc[:-1])
+        return (f"is not a field of {_section(loc[:-1])}",
+                f"{did_you_mean(loc[-1], known)}remove it or correct its spelling; the fields there: "
+                f"{', '.join(sorted(known)) or 'see `pdserve schema`'}")
+    if kind in {"literal_error", "enum"}:
+        options = _QUOTED.findall(str(ctx.get("expected", "")))
+        return ("is not one of the values this field takes",
+                f"{did_you_mean(error.get('input'), options)}use one of: {', '.join(options)}")
+    if kind == "value_error":  # a plain ValueError of a validator: its own text, without pydantic's prefix
+        return str(error["msg"]).removeprefix("Value error, "), "see `pdserve schema` for this field"
+    if kind in _KINDS:
+        message, fix = _KINDS[kind]
+        if kind in {"greater_than", "less_than"} and "fraction" in field:
+            fix = "use a fraction strictly between 0 and 1, e.g. 0.85"
+        return message.format_map(_Context(ctx)), fix.format_map(_Context(ctx))
+    return "is not a value this field takes", "see `pdserve schema` for what it takes"
+
+
+class _Context(dict[str, Any]):
+    def __missing__(self, key: str) -> str:
+        return "the limit"
 
 
 def field_name(path: str, key: Any) -> str:
@@ -78,12 +162,26 @@ def field_of(loc: tuple[Any, ...]) -> str:
     return field or "(deployment)"
 
 
+def meant_fields(exc: ValidationError) -> set[str]:
+    """The fields that misspelled keys most likely meant (model.context_lenght: model.context_length). Such a
+    field's "is required and missing" is the misspelling's second error, not a cause of its own."""
+    meant = set()
+    for error in exc.errors(include_url=False):
+        loc = data_location(error["loc"])
+        if error["type"] == "extra_forbidden" and loc:
+            near = closest(loc[-1], known_keys(loc[:-1]))
+            if near:
+                meant.add(field_of((*loc[:-1], near)))
+    return meant
+
+
 def problems_from_validation(exc: ValidationError) -> list[Problem]:
     problems = []
     for error in exc.errors(include_url=False):
-        field = field_of(data_location(error["loc"]))
+        loc = data_location(error["loc"])
+        field = field_of(loc)
         value = None if error["type"] == "missing" else error.get("input")
-        problems.append(Problem(field, value, error["msg"], _fix_for(error, field)))
+        problems.append(Problem(field, value, *_worded(error, loc, field)))
     return problems
 
 

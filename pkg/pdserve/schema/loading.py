@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from pdserve.schema import field_errors, rules_hosts, rules_ports, rules_router
 from pdserve.schema.config import Deployment
 from pdserve.schema.field_errors import field_name
-from pdserve.schema.problems import ConfigError, Problem, errors
+from pdserve.schema.problems import MISSING, ConfigError, Problem, errors
 from pdserve.schema.rules import RULES, Rule, validate
 from pdserve.schema.systemd_syntax import TEXT_FIX, text_problem
 
@@ -40,8 +40,10 @@ def default_profile_text() -> str:
     return resources.files("pdserve.schema.profiles").joinpath(DEFAULT_PROFILE).read_text(encoding="utf-8")
 
 
-def _file_problem(source: str, message: str, fix: str) -> ConfigError:
-    return ConfigError([Problem("(file)", source, message, fix)], source)
+def _file_problem(source: str, message: str, fix: str, step: str = "reading the file") -> ConfigError:
+    """The one problem of a file that stopped the check at `step`, which the report names as what it checked."""
+    return ConfigError([Problem("(file)", source, message, fix)], source,
+                       [f"{step}, which failed: no field was reached"])
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -76,12 +78,15 @@ def parse_document(text: str, fmt: str, source: str) -> dict[str, Any]:
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         if isinstance(exc, RecursionError):
             detail = f"it nests tables/arrays deeper than the parser can follow (a deployment has {MAX_DEPTH} at most)"
-        raise _file_problem(source, f"is not valid {name}: {detail}", f"fix the {name} syntax") from None
+        raise _file_problem(source, f"is not valid {name}: {detail}", f"fix the {name} syntax",
+                            f"the {name} syntax") from None
     if not isinstance(data, dict):
-        raise _file_problem(source, "does not hold a table/object", "write the deployment as a table")
+        raise _file_problem(source, "does not hold a table/object", "write the deployment as a table",
+                            f"the {name} syntax and the document's shape")
     if _depth(data) > MAX_DEPTH:
         raise _file_problem(source, f"nests tables/arrays more than {MAX_DEPTH} levels deep, unlike any deployment",
-                            "write the deployment's tables as `pdserve schema` describes them")
+                            "write the deployment's tables as `pdserve schema` describes them",
+                            f"the {name} syntax and the document's shape")
     return data
 
 
@@ -134,9 +139,12 @@ def deployment_from_data(data: dict[str, Any], source: str, extra_rules: Sequenc
     try:
         deployment = Deployment.model_validate(data)
     except ValidationError as exc:
-        # A field with a control character also fails its own pattern: say the first thing only.
+        # A field with a control character also fails its own pattern: say the first thing only. A misspelled
+        # key leaves the field it meant missing: one cause, so one problem (the misspelling's, which names it).
+        meant = field_errors.meant_fields(exc)
         problems = raw_problems + [p for p in field_errors.problems_from_validation(exc)
-                                   if not any(field_errors.within(t.field, p.field) for t in raw_problems)]
+                                   if not any(field_errors.within(t.field, p.field) for t in raw_problems)
+                                   and not (p.field in meant and p.message == MISSING)]
         # Report the cross-field rules too, so a user fixes everything in one pass: replace the bad
         # values and run the rules on the rest, leaving out what a replaced value took part in.
         rest, replaced = field_errors.patched(data, [field_errors.data_location(e["loc"]) for e in exc.errors()],
@@ -148,7 +156,8 @@ def deployment_from_data(data: dict[str, Any], source: str, extra_rules: Sequenc
             raise ConfigError(problems, source, [CHECKED_FIELDS], [SKIPPED_SHAPE]) from None
         bad = {p.field for p in problems}
         problems += [p for p in validate(Deployment.model_validate(rest), rules)
-                     if p.field not in bad and not field_errors.mentions(p, replaced)]
+                     if p.field not in bad and not field_errors.mentions(p, replaced)
+                     and not (p.field in meant and p.message == MISSING)]
         raise ConfigError(problems, source, [CHECKED_REST]) from None
     problems = validate(deployment, rules)
     if raw_problems:
@@ -176,7 +185,7 @@ def load(path: Path | None = None, extra_rules: Sequence[Rule] = ()) -> Loaded:
     source = str(path)
     suffix = path.suffix.lower()
     if suffix not in {".toml", ".json"}:
-        raise ConfigError([Problem("(file)", source, "has an unknown extension", "name the file *.toml or *.json")], source)
+        raise _file_problem(source, "has an unknown extension", "name the file *.toml or *.json", "the file's name")
     return deployment_from_data(parse_document(read_text(path), suffix[1:], source), source, extra_rules)
 
 

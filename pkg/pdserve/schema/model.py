@@ -6,6 +6,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from pdserve.schema import pins
 from pdserve.schema.fields import Count, dotted_path_problem, invalid
+from pdserve.schema.problems import did_you_mean
 
 
 class ModelSpec(BaseModel):
@@ -60,9 +61,7 @@ def _plain_if_absolute(value: str, example: str) -> str:
 def _known(value: str | None, names: frozenset[str], what: str) -> str | None:
     if value is None or value in names:
         return value
-    near = [n for n in sorted(names) if n.replace("-", "") == value.replace("-", "")]
-    hint = f"did you mean {near[0]!r}? " if near else ""
     raise invalid(
         f"not a {what} of sglang {pins.SGLANG_VERSION}",
-        f"{hint}use one of: {', '.join(sorted(names))}",
+        f"{did_you_mean(value, names)}use one of: {', '.join(sorted(names))}",
     )

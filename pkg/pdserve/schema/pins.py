@@ -12,6 +12,9 @@ SGLANG_VERSION = "0.5.23"
 ROUTER_DISTRIBUTION = "smg"
 ROUTER_VERSION = "1.13.0"
 NIXL_VERSION = "1.5.1"
+# NIXL's CUDA 13 build, UCX bundled (nixl-cu12 is the CUDA 12 one): the KV transfer of transfer.backend = "nixl".
+NIXL_DISTRIBUTION = "nixl-cu13"
+
 
 REASONING_PARSERS = frozenset(
     {
@@ -34,3 +37,12 @@ TOOL_CALL_PARSERS = frozenset(
         "qwen3_coder", "response_template", "spark25", "step3", "step3p5", "trinity",
     }
 )
+
+
+def serving_requirements(nixl: bool = True) -> list[str]:
+    """What the SGLang Python needs, as pip and uv take it: the pinned sglang and router, and NIXL where the
+    deployment moves KV with it."""
+    needed = [f"sglang=={SGLANG_VERSION}", f"{ROUTER_DISTRIBUTION}=={ROUTER_VERSION}"]
+    if nixl:
+        needed.append(f"{NIXL_DISTRIBUTION}=={NIXL_VERSION}")
+    return needed

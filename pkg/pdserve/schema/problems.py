@@ -6,7 +6,8 @@ print every problem at once, one line each, or as JSON.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import difflib
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Any
@@ -15,6 +16,27 @@ from pdserve.schema import strict_json
 
 # The longest value a problem line shows in full.
 MAX_SHOWN = 200
+# A field the file must have and lacks, as every layer says it (pydantic's own words never reach a user).
+MISSING = "is required and missing"
+MISSING_FIX = "add it (`pdserve schema` describes it)"
+# How alike a misspelling and a known name must be (difflib's ratio) for "did you mean" to name it.
+CLOSE_ENOUGH = 0.6
+
+
+def closest(value: Any, known: Iterable[str]) -> str | None:
+    """The known name a misspelled `value` most likely meant, or None when none is close."""
+    if not isinstance(value, str):
+        return None
+    names = sorted(set(known))
+    folded = {name.lower().replace("-", "_"): name for name in names}
+    return folded.get(value.lower().replace("-", "_")) or next(
+        iter(difflib.get_close_matches(value, names, n=1, cutoff=CLOSE_ENOUGH)), None)
+
+
+def did_you_mean(value: Any, known: Iterable[str]) -> str:
+    """'did you mean "x"? ' for the known name closest to a misspelled `value`, or "" when none is close."""
+    near = closest(value, known)
+    return f"did you mean {strict_json.dumps(near)}? " if near else ""
 
 
 class Severity(StrEnum):

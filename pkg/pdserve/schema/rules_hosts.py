@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pdserve.schema.addresses import is_loopback, is_wildcard
 from pdserve.schema.config import WORKER_ROLES, Deployment, WorkerSpec
 from pdserve.schema.hosts import ADDRESS_UNSET
-from pdserve.schema.problems import Problem, Severity
+from pdserve.schema.problems import MISSING, MISSING_FIX, Problem, Severity
 from pdserve.schema.topology import DIST_INIT_SPAN, Node, router_hosts, router_unit, server_unit, servers
 
 
@@ -37,8 +37,8 @@ def one_host_shape(dep: Deployment) -> Iterator[Problem]:
                       "remove router.hosts (one host: the router runs where the units are rendered), or declare "
                       "the hosts as [hosts.<name>]")
     if dep.fallback is None:
-        # As pydantic says it of any missing field: a single-host file reads as it always did.
-        yield Problem("fallback", None, "Field required", "add this field (see `pdserve schema`)")
+        # As the loader says it of any missing field: a single-host file reads as it always did.
+        yield Problem("fallback", None, MISSING, MISSING_FIX)
 
 
 def multi_host_shape(dep: Deployment) -> Iterator[Problem]:
@@ -97,7 +97,7 @@ def addresses_given(dep: Deployment) -> Iterator[Problem]:
     """Every host has its address (the model leaves it unset so that the other rules run: hosts.ADDRESS_UNSET)."""
     for name, host in dep.hosts.items():
         if host.address == ADDRESS_UNSET:
-            yield Problem(f"hosts.{name}.address", None, "Field required",
+            yield Problem(f"hosts.{name}.address", None, MISSING,
                           "add the IP address the other hosts reach this host at, e.g. address = \"10.0.0.1\"")
 
 

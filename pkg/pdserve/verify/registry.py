@@ -18,6 +18,7 @@ from pdserve.schema.derived import unit_name
 from pdserve.verify.checks import e2e, exposure, gpu, kernels, metrics, numa, router, servers, units, versions
 from pdserve.verify.context import Context
 from pdserve.verify.expect import WorkerExpectation
+from pdserve.verify.presence import LOOPBACK_OF
 from pdserve.verify.result import CheckResult
 
 Check = Callable[[Context], CheckResult]
@@ -201,8 +202,13 @@ def _exposure_ports(ctx: Context) -> CheckResult:
     listening = {key: w for key, w in exp.workers.items() if w.serves_http}
     targets = [(w.port, f"{key} port") for key, w in listening.items()]
     targets += [(w.bootstrap_port, f"{key} bootstrap port") for key, w in listening.items() if w.bootstrap_port]
-    results = [net.probe(a, port, what, min(ctx.options.probe_timeout, 2.0)) for a in addresses for port, what in targets]
-    return exposure.check_ports(exp, addresses, results)
+    timeout = min(ctx.options.probe_timeout, 2.0)
+    results = [net.probe(a, port, what, timeout) for a in addresses for port, what in targets]
+    # Each worker port at its own listen address (a wildcard one at loopback): is anything there to expose?
+    own = {key: LOOPBACK_OF.get(w.host, w.host) for key, w in listening.items()}
+    ports = [(own[key], w.port, f"{key} port") for key, w in listening.items()]
+    ports += [(own[key], w.bootstrap_port, f"{key} bootstrap port") for key, w in listening.items() if w.bootstrap_port]
+    return exposure.check_ports(exp, addresses, results, [net.probe(a, port, what, timeout) for a, port, what in ports])
 
 
 def _exposure_auth(ctx: Context) -> CheckResult:

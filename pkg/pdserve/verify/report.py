@@ -14,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from pdserve.schema import strict_json
+from pdserve.verify.presence import Presence
 from pdserve.verify.printable import LINE_CHARS, printable
 from pdserve.verify.result import CheckResult, Status
 
@@ -52,6 +53,11 @@ class Report(_Strict):
     source: str
     host: str | None = Field(None, description="Multi-host deployments: the host this run stood on, whose "
                              "host-local checks it made (the others' are skipped, naming their host)")
+    verdict: str = Field(description="The run in one line, what the table says in detail: OK, FAILED (how many, "
+                         "which first), NOTHING RUNS HERE (no unit of the deployment installed on this host and none "
+                         "of its ports answering), or VERIFIER ERROR")
+    runs_here: bool | None = Field(description="Whether any unit of the deployment is installed on this host or any "
+                                   "of its ports answers here; null when that was not looked at")
     ok: bool = Field(description="No check failed and the verifier did not break")
     exit_code: Literal[0, 1, 3]
     duration_ms: int = Field(ge=0)
@@ -72,8 +78,29 @@ def _record(check: dict) -> dict:
     return {**check, **text, "details": [printable(line, LINE_CHARS) for line in check["details"]]}
 
 
+def verdict(deployment: str, results: list[CheckResult], broken: list[str], presence: Presence | None,
+            host: str | None = None) -> str:
+    """The run in one line: whether it works, and if not, the one thing to know first."""
+    where = f"host {host}" if host else "this host"
+    failing = [r.id for r in results if r.status is Status.FAIL]
+    if broken:
+        return f"VERIFIER ERROR: {len(broken)} check(s) could not run because of a bug in pdserve verify (see below)"
+    if presence is not None and not presence.anything:
+        systemd = f" (systemd not asked: {presence.systemd})" if presence.systemd else ""
+        return (f"NOTHING RUNS HERE: no unit of deployment {deployment} is installed on {where}{systemd} and none of "
+                f"its ports answers ({', '.join(presence.looked_at)}): run `pdserve verify` where it runs, or "
+                f"install and start it here (README: the commands)")
+    ran = [r for r in results if r.status is not Status.SKIP]
+    if not failing:
+        warned = sum(r.status is Status.WARN for r in results)
+        return (f"OK: deployment {deployment} on {where}: {len(ran)} check(s) pass" +
+                (f", {warned} with a warning" if warned else ""))
+    first = ", ".join(failing[:3]) + (", ..." if len(failing) > 3 else "")
+    return f"FAILED: {len(failing)} of {len(ran)} check(s) that ran fail on {where} ({first}); the fixes are below"
+
+
 def build(deployment: str, source: str, results: list[CheckResult], broken: list[str], duration_ms: int,
-          host: str | None = None) -> dict:
+          host: str | None = None, presence: Presence | None = None) -> dict:
     counts = {s.value: sum(r.status is s for r in results) for s in Status}
     code = exit_code(results, broken)
     data = {
@@ -81,6 +108,8 @@ def build(deployment: str, source: str, results: list[CheckResult], broken: list
         "deployment": printable(deployment),
         "source": printable(source),
         **({"host": printable(host)} if host else {}),
+        "verdict": printable(verdict(deployment, results, broken, presence, host), LINE_CHARS),
+        "runs_here": presence.anything if presence is not None else None,
         "ok": code == EXIT_OK,
         "exit_code": code,
         "duration_ms": duration_ms,
@@ -113,6 +142,7 @@ def _deselected(check: dict) -> bool:
 def print_table(console: Console, data: dict) -> None:
     """Every text goes in as rich Text, never as markup: a `[` in a server's answer is printed, not parsed."""
     on = f" on host {data['host']}" if data.get("host") else ""
+    console.print(Text(data["verdict"], style=_STYLE["pass" if data["ok"] else "fail"]), soft_wrap=True)
     table = Table(title=Text(f"pdserve verify: {data['deployment']} ({data['source']}){on}"), expand=True)
     table.add_column("check", no_wrap=True)
     table.add_column("status", no_wrap=True)
@@ -124,7 +154,8 @@ def print_table(console: Console, data: dict) -> None:
         if _deselected(check):
             continue
         observed = Text(check["observed"])
-        for line in check["details"][:12]:
+        # A detail the observed text already holds would only print it twice.
+        for line in [line for line in check["details"] if line not in check["observed"]][:12]:
             observed.append(f"\n  {line}", style="dim")
         table.add_row(Text(check["id"]), Text(check["status"], style=_STYLE[check["status"]]), observed,
                       Text(check["expected"]), str(check["duration_ms"]))

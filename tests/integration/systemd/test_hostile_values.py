@@ -58,7 +58,9 @@ def _render(container, data: dict, work, tools: dict[str, str], config_path: str
     env = container.env
     argv = [env.executable("pdserve"), "render", "-c", str(source),
             "--out", str(container.path("/etc/systemd/system")), "--config-path", config_path,
-            "--sglang-python", tools["sglang_python"], "--numactl", tools["numactl"], "--pdserve", tools["pdserve"]]
+            "--sglang-python", tools["sglang_python"], "--numactl", tools["numactl"], "--pdserve", tools["pdserve"],
+            # The tools are the container's recorders, rendered from outside it: no Python to ask here.
+            "--no-python-check"]
     return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
 
 

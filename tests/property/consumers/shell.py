@@ -1,12 +1,12 @@
 """The shell as the consumer of `pdserve plan`'s plain output.
 
 - `bash -n` and `sh -n` (dash, POSIX) parse every plan;
-- every plan is run, whole, by bash with allexport (`bash -a`, so its KEY=value lines reach the commands
-  as the units' Environment= would), in a throwaway root: an overlay of this machine's / in a private mount
+- every plan is run, whole, by bash as it is (each command passes its environment with env(1)), in a
+  throwaway root: an overlay of this machine's / in a private mount
   namespace, with a recording stub at every tool path the plan runs. The stub writes down the argv and the
   environment it received; the here-documents write the unit files and the ruleset. Nothing the plan does
   reaches the real filesystem, whatever a value injects;
-- `shlex.split` of each command and KEY=value line (Python's reading of the same shell syntax).
+- `shlex.split` of each command (Python's reading of the same shell syntax), its `env NAME=value` words apart.
 """
 
 from __future__ import annotations
@@ -50,13 +50,14 @@ printf '%s\0' "$batch"/p*/ | xargs -0 -n 64 -P 2 chroot "$layer/merged" /bin/bas
   for dir in "$@"; do
     cd "$dir" && mkdir calls
     /bin/bash -n plan.sh 2>syntax.bash; /bin/sh -n plan.sh 2>syntax.sh
-    /bin/bash -a ./plan.sh >stdout 2>stderr; echo $? >rc
+    /bin/bash ./plan.sh >stdout 2>stderr; echo $? >rc
   done' _
 """
 
 # The recording stub: argv (with the path it was run as) and environment, NUL-separated, one directory per call.
-_STUB = r"""#!/bin/bash
-shopt -s nullglob; made=(calls/*.argv); n=${#made[@]}
+# POSIX sh, not bash: an environment may hold SHELLOPTS or BASHOPTS, which bash would obey.
+_STUB = r"""#!/bin/sh
+n=0; while [ -e "calls/$n.argv" ]; do n=$((n + 1)); done
 printf '%s\0' "$0" "$@" >"calls/$n.argv"
 exec /usr/bin/env -0 >"calls/$n.env"
 """
@@ -135,10 +136,9 @@ def _collect(path: Path) -> Run:
 
 @dataclass
 class PlanBlocks:
-    """The plain plan, cut where its documented format says: per process, its KEY=value lines and its
-    command (continued with backslash-newline); per file, its here-document."""
+    """The plain plan, cut where its documented format says: per process, its command (continued with
+    backslash-newline, its environment in front of it); per file, its here-document."""
 
-    environments: list[list[str]] = field(default_factory=list)
     commands: list[str] = field(default_factory=list)
     heredocs: dict[str, str] = field(default_factory=dict)
 
@@ -149,13 +149,7 @@ def blocks(text: str) -> PlanBlocks:
     i = 0
     while i < len(lines):
         line = lines[i]
-        if line.startswith("# environment"):
-            env = []
-            while i + 1 < len(lines) and lines[i + 1] and not lines[i + 1].startswith("#"):
-                i += 1
-                env.append(lines[i])
-            found.environments.append(env)
-        elif line == "# command":
+        if line.startswith("# command"):
             command = [lines[i + 1]]
             i += 1
             while lines[i].endswith("\\"):
@@ -175,3 +169,21 @@ def shlex_words(command: str) -> list[str]:
     """A command as the shell reads it: backslash-newline joins lines (outside quotes, where the plan puts
     it), then words."""
     return shlex.split(command.replace("\\\n", ""))
+
+
+# How plan starts a program whose path holds `=` (which env(1) would take for an assignment).
+EXEC_AS_GIVEN = ["/bin/sh", "-c", 'exec "$0" "$@"']
+
+
+def split_environment(words: list[str]) -> tuple[dict[str, str], list[str]]:
+    """A command's words as env(1) reads them: `env NAME=value ... program args` is the environment it adds
+    and the argv it runs (the program through EXEC_AS_GIVEN where its path holds `=`)."""
+    if not words or words[0] != "env":
+        return {}, words
+    env, rest = {}, words[1:]
+    while rest and "=" in rest[0]:
+        name, value = rest.pop(0).split("=", 1)
+        env[name] = value
+    if rest[:3] == EXEC_AS_GIVEN:
+        rest = rest[3:]
+    return env, rest

@@ -3,6 +3,8 @@ prints.
 
 - A word is quoted with shlex.quote: the shell reads it back as exactly the value.
 - An assignment's name is a shell variable name; its value a quoted word.
+- A command's environment goes through env(1) (`env NAME=value ... program args`), so a pasted command runs
+  with it as the unit would: a bare `NAME=value` line sets a shell variable that no command below it sees.
 - A comment shows every line break and control character escaped, so no value ends it and starts a command.
 - A here-document's terminator is chosen so that no line of its body equals it, and is quoted (`<<'END'`),
   so the body is neither expanded nor ended early by any value.
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Mapping
 
 from pdserve.render.emit import EmitError
 from pdserve.render.emit.text import shown
@@ -31,6 +34,23 @@ def assignment(name: str, value: str) -> str:
     if not _NAME.fullmatch(name):
         raise EmitError(f"shell: {name!r} is not a variable name")
     return f"{name}={word(value)}"
+
+
+# env(1) reads every word holding `=` before the program as one more assignment: a program whose path holds
+# one is started through sh, which takes it as a word. /bin/sh by its path, since the environment may set PATH.
+_EXEC_AS_GIVEN = ("/bin/sh", "-c", 'exec "$0" "$@"')
+
+
+def environment_prefix(env: Mapping[str, str], program: str) -> list[str]:
+    """The shell words that, put before `program` and its arguments, run it with `env` added to the caller's
+    environment: `env NAME=value ...`. Not the shell's own `NAME=value program` or `export`: bash refuses to
+    assign its read-only variables (SHELLOPTS, BASHOPTS, UID, ...), env(1) passes any name on."""
+    if not env:
+        return []
+    words = ["env", *(assignment(name, value) for name, value in env.items())]
+    if "=" in program:
+        words += [word(part) for part in _EXEC_AS_GIVEN]
+    return words
 
 
 def comment(text: str) -> str:

@@ -9,15 +9,26 @@ from pdserve.verify.result import CheckResult, failed, passed, skipped, warned
 LOOPBACK = {"127.0.0.1", "::1", "localhost"}
 
 
-def check_ports(exp: Expectations, addresses: list[str], probes: list[PortProbe]) -> CheckResult:
+def _nothing_listens(probes: list[PortProbe]) -> str:
+    tried = ", ".join(f"{p.what} {p.address}:{p.port}" for p in probes) or "no port"
+    return (f"no server of the deployment listens here ({tried}: none accepts a connection), so there is no "
+            "exposure to test; run it where the servers run, once they are up")
+
+
+def check_ports(exp: Expectations, addresses: list[str], probes: list[PortProbe],
+                listening: list[PortProbe]) -> CheckResult:
     """exp: this host's workers. On one host they listen on loopback; on several, each listens on its host's
-    cluster address (where the router and its peers reach it; the firewall decides who may) and nowhere else."""
+    cluster address (where the router and its peers reach it; the firewall decides who may) and nowhere else.
+    `listening`: each worker port tried at its own listen address: a port nothing listens on is no proof that
+    it is closed beyond loopback, so with none of them up the check skips rather than passes."""
     cid = "exposure.ports"
     if exp.multi_host:
         return _check_cluster_ports(exp, addresses, probes)
     expected = "worker and bootstrap ports refuse connections on every non-loopback address"
     if not addresses:
         return skipped(cid, "this host has no non-loopback address to test from", expected)
+    if not any(p.reachable for p in listening):
+        return skipped(cid, _nothing_listens(listening), expected)
     open_ = [p for p in probes if p.reachable]
     observed = (f"tried {len(probes)} address:port pairs on {', '.join(addresses)}; "
                 + (", ".join(f"{p.what} open on {p.address}:{p.port}" for p in open_) or "none reachable"))
@@ -44,6 +55,9 @@ def _check_cluster_ports(exp: Expectations, addresses: list[str], probes: list[P
     if not exp.workers:
         return skipped(cid, "no server runs on this host", expected)
     on_cluster = {(w.host, port) for w in exp.workers.values() for port in (w.port, w.bootstrap_port) if port}
+    own = [p for p in probes if (p.address, p.port) in on_cluster]
+    if not any(p.reachable for p in own):
+        return skipped(cid, _nothing_listens(own), expected)
     open_ = [p for p in probes if p.reachable]
     observed = (f"tried {len(probes)} address:port pairs on {', '.join(addresses) or 'no address'}; "
                 + (", ".join(f"{p.what} open on {p.address}:{p.port}" for p in open_) or "none reachable"))
