@@ -61,6 +61,8 @@ FLOAT_FIELDS = {
     ("FallbackSpec", "mem_fraction_static"): ("fallback", "mem_fraction_static"),
     ("MonitoringSpec", "ttft_p99_seconds"): ("monitoring", "ttft_p99_seconds"),
     ("MonitoringSpec", "kv_usage_threshold"): ("monitoring", "kv_usage_threshold"),
+    ("RouterSpec", "retry_backoff_multiplier"): ("router", "retry_backoff_multiplier"),
+    ("RouterSpec", "retry_jitter_factor"): ("router", "retry_jitter_factor"),
 }
 PLACED = ("PlacedWorkerSpec", "mem_fraction_static")  # [[prefill]] of a multi-host file
 
