@@ -8,6 +8,7 @@ exception that escapes a command is Exit.INTERNAL with its reason, never a trace
 from __future__ import annotations
 
 import errno
+import os
 import sys
 from pathlib import Path
 
@@ -184,12 +185,14 @@ def wait_ready(role: str, config_path: Path | None, timeout: float, interval: fl
     seen when the deadline passes."""
     import time
 
-    from pdserve.launch.gate import LAST_PROBE_S, probe_for, wait_until_ready
+    from pdserve.launch.gate import LAST_PROBE_S, probe_for, wait_until_ready, watched
+    from pdserve.launch.main_process import MainProcessGone, watched_sleep
     from pdserve.probes import http
     from pdserve.schema.derived import unit_name
 
     dep = load_or_exit(config_path).deployment
     unit = f"sglang-{dep.name}-{server}" if server and role != "router" else unit_name(dep, role)
+    main_process = _main_process_or_exit()
     # Each request ends by --probe-timeout and none outlasts --timeout (but the probe at the deadline, which
     # gets LAST_PROBE_S), so the wait ends within --timeout + LAST_PROBE_S whatever a server does.
     with http.client(probe_timeout, not_after=time.monotonic() + timeout + LAST_PROBE_S) as client:
@@ -197,10 +200,16 @@ def wait_ready(role: str, config_path: Path | None, timeout: float, interval: fl
             probe = probe_for(dep, role, client, server)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--server") from None
-        result = wait_until_ready(
-            probe, timeout, interval,
-            on_change=lambda o: click.echo(f"{server or role}: {o.state}", err=True),
-        )
+        try:
+            result = wait_until_ready(
+                watched(probe, main_process), timeout, interval, sleep=watched_sleep(main_process),
+                on_change=lambda o: click.echo(f"{server or role}: {o.state}", err=True),
+            )
+        except MainProcessGone as gone:
+            click.echo(f"error: {unit}: {gone}; the gate stops now so that systemd restarts the unit "
+                       f"(Restart=on-failure) instead of waiting out --timeout; fix: read `journalctl -u {unit}` "
+                       "for why it exited", err=True)
+            raise SystemExit(Exit.PROBLEMS) from None
     if result.ready:
         click.echo(f"{unit} ready: {result.state}")
         return
@@ -208,6 +217,19 @@ def wait_ready(role: str, config_path: Path | None, timeout: float, interval: fl
     click.echo(f"error: {unit} not ready after {timeout:g} s; last state: {result.state}; "
                f"fix: read `journalctl -u {unit}`{where}", err=True)
     raise SystemExit(Exit.PROBLEMS)
+
+
+def _main_process_or_exit():
+    """The unit's main process when systemd named one ($MAINPID: the gate runs as ExecStartPost=), else None."""
+    from pdserve.launch.main_process import BadMainPid, MainProcess, main_pid_from
+
+    try:
+        pid = main_pid_from(os.environ)
+    except BadMainPid as exc:
+        click.echo(f"error: {exc}; systemd sets it to the unit's main PID, unset it to run the gate by hand",
+                   err=True)
+        raise SystemExit(Exit.USAGE) from None
+    return None if pid is None else MainProcess.open(pid)
 
 
 # `pdserve render` (pdserve.cli.render).
