@@ -15,7 +15,6 @@ import sys
 import time
 
 import pytest
-
 from pdserve.launch.gate import Observation, wait_until_ready, watched
 from pdserve.launch.main_process import (
     BadMainPid,
@@ -51,8 +50,8 @@ def test_a_running_process_is_not_gone_and_a_killed_one_is_seen_at_once(child):
         began = time.monotonic()
         assert main.wait(0.2) is False
         assert time.monotonic() - began >= 0.19
-        killer = subprocess.Popen([sys.executable, "-c", f"import os,time; time.sleep(0.3); "
-                                                                  f"os.kill({child.pid}, {int(signal.SIGKILL)})"])
+        script = f"import os, time; time.sleep(0.3); os.kill({child.pid}, {int(signal.SIGKILL)})"
+        killer = subprocess.Popen([sys.executable, "-c", script])
         began = time.monotonic()
         assert main.wait(20) is True  # wakes when the process ends, not at the end of the wait
         assert time.monotonic() - began < 5
@@ -113,7 +112,7 @@ def test_wait_ready_exits_nonzero_when_its_main_process_dies(child, tmp_path):
         assert gate.poll() is None, gate.communicate()
         child.kill()
         killed = time.monotonic()
-        out, err = gate.communicate(timeout=20)
+        _, err = gate.communicate(timeout=20)
         assert time.monotonic() - killed < 5, err
     finally:
         if gate.poll() is None:
@@ -126,6 +125,6 @@ def test_wait_ready_exits_nonzero_when_its_main_process_dies(child, tmp_path):
 
 def test_a_bad_mainpid_is_a_usage_error(tmp_path):
     gate = subprocess.run([sys.executable, "-m", "pdserve.cli.main", "wait-ready", "decode", "--timeout", "1"],
-                          env=dict(os.environ, MAINPID="1"), capture_output=True, text=True, timeout=60)
+                          env=dict(os.environ, MAINPID="1"), capture_output=True, text=True, timeout=60, check=False)
     assert gate.returncode == 2
     assert "$MAINPID=1 is not the unit's main process" in gate.stderr

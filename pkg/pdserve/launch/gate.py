@@ -25,7 +25,6 @@ from pdserve.schema.config import Deployment, Role
 from pdserve.schema.derived import disaggregation_mode, role_url
 from pdserve.schema.topology import server_named, servers
 
-
 # The wait probes once more at its deadline; that probe's requests may run this much past it, so a wait of
 # T seconds ends within T + LAST_PROBE_S (and a few milliseconds) whatever a server does.
 LAST_PROBE_S = 1.0
