@@ -97,7 +97,14 @@ def listed(body: object, url: str) -> dict | None:
 
 
 def admitted(entry: dict | None) -> bool:
-    return entry is not None and entry.get("is_healthy") is True and entry.get("status") == "ready"
+    """Routable: healthy, and (smg) in status "ready"; sglang-router 0.3.2's entries have no status."""
+    return entry is not None and entry.get("is_healthy") is True and entry.get("status", "ready") == "ready"
+
+
+def described(entry: dict | None) -> str:
+    if entry is None:
+        return "absent"
+    return f"is_healthy={shown(entry.get('is_healthy'))}, status={shown(entry.get('status'))}"
 
 
 @dataclass
@@ -147,7 +154,7 @@ class Membership:
 
         def gone() -> Observation:
             now = self._entry()
-            return Observation(now is None, f"router {self.router.url} still lists {self.server.name} as {shown(now)}")
+            return Observation(now is None, f"router {self.router.url} still lists {self.server.name} ({described(now)})")
 
         done = self._until(gone, timeout)
         return Observation(True, f"router {self.router.url} removed {self.server.name}") if done.ready else done
@@ -169,7 +176,8 @@ class Membership:
 
         def ready() -> Observation:
             now = self._entry()
-            return Observation(admitted(now), f"router {self.router.url} lists {self.server.name} as {shown(now)}")
+            return Observation(admitted(now), f"router {self.router.url} lists {self.server.name} "
+                                              f"({described(now)}), not yet routable")
 
         done = self._until(ready, timeout)
         return Observation(True, f"router {self.router.url} routes to {self.server.name} again") if done.ready else done
