@@ -105,12 +105,12 @@ def arrivals_since(c: PDCluster, role: str, offset: int) -> list[tuple[str, str]
     return ARRIVED.findall(text)
 
 
-def restart_prefill(c: PDCluster) -> int:
+def restart_prefill(c: PDCluster, knobs: dict[str, str] = STALL) -> int:
     """Kill the prefill (as a crash would), start it again with the first-transfer stall; the log offset
     from which the new process writes."""
     c.procs.pop("prefill").kill()
     offset = c.log("prefill").stat().st_size
-    c.start_worker("prefill", STALL)
+    c.start_worker("prefill", knobs)
     return offset
 
 
@@ -162,18 +162,50 @@ def test_the_restarted_prefill_gets_no_client_traffic_until_the_warm_up_went_thr
     assert router_lists(c, "prefill")
 
 
-def test_a_peer_that_is_down_keeps_the_gate_waiting_and_it_says_so(cluster):
+def test_a_peer_that_is_down_is_waited_for_then_the_server_goes_back_unwarmed_and_says_so(cluster):
     c = cluster
     c.stop_role("decode")
     try:
-        gate = pdserve("wait-ready", "prefill", "-c", str(c.config), "--timeout", "4", "--interval", "0.5",
-                       "--warm-up")
-        assert gate.returncode == 1
-        assert "no KV hand-off went through prefill in time" in gate.stderr, gate.stderr
-        assert "decode: " in gate.stderr and "unreachable" in gate.stderr, gate.stderr
+        began = time.monotonic()
+        gate = pdserve("wait-ready", "prefill", "-c", str(c.config), "--timeout", "60", "--interval", "0.5",
+                       "--warm-up", "--peer-wait", "2")
+        assert gate.returncode == 0, gate.stderr
+        assert 2 <= time.monotonic() - began < 30
+        assert "peer decode: " in gate.stderr and "unreachable" in gate.stderr, gate.stderr
+        assert "no peer was ready within 2 s, so prefill goes back to the routers unwarmed" in gate.stderr
+        assert router_lists(c, "prefill")
     finally:
         c.start_worker("decode")
         c.wait_workers()
+
+
+def test_a_peer_whose_hand_off_fails_fails_the_gate_at_its_deadline(cluster):
+    c = cluster
+    c.set_faults("decode", faults=["kv_transfer_fails"])
+    try:
+        began = time.monotonic()
+        gate = pdserve("wait-ready", "prefill", "-c", str(c.config), "--timeout", "4", "--interval", "0.5",
+                       "--warm-up")
+        assert gate.returncode == 1, gate.stderr
+        assert time.monotonic() - began < 30
+        assert "no KV hand-off went through prefill in time" in gate.stderr, gate.stderr
+        assert "decode decode" in gate.stderr and "answered 500" in gate.stderr and "KV transfer failed" in gate.stderr
+    finally:
+        c.reset_faults()
+
+
+def test_a_stalled_hand_off_is_given_up_after_the_hand_off_timeout_and_the_next_goes_through(cluster):
+    """The restarted prefill's first transfer stalls 30 s: the gate's first hand-off gives up after
+    --handoff-timeout (naming the leg that did not answer) instead of waiting on it, and a later one passes."""
+    c = cluster
+    restart_prefill(c, {"PDSERVE_STANDIN_FIRST_TRANSFER_STALL": "30"})
+    began = time.monotonic()
+    gate = pdserve("wait-ready", "prefill", "-c", str(c.config), "--timeout", "60", "--interval", "0.5",
+                   "--warm-up", "--handoff-timeout", "2")
+    took = time.monotonic() - began
+    assert gate.returncode == 0, gate.stderr
+    assert re.search(r"decode decode http://\S+ no answer \((DeadlinePassed|ReadTimeout)", gate.stderr), gate.stderr
+    assert took < 25, gate.stderr  # far less than the 30 s stall
 
 
 def test_a_router_that_is_down_neither_blocks_leaving_nor_the_hand_back(cluster):

@@ -184,8 +184,10 @@ def schema() -> None:
               "(`pdserve leave-routers` took it out); all within --timeout.")
 @seconds_option("--handoff-timeout", 60.0, 1.0, "Seconds each warm-up /generate may take (the first KV transfer "
                 "after a start stalls for seconds).")
+@seconds_option("--peer-wait", 60.0, 0, "Seconds the warm-up waits for a server of the other role to be ready; "
+                "then the server goes back to the routers unwarmed, said in the journal.")
 def wait_ready(role: str, config_path: Path | None, timeout: float, interval: float, probe_timeout: float,
-               server: str | None, warm_up: bool, handoff_timeout: float) -> None:
+               server: str | None, warm_up: bool, handoff_timeout: float, peer_wait: float) -> None:
     """Wait until ROLE (prefill, decode, router or fallback) answers as ready; exit 1 with the last state
     seen when the deadline passes. Run as ExecStartPost=, it exits 1 at once when the unit's main process
     ($MAINPID) exits, so systemd restarts the unit instead of waiting out the deadline."""
@@ -224,7 +226,7 @@ def wait_ready(role: str, config_path: Path | None, timeout: float, interval: fl
                 on_change=lambda o: say(o.state),
             )
             if result.ready and placed is not None:
-                result = warm_and_rejoin(dep, placed, client, handoff_client, began + timeout, interval,
+                result = warm_and_rejoin(dep, placed, client, handoff_client, began + timeout, interval, peer_wait,
                                          sleep=watched_sleep(main_process), say=say)
         except MainProcessGone as gone:
             click.echo(f"error: {unit}: {gone}; the gate stops now so that systemd restarts the unit "

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from pdserve.launch.gate import Observation, Probe, worker_observation
+from pdserve.launch.gate import Observation, worker_observation
 from pdserve.probes import http
 from pdserve.probes.answers import shown
 from pdserve.probes.observations import HttpObs
@@ -120,22 +120,33 @@ def hand_off(client: httpx.Client, pair: Pair, room: int | None = None) -> Obser
     return judge(pair, room, prefill, decode, time.monotonic() - began)
 
 
-def warm_up_probe(dep: Deployment, server: Server, probe_client: httpx.Client, handoff_client: httpx.Client) -> Probe:
-    """One warm-up attempt per call: a hand-off with each peer that answers as ready, in file order, until
-    one goes through. Not ready while none did; the state names each peer and why."""
-    pairs = pairs_for(dep, server)
+@dataclass
+class WarmUp:
+    """One warm-up attempt per call (a Probe): a hand-off with each peer that answers as ready, in file order,
+    until one goes through. Not ready while none did; the state names each peer and why. `met_a_peer` says
+    whether any attempt found a peer ready: without one no hand-off can be tried, which is not the worker's
+    fault (the last of a pair to start carries the hand-off through both)."""
 
-    def attempt() -> Observation:
+    dep: Deployment
+    server: Server
+    probe_client: httpx.Client
+    handoff_client: httpx.Client
+    met_a_peer: bool = False
+
+    def __call__(self) -> Observation:
+        pairs = pairs_for(self.dep, self.server)
         if not pairs:
-            return Observation(False, f"deployment {dep.name} has no server to pair {server.name} with")
+            return Observation(False, f"deployment {self.dep.name} has no server to pair {self.server.name} with")
         failed = []
         for pair in pairs:
-            peer = pair.peer_of(server)
-            seen = worker_observation(probe_client, peer.url, disaggregation_mode(peer.role))
-            outcome = hand_off(handoff_client, pair) if seen.ready else Observation(False, f"{peer.name}: {seen.state}")
-            if outcome.ready:
-                return outcome
-            failed.append(outcome.state)  # a broken peer must not keep the next one from being tried
+            peer = pair.peer_of(self.server)
+            seen = worker_observation(self.probe_client, peer.url, disaggregation_mode(peer.role))
+            if seen.ready:
+                self.met_a_peer = True
+                outcome = hand_off(self.handoff_client, pair)
+                if outcome.ready:
+                    return outcome
+                failed.append(outcome.state)  # a broken peer must not keep the next one from being tried
+            else:
+                failed.append(f"peer {peer.name}: {seen.state}")
         return Observation(False, "no KV hand-off went through yet: " + "; ".join(failed))
-
-    return attempt

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import httpx
 
 from pdserve.launch.gate import Observation, wait_until_ready
-from pdserve.launch.handoff import warm_up_probe
+from pdserve.launch.handoff import WarmUp
 from pdserve.launch.router_membership import Membership, routers_seen_from
 from pdserve.probes.credentials import CredentialError, read_key
 from pdserve.render.argv import API_KEY_CREDENTIAL
@@ -63,17 +63,36 @@ def leave_routers(dep: Deployment, server: Server, client: httpx.Client, timeout
 
 
 def warm_and_rejoin(dep: Deployment, server: Server, probe_client: httpx.Client, handoff_client: httpx.Client,
-                    deadline: float, interval: float, sleep: Callable[[float], None], say: Say,
+                    deadline: float, interval: float, peer_wait: float, sleep: Callable[[float], None], say: Say,
                     clock: Callable[[], float] = time.monotonic) -> Observation:
-    """A hand-off through `server` (retried every `interval` until `deadline`), then `server` back in every
-    reachable router. Not ready, with the state that says why, when either did not happen in time."""
-    warm = wait_until_ready(warm_up_probe(dep, server, probe_client, handoff_client), max(deadline - clock(), 0),
-                            interval, clock=clock, sleep=sleep, on_change=lambda o: say(f"warm-up: {o.state}"))
-    if not warm.ready:
+    """A hand-off through `server` (retried every `interval`), then `server` back in every reachable router.
+
+    With no peer ready for `peer_wait` seconds the server goes back unwarmed, said loudly: it cannot serve
+    PD without a peer anyway, and the peer, when it starts, carries its own gate's hand-off through both.
+    Not ready, with the state that says why, when peers were ready but no hand-off went through by
+    `deadline` (the KV transfer path is broken), or when a router that answers did not take it back."""
+    warm_up = WarmUp(dep, server, probe_client, handoff_client)
+
+    def until() -> float:
+        return deadline if warm_up.met_a_peer else min(deadline, began + peer_wait)
+
+    began = clock()
+    warm = Observation(False, "not tried")
+    while True:
+        warm = wait_until_ready(warm_up, max(until() - clock(), 0), interval, clock=clock, sleep=sleep,
+                                on_change=lambda o: say(f"warm-up: {o.state}"))
+        # A peer that turned up just before the peer wait ended extends the wait to the gate's deadline.
+        if warm.ready or clock() >= until():
+            break
+    if not warm.ready and warm_up.met_a_peer:
         return Observation(False, f"no KV hand-off went through {server.name} in time: {warm.state}")
+    if not warm.ready:
+        say(f"warning: no peer was ready within {peer_wait:g} s, so {server.name} goes back to the routers "
+            "unwarmed: the first request through it pays SGLang's first-transfer stall, unless its peer's gate "
+            "carries a hand-off through both first")
     for membership in memberships(dep, server, probe_client, say):
         joined = membership.join(max(deadline - clock(), 0))
         say(joined.state)
         if not joined.ready:
             return Observation(False, f"{warm.state}, but {joined.state}")
-    return Observation(True, warm.state)
+    return Observation(True, warm.state if warm.ready else f"ready, unwarmed: {warm.state}")
