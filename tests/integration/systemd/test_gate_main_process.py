@@ -12,9 +12,7 @@ import time
 
 import pytest
 
-from tests.integration.systemd.conftest import REPO
 from tests.integration.systemd.container import wait_for
-from tests.integration.systemd.lab import SHIM_DIR
 
 pytestmark = pytest.mark.integration
 
@@ -23,11 +21,7 @@ LEFT_WITHIN_S = 8.0  # the gate sees the exit at once; the rest is systemd's and
 
 
 def test_a_worker_killed_during_start_post_is_restarted_without_waiting_for_the_gate(lab, capsys):
-    data = lab.variant(prefill_env={"PDSERVE_STANDIN_STARTUP_DELAY": "600"}, start_timeout=GATE_TIMEOUT_SEC)
-    # The units run `pdserve` from the test's virtual environment; this tree's sources come first, as the
-    # test process itself imports them (the shim stays first: it stands in for sglang.launch_server).
-    data["environment"]["PYTHONPATH"] = f"{SHIM_DIR}:{REPO / 'pkg'}"
-    lab.install(data)
+    lab.install(lab.variant(prefill_env={"PDSERVE_STANDIN_STARTUP_DELAY": "600"}, start_timeout=GATE_TIMEOUT_SEC))
     unit = lab.unit("prefill")
     lab.container.run(["systemctl", "start", "--no-block", unit], timeout=30)
 
