@@ -1,9 +1,10 @@
-"""The sglang-router version a running router was started from.
+"""The router (smg) version a running router was started from.
 
-sglang-router 0.3.2 has no version endpoint. The verifier finds the router's process (the unit's
-MainPID, or whoever listens on the router's port) and reads which `sglang_router` package that process
-has loaded (/proc/<pid>/maps names its Rust extension); the package's dist-info beside it holds the
-version. When the maps are unreadable it asks the process's own Python (argv[0]) instead.
+The version is read from what the process runs, not from what it says on the network: the verifier finds
+the router's process (the unit's MainPID, or whoever listens on the router's port) and reads which `smg`
+package that process has loaded (/proc/<pid>/maps names its Rust extension, smg/smg_rs.abi3.so); the
+package's dist-info beside it holds the version. When the maps are unreadable it asks the process's own
+Python (argv[0]) instead.
 """
 
 from __future__ import annotations
@@ -13,9 +14,12 @@ import os
 import subprocess
 
 from pdserve.probes.observations import Unavailable
+from pdserve.schema.pins import ROUTER_DISTRIBUTION
 
-_ASK = "import importlib.metadata as m; print(m.version('sglang-router'))"
-_MARKER = f"{os.sep}sglang_router{os.sep}"
+_ASK = f"import importlib.metadata as m; print(m.version({ROUTER_DISTRIBUTION!r}))"
+# The Rust extension's path inside the import package (site-packages/smg/smg_rs.abi3.so): the package
+# directory alone could match an unrelated path that happens to have a directory named smg.
+_MARKER = f"{os.sep}{ROUTER_DISTRIBUTION}{os.sep}smg_rs."
 
 
 def _loaded_package_dir(pid: int) -> str | None:
@@ -31,7 +35,7 @@ def _loaded_package_dir(pid: int) -> str | None:
 
 
 def _dist_info_version(site_packages: str) -> str | None:
-    for meta in sorted(glob.glob(os.path.join(site_packages, "sglang_router-*.dist-info", "METADATA"))):
+    for meta in sorted(glob.glob(os.path.join(site_packages, f"{ROUTER_DISTRIBUTION}-*.dist-info", "METADATA"))):
         with open(meta, encoding="utf-8", errors="replace") as handle:
             for line in handle:
                 if line.startswith("Version:"):
@@ -57,7 +61,7 @@ def router_version(pids: set[int], timeout: float) -> tuple[str, str]:
         if site:
             version = _dist_info_version(site)
             if version:
-                return version, f"pid {pid} loaded {site}{_MARKER.rstrip(os.sep)}"
+                return version, f"pid {pid} loaded {site}{os.sep}{ROUTER_DISTRIBUTION}"
     for pid in sorted(pids):
         python = _argv0(pid)
         if not python:
@@ -65,7 +69,7 @@ def router_version(pids: set[int], timeout: float) -> tuple[str, str]:
         try:
             done = subprocess.run([python, "-c", _ASK], capture_output=True, text=True, timeout=timeout)
         except (OSError, subprocess.TimeoutExpired) as exc:
-            raise Unavailable(f"cannot ask {python} for its sglang-router version: {exc}") from None
+            raise Unavailable(f"cannot ask {python} for its {ROUTER_DISTRIBUTION} version: {exc}") from None
         if done.returncode == 0 and done.stdout.strip():
             return done.stdout.strip(), f"pid {pid}, {python}"
-    raise Unavailable(f"cannot tell which sglang-router router pid(s) {sorted(pids)} run (run as root)")
+    raise Unavailable(f"cannot tell which {ROUTER_DISTRIBUTION} router pid(s) {sorted(pids)} run (run as root)")
