@@ -25,9 +25,6 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 
 from pd_cluster import SERVED, PDCluster, wait_until, write_deployment  # noqa: E402
-from standin_sglang.launch import start  # noqa: E402
-
-from pdserve.render.argv import router_args  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -89,9 +86,7 @@ def cluster(tmp_path_factory):
 
 
 def start_smg(c: PDCluster) -> None:
-    # smg takes the flags pdserve renders for the router unchanged (../shared/facts/router.md).
-    argv = [sys.executable, "-m", "smg.launch_router", *router_args(c.deployment)]
-    c.procs["router"] = start(argv, c.log("router"), dict(os.environ))
+    c.start_router()  # smg 1.13.0, with the argv pdserve renders
     c.wait_router_ready()
 
 
