@@ -20,7 +20,6 @@ from pdserve.schema.loading import deployment_from_data
 from tests.integration.systemd.container import Container, ContainerError, wait_for
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
-REPO = Path(__file__).resolve().parents[3]
 if str(FIXTURES) not in sys.path:
     sys.path.insert(0, str(FIXTURES))
 
@@ -51,10 +50,7 @@ def base_deployment(ports: dict[str, int], numa_node: int | None) -> dict[str, A
         "router": {"host": "127.0.0.1", "port": ports["router"], "prometheus_host": "127.0.0.1",
                    "prometheus_port": ports["prometheus"], "health_check_timeout_secs": 10,
                    "worker_startup_timeout_secs": 60, "request_timeout_secs": 60},
-        # The shim first (it stands in for sglang.launch_server), then this checkout's sources: the units run
-        # `pdserve` from the test's virtual environment, whose editable install may point at another checkout.
-        "environment": {"PYTHONPATH": f"{SHIM_DIR}:{REPO / 'pkg'}", "PYTHONUNBUFFERED": "1",
-                        "SGLANG_TIMEOUT_KEEP_ALIVE": "75"},
+        "environment": {"PYTHONPATH": SHIM_DIR, "PYTHONUNBUFFERED": "1", "SGLANG_TIMEOUT_KEEP_ALIVE": "75"},
         "fallback": {"gpus": [0, 1], "mem_fraction_static": 0.8},
         "systemd": {"start_timeout_sec": START_TIMEOUT_SEC, "stop_timeout_sec": 15, "restart_sec": 2,
                     "start_limit_burst": 100, "start_limit_interval_sec": 60},
