@@ -215,3 +215,24 @@ def test_a_router_that_is_down_neither_blocks_leaving_nor_the_hand_back(cluster)
         assert "registers prefill from its own flags" in gate.stderr, gate.stderr
     finally:
         start_smg(c)
+
+
+def test_a_keyed_router_is_managed_with_its_key(tmp_path, visible_tmp_path):
+    """smg's worker API answers 401 without the router's key; the membership steps read it as every pdserve
+    command does ($CREDENTIALS_DIRECTORY, else the file), and with it take the prefill out and back."""
+    key_file = visible_tmp_path / "router.key"
+    key_file.write_text("warm-up-test-key\n")
+    c = PDCluster(write_deployment(tmp_path, api_key_file=str(key_file)), tmp_path)
+    try:
+        c.start_worker("prefill")
+        c.start_worker("decode")
+        c.wait_workers()
+        start_smg(c)
+        assert httpx.get(f"{c.url('router')}/workers", timeout=5).status_code == 401
+        left = pdserve("leave-routers", "prefill", "-c", str(c.config))
+        assert left.returncode == 0 and "removed prefill" in left.stderr, left.stderr
+        gate = pdserve("wait-ready", "prefill", "-c", str(c.config), "--timeout", "60", "--interval", "0.5",
+                       "--warm-up")
+        assert gate.returncode == 0 and "routes to prefill again" in gate.stderr, gate.stderr
+    finally:
+        c.stop()

@@ -295,6 +295,9 @@ def test_a_keyed_router_refusing_the_worker_api_is_named():
     m, _ = membership({("GET", ROUTER, "/workers"): (401, {"error": "Unauthorized"})}, pair.prefill)
     left = m.leave(3)
     assert not left.ready and "answered 401 to GET /workers: its worker API needs the router's API key" in left.state
+    # Nothing was removed, so nothing holds the gate: the router takes the worker back by itself.
+    joined = m.join(3)
+    assert joined.ready and "takes prefill back on its own health check, before the warm-up" in joined.state
 
 
 def test_join_adds_with_the_routers_own_spec_and_waits_until_routable():

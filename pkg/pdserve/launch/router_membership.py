@@ -79,6 +79,10 @@ class Refused(Exception):
     """The router answered, but not as smg's worker API does; the text names the answer."""
 
 
+class NeedsKey(Refused):
+    """The router's worker API wants its API key (401), which this unit cannot read."""
+
+
 class Unreadable(ValueError):
     """GET /workers answered something else than smg's worker list; the text says what."""
 
@@ -124,6 +128,8 @@ class Membership:
         if seen.status is None:
             raise RouterDown(f"router {self.router.url} unreachable: {seen.error}; when it starts it registers "
                              f"{self.server.name} from its own flags")
+        if seen.status == 401:
+            raise NeedsKey(self._refusal("GET", seen.status, ""))
         if seen.status != 200 or seen.error:
             raise Refused(self._refusal("GET", seen.status, seen.error or shown(seen.body)))
         try:
@@ -134,7 +140,8 @@ class Membership:
     def _refusal(self, method: str, status: int | None, what: str) -> str:
         if status == 401:
             return (f"router {self.router.url} answered 401 to {method} /workers: its worker API needs the "
-                    "router's API key, which this unit cannot read")
+                    f"router's API key, which this unit cannot read; the router takes {self.server.name} back on "
+                    "its own health check, before the warm-up")
         return f"router {self.router.url} answered {status} to {method} /workers: {what}"
 
     def leave(self, timeout: float) -> Observation:
@@ -144,7 +151,7 @@ class Membership:
             entry = self._entry()
         except RouterDown as down:
             return Observation(True, str(down))
-        except Refused as refused:
+        except Refused as refused:  # NeedsKey included: the router keeps the worker
             return Observation(False, str(refused))
         if entry is None:
             return Observation(True, f"router {self.router.url} does not list {self.server.name}")
@@ -169,8 +176,9 @@ class Membership:
                 # 409: registered meanwhile (the router restarted and took it from its flags).
                 if seen.status not in (200, 201, 202, 409):
                     return Observation(False, self._refusal("POST", seen.status, seen.error or shown(seen.body)))
-        except RouterDown as down:
-            return Observation(True, str(down))
+        except (RouterDown, NeedsKey) as cannot:
+            # Never removed either (the removal needed the key too): the router readmits it by itself.
+            return Observation(True, str(cannot))
         except Refused as refused:
             return Observation(False, str(refused))
 
