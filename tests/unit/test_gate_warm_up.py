@@ -38,6 +38,8 @@ from pdserve.render.units import render_units
 from pdserve.schema.loading import default_profile_text, deployment_from_data, load
 from pdserve.schema.topology import servers
 
+from tests.fixtures.fake_clock import FakeClock
+
 ROOT = Path(__file__).resolve().parents[2]
 FOUR_HOST = ROOT / "hosts/four-host/deployment.toml"
 TOOLS = Toolchain("/opt/sglang/bin/python", "/usr/bin/numactl", "/usr/bin/pdserve")
@@ -162,17 +164,6 @@ def test_no_peer_ready_is_not_a_peer_met():
     assert "peer prefill-2: http://10.20.0.2:30000 unreachable" in result.state
 
 
-class Clock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
-
-    def sleep(self, seconds):
-        self.now += seconds
-
-
 ROUTER = "127.0.0.1:30001"
 
 
@@ -199,7 +190,7 @@ def test_with_no_peer_for_the_peer_wait_the_server_goes_back_unwarmed_and_says_s
     dep, pair = single_pair()
     workers = []
     client, _ = peers(router_routes(workers))  # the decode (peer) answers nothing
-    clock, said = Clock(), []
+    clock, said = FakeClock(), []
     result = warm_and_rejoin(dep, pair.prefill, client, client, deadline=100, interval=1, peer_wait=5,
                              sleep=clock.sleep, say=said.append, clock=clock)
     assert result.ready and result.state.startswith("ready, unwarmed: ")
@@ -217,7 +208,7 @@ def test_a_ready_peer_whose_hand_offs_fail_fails_the_gate_at_its_deadline_and_ke
               ("POST", "127.0.0.1:30000", "/generate"): (200, OK),
               ("POST", "127.0.0.1:30002", "/generate"): (500, {"message": "KV transfer failed"})}
     client, _ = peers(routes)
-    clock = Clock()
+    clock = FakeClock()
     result = warm_and_rejoin(dep, pair.prefill, client, client, deadline=30, interval=2, peer_wait=5,
                              sleep=clock.sleep, say=lambda s: None, clock=clock)
     assert not result.ready and "no KV hand-off went through prefill in time" in result.state
@@ -257,7 +248,7 @@ def test_listed_and_admitted_read_smg_and_sglang_router_0_3_2_entries():
 
 def membership(routes, server):
     client, seen = peers(routes)
-    clock = Clock()
+    clock = FakeClock()
     return Membership(client, RouterRef("", f"http://{ROUTER}"), server, {}, clock=clock, sleep=clock.sleep), seen
 
 
