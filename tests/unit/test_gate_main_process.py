@@ -15,6 +15,7 @@ import sys
 import time
 
 import pytest
+
 from pdserve.launch.gate import Observation, wait_until_ready, watched
 from pdserve.launch.main_process import (
     BadMainPid,

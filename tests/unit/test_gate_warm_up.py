@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from pdserve.launch.gate import Observation
 from pdserve.launch.handoff import (
     RID_PREFIX,
@@ -37,7 +38,6 @@ from pdserve.render.toolchain import Toolchain
 from pdserve.render.units import render_units
 from pdserve.schema.loading import default_profile_text, deployment_from_data, load
 from pdserve.schema.topology import servers
-
 from tests.fixtures.fake_clock import FakeClock
 
 ROOT = Path(__file__).resolve().parents[2]

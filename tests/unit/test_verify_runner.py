@@ -4,11 +4,11 @@ import json
 
 import pytest
 from click.testing import CliRunner
+
 from pdserve.cli.main import main
 from pdserve.probes.observations import Unavailable
 from pdserve.verify import report, runner
 from pdserve.verify.result import failed, passed
-
 from tests.fixtures.fake_clock import FakeClock
 
 IDS = list(runner.CHECKS)
