@@ -377,3 +377,20 @@ def test_on_several_hosts_only_a_servers_node_0_unit_leaves_and_warms():
     assert directives(decode, "ExecStartPost")[0].endswith("--warm-up")
     (other,) = node1.values()
     assert directives(other, "ExecStartPre") == [] and "--warm-up" not in directives(other, "ExecStartPost")[0]
+
+
+def test_a_hostile_peers_endless_answer_is_cut_at_the_size_bound():
+    from pdserve.launch.handoff import ANSWER_MAX_BYTES, hand_off
+
+    _, pair = single_pair()
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.port == 30002:
+            return httpx.Response(200, content=b"[" * (ANSWER_MAX_BYTES + 10),
+                                  headers={"Content-Type": "application/json"})
+        return httpx.Response(200, json=OK)
+
+    # The bound is probes.http.read's, whatever the transport.
+    with httpx.Client(transport=httpx.MockTransport(handler)) as client:
+        seen = hand_off(client, pair, 11)
+    assert not seen.ready and "decode decode http://127.0.0.1:30002/generate: no answer (AnswerTooLarge" in seen.state
