@@ -169,6 +169,8 @@ let
       routers = routerHosts settings;
       placed = placedServers settings;
       decodeHosts = builtins.concatMap (s: s.hosts) (builtins.filter (s: s.role == "decode") placed);
+      # Node 0 hosts of the servers of the other role (pdserve.launch.handoff's peers).
+      warmers = s: map (o: builtins.head o.hosts) (builtins.filter (o: o.role != s.role) placed);
       transfer = orDefault schema "TransferSpec" (settings.transfer or { });
       router = orDefault schema "RouterSpec" (settings.router or { });
       listener = on: field: first: last: purpose: from: {
@@ -186,7 +188,8 @@ let
           bootstrap = if ownBootstrap then s.server.bootstrap_port else transfer "bootstrap_port";
           distInit = s.server.dist_init_port or null;
         in
-        [ (listener head "${s.field}.port" s.port s.port "${s.name} HTTP API" (reachedFrom routers head)) ]
+        # The routers proxy to it; the other role's servers' gates send their warm-up hand-off through it.
+        [ (listener head "${s.field}.port" s.port s.port "${s.name} HTTP API" (reachedFrom (routers ++ warmers s) head)) ]
         ++ builtins.genList (
           i:
           listener (builtins.elemAt rest i) "${s.field}.port" s.port s.port

@@ -136,8 +136,9 @@ def test_firewall_opens_each_worker_port_only_to_its_users():
         "8998": ["10.20.0.3", "10.20.0.4"],     # bootstrap: both decode nodes
         "drop": ["30000", "8998"]}
     assert rules_of(render_firewall(dep, "gpu-c")) == {
+        "30002": ["10.20.0.1", "10.20.0.2"],    # HTTP: the prefills' gates (warm-up); its router is on this host
         "5000-5006": ["10.20.0.4"],             # dist-init: the other node of decode-1
-        "drop": ["30002", "5000-5006"]}         # HTTP: its router is on this host (loopback)
+        "drop": ["30002", "5000-5006"]}
     assert rules_of(render_firewall(dep, "gpu-d")) == {"drop": ["30002"]}
     two = load(TWO_HOST).deployment
     assert rules_of(render_firewall(two, "gpu-a")) == {"30000": ["10.10.0.2"], "8998": ["10.10.0.2"],

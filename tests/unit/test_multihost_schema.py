@@ -59,7 +59,9 @@ def test_two_host_servers_and_listeners():
     assert placed["prefill-1"].url == "http://10.10.0.1:30000" and placed["prefill-1"].bootstrap_port == 8998
     assert placed["decode-1"].url == "http://10.10.0.2:30002" and placed["decode-1"].bootstrap_port is None
     found = {(item.host, item.first): item.reached_from for item in listeners(dep) if item.worker_port}
-    assert found == {("gpu-a", 30000): ("gpu-b",), ("gpu-a", 8998): ("gpu-b",), ("gpu-b", 30002): ()}
+    # The decode's API: its router is on its own host (loopback), and the prefill's readiness gate on gpu-a
+    # sends its warm-up hand-off through it.
+    assert found == {("gpu-a", 30000): ("gpu-b",), ("gpu-a", 8998): ("gpu-b",), ("gpu-b", 30002): ("gpu-a",)}
 
 
 def test_unit_names_unique_across_hosts():
@@ -241,7 +243,8 @@ def test_routers_on_several_hosts_are_each_a_full_view():
     assert [router_unit(dep, h) for h in dep.router.hosts] == ["sglang-dsv4-router-gpu-c", "sglang-dsv4-router-gpu-d"]
     found = {(item.host, item.first): item.reached_from for item in listeners(dep) if item.worker_port}
     assert found[("gpu-a", 30000)] == ("gpu-c", "gpu-d")   # both routers reach every server
-    assert found[("gpu-c", 30002)] == ("gpu-d",)            # and the decode's API, from the other router
+    # The decode's API: from the other router, and from the prefills' hosts (their gates' warm-up hand-off).
+    assert found[("gpu-c", 30002)] == ("gpu-d", "gpu-a", "gpu-b")
 
 
 def test_a_bad_host_name_is_named_and_what_followed_from_it_too():

@@ -129,5 +129,9 @@ def test_router_unit_starts_its_process_only_with_both_workers_ready(reference, 
         assert gate[gate.index("--config") + 1] == CONFIG
         # Short: After= already waited for the workers' starts to end; this only confirms they are ready.
         assert float(gate[gate.index("--timeout") + 1]) == WORKER_GATE_SEC
-    for worker in ("sglang-dsv4-prefill", "sglang-dsv4-decode", "sglang-dsv4"):
-        assert "ExecStartPre" not in units[worker]["Service"]
+    # The workers wait for nothing before their process starts; a PD server only leaves the routers first
+    # (pdserve leave-routers, which never fails the start: tests/unit/test_gate_warm_up.py).
+    assert "ExecStartPre" not in units["sglang-dsv4"]["Service"]
+    for worker in ("prefill", "decode"):
+        (pre,) = units[f"sglang-dsv4-{worker}"]["Service"]["ExecStartPre"]
+        assert shlex.split(pre)[1:3] == ["leave-routers", worker]

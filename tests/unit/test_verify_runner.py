@@ -9,6 +9,7 @@ from pdserve.cli.main import main
 from pdserve.probes.observations import Unavailable
 from pdserve.verify import report, runner
 from pdserve.verify.result import failed, passed
+from tests.fixtures.fake_clock import FakeClock
 
 IDS = list(runner.CHECKS)
 
@@ -24,17 +25,6 @@ def test_selection_by_prefix_and_reasons():
 def test_unknown_selection_is_refused():
     with pytest.raises(runner.SelectionError, match="'e3' matches no check"):
         runner.select(IDS, ["e3"], [])
-
-
-class FakeClock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
-
-    def sleep(self, seconds):
-        self.now += seconds
 
 
 def _run(checks, wait=0.0):
@@ -126,7 +116,6 @@ def test_cli_exit_1_on_failure_and_3_when_a_check_crashes(monkeypatch):
 
 def _context(dep, options=None, systemctl=None):
     import httpx
-
     from pdserve.verify.expect import expectations
 
     return runner.Context(dep, expectations(dep), options or runner.Options(), httpx.Client(), systemctl)

@@ -20,6 +20,8 @@ class Entry:
 COMMANDS: dict[str, Entry] = {
     "check": Entry("pdserve.cli.check", "check", "Validate deployment files (and this host, where it is the target)."),
     "cutover": Entry("pdserve.cli.cutover", "cutover_command", "Move to TARGET (pd or single), rolling back on failure."),
+    "leave-routers": Entry("pdserve.cli.leave_routers", "leave_routers_command",
+                           "Take a prefill/decode server out of the routers (its unit's first step)."),
     "plan": Entry("pdserve.cli.plan", "plan", "Show what would run: topology, commands, environment, units."),
     "render": Entry("pdserve.cli.render", "render_command", "Write the unit files and the deployment JSON they read."),
     "schema": Entry("pdserve.cli.schema_command", "schema", "Print the deployment's JSON Schema."),

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import httpx
 
+from pdserve.launch.main_process import MainProcess, check_alive
 from pdserve.probes import http
 from pdserve.probes.answers import Mismatch, shown
 from pdserve.probes.metrics import MAX_BYTES as METRICS_MAX_BYTES
@@ -23,7 +24,6 @@ from pdserve.probes.router import worker_counts
 from pdserve.schema.config import Deployment, Role
 from pdserve.schema.derived import disaggregation_mode, role_url
 from pdserve.schema.topology import server_named, servers
-
 
 # The wait probes once more at its deadline; that probe's requests may run this much past it, so a wait of
 # T seconds ends within T + LAST_PROBE_S (and a few milliseconds) whatever a server does.
@@ -151,6 +151,17 @@ def probe_for(dep: Deployment, role: Role, client: httpx.Client, server: str | N
         url = role_url(dep, role)
     mode = disaggregation_mode(role)
     return lambda: worker_observation(client, url, mode)
+
+
+def watched(probe: Probe, main: MainProcess | None) -> Probe:
+    """`probe`, which first raises MainProcessGone when the unit's main process has exited: a dead worker's
+    port refuses connections, which would read as "still loading" until the deadline."""
+
+    def checked() -> Observation:
+        check_alive(main)
+        return probe()
+
+    return checked
 
 
 def wait_until_ready(

@@ -109,8 +109,15 @@ def read(client: httpx.Client, method: str, url: str, max_bytes: int, seconds: f
 
 def get(client: httpx.Client, url: str, headers: dict[str, str] | None = None,
         max_bytes: int = JSON_MAX_BYTES) -> HttpObs:
+    return exchange(client, "GET", url, headers=headers, max_bytes=max_bytes)
+
+
+def exchange(client: httpx.Client, method: str, url: str, body: Any = None, headers: dict[str, str] | None = None,
+             max_bytes: int = JSON_MAX_BYTES) -> HttpObs:
+    """One request (with `body` as JSON, when given) read as get() reads its answer: bounded, never raising."""
     try:
-        response, data = read(client, "GET", url, max_bytes, headers=headers)
+        extra = {} if body is None else {"json": body}
+        response, data = read(client, method, url, max_bytes, headers=headers, **extra)
     except httpx.HTTPError as exc:
         return HttpObs(url, None, None, _problem(exc))
     if response.is_redirect:

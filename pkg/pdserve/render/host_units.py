@@ -25,6 +25,7 @@ from pdserve.render.units import (
     render_ini,
     service_section,
     unit_header,
+    warm_start,
 )
 from pdserve.schema import systemd_syntax
 from pdserve.schema.config import Deployment
@@ -83,7 +84,11 @@ def _service(dep: Deployment, host: str, launch: Launch, config_path: str, tools
         server = server_named(dep, launch.server or "")
         assert server is not None
         ready = _gate(tools, config_path, server, load - READY_MARGIN_SEC, "2")
-        return service_section(dep, launch, tools, start_timeout=load, gates=[], ready=ready)
+        gates: list[list[str]] = []
+        if launch.node_rank == 0:
+            # The server's API runs on node 0: its unit alone takes it out of the routers and warms it.
+            gates, ready = warm_start(tools, config_path, server.role, ready, ["--server", server.name])
+        return service_section(dep, launch, tools, start_timeout=load, gates=gates, ready=ready)
     here = _local(dep, host)
     gates = [_gate(tools, config_path, s, WORKER_GATE_SEC, "0.5") if s.name in here else
              _gate(tools, config_path, s, load - READY_MARGIN_SEC, "2") for s in servers(dep)]

@@ -24,6 +24,9 @@ from pdserve.schema.problems import ConfigError, Problem
 READY_MARGIN_SEC = 10
 # The router's ExecStartPre= check that both workers are ready (their own starts have ended by then).
 WORKER_GATE_SEC = 5
+# A worker's ExecStartPre= taking it out of the routers: smg removes a worker within a second; a router that
+# does not answer by then is left alone (the server must start either way).
+LEAVE_ROUTERS_SEC = 10
 
 Section = list[tuple[str, str]]
 
@@ -123,12 +126,28 @@ def _service_section(dep: Deployment, launch: Launch, config_path: str, tools: T
     ready = [tools.pdserve, "wait-ready", launch.role, "--config", config_path,
              "--timeout", str(max(start_timeout - READY_MARGIN_SEC, 1))]
     gates = []
-    if launch.role == "router":
+    if launch.role in ("prefill", "decode"):
+        gates, ready = warm_start(tools, config_path, launch.role, ready)
+        if launch.role == "prefill" and set(dep.prefill.gpus) & set(dep.decode.gpus):
+            # The decode starts only once the prefill's start has ended (After=, see _unit_section): waiting
+            # for it would hold both until the deadline. The decode's own gate warms the pair instead.
+            ready += ["--peer-wait", "0"]
+    elif launch.role == "router":
         # By the time this runs (After=) both workers' starts have ended, ready or failed: the gate only
         # confirms, so it is short.
         gates = [[tools.pdserve, "wait-ready", worker, "--config", config_path, "--timeout", str(WORKER_GATE_SEC),
                   "--interval", "0.5"] for worker in ("prefill", "decode")]
     return service_section(dep, launch, tools, start_timeout=start_timeout, gates=gates, ready=ready)
+
+
+def warm_start(tools: Toolchain, config_path: str, role: str, ready: list[str],
+               server: list[str] | None = None) -> tuple[list[list[str]], list[str]]:
+    """A PD server's start, warm: out of the routers first (ExecStartPre=), and a gate that hands it back
+    only once a real KV hand-off went through it (ExecStartPost=), so that no client request pays SGLang's
+    first-transfer stall after a start (launch.warm). `server`: ["--server", NAME] on several hosts."""
+    leave = [tools.pdserve, "leave-routers", role, *(server or []), "--config", config_path,
+             "--timeout", str(LEAVE_ROUTERS_SEC)]
+    return [leave], [*ready, "--warm-up"]
 
 
 def service_section(dep: Deployment, launch: Launch, tools: Toolchain, *, start_timeout: int,

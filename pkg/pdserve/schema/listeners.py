@@ -3,7 +3,9 @@
 The per-host port rule (pdserve.schema.rules_ports) and the per-host firewall (pdserve.render.firewall)
 both read this, so a port the rules accept is exactly a port the firewall opens, to exactly the hosts
 that use it:
-- a server's HTTP API (node 0): the router host(s), which proxy to it and probe /health;
+- a server's HTTP API (node 0): the router host(s), which proxy to it and probe /health, and the hosts of
+  the other role's servers (node 0), whose readiness gates send their warm-up KV hand-off through it
+  (pdserve.launch.handoff);
 - a prefill's bootstrap port (node 0): the decode servers' hosts, which fetch the KV hand-off from it, and
   the prefill's own other nodes, whose ranks register there;
 - a multi-node server's dist-init ports (node 0): its other nodes (torch's TCPStore, SGLang's ZMQ ports);
@@ -45,8 +47,10 @@ def _unique(hosts: list[str], but: str) -> tuple[str, ...]:
 
 def _server_listeners(dep: Deployment, server: Server, routers: list[str], decode_hosts: list[str]) -> list[Listener]:
     head = server.hosts[0]
+    other = "decode" if server.role == "prefill" else "prefill"
+    warmers = [s.hosts[0] for s in servers(dep, other)]  # type: ignore[arg-type]
     found = [Listener(head, f"{server.field}.port", server.port, server.port, f"{server.name} HTTP API",
-                      _unique(routers, head))]
+                      _unique([*routers, *warmers], head))]
     found += [Listener(host, f"{server.field}.port", server.port, server.port,
                        f"{server.name} node {rank} health (SGLang's health-only server)", ())
               for rank, host in enumerate(server.hosts) if rank > 0]

@@ -60,7 +60,9 @@ def firewall_paths(cluster: Cluster) -> list[Reach]:
 
     for server in plan.servers():
         head, others = server.hosts[0], set(server.hosts[1:])
-        each(f"{server.name} HTTP API", head, server.port, routers)
+        # The routers proxy to it; the other role's servers' gates send their warm-up hand-off through it.
+        warmers = {s.hosts[0] for s in plan.servers() if s.role != server.role}
+        each(f"{server.name} HTTP API", head, server.port, routers | warmers)
         for rank, host in enumerate(server.hosts[1:], start=1):
             each(f"{server.name} node {rank} HTTP", host, server.port, set())
         if server.bootstrap_port is not None:

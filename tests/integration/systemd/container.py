@@ -61,6 +61,8 @@ class PythonEnv:
     base_prefix: str
     binds: tuple[str, ...]
     rootfs_packages: tuple[str, ...]
+    # "HOST:INSIDE" read-only binds: this checkout's pkg/ where the venv's editable pdserve looks for it.
+    overlays: tuple[str, ...] = ()
 
     @classmethod
     def current(cls, repo: Path) -> PythonEnv:
@@ -83,10 +85,25 @@ class PythonEnv:
         binds = sorted(set(binds))
         # A bind inside another bind is already visible.
         binds = [b for b in binds if not any(b != o and Path(b).is_relative_to(o) for o in binds)]
-        return cls(str(Path(prefix) / "bin" / "python"), prefix, base, tuple(binds), tuple(packages))
+        return cls(str(Path(prefix) / "bin" / "python"), prefix, base, tuple(binds), tuple(packages),
+                   editable_overlays(repo, Path(sysconfig.get_paths()["purelib"])))
 
     def executable(self, name: str) -> str:
         return str(Path(self.prefix) / "bin" / name)
+
+
+def editable_overlays(repo: Path, site: Path) -> tuple[str, ...]:
+    """A venv whose editable pdserve was installed from another checkout (a git worktree sharing the main
+    checkout's venv) names that checkout's pkg/ in a .pth file: the units' `pdserve` would import that code,
+    or nothing, since only this checkout is bound in. Inside the container this checkout's pkg/ shows there."""
+    ours = (repo / "pkg").resolve()
+    found = []
+    for pth in sorted(site.glob("*pdserve*.pth")):
+        for line in pth.read_text(encoding="utf-8", errors="replace").splitlines():
+            target = Path(line.strip())
+            if target.is_absolute() and target.is_dir() and target.resolve() != ours:
+                found.append(f"{ours}:{target}")
+    return tuple(found)
 
 
 def rootfs_key(packages: tuple[str, ...]) -> str:
@@ -219,7 +236,7 @@ class Container:
         machine = self.network_namespace or f"pdserve-test-{os.getpid()}"
         argv = ["systemd-nspawn", "-D", str(self.root), "--boot", "--register=no", "--keep-unit",
                 "--console=read-only", f"--machine={machine}",
-                *[f"--bind-ro={b}" for b in (*self.env.binds, *self.read_only_binds)]]
+                *[f"--bind-ro={b}" for b in (*self.env.binds, *self.env.overlays, *self.read_only_binds)]]
         if self.network_namespace:
             argv.append(f"--network-namespace-path=/run/netns/{self.network_namespace}")
         self.boots += 1
