@@ -17,8 +17,8 @@ from pdserve.launch.gate import Observation, wait_until_ready
 from pdserve.launch.handoff import WarmUp
 from pdserve.launch.router_membership import Membership, routers_seen_from
 from pdserve.probes.credentials import CredentialError, read_key
-from pdserve.render.argv import API_KEY_CREDENTIAL
 from pdserve.schema.config import Deployment, Role
+from pdserve.schema.derived import API_KEY_CREDENTIAL
 from pdserve.schema.topology import Server, server_named, servers
 
 Say = Callable[[str], None]

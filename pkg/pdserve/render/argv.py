@@ -10,12 +10,16 @@ from dataclasses import dataclass, replace
 
 from pdserve.render.toolchain import Toolchain
 from pdserve.schema.config import ROLES, Deployment, Role, ServerSpec
-from pdserve.schema.derived import listen_address, role_url, router_shutdown_grace, unit_name, url_of
+from pdserve.schema.derived import (
+    API_KEY_CREDENTIAL,
+    listen_address,
+    role_url,
+    router_shutdown_grace,
+    unit_name,
+    url_of,
+)
 from pdserve.schema.fields import DSA_KERNELS_ENV
 from pdserve.schema.topology import Node, host_address, nodes_on, router_hosts, router_unit, server_unit, servers
-
-# Name of the systemd credential that carries the API key (LoadCredential=<name>:<file>).
-API_KEY_CREDENTIAL = "api-key"
 
 # The modules the SGLang Python runs: SGLang's server, and the router (smg, pdserve.schema.pins).
 SERVER_MODULE = "sglang.launch_server"
