@@ -74,7 +74,7 @@ class Load:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("warm")
-    c = PDCluster(write_deployment(workdir, router_extra_args=["--health-failure-threshold", "1"]), workdir)
+    c = PDCluster(write_deployment(workdir, router={"health_failure_threshold": 1}), workdir)
     try:
         c.start_worker("prefill")
         c.start_worker("decode")

@@ -3,8 +3,9 @@ the container tier can compare what real systemd hands a process with what pdser
 
 Each tool path gets a /bin/sh wrapper (`exec python record.py "$0" "$@"`: "$0" is the path systemd
 executed). record.py writes the exact bytes of that path, its arguments and its environment as hex into
-the unit's working directory (its StateDirectory), in a file named after the unit's invocation ID (and, for a wait-ready gate, the role it waits for).
-The main process then waits to be stopped, as a server would; the ExecStartPost= gate exits 0.
+the unit's working directory (its StateDirectory), in a file named after the unit's invocation ID and what ran: `main`, `gate-ROLE` for a `wait-ready ROLE`
+gate, `leave-ROLE` for a worker's ExecStartPre= `leave-routers ROLE`.
+The main process then waits to be stopped, as a server would; the gates exit 0.
 """
 
 from __future__ import annotations
@@ -17,18 +18,18 @@ RECORDER_DIR = "/opt/pdserve-recorder"
 RECORD_PY = '''\
 import json, os, sys, time
 exe, args = sys.argv[1], sys.argv[2:]
-gate = bool(args) and args[0] == "wait-ready"
+step = {"wait-ready": "gate", "leave-routers": "leave"}.get(args[0] if args else "")
 record = {
     "exe": os.fsencode(exe).hex(),
     "argv": [os.fsencode(a).hex() for a in args],
     "env": {k.hex(): v.hex() for k, v in os.environb.items()},
 }
-# The gates (ExecStartPre=/ExecStartPost= `pdserve wait-ready ROLE`) are told apart by their role.
-name = "%s-%s.json" % (os.environ.get("INVOCATION_ID", "none"), "gate-" + args[1] if gate else "main")
+# The gates (`pdserve wait-ready ROLE`, `pdserve leave-routers ROLE`) are told apart by their role.
+name = "%s-%s.json" % (os.environ.get("INVOCATION_ID", "none"), step + "-" + args[1] if step else "main")
 with open(name + ".tmp", "w") as out:
     json.dump(record, out)
 os.replace(name + ".tmp", name)
-if not gate:
+if not step:
     time.sleep(600)
 '''
 

@@ -117,6 +117,11 @@ def test_every_accepted_value_reaches_the_process_byte_for_byte(container, hosti
         post = _record(container, unit, f"gate-{role}")
         assert post["exe"] == TOOLS["pdserve"].encode()
         assert post["argv"][:5] == [b"wait-ready", role.encode(), b"--config", CONFIG_PATH.encode(), b"--timeout"]
+        if role in ("prefill", "decode"):
+            # The worker left the routers first (ExecStartPre=), named by the same hostile config path.
+            pre = _record(container, unit, f"leave-{role}")
+            assert pre["exe"] == TOOLS["pdserve"].encode()
+            assert pre["argv"][:4] == [b"leave-routers", role.encode(), b"--config", CONFIG_PATH.encode()]
         if role == "router":
             # The keyed launcher read the key from LoadCredential=, loaded from the hostile key path.
             creds = main["env"][b"CREDENTIALS_DIRECTORY"].decode()
