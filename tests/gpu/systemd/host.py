@@ -1,0 +1,136 @@
+"""What the GPU machine lends the container, and how nspawn is told: pure functions of facts read there.
+
+The GPU machine has root but no running systemd and no systemd-container. The container sees:
+- the NVIDIA device nodes (bound read-write; the units' DevicePolicy=closed + DeviceAllow=char-nvidia* then
+  decide who may open them) and the directory holding the driver's user-space libraries (read-only, added to
+  the container's loader path so `ldconfig -p` finds libcuda there, as Triton looks for it);
+- the host's Python at its own paths: the interpreter, its standard library, the virtual environment with
+  torch, and its C headers (Triton compiles its launcher against Python.h and the multiarch pyconfig.h);
+- the staged SGLang site and this checkout, read-only.
+`nspawn_command` runs the rootfs's own systemd-nspawn through the rootfs's own loader, so no host
+library is mixed into it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import subprocess
+import sys
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+DEVICE_GLOBS = ("nvidia[0-9]*", "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset", "nvidia-caps")
+LOADER = "usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"
+ROOTFS_LIBRARY_PATH = ("usr/lib/x86_64-linux-gnu", "usr/lib/x86_64-linux-gnu/systemd")
+DRIVER_CONF = "etc/ld.so.conf.d/pdserve-host-nvidia.conf"
+HOST_LIBS = "usr/local/lib/pdserve-host"
+HOST_LIBS_CONF = "etc/ld.so.conf.d/pdserve-host-libs.conf"
+
+
+@dataclass(frozen=True)
+class PythonLayout:
+    executable: str  # the real interpreter behind the venv's python (symlinks resolved)
+    prefix: str  # the venv
+    base_prefix: str
+    stdlib: str
+    include: str  # Python.h
+    multiarch_include: str | None  # Debian/Ubuntu keep pyconfig.h apart, under /usr/include/<multiarch>/
+    path_entries: tuple[str, ...]  # sys.path directories that exist
+
+    @classmethod
+    def current(cls) -> PythonLayout:
+        include = sysconfig.get_paths()["include"]
+        multiarch = sysconfig.get_config_var("MULTIARCH")
+        version = sysconfig.get_python_version()
+        multi = str(Path("/usr/include") / multiarch / f"python{version}") if multiarch else None
+        return cls(executable=os.path.realpath(sys.executable), prefix=sys.prefix, base_prefix=sys.base_prefix,
+                   stdlib=sysconfig.get_paths()["stdlib"], include=include,
+                   multiarch_include=multi if multi and Path(multi).is_dir() else None,
+                   path_entries=tuple(p for p in sys.path if p and Path(p).is_dir()))
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    python: PythonLayout
+    devices: tuple[str, ...]  # absolute paths of the NVIDIA device nodes (and the caps directory)
+    driver_dirs: tuple[str, ...]  # directories of libcuda.so.1 and libnvidia-ml.so.1
+    site: str  # the staged SGLang site
+    checkout: str  # this checkout (the runner, pdserve's sources)
+
+
+def outermost(paths: list[str]) -> list[str]:
+    """`paths` without duplicates and without any path inside another one (binding the outer shows it)."""
+    unique = sorted(set(os.path.normpath(p) for p in paths))
+    return [p for p in unique if not any(o != p and Path(p).is_relative_to(o) for o in unique)]
+
+
+def python_binds(layout: PythonLayout) -> list[str]:
+    """What must be visible at the same path for the host's Python to run in the container, headers included.
+    Nothing of the host's /usr as a whole: only the interpreter's own files."""
+    wanted = [layout.executable, layout.stdlib, layout.include, layout.prefix, *layout.path_entries]
+    if layout.multiarch_include:
+        wanted.append(layout.multiarch_include)
+    # Bare system directories would hide the rootfs's own: never bind these themselves.
+    forbidden = {"/", "/usr", "/usr/bin", "/usr/lib", "/usr/include", "/usr/local", "/opt", "/etc", "/var"}
+    refused = [p for p in wanted if os.path.normpath(p) in forbidden]
+    if refused:
+        raise ValueError(f"refusing to bind system directories {refused} into the container; "
+                         "run the tier from a virtual environment whose files live under their own directory")
+    return outermost(wanted)
+
+
+def device_nodes(dev: Path = Path("/dev")) -> list[str]:
+    found = []
+    for pattern in DEVICE_GLOBS:
+        found += [str(p) for p in sorted(dev.glob(pattern))]
+    return found
+
+
+def driver_dirs(ldconfig_p: str) -> list[str]:
+    """Directories of the driver's libcuda.so.1 and libnvidia-ml.so.1, from `ldconfig -p` of the host."""
+    dirs = []
+    for line in ldconfig_p.splitlines():
+        match = re.match(r"\s*(libcuda\.so\.1|libnvidia-ml\.so\.1)\s.*=>\s*(\S+)$", line)
+        if match and "x86-64" in line:
+            dirs.append(str(Path(match.group(2)).parent))
+    return sorted(set(dirs))
+
+
+def discover(site: str, checkout: str) -> HostFacts:
+    ldconfig = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=30).stdout
+    return HostFacts(python=PythonLayout.current(), devices=tuple(device_nodes()),
+                     driver_dirs=tuple(driver_dirs(ldconfig)), site=site, checkout=checkout)
+
+
+def nspawn_command(root: Path) -> list[str]:
+    """The rootfs's systemd-nspawn, started by the rootfs's loader with the rootfs's libraries only."""
+    library_path = ":".join(str(root / d) for d in ROOTFS_LIBRARY_PATH)
+    return [str(root / LOADER), "--library-path", library_path, str(root / "usr/bin/systemd-nspawn")]
+
+
+def nspawn_options(facts: HostFacts) -> tuple[list[str], list[str]]:
+    """(read-only binds, further nspawn options) for a container that runs the units on the GPU."""
+    read_only = outermost([*python_binds(facts.python), *facts.driver_dirs, facts.site, facts.checkout])
+    options = [f"--bind={node}" for node in facts.devices]
+    # The journal stays inside the container (the host has no journald to link it to); the units' own
+    # LimitMEMLOCK=infinity needs a hard limit nspawn does not lower (NIXL/UCX pin memory).
+    options += ["--link-journal=no", "--rlimit=RLIMIT_MEMLOCK=infinity", "--rlimit=RLIMIT_NOFILE=1048576"]
+    return read_only, options
+
+
+def loader_conf(facts: HostFacts) -> str:
+    """The container's ld.so.conf.d entry for the driver's libraries."""
+    return "".join(f"{d}\n" for d in facts.driver_dirs)
+
+
+def missing_libraries(ldd_output: str) -> list[str]:
+    """Sonames that `ldd` reports as 'not found' (the host's Python needs them; the rootfs lacks them)."""
+    return sorted(set(re.findall(r"^\s*(\S+) => not found", ldd_output, re.MULTILINE)))
+
+
+def world_usable(mode: int, write: bool) -> bool:
+    want = stat.S_IROTH | (stat.S_IWOTH if write else stat.S_IXOTH)
+    return mode & want == want
