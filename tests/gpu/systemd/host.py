@@ -33,12 +33,14 @@ HOST_LIBS_CONF = "etc/ld.so.conf.d/pdserve-host-libs.conf"
 @dataclass(frozen=True)
 class PythonLayout:
     executable: str  # the real interpreter behind the venv's python (symlinks resolved)
+    links: tuple[str, ...]  # each symlink on the way there (/usr/bin/python3 -> python3.12: the rootfs has neither)
     prefix: str  # the venv
     base_prefix: str
     stdlib: str
     include: str  # Python.h
     multiarch_include: str | None  # Debian/Ubuntu keep pyconfig.h apart, under /usr/include/<multiarch>/
     path_entries: tuple[str, ...]  # sys.path directories that exist
+    shared_library: str | None = None  # libpython, where the interpreter links it dynamically (pyenv, uv)
 
     @classmethod
     def current(cls) -> PythonLayout:
@@ -46,10 +48,19 @@ class PythonLayout:
         multiarch = sysconfig.get_config_var("MULTIARCH")
         version = sysconfig.get_python_version()
         multi = str(Path("/usr/include") / multiarch / f"python{version}") if multiarch else None
-        return cls(executable=os.path.realpath(sys.executable), prefix=sys.prefix, base_prefix=sys.base_prefix,
+        return cls(executable=os.path.realpath(sys.executable), links=tuple(link_chain(sys.executable)),
+                   prefix=sys.prefix, base_prefix=sys.base_prefix,
                    stdlib=sysconfig.get_paths()["stdlib"], include=include,
                    multiarch_include=multi if multi and Path(multi).is_dir() else None,
-                   path_entries=tuple(p for p in sys.path if p and Path(p).is_dir()))
+                   path_entries=tuple(p for p in sys.path if p and Path(p).is_dir()),
+                   shared_library=_shared_library())
+
+
+def _shared_library() -> str | None:
+    if not sysconfig.get_config_var("Py_ENABLE_SHARED"):
+        return None
+    path = Path(sysconfig.get_config_var("LIBDIR") or "") / (sysconfig.get_config_var("INSTSONAME") or "")
+    return str(path) if path.is_file() else None
 
 
 @dataclass(frozen=True)
@@ -61,6 +72,16 @@ class HostFacts:
     checkout: str  # this checkout (the runner, pdserve's sources)
 
 
+def link_chain(path: str, limit: int = 40) -> list[str]:
+    """Every symlink met from `path` to the file it names, each as an absolute path (the file not included)."""
+    chain: list[str] = []
+    current = os.path.abspath(path)
+    while os.path.islink(current) and len(chain) < limit:
+        chain.append(current)
+        current = os.path.normpath(os.path.join(os.path.dirname(current), os.readlink(current)))
+    return chain
+
+
 def outermost(paths: list[str]) -> list[str]:
     """`paths` without duplicates and without any path inside another one (binding the outer shows it)."""
     unique = sorted(set(os.path.normpath(p) for p in paths))
@@ -70,7 +91,11 @@ def outermost(paths: list[str]) -> list[str]:
 def python_binds(layout: PythonLayout) -> list[str]:
     """What must be visible at the same path for the host's Python to run in the container, headers included.
     Nothing of the host's /usr as a whole: only the interpreter's own files."""
-    wanted = [layout.executable, layout.stdlib, layout.include, layout.prefix, *layout.path_entries]
+    # The prefix in both spellings: a venv reached through a symlink runs under the name it was given.
+    wanted = [layout.executable, *layout.links, layout.stdlib, layout.include, layout.prefix,
+              os.path.realpath(layout.prefix), *layout.path_entries]
+    if layout.shared_library:
+        wanted.append(layout.shared_library)
     if layout.multiarch_include:
         wanted.append(layout.multiarch_include)
     # Bare system directories would hide the rootfs's own: never bind these themselves.
@@ -111,9 +136,12 @@ def nspawn_command(root: Path) -> list[str]:
     return [str(root / LOADER), "--library-path", library_path, str(root / "usr/bin/systemd-nspawn")]
 
 
-def nspawn_options(facts: HostFacts) -> tuple[list[str], list[str]]:
-    """(read-only binds, further nspawn options) for a container that runs the units on the GPU."""
-    read_only = outermost([*python_binds(facts.python), *facts.driver_dirs, facts.site, facts.checkout])
+def nspawn_options(facts: HostFacts, site_inside: str, checkout_inside: str) -> tuple[list[str], list[str]]:
+    """(read-only binds, further nspawn options) for a container that runs the units on the GPU. The site and
+    the checkout appear at paths of their own (`HOST:INSIDE`): the machine may keep them under /tmp or
+    /var/tmp, which the units' PrivateTmp= hides."""
+    read_only = outermost([*python_binds(facts.python), *facts.driver_dirs])
+    read_only += [f"{facts.site}:{site_inside}", f"{facts.checkout}:{checkout_inside}"]
     options = [f"--bind={node}" for node in facts.devices]
     # The journal stays inside the container (the host has no journald to link it to); the units' own
     # LimitMEMLOCK=infinity needs a hard limit nspawn does not lower (NIXL/UCX pin memory).

@@ -114,9 +114,7 @@ def prepare_deployment(root: Path, facts: host.HostFacts, ports: dict[str, int])
 
 def boot(root: Path, work: Path, report: Report, deployment: bool = True) -> tuple[Container, host.HostFacts]:
     facts = host.discover(site=str(work / "tree/site"), checkout=str(Path.cwd()))
-    read_only, options = host.nspawn_options(facts)
-    read_only = [b for b in read_only if b not in (facts.site, facts.checkout)]
-    read_only += [f"{facts.site}:{SITE_INSIDE}", f"{facts.checkout}:{CHECKOUT_INSIDE}"]
+    read_only, options = host.nspawn_options(facts, SITE_INSIDE, CHECKOUT_INSIDE)
     env = python_env(facts, read_only)
     ports = {"prefill": 30000, "decode": 30002, "router": 30001, "bootstrap": 8998, "prometheus": 29000}
     prepare_system(root, facts, env)

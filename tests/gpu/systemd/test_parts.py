@@ -105,7 +105,8 @@ def test_pack_and_unpack_round_trip_through_tar_and_zstd(tmp_path):
 # -- what the container is given -------------------------------------------------------------------------
 
 def _layout(**changes) -> host.PythonLayout:
-    base = dict(executable="/usr/bin/python3.12", prefix="/opt/torch/.venv", base_prefix="/usr",
+    base = dict(executable="/usr/bin/python3.12",
+                links=("/opt/torch/.venv/bin/python3", "/opt/torch/.venv/bin/python", "/usr/bin/python3"), prefix="/opt/torch/.venv", base_prefix="/usr",
                 stdlib="/usr/lib/python3.12", include="/usr/include/python3.12",
                 multiarch_include="/usr/include/x86_64-linux-gnu/python3.12",
                 path_entries=("/usr/lib/python3.12", "/usr/lib/python3.12/lib-dynload",
@@ -115,13 +116,24 @@ def _layout(**changes) -> host.PythonLayout:
 
 def test_python_binds_are_the_interpreters_own_files_and_headers_outermost_only():
     assert host.python_binds(_layout()) == [
-        "/opt/torch/.venv", "/usr/bin/python3.12", "/usr/include/python3.12",
+        "/opt/torch/.venv", "/usr/bin/python3", "/usr/bin/python3.12", "/usr/include/python3.12",
         "/usr/include/x86_64-linux-gnu/python3.12", "/usr/lib/python3.12"]
 
 
 def test_python_binds_refuse_a_system_directory():
     with pytest.raises(ValueError, match="/usr"):
         host.python_binds(_layout(prefix="/usr"))
+
+
+def test_the_link_chain_names_every_symlink_on_the_way_to_the_interpreter(tmp_path):
+    (tmp_path / "python3.12").write_text("")
+    (tmp_path / "python3").symlink_to("python3.12")
+    venv = tmp_path / "venv/bin"
+    venv.mkdir(parents=True)
+    (venv / "python").symlink_to(tmp_path / "python3")
+    (venv / "python3").symlink_to("python")
+    assert host.link_chain(str(venv / "python3")) == [str(venv / "python3"), str(venv / "python"),
+                                                      str(tmp_path / "python3")]
 
 
 def test_driver_dirs_come_from_ldconfig_and_ignore_32_bit_copies():
@@ -143,11 +155,12 @@ def test_nspawn_gets_each_device_read_write_and_everything_else_read_only(tmp_pa
     facts = host.HostFacts(python=_layout(), devices=("/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm"),
                            driver_dirs=("/usr/local/nvidia/lib64",), site="/var/tmp/pdgpu/tree/site",
                            checkout="/root/repo")
-    read_only, options = host.nspawn_options(facts)
+    read_only, options = host.nspawn_options(facts, "/opt/site", "/opt/checkout")
     assert [o for o in options if o.startswith("--bind=")] == [
         "--bind=/dev/nvidia0", "--bind=/dev/nvidiactl", "--bind=/dev/nvidia-uvm"]
     assert "--link-journal=no" in options
-    assert {"/usr/local/nvidia/lib64", "/var/tmp/pdgpu/tree/site", "/root/repo", "/opt/torch/.venv"} <= set(read_only)
+    assert {"/usr/local/nvidia/lib64", "/var/tmp/pdgpu/tree/site:/opt/site", "/root/repo:/opt/checkout",
+            "/opt/torch/.venv"} <= set(read_only)
     assert host.nspawn_command(tmp_path)[:2] == [str(tmp_path / host.LOADER), "--library-path"]
 
 
