@@ -434,7 +434,7 @@ let
 in
 {
   options.services.pdserve = {
-    enable = lib.mkEnableOption "pdserve: SGLang prefill/decode disaggregated serving behind sglang-router";
+    enable = lib.mkEnableOption "pdserve: SGLang prefill/decode disaggregated serving behind the smg router";
 
     package = lib.mkPackageOption pkgs "pdserve" {
       extraDescription = ''
@@ -446,7 +446,7 @@ in
 
     sglangPackage = lib.mkPackageOption pkgs "pdserve-sglang-env" {
       extraDescription = ''
-        An environment whose `bin/python` has sglang, sglang-router and NIXL (pdserve's flake builds
+        An environment whose `bin/python` has sglang, smg (the router) and NIXL (pdserve's flake builds
         it from pkg/sglang-env/uv.lock: `pdserve.packages.x86_64-linux.sglang-env`). Kept apart from
         `package` so torch never enters the orchestrator's closure.
       '';
@@ -493,7 +493,7 @@ in
       default = true;
       description = ''
         Run every rendered command line through the argument parsers of `sglangPackage`'s SGLang and
-        sglang-router while the system builds (a parser that cannot run fails the build), as the
+        router (smg) while the system builds (a parser that cannot run fails the build), as the
         Prometheus module runs promtool. Turn off only for an `sglangPackage` without SGLang, such as
         the stand-in of pdserve's VM test; schema, rules and the checks across deployments still run.
       '';

@@ -1,6 +1,6 @@
 # The reference host, the one the seed ran on: 8 x NVIDIA RTX PRO 6000 Blackwell (SM120, 96 GB each,
 # PCIe, no NVSwitch) in two NUMA domains (GPUs 0-3 on node 0, 4-7 on node 1) serving
-# DeepSeek-V4-Flash (NVFP4) as prefill TP4 + decode TP4 behind sglang-router, with the
+# DeepSeek-V4-Flash (NVFP4) as prefill TP4 + decode TP4 behind the smg router, with the
 # single-server fallback installed. Built by `nixos-rebuild switch --flake .#gpu-host`.
 #
 # The flake supplies `pkgs` (CUDA configuration, pdserve's overlay) and the pdserve module; this

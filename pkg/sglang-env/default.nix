@@ -126,5 +126,5 @@ in
     });
 
   # Only the router and its dependencies (no torch): the VM test pairs it with the stand-in worker.
-  routerEnv = pythonSet.mkVirtualEnv "pdserve-sglang-router-env" { sglang-router = [ ]; };
+  routerEnv = pythonSet.mkVirtualEnv "pdserve-router-env" { smg = [ ]; };
 }

@@ -53,8 +53,8 @@ def report() -> dict:
 
 @pytest.fixture(scope="session")
 def pd(tmp_path_factory, report) -> PDRun:
-    have_sglang = all(importlib.util.find_spec(m) is not None for m in ("sglang", "sglang_router"))
-    require_or_skip(have_sglang, "SGLang and sglang-router are not installed in this Python", REQUIRE)
+    have_sglang = all(importlib.util.find_spec(m) is not None for m in ("sglang", "smg"))
+    require_or_skip(have_sglang, "SGLang and smg (the router) are not installed in this Python", REQUIRE)
     gpus = gpu_count()
     require_or_skip(gpus >= 1, "needs an NVIDIA GPU; found none", REQUIRE)
     workdir = tmp_path_factory.mktemp("gpu-pd")

@@ -9,13 +9,43 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-$PWD/gpu-out}
 mkdir -p "$out"
-staged=/var/tmp/pdserve-wheels
+# Where the chunks arrive and where they are kept between calls (overridable for the CPU test of this staging,
+# tests/gpu/test_wheelhouse_split.py).
+chunks=${PDSERVE_WHEEL_CHUNKS:-.whl}
+staged=${PDSERVE_WHEEL_STAGE:-/var/tmp/pdserve-wheels}
 mkdir -p "$staged"
-for chunk in .whl/c*/; do
-  [ -d "$chunk" ] && cp -n "$chunk"*.whl "$staged"/ 2>/dev/null
+for chunk in "$chunks"/c*/; do
+  [ -d "$chunk" ] && cp -n "$chunk"* "$staged"/ 2>/dev/null
 done
-echo "staged: $(ls "$staged" | wc -l) wheels, $(du -sh "$staged" | cut -f1)"
+# A wheel larger than a chunk arrives as WHEEL.part1ofN ... WHEEL.partNofN (wheelhouse.py's split) with
+# WHEEL.sha256: once every part is here, join them in order and check the digest before pip sees the wheel.
+shopt -s nullglob
+for digest in "$staged"/*.whl.sha256; do
+  wheel=${digest%.sha256}
+  parts=("$wheel".part*of*)
+  [ ${#parts[@]} -gt 0 ] || continue
+  count=${parts[0]##*of}
+  if [ ${#parts[@]} -ne "$count" ]; then
+    echo "waiting for parts of ${wheel##*/}: ${#parts[@]} of $count here"
+    continue
+  fi
+  for k in $(seq 1 "$count"); do cat "$wheel.part${k}of$count"; done > "$wheel.joining"
+  if [ "$(sha256sum < "$wheel.joining" | cut -d' ' -f1)" = "$(cut -d' ' -f1 "$digest")" ]; then
+    mv "$wheel.joining" "$wheel" && rm -f "${parts[@]}" "$digest"
+    echo "joined ${wheel##*/} from $count parts"
+  else
+    rm -f "$wheel.joining"
+    echo "the parts of ${wheel##*/} do not match its digest"; exit 1
+  fi
+done
+wheels=("$staged"/*.whl)
+echo "staged: ${#wheels[@]} wheels, $(du -sh "$staged" | cut -f1)"
 [ "${1:-run}" = stage ] && exit 0
+missing=("$staged"/*.part*of*)
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "parts still missing beside: ${missing[*]##*/}"; exit 1
+fi
+shopt -u nullglob
 
 site=/tmp/pdserve-site
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "$staged"/*.whl \
@@ -25,7 +55,7 @@ export PYTHONPATH="$site:$PWD/pkg:$PWD"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 {
   nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader
-  python3 -c 'import importlib.metadata as m, sys; print(sys.version.split()[0], *[f"{p} {m.version(p)}" for p in ("torch", "sglang", "sglang-router", "sglang-kernel", "nixl-cu13", "flashinfer-python", "transformers")], sep="; ")'
+  python3 -c 'import importlib.metadata as m, sys; print(sys.version.split()[0], *[f"{p} {m.version(p)}" for p in ("torch", "sglang", "smg", "sglang-kernel", "nixl-cu13", "flashinfer-python", "transformers")], sep="; ")'
   command -v numactl && numactl -H | head -3
   echo "commit ${PDSERVE_COMMIT:-unknown}"
 } 2>&1 | tee "$out/machine.txt"

@@ -1,5 +1,5 @@
 """The GPU tier's crash-under-load harness end to end on the CPU: stand-in SGLang workers (the test fixture)
-sharing "GPU 0", the REAL sglang-router behind pdserve's keyed launcher with its key in a credentials
+sharing "GPU 0", the REAL router (smg 1.13.0) behind pdserve's keyed launcher with its key in a credentials
 directory, a kill -9 of the prefill's process group under load, the restart after RestartSec and its gate.
 
 On the GPU machines this file is left out (run_on_device.sh): there it would spend device time on
@@ -30,8 +30,8 @@ pytestmark = pytest.mark.integration
 def standin_pd(visible_tmp_path):
     # The model and tools go where the units could see them: check refuses /tmp (PrivateTmp=yes).
     tmp_path = visible_tmp_path
-    have = all(importlib.util.find_spec(m) is not None for m in ("sglang_router", "openai"))
-    require_or_skip(have, "sglang-router and openai are not installed in this Python", "PDSERVE_REQUIRE_PARSERS")
+    have = all(importlib.util.find_spec(m) is not None for m in ("smg", "openai"))
+    require_or_skip(have, "smg and openai are not installed in this Python", "PDSERVE_REQUIRE_PARSERS")
     sys.path.insert(0, str(FIXTURES))
     try:
         from standin_sglang import make_shim

@@ -35,7 +35,7 @@ def test_dsa_pins_add_deepgemm_and_leave_out_pd_only_wheels():
     pins = wheelhouse.dsa_pins(base).splitlines()
     names = {wheelhouse._pin_name(p) for p in pins}
     assert "sgl_deep_gemm==0.1.5.post1" in pins
-    assert names.isdisjoint({"nixl", "nixl_cu13", "sglang_router"})
+    assert names.isdisjoint({"nixl", "nixl_cu13", "smg"})
     # Everything else of the PD tier's set stays, at the same pins.
     kept = [p for p in base.splitlines() if p.strip() and wheelhouse._pin_name(p) not in wheelhouse.DSA_LEFT_OUT]
     assert pins == kept + ["sgl_deep_gemm==0.1.5.post1"]

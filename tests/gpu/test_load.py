@@ -51,7 +51,7 @@ def test_summary_counts_failures_by_cause_and_when_they_were_sent():
 
 
 def test_requests_held_through_the_outage_count_by_when_they_are_answered():
-    # As the router 0.3.2 did on the H200: requests sent after the kill are held, the early ones fail
+    # As sglang-router 0.3.2 (before smg) did on the H200: requests sent after the kill are held, the early ones fail
     # together ~45 s later, the later ones are all answered once the prefill is back.
     kill = 0.0
     outcomes = [o(-1, -0.97), o(1, 46, "HTTP 503"), o(20, 66, "HTTP 503"), o(21, 70.1), o(40, 70.2), o(71, 71.05)]

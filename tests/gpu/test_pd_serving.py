@@ -1,4 +1,4 @@
-"""Real SGLang prefill and decode servers and the real sglang-router (behind an API key) on two GPUs, or on
+"""Real SGLang prefill and decode servers and the real router, smg (behind an API key) on two GPUs, or on
 one shared GPU, started from pdserve's rendered commands: chat through the router, KV moved between the
 servers, `pdserve verify`, the key enforced, and a prefill kill -9 under load with the router left running.
 """

@@ -83,8 +83,8 @@ def test_one_gpu_deployment_shares_gpu_0_and_keys_the_router(tmp_path):
 
 
 def test_test_flags_pass_the_pinned_sglang_parser(tmp_path):
-    have = all(importlib.util.find_spec(m) is not None for m in ("sglang", "sglang_router"))
-    require_or_skip(have, "sglang and sglang-router are not installed in this Python", "PDSERVE_REQUIRE_PARSERS")
+    have = all(importlib.util.find_spec(m) is not None for m in ("sglang", "smg"))
+    require_or_skip(have, "sglang and smg are not installed in this Python", "PDSERVE_REQUIRE_PARSERS")
     installed = importlib.metadata.version("sglang")
     if installed != pins.SGLANG_VERSION:
         # The GPU machines run the release that matches their torch; its parser reads the model directory.

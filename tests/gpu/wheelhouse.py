@@ -5,7 +5,9 @@ everything else travels as wheels, and one device call carries at most 64 MiB. T
 the pinned set in `wheelhouse.txt` for that Python (on a machine with PyPI), drops the members a PD
 run on Hopper never loads (FA3's 1.1 GB library, SM100 builds, static libraries, torch-2.12+ NIXL-EP
 builds), rewrites each trimmed wheel's RECORD so pip installs it as usual, and packs the result into
-chunk directories small enough to travel one per call.
+chunk directories small enough to travel one per call. A wheel larger than a chunk (smg's, about 100 MB
+with its Rust binary) is cut into parts named `WHEEL.partKofN`, with `WHEEL.sha256` beside the first;
+run_on_device.sh joins the parts once all have arrived and checks the digest before it installs.
 
     python3 tests/gpu/wheelhouse.py --out .whl          # .whl is git-ignored
     python3 tests/gpu/wheelhouse.py --dsa               # the DSA set of tests/gpu/dsa, into .whl/dsa
@@ -21,6 +23,7 @@ import argparse
 import base64
 import fnmatch
 import hashlib
+import re
 import subprocess
 import sys
 import zipfile
@@ -46,7 +49,7 @@ TRIM = {
 # indexer on CUDA, and FlashMLA (sgl_kernel/flashmla_ops) is its sparse MLA decode; PD is not run, so
 # NIXL and the router stay home (measured: ../shared/facts/sglang-dsa.md, "Wheels beyond").
 DSA_EXTRA_PINS = ["sgl_deep_gemm==0.1.5.post1"]
-DSA_LEFT_OUT = {"nixl", "nixl_cu13", "sglang_router"}
+DSA_LEFT_OUT = {"nixl", "nixl_cu13", "smg"}
 DSA_KEPT = {"sglang_kernel": ["sgl_kernel/flashmla_ops.*.so"]}
 
 
@@ -98,18 +101,54 @@ def trim(wheel: Path, patterns: list[str]) -> Path:
     return wheel
 
 
+def split(wheel: Path, limit: int, into: Path) -> list[Path]:
+    """`wheel` as itself if it fits in `limit` bytes, else as parts of at most `limit` bytes in `into`:
+    WHEEL.part1ofN ... WHEEL.partNofN, and WHEEL.sha256 (the whole wheel's digest, as sha256sum writes it)
+    travelling with the first part."""
+    size = wheel.stat().st_size
+    if size <= limit:
+        return [wheel]
+    into.mkdir(parents=True, exist_ok=True)
+    # The digest line is a few hundred bytes: it rides with part 1, which leaves room for it.
+    digest_line = f"{hashlib.sha256(wheel.read_bytes()).hexdigest()}  {wheel.name}\n"
+    room = limit - len(digest_line.encode())
+    count = -(-size // room)
+    parts = []
+    with wheel.open("rb") as src:
+        for k in range(1, count + 1):
+            part = into / f"{wheel.name}.part{k}of{count}"
+            part.write_bytes(src.read(room))
+            parts.append(part)
+    (into / f"{wheel.name}.sha256").write_text(digest_line, encoding="utf-8")
+    return parts
+
+
+_FIRST_PART = re.compile(r"(?P<wheel>.+\.whl)\.part1of\d+")
+
+
+def _companions(item: Path) -> list[Path]:
+    """What travels in the same chunk as `item`: the digest file with a wheel's first part."""
+    first = _FIRST_PART.fullmatch(item.name)
+    return [item.with_name(first["wheel"] + ".sha256")] if first else []
+
+
+def _travel_size(item: Path) -> int:
+    return item.stat().st_size + sum(c.stat().st_size for c in _companions(item))
+
+
 def chunk(wheels: list[Path], limit: int) -> list[list[Path]]:
-    """First-fit decreasing into bins of at most `limit` bytes (a wheel larger than that gets its own)."""
+    """First-fit decreasing into bins of at most `limit` bytes: wheels, and the parts `split` made of the
+    wheels larger than that (a part's digest file counted with it)."""
     bins: list[tuple[int, list[Path]]] = []
-    for wheel in sorted(wheels, key=lambda w: w.stat().st_size, reverse=True):
-        size = wheel.stat().st_size
+    for wheel in sorted(wheels, key=_travel_size, reverse=True):
+        size = _travel_size(wheel)
         for i, (used, members) in enumerate(bins):
             if used + size <= limit:
                 bins[i] = (used + size, members + [wheel])
                 break
         else:
             bins.append((size, [wheel]))
-    return [members for _, members in bins]
+    return [[m for member in members for m in (member, *_companions(member))] for _, members in bins]
 
 
 def main() -> int:
@@ -138,17 +177,20 @@ def main() -> int:
             before = wheel.stat().st_size
             trim(wheel, patterns)
             print(f"trimmed {wheel.name}: {before / 2**20:.1f} -> {wheel.stat().st_size / 2**20:.1f} MiB")
-    for old in args.out.glob("c[0-9]*"):
-        for f in old.iterdir():
-            f.unlink()
-        old.rmdir()
-    for i, members in enumerate(chunk(wheels, args.chunk_mib * 2**20), start=1):
+    for old in [*args.out.glob("c[0-9]*"), args.out / "parts"]:
+        if old.is_dir():
+            for f in old.iterdir():
+                f.unlink()
+            old.rmdir()
+    limit = args.chunk_mib * 2**20
+    items = [item for wheel in wheels for item in split(wheel, limit, args.out / "parts")]
+    for i, members in enumerate(chunk(items, limit), start=1):
         directory = args.out / f"c{i}"
         directory.mkdir()
         for wheel in members:
             (directory / wheel.name).hardlink_to(wheel)
         total = sum(w.stat().st_size for w in members)
-        print(f"{directory}: {len(members)} wheels, {total / 2**20:.1f} MiB")
+        print(f"{directory}: {len(members)} files, {total / 2**20:.1f} MiB")
     return 0
 
 

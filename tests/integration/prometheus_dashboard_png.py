@@ -6,7 +6,7 @@ Grafana is not packaged in Debian 12, so it cannot run on the test machines).
     python tests/integration/prometheus_dashboard_png.py /tmp/dashboard.json tests/integration/test_prometheus_dashboard.png
 
 The JSON holds every panel's queries from the rendered dashboard.json, run as range queries against the
-test's Prometheus (the real sglang-router and the stand-in workers, `$__rate_interval` = 1m); the layout
+test's Prometheus (the real router, smg, and the stand-in workers, `$__rate_interval` = 1m); the layout
 is the dashboard's gridPos. Needs matplotlib (a developer tool; CI does not draw the picture).
 """
 
@@ -53,7 +53,7 @@ def draw(data: dict, out: Path) -> None:
             ax.text(0.5, 0.5, "no data", color="#9fa7b3", ha="center", va="center", transform=ax.transAxes)
     fig.suptitle(f"{data['title']} (drawn from the dashboard's queries against a live Prometheus, "
                  f"{data['date']}, {data['seconds']:.0f} s of traffic)", color="#d8d9da", fontsize=13)
-    fig.text(0.5, 0.005, "real sglang-router 0.3.2 + pdserve's stand-in SGLang workers (test fixtures: their "
+    fig.text(0.5, 0.005, "real smg 1.13.0 router + pdserve's stand-in SGLang workers (test fixtures: their "
              "values are the stand-in's own, not a model's); Prometheus 2.42 (Debian 12); "
              "tests/integration/prometheus_dashboard_png.py", color="#9fa7b3", ha="center", fontsize=8)
     fig.tight_layout(rect=(0, 0.02, 1, 0.96))

@@ -1,4 +1,4 @@
-"""pdserve's reading of extra args against the real parsers of sglang 0.5.23 and sglang-router 0.3.2
+"""pdserve's reading of extra args against the real parsers of sglang 0.5.23 and smg 1.13.0 (the router)
 (issue 14, item 2): every abbreviation the real parser takes for a rendered or secret flag is refused by
 pdserve's own rules, and a bad extra arg is reported as that extra arg's problem, not a rendering bug."""
 
@@ -20,8 +20,8 @@ PROGRAMS = ("router", "server")
 
 @pytest.fixture(scope="module")
 def parsers_available():
-    have = importlib.util.find_spec("sglang") is not None and importlib.util.find_spec("sglang_router") is not None
-    require_or_skip(have, "sglang and sglang-router are not installed in this Python", "PDSERVE_REQUIRE_PARSERS")
+    have = importlib.util.find_spec("sglang") is not None and importlib.util.find_spec("smg") is not None
+    require_or_skip(have, "sglang and smg are not installed in this Python", "PDSERVE_REQUIRE_PARSERS")
 
 
 class _Refused(Exception):
@@ -36,7 +36,7 @@ def _real_parser(program: str) -> argparse.ArgumentParser:
         parser = argparse.ArgumentParser(prog="sglang serve")
         ServerArgs.add_cli_args(parser)
     else:
-        from sglang_router.router_args import RouterArgs
+        from smg.router_args import RouterArgs
 
         parser = argparse.ArgumentParser()
         RouterArgs.add_cli_args(parser, use_router_prefix=False)

@@ -1,5 +1,5 @@
-"""Debian's Prometheus, run with the configuration `pdserve render` writes, scrapes the REAL sglang-router
-0.3.2 and two stand-in workers (serving SGLang 0.5.23's metric families) while requests flow through
+"""Debian's Prometheus, run with the configuration `pdserve render` writes, scrapes the REAL router
+(smg 1.13.0) and two stand-in workers (serving SGLang 0.5.23's metric families) while requests flow through
 the router. Every metric a rule or panel uses must be in that scrape, every panel's query must return a
 series with a value, the rules must evaluate, the KV-transfer alert must fire on a real failure and the
 router's worker count must drop when a worker stops.

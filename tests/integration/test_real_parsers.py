@@ -1,4 +1,4 @@
-"""The rendered command lines against the real parsers of sglang 0.5.23 and sglang-router 0.3.2."""
+"""The rendered command lines against the real parsers of sglang 0.5.23 and smg 1.13.0 (the router)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from tests.conftest import require_or_skip
 
 @pytest.fixture(scope="module")
 def parsers_available():
-    have = importlib.util.find_spec("sglang") is not None and importlib.util.find_spec("sglang_router") is not None
-    require_or_skip(have, "sglang and sglang-router are not installed in this Python", "PDSERVE_REQUIRE_PARSERS")
+    have = importlib.util.find_spec("sglang") is not None and importlib.util.find_spec("smg") is not None
+    require_or_skip(have, "sglang and smg are not installed in this Python", "PDSERVE_REQUIRE_PARSERS")
 
 
 def test_reference_argv_accepted_by_both_real_parsers(parsers_available, reference):
@@ -40,6 +40,32 @@ def test_stale_flag_is_rejected_and_named(parsers_available, reference_data):
     assert "unrecognized arguments" in problems["router.extra_args"].message
 
 
+def _parse_router(args: list[str]) -> dict:
+    """pdserve's parser check (launch/parse_check.py) on one router command line, in this Python."""
+    from pdserve.launch import parse_check
+
+    return parse_check.check({"role": "router", "program": "router", "args": args, "extra": 0})
+
+
+def test_router_parser_names_are_smgs_own(parsers_available, reference):
+    """smg takes --reasoning-parser / --tool-call-parser names from its Rust binary (argparse choices read from
+    smg_rs): DeepSeek V4 is deepseek_v4 there, not SGLang's deepseekv4 / deepseek-v4 (0.3.2 exited on
+    --tool-call-parser deepseekv4 at start). pdserve puts parsers on the SGLang servers, never the router
+    (schema/rules.py); this holds what the real router would say if a parser name reached it."""
+    from pdserve.render.argv import router_args
+
+    base = router_args(reference)
+    assert _parse_router(base)["status"] == "ok"
+    assert _parse_router([*base, "--tool-call-parser", "deepseek_v4", "--reasoning-parser", "deepseek_v4"])[
+        "status"] == "ok"
+    for flag, name in (("--tool-call-parser", "bogus"), ("--tool-call-parser", "deepseekv4"),
+                       ("--reasoning-parser", "deepseek-v4")):
+        result = _parse_router([*base, flag, name])
+        assert result["status"] == "error", (flag, name)
+        assert f"argument {flag}: invalid choice: '{name}'" in result["detail"]
+        assert "'deepseek_v4'" in result["detail"]  # the message lists smg's names
+
+
 def test_check_command_runs_the_parsers(parsers_available):
     result = CliRunner().invoke(main, ["check", "--no-host", "--json", "--sglang-python", sys.executable])
     assert result.exit_code == 0, result.output
@@ -59,9 +85,9 @@ def test_python_without_sglang_is_one_stated_skip_per_missing_package(reference,
     venv.create(bare, with_pip=False)
     report = check_with_parsers(reference, str(bare / "bin" / "python"))
     assert report.problems == [] and report.checked == []
-    assert len(report.skipped) == 2  # sglang for the three servers, sglang_router for the router
+    assert len(report.skipped) == 2  # sglang for the three servers, smg for the router
     assert report.skipped[0].startswith("prefill, decode, fallback: parser not importable")
-    assert "No module named 'sglang_router'" in report.skipped[1]
+    assert "No module named 'smg'" in report.skipped[1]
 
 
 def test_on_the_host_the_pinned_sglang_passes_and_its_parsers_run(parsers_available):
@@ -70,5 +96,5 @@ def test_on_the_host_the_pinned_sglang_passes_and_its_parsers_run(parsers_availa
     report = json.loads(result.stdout)
     assert report["host_checks"]["on"] is True
     assert [p for p in report["problems"] if p["field"] == "--sglang-python"] == []
-    assert "--sglang-python has the pinned sglang and sglang-router" in report["checked"]
+    assert "--sglang-python has the pinned sglang and router (smg)" in report["checked"]
     assert "router argv accepted by the real parser" in report["checked"]

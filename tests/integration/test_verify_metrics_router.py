@@ -1,4 +1,4 @@
-"""`pdserve verify`'s metrics checks against the REAL sglang-router 0.3.2's Prometheus listener in front of
+"""`pdserve verify`'s metrics checks against the REAL router's (smg 1.13.0's) Prometheus listener in front of
 two stand-in workers serving SGLang 0.5.23's metric families.
 
 Healthy, every metrics check passes; each fault fails its check: KV transfers that fail on the decode

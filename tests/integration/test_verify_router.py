@@ -1,4 +1,4 @@
-"""`pdserve verify` against the REAL sglang-router 0.3.2 in PD mode in front of two stand-in workers.
+"""`pdserve verify` against the REAL router, smg 1.13.0, in PD mode in front of two stand-in workers.
 
 The healthy setup must pass; each injected fault must fail exactly the matching check, with a
 remediation that points at the cause (a verifier that passes everything is worthless).
@@ -21,6 +21,7 @@ from pd_cluster import PDCluster, write_deployment  # noqa: E402
 from standin_sglang.launch import wait_http  # noqa: E402
 
 from pdserve.cli.main import main  # noqa: E402
+from pdserve.schema import pins  # noqa: E402
 from pdserve.verify.report import Report  # noqa: E402
 
 pytestmark = pytest.mark.integration
@@ -94,7 +95,7 @@ def test_healthy_deployment_passes_through_the_cli(healthy):
                      "metrics.router_requests", "exposure.ports", "versions.prefill", "versions.decode",
                      "versions.router"):
         assert checks[check_id]["status"] == "pass", checks[check_id]
-    assert "0.3.2" in checks["versions.router"]["observed"]
+    assert f"smg {pins.ROUTER_VERSION} (pid " in checks["versions.router"]["observed"]
     assert "bootstrap" in checks["router.workers"]["observed"]
     # Skipped checks say why; nothing that did not run counts as a pass.
     for check_id in ("units.prefill", "units.fallback", "gpu.memory", "gpu.processes", "numa.prefill"):
@@ -170,8 +171,9 @@ def test_wait_retries_until_a_fault_clears(healthy):
 
 
 def test_router_started_before_workers_healthy(tmp_path):
-    """Workers still loading (port closed, as SGLang while it loads weights) when the router starts:
-    sglang-router 0.3.2 gives up registering them after a few attempts (about 3 s here) and never retries."""
+    """Workers still loading (port closed, as SGLang while it loads weights) when the router starts, and ready
+    only after its --worker-startup-timeout-secs: smg keeps trying and takes them in without a restart.
+    (sglang-router 0.3.2 gave up after a few attempts and needed a restart; this test held that before.)"""
     c = PDCluster(write_deployment(tmp_path, worker_startup_timeout=2), tmp_path)
     try:
         c.start_router()
@@ -183,17 +185,14 @@ def test_router_started_before_workers_healthy(tmp_path):
         assert code == 1 and readiness["status"] == "fail"
         assert "not healthy: prefill" in readiness["observed"] and "no answer" in readiness["observed"]
         assert "still starting" in readiness["remediation"]
-        # The workers finish loading after the router's startup timeout: the router stays without them.
+        # The workers finish loading after the router's startup timeout: the router takes them in anyway
+        # (within about 30 s of its start, as measured here), with no restart.
         c.wait_workers()
         assert c.procs["router"].poll() is None, "the router exited: " + c.logs("router")
-        code, report = verify_in_process(c.config, "--only", "router", "--wait", "3", "--interval", "1")
-        readiness = by_id(report)["router.readiness"]
-        assert code == 1, readiness
-        assert "insufficient healthy workers" in readiness["observed"]
-        assert "both workers answer /health 200" in readiness["observed"]
-        assert f"systemctl restart {c.launch['router'].unit}" in readiness["remediation"]
-        assert by_id(report)["router.workers"]["status"] == "fail"
-        assert "is not registered" in " ".join(by_id(report)["router.workers"]["details"])
+        code, report = verify_in_process(c.config, "--only", "router", "--wait", "90", "--interval", "1")
+        assert code == 0, by_id(report)
+        assert by_id(report)["router.readiness"]["observed"] == "/readiness 200, 2/2 workers healthy"
+        assert "bootstrap" in by_id(report)["router.workers"]["observed"]
     finally:
         c.stop()
 
@@ -214,6 +213,13 @@ def test_api_key_enforced_and_a_router_without_it_caught(tmp_path, visible_tmp_p
         assert checks["exposure.auth"]["status"] == "pass"
         assert checks["exposure.auth"]["observed"] == "without the key: 401; with it: 200"
         assert "test-key-123" not in json.dumps(report)
+        # The key is nowhere ps or /proc shows it: not in the router's argv (smg retitles the process
+        # "smg::router"; the original argv is the keyed launcher's, without the key) nor in its environment.
+        pid = c.procs["router"].pid
+        shown = Path(f"/proc/{pid}/cmdline").read_bytes() + Path(f"/proc/{pid}/environ").read_bytes()
+        assert b"smg::router" in shown and b"test-key-123" not in shown
+        ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, timeout=30, check=True).stdout
+        assert "smg::router" in ps and "test-key-123" not in ps
 
         # The same deployment, but the router started without its key: clients get in without one.
         c.stop_role("router")

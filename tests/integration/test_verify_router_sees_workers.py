@@ -1,6 +1,6 @@
 """`pdserve verify`'s router checks read each worker's own /health, not only the router's view.
 
-The REAL sglang-router 0.3.2 in front of two stand-in workers, its health checks a minute apart (the
+The REAL router (smg 1.13.0) in front of two stand-in workers, its health checks a minute apart (the
 router's own default interval): right after the prefill is killed the router still reports 2/2 healthy
 workers, and the verifier must fail anyway, naming the prefill.
 """

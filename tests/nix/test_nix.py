@@ -319,13 +319,14 @@ def test_sglang_env_pins_what_pdserve_is_pinned_to() -> None:
     pyproject = tomllib.loads((REPO / "pkg" / "sglang-env" / "pyproject.toml").read_text(encoding="utf-8"))
     assert set(pyproject["project"]["dependencies"]) == {
         f"sglang=={pins.SGLANG_VERSION}",
-        f"sglang-router=={pins.SGLANG_ROUTER_VERSION}",
+        f"{pins.ROUTER_DISTRIBUTION}=={pins.ROUTER_VERSION}",
         f"nixl-cu13=={pins.NIXL_VERSION}",
     }
     locked = {p["name"]: p["version"] for p in
               tomllib.loads((REPO / "pkg" / "sglang-env" / "uv.lock").read_text(encoding="utf-8"))["package"]}
     assert locked["sglang"] == pins.SGLANG_VERSION
-    assert locked["sglang-router"] == pins.SGLANG_ROUTER_VERSION
+    assert locked[pins.ROUTER_DISTRIBUTION] == pins.ROUTER_VERSION
+    assert "sglang-router" not in locked  # its successor, smg, is the router
     assert locked["nixl-cu13"] == pins.NIXL_VERSION
     assert "torch" not in {p["name"] for p in
                            tomllib.loads((REPO / "uv.lock").read_text(encoding="utf-8"))["package"]}, (

@@ -1,12 +1,12 @@
 # NixOS VM test of services.pdserve (a flake check; needs KVM, no GPU). The reference deployment
-# runs for real under systemd: the units the module renders, its drop-ins, the real sglang-router
-# 0.3.2 in PD mode, and the stand-in SGLang worker (tests/fixtures/standin_sglang, a test fixture)
+# runs for real under systemd: the units the module renders, its drop-ins, the real router (smg
+# 1.13.0) in PD mode, and the stand-in SGLang worker (tests/fixtures/standin_sglang, a test fixture)
 # behind `python -m sglang.launch_server`. `pdserve cutover` runs both ways on NixOS's generated,
 # read-only boot links. Evaluated (tests/nix/test_eval.py); never run yet (needs a binary cache).
 {
   pkgs,
   lib,
-  # pdserve itself, and a Python environment holding sglang-router and its dependencies (no torch).
+  # pdserve itself, and a Python environment holding the router (smg) and its dependencies (no torch).
   pdserve,
   routerEnv,
 }:
@@ -17,7 +17,7 @@ let
   };
 
   # What the module's `sglangPackage` must provide: bin/python that runs `-m sglang.launch_server`
-  # (here the stand-in, through the fixture's own shim) and `-m sglang_router.launch_router`.
+  # (here the stand-in, through the fixture's own shim) and `-m smg.launch_router`.
   standinSglang =
     pkgs.runCommand "pdserve-standin-sglang"
       {
@@ -63,7 +63,7 @@ pkgs.testers.runNixOSTest {
       enable = true;
       package = pdserve;
       sglangPackage = standinSglang;
-      # The stand-in environment has sglang-router but not SGLang, whose parser needs torch.
+      # The stand-in environment has the router (smg) but not SGLang, whose parser needs torch.
       checkParsers = false;
       deployments.dsv4 = {
         inherit settings;

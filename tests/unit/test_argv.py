@@ -80,7 +80,7 @@ def test_numa_binding_wraps_workers_only(reference, tools):
     assert runs["router"].argv[0] == "/opt/sglang/bin/python"
     assert runs["fallback"].argv[0] == "/opt/sglang/bin/python"  # spans both nodes: not bound
     assert runs["prefill"].argv[4:7] == ("/opt/sglang/bin/python", "-m", "sglang.launch_server")
-    assert runs["router"].argv[1:3] == ("-m", "sglang_router.launch_router")
+    assert runs["router"].argv[1:3] == ("-m", "smg.launch_router")
 
 
 def test_environment_is_pinned_and_per_role(reference_data, tools):

@@ -17,12 +17,12 @@ from pdserve.cli.main import main
 from pdserve.schema import pins
 from tests.unit.test_cli_check_host import TARGET, reading
 
-PINNED = {"sglang": pins.SGLANG_VERSION, "sglang-router": pins.SGLANG_ROUTER_VERSION}
+PINNED = {"sglang": pins.SGLANG_VERSION, pins.ROUTER_DISTRIBUTION: pins.ROUTER_VERSION}
 
 
 def python_with(tmp_path: Path, plugins: dict[str, str] | None) -> str:
     """In `tmp_path` (one the units could see: check refuses a Python under /tmp), a real Python with the
-    pinned sglang and sglang-router (dist-info only) and, unless None, a pdserve-kernels distribution whose
+    pinned sglang and router, smg (dist-info only) and, unless None, a pdserve-kernels distribution whose
     entry_points.txt names `plugins` in group sglang.srt.plugins."""
     site = tmp_path / "site"
     dists = [(name.replace("-", "_"), name, version, None) for name, version in PINNED.items()]

@@ -29,7 +29,7 @@ def test_plan_on_the_embedded_default_shows_topology_commands_and_units():
     result = run("plan", "--sglang-python", "/opt/sg/bin/python", "--numactl", "/usr/bin/numactl", "--pdserve", "/bin/pdserve")
     assert result.exit_code == 0, result.output
     for expected in ("sglang-dsv4-prefill", "http://127.0.0.1:30002", "--disaggregation-mode prefill",
-                     "sglang_router.launch_router", "UCX_TLS=cuda_copy,cuda_ipc,tcp", "sglang-dsv4-router.service",
+                     "smg.launch_router", "UCX_TLS=cuda_copy,cuda_ipc,tcp", "sglang-dsv4-router.service",
                      "Conflicts=sglang-dsv4-prefill.service"):
         assert expected in result.output
 

@@ -81,14 +81,15 @@ def test_check_with_host_on_a_laptop_reports_what_is_wrong_here(monkeypatch):
     assert "host checks: on (asked with --host)" in result.output
     assert "error: decode.numa_node = 1: this host has NUMA nodes [0]" in result.output
     # No SGLang Python named: said as such, not as a bare name that is "not an executable file".
-    assert "error: tools.sglang_python = (unset): the Python that has sglang and sglang-router installed was " \
-           "not given (pdserve does not guess it from PATH)" in result.output
+    assert "error: tools.sglang_python = (unset): the Python that has sglang and the router (smg) installed " \
+           "was not given (pdserve does not guess it from PATH)" in result.output
 
 
 # -- the SGLang Python: pinned versions ------------------------------------------------------------
 
 def fake_python(tmp_path: Path, versions: dict[str, str]) -> str:
-    """In `tmp_path` (one the units could see: check refuses a Python under /tmp), a real Python whose installed sglang/sglang-router are `versions` (dist-info only) and nothing
+    """In `tmp_path` (one the units could see: check refuses a Python under /tmp), a real Python whose installed
+    sglang/smg are `versions` (dist-info only) and nothing
     else: -S drops this venv's site-packages, PYTHONPATH brings the fake distributions."""
     site = tmp_path / "site"
     for name, version in versions.items():
@@ -106,21 +107,21 @@ def test_this_venvs_python_has_the_pins(monkeypatch):
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        found = (version("sglang"), version("sglang-router"))
+        found = (version("sglang"), version(pins.ROUTER_DISTRIBUTION))
     except PackageNotFoundError:
         found = None
     # CI installs the pins into this venv (.ci/setup): there a missing or other sglang fails, not skips.
-    require_or_skip(found == (pins.SGLANG_VERSION, pins.SGLANG_ROUTER_VERSION),
+    require_or_skip(found == (pins.SGLANG_VERSION, pins.ROUTER_VERSION),
                     f"this environment does not have the pinned sglang (found {found})", "PDSERVE_REQUIRE_PARSERS")
     monkeypatch.setattr(check_run, "THIS_HOST", reading(TARGET))
     data = json.loads(check("--host", "--no-parsers", "--json", "--sglang-python", sys.executable).stdout)
-    assert "--sglang-python has the pinned sglang and sglang-router" in data["checked"]
+    assert "--sglang-python has the pinned sglang and router (smg)" in data["checked"]
     assert not [p for p in data["problems"] if p["field"] == "--sglang-python"]
 
 
 @pytest.mark.parametrize(("versions", "found"), [
-    ({"sglang": "0.5.17", "sglang-router": pins.SGLANG_ROUTER_VERSION}, "has sglang 0.5.17"),
-    ({"sglang-router": pins.SGLANG_ROUTER_VERSION}, "has no sglang installed"),
+    ({"sglang": "0.5.17", pins.ROUTER_DISTRIBUTION: pins.ROUTER_VERSION}, "has sglang 0.5.17"),
+    ({pins.ROUTER_DISTRIBUTION: pins.ROUTER_VERSION}, "has no sglang installed"),
 ])
 def test_on_the_host_a_python_without_the_pinned_sglang_is_refused(visible_tmp_path, monkeypatch, versions, found):
     monkeypatch.setattr(check_run, "THIS_HOST", reading(TARGET))
@@ -137,7 +138,8 @@ def test_on_the_host_a_python_without_the_pinned_sglang_is_refused(visible_tmp_p
 def test_on_the_host_parsers_that_cannot_be_imported_are_an_error_not_a_skip(visible_tmp_path, monkeypatch):
     monkeypatch.setattr(check_run, "THIS_HOST", reading(TARGET))
     # The pinned versions are installed (dist-info) but nothing can be imported: a broken environment.
-    python = fake_python(visible_tmp_path, {"sglang": pins.SGLANG_VERSION, "sglang-router": pins.SGLANG_ROUTER_VERSION})
+    python = fake_python(visible_tmp_path, {"sglang": pins.SGLANG_VERSION,
+                                            pins.ROUTER_DISTRIBUTION: pins.ROUTER_VERSION})
     on = check("--host", "--json", "--sglang-python", python)
     messages = [p["message"] for p in json.loads(on.stdout)["problems"] if p["field"] == "--sglang-python"]
     assert any("cannot import the parser of prefill, decode, fallback" in m for m in messages), messages

@@ -63,6 +63,15 @@ def test_router_ready_needs_every_worker_healthy():
     assert not observation.ready and "0/0 workers healthy, expected 2" in observation.state
 
 
+@pytest.mark.parametrize("reason", ["insufficient healthy workers", "draining"])
+def test_router_not_ready_says_smgs_reason(reason):
+    # smg's 503 carries a reason and no counts: no Ready prefill+decode pair yet, or SIGTERM received.
+    client = client_for({"/readiness": (503, {"status": "not ready", "reason": reason})})
+    observation = router_observation(client, "http://r", 2)
+    assert not observation.ready
+    assert observation.state == f"http://r/readiness answered 503: {reason}, expected 2/2 workers healthy"
+
+
 def test_unreachable_is_not_ready():
     def refuse(request):
         raise httpx.ConnectError("connection refused", request=request)

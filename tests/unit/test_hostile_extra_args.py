@@ -1,7 +1,7 @@
 """Extra args as the real parsers read them (issue 14, item 2): argparse takes an unambiguous prefix
 for the flag (`--por` is --port, `--api=K` is --api-key=K), so an abbreviation of a rendered flag or of
 a secret flag is refused like the flag itself. tests/integration/test_hostile_parsers.py holds this
-reading against the real parsers of sglang 0.5.23 and sglang-router 0.3.2."""
+reading against the real parsers of sglang 0.5.23 and smg 1.13.0."""
 
 from __future__ import annotations
 

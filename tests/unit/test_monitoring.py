@@ -101,14 +101,13 @@ def test_every_sglang_metric_used_is_one_the_pinned_sglang_defines(reference):
 
 
 def test_every_router_metric_used_is_in_the_router_binary(reference):
-    """Each smg_* name is a string in sglang-router's Rust binary (the live scrape checks they appear)."""
+    """Each smg_* name is a string in the router's (smg's) Rust binary (the live scrape checks they appear)."""
     try:
-        import sglang_router
+        import smg
     except ImportError:
-        sglang_router = None
-    require_or_skip(sglang_router is not None, "sglang-router is not installed in this Python",
-                    "PDSERVE_REQUIRE_PARSERS")
-    binary = b"".join(p.read_bytes() for p in Path(sglang_router.__file__).parent.glob("*.so"))
+        smg = None
+    require_or_skip(smg is not None, "smg is not installed in this Python", "PDSERVE_REQUIRE_PARSERS")
+    binary = b"".join(p.read_bytes() for p in Path(smg.__file__).parent.glob("*.so"))
     used = {re.sub(r"_(bucket|count|sum)$", "", n) for n in _used_names(reference) if n.startswith("smg_")}
     assert used and all(name.encode() in binary for name in used)
 

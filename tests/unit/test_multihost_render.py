@@ -228,14 +228,14 @@ def test_every_hosts_units_verify_cleanly(tmp_path):
 
 def test_every_example_argv_passes_the_real_parsers():
     """Each server's node-0 argv (--nnodes/--node-rank/--dist-init-addr included) and the router's argv with
-    every server, through sglang 0.5.23's and sglang-router 0.3.2's own parsers (pdserve.check.parsers)."""
+    every server, through sglang 0.5.23's and smg 1.13.0's own parsers (pdserve.check.parsers)."""
     import importlib.util
     import sys
 
     from pdserve.check.parsers import check_with_parsers
 
-    have = all(importlib.util.find_spec(m) is not None for m in ("sglang", "sglang_router"))
-    require_or_skip(have, "sglang and sglang-router are not installed in this Python", "PDSERVE_REQUIRE_PARSERS")
+    have = all(importlib.util.find_spec(m) is not None for m in ("sglang", "smg"))
+    require_or_skip(have, "sglang and smg are not installed in this Python", "PDSERVE_REQUIRE_PARSERS")
     for path, fields in ((FOUR_HOST, ["prefill[0]", "prefill[1]", "decode[0]", "router"]),
                          (TWO_HOST, ["prefill[0]", "decode[0]", "router"])):
         report = check_with_parsers(load(path).deployment, sys.executable, required_by="test")

@@ -34,12 +34,12 @@ def test_schema_choices_match_the_pinned_parsers():
     # The schema's Literals are pdserve's copy of these choices, so `pdserve check` refuses a bad value
     # without SGLang; the pinned parsers are what the units actually run.
     require_or_skip(importlib.util.find_spec("sglang") is not None
-                    and importlib.util.find_spec("sglang_router") is not None,
-                    "sglang and sglang-router are not installed here", "PDSERVE_REQUIRE_PARSERS")
+                    and importlib.util.find_spec("smg") is not None,
+                    "sglang and smg are not installed here", "PDSERVE_REQUIRE_PARSERS")
     from typing import get_args
 
     from sglang.srt.server_args import ServerArgs
-    from sglang_router.router_args import RouterArgs
+    from smg.router_args import RouterArgs
 
     from pdserve.schema.config import Policy, TransferSpec
 

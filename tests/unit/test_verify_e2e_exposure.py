@@ -96,5 +96,5 @@ def test_auth():
 
 
 def test_router_version_pin():
-    assert versions.check_router_version(EXP, "0.3.2", "pid 1").status == "pass"
-    assert versions.check_router_version(EXP, "0.3.1", "pid 1").status == "fail"
+    assert versions.check_router_version(EXP, "1.13.0", "pid 1").status == "pass"
+    assert versions.check_router_version(EXP, "0.3.2", "pid 1").status == "fail"

@@ -1,4 +1,4 @@
-"""Check rendered command lines with the real parsers of the pinned SGLang and sglang-router.
+"""Check rendered command lines with the real parsers of the pinned SGLang and router (smg).
 
 The parsers run in the SGLang Python (a separate environment from pdserve's own), in one subprocess
 with a deadline. A flag the pinned version does not know becomes a problem that names the flag and the
@@ -15,13 +15,16 @@ import subprocess
 from dataclasses import dataclass
 from importlib import resources
 
-from pdserve.render.argv import node_args, router_args, server_args
+from pdserve.render.argv import ROUTER_MODULE, SERVER_MODULE, node_args, router_args, server_args
 from pdserve.schema import pins
 from pdserve.schema.config import Deployment
 from pdserve.schema.problems import Problem
 from pdserve.schema.topology import Node, servers
 
 PARSE_TIMEOUT_SEC = 180.0
+
+# What the SGLang Python must hold, as pip names it.
+_PINNED = f"sglang=={pins.SGLANG_VERSION} and {pins.ROUTER_DISTRIBUTION}=={pins.ROUTER_VERSION}"
 
 _FLAG = re.compile(r"(--[A-Za-z0-9][A-Za-z0-9-]*)")
 
@@ -63,7 +66,9 @@ def problem_for(dep: Deployment, role: str, detail: str, culprit: str | None = N
     extra = _extra_args(dep, role)
     extra_flags = {arg.split("=", 1)[0] for arg in extra}
     flags = [f for f in _FLAG.findall(detail) if f in extra_flags]
-    program = "sglang-router 0.3.2" if role == "router" else "sglang 0.5.23"
+    program = (f"{pins.ROUTER_DISTRIBUTION} {pins.ROUTER_VERSION}" if role == "router"
+               else f"sglang {pins.SGLANG_VERSION}")
+    module = ROUTER_MODULE if role == "router" else SERVER_MODULE
     if culprit == "extra":
         shown = arg if arg is not None else extra
         what = f"remove or correct {arg}" if arg is not None else "remove or correct the extra arguments"
@@ -71,7 +76,7 @@ def problem_for(dep: Deployment, role: str, detail: str, culprit: str | None = N
             f"{role}.extra_args",
             shown,
             f"rejected by the {program} parser: {detail}",
-            f"{what} (see `python -m {'sglang_router.launch_router' if role == 'router' else 'sglang.launch_server'} --help`)",
+            f"{what} (see `python -m {module} --help`)",
         )
     if flags:
         return Problem(
@@ -91,9 +96,8 @@ def problem_for(dep: Deployment, role: str, detail: str, culprit: str | None = N
 def _pin_fix(origin: str, python: str) -> str:
     others = ", ".join(n for n in ("tools.sglang_python", "tools.sglang_venv", "--sglang-python") if n != origin)
     return (f"point {origin} (or {others}) at the Python of an "
-            f"environment with sglang=={pins.SGLANG_VERSION} and sglang-router=={pins.SGLANG_ROUTER_VERSION}, or "
-            f"install them there: `uv pip install --python {python} sglang=={pins.SGLANG_VERSION} "
-            f"sglang-router=={pins.SGLANG_ROUTER_VERSION}`")
+            f"environment with {_PINNED}, or install them there: "
+            f"`uv pip install --python {python} {_PINNED.replace(' and ', ' ')}`")
 
 
 def _cannot_run(origin: str, python: str, why: str) -> Problem:
@@ -106,13 +110,13 @@ _VERSIONS = (
     "def v(name):\n"
     "    try:\n        return m.version(name)\n"
     "    except m.PackageNotFoundError:\n        return None\n"
-    "print(json.dumps({'sglang': v('sglang'), 'sglang-router': v('sglang-router')}))\n"
+    f"print(json.dumps({{'sglang': v('sglang'), {pins.ROUTER_DISTRIBUTION!r}: v({pins.ROUTER_DISTRIBUTION!r})}}))\n"
 )
 VERSION_TIMEOUT_SEC = 60.0
 
 
 def pin_problems(sglang_python: str, origin: str, timeout: float = VERSION_TIMEOUT_SEC) -> list[Problem]:
-    """Errors unless `sglang_python` has the pinned sglang and sglang-router installed (pdserve.schema.pins):
+    """Errors unless `sglang_python` has the pinned sglang and router (smg) installed (pdserve.schema.pins):
     each names where the Python came from, the version found, the pin and the fix."""
     try:
         done = subprocess.run([sglang_python, "-c", _VERSIONS], capture_output=True, text=True, timeout=timeout,
@@ -127,7 +131,7 @@ def pin_problems(sglang_python: str, origin: str, timeout: float = VERSION_TIMEO
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
         return [_cannot_run(origin, sglang_python, f"failed when asked its versions: {tail}")]
     problems = []
-    for package, pin in (("sglang", pins.SGLANG_VERSION), ("sglang-router", pins.SGLANG_ROUTER_VERSION)):
+    for package, pin in (("sglang", pins.SGLANG_VERSION), (pins.ROUTER_DISTRIBUTION, pins.ROUTER_VERSION)):
         version = found.get(package)
         if version == pin:
             continue

@@ -130,7 +130,7 @@ def run_check(config_path: Path | None, tool_overrides: dict[str, str | None], p
         if have_python:
             report.problems += pinned
             if not pinned:
-                report.checked.append(f"{origin} has the pinned sglang and sglang-router")
+                report.checked.append(f"{origin} has the pinned sglang and router (smg)")
             plugin, asked = kernel_plugin_problems(dep, tools.sglang_python, origin)
             report.problems += plugin
             if asked and not plugin:

@@ -21,7 +21,7 @@ config_option = click.option(
 
 # (flag, metavar, help): flags beat the deployment's tools section.
 _TOOL_FLAGS = (
-    ("sglang-python", "PYTHON", "Python with sglang and sglang-router (default: tools.sglang_python, else "
+    ("sglang-python", "PYTHON", "Python with sglang and the router, smg (default: tools.sglang_python, else "
                                 "tools.sglang_venv/bin/python; never guessed from PATH)"),
     ("numactl", "PATH", "numactl executable (default: tools.numactl, then PATH)"),
     ("pdserve", "PATH", "pdserve executable for readiness gates (default: tools.pdserve, then PATH)"),

@@ -120,6 +120,11 @@ def router_observation(client: httpx.Client, base_url: str, expected_workers: in
     healthy, total = counts.healthy_workers, counts.total_workers
     if status == 200 and healthy == total == expected_workers:
         return Observation(True, f"{base_url}/readiness: {healthy}/{total} workers healthy")
+    if healthy is None and counts.reason:
+        # smg's 503 says why instead of counting: "insufficient healthy workers" (no Ready prefill and decode
+        # pair yet) or "draining" (it got SIGTERM).
+        return Observation(False, f"{base_url}/readiness answered {status}: {counts.reason}, expected "
+                                  f"{expected_workers}/{expected_workers} workers healthy")
     return Observation(
         False,
         f"{base_url}/readiness answered {status} with {healthy}/{total} workers healthy, expected {expected_workers}",

@@ -1,4 +1,4 @@
-"""Start sglang-router or an SGLang server with an API key read from a systemd credential.
+"""Start the router (smg) or an SGLang server with an API key read from a systemd credential.
 
 Both programs take the key only as `--api-key KEY`, which every user can read through ps. This
 script runs under the SGLang Python (it imports nothing from pdserve), reads the key from
@@ -31,7 +31,7 @@ def read_key(credential: str) -> str:
 
 
 def run_router(args, key):
-    from sglang_router.launch_router import launch_router, parse_router_args
+    from smg.launch_router import launch_router, parse_router_args
 
     router_args = parse_router_args(args)
     router_args.api_key = key

@@ -1,4 +1,4 @@
-"""Run command lines through SGLang's and sglang-router's own argument parsers.
+"""Run command lines through SGLang's and the router's (smg's) own argument parsers.
 
 Runs under the SGLang Python (imports nothing from pdserve). Reads a JSON list of
 {"role", "program": "server"|"router", "args": [...], "extra": N} on stdin (the last N args come from
@@ -21,12 +21,11 @@ def parse(program, args):
 
         prepare_server_args(args)
     else:
-        from sglang_router.launch_router import parse_router_args
+        from smg.launch_router import parse_router_args
 
-        router_args = parse_router_args(args)
-        validate = getattr(router_args, "_validate_router_args", None)
-        if validate:
-            validate()
+        # smg's argparse takes the parser names (--reasoning-parser, --tool-call-parser) as choices read from
+        # its Rust binary, so an unknown name is refused here as smg itself would refuse it at start.
+        parse_router_args(args)._validate_router_args()
 
 
 # Past this many extra options, the culprit is not searched for one by one (each try is a full parse).

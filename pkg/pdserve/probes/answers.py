@@ -90,9 +90,9 @@ class ModelInfo(Shape):
     tool_call_parser: str | None = None
 
 
-# ---- sglang-router
+# ---- the router (smg)
 class Readiness(Shape):
-    """/readiness: 0.3.2 answers 503 with only status and reason while it has no workers."""
+    """/readiness: smg answers 503 with only status and reason ("insufficient healthy workers", "draining")."""
     healthy_workers: Count | None = None
     total_workers: Count | None = None
     status: str | None = None

@@ -17,6 +17,10 @@ from pdserve.schema.topology import Node, host_address, nodes_on, router_hosts, 
 # Name of the systemd credential that carries the API key (LoadCredential=<name>:<file>).
 API_KEY_CREDENTIAL = "api-key"
 
+# The modules the SGLang Python runs: SGLang's server, and the router (smg, pdserve.schema.pins).
+SERVER_MODULE = "sglang.launch_server"
+ROUTER_MODULE = "smg.launch_router"
+
 
 @dataclass(frozen=True)
 class NumaBinding:
@@ -130,7 +134,7 @@ def _closing_args(args: list[str], spec: ServerSpec) -> list[str]:
 
 
 def router_args(dep: Deployment) -> list[str]:
-    """sglang-router flags for PD mode, as `sglang_router.launch_router` takes them."""
+    """The router's flags for PD mode, as `smg.launch_router` takes them."""
     router = dep.router
     args = ["--pd-disaggregation"]
     # Every server of the deployment: each router is a full view (a prefill with its bootstrap port).
@@ -196,9 +200,9 @@ def environment(dep: Deployment, role: Role, spec: ServerSpec | None = None) -> 
 def launch(dep: Deployment, role: Role, tools: Toolchain) -> Launch:
     keyed = dep.router.api_key_file is not None and role in {"router", "fallback"}
     if role == "router":
-        entry, args, target = ["-m", "sglang_router.launch_router"], router_args(dep), "router"
+        entry, args, target = ["-m", ROUTER_MODULE], router_args(dep), "router"
     else:
-        entry, args, target = ["-m", "sglang.launch_server"], server_args(dep, role), "server"
+        entry, args, target = ["-m", SERVER_MODULE], server_args(dep, role), "server"
     if keyed:
         # The key is read from the credential inside the process, so it never shows in argv (ps).
         entry = [tools.keyed_launcher, target, API_KEY_CREDENTIAL, "--"]
@@ -231,7 +235,7 @@ def node_launch(dep: Deployment, node: Node, tools: Toolchain) -> Launch:
     url = server.url if node.rank == 0 else url_of(host_address(dep, node.host) or server.listen_host, server.port)
     return Launch(
         role=server.role, unit=server_unit(dep, node),
-        argv=tuple(prefix + [tools.sglang_python, "-m", "sglang.launch_server", *node_args(dep, node)]),
+        argv=tuple(prefix + [tools.sglang_python, "-m", SERVER_MODULE, *node_args(dep, node)]),
         env=environment(dep, server.role, server.spec), numa=binding, url=url, credentials={},
         server=server.name, node_rank=node.rank,
     )

@@ -83,12 +83,12 @@ GPU_SERVER: Section = [
     #   path has not been tried in separate namespaces.
 ]
 
-# sglang-router (and its pdserve wait-ready gates): HTTP on the network, nothing else.
+# The router, smg (and its pdserve wait-ready gates): HTTP on the network, nothing else.
 ROUTER: Section = [
     ("PrivateDevices", "yes"),
-    # Relaxed from "pid": sglang_router.launch_router imports sglang and with it PyTorch, whose cpuinfo
-    # reads /proc/cpuinfo and logs "Error in cpuinfo: failed to parse processor information" without it
-    # (seen in the container tier's journal).
+    # Relaxed from "pid": the router's Rust binary reads /proc/sys (its allocator's
+    # /proc/sys/vm/overcommit_memory, /proc/sys/kernel/random/boot_id), which "pid" hides. (sglang-router
+    # 0.3.2 also imported PyTorch, whose cpuinfo needs /proc/cpuinfo; smg imports neither sglang nor torch.)
     ("ProcSubset", "all"),
     ("MemoryDenyWriteExecute", "yes"),
     ("PrivateUsers", "yes"),

@@ -7,7 +7,7 @@ After= means ready, as on one host, but systemd orders units of one host only. S
 - the router Wants= and is After= the server units on its own host, and its ExecStartPre= gates wait for
   every server: briefly for those on its host (their start has ended), up to the servers' start timeout
   for those on other hosts, which load in parallel and which no ordering can wait for; the router's
-  TimeoutStartSec= grows by that wait. sglang-router 0.3.2 never registers a worker it found down at start.
+  TimeoutStartSec= grows by that wait.
 There is no fallback: a multi-host deployment has no single-server layout.
 """
 
@@ -54,7 +54,8 @@ def _local(dep: Deployment, host: str) -> set[str]:
 
 def _describe(dep: Deployment, host: str, launch: Launch) -> str:
     if launch.role == "router":
-        return f"pdserve {dep.name}: sglang-router (PD) on host {host}, {launch.url}, in front of {len(servers(dep))} servers"
+        count = len(servers(dep))
+        return f"pdserve {dep.name}: smg router (PD) on host {host}, {launch.url}, in front of {count} servers"
     server = server_named(dep, launch.server or "")
     assert server is not None  # host_launches made it from a server
     gpus = ",".join(str(g) for g in server.spec.gpus)

@@ -33,7 +33,7 @@ def default_keyed_launcher() -> str:
 _TOOLS: dict[str, tuple[str | None, str]] = {
     # Never `python3` from PATH: that is rarely the Python with the pinned sglang, and the units would
     # only fail at launch. Given (tools.sglang_python, --sglang-python) or found (tools.sglang_venv).
-    "sglang_python": (None, "the Python that has sglang and sglang-router installed"),
+    "sglang_python": (None, "the Python that has sglang and the router (smg) installed"),
     "numactl": ("numactl", "numactl (CPU/memory NUMA binding)"),
     "pdserve": ("pdserve", "the pdserve executable (readiness gates)"),
 }

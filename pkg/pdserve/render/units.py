@@ -71,7 +71,7 @@ def _gpus(gpus: list[int]) -> str:
 def _describe(dep: Deployment, launch: Launch) -> str:
     role = launch.role
     if role == "router":
-        return f"pdserve {dep.name}: sglang-router (PD) on {launch.url}"
+        return f"pdserve {dep.name}: smg router (PD) on {launch.url}"
     server = dep.server(role)
     numa = f", NUMA node {server.numa_node}" if server.numa_node is not None else ""
     what = "single SGLang server (fallback)" if role == "fallback" else f"SGLang {role} server"
@@ -118,7 +118,7 @@ def _service_section(dep: Deployment, launch: Launch, config_path: str, tools: T
     gates = []
     if launch.role == "router":
         # By the time this runs (After=) both workers' starts have ended, ready or failed: the gate only
-        # confirms, so it is short. sglang-router 0.3.2 never registers a worker it found down at start.
+        # confirms, so it is short.
         gates = [[tools.pdserve, "wait-ready", worker, "--config", config_path, "--timeout", str(WORKER_GATE_SEC),
                   "--interval", "0.5"] for worker in ("prefill", "decode")]
     return service_section(dep, launch, tools, start_timeout=start_timeout, gates=gates, ready=ready)

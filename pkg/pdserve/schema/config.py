@@ -146,12 +146,14 @@ class TransferSpec(_Section):
         return value
 
 
-# Load-balancing policies of sglang-router 0.3.2 (`--policy`, `--prefill-policy`, `--decode-policy`).
-Policy = Literal["random", "round_robin", "cache_aware", "power_of_two", "manual"]
+# Load-balancing policies of smg 1.13.0 (`--policy`, `--prefill-policy`, `--decode-policy`; a test compares them
+# with the pinned router's own parser).
+Policy = Literal["random", "round_robin", "passthrough", "cache_aware", "power_of_two", "least_load", "manual",
+                 "consistent_hashing", "prefix_hash"]
 
 
 class RouterSpec(_Section):
-    """sglang-router in PD mode: the only public endpoint."""
+    """The router (smg) in PD mode: the only public endpoint."""
 
     host: Host = "127.0.0.1"
     port: Port = 30001

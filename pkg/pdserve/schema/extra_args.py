@@ -1,7 +1,7 @@
 """How SGLang's and the router's parsers read a flag in extra_args. Pure.
 
 Both parsers are plain argparse with allow_abbrev=True (sglang 0.5.23 `prepare_server_args`,
-sglang-router 0.3.2 `parse_router_args`), so `--por 1` sets --port and `--api=K` sets --api-key: an
+smg 1.13.0 `parse_router_args`), so `--por 1` sets --port and `--api=K` sets --api-key: an
 unambiguous prefix of a long option is that option, `--flag=value` included. A prefix of several
 options is an error in the parser itself. So an extra argument that is a rendered or secret flag *or a
 prefix of one* is either read as that flag or refused by the parser; pdserve refuses it up front.
@@ -14,7 +14,8 @@ from collections.abc import Iterable
 
 # Flags whose value is a secret: on a command line it is visible to every user through ps.
 SERVER_SECRET_FLAGS = ("--api-key", "--admin-api-key", "--ssl-keyfile-password")
-ROUTER_SECRET_FLAGS = ("--api-key", "--control-plane-api-keys", "--oracle-password")
+# smg adds per-tenant keys (--tenant-api-key TENANT:KEY) beside --api-key.
+ROUTER_SECRET_FLAGS = ("--api-key", "--tenant-api-key", "--control-plane-api-keys", "--oracle-password")
 # Real flags of the pinned versions that are also prefixes of a guarded flag: argparse takes an exact
 # name before any abbreviation, so these mean themselves (--ssl-keyfile is not --ssl-keyfile-password).
 # tests/integration/test_hostile_parsers.py finds every such flag of the real parsers.

@@ -7,7 +7,10 @@ installed sglang whenever it is importable, so a drift shows up in CI rather tha
 """
 
 SGLANG_VERSION = "0.5.23"
-SGLANG_ROUTER_VERSION = "0.3.2"
+# The PD router: smg ("Shepherd Model Gateway"), where SGLang's router went after sglang-router 0.3.2, its
+# last PyPI release. The distribution is installed as `smg` and imported as `smg` (`python -m smg.launch_router`).
+ROUTER_DISTRIBUTION = "smg"
+ROUTER_VERSION = "1.13.0"
 NIXL_VERSION = "1.5.1"
 
 REASONING_PARSERS = frozenset(

@@ -18,9 +18,9 @@ class ToolPaths(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     sglang_python: ExecutablePath | None = Field(
-        None, description="Python with sglang and sglang-router; or set sglang_venv instead")
+        None, description="Python with sglang and the router (smg); or set sglang_venv instead")
     sglang_venv: AbsolutePath | None = Field(
-        None, description="Virtual environment with sglang and sglang-router: its bin/python is used "
+        None, description="Virtual environment with sglang and the router (smg): its bin/python is used "
         "(instead of sglang_python, not beside it)")
     numactl: ExecutablePath | None = None
     pdserve: ExecutablePath | None = None

@@ -64,7 +64,7 @@ class Expectations:
     api_key_file: str | None
     kv_floor: int
     sglang_version: str = pins.SGLANG_VERSION
-    router_version: str = pins.SGLANG_ROUTER_VERSION
+    router_version: str = pins.ROUTER_VERSION
     # worker id or "router" -> the /metrics URL Prometheus scrapes (the router's: its Prometheus listener)
     metrics_urls: dict[str, str] = field(default_factory=dict)
     hosts: dict[str, str] = field(default_factory=dict)  # host name -> cluster address; empty on one host

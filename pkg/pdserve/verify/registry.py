@@ -12,6 +12,7 @@ from pdserve.probes import cgroups, chat, kernel_log, net, nvml, procs, topology
 from pdserve.probes import versions as version_probe
 from pdserve.probes.metrics import MetricsObs
 from pdserve.probes.observations import HttpObs, Unavailable
+from pdserve.schema import pins
 from pdserve.schema.config import SERVER_ROLES
 from pdserve.schema.derived import unit_name
 from pdserve.verify.checks import e2e, exposure, gpu, kernels, metrics, numa, router, servers, units, versions
@@ -93,7 +94,7 @@ def _router_version(ctx: Context) -> CheckResult:
             pids = {main_pid}
     if not pids:
         pids = procs.listening_pids(ctx.dep.router.port)
-    version, source = version_probe.router_version(pids, ctx.options.probe_timeout)
+    version, source = version_probe.router_version(pids, ctx.options.probe_timeout, pins.ROUTER_DISTRIBUTION)
     return versions.check_router_version(exp, version, source)
 
 

@@ -1,6 +1,6 @@
 """A Plan running on a cluster network: each process started inside its host's namespace with the
 argv and environment pdserve rendered (the workers are the stand-in behind `python -m
-sglang.launch_server`, the router is the real sglang-router 0.3.2), and what the tests read from it:
+sglang.launch_server`, the router is the real smg 1.13.0), and what the tests read from it:
 the router's view of each worker (`smg_worker_health{worker=URL}` on its Prometheus port, read from
 the router host), each worker's request and KV hand-off counters (read from the router host too, the
 way the router reaches them), and the host faults: power off, power on, link cut, link mended.

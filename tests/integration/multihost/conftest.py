@@ -49,8 +49,8 @@ def prerequisites() -> None:
                     "the multi-host tier needs root (network namespaces, veths, a bridge)", REQUIRE)
     missing = [tool for tool in ("ip", "nft") if shutil.which(tool) is None]
     require_or_skip(not missing, f"missing {', '.join(missing)} (apt-get install iproute2 nftables)", REQUIRE)
-    absent = [m for m in ("sglang_router", "sglang") if importlib.util.find_spec(m) is None]
-    require_or_skip(not absent, f"the test environment lacks {', '.join(absent)} (sglang-router 0.3.2, sglang 0.5.23)",
+    absent = [m for m in ("smg", "sglang") if importlib.util.find_spec(m) is None]
+    require_or_skip(not absent, f"the test environment lacks {', '.join(absent)} (smg 1.13.0, sglang 0.5.23)",
                     REQUIRE)
 
 
@@ -90,7 +90,7 @@ class _HostFailureTable:
         if not HOST_FAILURE_ROWS:
             return
         terminalreporter.section("host failures (multi-host tier: network namespaces on a bridge, stand-in "
-                                 "workers, real sglang-router 0.3.2)")
+                                 "workers, real smg 1.13.0)")
         for line in [*HOST_FAILURE_HEADER, *HOST_FAILURE_ROWS]:
             terminalreporter.write_line(line)
 

@@ -1,4 +1,4 @@
-"""One host goes away under load, and comes back: the real sglang-router marks that host's worker
+"""One host goes away under load, and comes back: the real router (smg 1.13.0) marks that host's worker
 unhealthy, the other host of the same role keeps serving, and the host serves again once it is back.
 
 Three faults, the first two each on a prefill host and on a decode host:

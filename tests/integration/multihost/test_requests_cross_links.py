@@ -1,4 +1,4 @@
-"""Requests through the real sglang-router on one host to stand-in prefill and decode servers on four
+"""Requests through the real router (smg) on one host to stand-in prefill and decode servers on four
 others (the tier's own deployment, tests/integration/multihost/deployment.toml), each host its own
 network namespace with its own address on one bridge.
 

@@ -26,8 +26,8 @@ def _prerequisites() -> None:
                     "the systemd container tier needs root (debootstrap, systemd-nspawn, nsenter)", REQUIRE)
     missing = [tool for tool in ("debootstrap", "systemd-nspawn", "nsenter", "chroot") if shutil.which(tool) is None]
     require_or_skip(not missing, f"missing {', '.join(missing)} (apt-get install debootstrap systemd-container)", REQUIRE)
-    absent = [m for m in ("sglang_router", "sglang") if importlib.util.find_spec(m) is None]
-    require_or_skip(not absent, f"the test environment lacks {', '.join(absent)} (sglang-router 0.3.2, sglang 0.5.23)",
+    absent = [m for m in ("smg", "sglang") if importlib.util.find_spec(m) is None]
+    require_or_skip(not absent, f"the test environment lacks {', '.join(absent)} (smg 1.13.0, sglang 0.5.23)",
                     REQUIRE)
     require_or_skip(sys.prefix != sys.base_prefix,
                     "run the tests from a virtual environment: it is bind-mounted into the container", REQUIRE)

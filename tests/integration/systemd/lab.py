@@ -1,5 +1,5 @@
 """One test deployment inside the container: rendered by the real `pdserve render`, served by the
-stand-in SGLang workers (behind `python -m sglang.launch_server`) and the real sglang-router 0.3.2."""
+stand-in SGLang workers (behind `python -m sglang.launch_server`) and the real router, smg 1.13.0."""
 
 from __future__ import annotations
 

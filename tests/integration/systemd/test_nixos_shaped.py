@@ -3,7 +3,7 @@ read-only store built once before boot (nixos_shape.py), so no cutover can chang
 
 It must still cut over both ways (exit 0, the new layout serving, never rolled back for the boot links
 it cannot write), name the NixOS line that declares the new boot layout, and after a reboot the
-declared layout (PD) must come back, whatever ran before. Real systemd 252, the real sglang-router,
+declared layout (PD) must come back, whatever ran before. Real systemd 252, the real router (smg),
 stand-in SGLang workers, as in test_units_in_systemd.py.
 
 The tests run in file order on one container of their own; the last one reboots it.

@@ -1,5 +1,5 @@
 """The rendered units under a real systemd (in a container), with the stand-in SGLang workers behind
-`python -m sglang.launch_server` and the real sglang-router 0.3.2: After= means ready,
+`python -m sglang.launch_server` and the real router, smg 1.13.0: After= means ready,
 Restart=on-failure, Conflicts=, LoadCredential=, `pdserve cutover`, and enabled units across a reboot.
 
 The tests share one booted container; each starts from every unit stopped and disabled. The reboot
@@ -220,7 +220,8 @@ def test_the_api_key_reaches_the_router_through_loadcredential_only(lab):
     units = box.run(["systemctl", "cat", *lab.units()]).stdout
     assert "LoadCredential=api-key:/etc/pdserve/router.key" in units and key not in units
     processes = box.run(["ps", "-eo", "args"]).stdout
-    assert "--pd-disaggregation" in processes or "sglang::router" in processes, processes
+    # smg's launcher retitles its process (setproctitle): ps shows "smg::router", not the argv.
+    assert "smg::router" in processes, processes
     assert key not in processes
     router_pid = lab.states()[lab.unit("router")].main_pid
     # Nor in the router's environment, where a wrapper script might have put it.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pdserve.probes.answers import Mismatch, Version, fit
 from pdserve.probes.observations import HttpObs
+from pdserve.schema.pins import ROUTER_DISTRIBUTION
 from pdserve.verify.expect import Expectations, WorkerExpectation
 from pdserve.verify.result import CheckResult, failed, passed, skipped
 
@@ -33,6 +34,6 @@ def check_version(exp: Expectations, w: WorkerExpectation, info: HttpObs) -> Che
 
 
 def check_router_version(exp: Expectations, version: str, source: str) -> CheckResult:
-    return _against_pin("versions.router", "sglang-router", version, exp.router_version, source,
-                        f"install sglang-router=={exp.router_version} in the router's Python and restart "
-                        f"{exp.router_unit}; newer routers (smg) take different flags")
+    return _against_pin("versions.router", ROUTER_DISTRIBUTION, version, exp.router_version, source,
+                        f"install {ROUTER_DISTRIBUTION}=={exp.router_version} in the router's Python and restart "
+                        f"{exp.router_unit}; other versions take other flags and answer differently")
