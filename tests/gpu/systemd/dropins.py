@@ -39,11 +39,18 @@ class MachineFacts:
     device_modes: dict[str, tuple[int, int]]  # node -> (mode bits, group id)
     libcuda_link_dir: str | None  # a directory with libcuda.so (what `cc -lcuda` links), if the driver has one
     libcuda_shim_dir: str  # where the runner puts a libcuda.so link when the driver has none
+    staged_site: str | None = None  # SGLang and the routers, staged beside the machine's Python
 
 
 def needed(deployment: str, facts: MachineFacts) -> list[DropIn]:
     units = [f"sglang-{deployment}-{role}.service" for role in GPU_ROLES]
     dropins: list[DropIn] = []
+    if facts.staged_site:
+        why = ("the SGLang Python here is the machine's own Python (torch) with SGLang and smg staged in another "
+               "directory; a host's SGLang environment has them installed, so its units need no PYTHONPATH")
+        entry = ("Environment", environment_line("PYTHONPATH", facts.staged_site))
+        dropins += [DropIn(f"sglang-{deployment}-{role}.service", "50-staged-site.conf", why, (entry,))
+                    for role in (*GPU_ROLES, "router")]
     closed = {node: gid for node, (mode, gid) in facts.device_modes.items() if mode & 0o006 != 0o006}
     if closed:
         groups = " ".join(str(gid) for gid in sorted(set(closed.values())))

@@ -108,7 +108,7 @@ def prepare_deployment(root: Path, facts: host.HostFacts, ports: dict[str, int])
     numa = 0 if Path("/sys/devices/system/node/node0").is_dir() and shutil.which("numactl") else None
     written = write_deployment(etc, Path(MODEL_INSIDE), ports, numa_node=numa, gpus=1,
                                api_key_file=Path(KEY_INSIDE),
-                               environment={"PYTHONPATH": SITE_INSIDE, **NO_MULTICAST})
+                               environment=NO_MULTICAST)
     written.rename(root / DEPLOYMENT_INSIDE.lstrip("/"))
 
 
@@ -195,7 +195,7 @@ def install_units(box: Container, root: Path, facts: host.HostFacts, out: Path, 
     modes = {node: (os.stat(node).st_mode, os.stat(node).st_gid) for node in facts.devices
              if Path(node).exists() and not Path(node).is_dir()}
     link_dir = next((d for d in facts.driver_dirs if (Path(d) / "libcuda.so").exists()), None)
-    needed = dropins.needed(NAME, dropins.MachineFacts(modes, link_dir, f"/{host.HOST_LIBS}"))
+    needed = dropins.needed(NAME, dropins.MachineFacts(modes, link_dir, f"/{host.HOST_LIBS}", SITE_INSIDE))
     dropins.install(needed, root / "etc/systemd/system")
     report["dropins"] = {d.path: d.text() for d in needed}
     box.run(["systemctl", "daemon-reload"], timeout=60)

@@ -173,6 +173,13 @@ def test_device_nodes_are_found_by_name(tmp_path):
 
 # -- drop-ins --------------------------------------------------------------------------------------------
 
+def test_the_staged_site_reaches_all_three_units():
+    facts = dropins.MachineFacts({}, "/usr/lib/x86_64-linux-gnu", "/x", "/opt/pdserve-gpu/site")
+    found = dropins.needed("gputest", facts)
+    assert sorted(d.unit for d in found) == [f"sglang-gputest-{r}.service" for r in ("decode", "prefill", "router")]
+    assert all(d.entries == (("Environment", '"PYTHONPATH=/opt/pdserve-gpu/site"'),) for d in found)
+
+
 def test_no_drop_in_where_the_machine_is_like_a_host():
     facts = dropins.MachineFacts({"/dev/nvidia0": (0o20666, 0)}, "/usr/lib/x86_64-linux-gnu", "/usr/local/lib/x")
     assert dropins.needed("gputest", facts) == []
