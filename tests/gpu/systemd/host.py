@@ -114,14 +114,25 @@ def device_nodes(dev: Path = Path("/dev")) -> list[str]:
     return found
 
 
+# The host's own library directories: bound over the rootfs's they would replace its C library and systemd's.
+SYSTEM_LIBRARY_DIRS = frozenset({"/lib", "/lib64", "/usr/lib", "/usr/lib64", "/lib/x86_64-linux-gnu",
+                                 "/usr/lib/x86_64-linux-gnu", "/usr/local/lib"})
+
+
 def driver_dirs(ldconfig_p: str) -> list[str]:
-    """Directories of the driver's libcuda.so.1 and libnvidia-ml.so.1, from `ldconfig -p` of the host."""
+    """Directories of the driver's libcuda.so.1 and libnvidia-ml.so.1, from `ldconfig -p` of the host, outside
+    the host's system library directories (the GPU machine lists its driver in /usr/local/nvidia/lib64 and
+    again in /lib: only the first can be bound)."""
     dirs = []
     for line in ldconfig_p.splitlines():
         match = re.match(r"\s*(libcuda\.so\.1|libnvidia-ml\.so\.1)\s.*=>\s*(\S+)$", line)
         if match and "x86-64" in line:
-            dirs.append(str(Path(match.group(2)).parent))
-    return sorted(set(dirs))
+            dirs.append(os.path.normpath(str(Path(match.group(2)).parent)))
+    usable = sorted(set(dirs) - SYSTEM_LIBRARY_DIRS)
+    if dirs and not usable:
+        raise ValueError(f"the driver's libraries are only in system directories {sorted(set(dirs))}; "
+                         "bind them one by one (not supported by this tier yet)")
+    return usable
 
 
 def discover(site: str, checkout: str) -> HostFacts:

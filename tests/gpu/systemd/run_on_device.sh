@@ -14,6 +14,12 @@ parts=$work/parts
 mkdir -p "$out" "$parts"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH="$work/tree/site:$PWD/pkg:$PWD"
+# The GPU machine has no zstd: a call may carry one (a static build, or one with its libzstd beside it).
+zstd=zstd
+if ! command -v zstd >/dev/null && [ -x "${PDSERVE_ZSTD_DIR:-.gpusd-bin}/zstd" ]; then
+  dir=$(cd "${PDSERVE_ZSTD_DIR:-.gpusd-bin}" && pwd)
+  zstd="env LD_LIBRARY_PATH=$dir $dir/zstd"
+fi
 echo "staged parts: $(ls "$parts" | tr '\n' ' ')"
 
 facts() {
@@ -32,7 +38,7 @@ facts() {
 unpack_rootfs_only() {
   # The stream holds the rootfs first: its parts alone unpack it (tar then stops at the cut; that is expected).
   rm -rf "$work/tree/rootfs" && mkdir -p "$work/tree"
-  cat "$parts"/part-* | zstd -dc --long=27 -q 2>/dev/null | tar --numeric-owner -xf - -C "$work/tree" rootfs 2>/dev/null
+  cat "$parts"/part-* | $zstd -dc --long=27 -q 2>/dev/null | tar --numeric-owner -xf - -C "$work/tree" rootfs 2>/dev/null
   test -x "$work/tree/rootfs/usr/lib/systemd/systemd" && echo "rootfs unpacked: $(du -sh "$work/tree/rootfs" | cut -f1)"
 }
 
@@ -48,7 +54,7 @@ case "${1:-run}" in
   run)
     if [ ! -d "$work/tree/site/sglang" ]; then
       t0=$(date +%s)
-      python3 -m tests.gpu.systemd.payload unpack --parts "$parts" --dest "$work/tree" || exit 1
+      python3 -m tests.gpu.systemd.payload unpack --parts "$parts" --dest "$work/tree" --zstd "$zstd" || exit 1
       # The units see the site read-only (ProtectSystem=strict): compile its bytecode once, here.
       python3 -m compileall -q -j 16 "$work/tree/site" >/dev/null 2>&1
       echo "unpacked and compiled in $(( $(date +%s) - t0 )) s"

@@ -139,9 +139,16 @@ def test_the_link_chain_names_every_symlink_on_the_way_to_the_interpreter(tmp_pa
 def test_driver_dirs_come_from_ldconfig_and_ignore_32_bit_copies():
     text = ("\tlibcuda.so.1 (libc6,x86-64) => /usr/local/nvidia/lib64/libcuda.so.1\n"
             "\tlibcuda.so.1 (libc6) => /usr/lib32/libcuda.so.1\n"
-            "\tlibnvidia-ml.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1\n"
+            "\tlibcuda.so.1 (libc6,x86-64) => /lib/libcuda.so.1\n"
+            "\tlibnvidia-ml.so.1 (libc6,x86-64) => /opt/driver/libnvidia-ml.so.1\n"
             "\tlibcudart.so.13 (libc6,x86-64) => /opt/cuda/lib64/libcudart.so.13\n")
-    assert host.driver_dirs(text) == ["/usr/lib/x86_64-linux-gnu", "/usr/local/nvidia/lib64"]
+    # /lib too holds the driver on the GPU machine; bound over the rootfs's it would replace its C library.
+    assert host.driver_dirs(text) == ["/opt/driver", "/usr/local/nvidia/lib64"]
+
+
+def test_a_driver_only_in_system_directories_is_refused():
+    with pytest.raises(ValueError, match="system directories"):
+        host.driver_dirs("\tlibcuda.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcuda.so.1\n")
 
 
 def test_missing_libraries_are_read_from_ldd():
