@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -27,7 +28,7 @@ from pathlib import Path
 from tests.gpu.load import ChatLoad, Outcome, PortProber, as_report, succeeding_again, summarize, timeline
 from tests.gpu.pd_run import SERVED_NAME, write_api_key, write_deployment
 from tests.gpu.systemd import dropins, host, phases
-from tests.integration.systemd.container import Container, PythonEnv, customize
+from tests.integration.systemd.container import Container, ContainerError, PythonEnv, customize
 
 NAME = "gputest"
 SITE_INSIDE = "/opt/pdserve-gpu/site"
@@ -206,7 +207,10 @@ def install_units(box: Container, root: Path, facts: host.HostFacts, out: Path, 
 def start_all(box: Container, report: Report, timeout: float) -> bool:
     """`systemctl start` the router, as an operator does: Wants= pulls both workers in, After= orders them."""
     began = time.monotonic()
-    done = box.run(["systemctl", "start", UNITS["router"]], timeout=timeout, check=False)
+    try:
+        done = box.run(["systemctl", "start", UNITS["router"]], timeout=timeout, check=False)
+    except ContainerError as exc:  # still starting at the deadline: record where each unit is
+        done = subprocess.CompletedProcess([], 124, "", str(exc))
     stamps = unit_timestamps(box)
     report["start"] = {"exit": done.returncode, "stderr": done.stderr[-1000:],
                        "took_s": round(time.monotonic() - began, 1), "units": stamps}
@@ -217,7 +221,8 @@ def start_all(box: Container, report: Report, timeout: float) -> bool:
 
 
 def verify(box: Container, report: Report) -> None:
-    done = box.run([PDSERVE_INSIDE, "verify", "--config", CONFIG_INSIDE, "--json", "--probe-timeout", "20",
+    # As an operator runs it: in a shell whose Python finds the staged site, as the units' drop-in gives them.
+    done = box.run(["env", f"PYTHONPATH={SITE_INSIDE}", PDSERVE_INSIDE, "verify", "--config", CONFIG_INSIDE, "--json", "--probe-timeout", "20",
                     "--chat-timeout", "120"], timeout=400, check=False)
     try:
         checks = {c["id"]: [c["status"], c["observed"]] for c in json.loads(done.stdout)["checks"]}
@@ -227,7 +232,7 @@ def verify(box: Container, report: Report) -> None:
                         "failing": sorted(k for k, v in checks.items() if v[0] == "fail")}
 
 
-def start_legacy_router(work: Path, ports: dict[str, int], out: Path) -> tuple[subprocess.Popen, int] | None:
+def start_legacy_router(work: Path, ports: dict[str, int], out: Path) -> tuple[subprocess.Popen, int]:
     from tests.fixtures.ports import free_ports
 
     port, metrics = free_ports(2)
@@ -237,19 +242,22 @@ def start_legacy_router(work: Path, ports: dict[str, int], out: Path) -> tuple[s
             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics), *LEGACY_ROUTER_FLAGS]
     env = {**os.environ, "PYTHONPATH": f"{work / 'tree/site'}:{os.environ.get('PYTHONPATH', '')}", **NO_MULTICAST}
     logfile = (out / "router-0.3.2.log").open("ab")
-    proc = subprocess.Popen(argv, stdout=logfile, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    return subprocess.Popen(argv, stdout=logfile, stderr=subprocess.STDOUT, env=env, start_new_session=True), port
+
+
+def legacy_ready(proc: subprocess.Popen, port: int, timeout: float = 90) -> bool:
     import httpx
 
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:
         try:
             if httpx.get(f"http://127.0.0.1:{port}/readiness", timeout=5).status_code == 200:
-                return proc, port
+                return True
         except httpx.HTTPError:
             pass
         time.sleep(1)
     proc.kill()
-    return None
+    return False
 
 
 def failure_timing(outcomes: list[Outcome], killed_at: float) -> dict:
@@ -334,6 +342,8 @@ def first_start_phases(box: Container, report: Report) -> None:
 
 def run(args) -> int:
     out, work = args.out, args.work
+    # `timeout` ends the run with SIGTERM: leave through `finally`, so the journals are saved.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     out.mkdir(parents=True, exist_ok=True)
     report = Report(out, "systemd-run")
     root = work / "tree/rootfs"
@@ -348,15 +358,15 @@ def run(args) -> int:
         first_start_phases(box, report)
         if not ok:
             return 1
-        legacy = start_legacy_router(work, {"prefill": 30000, "decode": 30002, "bootstrap": 8998}, out)
-        report["legacy_router"] = {"started": legacy is not None}
+        legacy, legacy_port = start_legacy_router(work, {"prefill": 30000, "decode": 30002, "bootstrap": 8998}, out)
         verify(box, report)
         log(f"verify exit {report['verify']['exit']}, failing {report['verify']['failing']}")
+        ready = legacy_ready(legacy, legacy_port)
+        report["legacy_router"] = {"ready": ready, "port": legacy_port}
         key = (root / KEY_INSIDE.lstrip("/")).read_text().strip()
-        kill_under_load(box, report, legacy[1] if legacy else None, key)
+        kill_under_load(box, report, legacy_port if ready else None, key)
         log("kill under load done")
-        if legacy:
-            legacy[0].terminate()
+        legacy.terminate()
         return 0
     except Exception:
         report["error"] = traceback.format_exc()
@@ -442,6 +452,7 @@ def restarts(args) -> int:
     out, work = args.out, args.work
     out.mkdir(parents=True, exist_ok=True)
     report = Report(out, "systemd-restarts")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     box = attach(work)
     key = (Path(json.loads((work / "state.json").read_text())["root"]) / KEY_INSIDE.lstrip("/")).read_text().strip()
     try:
