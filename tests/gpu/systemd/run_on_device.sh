@@ -38,7 +38,8 @@ facts() {
 unpack_rootfs_only() {
   # The stream holds the rootfs first: its parts alone unpack it (tar then stops at the cut; that is expected).
   rm -rf "$work/tree/rootfs" && mkdir -p "$work/tree"
-  cat "$parts"/part-* | $zstd -dc --long=27 -q 2>/dev/null | tar --numeric-owner -xf - -C "$work/tree" rootfs 2>/dev/null
+  cat "$parts"/part-* | $zstd -dc --long=27 -q 2>/dev/null \
+    | tar --numeric-owner -xf - -C "$work/tree" rootfs 2>/dev/null
   test -x "$work/tree/rootfs/usr/lib/systemd/systemd" && echo "rootfs unpacked: $(du -sh "$work/tree/rootfs" | cut -f1)"
 }
 

@@ -222,7 +222,8 @@ def start_all(box: Container, report: Report, timeout: float) -> bool:
 
 def verify(box: Container, report: Report) -> None:
     # As an operator runs it: in a shell whose Python finds the staged site, as the units' drop-in gives them.
-    done = box.run(["env", f"PYTHONPATH={SITE_INSIDE}", PDSERVE_INSIDE, "verify", "--config", CONFIG_INSIDE, "--json", "--probe-timeout", "20",
+    done = box.run(["env", f"PYTHONPATH={SITE_INSIDE}", PDSERVE_INSIDE, "verify", "--config", CONFIG_INSIDE,
+                    "--json", "--probe-timeout", "20",
                     "--chat-timeout", "120"], timeout=400, check=False)
     try:
         checks = {c["id"]: [c["status"], c["observed"]] for c in json.loads(done.stdout)["checks"]}

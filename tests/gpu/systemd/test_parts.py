@@ -106,7 +106,8 @@ def test_pack_and_unpack_round_trip_through_tar_and_zstd(tmp_path):
 
 def _layout(**changes) -> host.PythonLayout:
     base = dict(executable="/usr/bin/python3.12",
-                links=("/opt/torch/.venv/bin/python3", "/opt/torch/.venv/bin/python", "/usr/bin/python3"), prefix="/opt/torch/.venv", base_prefix="/usr",
+                links=("/opt/torch/.venv/bin/python3", "/opt/torch/.venv/bin/python", "/usr/bin/python3"),
+                prefix="/opt/torch/.venv", base_prefix="/usr",
                 stdlib="/usr/lib/python3.12", include="/usr/include/python3.12",
                 multiarch_include="/usr/include/x86_64-linux-gnu/python3.12",
                 path_entries=("/usr/lib/python3.12", "/usr/lib/python3.12/lib-dynload",
