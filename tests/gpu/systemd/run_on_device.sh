@@ -63,7 +63,8 @@ case "${1:-run}" in
     facts > "$out/machine.txt" 2>&1
     python3 -c 'import importlib.metadata as m; print(*[f"{p} {m.version(p)}" for p in ("torch", "sglang", "smg",
       "sglang-router", "sglang-kernel", "nixl-cu13", "triton")], sep="; ")' >> "$out/machine.txt" 2>&1
-    timeout "${GPU_TIER_TIMEOUT:-540}" python3 -m tests.gpu.systemd.runner run --work "$work" --out "$out" 2>&1 \
+    timeout "${GPU_TIER_TIMEOUT:-540}" python3 -m tests.gpu.systemd.runner run --work "$work" --out "$out" \
+      --start-timeout 360 --budget-s "$(( ${GPU_TIER_TIMEOUT:-540} - 10 ))" 2>&1 \
       | tee "$out/run.log"
     ;;
   restarts)
