@@ -27,7 +27,7 @@ from pathlib import Path
 
 from tests.gpu.load import ChatLoad, Outcome, PortProber, as_report, succeeding_again, summarize, timeline
 from tests.gpu.pd_run import SERVED_NAME, write_api_key, write_deployment
-from tests.gpu.systemd import dropins, host, phases
+from tests.gpu.systemd import dropins, host, phases, table
 from tests.integration.systemd.container import Container, ContainerError, PythonEnv, customize
 
 NAME = "gputest"
@@ -367,7 +367,7 @@ def run(args) -> int:
         report["legacy_router"] = {"ready": ready, "port": legacy_port}
         key = (root / KEY_INSIDE.lstrip("/")).read_text().strip()
         kill_under_load(box, report, legacy_port if ready else None, key)
-        log("kill under load done")
+        log("kill under load done\n" + table.render(report.data))
         legacy.terminate()
         # The kill's restart kept the caches (warm); with time left, a cold one in the same call.
         if args.budget_s - (time.monotonic() - began) > args.cold_restart_needs_s:

@@ -13,7 +13,7 @@ import subprocess
 import pytest
 
 from tests.gpu.load import Outcome
-from tests.gpu.systemd import dropins, host, payload, phases, rootfs, runner
+from tests.gpu.systemd import dropins, host, payload, phases, rootfs, runner, table
 
 
 # -- rootfs ----------------------------------------------------------------------------------------------
@@ -264,6 +264,20 @@ def test_failure_timing_counts_retry_after_and_fast_answers():
     timing = runner.failure_timing(outcomes, killed)
     assert timing == {"failed_after_kill": 4, "http_5xx": 3, "with_retry_after": 2, "retry_after_values": ["1"],
                       "answered_within_1s": 3, "wait_s_median": 0.5, "wait_s_max": 6.0}
+
+
+def test_the_table_shows_each_router_as_a_column():
+    row = {"sent": 40, "ok": 30, "failed": 10, "failed_by_cause": {"HTTP 503": 10}, "failed_in_flight_at_kill": 1,
+           "failed_sent_after_kill": 9, "failed_before_kill": 0, "with_retry_after": 9, "http_5xx": 10,
+           "retry_after_values": ["1"], "answered_within_1s": 9, "failed_after_kill": 10, "wait_s_median": 0.02,
+           "wait_s_max": 6.0, "longest_refused_s": 0.0, "first_successful_answer_after_kill_s": 80.1,
+           "successful_answer_after_worker_ready_s": 7.1, "slowest_success_sent_after_kill_s": 9.0}
+    report = {"prefill_kill_under_load": {"killed_main_pid": 5, "kill_to_restart_s": 5.1, "kill_to_gate_ready_s": 73.0,
+                                          "restart_to_gate_ready_s": 67.9, "n_restarts": "1",
+                                          "routers": {"smg": row, "0.3.2": {**row, "with_retry_after": 0}}}}
+    text = table.render(report)
+    assert "5xx answers with Retry-After" in text and "9 of 10 (1) | 0 of 10 (1)" in text
+    assert "smg | 0.3.2" in text and "73.0 s after the kill" in text
 
 
 def test_the_smoke_unit_gets_the_rendered_sandbox_and_nothing_that_starts_a_server():
