@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DEVICE_GLOBS = ("nvidia[0-9]*", "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset", "nvidia-caps")
+CUDA_HOME = "/usr/local/cuda"
 LOADER = "usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"
 ROOTFS_LIBRARY_PATH = ("usr/lib/x86_64-linux-gnu", "usr/lib/x86_64-linux-gnu/systemd")
 DRIVER_CONF = "etc/ld.so.conf.d/pdserve-host-nvidia.conf"
@@ -152,6 +153,9 @@ def nspawn_options(facts: HostFacts, site_inside: str, checkout_inside: str) -> 
     the checkout appear at paths of their own (`HOST:INSIDE`): the machine may keep them under /tmp or
     /var/tmp, which the units' PrivateTmp= hides."""
     read_only = outermost([*python_binds(facts.python), *facts.driver_dirs])
+    # FlashInfer JIT-builds its norm kernels with nvcc from CUDA_HOME (/usr/local/cuda) at the first forward.
+    if Path(CUDA_HOME).is_dir():
+        read_only += [f"{os.path.realpath(CUDA_HOME)}:{CUDA_HOME}"]
     read_only += [f"{facts.site}:{site_inside}", f"{facts.checkout}:{checkout_inside}"]
     options = [f"--bind={node}" for node in facts.devices]
     # The journal stays inside the container (the host has no journald to link it to); the units' own

@@ -24,8 +24,13 @@ PACKAGES = (
     "systemd", "systemd-sysv", "systemd-container", "dbus",
     # The units: numactl (NUMA binding in ExecStart=), procps (ps for the harness).
     "numactl", "procps",
-    # Triton builds its launchers with `cc` (against the host's Python headers, bound in).
-    "gcc", "libc6-dev",
+    # Triton builds its launchers with `cc` (against the host's Python headers, bound in); FlashInfer JIT-builds
+    # its norm kernels at the first CUDA-graph capture with nvcc (the host's, bound in), which needs g++: without
+    # it the prefill failed there on the H100 (2026-12-05, "cannot execute 'cc1plus'"). Not run with g++ yet.
+    "gcc", "g++", "libc6-dev",
+    # systemd 257 dlopens libbpf for its cgroup BPF features; without it the container's log says "Failed to open
+    # libbpf, cgroup BPF features disabled" (2026-12-05). Not run with it yet.
+    "libbpf1",
     # Shared libraries the host's Python and its extension modules load (libssl: _ssl, libffi: _ctypes,
     # libexpat: pyexpat, libsqlite3: _sqlite3); any other one missing is copied from the host (host.py).
     "libssl3t64", "libffi8", "libexpat1", "libsqlite3-0",

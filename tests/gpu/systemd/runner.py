@@ -113,7 +113,21 @@ def prepare_deployment(root: Path, facts: host.HostFacts, ports: dict[str, int])
     written.rename(root / DEPLOYMENT_INSIDE.lstrip("/"))
 
 
+def end_previous(work: Path) -> None:
+    """A container left by an earlier call of this machine: kill its PID 1 (the whole PID namespace goes)."""
+    state = work / "state.json"
+    if state.exists():
+        old = json.loads(state.read_text())
+        for pid in (old["init_pid"], old["nspawn_pid"]):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(3)
+
+
 def boot(root: Path, work: Path, report: Report, deployment: bool = True) -> tuple[Container, host.HostFacts]:
+    end_previous(work)
     facts = host.discover(site=str(work / "tree/site"), checkout=str(Path.cwd()))
     read_only, options = host.nspawn_options(facts, SITE_INSIDE, CHECKOUT_INSIDE)
     env = python_env(facts, read_only)
@@ -196,7 +210,8 @@ def install_units(box: Container, root: Path, facts: host.HostFacts, out: Path, 
     modes = {node: (os.stat(node).st_mode, os.stat(node).st_gid) for node in facts.devices
              if Path(node).exists() and not Path(node).is_dir()}
     link_dir = next((d for d in facts.driver_dirs if (Path(d) / "libcuda.so").exists()), None)
-    needed = dropins.needed(NAME, dropins.MachineFacts(modes, link_dir, f"/{host.HOST_LIBS}", SITE_INSIDE))
+    needed = dropins.needed(NAME, dropins.MachineFacts(modes, link_dir, f"/{host.HOST_LIBS}", SITE_INSIDE,
+                                                       str(Path(facts.python.prefix) / "bin")))
     dropins.install(needed, root / "etc/systemd/system")
     report["dropins"] = {d.path: d.text() for d in needed}
     box.run(["systemctl", "daemon-reload"], timeout=60)

@@ -40,7 +40,7 @@ def test_trim_cuts_docs_lto_and_sanitizers_but_keeps_what_the_runner_runs(tmp_pa
 
 def test_the_manifest_holds_what_the_runner_needs_from_the_rootfs():
     # nspawn comes from the rootfs (the GPU machine has none), cc for Triton's launcher, numactl for ExecStart=.
-    for package in ("systemd", "systemd-container", "gcc", "libc6-dev", "numactl", "dbus"):
+    for package in ("systemd", "systemd-container", "gcc", "g++", "libc6-dev", "numactl", "dbus", "libbpf1"):
         assert package in rootfs.PACKAGES
     assert rootfs.SUITE == "trixie"
 
@@ -172,6 +172,17 @@ def test_nspawn_gets_each_device_read_write_and_everything_else_read_only(tmp_pa
     assert host.nspawn_command(tmp_path)[:2] == [str(tmp_path / host.LOADER), "--library-path"]
 
 
+def test_the_cuda_toolkit_is_bound_at_cuda_home_when_the_machine_has_one(tmp_path, monkeypatch):
+    toolkit = tmp_path / "cuda-13.0"
+    toolkit.mkdir()
+    (tmp_path / "cuda").symlink_to(toolkit)
+    facts = host.HostFacts(python=_layout(), devices=(), driver_dirs=(), site="/s", checkout="/c")
+    monkeypatch.setattr(host, "CUDA_HOME", str(tmp_path / "cuda"))
+    assert f"{toolkit}:{tmp_path / 'cuda'}" in host.nspawn_options(facts, "/S", "/C")[0]
+    monkeypatch.setattr(host, "CUDA_HOME", str(tmp_path / "absent"))
+    assert not [b for b in host.nspawn_options(facts, "/S", "/C")[0] if "absent" in b]
+
+
 def test_device_nodes_are_found_by_name(tmp_path):
     for name in ("nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm", "null", "nvme0"):
         (tmp_path / name).touch()
@@ -186,6 +197,14 @@ def test_the_staged_site_reaches_all_three_units():
     found = dropins.needed("gputest", facts)
     assert sorted(d.unit for d in found) == [f"sglang-gputest-{r}.service" for r in ("decode", "prefill", "router")]
     assert all(d.entries == (("Environment", '"PYTHONPATH=/opt/pdserve-gpu/site"'),) for d in found)
+
+
+def test_the_python_environment_s_bin_goes_first_on_the_gpu_units_path():
+    facts = dropins.MachineFacts({}, "/usr/lib/x86_64-linux-gnu", "/x", None, "/opt/torch/.venv/bin")
+    found = dropins.needed("gputest", facts)
+    assert sorted(d.unit for d in found) == ["sglang-gputest-decode.service", "sglang-gputest-prefill.service"]
+    assert found[0].entries == (("Environment",
+                                 '"PATH=/opt/torch/.venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin"'),)
 
 
 def test_no_drop_in_where_the_machine_is_like_a_host():
@@ -287,3 +306,16 @@ def test_the_smoke_unit_gets_the_rendered_sandbox_and_nothing_that_starts_a_serv
             "LimitMEMLOCK=infinity\n[Install]\nWantedBy=multi-user.target\n")
     assert runner.sandbox_properties(text) == ["User=pdserve", "DevicePolicy=closed", "DeviceAllow=char-nvidia* rw",
                                                "SystemCallFilter=~@clock @mount", "LimitMEMLOCK=infinity"]
+
+
+def test_a_container_left_by_an_earlier_call_is_ended_before_the_next_boot(tmp_path):
+    sleepers = [subprocess.Popen(["sleep", "60"]) for _ in range(2)]
+    try:
+        (tmp_path / "state.json").write_text(json.dumps({"init_pid": sleepers[0].pid,
+                                                         "nspawn_pid": sleepers[1].pid}))
+        runner.end_previous(tmp_path)
+        assert [p.wait(timeout=10) for p in sleepers] == [-9, -9]
+    finally:
+        for p in sleepers:
+            p.kill()
+            p.wait(timeout=10)
