@@ -29,6 +29,7 @@ class Outcome:
     ended: float
     cause: str  # OK, EMPTY, "HTTP 503", "connection refused", "timeout", "connection error", ...
     detail: str = ""
+    retry_after: str | None = None  # an HTTP error's Retry-After header, as sent (a client's cue to come back)
 
     @property
     def ok(self) -> bool:
@@ -66,6 +67,13 @@ def classify(exc: Exception) -> tuple[str, str]:
             return "connection closed without an answer", ""
         return "connection error", f"{type(exc.__cause__ or exc).__name__}: {exc.__cause__ or exc}"[:160]
     return f"error {type(exc).__name__}", str(exc)[:160]
+
+
+def retry_after_header(exc: Exception) -> str | None:
+    """The Retry-After header of an HTTP error answer, if the server sent one."""
+    response = getattr(exc, "response", None)
+    headers = getattr(response, "headers", None)
+    return headers.get("retry-after") if headers is not None else None
 
 
 def longest_refused(samples: list[tuple[float, bool]]) -> float:
@@ -140,9 +148,12 @@ class ChatLoad:
             cause, detail = (OK, "") if tokens and response.choices else (EMPTY, str(response)[:160])
         except Exception as exc:  # every failure is recorded by cause; none may end the load thread
             cause, detail = classify(exc)
+            retry_after = retry_after_header(exc)
+        else:
+            retry_after = None
         finally:
             self._in_flight.release()
-        self._record(Outcome(sent, time.monotonic(), cause, detail))
+        self._record(Outcome(sent, time.monotonic(), cause, detail, retry_after))
 
     def _record(self, outcome: Outcome) -> None:
         with self._lock:

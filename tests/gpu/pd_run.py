@@ -38,13 +38,15 @@ RESTART_SEC = 5
 
 
 def write_deployment(directory: Path, model_dir: Path, ports: dict[str, int], *, numa_node: int | None,
-                     gpus: int = 2, api_key_file: Path | None = None, transfer_backend: str = "nixl") -> Path:
+                     gpus: int = 2, api_key_file: Path | None = None, transfer_backend: str = "nixl",
+                     environment: dict[str, str] | None = None) -> Path:
     """A deployment of the tiny model: prefill on GPU 0, decode on GPU 1, router in front.
 
     With `gpus=1` both servers share GPU 0 (allow_shared_gpus, for a one-GPU machine). A tenth of each
     GPU per server holds 14.5M tokens of this model's KV (measured on an H200), far more than the tests
     use, and leaves the rest of the GPU to whatever else shares the machine. `api_key_file` puts the
-    router behind a key, delivered as the units deliver it (LoadCredential= and the keyed launcher)."""
+    router behind a key, delivered as the units deliver it (LoadCredential= and the keyed launcher);
+    `environment` adds to the servers' environment (the systemd tier's PYTHONPATH to the staged site)."""
     if gpus not in (1, 2):
         raise ValueError(f"the test deployment is laid out for 1 or 2 GPUs, not {gpus}")
     numa = f"numa_node = {numa_node}\n" if numa_node is not None else ""
@@ -53,6 +55,7 @@ def write_deployment(directory: Path, model_dir: Path, ports: dict[str, int], *,
     decode_gpu = 0 if gpus == 1 else 1
     fallback_gpus = [0] if gpus == 1 else [0, 1]
     key = f'api_key_file = "{api_key_file}"\n' if api_key_file is not None else ""
+    extra_env = "".join(f"{name} = {json.dumps(value)}\n" for name, value in (environment or {}).items())
     text = f"""name = "gputest"
 {shared}
 [model]
@@ -88,7 +91,7 @@ worker_startup_timeout_secs = 600
 CUDA_DEVICE_ORDER = "PCI_BUS_ID"
 UCX_TLS = "cuda_copy,cuda_ipc,tcp"
 PYTHONUNBUFFERED = "1"
-
+{extra_env}
 [systemd]
 restart_sec = {RESTART_SEC}
 

@@ -111,7 +111,8 @@ def rootfs_key(packages: tuple[str, ...]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def host_mirror(sources: tuple[Path, ...] = (Path("/etc/apt/sources.list"), Path("/etc/apt/sources.list.d"))) -> str | None:
+def host_mirror(sources: tuple[Path, ...] = (Path("/etc/apt/sources.list"), Path("/etc/apt/sources.list.d")),
+                suite: str = SUITE) -> str | None:
     """The Debian mirror this host's apt uses for the suite (CI may only reach that one)."""
     files: list[Path] = []
     for path in sources:
@@ -126,22 +127,23 @@ def host_mirror(sources: tuple[Path, ...] = (Path("/etc/apt/sources.list"), Path
                 fields = dict(line.split(":", 1) for line in stanza.splitlines()
                               if ":" in line and not line.startswith(("#", " ")))
                 suites = fields.get("Suites", "").split()
-                if "deb" in fields.get("Types", "").split() and SUITE in suites and "main" in fields.get("Components", ""):
+                wanted = suite in suites and "main" in fields.get("Components", "")
+                if "deb" in fields.get("Types", "").split() and wanted:
                     return fields.get("URIs", "").split()[0] if fields.get("URIs", "").split() else None
         else:
             for line in text.splitlines():
                 words = [w for w in line.split() if not w.startswith("[")]
-                if len(words) >= 4 and words[0] == "deb" and words[2] == SUITE and "main" in words[3:]:
+                if len(words) >= 4 and words[0] == "deb" and words[2] == suite and "main" in words[3:]:
                     return words[1]
     return None
 
 
-def build_rootfs(target: Path, packages: tuple[str, ...], log: Path) -> None:
-    """debootstrap a minbase rootfs into `target` (about 60 s with a nearby mirror)."""
-    mirror = os.environ.get("PDSERVE_DEBIAN_MIRROR") or host_mirror() or DEFAULT_MIRROR
+def build_rootfs(target: Path, packages: tuple[str, ...], log: Path, suite: str = SUITE) -> None:
+    """debootstrap a minbase rootfs of `suite` into `target` (about 60 s with a nearby mirror)."""
+    mirror = os.environ.get("PDSERVE_DEBIAN_MIRROR") or host_mirror(suite=suite) or DEFAULT_MIRROR
     partial = target.with_name(target.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
-    argv = ["debootstrap", "--variant=minbase", f"--include={','.join(packages)}", SUITE, str(partial), mirror]
+    argv = ["debootstrap", "--variant=minbase", f"--include={','.join(packages)}", suite, str(partial), mirror]
     with log.open("ab") as out:
         try:
             done = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, timeout=DEBOOTSTRAP_TIMEOUT, check=False)
@@ -228,15 +230,20 @@ class Container:
     # A named network namespace (`ip netns`) to boot in instead of the host's network: one host of the
     # multi-host tier (tests/integration/multihost). Its name is also the machine's.
     network_namespace: str | None = None
+    # The nspawn program (a host without systemd-container runs the rootfs's own through its loader,
+    # tests/gpu/systemd) and further options (device nodes, --link-journal=no, rlimits).
+    nspawn: tuple[str, ...] = ("systemd-nspawn",)
+    extra_args: tuple[str, ...] = ()
     _console: object = field(default=None, repr=False)
 
     # -- lifecycle --------------------------------------------------------------------------------
 
     def boot(self) -> None:
         machine = self.network_namespace or f"pdserve-test-{os.getpid()}"
-        argv = ["systemd-nspawn", "-D", str(self.root), "--boot", "--register=no", "--keep-unit",
+        argv = [*self.nspawn, "-D", str(self.root), "--boot", "--register=no", "--keep-unit",
                 "--console=read-only", f"--machine={machine}",
-                *[f"--bind-ro={b}" for b in (*self.env.binds, *self.env.overlays, *self.read_only_binds)]]
+                *[f"--bind-ro={b}" for b in (*self.env.binds, *self.env.overlays, *self.read_only_binds)],
+                *self.extra_args]
         if self.network_namespace:
             argv.append(f"--network-namespace-path=/run/netns/{self.network_namespace}")
         self.boots += 1
