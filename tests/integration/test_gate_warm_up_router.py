@@ -22,6 +22,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from pdserve.schema.derived import API_KEY_CREDENTIAL, MISSING_KEY_STAND_IN
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 
 from pd_cluster import SERVED, PDCluster, wait_until, write_deployment  # noqa: E402
@@ -229,6 +231,21 @@ def test_a_keyed_router_is_managed_with_its_key(tmp_path, visible_tmp_path):
         c.wait_workers()
         start_smg(c)
         assert httpx.get(f"{c.url('router')}/workers", timeout=5).status_code == 401
+        # A host without the key file: its unit passes the stand-in; the server stays in, and the gate says why.
+        creds = tmp_path / "creds"
+        creds.mkdir()
+        (creds / API_KEY_CREDENTIAL).write_text(MISSING_KEY_STAND_IN)
+        kept = pdserve("leave-routers", "prefill", "-c", str(c.config), env={"CREDENTIALS_DIRECTORY": str(creds)})
+        assert kept.returncode == 0 and "was not on this host" in kept.stderr, kept.stderr
+        assert "a router kept prefill" in kept.stderr, kept.stderr
+        # The unit's credential, as systemd passes it: out and back in.
+        (creds / API_KEY_CREDENTIAL).write_text("warm-up-test-key\n")
+        left = pdserve("leave-routers", "prefill", "-c", str(c.config), env={"CREDENTIALS_DIRECTORY": str(creds)})
+        assert left.returncode == 0 and "removed prefill" in left.stderr, left.stderr
+        gate = pdserve("wait-ready", "prefill", "-c", str(c.config), "--timeout", "60", "--interval", "0.5",
+                       "--warm-up", env={"CREDENTIALS_DIRECTORY": str(creds)})
+        assert gate.returncode == 0 and "routes to prefill again" in gate.stderr, gate.stderr
+        # And from the file itself, as an operator's root shell reads it.
         left = pdserve("leave-routers", "prefill", "-c", str(c.config))
         assert left.returncode == 0 and "removed prefill" in left.stderr, left.stderr
         gate = pdserve("wait-ready", "prefill", "-c", str(c.config), "--timeout", "60", "--interval", "0.5",

@@ -31,11 +31,12 @@ from pdserve.launch.router_membership import (
     routers_seen_from,
     worker_spec,
 )
-from pdserve.launch.warm import warm_and_rejoin
+from pdserve.launch.warm import router_headers, warm_and_rejoin
 from pdserve.probes.observations import HttpObs
 from pdserve.render.host_units import render_host_units
 from pdserve.render.toolchain import Toolchain
 from pdserve.render.units import render_units
+from pdserve.schema.derived import API_KEY_CREDENTIAL, MISSING_KEY_STAND_IN
 from pdserve.schema.loading import default_profile_text, deployment_from_data, load
 from pdserve.schema.topology import servers
 from tests.fixtures.fake_clock import FakeClock
@@ -289,6 +290,40 @@ def test_a_keyed_router_refusing_the_worker_api_is_named():
     # Nothing was removed, so nothing holds the gate: the router takes the worker back by itself.
     joined = m.join(3)
     assert joined.ready and "takes prefill back on its own health check, before the warm-up" in joined.state
+
+
+def keyed(tmp_path):
+    """The reference with a keyed router whose key file is not here (the unit passes it as a credential)."""
+    dep, _ = single_pair()
+    return dep.model_copy(update={"router": dep.router.model_copy(update={"api_key_file": str(tmp_path / "absent.key")})})
+
+
+def test_the_gates_send_the_routers_key_from_the_units_credential(tmp_path, monkeypatch):
+    (tmp_path / "creds").mkdir()
+    (tmp_path / "creds" / API_KEY_CREDENTIAL).write_text("s3cret\n")
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(tmp_path / "creds"))
+    said: list[str] = []
+    assert router_headers(keyed(tmp_path), said.append) == {"Authorization": "Bearer s3cret"}
+    assert said == []
+
+
+def test_a_host_without_the_key_file_gets_the_stand_in_and_the_gate_says_what_to_copy(tmp_path, monkeypatch):
+    (tmp_path / "creds").mkdir()
+    (tmp_path / "creds" / API_KEY_CREDENTIAL).write_text(MISSING_KEY_STAND_IN)
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(tmp_path / "creds"))
+    said: list[str] = []
+    dep = keyed(tmp_path)
+    assert router_headers(dep, said.append) == {}
+    assert len(said) == 1 and f"key file {dep.router.api_key_file} was not on this host" in said[0]
+    assert "copy it here" in said[0] and MISSING_KEY_STAND_IN not in said[0]
+
+
+def test_without_a_credential_an_unreadable_key_file_is_named(tmp_path, monkeypatch):
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
+    said: list[str] = []
+    dep = keyed(tmp_path)
+    assert router_headers(dep, said.append) == {}
+    assert len(said) == 1 and "cannot read the API key file" in said[0] and "absent.key" in said[0]
 
 
 def test_join_adds_with_the_routers_own_spec_and_waits_until_routable():

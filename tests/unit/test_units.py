@@ -7,6 +7,7 @@ import shlex
 import pytest
 
 from pdserve.render.units import command_line, render_units
+from pdserve.schema.derived import MISSING_KEY_STAND_IN
 from pdserve.schema.loading import deployment_from_data
 
 CONFIG = "/etc/pdserve/dsv4.json"
@@ -108,8 +109,20 @@ def test_api_key_only_as_a_credential(reference_data, tools):
     rendered = {u.name: u for u in render_units(dep, tools, CONFIG)}
     router = parse_unit(rendered["sglang-dsv4-router"].text)["Service"]
     assert router["LoadCredential"] == ["api-key:/etc/pdserve/router.key"]
-    assert "LoadCredential" not in parse_unit(rendered["sglang-dsv4-prefill"].text)["Service"]
+    assert "SetCredential" not in router  # the router must not start without its key
+    for worker in ("sglang-dsv4-prefill", "sglang-dsv4-decode"):
+        # The worker's gates (leave-routers, the warm-up's rejoin) call smg's keyed worker API; where the file
+        # is missing (a host of its own) the stand-in lets the server start anyway and the gate says so.
+        service = parse_unit(rendered[worker].text)["Service"]
+        assert service["LoadCredential"] == ["api-key:/etc/pdserve/router.key"]
+        assert service["SetCredential"] == [f"api-key:{MISSING_KEY_STAND_IN}"]
+        assert "router.key" not in " ".join(service["ExecStart"] + service["ExecStartPre"])
 
+
+def test_an_unkeyed_router_gives_its_workers_no_credential(reference_data, tools):
+    dep = deployment_from_data(reference_data, "t").deployment
+    for unit in render_units(dep, tools, CONFIG):
+        assert "Credential" not in unit.text, unit.name
 
 
 def test_values_are_escaped_for_systemd(reference_data, tools):

@@ -16,9 +16,9 @@ import httpx
 from pdserve.launch.gate import Observation, wait_until_ready
 from pdserve.launch.handoff import WarmUp
 from pdserve.launch.router_membership import Membership, routers_seen_from
-from pdserve.probes.credentials import CredentialError, read_key
+from pdserve.probes.credentials import CredentialError, read_key, stand_in_credential
 from pdserve.schema.config import Deployment, Role
-from pdserve.schema.derived import API_KEY_CREDENTIAL
+from pdserve.schema.derived import API_KEY_CREDENTIAL, MISSING_KEY_STAND_IN
 from pdserve.schema.topology import Server, server_named, servers
 
 Say = Callable[[str], None]
@@ -37,6 +37,12 @@ def router_headers(dep: Deployment, say: Say) -> dict[str, str]:
     """The Authorization header smg's worker API needs when the router has an API key; none when it has
     none, or when this unit cannot read it (said, since the router will then refuse with 401)."""
     if dep.router.api_key_file is None:
+        return {}
+    if stand_in_credential(API_KEY_CREDENTIAL, MISSING_KEY_STAND_IN):
+        say(f"cannot manage the routers' workers: the router's key file {dep.router.api_key_file} was not on "
+            "this host when the unit started (systemd passed the unit's stand-in); copy it here (mode "
+            "0600, owned by root) and restart the unit, or the routers answer 401 and take this server back "
+            "on their own health checks, before its warm-up")
         return {}
     try:
         return {"Authorization": f"Bearer {read_key(dep.router.api_key_file, API_KEY_CREDENTIAL)}"}

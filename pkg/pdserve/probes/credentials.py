@@ -34,6 +34,19 @@ def credential_path(path: str, credential: str | None) -> str:
     return path
 
 
+def stand_in_credential(credential: str, stand_in: str) -> bool:
+    """True when systemd passed this credential as the unit's SetCredential= stand-in: the LoadCredential=
+    file was not there when the unit started (render.units.service_section)."""
+    directory = os.environ.get("CREDENTIALS_DIRECTORY")
+    if not directory:
+        return False
+    try:
+        with open(Path(directory) / credential, "rb") as passed:
+            return passed.read(len(stand_in) + 1) == stand_in.encode()
+    except OSError:
+        return False
+
+
 def read_key(path: str, credential: str | None = None, what: str = "the API key file") -> str:
     """The key in `path` (or in the systemd credential of that name), stripped of surrounding whitespace."""
     where = credential_path(path, credential)

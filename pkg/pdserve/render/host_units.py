@@ -21,6 +21,7 @@ from pdserve.render.units import (
     Section,
     Unit,
     exactly,
+    gate_credentials,
     install_sections,
     render_ini,
     service_section,
@@ -85,10 +86,13 @@ def _service(dep: Deployment, host: str, launch: Launch, config_path: str, tools
         assert server is not None
         ready = _gate(tools, config_path, server, load - READY_MARGIN_SEC, "2")
         gates: list[list[str]] = []
+        credentials: dict[str, str] = {}
         if launch.node_rank == 0:
             # The server's API runs on node 0: its unit alone takes it out of the routers and warms it.
             gates, ready = warm_start(tools, config_path, server.role, ready, ["--server", server.name])
-        return service_section(dep, launch, tools, start_timeout=load, gates=gates, ready=ready)
+            credentials = gate_credentials(dep)
+        return service_section(dep, launch, tools, start_timeout=load, gates=gates, ready=ready,
+                               gate_credentials=credentials)
     here = _local(dep, host)
     gates = [_gate(tools, config_path, s, WORKER_GATE_SEC, "0.5") if s.name in here else
              _gate(tools, config_path, s, load - READY_MARGIN_SEC, "2") for s in servers(dep)]

@@ -17,7 +17,7 @@ from pdserve.render.toolchain import Toolchain
 from pdserve.schema import systemd_syntax
 from pdserve.schema.boot import wanted_at_boot
 from pdserve.schema.config import Deployment, Role
-from pdserve.schema.derived import ROUTER_START_TIMEOUT_SEC, unit_name
+from pdserve.schema.derived import API_KEY_CREDENTIAL, MISSING_KEY_STAND_IN, ROUTER_START_TIMEOUT_SEC, unit_name
 from pdserve.schema.problems import ConfigError, Problem
 
 # wait-ready gives up this much before systemd would kill it, so its own message reaches the journal.
@@ -126,8 +126,10 @@ def _service_section(dep: Deployment, launch: Launch, config_path: str, tools: T
     ready = [tools.pdserve, "wait-ready", launch.role, "--config", config_path,
              "--timeout", str(max(start_timeout - READY_MARGIN_SEC, 1))]
     gates = []
+    credentials: dict[str, str] = {}
     if launch.role in ("prefill", "decode"):
         gates, ready = warm_start(tools, config_path, launch.role, ready)
+        credentials = gate_credentials(dep)
         if launch.role == "prefill" and set(dep.prefill.gpus) & set(dep.decode.gpus):
             # The decode starts only once the prefill's start has ended (After=, see _unit_section): waiting
             # for it would hold both until the deadline. The decode's own gate warms the pair instead.
@@ -137,7 +139,8 @@ def _service_section(dep: Deployment, launch: Launch, config_path: str, tools: T
         # confirms, so it is short.
         gates = [[tools.pdserve, "wait-ready", worker, "--config", config_path, "--timeout", str(WORKER_GATE_SEC),
                   "--interval", "0.5"] for worker in ("prefill", "decode")]
-    return service_section(dep, launch, tools, start_timeout=start_timeout, gates=gates, ready=ready)
+    return service_section(dep, launch, tools, start_timeout=start_timeout, gates=gates, ready=ready,
+                           gate_credentials=credentials)
 
 
 def warm_start(tools: Toolchain, config_path: str, role: str, ready: list[str],
@@ -150,9 +153,21 @@ def warm_start(tools: Toolchain, config_path: str, role: str, ready: list[str],
     return [leave], [*ready, "--warm-up"]
 
 
+def gate_credentials(dep: Deployment) -> dict[str, str]:
+    """The credentials a PD server's own gates need: the router's key, when it has one. smg's worker API
+    (DELETE and POST /workers, used by leave-routers and the warm-up) refuses a request without it (401),
+    and a unit's User= cannot read the root-owned key file itself. The server process can read it too,
+    which tells it nothing new: smg forwards the same key to every worker as the Bearer token of each
+    request."""
+    return {API_KEY_CREDENTIAL: dep.router.api_key_file} if dep.router.api_key_file else {}
+
+
 def service_section(dep: Deployment, launch: Launch, tools: Toolchain, *, start_timeout: int,
-                    gates: list[list[str]], ready: list[str]) -> Section:
-    """[Service] of any unit: `gates` run as ExecStartPre=, `ready` as ExecStartPost= (After= means ready)."""
+                    gates: list[list[str]], ready: list[str],
+                    gate_credentials: dict[str, str] | None = None) -> Section:
+    """[Service] of any unit: `gates` run as ExecStartPre=, `ready` as ExecStartPost= (After= means ready).
+    `gate_credentials`: loaded for the gates, each with a stand-in (SetCredential=) that systemd passes
+    when the file is not on this host, so that a server starts either way; its gate then says what is missing."""
     sd = dep.systemd
     state = f"pdserve/{dep.name}"
     entries: Section = [
@@ -172,8 +187,10 @@ def service_section(dep: Deployment, launch: Launch, tools: Toolchain, *, start_
         ("Environment", environment_line("XDG_CACHE_HOME", f"%C/{state}", specifiers=True)),
     ]
     entries += [("Environment", environment_line(k, v)) for k, v in sorted(launch.env.items())]
-    entries += [("LoadCredential", systemd_syntax.credential_value(name, path))
-                for name, path in sorted(launch.credentials.items())]
+    loaded = {**(gate_credentials or {}), **launch.credentials}
+    entries += [("LoadCredential", systemd_syntax.credential_value(name, path)) for name, path in sorted(loaded.items())]
+    entries += [("SetCredential", systemd_syntax.set_credential_value(name, MISSING_KEY_STAND_IN))
+                for name in sorted(set(gate_credentials or {}) - set(launch.credentials))]
     entries += [("ExecStartPre", command_line(gate)) for gate in gates]
     entries += [
         ("ExecStart", command_line(launch.argv)),

@@ -13,6 +13,10 @@ from pdserve.schema.config import Deployment, Role
 # Name of the systemd credential that carries the API key (LoadCredential=<name>:<file>): the units are
 # rendered with it, and the gate, verify and cutover read the key under it, so it lives in the lowest layer.
 API_KEY_CREDENTIAL = "api-key"
+# What a PD server's unit passes for that credential when the key file is not on its host (SetCredential=,
+# render.units.service_section): a value no key file holds, which its gates recognise (systemd refuses
+# empty data there).
+MISSING_KEY_STAND_IN = "pdserve-stand-in-no-key-file-on-this-host"
 
 ROUTER_START_TIMEOUT_SEC = 300
 

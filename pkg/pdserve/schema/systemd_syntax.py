@@ -240,11 +240,24 @@ def path_value(path: str) -> str:
     return escape_specifiers(path)
 
 
-def credential_value(name: str, path: str) -> str:
-    """LoadCredential=ID:PATH."""
+def _credential_name(name: str) -> str:
     if not re.fullmatch(r"[A-Za-z0-9_.-]{1,255}", name) or name in {".", ".."}:
         raise Unrepresentable(f"credential name {name!r} is not one systemd accepts")
-    return f"{name}:{path_value(path)}"
+    return name
+
+
+def credential_value(name: str, path: str) -> str:
+    """LoadCredential=ID:PATH."""
+    return f"{_credential_name(name)}:{path_value(path)}"
+
+
+def set_credential_value(name: str, data: str) -> str:
+    """SetCredential=ID:DATA for a short plain word (letters, digits, `-_.`: nothing systemd unescapes).
+    Beside LoadCredential= of the same ID it is the stand-in systemd passes when the file cannot be loaded,
+    which then does not fail the start (systemd.exec(5) of systemd 252)."""
+    if not re.fullmatch(r"[A-Za-z0-9_.-]{1,255}", data):
+        raise Unrepresentable(f"credential data {data!r} is not a plain word")
+    return f"{_credential_name(name)}:{data}"
 
 
 def directive(key: str, value: str) -> str:

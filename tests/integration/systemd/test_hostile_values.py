@@ -16,6 +16,7 @@ import pytest
 from pdserve.render.argv import launch
 from pdserve.render.renderable import renderable_from_data
 from pdserve.render.toolchain import Toolchain
+from pdserve.schema.derived import MISSING_KEY_STAND_IN
 from tests.integration.systemd import recorder
 
 pytestmark = pytest.mark.integration
@@ -122,12 +123,37 @@ def test_every_accepted_value_reaches_the_process_byte_for_byte(container, hosti
             pre = _record(container, unit, f"leave-{role}")
             assert pre["exe"] == TOOLS["pdserve"].encode()
             assert pre["argv"][:4] == [b"leave-routers", role.encode(), b"--config", CONFIG_PATH.encode()]
+            # The router's key reached the gates through LoadCredential=, from the hostile key path.
+            creds = pre["env"][b"CREDENTIALS_DIRECTORY"].decode()
+            shown = container.run(["cat", f"{creds}/api-key"], check=False)
+            assert shown.stdout == "k3y\n", shown.stderr
         if role == "router":
             # The keyed launcher read the key from LoadCredential=, loaded from the hostile key path.
             creds = main["env"][b"CREDENTIALS_DIRECTORY"].decode()
             shown = container.run(["cat", f"{creds}/api-key"], check=False)
             assert shown.stdout == "k3y\n", shown.stderr
         container.run(["systemctl", "stop", unit], timeout=120, check=False)
+
+
+def test_a_worker_starts_without_the_routers_key_file_and_its_gates_get_the_stand_in(container, hostile):
+    """A PD server on a host without the router's key file (several hosts) must still start: systemd passes
+    the unit's SetCredential= stand-in instead of failing the start, and the gates recognise it."""
+    container.path(KEY_PATH).unlink()
+    done = _render(container, hostile_deployment(), hostile, TOOLS, CONFIG_PATH)
+    assert done.returncode == 0, done.stderr
+    container.run(["systemctl", "daemon-reload"], timeout=60)
+    unit = f"sglang-{NAME}-prefill.service"
+    started = container.run(["systemctl", "start", unit], timeout=120, check=False)
+    assert started.returncode == 0, f"{unit}: {started.stderr}\n{container.journal(unit)}"
+    pre = _record(container, unit, "leave-prefill")
+    creds = pre["env"][b"CREDENTIALS_DIRECTORY"].decode()
+    shown = container.run(["cat", f"{creds}/api-key"], check=False)
+    assert shown.stdout == MISSING_KEY_STAND_IN, shown.stderr
+    # The router, which cannot serve without its key, has no stand-in: it fails to start, and says why.
+    router = f"sglang-{NAME}-router.service"
+    refused = container.run(["systemctl", "start", router], timeout=120, check=False)
+    assert refused.returncode != 0
+    assert "api-key" in container.journal(router) or "credential" in container.journal(router).lower()
 
 
 REFUSED = {
