@@ -71,6 +71,22 @@ def _pins_here() -> None:
                     "PDSERVE_REQUIRE_PARSERS")
 
 
+def test_the_readmes_two_commands_are_what_ci_runs():
+    """The README opens with Run and Test; .ci/run installs with the same setup and ends with the same pytest,
+    and Run's last word, the plan of the embedded reference, works without a file."""
+    first = blocks(README.read_text(encoding="utf-8"), "sh")[0]
+    run, test = [line for line in first.splitlines() if line and not line.startswith("#")]
+    assert test == "bash .ci/setup && .venv/bin/pytest"
+    ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()
+          if line.strip() and not line.strip().startswith("#")]
+    assert "bash .ci/setup" in ci and ci[-1] == ".venv/bin/pytest", ci[-3:]
+    install, plan = run.rsplit(" && ", 1)
+    assert install == "python3 -m venv .venv && .venv/bin/pip install -q -e ." and plan == ".venv/bin/pdserve plan"
+    done = subprocess.run([str(Path(sys.executable).parent / "pdserve"), "plan"], capture_output=True, text=True,
+                          timeout=60, check=False, env={**os.environ, "PYTHONPATH": str(ROOT / "pkg")})
+    assert done.returncode == 0 and "sglang-dsv4-prefill" in done.stdout, done.stderr[-2000:]
+
+
 def test_the_quick_start_has_the_steps_this_test_runs():
     section = quick_start()
     shell = blocks(section, "sh")
@@ -108,6 +124,8 @@ def test_a_newcomer_gets_from_a_fresh_clone_to_enabled_units(visible_tmp_path):
     # check: valid, through the real parsers and the pinned packages; not the target here, and said so.
     assert "my-host.toml: valid (0 error(s)" in done.stdout + done.stderr, done.stdout + done.stderr
     assert "accepted by the real parser" in done.stdout + done.stderr
+    # On a GPU host with systemd and these two GPUs, check would also check the host (and find no model there).
+    assert "host checks: off" in done.stdout + done.stderr, "this machine looks like the quick start's target host"
     # render: the four units and the JSON their gates read, into what the README calls /etc/systemd/system.
     written = sorted(p.name for p in units.iterdir())
     assert written == ["pdserve-qwen.json", "sglang-qwen-decode.service", "sglang-qwen-prefill.service",
