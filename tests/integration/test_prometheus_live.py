@@ -7,7 +7,7 @@ router's worker count must drop when a worker stops, and its refusals (503 no_av
 Needs `prometheus` on PATH (CI installs Debian's package and sets PDSERVE_REQUIRE_PROMETHEUS=1).
 With PDSERVE_DASHBOARD_DATA=FILE the panels' range queries are also written to FILE as JSON (after
 PDSERVE_DASHBOARD_SECONDS more seconds of traffic), which tests/integration/prometheus_dashboard_png.py
-draws as the README's dashboard picture.
+draws as docs/monitoring.md's dashboard picture.
 """
 
 from __future__ import annotations
@@ -290,7 +290,7 @@ def _legend(template: str, labels: dict[str, str]) -> str:
 
 
 def _write_dashboard_data(live, path: Path) -> None:
-    """Every panel's queries over the run so far (range queries, 1 s steps), for the README's picture."""
+    """Every panel's queries over the run so far (range queries, 1 s steps), for docs/monitoring.md's picture."""
     prometheus, dep = live["prometheus"], live["cluster"].deployment
     end = time.time()
     board = dashboard(dep)

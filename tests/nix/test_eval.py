@@ -12,7 +12,7 @@ It needs what CI cannot have (code from elsewhere is never committed), given by 
   PDSERVE_EVAL_PYPROJECT_NIX       flake references of the three pyproject inputs
   PDSERVE_EVAL_UV2NIX
   PDSERVE_EVAL_BUILD_SYSTEM_PKGS
-README ("Nix and NixOS") says how to prepare them. Without them every test here skips with that reason;
+docs/nix.md ("The evaluation tier") says how to prepare them. Without them every test here skips with that reason;
 PDSERVE_REQUIRE_EVAL=1 turns the skip into a failure.
 """
 
@@ -90,7 +90,7 @@ def evaluator() -> Evaluator:
     require_or_skip(
         not missing,
         f"{', '.join(missing)} not set: the evaluation tier needs a Nix >= 2.18 and a prepared nixpkgs tree "
-        "with the pyproject inputs, which CI cannot have (README, \"Nix and NixOS\")",
+        "with the pyproject inputs, which CI cannot have (docs/nix.md)",
         "PDSERVE_REQUIRE_EVAL",
     )
     nix = shlex.split(os.environ["PDSERVE_EVAL_NIX"])

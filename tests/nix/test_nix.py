@@ -3,8 +3,8 @@ builtins-only evaluation agrees with pdserve, flake.lock matches flake.nix and p
 revisions, and the uv lock files are current.
 
 CI cannot have nixpkgs, so the flake's outputs, the module and the VM test are evaluated by the
-evaluation tier (tests/nix/test_eval.py, marker nix_eval) on a developer machine (README, "Nix and
-NixOS"). PDSERVE_REQUIRE_NIX=1 / PDSERVE_REQUIRE_UV=1 (CI) turn the skips for a missing
+evaluation tier (tests/nix/test_eval.py, marker nix_eval) on a developer machine
+(docs/nix.md). PDSERVE_REQUIRE_NIX=1 / PDSERVE_REQUIRE_UV=1 (CI) turn the skips for a missing
 nix-instantiate / uv into failures.
 """
 

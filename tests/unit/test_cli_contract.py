@@ -129,10 +129,10 @@ def test_help_prints_the_exit_code_table():
         assert f"  {int(code)}  {meaning}" in text, text
 
 
-def test_the_readme_has_the_same_exit_code_table():
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+def test_the_commands_page_has_the_same_exit_code_table():
+    page = (ROOT / "docs" / "commands.md").read_text(encoding="utf-8")
     for code, meaning in TABLE:
-        assert f"| {int(code)} | {meaning} |" in readme
+        assert f"| {int(code)} | {meaning} |" in page
 
 
 def _commands() -> dict[str, click.Command]:

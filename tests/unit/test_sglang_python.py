@@ -91,8 +91,13 @@ def test_render_refuses_a_python_it_cannot_use_and_writes_nothing(visible_tmp_pa
 
 
 def test_the_readmes_install_command_is_the_pins():
-    (command,) = re.findall(r"^/opt/sglang-env/bin/python -m pip install .*$", README.read_text(), re.MULTILINE)
-    assert command == install_command("/opt/sglang-env/bin/python")
+    """The quick start's command, and every copy of it in docs/, installs exactly the pins."""
+    def commands(page: Path) -> list[str]:
+        return re.findall(r"^/opt/sglang-env/bin/python -m pip install .*$", page.read_text(), re.MULTILINE)
+
+    assert len(commands(README)) == 1
+    for page in [README, *sorted((README.parent / "docs").glob("*.md"))]:
+        assert set(commands(page)) <= {install_command("/opt/sglang-env/bin/python")}, page
 
 
 def test_no_sglang_python_named_is_told_how_to_make_one(tmp_path, reference_data):

@@ -1,4 +1,4 @@
-"""The exit codes of every pdserve command: one table, printed by `pdserve --help` and the README."""
+"""The exit codes of every pdserve command: one table, printed by `pdserve --help` and docs/commands.md."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ pdserve.schema.rules_router. Ranges are smg 1.13.0's own (its parser and its sta
 narrower where a value smg takes would defeat the setting (tests/integration/test_router_settings.py
 holds them against the real binary).
 
-How a request meets a worker outage with the defaults (measured: README, "Router settings"):
+How a request meets a worker outage with the defaults (measured: docs/router-and-faults.md, "Router settings"):
 - a worker that dies refuses connections: the first attempts of a request fail, the circuit breaker opens
   after cb_failure_threshold of them, and every request from then on gets 503 `no_available_workers` with
   `Retry-After: 1` within a second of arriving; the health check marks the worker unhealthy 3 s after its

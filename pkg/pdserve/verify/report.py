@@ -89,7 +89,7 @@ def verdict(deployment: str, results: list[CheckResult], broken: list[str], pres
         systemd = f" (systemd not asked: {presence.systemd})" if presence.systemd else ""
         return (f"NOTHING RUNS HERE: no unit of deployment {deployment} is installed on {where}{systemd} and none of "
                 f"its ports answers ({', '.join(presence.looked_at)}): run `pdserve verify` where it runs, or "
-                f"install and start it here (README: the commands)")
+                f"install and start it here (README: Quick start)")
     ran = [r for r in results if r.status is not Status.SKIP]
     if not failing:
         warned = sum(r.status is Status.WARN for r in results)

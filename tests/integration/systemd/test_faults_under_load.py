@@ -9,7 +9,7 @@ so the public port never refuses while it lives; only requests in flight at a wo
 be refused at once with a retryable 503 (Retry-After) while the router has no worker of that role; every
 failure is an error the client sees (a 200 without an answer counts as a silent failure); requests
 succeed again within the restarted role's ready time + 5 s. The timings are printed as a table (in
-the terminal summary, so CI's log has it without -s) and recorded in README's fault table.
+the terminal summary, so CI's log has it without -s) and recorded in docs/router-and-faults.md.
 
 The tests share one deployment, started once and kept serving between them; every unit is stopped
 again at the end, as the other tests of this tier expect.
