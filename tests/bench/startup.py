@@ -6,7 +6,7 @@ start. The machine is described (CPU, cores, load average before and after), sin
 every figure; compare trees on the same machine in one run with --tree (e.g. the main checkout's pkg/).
 
     PYTHONPATH=$PWD/pkg .venv/bin/python tests/bench/startup.py
-    .venv/bin/python tests/bench/startup.py --tree new=$PWD/pkg --tree main=/work/main/pkg --repeat 20
+    .venv/bin/python tests/bench/startup.py --tree new=$PWD/pkg --tree base=/path/to/other/checkout/pkg --repeat 20
 
 Issue 42's target: `pdserve --help` within 0.2 s on an idle 2-core machine. A benchmark, not a test: it
 prints figures and asserts nothing.

@@ -326,6 +326,51 @@ def test_without_a_credential_an_unreadable_key_file_is_named(tmp_path, monkeypa
     assert len(said) == 1 and "cannot read the API key file" in said[0] and "absent.key" in said[0]
 
 
+def test_a_worker_id_from_the_router_is_quoted_whole_in_the_removal_path():
+    _, pair = single_pair()
+    entry = {"id": "../p1?x=1#y", "url": pair.prefill.url, "is_healthy": True, "status": "ready"}
+    sent: list[tuple[str, bytes]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append((request.method, request.url.raw_path))
+        return httpx.Response(200, json={"workers": [entry]}) if request.method == "GET" else httpx.Response(404)
+
+    clock = FakeClock()
+    m = Membership(httpx.Client(transport=httpx.MockTransport(handler)), RouterRef("", f"http://{ROUTER}"),
+                   pair.prefill, {}, clock=clock, sleep=clock.sleep)
+    m.leave(1)
+    assert ("DELETE", b"/workers/..%2Fp1%3Fx%3D1%23y") in sent, sent
+
+
+def slow_router(request):
+    raise httpx.ReadTimeout("no answer in time", request=request)
+
+
+def test_a_router_that_answers_too_late_has_not_let_go_and_is_not_called_down():
+    _, pair = single_pair()
+    m, _ = membership({("GET", ROUTER, "/workers"): slow_router}, pair.prefill)
+    left = m.leave(1)
+    assert not left.ready and "did not answer GET /workers" in left.state and "unreachable" not in left.state
+    joined = m.join(1)
+    assert not joined.ready and "did not answer GET /workers" in joined.state
+
+
+def test_a_join_retries_a_late_answer_until_the_router_takes_the_worker(monkeypatch):
+    _, pair = single_pair()
+    workers: list[dict] = []
+    routes = router_routes(workers)
+    answers = iter([slow_router])
+
+    def first_late(request):
+        late = next(answers, None)
+        return late(request) if late else routes[("GET", ROUTER, "/workers")](request)
+
+    m, seen = membership({**routes, ("GET", ROUTER, "/workers"): first_late}, pair.prefill)
+    joined = m.join(5)
+    assert joined.ready and "routes to prefill again" in joined.state, joined
+    assert any(key[0] == "POST" for key, _ in seen)
+
+
 def test_join_adds_with_the_routers_own_spec_and_waits_until_routable():
     _, pair = single_pair()
     workers = []

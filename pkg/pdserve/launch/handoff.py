@@ -1,7 +1,7 @@
 """One real PD hand-off through a (re)started worker, sent the way the router sends a request.
 
-SGLang's first KV transfer after a server starts stalls (~7 s on one H200 with NIXL, 2026-12-04,
-../shared/facts/router.md "Measured on a GPU"): whichever request comes first pays it. The readiness
+SGLang's first KV transfer after a server starts stalls (~7 s on one H200 with NIXL and SGLang 0.5.17,
+2026-12-04, docs/reference-deployment.md): whichever request comes first pays it. The readiness
 gate sends that first request itself, before the router takes the worker (back): one prefill /generate
 and one decode /generate carrying the same bootstrap_host, bootstrap_port and bootstrap_room, sent at
 once, as the router pairs them. The decode fetches the room's KV from the prefill's bootstrap server,

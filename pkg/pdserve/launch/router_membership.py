@@ -26,6 +26,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from urllib.parse import quote
 
 import httpx
 
@@ -123,11 +124,14 @@ class Membership:
     sleep: Callable[[float], None] = time.sleep
 
     def _entry(self) -> dict | None:
-        """The worker's entry, or None; RouterDown when nothing answers, Refused for any other failure."""
+        """The worker's entry, or None; RouterDown when no connection can be made, Refused for any other
+        failure (a router that is there but does not answer in time has not let go of the worker)."""
         seen = http.get(self.client, f"{self.router.url}/workers", headers=self.headers)
-        if seen.status is None:
+        if seen.unreachable:
             raise RouterDown(f"router {self.router.url} unreachable: {seen.error}; when it starts it registers "
                              f"{self.server.name} from its own flags")
+        if seen.status is None:
+            raise Refused(f"router {self.router.url} did not answer GET /workers: {seen.error}")
         if seen.status == 401:
             raise NeedsKey(self._refusal("GET", seen.status, ""))
         if seen.status != 200 or seen.error:
@@ -155,7 +159,9 @@ class Membership:
             return Observation(False, str(refused))
         if entry is None:
             return Observation(True, f"router {self.router.url} does not list {self.server.name}")
-        seen = http.exchange(self.client, "DELETE", f"{self.router.url}/workers/{entry['id']}", headers=self.headers)
+        # The id is the router's word: quoted whole, so that no `/`, `..` or `?` in it reaches another endpoint.
+        worker_id = quote(str(entry.get("id", "")), safe="")
+        seen = http.exchange(self.client, "DELETE", f"{self.router.url}/workers/{worker_id}", headers=self.headers)
         if seen.status not in (200, 202, 204, 404):
             return Observation(False, self._refusal("DELETE", seen.status, seen.error or shown(seen.body)))
 
@@ -170,20 +176,21 @@ class Membership:
         """Add the worker (back) and wait (up to `timeout`) until the router lists it ready and healthy.
         Ready too when the router is not running: it registers the worker from its flags when it starts."""
         try:
-            if self._entry() is None:
+            self._entry()
+        except (RouterDown, NeedsKey) as cannot:
+            # Never removed either (the removal needed the key too): the router readmits it by itself.
+            return Observation(True, str(cannot))
+        except Refused:
+            pass  # a slow or failing answer: tried again below, until the timeout
+
+        def ready() -> Observation:
+            now = self._entry()
+            if now is None:
                 seen = http.exchange(self.client, "POST", f"{self.router.url}/workers", worker_spec(self.server),
                                      headers=self.headers)
                 # 409: registered meanwhile (the router restarted and took it from its flags).
                 if seen.status not in (200, 201, 202, 409):
-                    return Observation(False, self._refusal("POST", seen.status, seen.error or shown(seen.body)))
-        except (RouterDown, NeedsKey) as cannot:
-            # Never removed either (the removal needed the key too): the router readmits it by itself.
-            return Observation(True, str(cannot))
-        except Refused as refused:
-            return Observation(False, str(refused))
-
-        def ready() -> Observation:
-            now = self._entry()
+                    raise Refused(self._refusal("POST", seen.status, seen.error or shown(seen.body)))
             return Observation(admitted(now), f"router {self.router.url} lists {self.server.name} "
                                               f"({described(now)}), not yet routable")
 

@@ -119,7 +119,8 @@ def exchange(client: httpx.Client, method: str, url: str, body: Any = None, head
         extra = {} if body is None else {"json": body}
         response, data = read(client, method, url, max_bytes, headers=headers, **extra)
     except httpx.HTTPError as exc:
-        return HttpObs(url, None, None, _problem(exc))
+        return HttpObs(url, None, None, _problem(exc),
+                       unreachable=isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)))
     if response.is_redirect:
         location = response.headers.get("location", "")
         return HttpObs(url, response.status_code, None, f"a redirect to {location!r}, not followed", location)

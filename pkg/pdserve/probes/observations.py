@@ -34,6 +34,9 @@ class HttpObs(HttpAnswer):
     body: Any = None  # parsed JSON (bounded in size and depth), or text for non-JSON answers
     error: str | None = None  # no answer: why; an answer: why it could not be read, or the redirect
     location: str | None = None  # a 3xx's Location, never followed
+    # No connection could be made (refused, or no answer to the connect): nothing serves there. Unlike an
+    # answer that did not come in time, from a server that is there but slow.
+    unreachable: bool = False
 
 
 @dataclass(frozen=True)

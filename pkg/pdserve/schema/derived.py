@@ -9,7 +9,6 @@ from __future__ import annotations
 from pdserve.schema.addresses import Kind, parse_ip
 from pdserve.schema.config import Deployment, Role
 
-# The router starts once both workers answer, so it needs minutes at most, not a model load.
 # Name of the systemd credential that carries the API key (LoadCredential=<name>:<file>): the units are
 # rendered with it, and the gate, verify and cutover read the key under it, so it lives in the lowest layer.
 API_KEY_CREDENTIAL = "api-key"
@@ -18,6 +17,7 @@ API_KEY_CREDENTIAL = "api-key"
 # empty data there).
 MISSING_KEY_STAND_IN = "pdserve-stand-in-no-key-file-on-this-host"
 
+# The router starts once both workers answer, so it needs minutes at most, not a model load.
 ROUTER_START_TIMEOUT_SEC = 300
 
 

@@ -87,7 +87,8 @@ class RouterSpec(BaseModel):
     # charges every failed attempt (retries included) to both legs, so the retries of one request open it: the
     # attempts that follow find no worker and get 503 with Retry-After at once. A worker that stalls fails no
     # attempt (its requests wait), so a pause does not open it. smg's own 60 s timeout kept a worker out a
-    # minute after it was back (0.3.2, measured on a GPU); 1 s tries it again every second.
+    # minute after it was back (one H200, 2026-12-04: both sglang-router 0.3.2 and smg took a killed prefill back
+    # 70 s after the kill); 1 s tries it again every second.
     circuit_breaker: bool = Field(
         True, description="smg's circuit breaker (--disable-circuit-breaker when false). On: it turns a dead "
         "worker's connection refusals into 503s with Retry-After within a second of a request's arrival (the "

@@ -102,7 +102,7 @@ def retries_fit_request_timeout(dep: Deployment) -> Iterator[Problem]:
                       f"{budget:.1f} s between attempts, not less than router.request_timeout_secs "
                       f"({router.request_timeout_secs}): a request would time out while it waits to be retried",
                       "lower router.retry_max_retries or router.retry_max_backoff_ms (the defaults pause about "
-                      "3.5 s), or raise router.request_timeout_secs")
+                      "0.8 s), or raise router.request_timeout_secs")
 
 
 def backoff_range(dep: Deployment) -> Iterator[Problem]:

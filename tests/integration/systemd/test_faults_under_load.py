@@ -176,7 +176,7 @@ def ready_again_s(lab, role: str, before, fault_at: float) -> float:
 
 # A request that nothing can serve is answered at once: smg 1.13.0 answers 503 no_available_workers with
 # Retry-After: 1 within milliseconds once it has marked the worker unhealthy (sglang-router 0.3.2 instead held
-# each such request through its retries, up to 53 s on the GPU, and then failed it; ../shared/facts/router.md).
+# each such request through its retries, up to 53 s on one H200 on 2026-12-04, and then failed it).
 FAST_REFUSAL_S = 1.0
 
 
