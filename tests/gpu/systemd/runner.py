@@ -136,7 +136,7 @@ def boot(root: Path, work: Path, report: Report, deployment: bool = True) -> tup
     if deployment:
         prepare_deployment(root, facts, ports)
     report["host"] = {"python": facts.python.__dict__, "devices": facts.devices, "driver_dirs": facts.driver_dirs,
-                      "binds_read_only": read_only, "nspawn_options": options}
+                      "ninja_outside_the_env": facts.ninja, "binds_read_only": read_only, "nspawn_options": options}
     box = Container(root, env, work / "console.log", nspawn=tuple(host.nspawn_command(root)),
                     extra_args=tuple(options), read_only_binds=tuple(b for b in read_only if ":" in b))
     began = time.monotonic()
@@ -210,8 +210,7 @@ def install_units(box: Container, root: Path, facts: host.HostFacts, out: Path, 
     modes = {node: (os.stat(node).st_mode, os.stat(node).st_gid) for node in facts.devices
              if Path(node).exists() and not Path(node).is_dir()}
     link_dir = next((d for d in facts.driver_dirs if (Path(d) / "libcuda.so").exists()), None)
-    needed = dropins.needed(NAME, dropins.MachineFacts(modes, link_dir, f"/{host.HOST_LIBS}", SITE_INSIDE,
-                                                       str(Path(facts.python.prefix) / "bin")))
+    needed = dropins.needed(NAME, dropins.MachineFacts(modes, link_dir, f"/{host.HOST_LIBS}", SITE_INSIDE))
     dropins.install(needed, root / "etc/systemd/system")
     report["dropins"] = {d.path: d.text() for d in needed}
     box.run(["systemctl", "daemon-reload"], timeout=60)
