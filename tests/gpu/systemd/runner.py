@@ -126,9 +126,20 @@ def end_previous(work: Path) -> None:
         time.sleep(3)
 
 
+def stage_checkout(checkout: Path, work: Path) -> Path:
+    """A copy of the checkout's code in `work`, for the container to bind. Not the checkout itself: the next
+    device call replaces the copied working tree, and a bind of the old one then shows nothing, so `restarts`
+    found no pdserve for the units' gates (H200, 2026-12-05: "No module named 'pdserve'")."""
+    staged = work / "checkout"
+    shutil.rmtree(staged, ignore_errors=True)
+    for part in ("pkg", "tests"):
+        shutil.copytree(checkout / part, staged / part, symlinks=True)
+    return staged
+
+
 def boot(root: Path, work: Path, report: Report, deployment: bool = True) -> tuple[Container, host.HostFacts]:
     end_previous(work)
-    facts = host.discover(site=str(work / "tree/site"), checkout=str(Path.cwd()))
+    facts = host.discover(site=str(work / "tree/site"), checkout=str(stage_checkout(Path.cwd(), work)))
     read_only, options = host.nspawn_options(facts, SITE_INSIDE, CHECKOUT_INSIDE)
     env = python_env(facts, read_only)
     ports = {"prefill": 30000, "decode": 30002, "router": 30001, "bootstrap": 8998, "prometheus": 29000}
@@ -202,7 +213,9 @@ def save_journals(box: Container, out: Path) -> None:
 def install_units(box: Container, root: Path, facts: host.HostFacts, out: Path, report: Report) -> None:
     python = str(Path(facts.python.prefix) / "bin" / "python3")
     done = box.run([PDSERVE_INSIDE, "render", "-c", DEPLOYMENT_INSIDE, "--out", "/etc/systemd/system",
-                    "--sglang-python", python, "--numactl", "/usr/bin/numactl", "--pdserve", PDSERVE_INSIDE],
+                    "--sglang-python", python, "--numactl", "/usr/bin/numactl", "--pdserve", PDSERVE_INSIDE,
+                    # The machine runs SGLang 0.5.17 (its torch), not the pins, staged apart: README, H200 machines.
+                    "--no-python-check"],
                    timeout=120, check=False)
     report["render"] = {"exit": done.returncode, "stderr": done.stderr[-2000:]}
     if done.returncode != 0:
@@ -476,6 +489,10 @@ def restart_once(box: Container, report: Report, key: str, cold: bool) -> dict:
             wiped = box.sh(script, check=False).stdout.split()
         began = time.monotonic()
         done = box.run(["systemctl", "start", unit], timeout=400, check=False)
+        if done.returncode != 0:
+            # The unit's timestamps would be an earlier start's, and its phases nonsense: say it failed.
+            return {"cold": cold, "start_exit": done.returncode, "stderr": done.stderr[-2000:],
+                    "left_after_wipe": wiped}
         stamps = unit_timestamps(box)[unit]
         ready_at = stamps["active_enter_us"] / 1e6
         deadline = time.monotonic() + 60

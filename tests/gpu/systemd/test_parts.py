@@ -326,3 +326,14 @@ def test_a_container_left_by_an_earlier_call_is_ended_before_the_next_boot(tmp_p
         for p in sleepers:
             p.kill()
             p.wait(timeout=10)
+
+
+def test_the_container_binds_a_copy_of_the_checkout_that_outlives_the_next_device_call(tmp_path):
+    checkout, work = tmp_path / "checkout", tmp_path / "work"
+    for part in ("pkg/pdserve", "tests/gpu", "kernels"):
+        (checkout / part).mkdir(parents=True)
+    (checkout / "pkg/pdserve/__init__.py").write_text("v1")
+    staged = runner.stage_checkout(checkout, work)
+    assert staged == work / "checkout" and sorted(p.name for p in staged.iterdir()) == ["pkg", "tests"]
+    shutil.rmtree(checkout)  # what the next call's copy of the working tree does to the old one
+    assert (staged / "pkg/pdserve/__init__.py").read_text() == "v1"
