@@ -313,8 +313,13 @@ let
       # (pdserve.render.hardening), the same on every host; nothing here adds to it.
       worker = {
         environment = gpuEnvironment;
-        # SGLang binds its scheduler processes to each GPU's NUMA node with numactl, looked up on PATH.
-        path = [ pkgs.numactl ];
+        # NixOS writes PATH for every service it declares, over the rendered unit's: keep what the unit
+        # puts first, the SGLang env's bin (FlashInfer JIT-builds with the `ninja` there), and add numactl,
+        # with which SGLang binds its scheduler processes to each GPU's NUMA node, looked up on PATH.
+        path = [
+          cfg.sglangPackage
+          pkgs.numactl
+        ];
       };
     in
     if multiHost d then

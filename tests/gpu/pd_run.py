@@ -150,6 +150,10 @@ class PDRun:
     def start(self, role: str) -> None:
         launch = self.launch[role]
         env = {**os.environ, **self.extra_env, **launch.env}
+        if "PATH" in launch.env and os.environ.get("PATH"):
+            # The rendered PATH (the SGLang env's bin first) as the unit has it, then this machine's own, where
+            # a tool may live that a host keeps in /usr/bin (the GPU machines' nvidia-smi, say).
+            env["PATH"] = f"{launch.env['PATH']}:{os.environ['PATH']}"
         if launch.credentials:
             env["CREDENTIALS_DIRECTORY"] = str(self._credentials(role, launch.credentials))
         with open(self.log(role), "ab") as log:

@@ -23,6 +23,8 @@ let
       inherit (config) warnings;
       toplevel = config.system.build.toplevel.drvPath;
       inherit (pdserve) host;
+      # The rendered servers' PATH starts here (FlashInfer's ninja); the module's own PATH must too.
+      sglangBin = "${pdserve.sglangPackage}/bin";
       settings = lib.mapAttrs (_: d: d.settings) pdserve.deployments;
       # The module's part of each unit it declares (the rendered unit files come from renderedUnits).
       units = lib.mapAttrs (_: service: {

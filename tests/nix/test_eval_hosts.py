@@ -75,6 +75,9 @@ def test_each_host_declares_exactly_the_units_pdserve_places_on_it(systems, name
         declared = summary["units"][unit]
         assert "multi-user.target" in declared["wantedBy"], unit  # boot_layout pd: every unit boots
         assert ("TRITON_LIBCUDA_PATH" in declared["environment"]) is (role != "router"), unit
+        if role != "router":
+            # NixOS writes PATH over the rendered unit's: the SGLang env's bin must still come first.
+            assert declared["environment"]["PATH"].split(":")[0] == summary["sglangBin"], unit
         # No sandbox or command of the module's own: the rendered unit files carry both.
         assert not {"ExecStart", "ProtectSystem", "User"} & set(declared["serviceConfig"]), unit
 

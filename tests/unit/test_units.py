@@ -6,9 +6,12 @@ import shlex
 
 import pytest
 
-from pdserve.render.units import command_line, render_units
+from pdserve.render.argv import SYSTEM_PATH
+from pdserve.render.toolchain import Toolchain, resolve_toolchain
+from pdserve.render.units import command_line, environment_line, render_units
 from pdserve.schema.derived import MISSING_KEY_STAND_IN
 from pdserve.schema.loading import deployment_from_data
+from pdserve.schema.problems import ConfigError
 
 CONFIG = "/etc/pdserve/dsv4.json"
 
@@ -93,6 +96,45 @@ def test_pinned_environment_in_worker_units(units):
     assert '"UCX_TLS=cuda_copy,cuda_ipc,tcp"' in env
     assert '"CUDA_DEVICE_ORDER=PCI_BUS_ID"' in env
     assert '"HOME=%S/pdserve/dsv4"' in env  # a specifier systemd expands
+
+
+def test_sglang_servers_find_the_sglang_envs_tools_first_on_path(units):
+    """FlashInfer runs `ninja` by name at the first forward; a venv keeps it beside bin/python (GPU tier, H100,
+    2026-12-05: the prefill died at its first graph capture without it). The router runs no JIT build."""
+    wanted = environment_line("PATH", f"/opt/sglang/bin:{SYSTEM_PATH}")
+    for name in ("sglang-dsv4-prefill", "sglang-dsv4-decode", "sglang-dsv4"):
+        paths = [e for e in units[name]["Service"]["Environment"] if e.startswith('"PATH=')]
+        assert paths == [wanted], name
+    assert not [e for e in units["sglang-dsv4-router"]["Service"]["Environment"] if e.startswith('"PATH=')]
+    assert {"/usr/bin", "/bin", "/usr/sbin", "/sbin"} <= set(SYSTEM_PATH.split(":"))
+
+
+def test_a_deployments_own_path_follows_the_sglang_envs_bin(reference_data, tools):
+    reference_data["environment"] = {**reference_data.get("environment", {}), "PATH": "/opt/cuda/bin:/usr/bin"}
+    reference_data["decode"]["env"] = {"PATH": "/decode only %n"}
+    dep = deployment_from_data(reference_data, "t").deployment
+    rendered = {u.name: parse_unit(u.text)["Service"]["Environment"] for u in render_units(dep, tools, CONFIG)}
+    assert environment_line("PATH", "/opt/sglang/bin:/opt/cuda/bin:/usr/bin") in rendered["sglang-dsv4-prefill"]
+    decode = [e for e in rendered["sglang-dsv4-decode"] if e.startswith('"PATH=')]
+    assert decode == [environment_line("PATH", "/opt/sglang/bin:/decode only %n")]  # `%` escaped: literal
+    assert decode == ['"PATH=/opt/sglang/bin:/decode only %%n"']
+
+
+def test_an_sglang_python_whose_directory_has_a_colon_is_refused(reference, reference_data, tools):
+    """':' separates PATH's entries: such a directory could not lead the servers' PATH, from any input."""
+    with pytest.raises(ConfigError) as flag:
+        resolve_toolchain(reference, {"sglang_python": "/opt/a:b/bin/python", "numactl": tools.numactl,
+                                      "pdserve": tools.pdserve})
+    (problem,) = flag.value.problems
+    assert (problem.field, problem.value) == ("--sglang-python", "/opt/a:b/bin/python")
+    assert "':'" in problem.message and "PATH" in problem.message
+    for field, value in (("sglang_python", "/opt/a:b/bin/python"), ("sglang_venv", "/opt/a:b")):
+        data = {**reference_data, "tools": {field: value}}
+        with pytest.raises(ConfigError) as loaded:
+            deployment_from_data(data, "t")
+        assert any(f"tools.{field}" in p.field and "PATH" in p.message for p in loaded.value.problems), field
+    # A ':' in the file name alone is harmless: only the directory goes on PATH.
+    render_units(reference, Toolchain(**{**tools.__dict__, "sglang_python": "/opt/sglang/bin/py:thon"}), CONFIG)
 
 
 def test_installed_for_boot(units):

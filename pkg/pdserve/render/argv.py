@@ -6,6 +6,7 @@ lines from here, so there is exactly one place that decides what SGLang and the 
 
 from __future__ import annotations
 
+import posixpath
 from dataclasses import dataclass, replace
 
 from pdserve.render.toolchain import Toolchain
@@ -226,6 +227,23 @@ def environment(dep: Deployment, role: Role, spec: ServerSpec | None = None) -> 
     return {**dep.environment, **server.env, DSA_KERNELS_ENV: server.attention_kernels}
 
 
+# What follows the SGLang environment's bin directory on a server's PATH unless the deployment sets PATH:
+# systemd's own search path for services (with /sbin and /bin, for hosts whose /usr is not merged).
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def server_environment(env: dict[str, str], tools: Toolchain) -> dict[str, str]:
+    """An SGLang server's environment with the SGLang Python's own directory first on PATH. FlashInfer
+    JIT-builds kernels at the first forward and runs `ninja` by name; a virtual environment (or a Nix
+    python env) has it beside its python, in a directory no system PATH holds, so without this the server
+    dies at its first CUDA-graph capture (GPU tier under systemd, H100, 2026-12-05). A PATH the deployment
+    sets follows that directory; otherwise systemd's default does."""
+    directory = posixpath.dirname(tools.sglang_python)
+    if not directory:  # `pdserve plan`'s placeholder for an SGLang Python nobody named: no directory to show
+        return env
+    return {**env, "PATH": f"{directory}:{env.get('PATH', SYSTEM_PATH)}"}
+
+
 def launch(dep: Deployment, role: Role, tools: Toolchain) -> Launch:
     keyed = dep.router.api_key_file is not None and role in {"router", "fallback"}
     if role == "router":
@@ -242,7 +260,7 @@ def launch(dep: Deployment, role: Role, tools: Toolchain) -> Launch:
         role=role,
         unit=unit_name(dep, role),
         argv=tuple(prefix + [tools.sglang_python, *entry, *args]),
-        env=environment(dep, role),
+        env=environment(dep, role) if role == "router" else server_environment(environment(dep, role), tools),
         numa=binding,
         url=role_url(dep, role),
         credentials=credentials,
@@ -265,7 +283,8 @@ def node_launch(dep: Deployment, node: Node, tools: Toolchain) -> Launch:
     return Launch(
         role=server.role, unit=server_unit(dep, node),
         argv=tuple(prefix + [tools.sglang_python, "-m", SERVER_MODULE, *node_args(dep, node)]),
-        env=environment(dep, server.role, server.spec), numa=binding, url=url, credentials={},
+        env=server_environment(environment(dep, server.role, server.spec), tools), numa=binding, url=url,
+        credentials={},
         server=server.name, node_rank=node.rank,
     )
 

@@ -15,6 +15,7 @@ from pdserve.schema import pins
 from pdserve.schema.config import ROLES, SERVER_ROLES, Deployment, venv_python
 from pdserve.schema.problems import ConfigError, Problem
 from pdserve.schema.systemd_syntax import executable_problem
+from pdserve.schema.tools import SEARCH_PATH_FIX, search_path_problem
 
 
 @dataclass(frozen=True)
@@ -159,6 +160,8 @@ def _resolve(dep: Deployment, overrides: dict[str, str | None],
         # Flags and PATH are input too: the same rules as tools.* in the deployment (systemd executes it).
         problem = executable_problem(path)
         found = (problem, _EXECUTABLE_FIX) if problem else None
+        if found is None and tool == "sglang_python" and search_path_problem(path):
+            found = (search_path_problem(path), SEARCH_PATH_FIX)
         if found is None and (origin.startswith("--") or "PATH" in origin):
             # A path from the file is judged with the file (pdserve.render.reach's rule); these only here.
             found = unreachable(path, SERVER_ROLES if tool == "numactl" else ROLES, "execute")

@@ -3,6 +3,8 @@ Python."""
 
 from __future__ import annotations
 
+import posixpath
+
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from pdserve.schema.fields import AbsolutePath, ExecutablePath, invalid
@@ -25,6 +27,14 @@ class ToolPaths(BaseModel):
     numactl: ExecutablePath | None = None
     pdserve: ExecutablePath | None = None
 
+    @field_validator("sglang_python")
+    @classmethod
+    def _sglang_python_directory_fits_path(cls, value: str | None) -> str | None:
+        problem = value and search_path_problem(value)
+        if problem:
+            raise invalid(problem, SEARCH_PATH_FIX)
+        return value
+
     @field_validator("sglang_venv")
     @classmethod
     def _one_runnable_sglang_python(cls, value: str | None, info: ValidationInfo) -> str | None:
@@ -39,9 +49,24 @@ class ToolPaths(BaseModel):
         problem = executable_problem(venv_python(value))
         if problem:
             raise invalid(problem, "give the plain absolute path of the virtual environment's directory")
+        problem = search_path_problem(venv_python(value))
+        if problem:
+            raise invalid(problem, SEARCH_PATH_FIX)
         return value
 
 
 def venv_python(venv: str) -> str:
     """The Python of a virtual environment (what `python -m venv` and uv create)."""
     return f"{venv.rstrip('/')}/bin/python"
+
+
+SEARCH_PATH_FIX = "install the SGLang environment in a directory whose path has no ':'"
+
+
+def search_path_problem(python: str) -> str | None:
+    """Why the directory of the SGLang Python cannot lead the servers' PATH (pdserve.render.argv puts it
+    first, for FlashInfer's `ninja`), or None."""
+    if ":" in posixpath.dirname(python):
+        return ("has ':' in its directory, which the SGLang servers' units put first on PATH (FlashInfer runs "
+                "`ninja` from there), where ':' separates entries")
+    return None

@@ -2,7 +2,9 @@
 
 The rendered unit files are installed unchanged. A drop-in is added only for a fact of the GPU machine that
 a real host would not have, decided from facts read there (`needed`), and written through the same systemd
-emitter as the units (pdserve.render.units.render_ini), so a value it cannot carry stops the run.
+emitter as the units (pdserve.render.units.render_ini), so a value it cannot carry stops the run. What a real
+host would need too is a finding for pdserve, fixed there, not here: the SGLang env's bin directory on the
+servers' PATH (FlashInfer's `ninja`), a drop-in of the first run on the H100 (2026-12-05), is rendered now.
 """
 
 from __future__ import annotations
@@ -40,7 +42,6 @@ class MachineFacts:
     libcuda_link_dir: str | None  # a directory with libcuda.so (what `cc -lcuda` links), if the driver has one
     libcuda_shim_dir: str  # where the runner puts a libcuda.so link when the driver has none
     staged_site: str | None = None  # SGLang and the routers, staged beside the machine's Python
-    python_bin: str | None = None  # the bin directory of the SGLang Python's environment (ninja is there)
 
 
 def needed(deployment: str, facts: MachineFacts) -> list[DropIn]:
@@ -52,13 +53,6 @@ def needed(deployment: str, facts: MachineFacts) -> list[DropIn]:
         entry = ("Environment", environment_line("PYTHONPATH", facts.staged_site))
         dropins += [DropIn(f"sglang-{deployment}-{role}.service", "50-staged-site.conf", why, (entry,))
                     for role in (*GPU_ROLES, "router")]
-    if facts.python_bin:
-        why = ("FlashInfer JIT-builds kernels at the first forward and runs `ninja` by name; the SGLang environment "
-               "has it in its bin directory, which the rendered units do not put on PATH (a finding for pdserve: "
-               "a venv-based SGLang env fails the same way)")
-        path = f"{facts.python_bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin"
-        dropins += [DropIn(u, "50-env-path.conf", why, (("Environment", environment_line("PATH", path)),))
-                    for u in units]
     closed = {node: gid for node, (mode, gid) in facts.device_modes.items() if mode & 0o006 != 0o006}
     if closed:
         groups = " ".join(str(gid) for gid in sorted(set(closed.values())))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import stat
 import subprocess
 import sys
@@ -71,6 +72,7 @@ class HostFacts:
     driver_dirs: tuple[str, ...]  # directories of libcuda.so.1 and libnvidia-ml.so.1
     site: str  # the staged SGLang site
     checkout: str  # this checkout (the runner, pdserve's sources)
+    ninja: str | None = None  # the machine's ninja, where its SGLang Python's environment has none (below)
 
 
 def link_chain(path: str, limit: int = 40) -> list[str]:
@@ -136,10 +138,24 @@ def driver_dirs(ldconfig_p: str) -> list[str]:
     return usable
 
 
+# Where the container finds a ninja the SGLang environment lacks: on the units' PATH after that environment's bin.
+NINJA_INSIDE = "/usr/local/bin/ninja"
+
+
+def outside_ninja(prefix: str, found: str | None) -> str | None:
+    """The machine's ninja (`found`: what PATH gives) when the SGLang Python's environment `prefix` has none
+    in its bin. A host's SGLang env has it there (sglang and flashinfer require the `ninja` distribution), and
+    the rendered units put that bin first on PATH; the staged site here leaves ninja to the machine's image."""
+    if (Path(prefix) / "bin" / "ninja").exists() or found is None:
+        return None
+    return os.path.realpath(found)
+
+
 def discover(site: str, checkout: str) -> HostFacts:
     ldconfig = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=30).stdout
-    return HostFacts(python=PythonLayout.current(), devices=tuple(device_nodes()),
-                     driver_dirs=tuple(driver_dirs(ldconfig)), site=site, checkout=checkout)
+    python = PythonLayout.current()
+    return HostFacts(python=python, devices=tuple(device_nodes()), driver_dirs=tuple(driver_dirs(ldconfig)),
+                     site=site, checkout=checkout, ninja=outside_ninja(python.prefix, shutil.which("ninja")))
 
 
 def nspawn_command(root: Path) -> list[str]:
@@ -156,6 +172,8 @@ def nspawn_options(facts: HostFacts, site_inside: str, checkout_inside: str) -> 
     # FlashInfer JIT-builds its norm kernels with nvcc from CUDA_HOME (/usr/local/cuda) at the first forward.
     if Path(CUDA_HOME).is_dir():
         read_only += [f"{os.path.realpath(CUDA_HOME)}:{CUDA_HOME}"]
+    if facts.ninja:
+        read_only += [f"{facts.ninja}:{NINJA_INSIDE}"]
     read_only += [f"{facts.site}:{site_inside}", f"{facts.checkout}:{checkout_inside}"]
     options = [f"--bind={node}" for node in facts.devices]
     # The journal stays inside the container (the host has no journald to link it to); the units' own

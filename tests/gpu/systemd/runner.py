@@ -126,9 +126,20 @@ def end_previous(work: Path) -> None:
         time.sleep(3)
 
 
+def stage_checkout(checkout: Path, work: Path) -> Path:
+    """A copy of the checkout's code in `work`, for the container to bind. Not the checkout itself: the next
+    device call replaces the copied working tree, and a bind of the old one then shows nothing, so `restarts`
+    found no pdserve for the units' gates (H200, 2026-12-05: "No module named 'pdserve'")."""
+    staged = work / "checkout"
+    shutil.rmtree(staged, ignore_errors=True)
+    for part in ("pkg", "tests"):
+        shutil.copytree(checkout / part, staged / part, symlinks=True)
+    return staged
+
+
 def boot(root: Path, work: Path, report: Report, deployment: bool = True) -> tuple[Container, host.HostFacts]:
     end_previous(work)
-    facts = host.discover(site=str(work / "tree/site"), checkout=str(Path.cwd()))
+    facts = host.discover(site=str(work / "tree/site"), checkout=str(stage_checkout(Path.cwd(), work)))
     read_only, options = host.nspawn_options(facts, SITE_INSIDE, CHECKOUT_INSIDE)
     env = python_env(facts, read_only)
     ports = {"prefill": 30000, "decode": 30002, "router": 30001, "bootstrap": 8998, "prometheus": 29000}
@@ -136,7 +147,7 @@ def boot(root: Path, work: Path, report: Report, deployment: bool = True) -> tup
     if deployment:
         prepare_deployment(root, facts, ports)
     report["host"] = {"python": facts.python.__dict__, "devices": facts.devices, "driver_dirs": facts.driver_dirs,
-                      "binds_read_only": read_only, "nspawn_options": options}
+                      "ninja_outside_the_env": facts.ninja, "binds_read_only": read_only, "nspawn_options": options}
     box = Container(root, env, work / "console.log", nspawn=tuple(host.nspawn_command(root)),
                     extra_args=tuple(options), read_only_binds=tuple(b for b in read_only if ":" in b))
     began = time.monotonic()
@@ -202,7 +213,9 @@ def save_journals(box: Container, out: Path) -> None:
 def install_units(box: Container, root: Path, facts: host.HostFacts, out: Path, report: Report) -> None:
     python = str(Path(facts.python.prefix) / "bin" / "python3")
     done = box.run([PDSERVE_INSIDE, "render", "-c", DEPLOYMENT_INSIDE, "--out", "/etc/systemd/system",
-                    "--sglang-python", python, "--numactl", "/usr/bin/numactl", "--pdserve", PDSERVE_INSIDE],
+                    "--sglang-python", python, "--numactl", "/usr/bin/numactl", "--pdserve", PDSERVE_INSIDE,
+                    # The machine runs SGLang 0.5.17 (its torch), not the pins, staged apart: README, H200 machines.
+                    "--no-python-check"],
                    timeout=120, check=False)
     report["render"] = {"exit": done.returncode, "stderr": done.stderr[-2000:]}
     if done.returncode != 0:
@@ -210,8 +223,7 @@ def install_units(box: Container, root: Path, facts: host.HostFacts, out: Path, 
     modes = {node: (os.stat(node).st_mode, os.stat(node).st_gid) for node in facts.devices
              if Path(node).exists() and not Path(node).is_dir()}
     link_dir = next((d for d in facts.driver_dirs if (Path(d) / "libcuda.so").exists()), None)
-    needed = dropins.needed(NAME, dropins.MachineFacts(modes, link_dir, f"/{host.HOST_LIBS}", SITE_INSIDE,
-                                                       str(Path(facts.python.prefix) / "bin")))
+    needed = dropins.needed(NAME, dropins.MachineFacts(modes, link_dir, f"/{host.HOST_LIBS}", SITE_INSIDE))
     dropins.install(needed, root / "etc/systemd/system")
     report["dropins"] = {d.path: d.text() for d in needed}
     box.run(["systemctl", "daemon-reload"], timeout=60)
@@ -477,6 +489,10 @@ def restart_once(box: Container, report: Report, key: str, cold: bool) -> dict:
             wiped = box.sh(script, check=False).stdout.split()
         began = time.monotonic()
         done = box.run(["systemctl", "start", unit], timeout=400, check=False)
+        if done.returncode != 0:
+            # The unit's timestamps would be an earlier start's, and its phases nonsense: say it failed.
+            return {"cold": cold, "start_exit": done.returncode, "stderr": done.stderr[-2000:],
+                    "left_after_wipe": wiped}
         stamps = unit_timestamps(box)[unit]
         ready_at = stamps["active_enter_us"] / 1e6
         deadline = time.monotonic() + 60

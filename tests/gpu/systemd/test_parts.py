@@ -12,6 +12,7 @@ import subprocess
 
 import pytest
 
+from pdserve.render.argv import SYSTEM_PATH
 from tests.gpu.load import Outcome
 from tests.gpu.systemd import dropins, host, payload, phases, rootfs, runner, table
 
@@ -183,6 +184,20 @@ def test_the_cuda_toolkit_is_bound_at_cuda_home_when_the_machine_has_one(tmp_pat
     assert not [b for b in host.nspawn_options(facts, "/S", "/C")[0] if "absent" in b]
 
 
+def test_a_ninja_outside_the_python_environment_is_bound_where_the_units_path_finds_it(tmp_path):
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    machine = tmp_path / "usr-bin-ninja"
+    machine.touch()
+    assert host.outside_ninja(str(venv), None) is None
+    assert host.outside_ninja(str(venv), str(machine)) == str(machine)
+    (venv / "bin" / "ninja").touch()  # as a host's SGLang env has it: the rendered PATH finds it, no bind
+    assert host.outside_ninja(str(venv), str(machine)) is None
+    facts = host.HostFacts(python=_layout(), devices=(), driver_dirs=(), site="/s", checkout="/c", ninja="/usr/x")
+    assert f"/usr/x:{host.NINJA_INSIDE}" in host.nspawn_options(facts, "/S", "/C")[0]
+    assert host.NINJA_INSIDE.rsplit("/", 1)[0] in SYSTEM_PATH.split(":")
+
+
 def test_device_nodes_are_found_by_name(tmp_path):
     for name in ("nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm", "null", "nvme0"):
         (tmp_path / name).touch()
@@ -197,14 +212,6 @@ def test_the_staged_site_reaches_all_three_units():
     found = dropins.needed("gputest", facts)
     assert sorted(d.unit for d in found) == [f"sglang-gputest-{r}.service" for r in ("decode", "prefill", "router")]
     assert all(d.entries == (("Environment", '"PYTHONPATH=/opt/pdserve-gpu/site"'),) for d in found)
-
-
-def test_the_python_environment_s_bin_goes_first_on_the_gpu_units_path():
-    facts = dropins.MachineFacts({}, "/usr/lib/x86_64-linux-gnu", "/x", None, "/opt/torch/.venv/bin")
-    found = dropins.needed("gputest", facts)
-    assert sorted(d.unit for d in found) == ["sglang-gputest-decode.service", "sglang-gputest-prefill.service"]
-    assert found[0].entries == (("Environment",
-                                 '"PATH=/opt/torch/.venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin"'),)
 
 
 def test_no_drop_in_where_the_machine_is_like_a_host():
@@ -319,3 +326,14 @@ def test_a_container_left_by_an_earlier_call_is_ended_before_the_next_boot(tmp_p
         for p in sleepers:
             p.kill()
             p.wait(timeout=10)
+
+
+def test_the_container_binds_a_copy_of_the_checkout_that_outlives_the_next_device_call(tmp_path):
+    checkout, work = tmp_path / "checkout", tmp_path / "work"
+    for part in ("pkg/pdserve", "tests/gpu", "kernels"):
+        (checkout / part).mkdir(parents=True)
+    (checkout / "pkg/pdserve/__init__.py").write_text("v1")
+    staged = runner.stage_checkout(checkout, work)
+    assert staged == work / "checkout" and sorted(p.name for p in staged.iterdir()) == ["pkg", "tests"]
+    shutil.rmtree(checkout)  # what the next call's copy of the working tree does to the old one
+    assert (staged / "pkg/pdserve/__init__.py").read_text() == "v1"

@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from pdserve.render.argv import launch
+from pdserve.render.argv import SYSTEM_PATH, launch
 from pdserve.render.renderable import renderable_from_data
 from pdserve.render.toolchain import Toolchain
 from pdserve.schema.derived import MISSING_KEY_STAND_IN
@@ -113,6 +113,12 @@ def test_every_accepted_value_reaches_the_process_byte_for_byte(container, hosti
         for name, value in intended.env.items():
             assert main["env"].get(name.encode()) == value.encode(), (role, name)
         assert main["env"][b"HOME"] == f"/var/lib/pdserve/{NAME}".encode()
+        if role != "router":
+            # The SGLang Python's hostile directory leads the servers' PATH (FlashInfer runs `ninja` from it),
+            # the bytes exactly as named: systemd expanded neither $HOME nor %n.
+            assert main["env"][b"PATH"] == f"{TOOL_DIR}/bin:{SYSTEM_PATH}".encode(), role
+        else:
+            assert not main["env"].get(b"PATH", b"").startswith(TOOL_DIR.encode())
         if intended.credentials:
             assert b"CREDENTIALS_DIRECTORY" in main["env"]
         post = _record(container, unit, f"gate-{role}")
