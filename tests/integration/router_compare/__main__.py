@@ -38,6 +38,16 @@ def commit() -> str:
     return head + (" (with uncommitted changes)" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
+def run_tier(name: str, work: Path, routers: dict[str, str], say) -> TierResult:
+    if name == "container":
+        from tests.integration.router_compare import container_faults
+
+        return container_faults.run(work, list(container_faults.FAULTS), routers, say)
+    from tests.integration.router_compare import host_faults
+
+    return host_faults.run(work, host_faults.ALL_HOST_FAULTS, routers, say)
+
+
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m tests.integration.router_compare",
@@ -73,14 +83,15 @@ def main(argv: list[str]) -> int:
     tiers: list[TierResult] = []
     with tempfile.TemporaryDirectory(prefix="router-compare-", dir=args.work or "/var/tmp") as scratch:
         work = Path(scratch)
-        if args.tier in ("container", "both"):
-            from tests.integration.router_compare import container_faults
-
-            tiers.append(container_faults.run(work / "container-tier", list(container_faults.FAULTS), routers, say))
-        if args.tier in ("multihost", "both"):
-            from tests.integration.router_compare import host_faults
-
-            tiers.append(host_faults.run(work / "multihost-tier", host_faults.ALL_HOST_FAULTS, routers, say))
+        for name in TIERS:
+            if args.tier not in (name, "both"):
+                continue
+            try:
+                tiers.append(run_tier(name, work / f"{name}-tier", routers, say))
+            except Exception as exc:  # the other tier still runs, and what ran is still written
+                say(f"{name} tier failed: {type(exc).__name__}: {exc}")
+                tiers.append(TierResult(name, f"{name} tier: did not run to its end",
+                                        [f"{type(exc).__name__}: {exc}"[:2000]], routers))
     meta["seconds"] = round((datetime.now(UTC) - started).total_seconds())
     heading = (f"router comparison, {meta['date']}, {meta['hardware']}, commit {meta['commit']}\n"
                f"command: {meta['command']}\n")
