@@ -104,7 +104,8 @@ def container_tier() -> TierResult:
            "longest_refused_s": 0.0, "recovered_s": 4.3, "ready_again_s": 5.1, "note": "marked after 3.1 s " * 12}
     legacy = {"sent": 400, "failed": 0, "causes": {}, "retry_after_503": 0, "slowest_failure_s": None,
               "longest_refused_s": 0.0, "recovered_s": 0.0, "ready_again_s": 7.7}
-    tier = TierResult("container", "faults under load", ["20 req/s"], {"smg": "smg 1.13.0", "old": "sglang-router 0.3.2"})
+    routers = {"smg": "smg 1.13.0", "old": "sglang-router 0.3.2"}
+    tier = TierResult("container", "faults under load", ["20 req/s"], routers)
     tier.faults += [FaultResult("kill -9 prefill", {"smg": smg, "old": legacy}),
                     FaultResult("kill -9 router", {"smg": {"error": "ContainerError: timed out"}})]
     return tier
