@@ -67,6 +67,7 @@ def run(work: Path, faults: list[tuple[str, str]], routers: dict[str, str], say:
                        "after the router marked the host (smg_worker_health 0, read from its Prometheus port); the "
                        "same cluster and workers for both routers, which alternate in order fault by fault"],
                       routers)
+    work.mkdir(parents=True, exist_ok=True)
     with running(plans.OWN, "c", work) as cluster:
         router = cluster.plan.router
         unit = cluster.plan.units[router.host] / f"{router.unit}.service"
