@@ -135,10 +135,12 @@ def use_router(lab: Lab, router: str, dropin: str) -> None:
     lab.container.run(["systemctl", "daemon-reload"], timeout=60)
     if lab.unit("router") in lab.active():
         lab.container.run(["systemctl", "restart", lab.unit("router")], timeout=200)
-    pid = serving(lab)[lab.unit("router")].main_pid
-    argv = lab.container.run(["cat", f"/proc/{pid}/cmdline"]).stdout.split("\0")
-    if MODULES[router] not in argv:
-        raise RuntimeError(f"the router unit runs {argv}, not {MODULES[router]}")
+    serving(lab)
+    # What systemd ran (both routers retitle their process, "smg::router" and "sglang::router", so its
+    # /proc cmdline no longer names the module).
+    started = lab.container.run(["systemctl", "show", "--property=ExecStart", "--value", lab.unit("router")]).stdout
+    if f" -m {MODULES[router]} " not in started:
+        raise RuntimeError(f"the router unit runs {started.strip()[:300]}, not {MODULES[router]}")
 
 
 def prerequisites() -> None:
