@@ -38,14 +38,20 @@ def commit() -> str:
     return head + (" (with uncommitted changes)" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
-def run_tier(name: str, work: Path, routers: dict[str, str], say) -> TierResult:
+def chosen(names: list[str], wanted: list[str] | None) -> list[str]:
+    """The faults whose name holds one of `wanted` (all when none is given), in the tier's order."""
+    return [n for n in names if not wanted or any(w in n for w in wanted)]
+
+
+def run_tier(name: str, work: Path, routers: dict[str, str], wanted: list[str] | None, say) -> TierResult:
     if name == "container":
         from tests.integration.router_compare import container_faults
 
-        return container_faults.run(work, list(container_faults.FAULTS), routers, say)
+        return container_faults.run(work, chosen(list(container_faults.FAULTS), wanted), routers, say)
     from tests.integration.router_compare import host_faults
 
-    return host_faults.run(work, host_faults.ALL_HOST_FAULTS, routers, say)
+    names = {f"{fault} {host}": (fault, host) for fault, host in host_faults.ALL_HOST_FAULTS}
+    return host_faults.run(work, [names[n] for n in chosen(list(names), wanted)], routers, say)
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -57,6 +63,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
                     "routers side by side and write a JSON record. Needs root, systemd-nspawn, debootstrap, ip, "
                     "nft, and a venv with smg 1.13.0, sglang-router 0.3.2 and sglang. Takes 10-30 minutes.")
     parser.add_argument("--tier", choices=[*TIERS, "both"], default="both")
+    parser.add_argument("--fault", action="append", metavar="TEXT",
+                        help="run only the faults whose name holds TEXT (repeatable; e.g. 'kill -9 prefill', "
+                             "'link cut'); default: every fault of the tier")
     parser.add_argument("--out", type=Path, default=None, metavar="PREFIX",
                         help="write PREFIX.txt (the tables) and PREFIX.json (the record); with an existing "
                              "PREFIX.json this run is appended to its runs (default: router-compare-<UTC time> "
@@ -87,7 +96,7 @@ def main(argv: list[str]) -> int:
             if args.tier not in (name, "both"):
                 continue
             try:
-                tiers.append(run_tier(name, work / f"{name}-tier", routers, say))
+                tiers.append(run_tier(name, work / f"{name}-tier", routers, args.fault, say))
             except Exception as exc:  # the other tier still runs, and what ran is still written
                 say(f"{name} tier failed: {type(exc).__name__}: {exc}")
                 tiers.append(TierResult(name, f"{name} tier: did not run to its end",

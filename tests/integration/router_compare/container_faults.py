@@ -63,8 +63,15 @@ def kill_worker(lab: Lab, role: str) -> Figures:
     ready_s = ready_again_s(lab, role, worker, fault_at)
     marked_at = readiness.first_not_ready(fault_at)
     marked = "never" if marked_at is None else f"{marked_at - fault_at:.1f} s"
-    return _measured(summary, load, ready_again_s=round(ready_s, 3),
-                     note=f"router /readiness 503 after {marked}; {describe_refusals(refused_after(load, fault_at))}")
+    # Where the restart's seconds went: systemd's RestartSec=, the ExecStartPre= (leave-routers), then the
+    # server's start and the ExecStartPost= gate (its readiness, a KV hand-off, back into the router).
+    restarted = lab.states()[lab.unit(role)]
+    began, main = (restarted.inactive_exit_us / 1e6 - fault_at, restarted.exec_main_start_us / 1e6 - fault_at)
+    return _measured(summary, load, ready_again_s=round(ready_s, 3), restart_began_s=round(began, 3),
+                     main_started_s=round(main, 3), journal_tail=lab.container.journal(lab.unit(role), 30),
+                     note=f"router /readiness 503 after {marked}; {role} restart began {began:.1f} s after the kill, "
+                          f"its server started at {main:.1f} s (leave-routers took {main - began:.1f} s), its gate "
+                          f"passed at {ready_s:.1f} s; {describe_refusals(refused_after(load, fault_at))}")
 
 
 def prefill_hangs(lab: Lab) -> Figures:
