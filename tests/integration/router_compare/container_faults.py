@@ -53,6 +53,15 @@ def _windows(prober, since: float) -> list[tuple[float, float]]:
     return [(round(a - since, 2), round(b - since, 2)) for a, b in prober.refused_windows()]
 
 
+def gate_journal(lab: Lab, role: str, lines: int = 40) -> str:
+    """The unit's journal of its last start, without the server's request log: systemd's lines and what the
+    gates (leave-routers, wait-ready) said."""
+    unit = lab.unit(role)
+    script = (f"journalctl --no-pager -o short-monotonic -n 2000 -u {unit} | grep -v -e '\"GET /' -e '\"POST /' "
+              f"-e 'PD request arrived' | tail -n {lines}")
+    return lab.container.sh(script, check=False).stdout
+
+
 def kill_worker(lab: Lab, role: str) -> Figures:
     worker = serving(lab)[lab.unit(role)]
     readiness = ReadinessSampler(lab.url("router")).start()
@@ -68,7 +77,7 @@ def kill_worker(lab: Lab, role: str) -> Figures:
     restarted = lab.states()[lab.unit(role)]
     began, main = (restarted.inactive_exit_us / 1e6 - fault_at, restarted.exec_main_start_us / 1e6 - fault_at)
     return _measured(summary, load, ready_again_s=round(ready_s, 3), restart_began_s=round(began, 3),
-                     main_started_s=round(main, 3), journal_tail=lab.container.journal(lab.unit(role), 30),
+                     main_started_s=round(main, 3), journal_tail=gate_journal(lab, role),
                      note=f"router /readiness 503 after {marked}; {role} restart began {began:.1f} s after the kill, "
                           f"its server started at {main:.1f} s (leave-routers took {main - began:.1f} s), its gate "
                           f"passed at {ready_s:.1f} s; {describe_refusals(refused_after(load, fault_at))}")
