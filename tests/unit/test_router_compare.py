@@ -22,6 +22,7 @@ from tests.integration.router_compare.legacy_router import (
     legacy_router_args,
 )
 from tests.integration.router_compare.report import FaultResult, TierResult, failure_figures, record, side_by_side
+from tests.integration.router_compare.rounds import alternating
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 
@@ -138,3 +139,22 @@ def test_the_record_is_json_with_every_figure_and_the_runs_facts():
     faults = loaded["tiers"]["container"]["faults"]
     assert faults[0]["by_router"]["old"]["ready_again_s"] == 7.7
     assert loaded["tiers"]["container"]["routers"] == {"smg": "smg 1.13.0", "old": "sglang-router 0.3.2"}
+
+
+def test_the_routers_alternate_in_order_and_a_run_that_raises_is_a_row_saying_so():
+    ran: list[tuple[str, str]] = []
+    recovered: list[str] = []
+
+    def run(fault: str, router: str) -> dict:
+        ran.append((fault, router))
+        if (fault, router) == ("b", "old"):
+            raise RuntimeError("the router never became ready")
+        return {"failed": len(ran)}
+
+    results = alternating(["a", "b", "c"], {"smg": "smg", "old": "0.3.2"}, run, lambda text: None,
+                          lambda: recovered.append("reset"))
+    assert ran == [("a", "smg"), ("a", "old"), ("b", "old"), ("b", "smg"), ("c", "smg"), ("c", "old")]
+    assert [r.name for r in results] == ["a", "b", "c"]
+    assert results[1].by_router == {"old": {"error": "RuntimeError: the router never became ready"},
+                                    "smg": {"failed": 4}}
+    assert recovered == ["reset"]

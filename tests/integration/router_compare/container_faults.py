@@ -6,7 +6,6 @@ kept, and a fault that goes wrong is a row saying so while the rest still run.""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,7 +13,8 @@ import pytest
 
 from pdserve.schema.derived import router_shutdown_grace
 from tests.integration.router_compare.legacy_router import DROPIN_NAME, LEGACY_MODULE, exec_start_of, legacy_dropin
-from tests.integration.router_compare.report import Figures, FaultResult, TierResult, failure_figures
+from tests.integration.router_compare.report import Figures, TierResult, failure_figures
+from tests.integration.router_compare.rounds import Say, alternating
 from tests.integration.systemd.conftest import REPO, _prerequisites
 from tests.integration.systemd.container import booted, fresh_container
 from tests.integration.systemd.lab import Lab
@@ -40,7 +40,6 @@ from tests.integration.systemd.test_faults_under_load import (
 SMG, LEGACY = "smg", "sglang-router-0.3.2"
 MODULES = {SMG: "smg.launch_router", LEGACY: LEGACY_MODULE}
 
-Say = Callable[[str], None]
 
 
 def _measured(summary, load, **extra) -> Figures:
@@ -185,21 +184,11 @@ def run(work: Path, faults: list[str], routers: dict[str, str], say: Say) -> Tie
         tier.settings.append(f"smg: the router unit as rendered; 0.3.2: {lab.unit('router')}.d/{DROPIN_NAME}")
         tier.artifacts = {"router_unit": unit_text, "legacy_dropin": dropin}
         try:
-            for index, name in enumerate(faults):
-                order = list(routers) if index % 2 == 0 else list(reversed(routers))
-                by_router: dict[str, Figures] = {}
-                for router in order:
-                    say(f"container: {name} behind {routers[router]}")
-                    began = time.monotonic()
-                    try:
-                        use_router(lab, router, dropin)
-                        by_router[router] = FAULTS[name](lab)
-                    except Exception as exc:  # a fault that went wrong is a row that says so; the rest still run
-                        by_router[router] = {"error": f"{type(exc).__name__}: {exc}"[:1500]}
-                        say(f"  error: {by_router[router]['error'][:300]}")
-                        lab.reset()
-                    say(f"  {time.monotonic() - began:.0f} s: {by_router[router].get('failed', '-')} failed")
-                tier.faults.append(FaultResult(name, by_router))
+            def run_one(fault: str, router: str) -> Figures:
+                use_router(lab, router, dropin)
+                return FAULTS[fault](lab)
+
+            tier.faults += alternating(faults, routers, run_one, lambda text: say(f"container: {text}"), lab.reset)
         finally:
             lab.reset()
     return tier

@@ -8,8 +8,6 @@ ExecStart= is what runs). The faults and measurements are the tier's own
 from __future__ import annotations
 
 import dataclasses
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -28,9 +26,9 @@ from tests.integration.multihost.test_host_failure import (
 )
 from tests.integration.router_compare.container_faults import LEGACY, SMG
 from tests.integration.router_compare.legacy_router import DROPIN_NAME, exec_start_of, legacy_dropin
-from tests.integration.router_compare.report import Figures, FaultResult, TierResult, failure_figures
+from tests.integration.router_compare.report import Figures, TierResult, failure_figures
+from tests.integration.router_compare.rounds import Say, alternating
 
-Say = Callable[[str], None]
 
 
 def use_router(cluster: Cluster, argv: tuple[str, ...]) -> None:
@@ -79,20 +77,13 @@ def run(work: Path, faults: list[tuple[str, str]], routers: dict[str, str], say:
         argvs = {SMG: tuple(exec_start_of(unit_text)), LEGACY: tuple(exec_start_of(dropin))}
         tier.settings.append(f"smg: the router's ExecStart= as rendered; 0.3.2: that of {unit.name}.d/{DROPIN_NAME}")
         tier.artifacts = {"router_unit": unit_text, "legacy_dropin": dropin}
-        for index, (fault, host) in enumerate(faults):
-            order = list(routers) if index % 2 == 0 else list(reversed(routers))
-            by_router: dict[str, Figures] = {}
-            for key in order:
-                say(f"multihost: {fault} on {host} behind {routers[key]}")
-                began = time.monotonic()
-                try:
-                    use_router(cluster, argvs[key])
-                    by_router[key] = host_fault(cluster, fault, host)
-                except Exception as exc:  # a fault that went wrong is a row that says so; the rest still run
-                    by_router[key] = {"error": f"{type(exc).__name__}: {exc}"[:1500]}
-                    say(f"  error: {by_router[key]['error'][:300]}")
-                say(f"  {time.monotonic() - began:.0f} s: {by_router[key].get('failed', '-')} failed")
-            tier.faults.append(FaultResult(f"{fault} {host}", by_router))
+        names = {f"{fault} {host}": (fault, host) for fault, host in faults}
+
+        def run_one(name: str, router: str) -> Figures:
+            use_router(cluster, argvs[router])
+            return host_fault(cluster, *names[name])
+
+        tier.faults += alternating(list(names), routers, run_one, lambda text: say(f"multihost: {text}"))
     return tier
 
 
