@@ -25,11 +25,11 @@ from tests.integration.systemd.test_faults_under_load import (
     RATE,
     RECOVERY_MARGIN,
     REQUEST_TIMEOUT,
-    ReadinessSampler,
     cutover_and_back,
     describe_refusals,
     hang,
     kill,
+    kill_under_load,
     ready_again_s,
     refused_after,
     serving,
@@ -63,13 +63,8 @@ def gate_journal(lab: Lab, role: str, lines: int = 40) -> str:
 
 def kill_worker(lab: Lab, role: str) -> Figures:
     worker = serving(lab)[lab.unit(role)]
-    readiness = ReadinessSampler(lab.url("router")).start()
-    try:
-        summary, load, _, fault_at = under_load(lab, f"kill -9 {role}", lambda: kill(lab, worker.main_pid))
-    finally:
-        readiness.stop()
+    summary, load, _, fault_at, marked_at = kill_under_load(lab, role, worker.main_pid)
     ready_s = ready_again_s(lab, role, worker, fault_at)
-    marked_at = readiness.first_not_ready(fault_at)
     marked = "never" if marked_at is None else f"{marked_at - fault_at:.1f} s"
     # Where the restart's seconds went: systemd's RestartSec=, the ExecStartPre= (leave-routers), then the
     # server's start and the ExecStartPost= gate (its readiness, a KV hand-off, back into the router).

@@ -163,6 +163,17 @@ def kill(lab, pid: int, sig: str = "KILL") -> None:
     lab.container.run(["kill", f"-{sig}", str(pid)])
 
 
+def kill_under_load(lab, role: str, pid: int) -> tuple[Summary, Load, PortProber, float, float | None]:
+    """kill -9 of `role`'s process `pid` under load, the router's /readiness sampled meanwhile: the summary,
+    load and prober, when the kill was sent, and when /readiness first answered 503 after it (None: never)."""
+    readiness = ReadinessSampler(lab.url("router")).start()
+    try:
+        summary, load, prober, fault_at = under_load(lab, f"kill -9 {role}", lambda: kill(lab, pid))
+    finally:
+        readiness.stop()
+    return summary, load, prober, fault_at, readiness.first_not_ready(fault_at)
+
+
 def hang(lab, pid: int, seconds: float = HANG_SECONDS) -> None:
     """SIGSTOP for `seconds`, then SIGCONT: a process that hangs instead of dying (its port still accepts)."""
     kill(lab, pid, "STOP")
@@ -255,14 +266,9 @@ def test_kill_9_of_a_worker_costs_at_most_the_requests_in_flight(pd, capsys, rol
     lab = pd
     before = serving(lab)
     worker, router = before[lab.unit(role)], before[lab.unit("router")]
-    readiness = ReadinessSampler(lab.url("router")).start()
-    try:
-        summary, load, prober, fault_at = under_load(lab, f"kill -9 {role}", lambda: kill(lab, worker.main_pid))
-    finally:
-        readiness.stop()
+    summary, load, prober, fault_at, marked_at = kill_under_load(lab, role, worker.main_pid)
     ready_s = ready_again_s(lab, role, worker, fault_at)
     after = lab.states()[lab.unit("router")]
-    marked_at = readiness.first_not_ready(fault_at)
     marked = "never" if marked_at is None else f"{marked_at - fault_at:.1f} s"
     record(capsys, summary, f"{role} ready again {ready_s:.1f} s after the kill; router /readiness 503 after "
                             f"{marked}; router PID {router.main_pid} -> {after.main_pid}, restarts "
