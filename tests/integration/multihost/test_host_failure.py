@@ -108,12 +108,40 @@ FAULTS = {
     "link cut": (Cluster.cut, Cluster.mend),
     "hang": (Cluster.freeze, Cluster.thaw),
 }
+# (fault, host) in the order they run: each fault on a decode and a prefill host.
+HOST_FAULTS = [("power off", "decode-b"), ("link cut", "prefill-a"), ("power off", "prefill-b"),
+               ("link cut", "decode-a"), ("hang", "decode-b")]
 
 
-@pytest.mark.parametrize(("fault", "host"), [("power off", "decode-b"), ("link cut", "prefill-a"),
-                                             ("power off", "prefill-b"), ("link cut", "decode-a"),
-                                             ("hang", "decode-b")])
-def test_a_host_away_is_marked_unhealthy_the_rest_serve_and_it_serves_again(cluster, capsys, fault, host):
+@dataclass(frozen=True)
+class HostFaultRun:
+    """One host fault under load, as measured (nothing asserted): what the test checks and the benchmark
+    (tests/integration/router_compare) tabulates."""
+
+    figures: Figures
+    role: str
+    outcomes: list[Outcome]  # every request of the run, by start
+    fault_at: float
+    marked_at: float
+    marked_sample: dict[str, float]  # the router's worker health when it had marked the host
+    rest: list[str]  # URLs of the other servers' heads
+    rest_served: dict[str, float]  # requests each other server answered in OUTAGE_AFTER_MARKED after the mark
+    rest_roles: dict[str, str]  # their roles, by name
+    kept_serving: bool  # the host's servers answered requests in the TAIL_SECONDS after serving again
+
+    @property
+    def failures(self) -> list[Outcome]:
+        return [o for o in self.outcomes if not o.ok]
+
+    @property
+    def note(self) -> str:
+        return (f"{self.role} on {self.figures.host}; the rest served {sum(self.rest_served.values()):g} requests in "
+                f"the {OUTAGE_AFTER_MARKED:g} s after the mark ({self.rest_served})")
+
+
+def host_fault_under_load(cluster: Cluster, fault: str, host: str) -> HostFaultRun:
+    """`fault` on `host` while RATE requests/s go through the router: the fault, the router's mark, the
+    outage held OUTAGE_AFTER_MARKED s, the host back, taken back by the router and serving again."""
     cluster.wait_serving()
     plan = cluster.plan
     away = [p.url for p in plan.on(host)]
@@ -151,33 +179,40 @@ def test_a_host_away_is_marked_unhealthy_the_rest_serve_and_it_serves_again(clus
             kept_serving = served_since(cluster, host, at_serving)
         finally:
             load.stop()
-            if back_at is None:  # the test failed with the host away: bring it back for the next one
+            if back_at is None:  # the run failed with the host away: bring it back for the next one
                 come_back(cluster, host)
     marked_sample = next(h for at, h in watch.samples if at == marked_at)
 
     outcomes = sorted(load.outcomes, key=lambda o: o.start)
     outage = _between(outcomes, fault_at, back_at)
     after_mark = _between(outcomes, marked_at, float("inf"))
-    failures = [o for o in outcomes if not o.ok]
     causes: dict[str, int] = {}
-    for o in failures:
-        causes[o.cause] = causes.get(o.cause, 0) + 1
+    for o in outcomes:
+        if not o.ok:
+            causes[o.cause] = causes.get(o.cause, 0) + 1
     figures = Figures(fault, host, len(outcomes), sum(o.ok for o in outage), sum(not o.ok for o in outage),
                       sum(o.ok for o in after_mark), sum(not o.ok for o in after_mark),
                       marked_at - fault_at, readmitted_at - back_at, serving_at - back_at, causes)
-    record(capsys, cluster, figures, f"{role} on {host}; the rest served {sum(rest_served.values()):g} requests in the "
-                            f"{OUTAGE_AFTER_MARKED:g} s after the mark ({rest_served})")
+    return HostFaultRun(figures, role, outcomes, fault_at, marked_at, marked_sample, [p.url for p in rest],
+                        rest_served, {p.name: p.role for p in rest}, kept_serving)
+
+
+@pytest.mark.parametrize(("fault", "host"), HOST_FAULTS)
+def test_a_host_away_is_marked_unhealthy_the_rest_serve_and_it_serves_again(cluster, capsys, fault, host):
+    run = host_fault_under_load(cluster, fault, host)
+    figures, fault_at = run.figures, run.fault_at
+    record(capsys, cluster, figures, run.note)
 
     # The router marked the host's worker, and only it.
-    assert all(marked_sample.get(p.url) == 1.0 for p in rest), marked_sample
+    assert all(run.marked_sample.get(url) == 1.0 for url in run.rest), run.marked_sample
     # The rest kept serving: every request sent after the mark succeeded, the host away or back, and the
     # other worker of the same role answered requests meanwhile.
-    assert figures.after_mark_failed == 0, [f"{o.start - fault_at:.1f} s: {o.cause} {o.detail}" for o in after_mark
-                                            if not o.ok]
+    assert figures.after_mark_failed == 0, [f"{o.start - fault_at:.1f} s: {o.cause} {o.detail}"
+                                            for o in run.failures if o.start >= run.marked_at]
     assert figures.after_mark_ok > 0
-    assert kept_serving, f"{host}'s server answered nothing in the {TAIL_SECONDS:g} s after it answered again"
-    assert sum(rest_served[p.name] for p in rest if p.role == role) > 0, rest_served
+    assert run.kept_serving, f"{host}'s server answered nothing in the {TAIL_SECONDS:g} s after it answered again"
+    assert sum(n for name, n in run.rest_served.items() if run.rest_roles[name] == run.role) > 0, run.rest_served
     # What failed was sent to the host as it went away, and the client saw an error (nothing silent).
-    assert set(causes) <= CUT_OFF, causes
-    assert all(fault_at - REQUEST_TIMEOUT <= o.start < marked_at for o in failures), \
-        [f"{o.start - fault_at:.1f} s: {o.cause}" for o in failures]
+    assert set(figures.causes) <= CUT_OFF, figures.causes
+    assert all(fault_at - REQUEST_TIMEOUT <= o.start < run.marked_at for o in run.failures), \
+        [f"{o.start - fault_at:.1f} s: {o.cause}" for o in run.failures]

@@ -163,6 +163,50 @@ def kill(lab, pid: int, sig: str = "KILL") -> None:
     lab.container.run(["kill", f"-{sig}", str(pid)])
 
 
+def kill_under_load(lab, role: str, pid: int) -> tuple[Summary, Load, PortProber, float, float | None]:
+    """kill -9 of `role`'s process `pid` under load, the router's /readiness sampled meanwhile: the summary,
+    load and prober, when the kill was sent, and when /readiness first answered 503 after it (None: never)."""
+    readiness = ReadinessSampler(lab.url("router")).start()
+    try:
+        summary, load, prober, fault_at = under_load(lab, f"kill -9 {role}", lambda: kill(lab, pid))
+    finally:
+        readiness.stop()
+    return summary, load, prober, fault_at, readiness.first_not_ready(fault_at)
+
+
+def hang(lab, pid: int, seconds: float = HANG_SECONDS) -> None:
+    """SIGSTOP for `seconds`, then SIGCONT: a process that hangs instead of dying (its port still accepts)."""
+    kill(lab, pid, "STOP")
+    try:
+        time.sleep(seconds)
+    finally:
+        kill(lab, pid, "CONT")
+
+
+def stop_router_then_crash_the_prefill(lab, prefill_pid: int) -> float:
+    """The prefill hung 2 s, so requests pile up in the router and its stop has to drain; then the router's
+    stop (no wait) and, 0.5 s into its drain, the prefill's kill -9. Returns when the stop was asked."""
+    kill(lab, prefill_pid, "STOP")
+    time.sleep(2)
+    stop_at = time.monotonic()
+    lab.container.run(["systemctl", "stop", "--no-block", lab.unit("router")])
+    time.sleep(0.5)
+    kill(lab, prefill_pid, "KILL")
+    return stop_at
+
+
+def cutover_and_back(lab) -> list[dict]:
+    """`pdserve cutover single`, then `pd` (not tried when the first failed): each one's exit and JSON report."""
+    reports: list[dict] = []
+    for target in ("single", "pd"):
+        done = lab.pdserve("cutover", target, "-c", CONFIG_PATH, "--json")
+        reports.append({"exit": done.returncode, **(json.loads(done.stdout) if done.stdout.strip() else {}),
+                        "stderr": done.stderr[-2000:]})
+        if done.returncode != 0:
+            break
+    return reports
+
+
 def ready_again_s(lab, role: str, before, fault_at: float) -> float:
     """Seconds from the fault until systemd had the restarted role active (its wait-ready gate passed)."""
     def back():
@@ -222,14 +266,9 @@ def test_kill_9_of_a_worker_costs_at_most_the_requests_in_flight(pd, capsys, rol
     lab = pd
     before = serving(lab)
     worker, router = before[lab.unit(role)], before[lab.unit("router")]
-    readiness = ReadinessSampler(lab.url("router")).start()
-    try:
-        summary, load, prober, fault_at = under_load(lab, f"kill -9 {role}", lambda: kill(lab, worker.main_pid))
-    finally:
-        readiness.stop()
+    summary, load, prober, fault_at, marked_at = kill_under_load(lab, role, worker.main_pid)
     ready_s = ready_again_s(lab, role, worker, fault_at)
     after = lab.states()[lab.unit("router")]
-    marked_at = readiness.first_not_ready(fault_at)
     marked = "never" if marked_at is None else f"{marked_at - fault_at:.1f} s"
     record(capsys, summary, f"{role} ready again {ready_s:.1f} s after the kill; router /readiness 503 after "
                             f"{marked}; router PID {router.main_pid} -> {after.main_pid}, restarts "
@@ -256,14 +295,8 @@ def test_a_prefill_that_hangs_instead_of_dying(pd, capsys):
     before = serving(lab)
     worker, router = before[lab.unit("prefill")], before[lab.unit("router")]
 
-    def hang():
-        kill(lab, worker.main_pid, "STOP")
-        try:
-            time.sleep(HANG_SECONDS)
-        finally:
-            kill(lab, worker.main_pid, "CONT")
-
-    summary, load, prober, fault_at = under_load(lab, f"prefill hangs {HANG_SECONDS:g} s (SIGSTOP)", hang)
+    summary, load, prober, fault_at = under_load(lab, f"prefill hangs {HANG_SECONDS:g} s (SIGSTOP)",
+                                                 lambda: hang(lab, worker.main_pid))
     slowest = max(o.end - o.start for o in load.outcomes)
     after = lab.states()
     record(capsys, summary, f"slowest request {slowest:.1f} s; prefill PID {worker.main_pid} -> "
@@ -316,19 +349,11 @@ def test_a_prefill_crash_while_the_router_drains_waits_at_most_the_drain(pd, cap
     before = serving(lab)
     prefill = before[lab.unit("prefill")]
     grace = router_shutdown_grace(lab.dep)
-    stop_at = 0.0
-
-    def stop_router_then_crash_the_prefill():
-        nonlocal stop_at
-        kill(lab, prefill.main_pid, "STOP")  # requests pile up in the router, so its stop has to drain
-        time.sleep(2)
-        stop_at = time.monotonic()
-        lab.container.run(["systemctl", "stop", "--no-block", lab.unit("router")])
-        time.sleep(0.5)
-        kill(lab, prefill.main_pid, "KILL")
-
-    summary, _, _, _ = under_load(lab, "router stop + prefill kill -9", stop_router_then_crash_the_prefill,
+    stopped: list[float] = []
+    summary, _, _, _ = under_load(lab, "router stop + prefill kill -9",
+                                  lambda: stopped.append(stop_router_then_crash_the_prefill(lab, prefill.main_pid)),
                                   tail=grace + 2 * RECOVERY_MARGIN)
+    stop_at = stopped[0]
     ready_s = ready_again_s(lab, "prefill", prefill, stop_at)
     after = lab.states()
     restart_began = after[lab.unit("prefill")].inactive_exit_us / 1e6 - stop_at
@@ -345,16 +370,8 @@ def test_cutover_to_single_and_back_while_traffic_runs(pd, capsys):
     lab = pd
     serving(lab)
     reports: list[dict] = []
-
-    def cutovers():
-        for target in ("single", "pd"):
-            done = lab.pdserve("cutover", target, "-c", CONFIG_PATH, "--json")
-            reports.append({"exit": done.returncode, **(json.loads(done.stdout) if done.stdout.strip() else {}),
-                            "stderr": done.stderr[-2000:]})
-            if done.returncode != 0:
-                return
-
-    summary, load, prober, fault_at = under_load(lab, "cutover single, then pd", cutovers, duration=180,
+    summary, load, prober, fault_at = under_load(lab, "cutover single, then pd",
+                                                 lambda: reports.extend(cutover_and_back(lab)), duration=180,
                                                  tail=2 * RECOVERY_MARGIN)
     windows = [(round(a - fault_at, 1), round(b - fault_at, 1)) for a, b in prober.refused_windows()]
     took = [f"{r.get('target')} {r.get('total_seconds')} s (exit {r['exit']})" for r in reports]
