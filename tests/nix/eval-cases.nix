@@ -98,7 +98,8 @@ let
     prefill.port = 31000;
     decode.port = 31002;
     router.port = 31001;
-    router.prometheus_port = 29001;
+    router.prometheus_port = 29002;
+    router.health_check_port = 29003;
     transfer.bootstrap_port = 8999;
   };
   other = settings: { services.pdserve.deployments.other.settings = settings; };

@@ -463,7 +463,7 @@ def test_monitoring_scrape_jobs_are_what_pdserve_renders(cases, case):
     assert summary["scrapeConfigs"] == expected
     if case == "monitoringTwo":  # the variant with IPv6 listeners and a 5 s interval
         targets = {job["job_name"]: job["static_configs"][0]["targets"] for job in expected}
-        assert targets["pdserve-other-router"] == ["[::1]:29001"]
+        assert targets["pdserve-other-router"] == ["[::1]:29002"]
         assert targets["pdserve-other-fallback"] == ["[::1]:31003"]
         assert {job["scrape_timeout"] for job in expected if "other" in job["job_name"]} == {"5s"}
 
