@@ -37,6 +37,10 @@ let
     # The module's part of each unit (drop-ins on the rendered unit files).
     unitDrvs = lib.genAttrs units (unit: config.systemd.units."${unit}.service".unit.drvPath);
     serviceConfig = lib.genAttrs units (unit: builtins.attrNames config.systemd.services.${unit}.serviceConfig);
+    # NixOS writes PATH for every unit it declares, over the rendered unit's (the module's `path`).
+    path = lib.genAttrs units (unit: config.systemd.services.${unit}.environment.PATH);
+    sglangPackage = "${config.services.pdserve.sglangPackage}";
+    numactl = "${host.pkgs.numactl}";
     allowedTCPPorts = config.networking.firewall.allowedTCPPorts;
     settings = lib.mapAttrs (_: d: d.settings) config.services.pdserve.deployments;
     configFiles = lib.mapAttrs (_: d: d.configFile.drvPath) config.services.pdserve.deployments;

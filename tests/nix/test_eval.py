@@ -145,7 +145,7 @@ SELECTION = """c: {
   inherit (c) nvidia bare;
   inherit (c) loopback;
   host = { inherit (c.host) failed warnings wantedBy unitDrvs serviceConfig allowedTCPPorts settings configFiles
-    toplevel; };
+    toplevel path sglangPackage numactl; };
   single = { inherit (c.single) failed warnings wantedBy; };
   openFirewall = { inherit (c.openFirewall) failed warnings allowedTCPPorts settings toplevel; };
   twoDeployments = { inherit (c.twoDeployments) failed warnings configFiles; };
@@ -331,6 +331,24 @@ def test_the_module_adds_no_sandbox_to_the_rendered_units(cases):
     keys = {key for role in ("prefill", "router") for key, _ in sandbox(role)}
     added = {unit: sorted(keys & set(names)) for unit, names in cases["host"]["serviceConfig"].items()}
     assert added == {unit: [] for unit in added} and len(added) == 4, added
+
+
+def test_the_servers_path_keeps_the_sglang_environment_first_and_has_numactl(cases):
+    """NixOS's PATH replaces the rendered units' Environment=PATH: its first entry must still be the one
+    pdserve renders for the module's SGLang Python (FlashInfer runs that directory's ninja), and numactl,
+    which SGLang looks up on PATH to bind its schedulers, must be there; the router gets neither."""
+    host = cases["host"]
+    dep = deployment_from_data(host["settings"]["dsv4"], "<evaluated settings>").deployment
+    tools = Toolchain(f"{host['sglangPackage']}/bin/python", "/bin/numactl", "/bin/pdserve", "/lib/keyed_launch.py")
+    for unit in render_units(dep, tools, "/etc/pdserve.json"):
+        name = unit.filename.removesuffix(".service")
+        path = host["path"][name].split(":")
+        rendered = re.search(r'^Environment="PATH=([^:"]+)', unit.text, re.M)
+        if name == "sglang-dsv4-router":
+            assert rendered is None and not {f"{host['sglangPackage']}/bin", f"{host['numactl']}/bin"} & set(path)
+        else:
+            assert rendered and path[0] == rendered[1] == f"{host['sglangPackage']}/bin", (name, path)
+            assert f"{host['numactl']}/bin" in path, (name, path)
 
 
 def test_open_firewall_without_a_key_fails_with_the_line_to_write(cases):
