@@ -42,6 +42,7 @@ from pdserve.render.toolchain import Toolchain
 from pdserve.render.units import render_units
 from pdserve.schema.config import Deployment
 from pdserve.schema.loading import deployment_from_data, load
+from pdserve.schema.pins import NIXL_DISTRIBUTION, NIXL_VERSION, ROUTER_DISTRIBUTION, ROUTER_VERSION, SGLANG_VERSION
 from pdserve.schema.rules import is_loopback
 from pdserve.schema.rules_across import listeners
 from tests.conftest import require_or_skip
@@ -212,6 +213,16 @@ def test_the_sglang_env_holds_the_kernels_distribution_sglang_finds_its_plugin_b
     assert "for module in dsa_indexer sparse_mla_decode; do" in env["preBuild"]
     assert f"{env['fatbinsOut']}/share/pdserve-kernels/$file pdserve_kernels/$file" in env["preBuild"]
     assert set(project["tool"]["setuptools"]["package-data"]["pdserve_kernels"]) >= {"*.fatbin", "*.json"}
+
+
+def test_the_sglang_env_is_the_pinned_serving_stack(nix: Evaluator):
+    """The environment the units run (`python -m smg.launch_router`, SGLang, NIXL) has exactly the
+    distributions pdserve is pinned to and checks at verify, and no sglang-router beside smg."""
+    deps = nix.json(f".#packages.{SYSTEM}.sglang-env", "--apply", "e: e.NIX_PYPROJECT_DEPS").split(":")
+    names = {re.sub(r"^/nix/store/[a-z0-9]{32}-", "", dep) for dep in deps}
+    assert {f"{ROUTER_DISTRIBUTION}-{ROUTER_VERSION}", f"sglang-{SGLANG_VERSION}",
+            f"{NIXL_DISTRIBUTION}-{NIXL_VERSION}"} <= names, sorted(names)
+    assert not [name for name in names if name.startswith("sglang-router")], sorted(names)
 
 
 def test_the_vm_test_node_evaluates_without_warnings(nix: Evaluator):
