@@ -37,6 +37,10 @@ let
     # The module's part of each unit (drop-ins on the rendered unit files).
     unitDrvs = lib.genAttrs units (unit: config.systemd.units."${unit}.service".unit.drvPath);
     serviceConfig = lib.genAttrs units (unit: builtins.attrNames config.systemd.services.${unit}.serviceConfig);
+    # NixOS writes PATH for every unit it declares, over the rendered unit's (the module's `path`).
+    path = lib.genAttrs units (unit: config.systemd.services.${unit}.environment.PATH);
+    sglangPackage = "${config.services.pdserve.sglangPackage}";
+    numactl = "${host.pkgs.numactl}";
     allowedTCPPorts = config.networking.firewall.allowedTCPPorts;
     settings = lib.mapAttrs (_: d: d.settings) config.services.pdserve.deployments;
     configFiles = lib.mapAttrs (_: d: d.configFile.drvPath) config.services.pdserve.deployments;
@@ -98,7 +102,8 @@ let
     prefill.port = 31000;
     decode.port = 31002;
     router.port = 31001;
-    router.prometheus_port = 29001;
+    router.prometheus_port = 29002;
+    router.health_check_port = 29003;
     transfer.bootstrap_port = 8999;
   };
   other = settings: { services.pdserve.deployments.other.settings = settings; };

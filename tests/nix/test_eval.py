@@ -42,6 +42,7 @@ from pdserve.render.toolchain import Toolchain
 from pdserve.render.units import render_units
 from pdserve.schema.config import Deployment
 from pdserve.schema.loading import deployment_from_data, load
+from pdserve.schema.pins import NIXL_DISTRIBUTION, NIXL_VERSION, ROUTER_DISTRIBUTION, ROUTER_VERSION, SGLANG_VERSION
 from pdserve.schema.rules import is_loopback
 from pdserve.schema.rules_across import listeners
 from tests.conftest import require_or_skip
@@ -145,7 +146,7 @@ SELECTION = """c: {
   inherit (c) nvidia bare;
   inherit (c) loopback;
   host = { inherit (c.host) failed warnings wantedBy unitDrvs serviceConfig allowedTCPPorts settings configFiles
-    toplevel; };
+    toplevel path sglangPackage numactl; };
   single = { inherit (c.single) failed warnings wantedBy; };
   openFirewall = { inherit (c.openFirewall) failed warnings allowedTCPPorts settings toplevel; };
   twoDeployments = { inherit (c.twoDeployments) failed warnings configFiles; };
@@ -212,6 +213,16 @@ def test_the_sglang_env_holds_the_kernels_distribution_sglang_finds_its_plugin_b
     assert "for module in dsa_indexer sparse_mla_decode; do" in env["preBuild"]
     assert f"{env['fatbinsOut']}/share/pdserve-kernels/$file pdserve_kernels/$file" in env["preBuild"]
     assert set(project["tool"]["setuptools"]["package-data"]["pdserve_kernels"]) >= {"*.fatbin", "*.json"}
+
+
+def test_the_sglang_env_is_the_pinned_serving_stack(nix: Evaluator):
+    """The environment the units run (`python -m smg.launch_router`, SGLang, NIXL) has exactly the
+    distributions pdserve is pinned to and checks at verify, and no sglang-router beside smg."""
+    deps = nix.json(f".#packages.{SYSTEM}.sglang-env", "--apply", "e: e.NIX_PYPROJECT_DEPS").split(":")
+    names = {re.sub(r"^/nix/store/[a-z0-9]{32}-", "", dep) for dep in deps}
+    assert {f"{ROUTER_DISTRIBUTION}-{ROUTER_VERSION}", f"sglang-{SGLANG_VERSION}",
+            f"{NIXL_DISTRIBUTION}-{NIXL_VERSION}"} <= names, sorted(names)
+    assert not [name for name in names if name.startswith("sglang-router")], sorted(names)
 
 
 def test_the_vm_test_node_evaluates_without_warnings(nix: Evaluator):
@@ -331,6 +342,24 @@ def test_the_module_adds_no_sandbox_to_the_rendered_units(cases):
     keys = {key for role in ("prefill", "router") for key, _ in sandbox(role)}
     added = {unit: sorted(keys & set(names)) for unit, names in cases["host"]["serviceConfig"].items()}
     assert added == {unit: [] for unit in added} and len(added) == 4, added
+
+
+def test_the_servers_path_keeps_the_sglang_environment_first_and_has_numactl(cases):
+    """NixOS's PATH replaces the rendered units' Environment=PATH: its first entry must still be the one
+    pdserve renders for the module's SGLang Python (FlashInfer runs that directory's ninja), and numactl,
+    which SGLang looks up on PATH to bind its schedulers, must be there; the router gets neither."""
+    host = cases["host"]
+    dep = deployment_from_data(host["settings"]["dsv4"], "<evaluated settings>").deployment
+    tools = Toolchain(f"{host['sglangPackage']}/bin/python", "/bin/numactl", "/bin/pdserve", "/lib/keyed_launch.py")
+    for unit in render_units(dep, tools, "/etc/pdserve.json"):
+        name = unit.filename.removesuffix(".service")
+        path = host["path"][name].split(":")
+        rendered = re.search(r'^Environment="PATH=([^:"]+)', unit.text, re.M)
+        if name == "sglang-dsv4-router":
+            assert rendered is None and not {f"{host['sglangPackage']}/bin", f"{host['numactl']}/bin"} & set(path)
+        else:
+            assert rendered and path[0] == rendered[1] == f"{host['sglangPackage']}/bin", (name, path)
+            assert f"{host['numactl']}/bin" in path, (name, path)
 
 
 def test_open_firewall_without_a_key_fails_with_the_line_to_write(cases):
@@ -463,7 +492,7 @@ def test_monitoring_scrape_jobs_are_what_pdserve_renders(cases, case):
     assert summary["scrapeConfigs"] == expected
     if case == "monitoringTwo":  # the variant with IPv6 listeners and a 5 s interval
         targets = {job["job_name"]: job["static_configs"][0]["targets"] for job in expected}
-        assert targets["pdserve-other-router"] == ["[::1]:29001"]
+        assert targets["pdserve-other-router"] == ["[::1]:29002"]
         assert targets["pdserve-other-fallback"] == ["[::1]:31003"]
         assert {job["scrape_timeout"] for job in expected if "other" in job["job_name"]} == {"5s"}
 
