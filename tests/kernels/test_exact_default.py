@@ -214,16 +214,27 @@ def test_every_production_kernel_is_reachable_from_the_plugin(mla_table, plugin_
     # ones at the shapes where they are the fastest (the cluster pair at 128 heads among them)
     assert all(mla_mod.applies_scales_exactly(mla_table[n]) for n in exact)
     assert lossy - exact == LOSSY
-    # what the plugin cannot reach yet is V4's, whose backend it does not hook (issue 38 item 1) ...
-    v4 = {n for n in attention if mla_table[n].shape["layout"] in ("v4", "v4_bf16")}
-    assert attention - (exact | lossy) == v4
-    # ... and each of those is the launcher's choice for some V4 shape (V4-Flash: 64 heads, 8-64 per GPU; 128 for
-    # the full model; CSA 512 + 128 window entries, HCA more), so the V4 hooks will reach them through the same table
-    chosen = set()
-    for cap, layout, h, rows, (topk, extra), page in itertools.product(
-            GPUS, ("v4", "v4_bf16"), (8, 16, 32, 64, 128), ROWS, ((512, 128), (1024, 128)), (64, 1)):
-        chosen.add(_launcher(mla_table, cap, GPUS[cap]).make_plan(layout, rows, h, topk, extra, page=page).kernel)
-    assert chosen == v4
+    # V4's FP8 kernels come through the V4 hooks (v4_hooks.py), every one of them ...
+    v4 = set().union(*(_plugin_v4_kernels(mla_table, plugin_plans, c) for c in GPUS))
+    assert v4 == {n for n in attention if mla_table[n].shape["layout"] == "v4"}
+    # ... and what no plugin call reaches is the bf16 V4 kernels: SGLang's V4 pool is FP8 only (584 B per entry,
+    # asserted by its pool), so no SGLang call hands the plugin a bf16 V4 cache (the library's callers still can)
+    assert attention - (exact | lossy | v4) == {n for n in attention if mla_table[n].shape["layout"] == "v4_bf16"}
+
+
+def _plugin_v4_kernels(table, launchers, capability):
+    """Every kernel the plugin's plans take on one GPU over the shapes SGLang's V4 decode hands it (v4_hooks._mla):
+    the layer's real heads, 8-128 per GPU (V4-Flash's 64 under TP 8 down to 1; 128 for the full model); the window's
+    128 entries at page 256 plus the C4 layers' 512 picks at page 64, the C128 layers' 64-1024 entries at page 2, or
+    nothing (window-only layers); SGLang's V4 cache is FP8 only."""
+    launchers[0] = _launcher(table, capability, GPUS[capability])
+    cache, device, chosen = plans_mod.PlanCache(), torch.device("cuda", 0), set()
+    sources = ((0, 256), (512, 64), (64, 2), (128, 2), (1024, 2))
+    for h, rows, (extra, page) in itertools.product((8, 16, 32, 64, 128), ROWS, sources):
+        plan = cache.mla(device, "v4", rows, h, 128, topk_extra=extra, bf16_kv=False, page=page)
+        assert plan.plan == launchers[0].make_plan("v4", rows, h, 128, extra, page=page)   # one table
+        chosen.add(plan.plan.kernel)
+    return chosen
 
 
 def test_no_production_kernel_is_left_that_no_shape_chooses(mla_table, tuning_table):
