@@ -253,15 +253,11 @@ def v4_runtime():
     from pdserve_kernels.sglang_plugin.hooks import Runtime
 
     rt = Runtime("pdserve")
-    topk_backend = types.SimpleNamespace(should_use_topk_v2=lambda: True)
     backend = types.SimpleNamespace(device=torch.device("cuda", torch.cuda.current_device()), page_size=256,
-                                    enable_deepseek_v4_fp4_indexer=False, dsa_topk_backend=topk_backend)
+                                    enable_deepseek_v4_fp4_indexer=False)
     runner = types.SimpleNamespace(tp_rank=0, model_config=types.SimpleNamespace(
         hf_text_config=types.SimpleNamespace(index_topk=512)))
     status = rt.v4.on_backend(backend, runner)
-    if torch.cuda.get_device_capability() == (12, 0):
-        assert status.kernels["sparse_mla_decode"] == "sglang"
-        pytest.skip("sm_120: SGLang runs its own SM120 V4 decode kernel, which the plugin does not replace")
     assert status.kernels == {"indexer_topk": "pdserve", "sparse_mla_decode": "pdserve"}, status.reasons
     assert status.model == "deepseek_v4"
     return rt

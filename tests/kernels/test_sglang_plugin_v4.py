@@ -202,6 +202,33 @@ def test_the_flash_mla_target_is_looked_up_where_the_patch_is_seen(sglang):
                                                                       for a in n.names) for n in imports)
 
 
+def test_the_sm120_decode_is_the_keyword_only_function_called_by_keyword_with_flashmlas_names(sglang):
+    gen = _generation(sglang)
+    module, _, name = v4_hooks.FLASH_MLA_SM120.rpartition(".")
+    fn = _function(sglang.tree(module), name)
+    assert not _params(fn) and fn.args.kwarg is not None   # def flash_mla_with_kvcache_sm120(**kwargs)
+    backend = _class(sglang.tree(V4_BACKEND[0]), V4_BACKEND[1])
+    method = _function(backend, "forward" if gen == "0.5.17" else "_forward_attention")
+    (call,) = _calls_in(method, name)
+    flashmla = set(_params(_function(sglang.tree(v4_hooks.FLASH_MLA[gen].rpartition(".")[0]),
+                                     "flash_mla_with_kvcache")))
+    assert not call.args and {k.arg for k in call.keywords} <= flashmla
+    imports = [n for n in ast.walk(method) if isinstance(n, ast.ImportFrom) and n.module == module]
+    assert any(a.name == name for n in imports for a in n.names)   # imported at call time: the patch is seen
+
+
+def test_sglangs_torch_logits_take_deepgemms_eight_arguments(sglang):
+    tree = sglang.tree(v4_hooks.V4_INDEXER)
+    rt = _runtime()
+    for target in v4_hooks.LOGITS_TORCH:
+        fn = _function(tree, target.rpartition(".")[2])
+        assert len(_params(fn)) == len(_hook_params(rt.v4.logits)) == 8
+    method = _function(_class(tree, "C4IndexerBackendMixin"), "forward_c4_indexer")
+    chosen = {ast.unparse(n.value) for n in ast.walk(method) if isinstance(n, ast.Assign)
+              and any(isinstance(t, ast.Name) and t.id == "fn" for t in n.targets)}
+    assert {"fp8_paged_mqa_logits_torch_sm120", "fp8_paged_mqa_logits_torch"} <= chosen
+
+
 def test_the_indexer_calls_deepgemm_and_the_v2_top_k_the_way_the_hooks_take_them(sglang):
     gen = _generation(sglang)
     tree = sglang.tree(v4_hooks.V4_INDEXER)
@@ -265,14 +292,18 @@ def test_the_topk_backend_answers_what_the_status_asks(sglang):
 @pytest.mark.parametrize("generation", ["0.5.17", "0.5.23"])
 def test_serving_wraps_the_v4_decode_path_of_each_layout(generation):
     found = v4_hooks.targets(generation, serving=True)
+    indexer = v4_hooks.V4_INDEXER
     assert found == {
         f"{v4_hooks.V4_BACKEND}.__init__": "v4.backend_init", f"{v4_hooks.V4_BACKEND}.forward": "v4.forward",
         v4_hooks.FLASH_MLA[generation]: "v4.flash_mla",
-        f"{v4_hooks.V4_INDEXER}.C4IndexerBackendMixin.forward_c4_indexer": "v4.c4_indexer",
-        "deep_gemm.fp8_paged_mqa_logits": "v4.logits", v4_hooks.TOPK_V2[generation]: "v4.topk_v2"}
+        "sglang.kernels.ops.attention.flash_mla_sm120.flash_mla_with_kvcache_sm120": "v4.flash_mla_sm120",
+        f"{indexer}.C4IndexerBackendMixin.forward_c4_indexer": "v4.c4_indexer",
+        "deep_gemm.fp8_paged_mqa_logits": "v4.logits", f"{indexer}.fp8_paged_mqa_logits_torch_sm120": "v4.logits",
+        f"{indexer}.fp8_paged_mqa_logits_torch": "v4.logits", v4_hooks.TOPK_V2[generation]: "v4.topk_v2"}
     assert v4_hooks.targets(generation, serving=False) == {f"{v4_hooks.V4_BACKEND}.__init__": "v4.backend_init"}
-    # no DeepGEMM (no CUDA indexer): the indexer stays unwrapped
-    assert "deep_gemm.fp8_paged_mqa_logits" not in v4_hooks.targets(generation, serving=True, deep_gemm=False)
+    # no DeepGEMM installed: its logits are not wrapped (the registry would log a failed import)
+    assert set(found) - set(v4_hooks.targets(generation, serving=True, deep_gemm=False)) == {
+        "deep_gemm.fp8_paged_mqa_logits"}
     assert v4_hooks.targets(None, serving=True) == {}
 
 
@@ -295,8 +326,11 @@ def v4_facts(**kw):
     return decision.V4Facts(**base)
 
 
-def test_the_reference_v4_setup_is_served_by_both_kernels():
-    assert decision.decide_v4(v4_facts()) == ({"indexer_topk": "pdserve", "sparse_mla_decode": "pdserve"}, {})
+@pytest.mark.parametrize("capability", [(9, 0), (12, 0)])
+def test_the_reference_v4_setup_is_served_by_both_kernels(capability):
+    # sm_120 too: the reference deployment's GPUs, where SGLang calls its own SM120 kernel (hooked as well)
+    assert decision.decide_v4(v4_facts(capability=capability)) == (
+        {"indexer_topk": "pdserve", "sparse_mla_decode": "pdserve"}, {})
 
 
 @pytest.mark.parametrize("change, ops, words", [
@@ -305,10 +339,8 @@ def test_the_reference_v4_setup_is_served_by_both_kernels():
     (dict(modules_error="OSError: no fatbin"), {"indexer_topk", "sparse_mla_decode"}, "no fatbin"),
     (dict(v41=True), {"indexer_topk", "sparse_mla_decode"}, "V4.1"),
     (dict(trtllm=True), {"indexer_topk", "sparse_mla_decode"}, "trtllm"),
-    (dict(capability=(12, 0)), {"sparse_mla_decode"}, "sm_120"),
     (dict(fp4_indexer=True), {"indexer_topk"}, "FP4 indexer"),
     (dict(index_topk=2048), {"indexer_topk"}, "index_topk 2048"),
-    (dict(topk_v2=False), {"indexer_topk"}, "v2"),
 ])
 def test_what_the_v4_hooks_do_not_cover_stays_with_sglang_and_says_why(change, ops, words):
     kernels, reasons = decision.decide_v4(v4_facts(**change))
@@ -467,6 +499,26 @@ def test_a_decode_call_runs_the_real_heads_over_both_caches_in_one_plan(monkeypa
     assert call["extra_kv"] is kw["extra_k_cache"] and call["extra_indices"] is kw["extra_indices_in_kvcache"]
     # FlashMLA's shape back (the padded heads SGLang drops are unwritten); the real heads are the kernel's
     assert out.shape == (3, 1, 64, 512) and torch.equal(out[:, :, :heads], kw["q"][:, :, :heads])
+
+
+def test_the_sm120_entry_is_served_the_same_and_falls_back_with_its_own_arguments(monkeypatch):
+    rt = _runtime()
+    stand_in = _PlanStandIn()
+    monkeypatch.setattr(rt.plans, "mla", stand_in.plan)
+    kw = flash_mla_kwargs(B=2, h=64)
+    for name in ("block_table", "cache_seqlens", "tile_scheduler_metadata", "is_fp8_kvcache"):
+        kw.pop(name)   # SGLang's SM120 call passes none of these
+    layer = types.SimpleNamespace(tp_q_head_num=16, layer_id=0)
+    batch = types.SimpleNamespace(forward_mode=_Mode(True))
+    fail = lambda **k: pytest.fail("SGLang's SM120 kernel was called")  # noqa: E731
+    out = rt.v4.forward(lambda *a, **k: rt.v4.flash_mla_sm120(fail, **kw)[0], object(), kw["q"], None, None, layer,
+                        batch, 4)
+    assert out.shape == (2, 1, 64, 512) and stand_in.asked[0]["h"] == 16
+    seen = []
+    rt.v4.forward(lambda *a, **k: rt.v4.flash_mla_sm120(lambda **k: seen.append(k) or ("sm120", None),
+                                                        **{**kw, "head_dim_v": 448})[0], object(), kw["q"], None,
+                  None, layer, batch, 4)
+    assert seen == [{**kw, "head_dim_v": 448}]   # SGLang's kernel gets exactly its own arguments back
 
 
 def _logits_call(rt, *, decode=True, serving_indexer=True, **change):

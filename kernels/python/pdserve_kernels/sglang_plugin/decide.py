@@ -87,7 +87,6 @@ class V4Facts:
     fp4_indexer: bool = False  # --enable-deepseek-v4-fp4-indexer: 68-byte index entries, DeepGEMM's fp8 x fp4 logits
     v41: bool = False          # DeepSeek V4.1 (SGLang 0.5.23): other cache layouts and compress ratios 1 and 2
     trtllm: bool = False       # SGLang 0.5.23's uniform-FP8 pool, readable only by trtllm-gen
-    topk_v2: bool = True       # SGLang's decode top-k is its v2 kernel, the call the indexer hook answers
     modules_error: str | None = None
 
 
@@ -101,16 +100,10 @@ def decide_v4(facts: V4Facts) -> tuple[dict[str, str], dict[str, str]]:
     if facts.v41 or facts.trtllm:
         reasons = {op: ("DeepSeek V4.1's cache layouts" if facts.v41 else "the trtllm-gen uniform-FP8 pool")
                    + ": not a layout the kernels read" for op in OPS}
-    if facts.capability == (12, 0):
-        reasons["sparse_mla_decode"] = ("sm_120: SGLang runs its own SM120 V4 decode kernel there "
-                                        "(flash_mla_with_kvcache_sm120), which the plugin does not replace")
     if facts.fp4_indexer:
         reasons["indexer_topk"] = "the FP4 indexer (--enable-deepseek-v4-fp4-indexer): the kernel reads FP8 index keys"
     elif facts.index_topk not in V4_INDEX_TOPK:
         reasons["indexer_topk"] = f"index_topk {facts.index_topk} (V4's are {V4_INDEX_TOPK})"
-    elif not facts.topk_v2:
-        reasons["indexer_topk"] = ("SGLang's decode top-k is not its v2 kernel here (--dsa-topk-backend torch or "
-                                   "flashinfer, or SGLANG_OPT_USE_TOPK_V2=0): that call is not replaced")
     return {op: (SGLANG if op in reasons else PDSERVE) for op in OPS}, reasons
 
 

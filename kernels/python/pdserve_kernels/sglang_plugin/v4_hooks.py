@@ -6,18 +6,21 @@ target and the parameters the hooks name against both versions' sources):
 
 * sparse MLA decode: FlashMLA's ``flash_mla_with_kvcache``, called by keyword from ``DeepseekV4AttnBackend.forward``
   with the window cache (page 256) as ``k_cache`` and, on C4 / C128 layers, the compressed cache (page 64 / 2) as
-  ``extra_k_cache``. SGLang 0.5.17 imports it from ``sgl_kernel.flash_mla`` inside ``forward`` (so the registry's
-  patch of that module is what it finds); 0.5.23 calls ``sglang.kernels.ops.attention.flash_mla_interface``'s
-  through a ``functools.partial`` bound in the backend's ``__init__`` (general plugins are applied before any
-  backend is built, so the partial binds the patched function). pdserve's kernel takes both sources in one launch
+  ``extra_k_cache`` (on sm_120 SGLang's ``flash_mla_with_kvcache_sm120``, keywords only, the same caches). SGLang
+  0.5.17 imports it from ``sgl_kernel.flash_mla`` inside ``forward`` (so the registry's patch of that module is what
+  it finds); 0.5.23 calls ``sglang.kernels.ops.attention.flash_mla_interface``'s through a ``functools.partial``
+  bound in the backend's ``__init__`` (general plugins are applied before any backend is built, so the partial
+  binds the patched function). pdserve's kernel takes both sources in one launch
   (each with its own page size), the sink and the softmax scale; it skips -1 indices and reads no lengths (SGLang
   keeps every index at or past its length -1: §5.2).
-* C4 indexer: ``deep_gemm.fp8_paged_mqa_logits`` (imported inside ``C4IndexerBackendMixin.forward_c4_indexer``),
-  then SGLang's v2 top-k writing C4 slots in place: ``topk_transform_512_v2`` (0.5.17) /
+* C4 indexer: ``deep_gemm.fp8_paged_mqa_logits`` (imported inside ``C4IndexerBackendMixin.forward_c4_indexer``;
+  or, on sm_120 / with SGLANG_FP8_PAGED_MQA_LOGITS_TORCH, SGLang's torch logits of the same arguments), then
+  SGLang's top-k writing C4 slots in place, on decode its v2 kernel: ``topk_transform_512_v2`` (0.5.17) /
   ``topk_transform_paged_v2`` (0.5.23), module-level names of ``sglang.srt.layers.attention.dsv4.indexer``. The
   logits hook runs pdserve's fused indexer + exact top-k instead and returns placeholder scores that make SGLang's
-  top-k select exactly those positions whatever top-k it runs (-inf, 0 at the picks); the top-k hook, given those
-  scores, writes the picks' slots (page_table[p // 64] * 64 + p % 64, -1 padded) into SGLang's buffer itself.
+  top-k select exactly those positions whatever top-k it runs (-inf, 0 at the picks: v1, torch and FlashInfer
+  included); the v2 top-k hook, given those scores, writes the picks' slots (page_table[p // 64] * 64 + p % 64, -1
+  padded) into SGLang's buffer itself and skips SGLang's kernel.
 
 Decode steps only: ``DeepseekV4AttnBackend.forward`` and ``forward_c4_indexer`` mark the call when its batch is a
 plain decode batch; MTP target-verify and draft-extend (which use the same FlashMLA call) and prefill stay with
@@ -36,7 +39,13 @@ from .status import PDSERVE, Status, all_sglang, log_status
 
 V4_BACKEND = "sglang.srt.layers.attention.deepseek_v4_backend.DeepseekV4AttnBackend"
 V4_INDEXER = "sglang.srt.layers.attention.dsv4.indexer"
+# SGLang's SM120 V4 decode (FlashInfer's CUTLASS kernel, or Triton / torch), imported inside forward on sm_120
+FLASH_MLA_SM120 = "sglang.kernels.ops.attention.flash_mla_sm120.flash_mla_with_kvcache_sm120"
+# The indexer's logits, all called with the same 8 positional arguments: DeepGEMM on sm_90 / sm_100 (imported inside
+# forward_c4_indexer), SGLang's torch versions (module-level names read there at call time) on sm_120 or with
+# SGLANG_FP8_PAGED_MQA_LOGITS_TORCH.
 LOGITS = "deep_gemm.fp8_paged_mqa_logits"
+LOGITS_TORCH = (f"{V4_INDEXER}.fp8_paged_mqa_logits_torch_sm120", f"{V4_INDEXER}.fp8_paged_mqa_logits_torch")
 
 # What differs between the SGLang versions the plugin serves (checked against each version's source on CPU).
 FLASH_MLA = {"0.5.17": "sgl_kernel.flash_mla.flash_mla_with_kvcache",
@@ -63,16 +72,18 @@ def sglang_generation() -> str | None:
 
 def targets(generation: str | None, *, serving: bool, deep_gemm: bool = True) -> dict[str, str]:
     """SGLang target -> the Runtime attribute (dotted) wrapped around it. Only the status hook unless `serving`;
-    nothing for an SGLang without V4. The indexer's targets need DeepGEMM (SGLang's CUDA indexer)."""
+    nothing for an SGLang without V4; DeepGEMM's logits only where DeepGEMM is installed."""
     if generation is None:
         return {}
     found = {f"{V4_BACKEND}.__init__": "v4.backend_init"}
     if not serving:
         return found
-    found.update({f"{V4_BACKEND}.forward": "v4.forward", FLASH_MLA[generation]: "v4.flash_mla"})
+    found.update({f"{V4_BACKEND}.forward": "v4.forward", FLASH_MLA[generation]: "v4.flash_mla",
+                  FLASH_MLA_SM120: "v4.flash_mla_sm120",
+                  f"{V4_INDEXER}.C4IndexerBackendMixin.forward_c4_indexer": "v4.c4_indexer",
+                  TOPK_V2[generation]: "v4.topk_v2", **{name: "v4.logits" for name in LOGITS_TORCH}})
     if deep_gemm:
-        found.update({f"{V4_INDEXER}.C4IndexerBackendMixin.forward_c4_indexer": "v4.c4_indexer", LOGITS: "v4.logits",
-                      TOPK_V2[generation]: "v4.topk_v2"})
+        found[LOGITS] = "v4.logits"
     return found
 
 
@@ -123,7 +134,6 @@ class V4Hooks:
                 index_topk=self.index_topk[device.index],
                 fp4_indexer=bool(getattr(backend, "enable_deepseek_v4_fp4_indexer", False)),
                 v41=bool(getattr(backend, "is_dsv41", False)), trtllm=bool(getattr(backend, "trtllm_attn", False)),
-                topk_v2=_uses_topk_v2(backend),
                 modules_error=_load_modules(device) if (major, minor) in decision.SUPPORTED_SM else None)
             kernels, reasons = decision.decide_v4(facts)
             status = Status(requested=self.runtime.requested, kernels=kernels, reasons=reasons,
@@ -166,6 +176,10 @@ class V4Hooks:
             return original(*args, **kwargs)
         self.runtime.ran.note("sparse_mla_decode", f"v4 {shape}")
         return out, lse
+
+    def flash_mla_sm120(self, original, **kwargs):
+        """SGLang's SM120 entry (keywords only, the same V4 FP8 caches, no FlashMLA schedule): the same contract."""
+        return self.flash_mla(lambda **kw: original(**kwargs), **{"is_fp8_kvcache": True, **kwargs})
 
     def _mla(self, kw, heads: int):
         """pdserve's sparse MLA decode of one FlashMLA call over the layer's real `heads`. Under TP > 1 SGLang pads q
@@ -276,23 +290,6 @@ def _is_plain_decode(forward_batch) -> bool:
     """A decode batch: not MTP's target-verify or draft-extend, not prefill, not idle."""
     mode = getattr(forward_batch, "forward_mode", None)
     return bool(mode is not None and mode.is_decode())
-
-
-def _uses_topk_v2(backend) -> bool:
-    """Whether the backend's decode top-k is SGLang's v2 kernel: 0.5.23 asks its DSATopKBackend
-    (should_use_topk_v2), 0.5.17 reads SGLANG_OPT_USE_TOPK_V2 beside an sgl-kernel top-k backend."""
-    choice = getattr(backend, "dsa_topk_backend", None)
-    if choice is None:
-        return False
-    if hasattr(choice, "should_use_topk_v2"):
-        return bool(choice.should_use_topk_v2())
-    if choice.is_torch() or choice.is_flashinfer():
-        return False
-    try:
-        from sglang.srt.environ import envs
-    except ImportError:
-        return False
-    return bool(envs.SGLANG_OPT_USE_TOPK_V2.get()) and not bool(envs.SGLANG_TOPK_TRANSFORM_512_TORCH.get())
 
 
 def _mla_refusal(args, kw, heads: int | None) -> str | None:
