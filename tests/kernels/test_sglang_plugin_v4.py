@@ -143,6 +143,13 @@ def test_the_installed_sglang_is_recognised_as_the_0523_layout():
     assert v4_hooks.sglang_generation() == ("0.5.23" if found.version >= "0.5.23" else "0.5.17")
 
 
+def test_the_module_that_tells_the_versions_apart_is_in_0523_only(sglang):
+    # v4_hooks.sglang_generation: 0.5.23 moved FlashMLA into this module
+    found = sglang._read("sglang/kernels/ops/attention/flash_mla_interface.py") is not None
+    assert found == (_generation(sglang) == "0.5.23")
+    assert sglang._read("sglang/srt/layers/attention/deepseek_v4_backend.py") is not None
+
+
 def test_the_backend_methods_the_hooks_wrap_take_what_the_hooks_name(sglang):
     rt = _runtime()
     backend = _class(sglang.tree(V4_BACKEND[0]), V4_BACKEND[1])
