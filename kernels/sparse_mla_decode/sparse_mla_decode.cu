@@ -3089,8 +3089,9 @@ __device__ __forceinline__ void wgt_load(const MlaParams& p, int v, int j, WgtRa
     const uint4 x = ldg_nc_v4(rec + 512);
     raw.scl[0] = x.x, raw.scl[1] = x.y, raw.scl[2] = x.z, raw.scl[3] = x.w;
   } else {
-    const uint2 x = L::kDqk == 512 ? ldg_nc_v2(blk + (static_cast<long long>(L::kTok) << entry_page_shift(p, v)) + off * 8)
-                                   : ldg_nc_v2(rec + 512 + 8 * j);
+    const uint2 x = L::kDqk == 512
+                        ? ldg_nc_v2(blk + (static_cast<long long>(L::kTok) << entry_page_shift(p, v)) + off * 8)
+                        : ldg_nc_v2(rec + 512 + 8 * j);
     raw.scl[0] = x.x, raw.scl[1] = x.y;
   }
 }
@@ -3109,7 +3110,8 @@ __device__ __forceinline__ void wgt_prefetch(const MlaParams& p, int v, int j) {
 #pragma unroll
   for (int k = 0; k < R::kR; ++k) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(rec + L::kRopeRaw + R::rope_chunk(j, k) * 16));
   if constexpr (L::kDqk == 512)
-    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(blk + (static_cast<long long>(L::kTok) << entry_page_shift(p, v)) + off * 8));
+    asm volatile("prefetch.global.L2 [%0];\n"
+                 ::"l"(blk + (static_cast<long long>(L::kTok) << entry_page_shift(p, v)) + off * 8));
 }
 
 // Chunk k's scale as fp32 and (sb) as the fast path takes it: scale x 2^112 as bf16 bits (wgt_fast_scales).
