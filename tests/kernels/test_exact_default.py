@@ -295,3 +295,37 @@ def test_a_plan_refused_on_sm120_falls_back_to_sglang_with_the_reason(monkeypatc
     monkeypatch.setattr(rt, "serves", lambda op, device: True)
     assert rt.forward_decode(lambda: rt.mla_fp8(original, backend, **args)) == "sglang"
     assert any(op == "sparse_mla_decode" and "no V3.2 FP8 kernel exact" in reason for op, reason in rt.fallbacks.seen())
+
+
+def test_two_sources_paged_differently_reach_the_kernel_each_with_its_page(mla_table):
+    """SGLang's V4 decode: the window cache at page 256 as kv, the C4 cache at page 64 (or C128 at 2) as extra_kv, in
+    one launch whose parameters carry each source's page and block stride (MlaParams.page_shift_extra)."""
+    launches = []
+
+    class Module(_Occupancy):
+        def launch(self, name, grid, threads, smem, stream, params, programmatic=False):
+            launches.append((name, params))
+
+    class Torch:   # torch, with a current stream on this CPU machine
+        cuda = types.SimpleNamespace(current_stream=lambda device: types.SimpleNamespace(cuda_stream=0))
+
+        def __getattr__(self, name):
+            return getattr(torch, name)
+
+    mla = _launcher(mla_table)
+    mla.module, mla.torch = Module(), Torch()
+    mla._counters = lambda n: torch.zeros(max(n, 1), dtype=torch.int32)
+    for extra_page, extra in ((64, 512), (2, 128)):
+        window = torch.zeros(4, 256 * 584 + 256, dtype=torch.uint8)[:, :256 * 584].view(4, 256, 1, 584)
+        compressed = torch.zeros(9, extra_page * 584 + 64, dtype=torch.uint8)[:, :extra_page * 584]
+        compressed = compressed.view(9, extra_page, 1, 584)
+        launches.clear()
+        mla(torch.zeros(2, 1, 64, 512, dtype=torch.bfloat16), window, torch.zeros(2, 1, 128, dtype=torch.int32),
+            512 ** -0.5, layout="v4", sinks=torch.zeros(64), extra_kv=compressed,
+            extra_indices=torch.zeros(2, 1, extra, dtype=torch.int32))
+        main = [p for name, p in launches if "combine" not in name]
+        assert len(main) == 1   # one launch over both sources (plus the combine when the plan splits)
+        p = main[0]
+        assert (p.page_shift, p.page_shift_extra) == (8, extra_page.bit_length() - 1)
+        assert (p.block_stride, p.block_stride_extra) == (256 * 584 + 256, extra_page * 584 + 64)
+        assert (p.num_entries, p.num_entries_extra, p.topk, p.topk_extra) == (4 * 256, 9 * extra_page, 128, extra)
