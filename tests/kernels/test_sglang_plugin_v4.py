@@ -634,3 +634,62 @@ def test_raw_indices_asked_for_leave_the_top_k_to_sglang_on_pdserves_scores():
                   torch.full((1, 4), -1, dtype=torch.int32), 64, None, torch.zeros(1, 4, dtype=torch.int32))
     assert len(ran) == 1
     assert any("raw indices" in reason for _, reason in rt.fallbacks.seen())
+
+
+# ---- the recorder (PDSERVE_DSA_RECORD_DIR: the GPU tier's comparison inside real SGLang) ----
+
+def test_the_recorders_fp32_reference_reads_sglangs_padded_v4_views():
+    from pdserve_kernels.sglang_plugin.v4_hooks import _exact_v4
+    from pdserve_kernels.sparse_mla_reference import make_inputs, reference_from_inputs
+
+    g = torch.Generator().manual_seed(7)
+    inp = make_inputs("v4", 3, 1, 16, 128, topk_extra=64, page=256, extra_page=2, device="cpu", generator=g)
+    assert inp["kv"].stride(0) == 260 * 576   # SGLang's window rows: 256 x 584 B rounded up to 576 B
+    q = torch.zeros(3, 1, 64, 512, dtype=torch.bfloat16)
+    q[:, :, :16] = inp["q"]
+    sinks = torch.zeros(64)
+    sinks[:16] = inp["sinks"]
+    kw = dict(q=q, k_cache=inp["kv"].view(torch.float8_e4m3fn), indices=inp["indices"], softmax_scale=512 ** -0.5,
+              attn_sink=sinks, extra_k_cache=inp["extra_kv"].view(torch.float8_e4m3fn),
+              extra_indices_in_kvcache=inp["extra_indices"])
+    expected, _ = reference_from_inputs(inp, 512 ** -0.5)
+    assert torch.allclose(_exact_v4(kw, 16), expected[:, 0], atol=1e-5)
+
+
+def test_with_a_recorder_each_eager_decode_call_is_compared_with_sglangs(monkeypatch, tmp_path):
+    from pdserve_kernels.sglang_plugin.hooks import Runtime
+    from pdserve_kernels.sglang_plugin.record import Recorder
+    from pdserve_kernels.sglang_plugin.v4_hooks import _Indexer
+
+    monkeypatch.setattr(Recorder, "active", staticmethod(lambda: True))   # no CUDA graph capture on this machine
+    monkeypatch.setattr(v4_hooks, "_exact_v4", lambda kw, heads: kw["q"][:2, 0, :heads].float())
+    kw = flash_mla_kwargs(B=2, h=64)
+    kw["q"] = torch.randn(2, 1, 64, 512).to(torch.bfloat16)
+    rt = Runtime("pdserve", str(tmp_path))
+    rt.v4.kernels[None] = {"indexer_topk": "pdserve", "sparse_mla_decode": "pdserve"}
+    monkeypatch.setattr(rt.plans, "mla", _PlanStandIn().plan)
+    layer = types.SimpleNamespace(tp_q_head_num=16, layer_id=5)
+    flashmla = lambda **k: (k["q"].clone(), None)  # noqa: E731 - SGLang's kernel, as the stand-in plan computes
+    rt.v4.forward(lambda *a, **k: rt.v4.flash_mla(flashmla, **kw)[0], object(), kw["q"], None, None, layer,
+                   types.SimpleNamespace(forward_mode=_Mode(True)), 4)
+    (record,) = [json.loads(line) for line in open(rt.recorder.path)]
+    assert record["op"] == "sparse_mla_decode" and record["layer"] == 5 and record["rel_l2"] == 0.0
+    assert record["rel_l2_ours_vs_fp32"] < 1e-2 and record["exact_rows"] == 2
+
+    # the indexer: SGLang's logits + top-k on the same inputs, compared as sets
+    table = torch.arange(8, dtype=torch.int32).view(2, 4)
+    positions = torch.tensor([[0, 5, 9, -1], [3, 1, -1, -1]], dtype=torch.int32)
+    call = _Indexer(backend=None, layer_id=3)
+    call.positions, call.scores = positions, v4_hooks.placeholder_scores(positions, 256)
+    call.sglang_logits = lambda: "sglang logits"
+    rt.v4._local.indexer = call
+    out = torch.full((2, 4), 7, dtype=torch.int32)
+
+    def sglang_topk(scores, lens, tables, into, page, metadata):
+        assert scores == "sglang logits"
+        into.copy_(torch.tensor([[9, 0, 5, -1], [1, 3, 2, -1]], dtype=torch.int32))   # row 1 differs: 3 picks
+
+    rt.v4.topk_v2(sglang_topk, call.scores, torch.tensor([10, 4]), table, out, 64, None)
+    records = [json.loads(line) for line in open(rt.recorder.path)]
+    topk = [r for r in records if r["op"] == "indexer_topk"]
+    assert len(topk) == 1 and topk[0]["layer"] == 3 and topk[0]["rows_identical_sets"] == 1

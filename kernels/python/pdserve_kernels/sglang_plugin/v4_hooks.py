@@ -93,6 +93,7 @@ class _Forward:
 
     decode: bool
     heads: int | None  # the layer's real query heads (SGLang pads q to 64 under TP > 1)
+    layer_id: int = -1
 
 
 @dataclass
@@ -100,8 +101,10 @@ class _Indexer:
     """The forward_c4_indexer call in progress on this thread, and the picks of its last logits call."""
 
     backend: object
+    layer_id: int = -1
     scores: object = None     # the placeholder scores handed to SGLang
     positions: object = None  # pdserve's picks for them: int32 [rows, topk], positions in the compressed sequence
+    sglang_logits: object = None  # with a recorder: a callable giving SGLang's own logits of the last call
 
 
 class V4Hooks:
@@ -153,7 +156,8 @@ class V4Hooks:
     def forward(self, original, backend, q, k, v, layer, forward_batch, *args, **kwargs):
         previous = getattr(self._local, "forward", None)
         self._local.forward = _Forward(decode=_is_plain_decode(forward_batch),
-                                       heads=getattr(layer, "tp_q_head_num", None))
+                                       heads=getattr(layer, "tp_q_head_num", None),
+                                       layer_id=int(getattr(layer, "layer_id", -1)))
         try:
             return original(backend, q, k, v, layer, forward_batch, *args, **kwargs)
         finally:
@@ -175,6 +179,12 @@ class V4Hooks:
             self.runtime.fallback("sparse_mla_decode", str(e), shape)
             return original(*args, **kwargs)
         self.runtime.ran.note("sparse_mla_decode", f"v4 {shape}")
+        recorder = self.runtime.recorder
+        if recorder is not None and recorder.active():
+            heads = call.heads or q.shape[2]
+            reference = original(*args, **kwargs)[0]
+            recorder.attention(call.layer_id, "v4", out[:, :, :heads], reference[:, :, :heads],
+                               exact=_exact_v4(kwargs, heads))
         return out, lse
 
     def flash_mla_sm120(self, original, **kwargs):
@@ -213,7 +223,8 @@ class V4Hooks:
                 or not self.serves("indexer_topk", _device(device))):
             return original(backend, *args, **kwargs)
         previous = getattr(self._local, "indexer", None)
-        self._local.indexer = _Indexer(backend)
+        c4 = kwargs.get("c4_indexer", args[2] if len(args) > 2 else None)
+        self._local.indexer = _Indexer(backend, layer_id=int(getattr(c4, "layer_id", -1)))
         try:
             return original(backend, *args, **kwargs)
         finally:
@@ -238,6 +249,9 @@ class V4Hooks:
             self.runtime.fallback("indexer_topk", str(e), shape)
             return original(q, kv_cache, weights, context_lens, block_table, schedule, max_context_len, clean_logits)
         call.positions, call.scores = positions, placeholder_scores(positions, int(max_context_len))
+        if self.runtime.recorder is not None:
+            call.sglang_logits = lambda: original(q, kv_cache, weights, context_lens, block_table, schedule,
+                                                  max_context_len, clean_logits)
         self.runtime.ran.note("indexer_topk", f"v4 {shape}")
         return call.scores
 
@@ -247,8 +261,8 @@ class V4Hooks:
         if call is None or call.scores is None or scores is not call.scores:
             return original(scores, seq_lens, page_tables, out_page_indices, page_size, metadata, *args, **kwargs)
         raw = args[0] if args else kwargs.get("out_raw_indices")
-        positions = call.positions
-        call.scores = call.positions = None
+        positions, sglang_logits = call.positions, call.sglang_logits
+        call.scores = call.positions = call.sglang_logits = None
         if raw is not None or page_tables is None or tuple(out_page_indices.shape) != tuple(positions.shape):
             # The placeholder scores make SGLang's own top-k pick exactly pdserve's positions.
             self.runtime.fallback("indexer_topk", "raw indices asked for, or no page table, or another output "
@@ -257,7 +271,36 @@ class V4Hooks:
         from .hooks import physical_slots
 
         out_page_indices.copy_(physical_slots(positions, page_tables, int(page_size)))
+        recorder = self.runtime.recorder
+        if recorder is not None and recorder.active() and sglang_logits is not None:
+            # SGLang's own logits and top-k on the same inputs, into a scratch buffer
+            reference = out_page_indices.new_full(out_page_indices.shape, -1)
+            original(sglang_logits(), seq_lens, page_tables, reference, page_size, metadata, *args, **kwargs)
+            recorder.topk(call.layer_id, out_page_indices, reference, seq_lens.reshape(-1))
         return None
+
+
+def _exact_v4(kw, heads: int):
+    """The fp32 reference (sparse_mla_reference) of the first rows of one FlashMLA call, from the same cache bytes:
+    SGLang's views [blocks, page, 1, 584] over rows padded to a multiple of 576 B, read as [blocks, row stride]."""
+    import torch
+
+    from ..sparse_mla_reference import LAYOUTS, reference_decode
+    from .record import EXACT_ROWS
+
+    def blocks(view):
+        raw = view.view(torch.uint8)
+        return raw.as_strided((raw.shape[0], raw.shape[1] * V4_ENTRY_BYTES), (raw.stride(0), 1), raw.storage_offset())
+
+    q, cache, extra = kw["q"], kw["k_cache"], kw.get("extra_k_cache")
+    n = min(EXACT_ROWS, q.shape[0])
+    sinks = kw.get("attn_sink")
+    o, _ = reference_decode(
+        LAYOUTS["v4"], q[:n, 0, :heads], blocks(cache), cache.shape[1], kw["indices"][:n].reshape(n, -1),
+        float(kw["softmax_scale"]), sinks[:heads] if sinks is not None else None,
+        **({} if extra is None else dict(extra_cache=blocks(extra), extra_page=extra.shape[1],
+                                          extra_indices=kw["extra_indices_in_kvcache"][:n].reshape(n, -1))))
+    return o
 
 
 def placeholder_scores(positions, width: int):
