@@ -321,12 +321,21 @@ __device__ __forceinline__ void q_block_async(const MlaParams& p, int row, int h
   }
 }
 
+// log2 of the page of a validated index's source: each source has its own (V4's window cache pages 256 entries per
+// block, its compressed caches 64 (C4) or 2 (C128), and SGLang hands both to one call).
+__device__ __forceinline__ int entry_page_shift(const MlaParams& p, int v) {
+  return (v & kExtraBit) ? p.page_shift_extra : p.page_shift;
+}
+// The entry's position within its block (kExtraBit lies above every page mask).
+__device__ __forceinline__ int entry_offset(const MlaParams& p, int v) {
+  return v & ((1 << entry_page_shift(p, v)) - 1);
+}
 // Base of the cache block holding a validated index (>= 0; kExtraBit: the extra source).
 __device__ __forceinline__ const uint8_t* entry_block(const MlaParams& p, int v) {
   const bool extra = v & kExtraBit;
   const int idx = v & (kExtraBit - 1);
   return (extra ? p.kv_extra : p.kv) +
-         static_cast<long long>(idx >> p.page_shift) * (extra ? p.block_stride_extra : p.block_stride);
+         static_cast<long long>(idx >> entry_page_shift(p, v)) * (extra ? p.block_stride_extra : p.block_stride);
 }
 
 // Dequantize one fp8 tile: raw records -> bf16 [T x d_qk] (swizzled); rows of invalid or past-the-end
@@ -431,7 +440,6 @@ __device__ __forceinline__ void mla_body(const MlaParams& p, uint8_t* smem) {
   __syncthreads();
   stamp(kMlaTlIndices);
 
-  const int page_mask = (1 << p.page_shift) - 1;
   // OPT 0 (fp8): one (entry, chunk) item per thread iteration.
   auto issue_items = [&](int ti) {
     if (ti < ntiles) {
@@ -443,7 +451,7 @@ __device__ __forceinline__ void mla_body(const MlaParams& p, uint8_t* smem) {
         const int v = sidx[j];
         if (v < 0) continue;
         if constexpr (!BF) {
-          const uint8_t* s = L::src(entry_block(p, v), v & page_mask, p.page_shift, c);
+          const uint8_t* s = L::src(entry_block(p, v), entry_offset(p, v), entry_page_shift(p, v), c);
           uint8_t* d = dst0 + e * L::kRec + c * 16;
           if (L::kChunks == 37 && c == 36) cp_async8(d, s);
           else cp_async16(d, s);
@@ -465,7 +473,7 @@ __device__ __forceinline__ void mla_body(const MlaParams& p, uint8_t* smem) {
           const uint8_t* src = p.kv;
           int sz = 0;
           if (v >= 0) {
-            src = entry_block(p, v) + static_cast<long long>(v & page_mask) * L::kTok;
+            src = entry_block(p, v) + static_cast<long long>(entry_offset(p, v)) * L::kTok;
             sz = 16;
           }
 #pragma unroll
@@ -474,11 +482,11 @@ __device__ __forceinline__ void mla_body(const MlaParams& p, uint8_t* smem) {
         } else {
           if (v < 0) continue;
           const uint8_t* blk = entry_block(p, v);
-          const int off = v & page_mask;
+          const int off = entry_offset(p, v);
           uint8_t* d = dst0 + e * L::kRec;
 #pragma unroll
           for (int c = lane; c < L::kChunks; c += 32) {
-            const uint8_t* s = L::src(blk, off, p.page_shift, c);
+            const uint8_t* s = L::src(blk, off, entry_page_shift(p, v), c);
             if (L::kChunks == 37 && c == 36) cp_async8(d + c * 16, s);
             else cp_async16(d + c * 16, s);
           }
@@ -812,7 +820,6 @@ __device__ __forceinline__ void ds_issue(const MlaParams& p, uint8_t* raw, uint6
   constexpr int EPI = T / (kDsThreads / 32), REC = L::kRec;
   constexpr bool V4 = L::kDqk == 512;
   if (ti >= ntiles) return;
-  const int page_mask = (1 << p.page_shift) - 1;
   const int slot = ti % NST;
   uint8_t* dst0 = raw + slot * (T * REC) + warp * EPI * REC;
   uint64_t* bar = full + slot;
@@ -823,11 +830,11 @@ __device__ __forceinline__ void ds_issue(const MlaParams& p, uint8_t* raw, uint6
   if (v >= 0) {
     uint8_t* d = dst0 + lane * REC;
     const uint8_t* blk = entry_block(p, v);
-    const long long off = v & page_mask;
+    const long long off = entry_offset(p, v);
     if constexpr (V4) {
       bulk_g2s(d, blk + off * 576, 576, bar);
       // The 8-byte scale record sits in the 16-byte aligned pair starting at (off & ~1) * 8.
-      bulk_g2s(d + 576, blk + (576ll << p.page_shift) + (off >> 1) * 16, 16, bar);
+      bulk_g2s(d + 576, blk + (576ll << entry_page_shift(p, v)) + (off >> 1) * 16, 16, bar);
     } else {
       bulk_g2s(d, blk + off * 656, 656, bar);
     }
@@ -1094,7 +1101,6 @@ __device__ __forceinline__ void ds_body(const MlaParams& p, uint8_t* smem) {
   const int start = split * p.per_split;
   const int n_local = max(0, min(p.per_split, ntot - start));
   const int ntiles = (n_local + T - 1) / T;
-  const int page_mask = (1 << p.page_shift) - 1;
   const bool rope_warp = V4 && warp == NW - 1;   // V4: warp 7 owns the bf16 RoPE dims 448..511
   const int sbase = warp * 64;                   // this warp's 64 fp8 dims (bytes of the record)
 
@@ -1223,8 +1229,8 @@ __device__ __forceinline__ void ds_body(const MlaParams& p, uint8_t* smem) {
         const int e = 8 * j + 2 * t;
         if constexpr (V4) {
           const int2 v2 = *reinterpret_cast<const int2*>(tidx + e);
-          const uint32_t b0 = rt[e * REC + 576 + 8 * (v2.x & page_mask & 1) + warp];
-          const uint32_t b1 = rt[(e + 1) * REC + 576 + 8 * (v2.y & page_mask & 1) + warp];
+          const uint32_t b0 = rt[e * REC + 576 + 8 * (entry_offset(p, v2.x) & 1) + warp];
+          const uint32_t b1 = rt[(e + 1) * REC + 576 + 8 * (entry_offset(p, v2.y) & 1) + warp];
           sc[j][0] = __uint_as_float(b0 << 23);
           sc[j][1] = __uint_as_float(b1 << 23);
         } else {
@@ -1472,7 +1478,6 @@ __device__ __forceinline__ void es_body(const MlaParams& p, uint8_t* smem) {
   const int start = split * p.per_split;
   const int n_local = max(0, min(p.per_split, ntot - start));
   const int ntiles = (n_local + T - 1) / T;
-  const int page_mask = (1 << p.page_shift) - 1;
   const bool rope_warp = V4 && warp == NW - 1;   // V4: warp 7's PV owns the bf16 RoPE dims 448..511
   const __nv_bfloat16* qrow = p.q + static_cast<size_t>(row) * p.h * L::kDqk;
 
@@ -1595,8 +1600,8 @@ __device__ __forceinline__ void es_body(const MlaParams& p, uint8_t* smem) {
       float sc0[NSC], sc1[NSC];   // scales of entries e_c, e_c + 1
       if constexpr (V4) {
         // The 8-byte UE8M0 record sits in the copied 16-byte pair at 8 x (offset & 1); zeros for invalid entries.
-        const uint2 r0 = *reinterpret_cast<const uint2*>(rt + e_c * REC + 576 + 8 * (v2.x & page_mask & 1));
-        const uint2 r1 = *reinterpret_cast<const uint2*>(rt + (e_c + 1) * REC + 576 + 8 * (v2.y & page_mask & 1));
+        const uint2 r0 = *reinterpret_cast<const uint2*>(rt + e_c * REC + 576 + 8 * (entry_offset(p, v2.x) & 1));
+        const uint2 r1 = *reinterpret_cast<const uint2*>(rt + (e_c + 1) * REC + 576 + 8 * (entry_offset(p, v2.y) & 1));
 #pragma unroll
         for (int j = 0; j < NSC; ++j) {
           sc0[j] = __uint_as_float((((j < 4 ? r0.x : r0.y) >> (8 * (j & 3))) & 0xffu) << 23);
@@ -2196,7 +2201,6 @@ __device__ __forceinline__ void wg_body(const MlaParams& p, uint8_t* smem_raw) {
   const int start = split * p.per_split;
   const int n_local = max(0, min(p.per_split, ntot - start));
   const int ntiles = (n_local + T - 1) / T;
-  const int page_mask = (1 << p.page_shift) - 1;
 
   // Q block (heads past h are zero) requested first (not H: bf16 as stored), so its round trip overlaps the index
   // list's; waited for before the ring's barriers are initialized.
@@ -2255,7 +2259,7 @@ __device__ __forceinline__ void wg_body(const MlaParams& p, uint8_t* smem_raw) {
     const uint8_t* rec = raw + ((x % NST) * T + e) * REC;
     uint8_t* tile = tiles + (x & 1) * S::kTileBytes;
     constexpr int K8 = (NCH + 7) / 8;
-    const uint8_t* srec = V4 ? rec + 8 * (v & page_mask & 1) : rec;
+    const uint8_t* srec = V4 ? rec + 8 * (entry_offset(p, v) & 1) : rec;
     uint4 w[K8];
 #pragma unroll
     for (int k = 0; k < K8; ++k)
@@ -2305,11 +2309,11 @@ __device__ __forceinline__ void wg_body(const MlaParams& p, uint8_t* smem_raw) {
       if (v >= 0) {
         uint8_t* d = raw + (slot * T + e) * REC;
         const uint8_t* blk = entry_block(p, v);
-        const long long off = v & page_mask;
+        const long long off = entry_offset(p, v);
         if constexpr (V4) {
           bulk_g2s(d, blk + off * 576, 576, full + slot);
           // The 8-byte scale record sits in the 16-byte aligned pair starting at (off & ~1) * 8.
-          bulk_g2s(d + 576, blk + (576ll << p.page_shift) + (off >> 1) * 16, 16, full + slot);
+          bulk_g2s(d + 576, blk + (576ll << entry_page_shift(p, v)) + (off >> 1) * 16, 16, full + slot);
         } else {
           bulk_g2s(d, blk + off * 656, 656, full + slot);
         }
@@ -2339,7 +2343,7 @@ __device__ __forceinline__ void wg_body(const MlaParams& p, uint8_t* smem_raw) {
       const uint8_t* rec = raw + ((it % NST) * T + e) * REC;
       uint8_t* tile = tiles + b * S::kTileBytes;
       if constexpr (!(PROBE & 1)) {
-        const uint8_t* srec = V4 ? rec + 8 * (v & page_mask & 1) : rec;   // V4: this entry's half of the pair
+        const uint8_t* srec = V4 ? rec + 8 * (entry_offset(p, v) & 1) : rec;   // V4: this entry's half of the pair
         uint4 w[KCH];
 #pragma unroll
         for (int k = 0; k < KCH; ++k)
@@ -2704,8 +2708,7 @@ __device__ __forceinline__ void wge_body(const MlaParams& p, uint8_t* smem_raw) 
     // ---------------- producer ----------------
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProdRegs) : "memory");
     const int pw = warp - 8;                // producer warp 0..3
-    const int page_mask = (1 << p.page_shift) - 1;
-    // Producer warp pw copies entries 8 pw .. 8 pw + 7 of tile ti into ring slot ti % NST (lane = entry) and
+      // Producer warp pw copies entries 8 pw .. 8 pw + 7 of tile ti into ring slot ti % NST (lane = entry) and
     // arrives on the slot's barrier with its byte count.
     auto issue = [&](int ti) {
       if (ti >= ntiles) return;
@@ -2716,7 +2719,7 @@ __device__ __forceinline__ void wge_body(const MlaParams& p, uint8_t* smem_raw) 
       if (lane == 0) mbar_arrive_expect_tx(full + slot, bytes);
       __syncwarp();
       if (v >= 0)
-        bulk_g2s(raw + (slot * T + e) * REC, entry_block(p, v) + static_cast<long long>(v & page_mask) * REC, REC,
+        bulk_g2s(raw + (slot * T + e) * REC, entry_block(p, v) + static_cast<long long>(entry_offset(p, v)) * REC, REC,
                  full + slot);
     };
     for (int s = 0; s < NST - 1; ++s) issue(s);
@@ -3076,7 +3079,7 @@ __device__ __forceinline__ void wgt_load(const MlaParams& p, int v, int j, WgtRa
     return;
   }
   const uint8_t* blk = entry_block(p, v);
-  const int off = v & ((1 << p.page_shift) - 1);
+  const int off = entry_offset(p, v);
   const uint8_t* rec = blk + static_cast<long long>(off) * L::kTok;
 #pragma unroll
   for (int k = 0; k < R::kN; ++k) raw.w[k] = ldg_nc_v4(rec + R::chunk(j, k) * 16);
@@ -3086,8 +3089,9 @@ __device__ __forceinline__ void wgt_load(const MlaParams& p, int v, int j, WgtRa
     const uint4 x = ldg_nc_v4(rec + 512);
     raw.scl[0] = x.x, raw.scl[1] = x.y, raw.scl[2] = x.z, raw.scl[3] = x.w;
   } else {
-    const uint2 x = L::kDqk == 512 ? ldg_nc_v2(blk + (static_cast<long long>(L::kTok) << p.page_shift) + off * 8)
-                                   : ldg_nc_v2(rec + 512 + 8 * j);
+    const uint2 x = L::kDqk == 512
+                        ? ldg_nc_v2(blk + (static_cast<long long>(L::kTok) << entry_page_shift(p, v)) + off * 8)
+                        : ldg_nc_v2(rec + 512 + 8 * j);
     raw.scl[0] = x.x, raw.scl[1] = x.y;
   }
 }
@@ -3099,14 +3103,15 @@ __device__ __forceinline__ void wgt_prefetch(const MlaParams& p, int v, int j) {
   using R = WgtRaw<L, TPE>;
   if (v < 0) return;
   const uint8_t* blk = entry_block(p, v);
-  const int off = v & ((1 << p.page_shift) - 1);
+  const int off = entry_offset(p, v);
   const uint8_t* rec = blk + static_cast<long long>(off) * L::kTok;
 #pragma unroll
   for (int k = 0; k < R::kN; ++k) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(rec + R::chunk(j, k) * 16));
 #pragma unroll
   for (int k = 0; k < R::kR; ++k) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(rec + L::kRopeRaw + R::rope_chunk(j, k) * 16));
   if constexpr (L::kDqk == 512)
-    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(blk + (static_cast<long long>(L::kTok) << p.page_shift) + off * 8));
+    asm volatile("prefetch.global.L2 [%0];\n"
+                 ::"l"(blk + (static_cast<long long>(L::kTok) << entry_page_shift(p, v)) + off * 8));
 }
 
 // Chunk k's scale as fp32 and (sb) as the fast path takes it: scale x 2^112 as bf16 bits (wgt_fast_scales).

@@ -26,7 +26,7 @@ struct MlaParams {
   long long block_stride_extra;
   int num_entries;            // blocks * page of kv (indices at or beyond are treated as invalid)
   int num_entries_extra;
-  int page_shift;             // log2(page)
+  int page_shift;             // log2(page) of kv
   int rows;
   int h;
   int topk;
@@ -34,19 +34,21 @@ struct MlaParams {
   int splits;
   int per_split;              // entries per split, a multiple of the kernel's tile
   float scale_log2;           // sm_scale * log2(e)
+  int page_shift_extra;       // log2(page) of kv_extra: a source may be paged differently (V4: SGLang's window cache
+                              // at 256 entries per block with its C4 cache at 64 or its C128 cache at 2)
   int* counters;              // ds kernels, splits > 1: [rows, head blocks] zeroed arrival counters; the last
                               // split CTA of a (row, head block) merges the splits itself (null: the launcher
                               // runs sparse_mla_combine instead). The last CTA resets its counter to 0.
 };
 // The launcher passes this struct by value through ctypes (sparse_mla_decode._Params); a change here must
 // change that mirror too (tests/kernels/test_kernel_metadata.py compares both with the emitted layout).
-static_assert(sizeof(MlaParams) == 144 && offsetof(MlaParams, counters) == 136, "MlaParams layout changed");
+static_assert(sizeof(MlaParams) == 152 && offsetof(MlaParams, counters) == 144, "MlaParams layout changed");
 
 // The fields the metadata lists, in declaration order (the test checks that ctypes agrees on each).
 #define MLA_PARAMS_FIELDS(F)                                                                          \
   F(q) F(kv) F(kv_extra) F(indices) F(indices_extra) F(sinks) F(out) F(lse) F(o_part) F(lse_part)     \
   F(block_stride) F(block_stride_extra) F(num_entries) F(num_entries_extra) F(page_shift) F(rows) F(h) \
-  F(topk) F(topk_extra) F(splits) F(per_split) F(scale_log2) F(counters)
+  F(topk) F(topk_extra) F(splits) F(per_split) F(scale_log2) F(page_shift_extra) F(counters)
 
 namespace {
 

@@ -214,16 +214,27 @@ def test_every_production_kernel_is_reachable_from_the_plugin(mla_table, plugin_
     # ones at the shapes where they are the fastest (the cluster pair at 128 heads among them)
     assert all(mla_mod.applies_scales_exactly(mla_table[n]) for n in exact)
     assert lossy - exact == LOSSY
-    # what the plugin cannot reach yet is V4's, whose backend it does not hook (issue 38 item 1) ...
-    v4 = {n for n in attention if mla_table[n].shape["layout"] in ("v4", "v4_bf16")}
-    assert attention - (exact | lossy) == v4
-    # ... and each of those is the launcher's choice for some V4 shape (V4-Flash: 64 heads, 8-64 per GPU; 128 for
-    # the full model; CSA 512 + 128 window entries, HCA more), so the V4 hooks will reach them through the same table
-    chosen = set()
-    for cap, layout, h, rows, (topk, extra), page in itertools.product(
-            GPUS, ("v4", "v4_bf16"), (8, 16, 32, 64, 128), ROWS, ((512, 128), (1024, 128)), (64, 1)):
-        chosen.add(_launcher(mla_table, cap, GPUS[cap]).make_plan(layout, rows, h, topk, extra, page=page).kernel)
-    assert chosen == v4
+    # V4's FP8 kernels come through the V4 hooks (v4_hooks.py), every one of them ...
+    v4 = set().union(*(_plugin_v4_kernels(mla_table, plugin_plans, c) for c in GPUS))
+    assert v4 == {n for n in attention if mla_table[n].shape["layout"] == "v4"}
+    # ... and what no plugin call reaches is the bf16 V4 kernels: SGLang's V4 pool is FP8 only (584 B per entry,
+    # asserted by its pool), so no SGLang call hands the plugin a bf16 V4 cache (the library's callers still can)
+    assert attention - (exact | lossy | v4) == {n for n in attention if mla_table[n].shape["layout"] == "v4_bf16"}
+
+
+def _plugin_v4_kernels(table, launchers, capability):
+    """Every kernel the plugin's plans take on one GPU over the shapes SGLang's V4 decode hands it (v4_hooks._mla):
+    the layer's real heads, 8-128 per GPU (V4-Flash's 64 under TP 8 down to 1; 128 for the full model); the window's
+    128 entries at page 256 plus the C4 layers' 512 picks at page 64, the C128 layers' 64-1024 entries at page 2, or
+    nothing (window-only layers); SGLang's V4 cache is FP8 only."""
+    launchers[0] = _launcher(table, capability, GPUS[capability])
+    cache, device, chosen = plans_mod.PlanCache(), torch.device("cuda", 0), set()
+    sources = ((0, 256), (512, 64), (64, 2), (128, 2), (1024, 2))
+    for h, rows, (extra, page) in itertools.product((8, 16, 32, 64, 128), ROWS, sources):
+        plan = cache.mla(device, "v4", rows, h, 128, topk_extra=extra, bf16_kv=False, page=page)
+        assert plan.plan == launchers[0].make_plan("v4", rows, h, 128, extra, page=page)   # one table
+        chosen.add(plan.plan.kernel)
+    return chosen
 
 
 def test_no_production_kernel_is_left_that_no_shape_chooses(mla_table, tuning_table):
@@ -284,3 +295,37 @@ def test_a_plan_refused_on_sm120_falls_back_to_sglang_with_the_reason(monkeypatc
     monkeypatch.setattr(rt, "serves", lambda op, device: True)
     assert rt.forward_decode(lambda: rt.mla_fp8(original, backend, **args)) == "sglang"
     assert any(op == "sparse_mla_decode" and "no V3.2 FP8 kernel exact" in reason for op, reason in rt.fallbacks.seen())
+
+
+def test_two_sources_paged_differently_reach_the_kernel_each_with_its_page(mla_table):
+    """SGLang's V4 decode: the window cache at page 256 as kv, the C4 cache at page 64 (or C128 at 2) as extra_kv, in
+    one launch whose parameters carry each source's page and block stride (MlaParams.page_shift_extra)."""
+    launches = []
+
+    class Module(_Occupancy):
+        def launch(self, name, grid, threads, smem, stream, params, programmatic=False):
+            launches.append((name, params))
+
+    class Torch:   # torch, with a current stream on this CPU machine
+        cuda = types.SimpleNamespace(current_stream=lambda device: types.SimpleNamespace(cuda_stream=0))
+
+        def __getattr__(self, name):
+            return getattr(torch, name)
+
+    mla = _launcher(mla_table)
+    mla.module, mla.torch = Module(), Torch()
+    mla._counters = lambda n: torch.zeros(max(n, 1), dtype=torch.int32)
+    for extra_page, extra in ((64, 512), (2, 128)):
+        window = torch.zeros(4, 256 * 584 + 256, dtype=torch.uint8)[:, :256 * 584].view(4, 256, 1, 584)
+        compressed = torch.zeros(9, extra_page * 584 + 64, dtype=torch.uint8)[:, :extra_page * 584]
+        compressed = compressed.view(9, extra_page, 1, 584)
+        launches.clear()
+        mla(torch.zeros(2, 1, 64, 512, dtype=torch.bfloat16), window, torch.zeros(2, 1, 128, dtype=torch.int32),
+            512 ** -0.5, layout="v4", sinks=torch.zeros(64), extra_kv=compressed,
+            extra_indices=torch.zeros(2, 1, extra, dtype=torch.int32))
+        main = [p for name, p in launches if "combine" not in name]
+        assert len(main) == 1   # one launch over both sources (plus the combine when the plan splits)
+        p = main[0]
+        assert (p.page_shift, p.page_shift_extra) == (8, extra_page.bit_length() - 1)
+        assert (p.block_stride, p.block_stride_extra) == (256 * 584 + 256, extra_page * 584 + 64)
+        assert (p.num_entries, p.num_entries_extra, p.topk, p.topk_extra) == (4 * 256, 9 * extra_page, 128, extra)

@@ -118,7 +118,7 @@ def test_requested_registers_an_around_hook_on_each_target(monkeypatch, registry
     reg, hook_type = registry
     plugin = _fresh_plugin(monkeypatch, "pdserve")
     runtime = plugin.load(reg)
-    assert {t for t, _, _ in reg.calls} == set(plugin.TARGETS)
+    assert {t for t, _, _ in reg.calls} == set(plugin.all_targets("pdserve")) >= set(plugin.TARGETS)
     assert all(ht is hook_type.AROUND for _, _, ht in reg.calls)
     assert runtime.requested == "pdserve"
     assert hasattr(torch.ops.pdserve, "sparse_mla_decode")  # the ops are registered in this process
@@ -141,7 +141,9 @@ def test_anything_but_pdserve_only_reports_status(monkeypatch, registry, value):
     reg, _ = registry
     plugin = _fresh_plugin(monkeypatch, value)
     runtime = plugin.load(reg)
-    assert [t for t, _, _ in reg.calls] == list(plugin.STATUS_ONLY) and runtime.requested == "sglang"
+    assert [t for t, _, _ in reg.calls] == list(plugin.all_targets("sglang")) and runtime.requested == "sglang"
+    # the status hooks only: V3.2's backend and, for an SGLang with V4, V4's
+    assert [t.rpartition(".")[2] for t, _, _ in reg.calls] == ["__init__"] * len(reg.calls)
 
 
 def test_the_real_registry_wraps_a_target_and_the_original_still_runs(monkeypatch):

@@ -237,3 +237,133 @@ def test_every_kernel_the_plugin_reaches_is_correct_through_its_hooks(device, ge
               f"{'bf16' if bf16 else 'fp8'} rel L2 {err:.2e}")
         assert err < (5e-3 if bf16 else 3e-3), (kernel, B, h, err)
     assert not rt.fallbacks.seen()
+
+
+# ---- DeepSeek V4 (the dsv4 backend's hooks, v4_hooks.py), with stand-ins shaped as SGLang 0.5.17 / 0.5.23 pass ----
+# (../shared/facts/sglang-dsv4.md §5: window cache page 256 with 128 entries per row, C4 cache page 64 with the
+# indexer's 512, C128 cache page 2 with every compressed entry; q padded to 64 heads under TP > 1)
+
+V4_SCALE = 512 ** -0.5
+
+
+@pytest.fixture(scope="module")
+def v4_runtime():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU visible to torch")
+    from pdserve_kernels.sglang_plugin.hooks import Runtime
+
+    rt = Runtime("pdserve")
+    backend = types.SimpleNamespace(device=torch.device("cuda", torch.cuda.current_device()), page_size=256,
+                                    enable_deepseek_v4_fp4_indexer=False)
+    runner = types.SimpleNamespace(tp_rank=0, model_config=types.SimpleNamespace(
+        hf_text_config=types.SimpleNamespace(index_topk=512)))
+    status = rt.v4.on_backend(backend, runner)
+    assert status.kernels == {"indexer_topk": "pdserve", "sparse_mla_decode": "pdserve"}, status.reasons
+    assert status.model == "deepseek_v4"
+    return rt
+
+
+def _v4_layer_call(rt, flashmla, q, heads, inp, sinks):
+    """DeepseekV4AttnBackend.forward on a decode batch of `heads` real heads, calling FlashMLA by keyword inside."""
+    def forward(backend, q_, k, v, layer, forward_batch, compress_ratio, **more):
+        extra = "extra_kv" in inp
+        return rt.v4.flash_mla(
+            flashmla, q=q, k_cache=inp["kv"], head_dim_v=512, block_table=None, cache_seqlens=None,
+            tile_scheduler_metadata=object(), softmax_scale=V4_SCALE, is_fp8_kvcache=True, indices=inp["indices"],
+            topk_length=None, attn_sink=sinks, extra_k_cache=inp["extra_kv"] if extra else None,
+            extra_indices_in_kvcache=inp["extra_indices"] if extra else None, extra_topk_length=None)[0]
+
+    layer = types.SimpleNamespace(tp_q_head_num=heads, layer_id=1)
+    return rt.v4.forward(forward, object(), q, q, q, layer, types.SimpleNamespace(forward_mode=_Mode()), 4)
+
+
+@pytest.mark.parametrize("B, heads, extra, extra_page", [
+    (1, 64, 512, 64), (5, 64, 512, 64), (64, 64, 512, 64), (3, 64, 128, 2), (5, 64, 0, None),
+    (4, 16, 512, 64), (64, 16, 512, 64), (4, 16, 64, 2), (2, 8, 0, None), (4, 128, 512, 64)])
+def test_v4_mla_hook_matches_the_reference_over_both_caches(v4_runtime, gen, B, heads, extra, extra_page):
+    from pdserve_kernels.sparse_mla_reference import make_inputs, reference_from_inputs
+
+    inp = make_inputs("v4", B, 1, heads, 128, topk_extra=extra, page=256, extra_page=extra_page, generator=gen,
+                      scale_mode="pow2")
+    padded = 64 if heads <= 64 else heads
+    q = torch.full((B, 1, padded, 512), float("nan"), device="cuda", dtype=torch.bfloat16)  # SGLang's: uninitialized
+    q[:, :, :heads] = inp["q"]
+    sinks = torch.zeros(padded, device="cuda")
+    sinks[:heads] = inp["sinks"]
+    fail = lambda *a, **k: pytest.fail("FlashMLA was called")  # noqa: E731
+    out = _v4_layer_call(v4_runtime, fail, q, heads, inp, sinks)
+    o_ref, _ = reference_from_inputs(inp, V4_SCALE)
+    assert out.shape == (B, 1, padded, 512)
+    real = out[:, :, :heads]
+    assert not torch.isnan(real).any()
+    assert _rel_l2(real, o_ref) < 5e-3
+
+
+def test_v4_mla_hook_does_not_sync_and_replays_in_a_graph(v4_runtime, gen):
+    from pdserve_kernels.sparse_mla_reference import make_inputs
+
+    inp = make_inputs("v4", 4, 1, 16, 128, topk_extra=512, page=256, extra_page=64, generator=gen)
+    q = torch.zeros((4, 1, 64, 512), device="cuda", dtype=torch.bfloat16)
+    q[:, :, :16] = inp["q"]
+    sinks = torch.zeros(64, device="cuda")
+    sinks[:16] = inp["sinks"]
+
+    def step():
+        return _v4_layer_call(v4_runtime, None, q, 16, inp, sinks)[:, :, :16].clone()
+
+    eager = step()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        again = step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.equal(eager, again)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            captured = step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, eager)
+
+
+@pytest.mark.parametrize("lens", [[100, 650, 850, 2000], [512, 513, 1]])
+def test_v4_indexer_hooks_write_the_kernels_top_512_as_c4_slots_in_place(v4_runtime, gen, lens):
+    """forward_c4_indexer -> DeepGEMM's logits (hooked: pdserve's picks, placeholder scores) -> the v2 top-k (hooked:
+    the picks' C4 slots written into SGLang's buffer); lens are compressed lengths, the table's pages 64 entries."""
+    from pdserve_kernels import ops
+    from pdserve_kernels.reference import make_inputs
+
+    W = 33
+    inp = make_inputs(len(lens), 1, lens, generator=gen, max_blocks=W)
+    B = len(lens)
+    out = torch.full((B, 512), 7, dtype=torch.int32, device="cuda")   # SGLang's c4_sparse_page_indices
+    seen = {}
+
+    def deepgemm(*a):
+        pytest.fail("DeepGEMM's logits were called")
+
+    def sglang_topk(*a, **k):
+        pytest.fail("SGLang's top-k was called")
+
+    def forward_c4_indexer(backend, x, q_lora, c4_indexer, forward_batch):
+        scores = v4_runtime.v4.logits(deepgemm, inp["q"], inp["kv_cache"], inp["weights"],
+                                      inp["context_lens"].unsqueeze(1), inp["block_table"], None, W * 64, False)
+        seen["scores"] = scores.clone()
+        v4_runtime.v4.topk_v2(sglang_topk, scores, inp["context_lens"], inp["block_table"], out, 64, None)
+
+    backend = types.SimpleNamespace(device=torch.device("cuda", torch.cuda.current_device()))
+    v4_runtime.v4.c4_indexer(forward_c4_indexer, backend, None, None, None, types.SimpleNamespace(forward_mode=_Mode()))
+    positions = ops.DsaIndexerPlan(B, 1, 512, W * 64, max_blocks=W)(
+        inp["q"], inp["weights"], inp["kv_cache"], inp["context_lens"], inp["block_table"])
+    expected = _slots(positions.cpu(), inp["block_table"].cpu())
+    assert torch.equal(out.sort(dim=1).values.cpu(), expected.sort(dim=1).values)
+    # and the placeholder scores make any exact top-k (here torch's, over each row's length) pick the same
+    for b, n in enumerate(lens):
+        picks = torch.topk(seen["scores"][b, :n], min(n, 512)).indices.cpu()
+        assert set(picks.tolist()) == set(positions[b][positions[b] >= 0].cpu().tolist())

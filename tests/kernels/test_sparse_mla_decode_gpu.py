@@ -63,7 +63,7 @@ def tuning_launcher():
 
 def run_and_check(mla, gen, layout, B, next_n, h, topk, *, topk_extra=0, empty_rows=(), invalid_frac=0.1,
                   sinks=True, sm_scale=None, call_layout=None, scale_factor=1.0, page=64, q_scale=1.0,
-                  scale_mode="pow2", max_rel=5e-3, max_worst=1e-2, invalid_span=None, **kw):
+                  scale_mode="pow2", max_rel=5e-3, max_worst=1e-2, invalid_span=None, extra_page=None, **kw):
     from pdserve_kernels.sparse_mla_reference import LAYOUTS, make_inputs, reference_from_inputs
 
     forced = "kernel" in kw or "variant" in kw
@@ -76,7 +76,7 @@ def run_and_check(mla, gen, layout, B, next_n, h, topk, *, topk_extra=0, empty_r
 
     inp = make_inputs(layout, B, next_n, h, topk, topk_extra=topk_extra, empty_rows=empty_rows,
                       invalid_frac=invalid_frac, sinks=sinks, generator=gen, scale_factor=scale_factor, page=page,
-                      scale_mode=scale_mode)
+                      scale_mode=scale_mode, extra_page=extra_page)
     if invalid_span is not None:   # indices lo..hi-1 of every row -1: whole splits empty between full ones
         lo, hi = invalid_span
         inp["indices"][:, :, lo:hi] = -1
@@ -250,6 +250,27 @@ def test_default_kernel_at_64_rows(mla, gen, layout, topk, extra):
     # rows >= 64: the default ("auto") takes the ds kernels with their own split planning
     run_and_check(mla, gen, layout, 64, 1, 16, topk, topk_extra=extra, empty_rows=(5,))
     run_and_check(mla, gen, layout, 32, 2, 64, topk, topk_extra=extra, invalid_frac=0.3)
+
+
+# SGLang's V4 decode (../shared/facts/sglang-dsv4.md §5): the window cache at page 256 (128 entries per row) with the
+# C4 cache at page 64 (the indexer's 512) or the C128 cache at page 2 (every compressed entry), in one launch.
+V4_SOURCES = [(256, 128, 64, 512), (256, 128, 2, 128), (256, 128, 2, 64), (64, 128, 256, 512), (2, 40, 64, 100)]
+
+
+@pytest.mark.parametrize("page,topk,extra_page,extra", V4_SOURCES)
+@pytest.mark.parametrize("variant,h", [("", 16), ("ds", 16), ("ds", 64), ("wg", 64), ("wgx", 128), ("auto", 16),
+                                       ("auto", 64)])
+@pytest.mark.parametrize("splits", [None, 3])
+def test_v4_two_sources_paged_differently(mla, gen, page, topk, extra_page, extra, variant, h, splits):
+    if variant in ("wg", "wgx") and mla.capability[0] != 9:
+        pytest.skip("the wg kernels need sm_90a")
+    if variant == "wgx" and splits:
+        pytest.skip("the cluster pair plans its own two splits")
+    kw = {} if variant == "auto" else dict(variant=variant)
+    run_and_check(mla, gen, "v4", 3, 1, h, topk, topk_extra=extra, page=page, extra_page=extra_page,
+                  empty_rows=(1,), splits=splits, **kw)
+    run_and_check(mla, gen, "v4", 2, 1, h, topk, topk_extra=extra, page=page, extra_page=extra_page,
+                  invalid_frac=0.6, splits=splits, **kw)
 
 
 def test_ds_every_kernel(mla, mla_tuning, gen):

@@ -201,7 +201,6 @@ def _sparse_mla_decode_cuda(q, kv, indices, sinks: Optional[torch.Tensor], extra
         _need(extra_kv is not None and extra_indices is not None, "extra_kv and extra_indices go together")
         e3 = extra_indices.unsqueeze(1) if extra_indices.dim() == 2 else extra_indices
         _check(torch, mla.device, lay, q4, e3, extra_kv, "extra_kv", "extra_indices")
-        _need(extra_kv.shape[1] == kv.shape[1], f"extra_kv's page ({extra_kv.shape[1]}) must equal kv's ({kv.shape[1]})")
         topk_extra = e3.shape[2]
     else:
         e3, extra_kv, topk_extra = ind3, kv, 0
@@ -217,7 +216,7 @@ def _sparse_mla_decode_cuda(q, kv, indices, sinks: Optional[torch.Tensor], extra
     _need(splits >= 1 and per_split >= tile and per_split % tile == 0 and splits * per_split >= ntot
           and (splits - 1) * per_split < ntot and info.smem_bytes(per_split) <= mla.smem_limit,
           f"splits={splits}, per_split={per_split} do not cover {ntot} entries with {kernel} (make a new plan)")
-    if layout == "v4" and kv.shape[1] == 1 and info.family in ("ds", "wg"):
+    if layout == "v4" and 1 in (kv.shape[1], extra_kv.shape[1]) and info.family in ("ds", "wg"):
         _, stride, _ = _cache_geometry(torch, lay, kv, "kv")
         _, estride, _ = _cache_geometry(torch, lay, extra_kv, "extra_kv")
         _need(_covers(kv, stride, 592) and _covers(extra_kv, estride, 592),

@@ -12,8 +12,9 @@ Conventions (FlashMLA's sparse decode, so callers can swap them):
   "v4_bf16" / "v32_bf16" explicitly); V4: K = V = the 512-dim entry, V3.2: V = its first 512 dims.
 * ``indices``: int32 ``[B, next_n, topk]`` (or ``[B, topk]``): ``physical_block * page + offset``; -1 (or any
   index outside the cache) is skipped.
-* optional ``extra_kv`` + ``extra_indices`` ``[B, next_n, topk_extra]``: a second source in the same layout
-  (V4's sliding-window cache), attended together with the first.
+* optional ``extra_kv`` + ``extra_indices`` ``[B, next_n, topk_extra]``: a second source in the same layout,
+  attended together with the first in the same launch, with its own page size and block stride (SGLang's V4 decode
+  passes its window cache at page 256 as ``kv`` and the C4 or C128 cache at page 64 or 2 as ``extra_kv``).
 * ``sm_scale``: softmax scale; ``sinks``: fp32 ``[h]`` or None.
 
 Returns ``(out bf16 [B, next_n, h, 512], lse fp32 [B, next_n, h])``; lse is the natural-log sum over the
@@ -72,7 +73,7 @@ class _Params(ctypes.Structure):
         ("num_entries", ctypes.c_int), ("num_entries_extra", ctypes.c_int), ("page_shift", ctypes.c_int),
         ("rows", ctypes.c_int), ("h", ctypes.c_int), ("topk", ctypes.c_int), ("topk_extra", ctypes.c_int),
         ("splits", ctypes.c_int), ("per_split", ctypes.c_int), ("scale_log2", ctypes.c_float),
-        ("counters", ctypes.c_void_p),
+        ("page_shift_extra", ctypes.c_int), ("counters", ctypes.c_void_p),
     ]
 
 
@@ -540,7 +541,7 @@ class SparseMlaDecode:
         while the main kernel runs and waiting in-kernel for its partials (False: an ordinary launch after it,
         for timing the difference)."""
         page, stride, n_entries = _cache_geometry(self.torch, LAYOUTS[plan.layout], kv, "kv")
-        _, estride, en = _cache_geometry(self.torch, LAYOUTS[plan.layout], extra_kv, "extra_kv")
+        epage, estride, en = _cache_geometry(self.torch, LAYOUTS[plan.layout], extra_kv, "extra_kv")
         p = _Params(
             q=q4.data_ptr(), kv=kv.data_ptr(), kv_extra=extra_kv.data_ptr(), indices=ind3.data_ptr(),
             indices_extra=e3.data_ptr(), sinks=sinks.data_ptr() if sinks is not None else None,
@@ -548,7 +549,7 @@ class SparseMlaDecode:
             block_stride=stride, block_stride_extra=estride, num_entries=n_entries, num_entries_extra=en,
             page_shift=page.bit_length() - 1, rows=plan.rows, h=plan.h, topk=plan.topk, topk_extra=plan.topk_extra,
             splits=plan.splits, per_split=plan.per_split, scale_log2=sm_scale * math.log2(math.e),
-            counters=counters_ptr)
+            page_shift_extra=epage.bit_length() - 1, counters=counters_ptr)
         stream = self.torch.cuda.current_stream(self.device).cuda_stream
         self.module.launch(plan.kernel, plan.grid, plan.threads, plan.smem, stream, p)
         if plan.splits > 1 and not plan.fuse_combine:
@@ -582,11 +583,9 @@ class SparseMlaDecode:
             e3 = extra_indices if extra_indices.dim() == 3 else extra_indices.unsqueeze(1)
             _check(torch, self.device, lay, q4, e3, extra_kv, "extra_kv", "extra_indices")
             epage, estride, _ = _cache_geometry(torch, lay, extra_kv, "extra_kv")
-            if epage != page:
-                raise ValueError(f"extra_kv's page ({epage}) must equal kv's page ({page})")
             topk_extra = e3.shape[2]
         else:
-            e3, estride, topk_extra = ind3, stride, 0
+            e3, epage, estride, topk_extra = ind3, page, stride, 0
             extra_kv = kv
         if sinks is not None and (sinks.dtype != torch.float32 or tuple(sinks.shape) != (h,)
                                   or sinks.device != self.device or not sinks.is_contiguous()):
@@ -599,7 +598,7 @@ class SparseMlaDecode:
 
         name = kernel or self.pick_kernel(layout, h, small, variant, rows, ntot, lossy_bf16_dequant)
         family = self.kernels[name].family if name in self.kernels else None
-        if family in ("ds", "wg") and layout == "v4" and page == 1 and not (
+        if family in ("ds", "wg") and layout == "v4" and 1 in (page, epage) and not (
                 _covers(kv, stride, 592) and (topk_extra == 0 or _covers(extra_kv, estride, 592))):
             # The ds kernels copy V4's scale record as the 16-byte aligned pair holding it: with page 1 that
             # reads 8 bytes past the entry, which must still be inside the tensor's storage.

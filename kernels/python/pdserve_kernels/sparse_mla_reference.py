@@ -230,8 +230,10 @@ def fill_selected(torch, layout: Layout, cache, page: int, indices, *, device, g
 
 def make_inputs(layout_name: str, B: int, next_n: int, h: int, topk: int, *, topk_extra: int = 0, page: int = 64,
                 pool_entries: int | None = None, invalid_frac: float = 0.1, empty_rows=(), sinks: bool = True,
-                device="cuda", generator=None, scale_factor: float = 1.0, scale_mode: str = "pow2"):
-    """Random inputs in the kernel's layout, NaN in every cache entry no row selects.
+                device="cuda", generator=None, scale_factor: float = 1.0, scale_mode: str = "pow2",
+                extra_page: int | None = None):
+    """Random inputs in the kernel's layout, NaN in every cache entry no row selects. The extra source is paged
+    by `extra_page` (default: `page`), as SGLang's V4 compressed caches are (64 or 2 beside the window's 256).
 
     Returns dict(q [B, next_n, h, dqk] bf16, kv, indices [B, next_n, topk], sinks, and for topk_extra > 0
     extra_kv, extra_indices [B, next_n, topk_extra]) plus the raw buffers and pages for the reference.
@@ -250,14 +252,15 @@ def make_inputs(layout_name: str, B: int, next_n: int, h: int, topk: int, *, top
     out = dict(layout=layout_name, kv=view, kv_buf=buf, page=page,
                indices=ind.view(B, next_n, topk))
     if topk_extra > 0:
-        epool = max(2 * topk_extra, 4 * page)
-        enb = -(-epool // page)
-        ebuf, eview = make_cache(torch, layout, enb, page, device)
-        eind = random_indices(torch, rows, topk_extra, enb * page, invalid_frac=invalid_frac, device=device,
+        epage = extra_page or page
+        epool = max(2 * topk_extra, 4 * epage)
+        enb = -(-epool // epage)
+        ebuf, eview = make_cache(torch, layout, enb, epage, device)
+        eind = random_indices(torch, rows, topk_extra, enb * epage, invalid_frac=invalid_frac, device=device,
                               generator=generator, empty_rows=empty_rows)
-        fill_selected(torch, layout, ebuf, page, eind, device=device, generator=generator,
+        fill_selected(torch, layout, ebuf, epage, eind, device=device, generator=generator,
                       scale_factor=scale_factor, scale_mode=scale_mode)
-        out.update(extra_kv=eview, extra_buf=ebuf, extra_indices=eind.view(B, next_n, topk_extra))
+        out.update(extra_kv=eview, extra_buf=ebuf, extra_page=epage, extra_indices=eind.view(B, next_n, topk_extra))
     out["q"] = torch.randn((B, next_n, h, layout.dqk), device=device, generator=generator).to(torch.bfloat16)
     out["sinks"] = (torch.randn((h,), device=device, generator=generator) * 2) if sinks else None
     return out
@@ -271,6 +274,6 @@ def reference_from_inputs(inp, sm_scale: float):
     extra = "extra_indices" in inp
     o, lse = reference_decode(
         layout, inp["q"].view(rows, h, dqk), inp["kv_buf"], inp["page"], inp["indices"].view(rows, -1), sm_scale,
-        inp["sinks"], extra_cache=inp.get("extra_buf"), extra_page=inp["page"] if extra else None,
+        inp["sinks"], extra_cache=inp.get("extra_buf"), extra_page=inp["extra_page"] if extra else None,
         extra_indices=inp["extra_indices"].view(rows, -1) if extra else None)
     return o.view(B, next_n, h, DV), lse.view(B, next_n, h)

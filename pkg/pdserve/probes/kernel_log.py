@@ -7,7 +7,7 @@ the TP rank before the message):
 
     pdserve-kernels status: {"requested": "pdserve", "kernels": {"indexer_topk": "pdserve",
         "sparse_mla_decode": "pdserve"}, "reasons": {}, "tp_rank": 0, "device": "cuda:0", "sm": "9.0",
-        "sglang": "0.5.23", "pdserve_kernels": "0.1.0"}
+        "sglang": "0.5.23", "pdserve_kernels": "0.1.0", "model": "deepseek_v4"}
     pdserve-kernels fallback: {"op": "sparse_mla_decode", "reason": "...", "shape": "..."}
     pdserve-kernels ran: {"op": "indexer_topk", "shape": "..."}
 
@@ -40,6 +40,7 @@ class KernelStatus:
     sm: str
     sglang: str
     pdserve_kernels: str
+    model: str = ""  # whose attention backend: "deepseek_v32" (SGLang's dsa) or "deepseek_v4" (dsv4); "" if unsaid
 
     def kernel(self, op: str) -> str:
         """Which kernel serves the op; "missing" when the status does not name it."""
@@ -96,6 +97,7 @@ def _status(data: dict[str, Any]) -> KernelStatus:
         sm=_text(data.get("sm")),
         sglang=_text(data.get("sglang")),
         pdserve_kernels=_text(data.get("pdserve_kernels")),
+        model=_text(data.get("model")),
     )
 
 

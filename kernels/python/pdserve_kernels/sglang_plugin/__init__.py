@@ -5,8 +5,10 @@ scheduler process, after it has set up logging and before it builds the model. T
 the server's environment says ``PDSERVE_DSA_KERNELS=pdserve`` (pdserve's units set it from the deployment's
 ``attention_kernels``); then it wraps SGLang's DeepSeek V3.2 decode path (hooks.py) so that the indexer +
 top-k and sparse MLA decode run pdserve's kernels, and SGLang's own kernel serves whatever shape or
-configuration they do not support (logged once per reason). Either way each DSA backend logs one status
-line saying which kernel serves each op (status.py), which `pdserve verify` reads.
+configuration they do not support (logged once per reason); likewise DeepSeek V4's decode in SGLang's dsv4 backend
+(v4_hooks.py: FlashMLA's sparse decode over the window and compressed caches, and the C4 indexer's logits + top-k).
+Either way each DSA or dsv4 backend logs one status line saying which kernel serves each op (status.py), which
+`pdserve verify` reads.
 
 Sparse MLA decode is exact on SGLang's amax/448 V3.2 scales by default; ``PDSERVE_DSA_LOSSY_BF16_DEQUANT=1`` opts
 into the faster lossy kernels (e4m3 x scale rounded to bf16; NOTES.md "Exact by default"), and the status line says so.
@@ -17,9 +19,13 @@ the comparison there (record.py).
 
 from __future__ import annotations
 
+import importlib.util
+import operator
 import os
 
 from .status import PDSERVE, SGLANG
+from .v4_hooks import sglang_generation
+from .v4_hooks import targets as v4_targets
 
 ENV_SWITCH = "PDSERVE_DSA_KERNELS"
 ENV_RECORD = "PDSERVE_DSA_RECORD_DIR"
@@ -27,18 +33,15 @@ ENV_LOSSY = "PDSERVE_DSA_LOSSY_BF16_DEQUANT"
 
 _BACKEND = "sglang.srt.layers.attention.dsa_backend.DeepseekSparseAttnBackend"
 _INDEXER = "sglang.srt.layers.attention.dsa.dsa_indexer.Indexer"
-_V4_BACKEND = "sglang.srt.layers.attention.deepseek_v4_backend.DeepseekV4AttnBackend"
-# target -> the Runtime method wrapped around it
+# V3.2 target -> the Runtime method wrapped around it (V4's: v4_hooks.targets, by the installed SGLang's layout)
 TARGETS = {
     f"{_BACKEND}.__init__": "backend_init",
     f"{_BACKEND}.forward_decode": "forward_decode",
     f"{_INDEXER}._get_topk_paged": "indexer_topk",
     f"{_BACKEND}._forward_flashmla_kv": "mla_fp8",
     f"{_BACKEND}._forward_flashmla_sparse": "mla_bf16",
-    # V4 is not served yet; its backend reports that, so a V4 server that asked says why it runs SGLang's.
-    f"{_V4_BACKEND}.__init__": "v4_backend_init",
 }
-STATUS_ONLY = (f"{_BACKEND}.__init__", f"{_V4_BACKEND}.__init__")  # what is wrapped when not requested
+STATUS_ONLY = (f"{_BACKEND}.__init__",)  # what is wrapped when not requested (and V4's backend __init__)
 
 _runtime = None
 
@@ -70,8 +73,23 @@ def load(registry=None):
         from .. import ops  # noqa: F401 - registers torch.ops.pdserve.* in this process
 
     runtime = Runtime(want, os.environ.get(ENV_RECORD) or None, lossy_bf16_dequant=lossy_requested())
-    targets = TARGETS if want == PDSERVE else {t: TARGETS[t] for t in STATUS_ONLY}
-    for target, method in targets.items():
-        registry.register(target, getattr(runtime, method), HookType.AROUND)
+    for target, method in all_targets(want).items():
+        registry.register(target, operator.attrgetter(method)(runtime), HookType.AROUND)
     _runtime = runtime
     return runtime
+
+
+def all_targets(want: str, generation: str | None = None) -> dict[str, str]:
+    """Every target the plugin wraps for `want`, V3.2's and (for an SGLang with V4, by its layout: 0.5.17 or
+    0.5.23, found from the installed one unless `generation` names it) V4's."""
+    serving = want == PDSERVE
+    found = dict(TARGETS) if serving else {t: TARGETS[t] for t in STATUS_ONLY}
+    found.update(v4_targets(generation or sglang_generation(), serving=serving, deep_gemm=_has("deep_gemm")))
+    return found
+
+
+def _has(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False

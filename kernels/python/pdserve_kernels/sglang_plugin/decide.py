@@ -71,3 +71,48 @@ def _mla_reason(facts: BackendFacts) -> str | None:
         return (f"MLA cache entry of {facts.kv_cache_dim} {'bytes' if expected == 656 else 'values'}, expected "
                 f"{expected} (DeepSeek V3.2's 512 + 64 latent)")
     return None
+
+
+# ---- DeepSeek V4 (SGLang's dsv4 backend) ----
+
+V4_PAGE = 256  # SGLang's V4 pages: 256 tokens (asserted by its backend); the C4 index cache's blocks are 64 entries
+V4_INDEX_TOPK = (512, 1024)
+
+
+@dataclass(frozen=True)
+class V4Facts:
+    capability: tuple[int, int]
+    page_size: int
+    index_topk: int
+    fp4_indexer: bool = False  # --enable-deepseek-v4-fp4-indexer: 68-byte index entries, DeepGEMM's fp8 x fp4 logits
+    v41: bool = False          # DeepSeek V4.1 (SGLang 0.5.23): other cache layouts and compress ratios 1 and 2
+    trtllm: bool = False       # SGLang 0.5.23's uniform-FP8 pool, readable only by trtllm-gen
+    modules_error: str | None = None
+
+
+def decide_v4(facts: V4Facts) -> tuple[dict[str, str], dict[str, str]]:
+    """(kernel per op, reason per op served by SGLang) for one DeepseekV4AttnBackend. Per-call conditions (heads
+    padded under TP, cache entry size, page sizes) are the hooks' (v4_hooks.py): they fall back call by call."""
+    reasons: dict[str, str] = {}
+    common = _v4_common_reason(facts)
+    if common:
+        return {op: SGLANG for op in OPS}, {op: common for op in OPS}
+    if facts.v41 or facts.trtllm:
+        reasons = {op: ("DeepSeek V4.1's cache layouts" if facts.v41 else "the trtllm-gen uniform-FP8 pool")
+                   + ": not a layout the kernels read" for op in OPS}
+    if facts.fp4_indexer:
+        reasons["indexer_topk"] = "the FP4 indexer (--enable-deepseek-v4-fp4-indexer): the kernel reads FP8 index keys"
+    elif facts.index_topk not in V4_INDEX_TOPK:
+        reasons["indexer_topk"] = f"index_topk {facts.index_topk} (V4's are {V4_INDEX_TOPK})"
+    return {op: (SGLANG if op in reasons else PDSERVE) for op in OPS}, reasons
+
+
+def _v4_common_reason(facts: V4Facts) -> str | None:
+    if facts.capability not in SUPPORTED_SM:
+        major, minor = facts.capability
+        return f"sm_{major}{minor} GPU: the kernels are built for sm_90a and sm_120a only"
+    if facts.page_size != V4_PAGE:
+        return f"page size {facts.page_size}: SGLang's V4 backend pages 256 tokens"
+    if facts.modules_error:
+        return f"the kernels could not be loaded: {facts.modules_error}"
+    return None

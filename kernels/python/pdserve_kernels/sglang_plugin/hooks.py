@@ -12,6 +12,7 @@ Where (SGLang 0.5.17 and 0.5.23 agree on these signatures; CPU tests check them 
   FlashMLA's sparse decode -> pdserve::sparse_mla_decode, with the launcher's kernel choice (one table,
   SparseMlaDecode.make_plan): exact on the fp32 amax/448 tile scales of V3.2 FP8 caches, unless the deployment
   opted into the lossy path ($PDSERVE_DSA_LOSSY_BF16_DEQUANT=1, Runtime.lossy_bf16_dequant).
+* DeepSeek V4 (DeepseekV4AttnBackend, SGLang's dsv4 backend): v4_hooks.py, as Runtime.v4.
 
 Nothing here syncs the host or allocates but the ops' outputs (and a plan's workspace, once per shape), so
 the hooks run inside SGLang's decode CUDA graphs.
@@ -27,15 +28,13 @@ from . import decide as decision
 from .plans import PlanCache
 from .record import Recorder
 from .status import PDSERVE, FallbackLog, RanLog, Status, all_sglang, log_status
+from .v4_hooks import V4Hooks
 
 PAGE = decision.PAGE
-# The sparse MLA layout the hooks serve: DeepSeek V3.2's (fp8 cache, or bf16 with bf16_kv). V4's dsv4 backend is not
-# hooked yet, so the V4 kernels are reachable from the plugin only once it is (issue 38 item 1).
+# The sparse MLA layout these hooks serve: DeepSeek V3.2's (fp8 cache, or bf16 with bf16_kv). V4's dsv4 backend has
+# its own hooks (v4_hooks.py), which plan layout "v4".
 MLA_LAYOUT = "v32"
 OFF_REASON = "not requested (PDSERVE_DSA_KERNELS is not 'pdserve')"
-V4_REASON = ("DeepSeek V4 (the dsv4 attention backend: SWA + compressed caches) is not served by the plugin yet; "
-             "SGLang's kernels run")
-
 
 def _version(dist: str) -> str | None:
     try:
@@ -68,6 +67,7 @@ class Runtime:
         self.ran = RanLog()
         self.recorder = Recorder(record_dir) if record_dir else None
         self._decode = threading.local()
+        self.v4 = V4Hooks(self)  # DeepSeek V4's dsv4 backend
 
     # ---- once per backend ----
     def on_backend(self, backend, model_runner) -> Status:
@@ -78,7 +78,7 @@ class Runtime:
             device = torch.device("cuda", torch.cuda.current_device())
         major, minor = torch.cuda.get_device_capability(device)
         where = dict(tp_rank=_tp_rank(model_runner), device=str(device), sm=f"{major}.{minor}",
-                     sglang=_version("sglang"), pdserve_kernels=_version("pdserve-kernels"))
+                     sglang=_version("sglang"), pdserve_kernels=_version("pdserve-kernels"), model="deepseek_v32")
         if self.requested != PDSERVE:
             status = all_sglang(self.requested, OFF_REASON, **where)
         else:
@@ -97,17 +97,6 @@ class Runtime:
         log_status(status)
         return status
 
-    def on_v4_backend(self, backend, model_runner) -> Status:
-        import torch
-
-        device = getattr(backend, "device", None)
-        where = dict(tp_rank=_tp_rank(model_runner), device=str(device) if device else None,
-                     sm=".".join(map(str, torch.cuda.get_device_capability(device))) if device else None,
-                     sglang=_version("sglang"), pdserve_kernels=_version("pdserve-kernels"))
-        status = all_sglang(self.requested, OFF_REASON if self.requested != PDSERVE else V4_REASON, **where)
-        log_status(status)
-        return status
-
     def serves(self, op: str, device) -> bool:
         return self.kernels.get(device.index, {}).get(op) == PDSERVE
 
@@ -121,10 +110,6 @@ class Runtime:
     def backend_init(self, original, backend, model_runner, *args, **kwargs):
         original(backend, model_runner, *args, **kwargs)
         self.on_backend(backend, model_runner)
-
-    def v4_backend_init(self, original, backend, model_runner, *args, **kwargs):
-        original(backend, model_runner, *args, **kwargs)
-        self.on_v4_backend(backend, model_runner)
 
     def forward_decode(self, original, *args, **kwargs):
         self._decode.depth = getattr(self._decode, "depth", 0) + 1

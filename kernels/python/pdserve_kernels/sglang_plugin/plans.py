@@ -45,23 +45,24 @@ class PlanCache:
         return plan
 
     def mla(self, device, layout: str, batch: int, h: int, topk: int, *, bf16_kv: bool, page: int,
-            lossy_bf16_dequant: bool = False) -> ops.SparseMlaPlan:
+            lossy_bf16_dequant: bool = False, topk_extra: int = 0) -> ops.SparseMlaPlan:
         """The plan of one shape. The kernel is the launcher's choice (SparseMlaDecode.make_plan: one table for the
-        plugin and every other caller), exact on SGLang's amax/448 scales unless the lossy opt-in is on."""
+        plugin and every other caller), exact on SGLang's amax/448 scales unless the lossy opt-in is on. V4: `topk`
+        window entries plus `topk_extra` compressed ones, `page` the smaller of the two sources' pages."""
         stream = _stream_key(device)
-        key = ("mla", device.index, stream, layout, bf16_kv, batch, h, topk, page, lossy_bf16_dequant)
+        key = ("mla", device.index, stream, layout, bf16_kv, batch, h, topk, topk_extra, page, lossy_bf16_dequant)
         plan = self._plans.get(key)
         if plan is None:
             name = layout + ("_bf16" if bf16_kv else "")
-            shape = ops.mla_for(device).make_plan(name, batch, h, topk, 0, page=page,
+            shape = ops.mla_for(device).make_plan(name, batch, h, topk, topk_extra, page=page,
                                                   lossy_bf16_dequant=lossy_bf16_dequant)
             pool = self._mla_workspaces.setdefault(stream, [])
             workspace = next((w for w in pool if w.fits(shape)), None)
             if workspace is None:
                 workspace = ops.MlaWorkspace.for_plan(shape, device)
                 pool.append(workspace)
-            plan = ops.SparseMlaPlan(layout, batch, 1, h, topk, bf16_kv=bf16_kv, page=page, device=device,
-                                     workspace=workspace, lossy_bf16_dequant=lossy_bf16_dequant)
+            plan = ops.SparseMlaPlan(layout, batch, 1, h, topk, topk_extra=topk_extra, bf16_kv=bf16_kv, page=page,
+                                     device=device, workspace=workspace, lossy_bf16_dequant=lossy_bf16_dequant)
             self._plans[key] = plan
         return plan
 

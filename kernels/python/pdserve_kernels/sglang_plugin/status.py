@@ -53,6 +53,7 @@ class Status:
     sglang: str | None = None
     pdserve_kernels: str | None = None
     lossy_bf16_dequant: bool = False  # the lossy sparse MLA opt-in ($PDSERVE_DSA_LOSSY_BF16_DEQUANT=1) is on
+    model: str | None = None  # whose backend: "deepseek_v32" (SGLang's dsa backend) or "deepseek_v4" (dsv4)
 
     def line(self) -> str:
         return STATUS_PREFIX + json.dumps(self.__dict__, sort_keys=True, separators=(", ", ": "))

@@ -42,7 +42,8 @@ def _expected(asked: KernelsAsked) -> str:
 
 def _describe(status: KernelStatus) -> str:
     ops = ", ".join(f"{op} {status.kernel(op)}" for op in OPS)
-    where = f"{status.device or '?'} sm {status.sm or '?'}, sglang {status.sglang or '?'}, " \
+    model = f"{status.model}, " if status.model else ""
+    where = f"{model}{status.device or '?'} sm {status.sm or '?'}, sglang {status.sglang or '?'}, " \
             f"pdserve-kernels {status.pdserve_kernels or '?'}"
     return f"TP rank {status.tp_rank if status.tp_rank is not None else '?'}: {ops} ({where})"
 
