@@ -1,0 +1,143 @@
+"""`pdserve bench`: load through the public endpoint with SGLang's own client; with --compare, each layout
+in turn by the cutover, and back to the layout that served at the start.
+
+Everything that can be refused is refused before the first request: the workload (its fields, its lengths
+against the context length), the model directory's tokenizer, the client's Python, the key, the plot's
+library, the layouts named. Exit codes (pdserve.cli.exits): 0 every point measured; 1 refused, a point
+without figures, a layout whose cutover failed, or interrupted; 2 usage; 3 the start layout could not be
+restored.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tomllib
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import click
+
+from pdserve.cli.commands import short_help
+from pdserve.cli.exits import Exit
+from pdserve.cli.options import config_option, exit_with, load_or_exit, seconds_option
+from pdserve.schema import strict_json
+from pdserve.schema.problems import Problem
+
+SCHEMA_VERSION = 1
+MAX_WORKLOADS_BYTES = 1024 * 1024
+
+
+def _say(text: str) -> None:
+    click.echo(text, err=True)  # progress on stderr: stdout is the report (or --json)
+
+
+def _workloads_file(path: Path | None) -> tuple[dict[str, Any] | None, list[Problem]]:
+    if path is None:
+        return None, []
+    try:
+        with path.open("rb") as file:
+            data = file.read(MAX_WORKLOADS_BYTES + 1)
+    except OSError as exc:
+        return None, [Problem("--workloads", str(path), f"cannot be read: {exc.strerror}", "name a readable file")]
+    if len(data) > MAX_WORKLOADS_BYTES:
+        return None, [Problem("--workloads", str(path), f"is larger than {MAX_WORKLOADS_BYTES} bytes",
+                              "name a workloads file ([workloads.NAME] tables)")]
+    try:
+        return tomllib.loads(data.decode("utf-8")), []
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        return None, [Problem("--workloads", str(path), f"is not TOML: {exc}", "fix the file's syntax")]
+
+
+def _model_files(path: str) -> list[str] | None:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return None
+
+
+@click.command("bench", short_help=short_help("bench"))
+@config_option
+@click.option("--workload", "workload_name", metavar="NAME", default="chat", show_default=True,
+              help="The workload: chat, long-prefill, saturate, smoke, or one of a --workloads file.")
+@click.option("--workloads", "workloads_path", metavar="FILE", type=click.Path(path_type=Path, dir_okay=False),
+              help="TOML file of [workloads.NAME] tables (docs/bench.md lists the fields); adds to the built-ins.")
+@click.option("--compare", "compare_text", metavar="LAYOUTS", default=None,
+              help="Run the workload on each layout (single,pd), switching with the cutover and back.")
+@click.option("--history", "history_path", metavar="FILE", type=click.Path(path_type=Path, dir_okay=False),
+              help="Append the results to this file (JSON Lines) and show the change against its last run of "
+                   "the same workload.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable report on stdout.")
+@click.option("--plot", "plot_path", metavar="PNG", type=click.Path(path_type=Path, dir_okay=False),
+              help="Write latency against throughput across the sweep as a PNG (needs matplotlib).")
+@click.option("--sglang-python", metavar="PYTHON", default=None,
+              help="Python that runs the client, sglang.bench_serving (default: the deployment's SGLang Python).")
+@seconds_option("--point-timeout", 3600.0, 10, "Most seconds one sweep point may run (a point's own length "
+                "bounds it further).")
+@click.option("--systemctl", "systemctl_command", metavar="COMMAND", default="systemctl", show_default=True,
+              help="--compare: the systemctl command the cutover drives.")
+def bench(config_path: Path | None, workload_name: str, workloads_path: Path | None, compare_text: str | None,
+          history_path: Path | None, as_json: bool, plot_path: Path | None, sglang_python: str | None,
+          point_timeout: float, systemctl_command: str) -> None:
+    """Measure how well the deployment serves: TTFT, ITL, latency, throughput, goodput, KV hand-off.
+
+    The load goes through the public endpoint (with the router's key) from SGLang's own benchmark client,
+    with random prompts drawn from the model directory's tokenizer. --compare single,pd measures both
+    layouts with the same requests and names the better one on each figure.
+    """
+    from pdserve.bench import history, layouts, plot, workload
+    from pdserve.render.toolchain import missing_tools, preview_toolchain
+
+    loaded = load_or_exit(config_path)
+    dep = loaded.deployment
+    file_tables, problems = _workloads_file(workloads_path)
+    tables, more = workload.workloads(file_tables)
+    problems += more
+    chosen, more = workload.pick(tables, workload_name)
+    problems += more
+    if chosen is not None:
+        problems += workload.fit_problems(chosen, dep.model.context_length, dep.model.path,
+                                          _model_files(dep.model.path))
+    overrides = {"sglang_python": sglang_python, "numactl": None, "pdserve": None}
+    problems += missing_tools(dep, overrides, "sglang_python")
+    python = preview_toolchain(dep, overrides)[0].sglang_python
+    compared: tuple[Any, ...] = ()
+    if compare_text is not None:
+        compared, why = layouts.parse_layouts(compare_text)
+        if why:
+            problems.append(Problem("--compare", compare_text, why, "write --compare single,pd"))
+        elif dep.multi_host:
+            problems.append(Problem("--compare", compare_text, "a multi-host deployment has no single-server "
+                                    "layout to compare with", "leave --compare out"))
+    if plot_path is not None and (why := plot.missing()):
+        problems.append(Problem("--plot", str(plot_path), why, "install matplotlib, or leave --plot out"))
+    from pdserve.cutover.host import read_api_key
+
+    key, key_problem = read_api_key(dep)
+    if key_problem:
+        problems.append(Problem("router.api_key_file", dep.router.api_key_file, key_problem,
+                                "run bench as a user who can read the key (root, or its owner)"))
+    if problems or chosen is None:
+        exit_with(problems)
+    from pdserve.bench.runs import Runner
+
+    runner = Runner(dep, chosen, python, key, point_timeout, _say)
+    outcome = runner.compare(compared, systemctl_command) if compared else runner.serving()
+    at = datetime.now(UTC).isoformat(timespec="seconds")
+    change, change_note = None, None
+    if history_path is not None and outcome.sweeps:
+        read = history.read(history_path)
+        change_note = read.problem or (f"{read.skipped} unreadable line(s) of {history_path} skipped"
+                                       if read.skipped else None)
+        change = history.last(read.entries, dep.name, chosen)
+        if read.problem is None:
+            history.append(history_path, history.entry(dep.name, at, chosen, outcome.sweeps))
+    if plot_path is not None and any(r.measured for s in outcome.sweeps for r in s.results):
+        plot.draw(outcome.sweeps, f"{dep.name}: {chosen.name} ({at})", plot_path)
+    report = outcome.report(at, change, change_note, history_path, plot_path)
+    if as_json:
+        click.echo(strict_json.dumps({"schema_version": SCHEMA_VERSION, **report.data}, indent=2))
+    else:
+        click.echo("\n".join(report.lines))
+    sys.exit(Exit.OK if outcome.complete else Exit.PROBLEMS if outcome.restored else Exit.INTERNAL)
