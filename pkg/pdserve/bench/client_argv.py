@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 from pdserve.bench.workload import Point, Workload
 
-MODULE = "sglang.bench_serving"  # SGLang 0.5.23 keeps this path (and forwards it to sglang.benchmark.serving)
+MODULE = "sglang.benchmark.serving"  # SGLang 0.5.23's path (sglang.bench_serving forwards to it, with a warning)
 BACKEND = "sglang-oai-chat"  # streaming /v1/chat/completions: what the router serves in both layouts
 DATASET = "random-ids"  # "random" would download ShareGPT for its text; random-ids draws token ids
 # The Hub's libraries must not reach the network: the tokenizer is the model directory's own.

@@ -12,6 +12,7 @@ from pdserve.bench.sweep import Sweep
 
 LABEL = 22  # the widest figure label, "KV transfer mean (ms)", and a space
 CELL = 12
+CHANGE_CELL = 16  # "+100.0% better" and a gap
 TIE = 0.01  # two figures within 1% of each other are a tie: run-to-run noise is larger than that
 
 
@@ -25,8 +26,8 @@ def shown(value: float | None, key: str = "") -> str:
     return f"{value:.0f}" if abs(value) >= 100 else f"{value:.1f}" if abs(value) >= 10 else f"{value:.2f}"
 
 
-def _row(label: str, cells: Sequence[str]) -> str:
-    return f"  {label:<{LABEL}}" + "".join(f"{c:>{CELL}}" for c in cells)
+def _row(label: str, cells: Sequence[str], width: int = CELL) -> str:
+    return f"  {label:<{LABEL}}" + "".join(f"{c:>{width}}" for c in cells)
 
 
 def _figures(results: Sequence[PointResult]) -> list[Figure]:
@@ -110,10 +111,11 @@ def change_lines(now: Mapping[str, Sweep], last: Mapping[str, dict], last_at: st
             if old is None or not isinstance(old.get("figures"), dict):
                 lines.append(f"  {layout} {result.point.label}: not in the last run")
                 continue
-            lines.append(f"  {layout} {result.point.label}")
+            lines.append(_row(f"{layout} {result.point.label}", ["last", "now", "change"], CHANGE_CELL))
             for figure in _figures([result]):
                 was = old["figures"].get(figure.key)
                 was = float(was) if isinstance(was, int | float) and not isinstance(was, bool) else None
-                lines.append(_row(f"  {figure.label}", [shown(was, figure.key), shown(result.figures[figure.key],
-                                  figure.key), change(figure.key, was, result.figures[figure.key])]))
+                now_value = result.figures[figure.key]
+                lines.append(_row(f"  {figure.label}", [shown(was, figure.key), shown(now_value, figure.key),
+                                                        change(figure.key, was, now_value)], CHANGE_CELL))
     return lines
