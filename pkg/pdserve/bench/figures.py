@@ -8,6 +8,7 @@ no real run reaches, so a broken client or a hand-edited file cannot put nonsens
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -131,16 +132,16 @@ def inconsistencies(result: PointResult) -> list[str]:
         return []
     f, found = result.figures, []
     for family in ("ttft", "itl", "e2e"):
-        p50, p90, p99 = (f[f"{family}_p{q}_ms"] for q in (50, 90, 99))
-        if not p50 <= p90 <= p99:
+        p50, p90, p99 = (f.get(f"{family}_p{q}_ms", math.nan) for q in (50, 90, 99))
+        if all(map(math.isfinite, (p50, p90, p99))) and not p50 <= p90 <= p99:
             found.append(f"{family} percentiles out of order: p50 {p50:g}, p90 {p90:g}, p99 {p99:g}")
     if result.completed > result.point.prompts:
         found.append(f"{result.completed} requests done of {result.point.prompts} sent")
-    if result.duration_s > 0 and result.total_output_tokens:
+    if result.duration_s > 0 and result.total_output_tokens and "output_tok_s" in f:
         expected = result.total_output_tokens / result.duration_s
         if abs(f["output_tok_s"] - expected) > 0.01 * expected:
             found.append(f"output tok/s {f['output_tok_s']:g} is not {result.total_output_tokens} tokens / "
                          f"{result.duration_s:g} s")
-    if "goodput_req_s" in f and f["goodput_req_s"] > f["request_s"] * 1.0001 + 1e-9:
+    if "goodput_req_s" in f and "request_s" in f and f["goodput_req_s"] > f["request_s"] * 1.0001 + 1e-9:
         found.append(f"goodput {f['goodput_req_s']:g} req/s above the request rate served {f['request_s']:g}")
     return found

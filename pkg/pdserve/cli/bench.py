@@ -121,9 +121,11 @@ def bench(config_path: Path | None, workload_name: str, workloads_path: Path | N
     if problems or chosen is None:
         exit_with(problems)
     from pdserve.bench.runs import Runner
+    from pdserve.cli.cutover import termination_interrupts
 
     runner = Runner(dep, chosen, python, key, point_timeout, _say)
-    outcome = runner.compare(compared, systemctl_command) if compared else runner.serving()
+    with termination_interrupts():  # SIGTERM/SIGHUP end a run as Ctrl-C does: what was measured is kept
+        outcome = runner.compare(compared, systemctl_command) if compared else runner.serving()
     at = datetime.now(UTC).isoformat(timespec="seconds")
     change, change_note = None, None
     if history_path is not None and outcome.sweeps:
