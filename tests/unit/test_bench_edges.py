@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
 from pdserve.bench import client_argv, kv_transfer
 from pdserve.bench.workload import read_workload
 from pdserve.cli.exits import Exit

@@ -6,7 +6,6 @@ ones are driven by the command (pdserve.bench.runs)."""
 from __future__ import annotations
 
 import pytest
-
 from pdserve.bench.layouts import Switched, compare, parse_layouts
 from pdserve.bench.sweep import Sweep
 

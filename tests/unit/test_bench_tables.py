@@ -11,7 +11,7 @@ import stat
 from pdserve.bench import history, table
 from pdserve.bench.figures import BY_KEY, PointResult
 from pdserve.bench.sweep import Sweep
-from pdserve.bench.workload import Point, read_workload
+from pdserve.bench.workload import read_workload
 
 WORKLOAD, _ = read_workload("w", {"input_len": 8, "output_len": 4, "request_rates": [1, 2], "prompts": 4})
 P1, P2 = WORKLOAD.points()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 
 import pytest
-
 from pdserve.bench import workload as wl
 
 BASE = {"input_len": 128, "output_len": 32, "request_rates": [1, 2], "duration_s": 10}
@@ -74,7 +73,7 @@ def test_a_concurrency_sweep_needs_its_prompts_and_a_rate_sweep_its_length():
 def test_hostile_names_and_tables_are_refused_not_crashed_on():
     assert problems_of({}, name="Bad Name")[0].field == "workloads"
     assert "must be a table" in problems_of([1, 2])[0].message
-    tables, problems = wl.workloads({"workloads": "x"})
+    _, problems = wl.workloads({"workloads": "x"})
     assert problems and problems[0].field == "workloads"
     _, stray = wl.workloads({"workload": {"a": {}}})
     assert stray and "[workloads.NAME]" in stray[0].fix

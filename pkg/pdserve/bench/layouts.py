@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 from pdserve.bench.sweep import Sweep
 from pdserve.schema.boot import Layout
@@ -52,7 +53,7 @@ def parse_layouts(text: str) -> tuple[tuple[Layout, ...], str | None]:
         return (), f"{unknown[0]!r} is no layout; name two of: {', '.join(LAYOUTS)} (e.g. single,pd)"
     if len(set(names)) != len(names) or len(names) < 2:
         return (), "name each layout once, both of them: single,pd"
-    return tuple(names), None  # type: ignore[return-value]
+    return tuple(cast(Layout, name) for name in names), None
 
 
 def order(layouts: Sequence[Layout], start: Layout) -> list[Layout]:

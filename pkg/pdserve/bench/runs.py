@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from pdserve.bench import measure, table
 from pdserve.bench.layouts import Compared, Switched, compare
@@ -45,9 +45,9 @@ class Outcome:
     def report(self, at: str, last: Mapping[str, Any] | None, history_note: str | None, history: Path | None,
                plot: Path | None) -> Report:
         w = self.workload
-        lines = [f"pdserve bench {self.deployment}: workload {w.name} ({w.input_len} input + {w.output_len} "
-                 f"output tokens, seed {w.seed}, SLOs {', '.join(f'{k} {v:g} ms' for k, v in w.slos_ms().items())}), "
-                 f"{at}"]
+        slos = ", ".join(f"{k} {v:g} ms" for k, v in w.slos_ms().items())
+        lines = [f"pdserve bench {self.deployment}: workload {w.name} ({w.input_len} input + {w.output_len} output "
+                 f"tokens, seed {w.seed}, SLOs {slos}), {at}"]
         for sweep in self.sweeps:
             lines += table.sweep_lines(sweep)
         if len(self.sweeps) > 1:
@@ -59,7 +59,8 @@ class Outcome:
         elif history is not None:
             change = [f"no earlier run of workload {w.name} in {history}: this one is the baseline"]
         lines += change
-        notes = [*self.notes, *(self.compared.notes if self.compared else []), *([history_note] if history_note else [])]
+        notes = [*self.notes, *(self.compared.notes if self.compared else [])]
+        notes += [history_note] if history_note else []
         lines += [f"note: {note}" for note in notes]
         if history is not None:
             lines.append(f"appended to {history}")
@@ -125,13 +126,14 @@ class Runner:
             edge = HostEdge(self.dep, plan, Systemctl(command), acts_locally(command))
             return Cutover(plan, edge, probers(plan) if with_probes else [])
 
-        start = machine("pd", with_probes=False).dry_run().previous
-        if start not in layouts:
+        found = machine("pd", with_probes=False).dry_run().previous
+        if found not in layouts:
             done.refused = True
             done.notes.append(f"--compare needs one layout serving at the start, to come back to; found "
-                              f"{start or 'state unknown'}: start one with `pdserve cutover pd` (or single)")
+                              f"{found or 'state unknown'}: start one with `pdserve cutover pd` (or single)")
             return done
-        problem = self._smoke(plan_for(self.dep, start).public_url[start])  # type: ignore[arg-type]
+        start = cast(Layout, found)
+        problem = self._smoke(plan_for(self.dep, start).public_url[start])
         if problem:
             done.refused = True
             done.notes.append(f"nothing measured: {start}, serving now, failed its smoke chat: {problem}")

@@ -107,7 +107,8 @@ class _Reader:
     """Reads one workload table, collecting a Problem per bad field instead of stopping at the first."""
 
     def __init__(self, name: str, table: Mapping[str, Any]):
-        self.name, self.table, self.problems = name, table, []
+        self.name, self.table = name, table
+        self.problems: list[Problem] = []
 
     def field(self, key: str) -> str:
         return f"workloads.{self.name}.{key}"
@@ -147,7 +148,8 @@ def read_workload(name: str, table: Any) -> tuple[Workload | None, list[Problem]
     r = _Reader(name, table)
     for key in table:
         if key not in FIELDS:
-            r.refuse(key, "is not a workload field", f"{did_you_mean(key, FIELDS)}remove it; fields: {', '.join(FIELDS)}")
+            r.refuse(key, "is not a workload field",
+                     f"{did_you_mean(key, FIELDS)}remove it; fields: {', '.join(FIELDS)}")
     input_len = r.integer("input_len", 1, MAX_TOKENS)
     output_len = r.integer("output_len", 1, MAX_TOKENS)
     if "input_len" not in table or "output_len" not in table:
@@ -176,10 +178,10 @@ def read_workload(name: str, table: Any) -> tuple[Workload | None, list[Problem]
     ttft = r.number("slo_ttft_ms", 0, 3_600_000, default=1000.0)
     tpot = r.number("slo_tpot_ms", 0, 3_600_000, default=100.0)
     e2e = r.number("slo_e2e_ms", 0, 3_600_000)
-    if r.problems:
+    if r.problems or input_len is None or output_len is None:
         return None, r.problems
     return Workload(name, input_len, output_len, tuple(rates), tuple(int(c) for c in concurrencies), duration,
-                    prompts, ratio, seed, ttft, tpot, e2e), []  # type: ignore[arg-type]
+                    prompts, ratio, seed, ttft, tpot, e2e), []  # type: ignore[arg-type]  # defaults never None
 
 
 def _sweep(r: _Reader, key: str, kind: type) -> list[float]:
