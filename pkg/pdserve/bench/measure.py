@@ -3,7 +3,6 @@ read, progress said as it goes. An interrupt ends the sweep and keeps the points
 
 from __future__ import annotations
 
-import math
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -27,20 +26,14 @@ class Target:
     prefill_urls: tuple[str, ...] = ()
 
 
-def point_deadline(point: Point, limit_s: float) -> float:
-    """How long one point may run: its own length (rate points: prompts/rate) four times over, plus the
-    client's start, and never more than the user's limit."""
-    own = point.prompts / point.value if point.kind == "rate" else 0.0
-    return min(limit_s, max(120.0, 4 * own + 120.0)) if math.isfinite(own) else limit_s
-
-
 def measure_point(python: str, workload: Workload, point: Point, target: Target, workdir: Path,
                   limit_s: float) -> PointResult:
     before = kv_transfer.scrape(target.prefill_urls) if target.prefill_urls else []
     result_file, log_file = workdir / "result.jsonl", workdir / "client.log"
     argv = client_argv.argv(python, workload, point, target.url, target.model, target.tokenizer_dir, str(result_file))
-    run = client.run(argv, client_argv.default_environment(target.api_key), result_file, log_file,
-                     point_deadline(point, limit_s))
+    # One bound for every point, the user's (--point-timeout): a point's length cannot be told in advance,
+    # as a rate above the server's capacity makes it the server's throughput, not the rate, that sets it.
+    run = client.run(argv, client_argv.default_environment(target.api_key), result_file, log_file, limit_s)
     if run.problem and not run.result:
         return failed(point, run.problem)
     kv = kv_transfer.mean_ms(before, kv_transfer.scrape(target.prefill_urls)) if target.prefill_urls else None

@@ -46,8 +46,8 @@ class Outcome:
                plot: Path | None) -> Report:
         w = self.workload
         slos = ", ".join(f"{k} {v:g} ms" for k, v in w.slos_ms().items())
-        lines = [f"pdserve bench {self.deployment}: workload {w.name} ({w.input_len} input + {w.output_len} output "
-                 f"tokens, seed {w.seed}, SLOs {slos}), {at}"]
+        lines = [(f"pdserve bench {self.deployment}: workload {w.name} ({w.input_len} input + {w.output_len} "
+                  f"output tokens, seed {w.seed}, SLOs {slos}), {at}")]
         for sweep in self.sweeps:
             lines += table.sweep_lines(sweep)
         if len(self.sweeps) > 1:
