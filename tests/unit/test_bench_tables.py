@@ -41,6 +41,9 @@ def test_the_side_by_side_table_has_each_point_each_layout_and_the_winner():
     assert row.split()[-3:] == ["80.0", "40.0", "pd"]
     kv = next(line for line in lines if "KV transfer" in line)
     assert kv.split()[-3:] == ["-", "3.00", "-"]  # a single server has no hand-off: no winner
+    first, second = table.comparison([single, pd])  # what --json carries
+    assert first["figures"]["ttft_p50_ms"] == {"single": 80.0, "pd": 40.0, "better": "pd"}
+    assert second["figures"]["ttft_p50_ms"] == {"single": 90.0, "pd": None, "better": "-"}
 
 
 def test_a_sweep_table_names_failures_errors_and_an_interrupt():

@@ -72,7 +72,7 @@ class Outcome:
                 "plot": str(plot) if plot else None}
         if self.compared:
             data["compare"] = {"start": self.compared.start, "failed_layout": self.compared.failed_layout,
-                               "interrupted": self.compared.interrupted, "table": table.compare_lines(self.sweeps)}
+                               "interrupted": self.compared.interrupted, "points": table.comparison(self.sweeps)}
         return Report(lines, data)
 
 

@@ -67,21 +67,30 @@ def winner(figure: Figure, values: Mapping[str, float | None]) -> str:
     return best
 
 
+def comparison(sweeps: Sequence[Sweep]) -> list[dict]:
+    """Each sweep point: every layout's value of each figure and the better layout (what --json carries)."""
+    points = []
+    for index in range(max((len(s.results) for s in sweeps), default=0)):
+        results = {s.layout: s.results[index] if index < len(s.results) else None for s in sweeps}
+        point = next(r.point for r in results.values() if r is not None)
+        figures = {}
+        for figure in _figures([r for r in results.values() if r is not None]):
+            values = {layout: (r.figures.get(figure.key) if r is not None else None) for layout, r in results.items()}
+            figures[figure.key] = {**values, "better": winner(figure, values)}
+        points.append({"load": point.label, "prompts": point.prompts, "figures": figures})
+    return points
+
+
 def compare_lines(sweeps: Sequence[Sweep]) -> list[str]:
     """Each sweep point with every layout's figure side by side and the better one named."""
     layouts = [s.layout for s in sweeps]
     lines = []
-    count = max((len(s.results) for s in sweeps), default=0)
-    for index in range(count):
-        results = {s.layout: s.results[index] if index < len(s.results) else None for s in sweeps}
-        point = next(r.point for r in results.values() if r is not None)
-        lines.append(f"{point.label} ({point.prompts} prompts)")
+    for point in comparison(sweeps):
+        lines.append(f"{point['load']} ({point['prompts']} prompts)")
         lines.append(_row("figure", [*layouts, "better"]))
-        present = [r for r in results.values() if r is not None]
-        for figure in _figures(present):
-            values = {layout: (r.figures.get(figure.key) if r is not None else None) for layout, r in results.items()}
-            lines.append(_row(figure.label, [*(shown(v, figure.key) for v in values.values()),
-                                             winner(figure, values)]))
+        for key, values in point["figures"].items():
+            lines.append(_row(BY_KEY[key].label, [*(shown(values[layout], key) for layout in layouts),
+                                                  values["better"]]))
     return lines
 
 

@@ -21,7 +21,7 @@ import click
 
 from pdserve.cli.commands import short_help
 from pdserve.cli.exits import Exit
-from pdserve.cli.options import config_option, exit_with, load_or_exit, seconds_option
+from pdserve.cli.options import config_option, exit_with, load_or_exit, seconds_option, tool_overrides
 from pdserve.schema import strict_json
 from pdserve.schema.problems import Problem
 
@@ -99,7 +99,7 @@ def bench(config_path: Path | None, workload_name: str, workloads_path: Path | N
     if chosen is not None:
         problems += workload.fit_problems(chosen, dep.model.context_length, dep.model.path,
                                           _model_files(dep.model.path))
-    overrides = {"sglang_python": sglang_python, "numactl": None, "pdserve": None}
+    overrides = tool_overrides(sglang_python, None, None)
     problems += missing_tools(dep, overrides, "sglang_python")
     python = preview_toolchain(dep, overrides)[0].sglang_python
     compared: tuple[Any, ...] = ()

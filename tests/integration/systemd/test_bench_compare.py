@@ -96,8 +96,10 @@ def test_compare_measures_both_layouts_and_ends_with_pd_serving(lab, host_side):
         (point,) = sweep["points"]
         assert point["completed"] == 8 and point["failure"] is None and point["inconsistencies"] == []
         assert ("kv_transfer_ms" in point["figures"]) == (layout == "pd")
-    table = report["compare"]["table"]
-    assert any(line.split()[-3:][-1] in ("pd", "single", "tie") for line in table if "TTFT p50" in line), table
+    (point,) = report["compare"]["points"]
+    ttft = point["figures"]["ttft_p50_ms"]
+    assert ttft["better"] in ("pd", "single", "tie") and ttft["pd"] > 0 and ttft["single"] > 0, point
+    assert point["figures"]["kv_transfer_ms"]["better"] == "-"  # a single server has no hand-off
     assert "restored pd, the layout that served at the start" in report["notes"]
     assert {lab.unit(r) for r in ("prefill", "decode", "router")} <= lab.active()
     assert lab.unit("fallback") not in lab.running()
