@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from pdserve.bench import measure, table
 from pdserve.bench.layouts import Compared, Switched, compare
@@ -16,6 +16,9 @@ from pdserve.bench.workload import Workload
 from pdserve.schema.boot import Layout
 from pdserve.schema.config import Deployment
 from pdserve.schema.derived import role_url
+
+if TYPE_CHECKING:
+    from pdserve.cutover.machine import Cutover
 
 
 @dataclass
@@ -108,25 +111,14 @@ class Runner:
         done.sweeps.append(self._sweep("serving", url))
         return done
 
-    def compare(self, layouts: Sequence[Layout], systemctl_command: str) -> Outcome:
-        import shlex
-
-        from pdserve.cli.cutover import acts_locally, probers, termination_interrupts
-        from pdserve.cutover.host import HostEdge
-        from pdserve.cutover.machine import Cutover
+    def compare(self, layouts: Sequence[Layout], machine: Callable[[Layout, bool], Cutover]) -> Outcome:
+        """Each layout through the cutover; `machine(layout, probe_port)` makes the cutover to `layout`
+        (the command builds it on this host's systemctl; probe_port: time the public port's refusals)."""
         from pdserve.cutover.plan import plan_for
         from pdserve.cutover.report import Outcome as CutoverOutcome
-        from pdserve.probes.systemctl import Systemctl
 
-        command = shlex.split(systemctl_command)
         done = Outcome(self.dep.name, self.workload)
-
-        def machine(layout: Layout, with_probes: bool = True) -> Cutover:
-            plan = plan_for(self.dep, layout)
-            edge = HostEdge(self.dep, plan, Systemctl(command), acts_locally(command))
-            return Cutover(plan, edge, probers(plan) if with_probes else [])
-
-        found = machine("pd", with_probes=False).dry_run().previous
+        found = machine("pd", False).dry_run().previous
         if found not in layouts:
             done.refused = True
             done.notes.append(f"--compare needs one layout serving at the start, to come back to; found "
@@ -141,8 +133,7 @@ class Runner:
 
         def switch(layout: Layout) -> Switched:
             self.say(f"cutover to {layout} ...")
-            with termination_interrupts():
-                report = machine(layout).run()
+            report = machine(layout, True).run()
             ok = report.outcome in (CutoverOutcome.SUCCESS, CutoverOutcome.UNCHANGED)
             failed = [s for s in report.steps if s.result == "failed"]
             detail = f"{report.outcome}" + (f" at {failed[0].name}: {failed[0].detail}" if failed else "")

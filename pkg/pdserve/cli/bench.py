@@ -15,7 +15,7 @@ import sys
 import tomllib
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -24,6 +24,13 @@ from pdserve.cli.exits import Exit
 from pdserve.cli.options import config_option, exit_with, load_or_exit, seconds_option, tool_overrides
 from pdserve.schema import strict_json
 from pdserve.schema.problems import Problem
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from pdserve.cutover.machine import Cutover
+    from pdserve.schema.boot import Layout
+    from pdserve.schema.config import Deployment
 
 SCHEMA_VERSION = 1
 MAX_WORKLOADS_BYTES = 1024 * 1024
@@ -55,6 +62,26 @@ def _model_files(path: str) -> list[str] | None:
         return os.listdir(path)
     except OSError:
         return None
+
+
+def _cutovers(dep: Deployment, systemctl_command: str) -> Callable[[Layout, bool], Cutover]:
+    """The cutover to a layout on this host, as `pdserve cutover` makes it (the same systemctl command)."""
+    import shlex
+
+    from pdserve.cli.cutover import acts_locally, probers
+    from pdserve.cutover.host import HostEdge
+    from pdserve.cutover.machine import Cutover
+    from pdserve.cutover.plan import plan_for
+    from pdserve.probes.systemctl import Systemctl
+
+    command = shlex.split(systemctl_command)
+
+    def machine(layout: Layout, probe_port: bool) -> Cutover:
+        plan = plan_for(dep, layout)
+        edge = HostEdge(dep, plan, Systemctl(command), acts_locally(command))
+        return Cutover(plan, edge, probers(plan) if probe_port else [])
+
+    return machine
 
 
 @click.command("bench", short_help=short_help("bench"))
@@ -124,8 +151,10 @@ def bench(config_path: Path | None, workload_name: str, workloads_path: Path | N
     from pdserve.cli.cutover import termination_interrupts
 
     runner = Runner(dep, chosen, python, key, point_timeout, _say)
-    with termination_interrupts():  # SIGTERM/SIGHUP end a run as Ctrl-C does: what was measured is kept
-        outcome = runner.compare(compared, systemctl_command) if compared else runner.serving()
+    # SIGTERM/SIGHUP end a run as Ctrl-C does: what was measured is kept, and a cutover in flight rolls back.
+    with termination_interrupts():
+        outcome = (runner.compare(compared, _cutovers(dep, systemctl_command)) if compared
+                   else runner.serving())
     at = datetime.now(UTC).isoformat(timespec="seconds")
     change, change_note = None, None
     if history_path is not None and outcome.sweeps:
