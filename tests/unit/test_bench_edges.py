@@ -133,3 +133,21 @@ def test_an_unreadable_workloads_file_and_a_missing_client_python_are_refused(vi
     assert result.exit_code == Exit.PROBLEMS
     assert "--workloads" in result.output and "is not TOML" in result.output
     assert "tools.sglang_python" in result.output
+
+
+def test_a_history_or_plot_path_that_cannot_be_written_is_refused_before_any_request(visible_tmp_path):
+    model = visible_tmp_path / "model"
+    model.mkdir()
+    (model / "tokenizer.json").write_text("{}")
+    listener = Listener()
+    try:
+        config = deployment(visible_tmp_path, listener.port, model)
+        result = CliRunner().invoke(main, ["bench", "-c", str(config), "--workload", "smoke", "--sglang-python",
+                                           "/opt/sg/bin/python", "--history", str(visible_tmp_path / "no" / "h.jsonl"),
+                                           "--plot", str(visible_tmp_path / "nor" / "p.png")])
+    finally:
+        listener.close()
+    assert result.exit_code == Exit.PROBLEMS, result.output
+    assert "error: --history = " in result.output and "does not exist" in result.output
+    assert "error: --plot = " in result.output
+    assert listener.connections == 0

@@ -45,8 +45,7 @@ class Outcome:
     def restored(self) -> bool:
         return self.compared.restored if self.compared else True
 
-    def report(self, at: str, last: Mapping[str, Any] | None, history_note: str | None, history: Path | None,
-               plot: Path | None) -> Report:
+    def report(self, at: str, last: Mapping[str, Any] | None, history: Path | None, plot: Path | None) -> Report:
         w = self.workload
         slos = ", ".join(f"{k} {v:g} ms" for k, v in w.slos_ms().items())
         lines = [(f"pdserve bench {self.deployment}: workload {w.name} ({w.input_len} input + {w.output_len} "
@@ -62,8 +61,7 @@ class Outcome:
         elif history is not None:
             change = [f"no earlier run of workload {w.name} in {history}: this one is the baseline"]
         lines += change
-        notes = [*self.notes, *(self.compared.notes if self.compared else [])]
-        notes += [history_note] if history_note else []
+        notes = [*(self.compared.notes if self.compared else []), *self.notes]
         lines += [f"note: {note}" for note in notes]
         if history is not None:
             lines.append(f"appended to {history}")

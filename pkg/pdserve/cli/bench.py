@@ -28,6 +28,8 @@ from pdserve.schema.problems import Problem
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from pdserve.bench.sweep import Sweep
+    from pdserve.bench.workload import Workload
     from pdserve.cutover.machine import Cutover
     from pdserve.schema.boot import Layout
     from pdserve.schema.config import Deployment
@@ -84,6 +86,85 @@ def _cutovers(dep: Deployment, systemctl_command: str) -> Callable[[Layout, bool
     return machine
 
 
+def _accepted(dep: Deployment, workload_name: str, workloads_path: Path | None, compare_text: str | None,
+              sglang_python: str | None) -> tuple[Any, str, tuple[Layout, ...], str | None, list[Problem]]:
+    """(workload, client's Python, layouts to compare, API key, every problem): all that is refused before
+    the first request."""
+    from pdserve.bench import layouts, workload
+    from pdserve.cutover.host import read_api_key
+    from pdserve.render.toolchain import missing_tools, preview_toolchain
+
+    file_tables, problems = _workloads_file(workloads_path)
+    tables, more = workload.workloads(file_tables)
+    problems += more
+    chosen, more = workload.pick(tables, workload_name)
+    problems += more
+    if chosen is not None:
+        problems += workload.fit_problems(chosen, dep.model.context_length, dep.model.path,
+                                          _model_files(dep.model.path))
+    overrides = tool_overrides(sglang_python, None, None)
+    problems += missing_tools(dep, overrides, "sglang_python")
+    python = preview_toolchain(dep, overrides)[0].sglang_python
+    compared: tuple[Layout, ...] = ()
+    if compare_text is not None:
+        compared, why = layouts.parse_layouts(compare_text)
+        if why:
+            problems.append(Problem("--compare", compare_text, why, "write --compare single,pd"))
+        elif dep.multi_host:
+            problems.append(Problem("--compare", compare_text, "a multi-host deployment has no single-server "
+                                    "layout to compare with", "leave --compare out"))
+    key, key_problem = read_api_key(dep)
+    if key_problem:
+        problems.append(Problem("router.api_key_file", dep.router.api_key_file, key_problem,
+                                "run bench as a user who can read the key (root, or its owner)"))
+    return chosen, python, compared, key, problems
+
+
+def _writable(option: str, path: Path | None) -> list[Problem]:
+    """A file the run will write at its end: refused now if its directory is not there to write into, so a
+    run's figures are never lost to a typo in a path."""
+    if path is None:
+        return []
+    directory = path.parent if str(path.parent) else Path(".")
+    if not directory.is_dir():
+        return [Problem(option, str(path), f"its directory {directory} does not exist", "create it, or name a "
+                        "file in an existing directory")]
+    if not os.access(directory, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        return [Problem(option, str(path), "cannot be written by this user", "name a file this user can write")]
+    return []
+
+
+def _history(path: Path | None, deployment: str, chosen: Workload, at: str,
+             sweeps: list[Sweep]) -> tuple[Any, list[str]]:
+    """The last run of the same workload in the history, and this run appended; what went wrong as notes
+    (never an exception: the figures are measured by now and must reach the report)."""
+    from pdserve.bench import history
+
+    if path is None or not sweeps:
+        return None, []
+    read = history.read(path)
+    if read.problem:
+        return None, [f"{read.problem}; this run was not appended"]
+    notes = [f"{read.skipped} unreadable line(s) of {path} skipped"] if read.skipped else []
+    try:
+        history.append(path, history.entry(deployment, at, chosen, sweeps))
+    except OSError as exc:
+        notes.append(f"could not append to {path}: {exc.strerror}")
+    return history.last(read.entries, deployment, chosen), notes
+
+
+def _plot(path: Path | None, title: str, sweeps: list[Sweep]) -> list[str]:
+    from pdserve.bench import plot
+
+    if path is None or not any(r.measured for s in sweeps for r in s.results):
+        return [] if path is None else [f"no plot: no point was measured ({path} not written)"]
+    try:
+        plot.draw(sweeps, title, path)
+    except (OSError, ValueError, RuntimeError) as exc:  # matplotlib's own errors are these
+        return [f"could not write the plot {path}: {exc}"]
+    return []
+
+
 @click.command("bench", short_help=short_help("bench"))
 @config_option
 @click.option("--workload", "workload_name", metavar="NAME", default="chat", show_default=True,
@@ -100,8 +181,8 @@ def _cutovers(dep: Deployment, systemctl_command: str) -> Callable[[Layout, bool
               help="Write latency against throughput across the sweep as a PNG (needs matplotlib).")
 @click.option("--sglang-python", metavar="PYTHON", default=None,
               help="Python that runs the client, sglang.bench_serving (default: the deployment's SGLang Python).")
-@seconds_option("--point-timeout", 3600.0, 10, "Most seconds one sweep point may run (a point's own length "
-                "bounds it further).")
+@seconds_option("--point-timeout", 3600.0, 10, "Most seconds one sweep point may run; the client is ended "
+                "after it and the point has no figures.")
 @click.option("--systemctl", "systemctl_command", metavar="COMMAND", default="systemctl", show_default=True,
               help="--compare: the systemctl command the cutover drives.")
 def bench(config_path: Path | None, workload_name: str, workloads_path: Path | None, compare_text: str | None,
@@ -113,39 +194,18 @@ def bench(config_path: Path | None, workload_name: str, workloads_path: Path | N
     with random prompts drawn from the model directory's tokenizer. --compare single,pd measures both
     layouts with the same requests and names the better one on each figure.
     """
-    from pdserve.bench import history, layouts, plot, workload
-    from pdserve.render.toolchain import missing_tools, preview_toolchain
+    from pdserve.bench.workload import Workload
 
-    loaded = load_or_exit(config_path)
-    dep = loaded.deployment
-    file_tables, problems = _workloads_file(workloads_path)
-    tables, more = workload.workloads(file_tables)
-    problems += more
-    chosen, more = workload.pick(tables, workload_name)
-    problems += more
-    if chosen is not None:
-        problems += workload.fit_problems(chosen, dep.model.context_length, dep.model.path,
-                                          _model_files(dep.model.path))
-    overrides = tool_overrides(sglang_python, None, None)
-    problems += missing_tools(dep, overrides, "sglang_python")
-    python = preview_toolchain(dep, overrides)[0].sglang_python
-    compared: tuple[Any, ...] = ()
-    if compare_text is not None:
-        compared, why = layouts.parse_layouts(compare_text)
-        if why:
-            problems.append(Problem("--compare", compare_text, why, "write --compare single,pd"))
-        elif dep.multi_host:
-            problems.append(Problem("--compare", compare_text, "a multi-host deployment has no single-server "
-                                    "layout to compare with", "leave --compare out"))
-    if plot_path is not None and (why := plot.missing()):
-        problems.append(Problem("--plot", str(plot_path), why, "install matplotlib, or leave --plot out"))
-    from pdserve.cutover.host import read_api_key
+    dep = load_or_exit(config_path).deployment
+    chosen, python, compared, key, problems = _accepted(dep, workload_name, workloads_path, compare_text,
+                                                        sglang_python)
+    problems += _writable("--history", history_path) + _writable("--plot", plot_path)
+    if plot_path is not None:
+        from pdserve.bench import plot
 
-    key, key_problem = read_api_key(dep)
-    if key_problem:
-        problems.append(Problem("router.api_key_file", dep.router.api_key_file, key_problem,
-                                "run bench as a user who can read the key (root, or its owner)"))
-    if problems or chosen is None:
+        if why := plot.missing():
+            problems.append(Problem("--plot", str(plot_path), why, "install matplotlib, or leave --plot out"))
+    if problems or not isinstance(chosen, Workload):
         exit_with(problems)
     from pdserve.bench.runs import Runner
     from pdserve.cli.cutover import termination_interrupts
@@ -156,17 +216,10 @@ def bench(config_path: Path | None, workload_name: str, workloads_path: Path | N
         outcome = (runner.compare(compared, _cutovers(dep, systemctl_command)) if compared
                    else runner.serving())
     at = datetime.now(UTC).isoformat(timespec="seconds")
-    change, change_note = None, None
-    if history_path is not None and outcome.sweeps:
-        read = history.read(history_path)
-        change_note = read.problem or (f"{read.skipped} unreadable line(s) of {history_path} skipped"
-                                       if read.skipped else None)
-        change = history.last(read.entries, dep.name, chosen)
-        if read.problem is None:
-            history.append(history_path, history.entry(dep.name, at, chosen, outcome.sweeps))
-    if plot_path is not None and any(r.measured for s in outcome.sweeps for r in s.results):
-        plot.draw(outcome.sweeps, f"{dep.name}: {chosen.name} ({at})", plot_path)
-    report = outcome.report(at, change, change_note, history_path, plot_path)
+    last, notes = _history(history_path, dep.name, chosen, at, outcome.sweeps)
+    notes += _plot(plot_path, f"{dep.name}: {chosen.name} ({at})", outcome.sweeps)
+    outcome.notes += notes
+    report = outcome.report(at, last, history_path, plot_path)
     if as_json:
         click.echo(strict_json.dumps({"schema_version": SCHEMA_VERSION, **report.data}, indent=2))
     else:
