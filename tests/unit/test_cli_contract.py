@@ -27,6 +27,7 @@ COMMANDS = {
     "wait-ready": ["wait-ready", "prefill", "-c", "{file}", "--timeout", "0", "--probe-timeout", "0.2"],
     "verify": ["verify", "-c", "{file}", "--only", "units"],
     "cutover": ["cutover", "pd", "-c", "{file}", "--dry-run"],
+    "bench": ["bench", "-c", "{file}", "--workload", "smoke", "--sglang-python", "/opt/sg/bin/python"],
 }
 ALL = [*COMMANDS, "schema"]
 

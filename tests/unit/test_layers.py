@@ -1,5 +1,5 @@
 """The package's layers, read from its imports: schema -> render -> (probes) -> check / verify / cutover /
-launch -> cli. An import from a lower layer to a higher one, or a long module that does not say why it
+launch -> bench (over the cutover) -> cli. An import from a lower layer to a higher one, or a long module that does not say why it
 is long, fails here (lazy imports inside functions count too)."""
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ ALLOWED: dict[str, set[str]] = {
     "verify": {"schema", "render", "probes", "verify"},
     "cutover": {"schema", "render", "probes", "verify", "cutover"},
     "launch": {"schema", "probes", "launch"},
-    "cli": {"schema", "render", "probes", "check", "verify", "cutover", "launch", "cli"},
+    "bench": {"schema", "render", "probes", "cutover", "bench"},
+    "cli": {"schema", "render", "probes", "check", "verify", "cutover", "launch", "bench", "cli"},
 }
 # Run by SGLang's Python (see pdserve.launch): importing pdserve there would fail at run time.
 STANDALONE = {"launch/keyed_launch.py", "launch/parse_check.py"}

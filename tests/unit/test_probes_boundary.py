@@ -18,6 +18,8 @@ ALLOWED = {
     "check/parsers.py": {"subprocess"},
     # Asks the SGLang Python for its package versions: the same program run, one question earlier.
     "check/sglang_python.py": {"subprocess"},
+    # Runs SGLang's benchmark client (`pdserve bench`) with the SGLang Python: a program run, not a host read.
+    "bench/client.py": {"subprocess"},
 }
 
 

@@ -18,6 +18,8 @@ class Entry:
 
 
 COMMANDS: dict[str, Entry] = {
+    "bench": Entry("pdserve.cli.bench", "bench",
+                   "Measure how well it serves (TTFT, ITL, throughput, goodput); --compare single,pd."),
     "check": Entry("pdserve.cli.check", "check", "Validate deployment files (and this host, where it is the target)."),
     "cutover": Entry("pdserve.cli.cutover", "cutover_command", "Move to TARGET (pd or single), rolling back on failure."),
     "leave-routers": Entry("pdserve.cli.leave_routers", "leave_routers_command",
