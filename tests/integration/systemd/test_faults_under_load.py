@@ -306,8 +306,13 @@ def test_a_prefill_that_hangs_instead_of_dying(pd, capsys):
     assert after[lab.unit("prefill")].main_pid == worker.main_pid, "the hung prefill was restarted"
     assert prober.refused_windows() == []
     assert_nothing_silent(summary, lab)
-    # Nothing died: requests are held (the router's retries, the decode waiting for its KV), not lost.
-    assert summary.failed == 0, f"{summary.causes} {summary.details}"
+    # Nothing died: requests are held (the router's retries, the decode waiting for its KV), not lost. Where the
+    # stall spans enough failed health checks for smg to mark the prefill unhealthy (a loaded machine: 36 of 400
+    # in one CI run, 2026-12-05), it refuses meanwhile as for a death: only fast, retryable 503s are allowed.
+    refused = refused_after(load, fault_at)
+    assert summary.failed == len(refused), f"{summary.causes} {summary.details}"
+    wrong = [o for o in refused if o.cause != "HTTP 503" or o.retry_after is None or o.seconds > FAST_REFUSAL_S]
+    assert wrong == [], f"failed otherwise than a fast retryable 503: {wrong[:5]}"
     assert summary.recovered_s is not None and summary.recovered_s <= HANG_SECONDS + RECOVERY_MARGIN
 
 
