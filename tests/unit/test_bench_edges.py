@@ -25,8 +25,8 @@ def test_the_client_argv_has_no_key_and_names_an_offline_dataset():
                             "dsv4", "/models/dsv4", "/tmp/out.jsonl")
     assert argv[:3] == ["/opt/sg/bin/python", "-m", "sglang.benchmark.serving"]
     joined = " ".join(argv)
-    assert "--dataset-name random-ids" in joined and "--max-concurrency 2" in joined
-    assert "--goodput ttft:1000 tpot:100 e2el:900" in joined and "--tokenizer /models/dsv4" in joined
+    assert "--dataset-name=random-ids" in argv and "--max-concurrency=2" in argv
+    assert "--goodput ttft:1000.0 tpot:100.0 e2el:900.0" in joined and "--tokenizer=/models/dsv4" in argv
     env = client_argv.environment({"OPENAI_API_KEY": "someone-elses", "PATH": "/bin"}, "k3y")
     assert env["OPENAI_API_KEY"] == "k3y" and env["HF_HUB_OFFLINE"] == "1" and "k3y" not in joined
     assert "OPENAI_API_KEY" not in client_argv.environment({"OPENAI_API_KEY": "x"}, None)

@@ -21,24 +21,31 @@ DATASET = "random-ids"  # "random" would download ShareGPT for its text; random-
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
 
+def exact(value: float) -> str:
+    """A float as the client's float() reads back bit for bit: repr is Python's shortest round-trip form
+    (`:g` keeps six digits, so an SLO of 1234567.5 ms would become 1234570)."""
+    return repr(float(value))
+
+
 def argv(python: str, workload: Workload, point: Point, base_url: str, model: str, tokenizer_dir: str,
          output_file: str) -> list[str]:
-    """`python -m sglang.bench_serving ...` for one point. No secret on it: argv is world-readable in
-    /proc, so the API key travels in the environment (environment())."""
-    load = (["--request-rate", f"{point.value:g}"] if point.kind == "rate"
-            else ["--request-rate", "inf", "--max-concurrency", str(int(point.value))])
-    slos = [f"{key}:{value:g}" for key, value in workload.slos_ms().items()]
+    """`python -m sglang.benchmark.serving ...` for one point. No secret on it: argv is world-readable in
+    /proc, so the API key travels in the environment (environment()). Every value is joined to its option
+    (`--model=NAME`): argparse would take a value that starts with `-` for an option."""
+    load = ([f"--request-rate={exact(point.value)}"] if point.kind == "rate"
+            else ["--request-rate=inf", f"--max-concurrency={int(point.value)}"])
+    slos = [f"{key}:{exact(value)}" for key, value in workload.slos_ms().items()]
     return [
         python, "-m", MODULE,
-        "--backend", BACKEND, "--base-url", base_url, "--model", model, "--tokenizer", tokenizer_dir,
-        "--dataset-name", DATASET, "--random-input-len", str(workload.input_len),
-        "--random-output-len", str(workload.output_len), "--random-range-ratio", f"{workload.range_ratio:g}",
-        "--num-prompts", str(point.prompts), "--seed", str(workload.seed), *load,
+        f"--backend={BACKEND}", f"--base-url={base_url}", f"--model={model}", f"--tokenizer={tokenizer_dir}",
+        f"--dataset-name={DATASET}", f"--random-input-len={workload.input_len}",
+        f"--random-output-len={workload.output_len}", f"--random-range-ratio={exact(workload.range_ratio)}",
+        f"--num-prompts={point.prompts}", f"--seed={workload.seed}", *load,
         "--goodput", *slos,
         # pdserve waited for the router's /readiness already; the client's own wait asks /v1/models
         # without the key, which a keyed router refuses.
-        "--ready-check-timeout-sec", "0",
-        "--output-file", output_file, "--output-details",
+        "--ready-check-timeout-sec=0",
+        f"--output-file={output_file}", "--output-details",
     ]
 
 

@@ -130,8 +130,8 @@ class _Reader:
         value = self.table.get(key, default)
         if value is None:
             return None
-        above = value > low if low_open else value >= low
-        if not _is_number(value) or not above or value > high:
+        # The type first: a string or a table must be refused, not compared (a TypeError would escape).
+        if not _is_number(value) or not (value > low if low_open else value >= low) or value > high:
             bound = f"above {low:g}" if low_open else f"at least {low:g}"
             self.refuse(key, f"must be a finite number {bound} and at most {high:g}", f"set {key} in that range")
             return None
