@@ -5,6 +5,7 @@
 #   bash tests/gpu/systemd/run_on_device.sh smoke     # rootfs parts staged: boot, CUDA + Triton in the sandbox
 #   bash tests/gpu/systemd/run_on_device.sh run       # every part staged: unpack, boot, start, verify, kill -9
 #   bash tests/gpu/systemd/run_on_device.sh restarts  # after run, same machine: warm, then cold, prefill restart
+#   bash tests/gpu/systemd/run_on_device.sh bench     # after run, same machine: pdserve bench --compare single,pd
 # Results go to $OUT (or ./gpu-out). PDSERVE_COMMIT, if set, is recorded with them.
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
@@ -70,5 +71,9 @@ case "${1:-run}" in
   restarts)
     timeout "${GPU_TIER_TIMEOUT:-540}" python3 -m tests.gpu.systemd.runner restarts --work "$work" --out "$out" 2>&1 \
       | tee "$out/restarts.log"
+    ;;
+  bench)
+    timeout "${GPU_TIER_TIMEOUT:-540}" python3 -m tests.gpu.systemd.runner bench --work "$work" --out "$out" \
+      --budget-s "$(( ${GPU_TIER_TIMEOUT:-540} - 20 ))" --workload "${BENCH_WORKLOAD:-smoke}" 2>&1 | tee "$out/bench.log"
     ;;
 esac

@@ -5,6 +5,7 @@ prefill's main process under load and watch systemd bring it back.
 
     python3 -m tests.gpu.systemd.runner run --tree DIR --out DIR       # boot, start, verify, kill under load
     python3 -m tests.gpu.systemd.runner restarts --tree DIR --out DIR  # warm, then cold, restart of the prefill
+    python3 -m tests.gpu.systemd.runner bench --tree DIR --out DIR     # pdserve bench --compare single,pd
 
 `run` leaves the container booted (nspawn runs in its own session, so it outlives the device call) and
 records where it is in DIR/state.json; `restarts` picks it up there. Every phase writes the report again,
@@ -523,9 +524,54 @@ def restarts(args) -> int:
     return 0
 
 
+BENCH_PLOT_INSIDE = "/var/lib/pdserve-gpu/bench.png"
+
+
+def bench(args) -> int:
+    """`pdserve bench --compare single,pd` inside the container, as an operator runs it (issue 40's GPU tier):
+    the smoke workload through smg on the PD pair, then on the single-server fallback after the real cutover,
+    then PD restored. The report keeps pdserve's JSON; the plot comes back beside it."""
+    out, work = args.out, args.work
+    out.mkdir(parents=True, exist_ok=True)
+    report = Report(out, "systemd-bench")
+    box = attach(work)
+    root = Path(json.loads((work / "state.json").read_text())["root"])
+    python = (root / PDSERVE_INSIDE.lstrip("/")).read_text().splitlines()[0][2:]
+    env = ["env", f"PYTHONPATH={SITE_INSIDE}", *[f"{k}={v}" for k, v in NO_MULTICAST.items()]]
+    # The client's imports and the plot's library, asked first: a missing one is a finding, not a hang.
+    probe = box.run([*env, python, "-c", "import sglang.benchmark.serving"], timeout=120, check=False)
+    has_plot = box.run([*env, python, "-c", "import matplotlib"], timeout=60, check=False).returncode == 0
+    report["client_imports"] = {"exit": probe.returncode, "stderr": probe.stderr[-1500:], "matplotlib": has_plot}
+    if probe.returncode != 0:
+        log(f"the benchmark client does not import here: {probe.stderr.strip()[-500:]}")
+        return 1
+    argv = [*env, PDSERVE_INSIDE, "bench", "--config", CONFIG_INSIDE, "--workload", args.workload,
+            "--compare", "single,pd", "--point-timeout", "120", "--json",
+            *(["--plot", BENCH_PLOT_INSIDE] if has_plot else [])]
+    began = time.monotonic()
+    try:
+        done = box.run(argv, timeout=args.budget_s or 480, check=False)
+    except ContainerError as exc:
+        report["bench"] = {"argv": argv, "error": str(exc)}
+        return 1
+    finally:
+        units = unit_timestamps(box)
+        report["units_after"] = {u: units[u]["active"] for u in UNITS.values() if u in units}
+    try:
+        result = json.loads(done.stdout)
+    except ValueError:
+        result = {"unreadable_stdout": done.stdout[-3000:]}
+    report["bench"] = {"argv": argv, "exit": done.returncode, "seconds": round(time.monotonic() - began, 1),
+                       "result": result, "stderr": done.stderr[-6000:]}
+    if has_plot and (root / BENCH_PLOT_INSIDE.lstrip("/")).exists():
+        shutil.copy(root / BENCH_PLOT_INSIDE.lstrip("/"), out / "bench.png")
+    log(f"bench exit {done.returncode} in {report['bench']['seconds']} s\n{done.stderr[-3000:]}")
+    return done.returncode
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=("smoke", "run", "restarts"))
+    parser.add_argument("command", choices=("smoke", "run", "restarts", "bench"))
     parser.add_argument("--unit-file", type=Path, help="smoke: a rendered prefill unit whose sandbox to apply")
     parser.add_argument("--work", type=Path, default=Path("/var/tmp/pdgpu"))
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "gpu-out")))
@@ -533,8 +579,9 @@ def main() -> int:
     parser.add_argument("--budget-s", type=float, default=0.0, help="run: the seconds this call may take")
     parser.add_argument("--cold-restart-needs-s", type=float, default=200.0,
                         help="run: after the kill, a cold restart of the prefill if this much of the budget is left")
+    parser.add_argument("--workload", default="smoke", help="bench: the workload pdserve bench runs")
     args = parser.parse_args()
-    return {"smoke": smoke, "run": run, "restarts": restarts}[args.command](args)
+    return {"smoke": smoke, "run": run, "restarts": restarts, "bench": bench}[args.command](args)
 
 
 if __name__ == "__main__":
