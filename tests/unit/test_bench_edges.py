@@ -4,13 +4,14 @@ before any request (a listener on the router's port counts the connections: none
 
 from __future__ import annotations
 
+import shlex
 import socket
 import threading
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from pdserve.bench import client_argv, kv_transfer
+from pdserve.bench import client, client_argv, kv_transfer
 from pdserve.bench.workload import read_workload
 from pdserve.cli.exits import Exit
 from pdserve.cli.main import main
@@ -151,3 +152,23 @@ def test_a_history_or_plot_path_that_cannot_be_written_is_refused_before_any_req
     assert "error: --history = " in result.output and "does not exist" in result.output
     assert "error: --plot = " in result.output
     assert listener.connections == 0
+
+
+def _client(tmp_path, name: str, help_text: str, code: int = 0) -> str:
+    """A stand-in client Python whose `-m MODULE --help` prints `help_text` (what an older SGLang lists)."""
+    script = tmp_path / name
+    script.write_text(f"#!/bin/sh\nprintf '%s\\n' {shlex.quote(help_text)}\nexit {code}\n", encoding="utf-8")
+    script.chmod(0o755)
+    return str(script)
+
+
+def test_a_client_without_goodput_is_run_without_it_and_says_so(tmp_path):
+    old = _client(tmp_path, "old", "usage: serving.py [--seed SEED] [--request-rate REQUEST_RATE]")
+    assert client.accepts_option(old, client_argv.MODULE, "--goodput", {}) is False
+    argv = client_argv.argv(old, WORKLOAD, WORKLOAD.points()[0], "http://r", "m", "/t", "/o", goodput=False)
+    assert "--goodput" not in argv and not any(a.startswith("ttft:") for a in argv)
+    new = _client(tmp_path, "new", "usage: serving.py [--goodput KEY:VALUE [KEY:VALUE ...]]")
+    assert client.accepts_option(new, client_argv.MODULE, "--goodput", {}) is True
+    # A client that cannot say (a failing --help) keeps the option: its own run then names the problem.
+    broken = _client(tmp_path, "broken", "Traceback: ImportError", code=1)
+    assert client.accepts_option(broken, client_argv.MODULE, "--goodput", {}) is None

@@ -86,3 +86,21 @@ def run(argv: list[str], env: dict[str, str], result_file: Path, log_file: Path,
 def _last_line(text: str) -> str:
     lines = [line for line in text.splitlines() if line.strip()]
     return lines[-1][:300] if lines else "(no output)"
+
+
+HELP_DEADLINE = 120.0  # the client imports SGLang before it parses: seconds on a real host
+HELP_BYTES = 256 * 1024
+
+
+def accepts_option(python: str, module: str, option: str, env: dict[str, str],
+                   deadline_s: float = HELP_DEADLINE) -> bool | None:
+    """Whether the client's own `--help` lists `option` (older SGLang releases lack some, e.g. --goodput
+    before 0.5.23, and argparse refuses the whole run for one unknown option); None when it cannot tell."""
+    try:
+        done = subprocess.run([python, "-m", module, "--help"], env=env, capture_output=True,
+                              stdin=subprocess.DEVNULL, timeout=deadline_s, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0:
+        return None
+    return option.encode() in done.stdout[:HELP_BYTES]

@@ -28,10 +28,11 @@ def exact(value: float) -> str:
 
 
 def argv(python: str, workload: Workload, point: Point, base_url: str, model: str, tokenizer_dir: str,
-         output_file: str) -> list[str]:
+         output_file: str, goodput: bool = True) -> list[str]:
     """`python -m sglang.benchmark.serving ...` for one point. No secret on it: argv is world-readable in
     /proc, so the API key travels in the environment (environment()). Every value is joined to its option
-    (`--model=NAME`): argparse would take a value that starts with `-` for an option."""
+    (`--model=NAME`): argparse would take a value that starts with `-` for an option. `goodput`: False for a
+    client without --goodput (SGLang before 0.5.23), which then measures no goodput."""
     load = ([f"--request-rate={exact(point.value)}"] if point.kind == "rate"
             else ["--request-rate=inf", f"--max-concurrency={int(point.value)}"])
     slos = [f"{key}:{exact(value)}" for key, value in workload.slos_ms().items()]
@@ -41,7 +42,7 @@ def argv(python: str, workload: Workload, point: Point, base_url: str, model: st
         f"--dataset-name={DATASET}", f"--random-input-len={workload.input_len}",
         f"--random-output-len={workload.output_len}", f"--random-range-ratio={exact(workload.range_ratio)}",
         f"--num-prompts={point.prompts}", f"--seed={workload.seed}", *load,
-        "--goodput", *slos,
+        *(["--goodput", *slos] if goodput else []),
         # pdserve waited for the router's /readiness already; the client's own wait asks /v1/models
         # without the key, which a keyed router refuses.
         "--ready-check-timeout-sec=0",

@@ -27,10 +27,11 @@ class Target:
 
 
 def measure_point(python: str, workload: Workload, point: Point, target: Target, workdir: Path,
-                  limit_s: float) -> PointResult:
+                  limit_s: float, goodput: bool = True) -> PointResult:
     before = kv_transfer.scrape(target.prefill_urls) if target.prefill_urls else []
     result_file, log_file = workdir / "result.jsonl", workdir / "client.log"
-    argv = client_argv.argv(python, workload, point, target.url, target.model, target.tokenizer_dir, str(result_file))
+    argv = client_argv.argv(python, workload, point, target.url, target.model, target.tokenizer_dir, str(result_file),
+                            goodput)
     # One bound for every point, the user's (--point-timeout): a point's length cannot be told in advance,
     # as a rate above the server's capacity makes it the server's throughput, not the rate, that sets it.
     run = client.run(argv, client_argv.default_environment(target.api_key), result_file, log_file, limit_s)
@@ -48,12 +49,16 @@ def sweep(layout: str, python: str, workload: Workload, target: Target, limit_s:
           say: Callable[[str], None], points: Sequence[Point] | None = None) -> Sweep:
     done = Sweep(layout, target.url)
     points = list(points if points is not None else workload.points())
+    env = client_argv.default_environment(target.api_key)
+    goodput = client.accepts_option(python, client_argv.MODULE, "--goodput", env) is not False
+    if not goodput:
+        say("the benchmark client has no --goodput (SGLang before 0.5.23): goodput is not measured")
     with tempfile.TemporaryDirectory(prefix="pdserve-bench-") as scratch:
         for index, point in enumerate(points, 1):
             say(f"[{layout} {index}/{len(points)}] {workload.name}: {point.label}, {point.prompts} prompts of "
                 f"{workload.input_len}+{workload.output_len} tokens")
             try:
-                result = measure_point(python, workload, point, target, Path(scratch), limit_s)
+                result = measure_point(python, workload, point, target, Path(scratch), limit_s, goodput)
             except KeyboardInterrupt:
                 done.interrupted = True
                 say(f"[{layout} {index}/{len(points)}] interrupted: keeping the {index - 1} point(s) measured")

@@ -18,6 +18,13 @@ from pdserve.render.units import environment_line, render_ini
 GPU_ROLES = ("prefill", "decode")
 
 
+def gpu_units(deployment: str) -> list[str]:
+    """The units that run SGLang on the GPU: the PD pair and the single-server fallback (`sglang-NAME`, which
+    `pdserve cutover` and `pdserve bench --compare` start: the bench run of 2026-12-05 found it without the
+    staged site, "No module named 'sglang'")."""
+    return [*(f"sglang-{deployment}-{role}.service" for role in GPU_ROLES), f"sglang-{deployment}.service"]
+
+
 @dataclass(frozen=True)
 class DropIn:
     unit: str  # e.g. sglang-gputest-prefill.service
@@ -45,14 +52,14 @@ class MachineFacts:
 
 
 def needed(deployment: str, facts: MachineFacts) -> list[DropIn]:
-    units = [f"sglang-{deployment}-{role}.service" for role in GPU_ROLES]
+    units = gpu_units(deployment)
     dropins: list[DropIn] = []
     if facts.staged_site:
         why = ("the SGLang Python here is the machine's own Python (torch) with SGLang and smg staged in another "
                "directory; a host's SGLang environment has them installed, so its units need no PYTHONPATH")
         entry = ("Environment", environment_line("PYTHONPATH", facts.staged_site))
-        dropins += [DropIn(f"sglang-{deployment}-{role}.service", "50-staged-site.conf", why, (entry,))
-                    for role in (*GPU_ROLES, "router")]
+        dropins += [DropIn(unit, "50-staged-site.conf", why, (entry,))
+                    for unit in (*units, f"sglang-{deployment}-router.service")]
     closed = {node: gid for node, (mode, gid) in facts.device_modes.items() if mode & 0o006 != 0o006}
     if closed:
         groups = " ".join(str(gid) for gid in sorted(set(closed.values())))

@@ -61,12 +61,23 @@ case "${1:-run}" in
       python3 -m compileall -q -j 16 "$work/tree/site" >/dev/null 2>&1
       echo "unpacked and compiled in $(( $(date +%s) - t0 )) s"
     fi
+    # Wheels carried in .whl beside the payload go into the site too: BENCH=1's client imports `datasets`
+    # (sglang.benchmark.datasets), which the payload (what the servers import) does not hold.
+    if compgen -G ".whl/*.whl" >/dev/null; then
+      python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$work/tree/site" .whl/*.whl
+    fi
     facts > "$out/machine.txt" 2>&1
     python3 -c 'import importlib.metadata as m; print(*[f"{p} {m.version(p)}" for p in ("torch", "sglang", "smg",
       "sglang-router", "sglang-kernel", "nixl-cu13", "triton")], sep="; ")' >> "$out/machine.txt" 2>&1
     timeout "${GPU_TIER_TIMEOUT:-540}" python3 -m tests.gpu.systemd.runner run --work "$work" --out "$out" \
-      --start-timeout 360 --budget-s "$(( ${GPU_TIER_TIMEOUT:-540} - 10 ))" 2>&1 \
+      --start-timeout 360 --budget-s "$(( ${GPU_TIER_TIMEOUT:-540} - 10 ))" \
+      ${BENCH:+--cold-restart-needs-s 100000} 2>&1 \
       | tee "$out/run.log"
+    # BENCH=1: pdserve bench on the same container right after (the run's cold restart is then left out).
+    if [ "${BENCH:-0}" = 1 ]; then
+      timeout "${BENCH_TIMEOUT:-300}" python3 -m tests.gpu.systemd.runner bench --work "$work" --out "$out" \
+        --budget-s "$(( ${BENCH_TIMEOUT:-300} - 20 ))" --workload "${BENCH_WORKLOAD:-smoke}" 2>&1 | tee "$out/bench.log"
+    fi
     ;;
   restarts)
     timeout "${GPU_TIER_TIMEOUT:-540}" python3 -m tests.gpu.systemd.runner restarts --work "$work" --out "$out" 2>&1 \

@@ -547,6 +547,8 @@ def bench(args) -> int:
         return 1
     argv = [*env, PDSERVE_INSIDE, "bench", "--config", CONFIG_INSIDE, "--workload", args.workload,
             "--compare", "single,pd", "--point-timeout", "120", "--json",
+            # The deployment names no SGLang Python (the units get theirs through the drop-in's PYTHONPATH).
+            "--sglang-python", python,
             *(["--plot", BENCH_PLOT_INSIDE] if has_plot else [])]
     began = time.monotonic()
     try:

@@ -207,10 +207,11 @@ def test_device_nodes_are_found_by_name(tmp_path):
 
 # -- drop-ins --------------------------------------------------------------------------------------------
 
-def test_the_staged_site_reaches_all_three_units():
+def test_the_staged_site_reaches_every_unit_that_runs_python():
     facts = dropins.MachineFacts({}, "/usr/lib/x86_64-linux-gnu", "/x", "/opt/pdserve-gpu/site")
     found = dropins.needed("gputest", facts)
-    assert sorted(d.unit for d in found) == [f"sglang-gputest-{r}.service" for r in ("decode", "prefill", "router")]
+    assert sorted(d.unit for d in found) == ["sglang-gputest-decode.service", "sglang-gputest-prefill.service",
+                                             "sglang-gputest-router.service", "sglang-gputest.service"]
     assert all(d.entries == (("Environment", '"PYTHONPATH=/opt/pdserve-gpu/site"'),) for d in found)
 
 
@@ -219,7 +220,7 @@ def test_no_drop_in_where_the_machine_is_like_a_host():
     assert dropins.needed("gputest", facts) == []
 
 
-def test_closed_device_nodes_and_a_missing_libcuda_link_each_get_a_drop_in_on_both_gpu_units(tmp_path):
+def test_closed_device_nodes_and_a_missing_libcuda_link_each_get_a_drop_in_on_every_gpu_unit(tmp_path):
     facts = dropins.MachineFacts({"/dev/nvidia0": (0o20660, 44), "/dev/nvidiactl": (0o20666, 0)}, None,
                                  "/usr/local/lib/pdserve-host")
     found = dropins.needed("gputest", facts)
@@ -227,12 +228,14 @@ def test_closed_device_nodes_and_a_missing_libcuda_link_each_get_a_drop_in_on_bo
         "sglang-gputest-decode.service.d/50-device-group.conf",
         "sglang-gputest-decode.service.d/50-triton-libcuda.conf",
         "sglang-gputest-prefill.service.d/50-device-group.conf",
-        "sglang-gputest-prefill.service.d/50-triton-libcuda.conf"]
+        "sglang-gputest-prefill.service.d/50-triton-libcuda.conf",
+        "sglang-gputest.service.d/50-device-group.conf",
+        "sglang-gputest.service.d/50-triton-libcuda.conf"]
     written = dropins.install(found, tmp_path)
     text = (tmp_path / "sglang-gputest-prefill.service.d/50-device-group.conf").read_text()
     assert "[Service]\nSupplementaryGroups=44\n" in text
     assert all(line.startswith("#") for line in text.split("[Service]")[0].splitlines() if line)
-    assert len(written) == 4
+    assert len(written) == 6
     if shutil.which("systemd-analyze"):
         unit = tmp_path / "x.service"
         unit.write_text("[Service]\nExecStart=/bin/true\n")
