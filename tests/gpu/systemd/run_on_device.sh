@@ -76,7 +76,7 @@ case "${1:-run}" in
     # BENCH=1: pdserve bench on the same container right after (the run's cold restart is then left out).
     if [ "${BENCH:-0}" = 1 ]; then
       timeout "${BENCH_TIMEOUT:-300}" python3 -m tests.gpu.systemd.runner bench --work "$work" --out "$out" \
-        --budget-s "$(( ${BENCH_TIMEOUT:-300} - 20 ))" --workload "${BENCH_WORKLOAD:-smoke}" 2>&1 | tee "$out/bench.log"
+        --budget-s "$(( ${BENCH_TIMEOUT:-300} - 20 ))" --workload "${BENCH_WORKLOAD:-gpu-tier}" 2>&1 | tee "$out/bench.log"
     fi
     ;;
   restarts)
@@ -85,6 +85,6 @@ case "${1:-run}" in
     ;;
   bench)
     timeout "${GPU_TIER_TIMEOUT:-540}" python3 -m tests.gpu.systemd.runner bench --work "$work" --out "$out" \
-      --budget-s "$(( ${GPU_TIER_TIMEOUT:-540} - 20 ))" --workload "${BENCH_WORKLOAD:-smoke}" 2>&1 | tee "$out/bench.log"
+      --budget-s "$(( ${GPU_TIER_TIMEOUT:-540} - 20 ))" --workload "${BENCH_WORKLOAD:-gpu-tier}" 2>&1 | tee "$out/bench.log"
     ;;
 esac

@@ -525,6 +525,9 @@ def restarts(args) -> int:
 
 
 BENCH_PLOT_INSIDE = "/var/lib/pdserve-gpu/bench.png"
+BENCH_HISTORY_INSIDE = "/var/lib/pdserve-gpu/bench-history.jsonl"
+BENCH_WORKLOADS_INSIDE = "/var/lib/pdserve-gpu/bench-workloads.toml"
+BENCH_WORKLOADS = Path(__file__).with_name("bench_workloads.toml")
 
 
 def bench(args) -> int:
@@ -545,7 +548,13 @@ def bench(args) -> int:
     if probe.returncode != 0:
         log(f"the benchmark client does not import here: {probe.stderr.strip()[-500:]}")
         return 1
+    # The tier's own workloads (bench_workloads.toml) and a history file go where the container sees them.
+    for inside, text in ((BENCH_WORKLOADS_INSIDE, BENCH_WORKLOADS.read_text()), (BENCH_HISTORY_INSIDE, "")):
+        (root / inside.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+        if text or not (root / inside.lstrip("/")).exists():
+            (root / inside.lstrip("/")).write_text(text)
     argv = [*env, PDSERVE_INSIDE, "bench", "--config", CONFIG_INSIDE, "--workload", args.workload,
+            "--workloads", BENCH_WORKLOADS_INSIDE, "--history", BENCH_HISTORY_INSIDE,
             "--compare", "single,pd", "--point-timeout", "120", "--json",
             # The deployment names no SGLang Python (the units get theirs through the drop-in's PYTHONPATH).
             "--sglang-python", python,
@@ -567,6 +576,8 @@ def bench(args) -> int:
                        "result": result, "stderr": done.stderr[-6000:]}
     if has_plot and (root / BENCH_PLOT_INSIDE.lstrip("/")).exists():
         shutil.copy(root / BENCH_PLOT_INSIDE.lstrip("/"), out / "bench.png")
+    if (root / BENCH_HISTORY_INSIDE.lstrip("/")).exists():
+        shutil.copy(root / BENCH_HISTORY_INSIDE.lstrip("/"), out / "bench-history.jsonl")
     log(f"bench exit {done.returncode} in {report['bench']['seconds']} s\n{done.stderr[-3000:]}")
     return done.returncode
 
@@ -581,7 +592,8 @@ def main() -> int:
     parser.add_argument("--budget-s", type=float, default=0.0, help="run: the seconds this call may take")
     parser.add_argument("--cold-restart-needs-s", type=float, default=200.0,
                         help="run: after the kill, a cold restart of the prefill if this much of the budget is left")
-    parser.add_argument("--workload", default="smoke", help="bench: the workload pdserve bench runs")
+    parser.add_argument("--workload", default="gpu-tier",
+                        help="bench: the workload pdserve bench runs (a built-in or one of bench_workloads.toml)")
     args = parser.parse_args()
     return {"smoke": smoke, "run": run, "restarts": restarts, "bench": bench}[args.command](args)
 

@@ -340,3 +340,16 @@ def test_the_container_binds_a_copy_of_the_checkout_that_outlives_the_next_devic
     assert staged == work / "checkout" and sorted(p.name for p in staged.iterdir()) == ["pkg", "tests"]
     shutil.rmtree(checkout)  # what the next call's copy of the working tree does to the old one
     assert (staged / "pkg/pdserve/__init__.py").read_text() == "v1"
+
+
+def test_the_bench_workload_file_is_one_pdserve_bench_accepts_and_fits_the_tiny_model():
+    import tomllib
+
+    from pdserve.bench import workload
+
+    tables, problems = workload.workloads(tomllib.loads(runner.BENCH_WORKLOADS.read_text()))
+    assert problems == []
+    chosen, problems = workload.pick(tables, "gpu-tier")
+    assert problems == [] and chosen is not None
+    assert len(chosen.points()) == 3
+    assert chosen.input_len + chosen.output_len <= 4096  # tests/gpu/tiny_model.py's context
