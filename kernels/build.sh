@@ -19,6 +19,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 out="${1:-$here/build}"
 NVCC="${NVCC:-nvcc}"
 mkdir -p "$out"
+# shellcheck disable=SC2054  # -gencode=arch=...,code=... is one nvcc argument, not two array elements
 FLAGS=(
   -std=c++17 -O3
   --fatbin

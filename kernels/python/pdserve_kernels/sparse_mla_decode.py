@@ -150,11 +150,11 @@ def auto_fp8_kernel(layout: str, h: int, rows: int | None, num_sms: int, sm90: b
     On sm_90a with an even number of 64-head blocks, the wgt cluster kernels at every row count (wgx_serves). Else
     on sm_90a with h > 32 and >= 8 rows, or 17-32 heads and >= WG_MID_HEADS_MIN_ROWS rows: V3.2 at most two splits
     per row WGTC_V32 (wgtc_wins), else the wg kernels (h >= 64: 2026-11-30 H200 table, bench_wg.py, now part of
-    bench_mla_variants.py: 1.03-1.75x faster there, 0.82-0.98x at one row; 17-63 heads: WG_MID_HEADS_MIN_ROWS). Otherwise from the 2026-11-29 H200
-    table (bench_mla_variants.py; V4 CSA 640 entries, V3.2 2048; B = 1/8/64/128): V3.2 takes the ds kernels
-    everywhere except 17-32 heads below V32_H32_DS_MIN_ROWS rows; V4 only with >= 64 rows (16 heads: from
-    h16_t32_min_rows), and for h > 32 only while its 32-head blocks fit in one wave (they gather every entry once per
-    head block). Which 16-head ds kernel depends on `entries` too (ds_kernel_name, h16_one_split_wins).
+    bench_mla_variants.py: 1.03-1.75x faster there, 0.82-0.98x at one row; 17-63 heads: WG_MID_HEADS_MIN_ROWS).
+    Otherwise from the 2026-11-29 H200 table (bench_mla_variants.py; V4 CSA 640 entries, V3.2 2048; B = 1/8/64/128):
+    V3.2 takes the ds kernels everywhere except 17-32 heads below V32_H32_DS_MIN_ROWS rows; V4 only with >= 64 rows
+    (16 heads: from h16_t32_min_rows), and for h > 32 only while its 32-head blocks fit in one wave (they gather every
+    entry once per head block). Which 16-head ds kernel depends on `entries` too (ds_kernel_name, h16_one_split_wins).
     """
     if sm90 and wgx_serves(h):   # at every row count (NOTES.md "One head block, and the cluster pair ...")
         return wgx_kernel_name(layout)
@@ -349,7 +349,8 @@ class MlaPlan:
 
     @property
     def partial_floats(self) -> int:
-        """fp32 scratch for the split partials (o [rows, splits, h, 512], then lse [rows, splits, h]); 0 without splits."""
+        """fp32 scratch for the split partials (o [rows, splits, h, 512], then lse [rows, splits, h]); 0 without
+        splits."""
         return self.rows * self.splits * self.h * (DV + 1) if self.splits > 1 else 0
 
     @property
@@ -498,7 +499,8 @@ class SparseMlaDecode:
             raise ValueError(f"kernel {name!r} is not a {layout} kernel of {self.kernels.path.name} ({known}; "
                              "kernels no shape chooses are in the tuning build only, kernels/tuning/build.sh)")
         if info.family == "wg" and self.capability[0] != 9:
-            raise ValueError(f"kernel {name!r} needs an sm_90a GPU (wgmma); this one is sm_{self.capability[0]}{self.capability[1]}")
+            major, minor = self.capability
+            raise ValueError(f"kernel {name!r} needs an sm_90a GPU (wgmma); this one is sm_{major}{minor}")
         pair = info.shape.get("cluster_head_blocks", 1)
         if -(-h // kernel_shape(info)[1]) % pair:
             raise ValueError(f"kernel {name!r} runs in clusters of {pair} head blocks of {kernel_shape(info)[1]}: "
@@ -662,7 +664,8 @@ def _check(torch, device, lay, q, ind, kv, kv_name, ind_name) -> None:
     need(q.data_ptr() % 16 == 0, "q must be 16-byte aligned")
     need(ind.dtype == torch.int32, f"{ind_name} must be int32, got {ind.dtype}")
     need(ind.dim() == 3 and tuple(ind.shape[:2]) == tuple(q.shape[:2]),
-         f"{ind_name} must be [B, next_n, topk] matching q's [B, next_n] = {tuple(q.shape[:2])}, got {tuple(ind.shape)}")
+         f"{ind_name} must be [B, next_n, topk] matching q's [B, next_n] = {tuple(q.shape[:2])}, "
+         f"got {tuple(ind.shape)}")
     need(ind.is_contiguous(), f"{ind_name} must be contiguous")
     if lay.bf16:
         need(kv.dtype == torch.bfloat16, f"{kv_name} must be bfloat16 for layout {lay.name}, got {kv.dtype}")
