@@ -7,9 +7,10 @@
 # Deliberately absent: -G, -lineinfo and host -g, which embed the build directory.
 #
 #   METADATA_ONLY=1   write only the .json files (host compiler, about a second; the CPU tests use it)
-#   TUNING=1          the tuning build instead (kernels/tuning/build.sh): sparse_mla_decode with the wrong-by-
-#                     design probe kernels, and dsa_indexer with its timeline stamps, as
-#                     <module>_tuning.{fatbin,json}; never installed
+#   TUNING=1          the tuning build instead (kernels/tuning/build.sh): sparse_mla_decode from
+#                     kernels/tuning/sparse_mla_decode_tuning.cu (the production kernels plus the retired,
+#                     experimental and wrong-by-design probe kernels), and dsa_indexer with its timeline stamps,
+#                     as <module>_tuning.{fatbin,json}; never installed
 #   VERBOSE=1         report registers/spills; ptxas then records its options in each cubin's .note.nv.tkinfo
 #                     section, so the bytes differ from a plain build (the SASS does not): build plainly
 #                     for anything measured, shipped or compared
@@ -18,6 +19,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 out="${1:-$here/build}"
 NVCC="${NVCC:-nvcc}"
 mkdir -p "$out"
+# shellcheck disable=SC2054  # -gencode=arch=...,code=... is one nvcc argument, not two array elements
 FLAGS=(
   -std=c++17 -O3
   --fatbin
@@ -44,6 +46,9 @@ for k in "${modules[@]}"; do
 done
 if [[ "${METADATA_ONLY:-0}" == 1 ]]; then exit 0; fi
 for k in "${modules[@]}"; do
-  "$NVCC" "${FLAGS[@]}" "${defines[@]}" "$here/$k/$k.cu" -o "$out/$k$suffix.fatbin"
+  src="$here/$k/$k.cu"
+  # the tuning build's sparse_mla_decode is its own translation unit (the production one plus the tuning kernels)
+  if [[ -n "$suffix" && -f "$here/tuning/$k$suffix.cu" ]]; then src="$here/tuning/$k$suffix.cu"; fi
+  "$NVCC" "${FLAGS[@]}" "${defines[@]}" "$src" -o "$out/$k$suffix.fatbin"
   echo "$out/$k$suffix.fatbin"
 done

@@ -11,6 +11,9 @@
 
 #include "dsa_indexer/dsa_indexer.h"
 #include "sparse_mla_decode/sparse_mla_decode.h"
+#ifdef PDSERVE_TUNING_PROBES   // the tuning build (kernels/tuning/build.sh) lists its own kernels too
+#include "tuning/sparse_mla_decode_tuning.h"
+#endif
 
 namespace {
 

@@ -26,8 +26,8 @@ def errors(mla, inp, **kw):
     fin = ~torch.isinf(ref_lse)
     num = (o.float() - ref_o)[fin].norm(dim=-1)
     den = ref_o[fin].norm(dim=-1).clamp_min(1e-30)
-    return dict(rel=(num.norm() / den.norm()).item(), worst=(num / den).max().item(),
-                lse=(lse[fin] - ref_lse[fin]).abs().max().item(), nan=bool(torch.isnan(o.float()).any()))
+    return {"rel": (num.norm() / den.norm()).item(), "worst": (num / den).max().item(),
+            "lse": (lse[fin] - ref_lse[fin]).abs().max().item(), "nan": bool(torch.isnan(o.float()).any())}
 
 
 def kernels(mla, B: int, h: int) -> list[tuple[str, str, bool]]:
@@ -61,7 +61,8 @@ def main() -> int:
                     rows.append(dict(B=B, h=h, scales=mode, variant=variant, kernel=kernel,
                                      **errors(mla, inp, kernel=kernel, lossy_bf16_dequant=lossy)))
 
-    table = row_table("", "| B | h | scales | kernel | rel L2 error of o | worst (row, head) | max abs lse error | NaN |",
+    table = row_table("",
+                      "| B | h | scales | kernel | rel L2 error of o | worst (row, head) | max abs lse error | NaN |",
                       "| {B} | {h} | {scales} | {kernel} ({variant}) | {rel:.2e} | {worst:.2e} | {lse:.1e} | {nan} |")
     return finish(env, rows, args.json, table)
 

@@ -5,9 +5,9 @@ the fatbin that can serve the shape (named kernels run with the opt-in: these in
 the kernels that round e4m3 x scale are exact too), timed round-robin in one process on the same inputs:
 the first-version kernel ("old"), every "ds" kernel of the head block (16 heads for h <= 16, else 32), and on
 sm_90a for h > 32 every "wg" kernel of the layout (64-head blocks; for V3.2 also the exact-scale "wge" kernels
-wg_v32_s3_e and wg_v32_s3_e_c2, on these power-of-two-scale inputs like the others). Each candidate is also checked against the
-fp32 reference (first rows). The launcher's fastest choice is chosen from this table (auto_fp8_kernel; NOTES.md
-records what it showed).
+wg_v32_s3_e and wg_v32_s3_e_c2, on these power-of-two-scale inputs like the others). Each candidate is also checked
+against the fp32 reference (first rows). The launcher's fastest choice is chosen from this table (auto_fp8_kernel;
+NOTES.md records what it showed).
 
 Options: --fused also times the ds default with the fused split-combine, and the default kernel fused where it
 merges its splits itself (the wg kernels' split pairs); --splits 1,2,3 times the default kernel at those split
@@ -15,6 +15,9 @@ counts (fused too with --fused); --kernels REGEX times only the kernels whose na
 Timing as bench_sparse_mla.py (harness.Timer: CUDA events, L2 evicted before
 every repeat, median). One table per run. Merges the former bench_mla_variants.py (ds) and bench_wg.py (wg).
 """
+
+# The timed closures capture the loop's inputs and are called within the iteration that makes them.
+# ruff: noqa: B023
 
 from __future__ import annotations
 
@@ -26,8 +29,8 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from harness import Timer, finish, mla_shapes, run_env, seeded_generator, table_head  # noqa: E402
-from pdserve_kernels.sparse_mla_decode import SparseMlaDecode, kernel_shape  # noqa: E402
+from harness import Timer, finish, mla_shapes, run_env, seeded_generator, table_head
+from pdserve_kernels.sparse_mla_decode import SparseMlaDecode, kernel_shape
 
 
 def candidates(mla, layout: str, h: int, rows: int, entries: int,
@@ -114,7 +117,7 @@ def main() -> int:
             info[label] = {"kernel": name, "splits": n_splits, "rel_err": x.rel_err(out, ro)}
             fns.append(call)
         ts = timer.medians_us(fns, args.reps)
-        us = {label: round(t, 2) for (label, _, _), t in zip(cands, ts)}
+        us = {label: round(t, 2) for (label, _, _), t in zip(cands, ts, strict=False)}
         row = {"case": x.case, "B": B, "h": h, "us": us, "info": info}
         rows_out.append(row)
         print(json.dumps(row), flush=True)

@@ -28,11 +28,21 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from flashmla_adapter import FLASHMLA_COMMIT, FlashMlaDecode  # noqa: E402
-from flashmla_adapter import load as load_flashmla  # noqa: E402
-from harness import (CASES, Timer, copy_bandwidth, finish, floor_us, matmul_tflops, mla_shapes,  # noqa: E402
-                     run_env, seeded_generator, table_head)
-from pdserve_kernels.sparse_mla_decode import SparseMlaDecode  # noqa: E402
+from flashmla_adapter import FLASHMLA_COMMIT, FlashMlaDecode
+from flashmla_adapter import load as load_flashmla
+from harness import (
+    CASES,
+    Timer,
+    copy_bandwidth,
+    finish,
+    floor_us,
+    matmul_tflops,
+    mla_shapes,
+    run_env,
+    seeded_generator,
+    table_head,
+)
+from pdserve_kernels.sparse_mla_decode import SparseMlaDecode
 
 
 def main() -> int:
@@ -46,7 +56,7 @@ def main() -> int:
     ap.add_argument("--sweep-splits", action="store_true", help="also time fixed split counts at B=64")
     ap.add_argument("--lossy", action="store_true", help="the lossy opt-in (lossy_bf16_dequant=True) for ours")
     args = ap.parse_args()
-    choice = dict(lossy_bf16_dequant=args.lossy)
+    choice = {"lossy_bf16_dequant": args.lossy}
     assert args.reps >= 30 and args.ref_reps >= 30, "the benchmark contract is >= 30 repeats"
 
     gen = seeded_generator()
@@ -84,9 +94,9 @@ def main() -> int:
         name, splits = plan.kernel, plan.splits
         bytes_, flops = x.bytes_flops()
         floor = floor_us(bytes_, flops, env["copy_GBps"], env["matmul_TFLOPs"])
-        row = dict(case=x.case, B=B, h=h, entries=x.n_valid, kernel=name, splits=splits, us=t,
-                   GBps=bytes_ / (t * 1e-6) / 1e9, TFLOPs=flops / (t * 1e-6) / 1e12, floor_us=floor,
-                   pct_floor=100 * floor / t, bytes=bytes_, flops=flops)
+        row = {"case": x.case, "B": B, "h": h, "entries": x.n_valid, "kernel": name, "splits": splits, "us": t,
+               "GBps": bytes_ / (t * 1e-6) / 1e9, "TFLOPs": flops / (t * 1e-6) / 1e12, "floor_us": floor,
+               "pct_floor": 100 * floor / t, "bytes": bytes_, "flops": flops}
         # Correctness on this shape: first rows against the fp32 reference.
         ro, rl = x.reference(4)
         r = ro.shape[0]
@@ -103,7 +113,7 @@ def main() -> int:
         if args.sweep_splits and B == 64:
             alts = [s for s in (1, 2, 3, 4) if s != splits]
             ts = timer.medians_us([x.call(mla, splits=s, **choice) for s in alts], args.reps)
-            row["splits_sweep"] = {str(s): round(v, 2) for s, v in zip(alts, ts)}
+            row["splits_sweep"] = {str(s): round(v, 2) for s, v in zip(alts, ts, strict=False)}
         if args.sweep_splits and B in (64, 128):
             # The 16-head, 32-entry kernel (97-108 KB of smem: two CTAs per SM) at 1x and 2x the splits.
             small = mla.pick_kernel(x.layout, h, small=True)

@@ -39,7 +39,7 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from targets import GRIDS, plan, render_markdown  # noqa: E402
+from targets import GRIDS, plan, render_markdown
 
 
 def main() -> int:
@@ -63,7 +63,7 @@ def main() -> int:
         print_plan(rows)
         return 0
     assert args.reps >= 30, "the benchmark contract is >= 30 repeats"
-    from targets_measure import Bench   # torch, the launchers and the comparators: only to measure
+    from targets_measure import Bench  # torch, the launchers and the comparators: only to measure
     return Bench(args.reps, rows, lossy_bf16_dequant=args.lossy).run(args.json)
 
 

@@ -54,7 +54,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("sparse_decode_fwd", &sparse_attn_decode_interface);
 }
 EOF
-cmp -s "$binding.new" "$binding" && rm "$binding.new" || mv "$binding.new" "$binding"
+if cmp -s "$binding.new" "$binding"; then rm "$binding.new"; else mv "$binding.new" "$binding"; fi
 
 (cd "$src" && python3 - > "$log" 2>&1 <<'EOF'
 import runpy

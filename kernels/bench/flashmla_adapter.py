@@ -57,11 +57,11 @@ class FlashMlaDecode:
                 sinks = sp
         self.fm = fm
         self.sched, _ = fm.get_mla_metadata()
-        self.kw = dict(
-            q=q, k_cache=kv, block_table=None, cache_seqlens=None, head_dim_v=512,
-            tile_scheduler_metadata=self.sched, softmax_scale=sm_scale, is_fp8_kvcache=True,
-            indices=indices, attn_sink=None if sinks is None else sinks.float().contiguous(),
-            extra_k_cache=extra_kv, extra_indices_in_kvcache=extra_indices)
+        self.kw = {
+            "q": q, "k_cache": kv, "block_table": None, "cache_seqlens": None, "head_dim_v": 512,
+            "tile_scheduler_metadata": self.sched, "softmax_scale": sm_scale, "is_fp8_kvcache": True,
+            "indices": indices, "attn_sink": None if sinks is None else sinks.float().contiguous(),
+            "extra_k_cache": extra_kv, "extra_indices_in_kvcache": extra_indices}
         self.first = self()
         torch.cuda.synchronize()   # an error of the first call surfaces here, inside the caller's try
 

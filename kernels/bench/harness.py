@@ -16,11 +16,10 @@ from dataclasses import dataclass
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "python"))
 
-import torch  # noqa: E402
-
-from pdserve_kernels.reference import BLOCK_BYTES, KEY_BYTES  # noqa: E402
-from pdserve_kernels.reference import PAGE as INDEXER_PAGE  # noqa: E402
-from pdserve_kernels.sparse_mla_reference import LAYOUTS, make_cache, reference_decode  # noqa: E402
+import torch
+from pdserve_kernels.reference import BLOCK_BYTES, KEY_BYTES
+from pdserve_kernels.reference import PAGE as INDEXER_PAGE
+from pdserve_kernels.sparse_mla_reference import LAYOUTS, make_cache, reference_decode
 
 
 def sh(cmd: str) -> str:
@@ -34,7 +33,7 @@ def run_env(**extra) -> dict:
     """Date, GPU, driver, versions and the command line of this run (printed first, stored with the rows)."""
     props = torch.cuda.get_device_properties(0)
     env = {
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "gpu": props.name, "sms": props.multi_processor_count,
         "driver": sh("nvidia-smi --query-gpu=driver_version --format=csv,noheader"),
         "torch": torch.__version__, "nvcc": sh("nvcc --version | tail -2 | head -1"),
@@ -117,7 +116,7 @@ class Timer:
         ev = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
               for _ in fns]
         for r in range(reps):
-            for fn, evs, primer in zip(fns, ev, primers):
+            for fn, evs, primer in zip(fns, ev, primers, strict=False):
                 s, e = evs[r]
                 # Evict the previous repeat's data from L2 (50 MB) by reading 512 MB: a read leaves clean
                 # lines, so the timed kernels do not pay for writing back the flush's own dirty lines.
@@ -298,7 +297,7 @@ def mla_batch(case: str, B: int, heads, gen, pools: dict, k_main: int | None = N
     ind = distinct_indices(B, k_main, kv.shape[0] * PAGE, gen).view(B, 1, k_main)
     win_ind = distinct_indices(B, k_win, win.shape[0] * PAGE, gen).view(B, 1, k_win) if k_win else None
     uniq = torch.unique(ind).numel() + (torch.unique(win_ind).numel() if k_win else 0)
-    extra = dict(extra_kv=win, extra_indices=win_ind) if k_win else {}
+    extra = {"extra_kv": win, "extra_indices": win_ind} if k_win else {}
     for h in heads:
         q = torch.randn((B, 1, h, lay.dqk), device="cuda", generator=gen).to(torch.bfloat16)
         sinks = torch.randn((h,), device="cuda", generator=gen)

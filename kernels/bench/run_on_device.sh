@@ -13,7 +13,14 @@
 # TARGETS_ARGS passes arguments on (--quick: the target rows only); it gets what is left of 560 s.
 # Tuning runs (sweeps, probes, ncu) are in kernels/tuning/README.md.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
+# Each *_ARGS variable is a list of extra arguments to its script, split on spaces.
+read -ra variant_args <<< "${VARIANT_ARGS:-}"
+read -ra bench_args <<< "${BENCH_ARGS:-}"
+read -ra mla_bench_args <<< "${MLA_BENCH_ARGS:-}"
+read -ra ops_bench_args <<< "${OPS_BENCH_ARGS:-}"
+read -ra accuracy_args <<< "${ACCURACY_ARGS:-}"
+read -ra targets_args <<< "${TARGETS_ARGS:-}"
 OUT="${OUT:-/tmp/kernels_out}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -41,23 +48,23 @@ if [[ "${TESTS:-1}" == 1 ]]; then
 fi
 if [[ "${VARIANTS:-1}" == 1 ]]; then
   timeout "${VARIANT_TIMEOUT:-200}" python3 kernels/bench/bench_mla_variants.py --json "$OUT/variants.json" \
-    ${VARIANT_ARGS:-} 2>&1 | tee "$OUT/variants.log" | grep -v '^{'
+    "${variant_args[@]}" 2>&1 | tee "$OUT/variants.log" | grep -v '^{'
 fi
 if [[ "${BENCH:-1}" == 1 ]]; then
-  timeout "${BENCH_TIMEOUT:-300}" python3 kernels/bench/bench_dsa_indexer.py --json "$OUT/bench.json" ${BENCH_ARGS:-} \
+  timeout "${BENCH_TIMEOUT:-300}" python3 kernels/bench/bench_dsa_indexer.py --json "$OUT/bench.json" "${bench_args[@]}" \
     2>&1 | tee "$OUT/bench.log" | grep -v '^{'
 fi
 if [[ "${MLA_BENCH:-1}" == 1 ]]; then
   timeout "${MLA_BENCH_TIMEOUT:-300}" python3 kernels/bench/bench_sparse_mla.py --json "$OUT/mla_bench.json" \
-    ${MLA_BENCH_ARGS:-} 2>&1 | tee "$OUT/mla_bench.log" | grep -v '^{' | tail -60
+    "${mla_bench_args[@]}" 2>&1 | tee "$OUT/mla_bench.log" | grep -v '^{' | tail -60
 fi
 if [[ "${OPS_BENCH:-1}" == 1 ]]; then
-  timeout "${OPS_BENCH_TIMEOUT:-120}" python3 kernels/bench/bench_ops.py --json "$OUT/ops_bench.json" ${OPS_BENCH_ARGS:-} \
+  timeout "${OPS_BENCH_TIMEOUT:-120}" python3 kernels/bench/bench_ops.py --json "$OUT/ops_bench.json" "${ops_bench_args[@]}" \
     2>&1 | tee "$OUT/ops_bench.log" | grep -v '^{'
 fi
 if [[ "${ACCURACY:-1}" == 1 ]]; then
   timeout "${ACCURACY_TIMEOUT:-200}" python3 kernels/bench/accuracy_amax448.py --json "$OUT/accuracy.json" \
-    ${ACCURACY_ARGS:-} 2>&1 | tee "$OUT/accuracy.log" | grep -v '^{'
+    "${accuracy_args[@]}" 2>&1 | tee "$OUT/accuracy.log" | grep -v '^{'
 fi
 if [[ "${TARGETS:-0}" == 1 ]]; then
   t0=$SECONDS
@@ -93,6 +100,6 @@ if [[ "${TARGETS:-0}" == 1 ]]; then
   cuda_home=${CUDA_HOME:-$([ -x /usr/local/cuda/bin/nvcc ] && echo /usr/local/cuda)}
   PYTHONPATH="$pypath" LD_LIBRARY_PATH="$libpath" DG_JIT_CACHE_DIR=/tmp/pdserve-deep-gemm-jit CUDA_HOME="$cuda_home" \
     timeout "${TARGETS_TIMEOUT:-$left}" python3 kernels/bench/bench_targets.py --json "$OUT/targets.json" \
-    ${TARGETS_ARGS:-} 2>&1 | tee "$OUT/targets.log" | grep -v '^{'
+    "${targets_args[@]}" 2>&1 | tee "$OUT/targets.log" | grep -v '^{'
   echo "[time] whole call so far $SECONDS s"
 fi

@@ -160,7 +160,7 @@ def render_markdown(env: dict, rows: list[dict]) -> str:
     ]
     if env.get("note"):
         head.append(env["note"])
-    lines = head + ["", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines = [*head, "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(table_cells(r)) + " |" for r in rows]
     tally = [evaluate(r)[0] for r in rows if r.get("target")]
     lines += ["", (f"Targets: {tally.count('met')} met, {tally.count('missed')} missed, "

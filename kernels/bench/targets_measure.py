@@ -12,20 +12,32 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
-from deepgemm_adapter import DEEPGEMM_DIST, DeepGemmTopk  # noqa: E402
-from deepgemm_adapter import load as load_deep_gemm  # noqa: E402
-from flashmla_adapter import FLASHMLA_COMMIT, FlashMlaDecode  # noqa: E402
-from flashmla_adapter import load as load_flashmla  # noqa: E402
-from harness import (CASES, Timer, copy_bandwidth, floor_us, indexer_key_bytes, indexer_pool,  # noqa: E402
-                     matmul_tflops, mla_batch, run_env, seeded_generator, sh)
+import torch
+from deepgemm_adapter import DEEPGEMM_DIST, DeepGemmTopk
+from deepgemm_adapter import load as load_deep_gemm
+from flashmla_adapter import FLASHMLA_COMMIT, FlashMlaDecode
+from flashmla_adapter import load as load_flashmla
+from harness import (
+    CASES,
+    Timer,
+    copy_bandwidth,
+    floor_us,
+    indexer_key_bytes,
+    indexer_pool,
+    matmul_tflops,
+    mla_batch,
+    run_env,
+    seeded_generator,
+    sh,
+)
+
 # From the modules: the package's names sparse_mla_decode / dsa_indexer are its convenience functions.
-from pdserve_kernels.dsa_indexer import DsaIndexer  # noqa: E402
-from pdserve_kernels.dsa_indexer import find_fatbin as indexer_fatbin  # noqa: E402
-from pdserve_kernels.sparse_mla_decode import SparseMlaDecode  # noqa: E402
-from pdserve_kernels.sparse_mla_decode import find_fatbin as mla_fatbin  # noqa: E402
-from pdserve_kernels.reference import PAGE, reference_scores  # noqa: E402
-from targets import INDEXER_TOPK, MLA_CASES, render_markdown  # noqa: E402
+from pdserve_kernels.dsa_indexer import DsaIndexer
+from pdserve_kernels.dsa_indexer import find_fatbin as indexer_fatbin
+from pdserve_kernels.reference import PAGE, reference_scores
+from pdserve_kernels.sparse_mla_decode import SparseMlaDecode
+from pdserve_kernels.sparse_mla_decode import find_fatbin as mla_fatbin
+from targets import INDEXER_TOPK, MLA_CASES, render_markdown
 
 MLA_REL_TOL, MLA_LSE_TOL = 5e-3, 1e-3   # tests/kernels/test_sparse_mla_decode_gpu.py's bounds
 INDEXER_SCORE_TOL = 1e-3                # relative L2 of our fp32 scores (DeepGEMM's own is ~1e-4)

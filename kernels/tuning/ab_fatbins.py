@@ -103,8 +103,9 @@ def main() -> int:
             if fm is not None and not x.lay.bf16 and flashmla_adapter.padded_heads(h):
                 try:
                     def flashmla(y):
-                        return flashmla_adapter.FlashMlaDecode(fm, y.q, y.kv, y.ind, y.sm_scale, y.sinks, **{
-                            "extra_kv": y.extra.get("extra_kv"), "extra_indices": y.extra.get("extra_indices")})
+                        return flashmla_adapter.FlashMlaDecode(fm, y.q, y.kv, y.ind, y.sm_scale, y.sinks,
+                                                               extra_kv=y.extra.get("extra_kv"),
+                                                               extra_indices=y.extra.get("extra_indices"))
                     f = flashmla(x)
                     f2 = flashmla(x2) if x2 is not None else None
                     f1 = flashmla(x1) if x1 is not None else None
@@ -124,7 +125,7 @@ def main() -> int:
                                  **choice)
             row = {"case": case, "B": B, "h": h, "entries": x.n_valid, "tiles": -(-x.n_valid // 64),
                    "kernel": plan.kernel.replace("sparse_mla_", ""), "splits": plan.splits,
-                   "us": {lab: round(t, 2) for lab, t in zip(timed_labels, ts)}, "rel_err": err}
+                   "us": {lab: round(t, 2) for lab, t in zip(timed_labels, ts, strict=False)}, "rel_err": err}
             rows.append(row)
             print(json.dumps(row), flush=True)
     return finish(env, rows, args.json, print_table)

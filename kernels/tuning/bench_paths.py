@@ -8,6 +8,9 @@ is), the launcher's default, the scoring pass alone, and an exactness check of e
 against a top-k of its own scores. Then fused chunk sizes at B=1 L=128K. Writes JSON with --json.
 """
 
+# The timed closures capture the loop's inputs and are called within the iteration that makes them.
+# ruff: noqa: B023
+
 from __future__ import annotations
 
 import argparse
@@ -19,12 +22,14 @@ import sys
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "python"))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "bench"))
 
-import torch  # noqa: E402
-
-from harness import indexer_pool  # noqa: E402
-from harness import Timer, sh  # noqa: E402
-from pdserve_kernels.dsa_indexer import DsaIndexer  # noqa: E402
-from pdserve_kernels.reference import PAGE  # noqa: E402
+import torch
+from harness import (
+    Timer,
+    indexer_pool,
+    sh,
+)
+from pdserve_kernels.dsa_indexer import DsaIndexer
+from pdserve_kernels.reference import PAGE
 
 TOPK = 2048
 
@@ -51,7 +56,7 @@ def main() -> int:
     timer = Timer()
     ind = DsaIndexer()
     props = torch.cuda.get_device_properties(0)
-    env = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "gpu": props.name,
+    env = {"date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"), "gpu": props.name,
            "sms": props.multi_processor_count,
            "driver": sh("nvidia-smi --query-gpu=driver_version --format=csv,noheader"),
            "torch": torch.__version__, "command": " ".join(sys.argv)}
@@ -78,7 +83,7 @@ def main() -> int:
         }
         if fused_ok:
             fns["fused"] = lambda: ind(q, w, kv, ctx, bt, TOPK, max_len=L, path="fused")
-        times = dict(zip(fns, timer.medians_us(list(fns.values()), args.reps)))
+        times = dict(zip(fns, timer.medians_us(list(fns.values()), args.reps), strict=False))
         row = dict(B=B, L=L, **{f"{k}_us": v for k, v in times.items()})
         ind(q, w, kv, ctx, bt, TOPK, max_len=L)
         row["default_path"] = list(ind.last_path)
@@ -99,7 +104,7 @@ def main() -> int:
     fns = [(lambda c=c: ind(q, w, kv, ctx, bt, TOPK, max_len=L, path="fused", chunk_pages=c)) for c in chunks]
     fns += [(lambda c=c: ind(q, w, kv, ctx, bt, TOPK, max_len=L, path="split", chunk_pages=c)) for c in chunks]
     ts = timer.medians_us(fns, args.reps)
-    sweep = dict(B=B, L=L, chunks=chunks, fused_us=ts[:len(chunks)], split_us=ts[len(chunks):])
+    sweep = {"B": B, "L": L, "chunks": chunks, "fused_us": ts[:len(chunks)], "split_us": ts[len(chunks):]}
     print(json.dumps(sweep), flush=True)
 
     print(f"\n# {env['date']} | {env['gpu']} | driver {env['driver']} | torch {env['torch']}")
@@ -108,9 +113,10 @@ def main() -> int:
     for r in rows:
         fu = f"{r['fused_us']:.1f} ({r['fused_chunk']})" if "fused_us" in r else "- (does not fit)"
         print(f"| {r['B']} | {r['L'] // 1024}K | {r['split_us']:.1f} | {fu} | {r['default_us']:.1f} "
-              f"({r['default_path'][0]}) | {r['score_only_us']:.1f} | {r.get('exact_split', '')}/{r.get('exact_fused', '')} |")
+              f"({r['default_path'][0]}) | {r['score_only_us']:.1f} | "
+              f"{r.get('exact_split', '')}/{r.get('exact_fused', '')} |")
     print("chunk sweep B=1 L=128K:", " ".join(f"{c}: fused {a:.1f} split {b:.1f};" for c, a, b in
-                                              zip(chunks, sweep["fused_us"], sweep["split_us"])))
+                                              zip(chunks, sweep["fused_us"], sweep["split_us"], strict=False)))
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps({"env": env, "rows": rows, "sweep": sweep}, indent=1))
     return 0

@@ -64,7 +64,8 @@ def one_case(rng, q_terms: int, p_terms: int, q_mult: float, h: int = 16, n: int
             ref = scale[:, grp].max()
             pp = p * (scale[:, grp] / ref)[None, :]
             f = pow2_row_scale(pp)
-            out[:, 64 * grp:64 * grp + 64] = (e4m3_terms(pp * f, p_terms) / f) @ payload[:, 64 * grp:64 * grp + 64] * ref
+            cols = slice(64 * grp, 64 * grp + 64)
+            out[:, cols] = (e4m3_terms(pp * f, p_terms) / f) @ payload[:, cols] * ref
         pmax = p.max(axis=1, keepdims=True)
         out[:, nope:] = bf16(p / pmax) @ k_rope * pmax
         return out

@@ -6,7 +6,7 @@
 # profiled (the first warms up). FATBIN overrides the production fatbin (e.g. the tuning build).
 #   bash kernels/tuning/ncu_durations.sh v4-csa,1,16,auto v4-csa,1,16,sparse_mla_ds_v4_h16_t32_s4
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 export PYTHONUNBUFFERED=1
 export PDSERVE_SPARSE_MLA_FATBIN="${FATBIN:-$PWD/kernels/build/sparse_mla_decode.fatbin}"
 echo "| shape | kernel | grid | us |"

@@ -25,7 +25,6 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "python")]
 
 import torch  # noqa: E402
-
 from harness import Timer, mla_shapes, run_env, seeded_generator  # noqa: E402
 from pdserve_kernels.sparse_mla_decode import SparseMlaDecode  # noqa: E402
 
@@ -116,14 +115,14 @@ def main() -> int:
         vs = variants(x, new, old) + (sweep(x, new) if args.sweep else [])
         ts = timer.medians_us([v[3] for v in vs], args.reps)
         ref_out, _ = x.reference(rows=2)
-        for (label, kernel, splits, fn), t in zip(vs, ts):
+        for (label, kernel, splits, fn), t in zip(vs, ts, strict=False):
             err = x.rel_err(fn()[0], ref_out) if label != "main-only" else float("nan")
-            rows.append(dict(case=x.case, B=x.B, h=x.h, variant=label, kernel=kernel, splits=splits, us=round(t, 2),
-                             rel_err=err))
+            rows.append({"case": x.case, "B": x.B, "h": x.h, "variant": label, "kernel": kernel, "splits": splits,
+                         "us": round(t, 2), "rel_err": err})
             print(f"| {x.case} | {x.B} | {x.h} | {label} | {kernel.replace('sparse_mla_', '')} ({splits}) | "
                   f"{t:.1f} | {err:.1e} |", flush=True)
     if args.json:
-        pathlib.Path(args.json).write_text(json.dumps(dict(empty_us=empty, rows=rows), indent=1))
+        pathlib.Path(args.json).write_text(json.dumps({"empty_us": empty, "rows": rows}, indent=1))
     return 0
 
 

@@ -1,13 +1,17 @@
 #!/usr/bin/env python3
 """Where a cluster-pair (_t64x) call's time goes: the tuning build's `_t64x_tl` kernels are the production _t64x with
-clock64 / globaltimer readings per CTA at its phases and per-phase sums over the tiles (WgtStamp in sparse_mla_decode.cu), written into the split
-workspace pointer, which one split leaves unused. Per shape (case:B:h, and --topk entries from the main cache), over
---reps launches each after an L2 flush and a sleep (as harness.Timer), it prints the median over CTAs (and the
-slowest CTA) of each phase in microseconds (cycles / the CTA's own clock rate from its two globaltimer readings),
-and the spread of the CTAs' start times. The output is checked against the default kernel's.
+clock64 / globaltimer readings per CTA at its phases and per-phase sums over the tiles (WgtStamp in
+kernels/sparse_mla_decode/wgt.cuh), written into the split workspace pointer, which one split leaves unused. Per shape
+(case:B:h, and --topk entries from the main cache), over --reps launches each after an L2 flush and a sleep (as
+harness.Timer), it prints the median over CTAs (and the slowest CTA) of each phase in microseconds (cycles / the CTA's
+own clock rate from its two globaltimer readings), and the spread of the CTAs' start times. The output is checked
+against the default kernel's.
 
 Tuning aid (kernels/tuning/README.md), not the benchmark.
 """
+
+# The timed closures capture the loop's inputs and are called within the iteration that makes them.
+# ruff: noqa: B023
 
 from __future__ import annotations
 
@@ -21,7 +25,6 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "python")]
 
 import torch  # noqa: E402
-
 from harness import CASES, mla_batch, mla_pool, probe_setup  # noqa: E402
 
 # WgtStamp's slots
@@ -104,9 +107,9 @@ def main() -> int:
                 y_out, y_lse = torch.empty_like(out), torch.empty_like(lse)
 
                 def primer():
-                    mla.launch(plan, y.q, y.kv, y.ind, y.sm_scale, sinks=y.sinks, extra_kv=y.extra.get("extra_kv", y.kv),
-                               e3=y.extra.get("extra_indices", y.ind), out=y_out, lse=y_lse, o_part_ptr=None,
-                               lse_part_ptr=y_stamps.data_ptr())
+                    mla.launch(plan, y.q, y.kv, y.ind, y.sm_scale, sinks=y.sinks,
+                               extra_kv=y.extra.get("extra_kv", y.kv), e3=y.extra.get("extra_indices", y.ind),
+                               out=y_out, lse=y_lse, o_part_ptr=None, lse_part_ptr=y_stamps.data_ptr())
             else:
                 primer = None
             per_rep = []
@@ -142,7 +145,8 @@ def main() -> int:
             res["phases_us"] = phases
             rows.append(res)
             print(json.dumps(res), flush=True)
-            print(f"\n## {case} B={B} h={h}{', primed' if args.prime else ''}, pool {args.pool_entries} entries, {x.n_valid} entries ({res['tiles']} tiles), {ctas} CTAs, "
+            print(f"\n## {case} B={B} h={h}{', primed' if args.prime else ''}, pool {args.pool_entries} entries, "
+                  f"{x.n_valid} entries ({res['tiles']} tiles), {ctas} CTAs, "
                   f"{res['ghz']:.2f} GHz, span {res['span_us']:.1f} us, start skew {res['start_skew_us']:.1f} us, "
                   f"rel err vs default {err:.1e}")
             print("| phase | median CTA us | slowest CTA us |\n|---|---|---|")

@@ -17,7 +17,6 @@ sys.path.insert(0, str(HERE.parent / "python"))
 sys.path.insert(0, str(HERE.parent / "bench"))
 
 import torch  # noqa: E402
-
 from harness import CASES, PAGE, Timer, distinct_indices, random_pool  # noqa: E402
 from pdserve_kernels.sparse_mla_decode import SparseMlaDecode  # noqa: E402
 from pdserve_kernels.sparse_mla_reference import LAYOUTS  # noqa: E402
@@ -34,10 +33,11 @@ def make_call(mla, case, B, h, variant, pool_entries, gen):
     extra = {}
     if k_win:
         _, win = random_pool(lay, 1 << 17, gen)
-        extra = dict(extra_kv=win, extra_indices=distinct_indices(B, k_win, win.shape[0] * PAGE, gen).view(B, 1, k_win))
+        extra = {"extra_kv": win,
+                 "extra_indices": distinct_indices(B, k_win, win.shape[0] * PAGE, gen).view(B, 1, k_win)}
     q = torch.randn((B, 1, h, lay.dqk), device="cuda", generator=gen).to(torch.bfloat16)
     sinks = torch.randn((h,), device="cuda", generator=gen)
-    pick = dict(kernel=variant) if variant.startswith("sparse_mla_") else dict(variant=variant)
+    pick = {"kernel": variant} if variant.startswith("sparse_mla_") else {"variant": variant}
     pick["lossy_bf16_dequant"] = True   # a named kernel or family, V3.2's may round e4m3 x scale (exact on pow2)
     return lambda: mla(q, kv, ind, lay.dqk ** -0.5, layout=layout, sinks=sinks, **pick, **extra)
 

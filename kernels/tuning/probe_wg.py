@@ -8,6 +8,9 @@ The probes exist only in the tuning build: run `bash kernels/tuning/build.sh` fi
 kernels/build/sparse_mla_decode_tuning.{fatbin,json}), then `python3 kernels/tuning/probe_wg.py [--time]` from
 the repo root on an sm_90a GPU."""
 
+# The timed closures capture the loop's inputs and are called within the iteration that makes them.
+# ruff: noqa: B023
+
 import pathlib
 import sys
 import time
@@ -17,7 +20,6 @@ sys.path.insert(0, str(HERE.parent / "python"))
 sys.path.insert(0, str(HERE.parent / "bench"))
 
 import torch  # noqa: E402
-
 from pdserve_kernels.sparse_mla_decode import SparseMlaDecode  # noqa: E402
 from pdserve_kernels.sparse_mla_reference import LAYOUTS, make_inputs, reference_from_inputs  # noqa: E402
 
@@ -41,7 +43,7 @@ def main() -> None:
                 continue
             inp = make_inputs(layout, 2, 1, h, topk, topk_extra=extra, generator=g)
             sm = LAYOUTS[layout].dqk ** -0.5
-            kw = dict(extra_kv=inp["extra_kv"], extra_indices=inp["extra_indices"]) if extra else {}
+            kw = {"extra_kv": inp["extra_kv"], "extra_indices": inp["extra_indices"]} if extra else {}
             try:
                 out, lse = mla(inp["q"], inp["kv"], inp["indices"], sm, layout=layout, sinks=inp["sinks"],
                                kernel=name, lossy_bf16_dequant=True, **kw)
@@ -79,7 +81,7 @@ def time_probes() -> None:
         q = torch.randn((B, 1, h, 576), device="cuda", generator=g).to(torch.bfloat16)
         ok = [n for n in names if -(-h // 64) % mla.kernels[n].shape.get("cluster_head_blocks", 1) == 0]
         fns = [lambda n=n: mla(q, kv, ind, 576 ** -0.5, layout="v32", kernel=n, lossy_bf16_dequant=True) for n in ok]
-        ts = dict(zip(ok, timer.medians_us(fns, 20)))
+        ts = dict(zip(ok, timer.medians_us(fns, 20), strict=False))
         print(f"| {B} | {h} | " + " | ".join(f"{ts[n]:.1f}" if n in ts else "" for n in names) + " |", flush=True)
 
 

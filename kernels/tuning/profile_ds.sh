@@ -4,7 +4,7 @@
 # variant table at that shape with the default kernel at several split counts. Results under $OUT.
 #   SHAPE=case,B,h,variant (probe_timing.py --ncu)   KERNEL=ncu kernel filter   SPLITS=split counts to time
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 OUT="${OUT:-/tmp/ds_profile}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1

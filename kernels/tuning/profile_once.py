@@ -5,16 +5,15 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "python"))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "bench"))
-import torch  # noqa: E402
-
-from harness import indexer_pool  # noqa: E402
-from pdserve_kernels.dsa_indexer import DsaIndexer  # noqa: E402
+import torch
+from harness import indexer_pool
+from pdserve_kernels.dsa_indexer import DsaIndexer
 
 gen = torch.Generator(device="cuda")
 gen.manual_seed(3)
 ind = DsaIndexer()
-shapes = [(int(b), int(l)) for b, l in (x.split("x") for x in sys.argv[1].split(","))]
-kv = indexer_pool(max(b * l for b, l in shapes) // 64, gen)
+shapes = [(int(b), int(n)) for b, n in (x.split("x") for x in sys.argv[1].split(","))]
+kv = indexer_pool(max(b * n for b, n in shapes) // 64, gen)
 for B, L in shapes:
     used = torch.randperm(kv.shape[0], device="cuda", generator=gen)[:B * L // 64].int().view(B, L // 64)
     q = torch.randn((B, 1, 64, 128), device="cuda", generator=gen).to(torch.float8_e4m3fn)
@@ -30,5 +29,5 @@ for B, L in shapes:
     kth = torch.topk(key, 2048, dim=1).values[:, -1:]
     t1 = (key >> 20) == (kth >> 20)
     t2 = t1 & (((key >> 10) & 1023) == ((kth >> 10) & 1023))
-    print("done", B, L, "ties per row: bin1 mean %.0f max %d, bin2 mean %.0f" % (
-        t1.sum(1).float().mean(), t1.sum(1).max(), t2.sum(1).float().mean()), flush=True)
+    print("done", B, L, f"ties per row: bin1 mean {t1.sum(1).float().mean():.0f} max {int(t1.sum(1).max())}, "
+          f"bin2 mean {t2.sum(1).float().mean():.0f}", flush=True)

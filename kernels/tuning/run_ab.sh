@@ -7,7 +7,8 @@
 # .ext/flashmla for a build there).
 # FLASHMLA_KEEP=1 returns FlashMLA's extension in $OUT, to be carried into .ext/flashmla/flash_mla next time.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
+read -ra ab_args <<< "${AB_ARGS:-}"   # extra arguments to the script, split on spaces
 OUT="${OUT:-/tmp/kernels_out}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -30,6 +31,6 @@ if [[ "${TESTS:-1}" == 1 ]]; then
 fi
 [ -n "$build_pid" ] && { wait "$build_pid"; tail -2 "$OUT/flashmla_build.txt"; }
 compgen -G ".ext/flashmla/flash_mla/cuda*.so" >/dev/null && pypath="$PWD/.ext/flashmla${pypath:+:$pypath}"
-PYTHONPATH="$pypath" timeout "${AB_TIMEOUT:-300}" python3 kernels/tuning/ab_fatbins.py --json "$OUT/ab.json" ${AB_ARGS:-} 2>&1 \
+PYTHONPATH="$pypath" timeout "${AB_TIMEOUT:-300}" python3 kernels/tuning/ab_fatbins.py --json "$OUT/ab.json" "${ab_args[@]}" 2>&1 \
   | tee "$OUT/ab.log" | grep -v '^{'
 echo "[time] $SECONDS s"

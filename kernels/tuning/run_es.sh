@@ -3,7 +3,7 @@
 # (a hang stops the call early), then the 16-head variant table (every ds kernel, the es kernels, the default at
 # the split counts in SPLITS) for V4 CSA / HCA and V3.2. Logs under $OUT.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 OUT="${OUT:-/tmp/es_out}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1

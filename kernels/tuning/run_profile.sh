@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Profiling aid: GPU tests, then ncu per-kernel duration and DRAM throughput on a few shapes.
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 export PYTHONUNBUFFERED=1
 OUT="${OUT:-/tmp/dsa_out}"
 bash kernels/build.sh >/dev/null

@@ -6,7 +6,8 @@
 # barrier), and if they do, the rest runs without them (pytest -k "not cluster", bench --no-cluster), so one
 # call still gives the early variant's result.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
+read -ra bench_args <<< "${BENCH_ARGS:-}"   # extra arguments to the script, split on spaces
 OUT="${OUT:-/tmp/kernels_out}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -30,4 +31,4 @@ timeout "${TEST_TIMEOUT:-300}" "${PYTEST[@]}" tests/kernels "${select[@]}" \
   --deselect tests/kernels/test_build_reproducible.py::test_fatbin_is_bit_identical_across_build_dirs \
   2>&1 | tee "$OUT/tests.log" | tail -25
 timeout "${BENCH_TIMEOUT:-240}" python3 kernels/tuning/bench_small_batch.py --json "$OUT/small_batch.json" \
-  "${bench[@]}" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/small_batch.log" | grep -v "^{"
+  "${bench[@]}" "${bench_args[@]}" 2>&1 | tee "$OUT/small_batch.log" | grep -v "^{"

@@ -7,7 +7,8 @@
 # The wgt tests run first under a short timeout: a new producer pipeline could hang on a named barrier, and if
 # it does the timing stages are skipped (they would hang too).
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
+read -ra variant_args <<< "${VARIANT_ARGS:---cases v4-csa,v32 --batches 8,64 --heads 16,64,128 --reps 30}"   # extra arguments to the script, split on spaces
 OUT="${OUT:-/tmp/kernels_out}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -26,4 +27,4 @@ timeout "${PROBE_TIMEOUT:-150}" python3 kernels/tuning/probe_wg.py --time 2>&1 |
 timeout "${PROBE_TIMEOUT:-150}" python3 kernels/tuning/probe_wg.py --time --pool 16384 2>&1 | tee "$OUT/probe_wg_pool16k.log"
 PDSERVE_SPARSE_MLA_FATBIN="$PWD/kernels/build/sparse_mla_decode_tuning.fatbin" \
   timeout "${VARIANT_TIMEOUT:-200}" python3 kernels/bench/bench_mla_variants.py --json "$OUT/variants.json" \
-  ${VARIANT_ARGS:---cases v4-csa,v32 --batches 8,64 --heads 16,64,128 --reps 30} 2>&1 | tee "$OUT/variants.log" | grep -v '^{'
+  "${variant_args[@]}" 2>&1 | tee "$OUT/variants.log" | grep -v '^{'

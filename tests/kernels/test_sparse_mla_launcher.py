@@ -16,46 +16,13 @@ def _launcher(smem_limit=232448, num_sms=132, capability=(9, 0)):
     return obj
 
 
-# (layout, h, rows) -> kernel measured fastest on H200 (or within 1% of it; at rows <= 8, where calls are
-# latency-bound and vary by ~1 us between runs, the first-version kernel unless the ds kernel won clearly),
-# 2026-11-29, kernels/BENCHMARKS.md "ds kernels"; h >= 64 from 8 rows: the wg kernels (2026-11-30,
-# BENCHMARKS.md "wg kernels"); h = 96 / 128: the wgt cluster kernels, from 32 rows (2026-12-01, NOTES.md "wgt
-# kernels"), at every row count since they convert ahead (2026-12-02, NOTES.md "One head block, and the cluster pair
-# at every row count").
-MEASURED_DEFAULT = {
-    ("v4", 16, 1): "sparse_mla_v4_h16_t64", ("v4", 16, 8): "sparse_mla_v4_h16_t64",
-    ("v4", 16, 64): "sparse_mla_ds_v4_h16_t32_s4", ("v4", 16, 128): "sparse_mla_ds_v4_h16_t32_s4",
-    ("v4", 32, 8): "sparse_mla_v4_h32_t64", ("v4", 32, 64): "sparse_mla_wg_v4_s3",
-    ("v4", 64, 1): "sparse_mla_v4_h64_t64", ("v4", 128, 1): "sparse_mla_wg_v4_t64x",
-    ("v4", 64, 8): "sparse_mla_wg_v4_s3", ("v4", 64, 64): "sparse_mla_wg_v4_s3",
-    ("v4", 64, 128): "sparse_mla_wg_v4_s3", ("v4", 128, 64): "sparse_mla_wg_v4_t64x", ("v4", 128, 8): "sparse_mla_wg_v4_t64x",
-    ("v32", 16, 1): "sparse_mla_ds_v32_h16_t64_s2", ("v32", 16, 64): "sparse_mla_ds_v32_h16_t32_s4",
-    ("v32", 32, 8): "sparse_mla_v32_h32_t64", ("v32", 32, 64): "sparse_mla_wg_v32_t64c",
-    ("v32", 64, 1): "sparse_mla_ds_v32_h32_t64_s2", ("v32", 128, 1): "sparse_mla_wg_v32_t64x",
-    ("v32", 64, 8): "sparse_mla_wg_v32_s3_c2", ("v32", 128, 8): "sparse_mla_wg_v32_t64x",
-    # V3.2, one 64-head block, at most two splits per row: _t64c (2026-12-02 seventh session, call 4: 0.93-0.98x)
-    ("v32", 64, 32): "sparse_mla_wg_v32_s3_c2", ("v32", 64, 64): "sparse_mla_wg_v32_t64c",
-    ("v32", 64, 128): "sparse_mla_wg_v32_t64c", ("v4", 64, 128): "sparse_mla_wg_v4_s3",
-    ("v32", 128, 64): "sparse_mla_wg_v32_t64x", ("v32", 128, 128): "sparse_mla_wg_v32_t64x",
-    ("v32", 128, 32): "sparse_mla_wg_v32_t64x", ("v4", 96, 32): "sparse_mla_wg_v4_t64x", ("v4", 128, 16): "sparse_mla_wg_v4_t64x",
-    # 17-63 heads: the 64-head wg kernels, 33-63 heads from 8 rows, 17-32 from 16 (2026-12-02 eighth session, calls
-    # 6-7: 0.79-0.99x the ds or first-version kernel at 24 and 32 heads, 0.53-0.95x at 40-56), _t64c for V3.2 at most
-    # two splits per row; below that as before (V3.2 17-32 heads: the first version below 16 rows, calls 14-15 of the
-    # second session)
-    ("v32", 24, 16): "sparse_mla_wg_v32_s3_c2", ("v32", 32, 24): "sparse_mla_wg_v32_s3_c2",
-    ("v32", 32, 48): "sparse_mla_wg_v32_t64c", ("v32", 24, 8): "sparse_mla_v32_h32_t64",
-    ("v4", 24, 16): "sparse_mla_wg_v4_s3", ("v4", 48, 16): "sparse_mla_wg_v4_s3",
-    ("v4", 48, 128): "sparse_mla_wg_v4_s3", ("v32", 48, 16): "sparse_mla_wg_v32_s3_c2",
-    ("v32", 48, 128): "sparse_mla_wg_v32_t64c", ("v4", 32, 15): "sparse_mla_v4_h32_t64",
-    ("v4", 48, 8): "sparse_mla_wg_v4_s3", ("v4", 48, 4): "sparse_mla_v4_h64_t64",
-    ("v32", 40, 8): "sparse_mla_wg_v32_s3_c2", ("v32", 56, 12): "sparse_mla_wg_v32_s3_c2",
-    ("v4", 24, 12): "sparse_mla_v4_h32_t64",
-    # V3.2, an odd number of 64-head blocks: the wg kernel from 4 rows (2026-12-02 call 21: 0.83x the ds kernel at
-    # 128 heads, then the default there); an even number: the cluster pair at every row count
-    ("v32", 192, 4): "sparse_mla_wg_v32_s3_c2", ("v32", 192, 2): "sparse_mla_ds_v32_h32_t64_s2",
-    ("v32", 64, 4): "sparse_mla_ds_v32_h32_t64_s2", ("v32", 128, 4): "sparse_mla_wg_v32_t64x",
-    ("v32", 128, 2): "sparse_mla_wg_v32_t64x", ("v32", 96, 4): "sparse_mla_wg_v32_t64x",
-}
+def _cases(section: str, key: tuple[str, ...]) -> dict[tuple, str]:
+    """The measured cases of one section of the launcher's committed table (fp8_kernel_table.json): key -> kernel."""
+    return {tuple(c[k] for k in key): c["kernel"] for c in mla_mod.FP8_TABLE[section]["cases"]}
+
+
+# (layout, h, rows) -> kernel measured fastest on H200 (or within 1% of it); the date and call of each are in the table.
+MEASURED_DEFAULT = _cases("measured_fastest", ("layout", "heads", "rows"))
 
 
 @pytest.mark.parametrize("key", sorted(MEASURED_DEFAULT))
@@ -70,23 +37,23 @@ def test_fastest_fp8_choice_is_the_measured_fastest(key, monkeypatch):
 
 
 # 16 heads, the rows' entry count known (make_plan passes topk + topk_extra): the 64-entry ds kernel in one split
-# where it measured faster than the 32-entry one with its splits (2026-12-02 calls 10-11, h16_one_split_wins).
-MEASURED_H16_BY_ENTRIES = {
-    ("v4", 640, 64): "sparse_mla_ds_v4_h16_t32_s4", ("v4", 640, 80): "sparse_mla_ds_v4_h16_t32_s4",
-    ("v4", 640, 96): "sparse_mla_ds_v4_h16_t64_s2", ("v4", 640, 128): "sparse_mla_ds_v4_h16_t64_s2",
-    ("v4", 640, 132): "sparse_mla_ds_v4_h16_t64_s2", ("v4", 640, 160): "sparse_mla_ds_v4_h16_t32_s4",
-    ("v4", 1152, 128): "sparse_mla_ds_v4_h16_t32_s4",                 # V4 HCA: the 32-entry kernel stays
-    ("v32", 2048, 128): "sparse_mla_ds_v32_h16_t32_s4", ("v32", 2048, 160): "sparse_mla_ds_v32_h16_t64_s2",
-    ("v32", 2048, 512): "sparse_mla_ds_v32_h16_t64_s2", ("v32", 1000, 512): "sparse_mla_ds_v32_h16_t32_s4",
-}
-# 16 heads below 64 rows (2026-12-02 calls 18-19, h16_t32_min_rows): the 32-entry ds kernel from 24 rows for V3.2
-# and V4 HCA, from 40 for V4 CSA; below, V3.2 the 64-entry ds kernel, V4 the first version.
-MEASURED_H16_FEW_ROWS = {
-    ("v32", 2048, 16): "sparse_mla_ds_v32_h16_t64_s2", ("v32", 2048, 24): "sparse_mla_ds_v32_h16_t32_s4",
-    ("v32", 2048, 48): "sparse_mla_ds_v32_h16_t32_s4", ("v4", 1152, 16): "sparse_mla_v4_h16_t64",
-    ("v4", 1152, 24): "sparse_mla_ds_v4_h16_t32_s4", ("v4", 1152, 48): "sparse_mla_ds_v4_h16_t32_s4",
-    ("v4", 640, 32): "sparse_mla_v4_h16_t64", ("v4", 640, 48): "sparse_mla_ds_v4_h16_t32_s4",
-}
+# where it measured faster than the 32-entry one with its splits (h16_one_split_wins).
+MEASURED_H16_BY_ENTRIES = _cases("measured_16_heads_by_entries", ("layout", "entries", "rows"))
+# 16 heads below 64 rows (h16_t32_min_rows): the 32-entry ds kernel from 24 rows for V3.2 and V4 HCA, from 40 for V4
+# CSA; below, V3.2 the 64-entry ds kernel, V4 the first version.
+MEASURED_H16_FEW_ROWS = _cases("measured_16_heads_few_rows", ("layout", "entries", "rows"))
+
+
+def test_the_table_is_whole():
+    # every case names a kernel, each key once (a repeated key would hide a second, different measurement)
+    for section in ("measured_fastest", "measured_16_heads_by_entries", "measured_16_heads_few_rows"):
+        cases = mla_mod.FP8_TABLE[section]["cases"]
+        keys = [tuple(sorted((k, v) for k, v in c.items() if k != "kernel")) for c in cases]
+        assert len(keys) == len(set(keys)), section
+        assert all(c["kernel"].startswith("sparse_mla_") for c in cases), section
+    assert len(MEASURED_DEFAULT) == 50 and len(MEASURED_H16_BY_ENTRIES) == 11 and len(MEASURED_H16_FEW_ROWS) == 8
+    for name, entry in mla_mod.FP8_TABLE["thresholds"].items():
+        assert isinstance(entry["value"], int) and entry["measured"], name
 
 
 @pytest.mark.parametrize("key", sorted(MEASURED_H16_FEW_ROWS))

@@ -35,7 +35,7 @@ class CudaDriverError(RuntimeError):
 
 
 class _Lib:
-    _instance: "_Lib | None" = None
+    _instance: _Lib | None = None
     _lock = threading.Lock()
 
     def __init__(self) -> None:
@@ -67,7 +67,7 @@ class _Lib:
         self.check(cu.cuInit(0), "cuInit")
 
     @classmethod
-    def get(cls) -> "_Lib":
+    def get(cls) -> _Lib:
         with cls._lock:
             if cls._instance is None:
                 cls._instance = cls()
@@ -107,7 +107,7 @@ class Module:
                 self.fn[name] = f
 
     class _Current:
-        def __init__(self, m: "Module") -> None:
+        def __init__(self, m: Module) -> None:
             self.m, self.pushed = m, False
 
         def __enter__(self):
@@ -123,7 +123,7 @@ class Module:
                 old = ctypes.c_void_p()
                 self.m._lib.check(self.m._lib.cu.cuCtxPopCurrent(ctypes.byref(old)), "cuCtxPopCurrent")
 
-    def current(self) -> "Module._Current":
+    def current(self) -> Module._Current:
         return Module._Current(self)
 
     def allow_nonportable_cluster(self, name: str) -> None:

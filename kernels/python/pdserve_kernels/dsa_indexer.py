@@ -19,9 +19,9 @@ scores equal to the k-th one bit-for-bit are chosen arbitrarily. Rows of length 
 ``0..n-1`` then ``-1``.
 
 ``max_len`` is a host-side upper bound on every length (e.g. the scheduler's longest request); the
-workspace (12 B per position: fp32 scores and a candidate list) and the grids are sized from it, never from the block table's width. If
-omitted it is read from ``context_lens`` (one device-to-host sync). Lengths above ``max_len`` are clamped
-to it: passing a wrong bound gives wrong results, not memory errors.
+workspace (12 B per position: fp32 scores and a candidate list) and the grids are sized from it, never from the
+block table's width. If omitted it is read from ``context_lens`` (one device-to-host sync). Lengths above ``max_len``
+are clamped to it: passing a wrong bound gives wrong results, not memory errors.
 
 The workspace (histograms and counters, left zeroed by each call; scores and candidates) is kept per stream,
 so calls on different streams may overlap. The launch plan (chunk size, grids, workspace size) is pure host
@@ -330,7 +330,8 @@ class DsaIndexer:
         if impl not in ("wgmma", "mma"):
             raise ValueError(f"impl must be 'wgmma' or 'mma', got {impl!r}")
         if impl == "wgmma" and self.capability != (9, 0):
-            raise ValueError(f"impl='wgmma' needs an sm_90 GPU, this one is sm_{self.capability[0]}{self.capability[1]}")
+            major, minor = self.capability
+            raise ValueError(f"impl='wgmma' needs an sm_90 GPU, this one is sm_{major}{minor}")
         return impl
 
     def launch(self, plan: DsaPlan, impl: str, q, weights, kv_cache, context_lens, block_table, *, out, scores_ptr: int,

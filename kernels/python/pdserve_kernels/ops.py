@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Optional
 
 import torch
 
@@ -43,8 +42,17 @@ from .dsa_indexer import (
     _round_up,
     plan_dsa,
 )
-from .sparse_mla_decode import (DV, MlaPlan, SparseMlaDecode, _cache_geometry, _check, _covers, fused_counters_per_block,
-                                fuses_by_default, kernel_shape)
+from .sparse_mla_decode import (
+    DV,
+    MlaPlan,
+    SparseMlaDecode,
+    _cache_geometry,
+    _check,
+    _covers,
+    fused_counters_per_block,
+    fuses_by_default,
+    kernel_shape,
+)
 from .sparse_mla_reference import LAYOUTS
 
 NAMESPACE = "pdserve"
@@ -183,8 +191,8 @@ def _mla_outputs_shape(q):
     return (*q.shape[:-1], DV), tuple(q.shape[:-1])
 
 
-def _sparse_mla_decode_cuda(q, kv, indices, sinks: Optional[torch.Tensor], extra_kv: Optional[torch.Tensor],
-                            extra_indices: Optional[torch.Tensor], workspace, sm_scale: float, layout: str, kernel: str,
+def _sparse_mla_decode_cuda(q, kv, indices, sinks: torch.Tensor | None, extra_kv: torch.Tensor | None,
+                            extra_indices: torch.Tensor | None, workspace, sm_scale: float, layout: str, kernel: str,
                             splits: int, per_split: int):
     """(out bf16 [..., h, 512], lse fp32 [..., h]) over the indexed entries (see sparse_mla_decode.py).
     layout, kernel, splits and per_split come from a MlaPlan; workspace from an MlaWorkspace."""
@@ -264,7 +272,7 @@ class MlaWorkspace:
                                   device=torch.device("cuda", _index(device)))
 
     @classmethod
-    def for_plan(cls, plan: MlaPlan, device=None) -> "MlaWorkspace":
+    def for_plan(cls, plan: MlaPlan, device=None) -> MlaWorkspace:
         return cls(plan.partial_floats, device, counter_ints=plan.counter_ints)
 
     def fits(self, plan: MlaPlan) -> bool:
@@ -301,5 +309,14 @@ class SparseMlaPlan:
                                                    p.splits, p.per_split)
 
 
-__all__ = ["DsaIndexerPlan", "DsaWorkspace", "MlaWorkspace", "SparseMlaPlan", "dsa_indexer_topk", "indexer_for",
-           "mla_for", "sparse_mla_decode", "PAGE"]
+__all__ = [
+    "PAGE",
+    "DsaIndexerPlan",
+    "DsaWorkspace",
+    "MlaWorkspace",
+    "SparseMlaPlan",
+    "dsa_indexer_topk",
+    "indexer_for",
+    "mla_for",
+    "sparse_mla_decode",
+]

@@ -142,4 +142,5 @@ def make_inputs(B: int, next_n: int, lens, *, max_blocks: int | None = None, dev
     if explicit_lens:
         j = torch.arange(next_n, device=device, dtype=torch.int32)
         cl = (cl[:, None] - next_n + 1 + j[None, :]).clamp_min(0).int().contiguous()
-    return dict(q=q, weights=weights, kv_cache=kv.view(pool, PAGE, 1, DIM + 4), context_lens=cl, block_table=bt)
+    return {"q": q, "weights": weights, "kv_cache": kv.view(pool, PAGE, 1, DIM + 4), "context_lens": cl,
+            "block_table": bt}

@@ -49,6 +49,7 @@ kernels' split pairs, by default (``None``), and the ds kernels' last-CTA combin
 from __future__ import annotations
 
 import ctypes
+import json
 import math
 import os
 import pathlib
@@ -63,7 +64,7 @@ DV = 512
 
 
 class _Params(ctypes.Structure):
-    # Mirrors struct MlaParams in sparse_mla_decode.cu.
+    # Mirrors struct MlaParams in sparse_mla_decode.h.
     _fields_ = [
         ("q", ctypes.c_void_p), ("kv", ctypes.c_void_p), ("kv_extra", ctypes.c_void_p),
         ("indices", ctypes.c_void_p), ("indices_extra", ctypes.c_void_p), ("sinks", ctypes.c_void_p),
@@ -86,13 +87,19 @@ _PREFIX = {"v4": "v4", "v32": "v32", "v4_bf16": "v4b", "v32_bf16": "v32b"}
 # (all sm_90a).
 # PDSERVE_SPARSE_MLA_FP8_OPT overrides.
 FP8_VARIANT = os.environ.get("PDSERVE_SPARSE_MLA_FP8_OPT", "auto")
-# Rows (B * next_n) from which the ds kernels are picked where they won only at large batch (measured at
-# B = 1, 8, 64, 128: first-version kernels faster or equal at 8, ds faster at 64 and 128).
-DS_MIN_ROWS = 64
-# V3.2 with 17-32 heads: the ds kernels from 16 rows (H200, 2026-12-02 second session, calls 14-15, us, first version /
-# ds_v32_h32_t64_s2: h=24 16 rows 35.4 / 33.6, 24 rows 53.6 / 45.5, 48 rows 108.9 / 81.5; h=32 16 rows 36.1 / 36.0, 32
-# rows 62.8 / 54.1, 48 rows 110.0 / 84.1; 8 rows 24.8-25.0 / 26.8-28.7: the first version stays there).
-V32_H32_DS_MIN_ROWS = 16
+# The kernel choice's thresholds, each with the measurement behind it, and the measured cases the choice must
+# reproduce: one committed table (fp8_kernel_table.json, beside this module) that tests/kernels reads too.
+FP8_TABLE = json.loads((pathlib.Path(__file__).with_name("fp8_kernel_table.json")).read_text())
+
+
+def _threshold(name: str) -> int:
+    return int(FP8_TABLE["thresholds"][name]["value"])
+
+
+# Rows (B * next_n) from which the ds kernels are picked where they won only at large batch.
+DS_MIN_ROWS = _threshold("ds_min_rows")
+# V3.2 with 17-32 heads: the ds kernels from this many rows, the first version below.
+V32_H32_DS_MIN_ROWS = _threshold("v32_h32_ds_min_rows")
 
 
 def ds_kernel_name(layout: str, h: int, rows: int | None, entries: int | None = None, num_sms: int = 132) -> str:
@@ -106,18 +113,20 @@ def ds_kernel_name(layout: str, h: int, rows: int | None, entries: int | None = 
     return f"sparse_mla_ds_{layout}_h32_t64_s2"
 
 
+H16_T32_MIN_ROWS_V32 = _threshold("h16_t32_min_rows_v32")
+H16_T32_MIN_ROWS_V4_SHORT = _threshold("h16_t32_min_rows_v4_short")   # at most 640 entries per row (V4 CSA)
+H16_T32_MIN_ROWS_V4_LONG = _threshold("h16_t32_min_rows_v4_long")
+
+
 def h16_t32_min_rows(layout: str, entries: int | None) -> int:
     """Rows from which 16 heads take the 32-entry ds kernel (two CTAs per SM), below them V3.2 the 64-entry ds kernel
-    and V4 the first-version kernel. Measured on H200 (bench_mla_variants.py --heads 16, 2026-12-02 second session,
-    calls 18-19; NOTES.md "16 heads below 64 rows"), us, first version / ds t32_s4 / ds t64_s2: V3.2 (2048 entries)
-    16 rows 30.9 / 28.1 / 26.4, 24 rows 45.4 / 31.2 / 33.3, 48 rows 91.8 / 45.6 / 60.7; V4 HCA (1152) 16 rows 23.5 /
-    23.3 / 22.9, 24 rows 28.7 / 26.0 / 26.0, 48 rows 54.3 / 37.5 / 44.4; V4 CSA (640) 24 rows 20.1 / 22.8 / 21.0, 32
-    rows 24.9 / 24.6 / 24.2, 48 rows 35.5 / 29.9 / 32.1. Without the entry count V4 keeps DS_MIN_ROWS."""
+    and V4 the first-version kernel (fp8_kernel_table.json, h16_t32_min_rows_*). Without the entry count V4 keeps
+    DS_MIN_ROWS."""
     if layout == "v32":
-        return 24
+        return H16_T32_MIN_ROWS_V32
     if entries is None:
         return DS_MIN_ROWS
-    return 40 if entries <= 640 else 24
+    return H16_T32_MIN_ROWS_V4_SHORT if entries <= 640 else H16_T32_MIN_ROWS_V4_LONG
 
 
 def h16_one_split_wins(layout: str, rows: int, entries: int, num_sms: int) -> bool:
@@ -141,11 +150,11 @@ def auto_fp8_kernel(layout: str, h: int, rows: int | None, num_sms: int, sm90: b
     On sm_90a with an even number of 64-head blocks, the wgt cluster kernels at every row count (wgx_serves). Else
     on sm_90a with h > 32 and >= 8 rows, or 17-32 heads and >= WG_MID_HEADS_MIN_ROWS rows: V3.2 at most two splits
     per row WGTC_V32 (wgtc_wins), else the wg kernels (h >= 64: 2026-11-30 H200 table, bench_wg.py, now part of
-    bench_mla_variants.py: 1.03-1.75x faster there, 0.82-0.98x at one row; 17-63 heads: WG_MID_HEADS_MIN_ROWS). Otherwise from the 2026-11-29 H200
-    table (bench_mla_variants.py; V4 CSA 640 entries, V3.2 2048; B = 1/8/64/128): V3.2 takes the ds kernels
-    everywhere except 17-32 heads below V32_H32_DS_MIN_ROWS rows; V4 only with >= 64 rows (16 heads: from
-    h16_t32_min_rows), and for h > 32 only while its 32-head blocks fit in one wave (they gather every entry once per
-    head block). Which 16-head ds kernel depends on `entries` too (ds_kernel_name, h16_one_split_wins).
+    bench_mla_variants.py: 1.03-1.75x faster there, 0.82-0.98x at one row; 17-63 heads: WG_MID_HEADS_MIN_ROWS).
+    Otherwise from the 2026-11-29 H200 table (bench_mla_variants.py; V4 CSA 640 entries, V3.2 2048; B = 1/8/64/128):
+    V3.2 takes the ds kernels everywhere except 17-32 heads below V32_H32_DS_MIN_ROWS rows; V4 only with >= 64 rows
+    (16 heads: from h16_t32_min_rows), and for h > 32 only while its 32-head blocks fit in one wave (they gather every
+    entry once per head block). Which 16-head ds kernel depends on `entries` too (ds_kernel_name, h16_one_split_wins).
     """
     if sm90 and wgx_serves(h):   # at every row count (NOTES.md "One head block, and the cluster pair ...")
         return wgx_kernel_name(layout)
@@ -167,28 +176,19 @@ def auto_fp8_kernel(layout: str, h: int, rows: int | None, num_sms: int, sm90: b
 
 
 # "wg" kernels (fp8, sm_90a only; 384 threads: a producer warpgroup converting each 32-entry tile once into
-# bf16, two consumer warpgroups on wgmma, 64 heads per CTA; sparse_mla_decode.cu, section "wg kernels").
+# bf16, two consumer warpgroups on wgmma, 64 heads per CTA; kernels/sparse_mla_decode/wg.cuh).
 # "_h": the tile, Q and P in f16 (cheaper conversion; measured 9% faster than bf16 at V3.2 h=128 B=64, slower at
 # B <= 8). Opt-in (variant "wgh"), not the default: |e4m3 x scale| and |RoPE| must stay below 65504 (exact for
 # power-of-two scales 2^-15 .. 2^7). "_c2": warpgroup 1 converts half of every tile (it idles while warpgroup 0
 # runs QK and the softmax).
 # Where the default takes them: from 8 rows at h >= 64 (measured faster at h = 64 and 128) and, by the rule below, at
 # 17-63 heads; WG_MIN_HEADS also bounds where the exact V3.2 choice takes the wge kernel (exact_v32_kernel).
-WG_MIN_HEADS, WG_MIN_ROWS = 64, 8
-# 17-63 heads (one 64-head block, the heads past h zero-filled): the same wg kernels from 16 rows. H200, 2026-12-02
-# eighth session (bench_mla_variants.py, call 6; raw bench/results/h200-2026-12-02-s8call6-mid-heads-variants.json),
-# us, the default then (first version below 64 rows for V4, ds) / the wg kernel this rule takes: h = 32, V4 CSA 16 rows
-# 21.2 / 19.1, 32 rows 30.2 / 26.2, 64 rows 44.8 / 35.5, 128 rows 51.8 / 49.4; V4 HCA 28.3 / 24.3, 41.1 / 33.6,
-# 61.0 / 51.0, 83.3 / 80.8; V3.2 36.5 / 31.0, 53.5 / 48.6, 85.6 / 79.9, 133.8 / 131.8; h = 48 (33-63 heads had
-# gathered every entry once per 32-head block): V4 CSA 1.19-1.64x, V4 HCA 1.28-1.70x, V3.2 1.47-1.90x; h = 24 as
-# h = 32, V3.2 equal within noise from 32 rows. Call 7 (raw ...-s8call7-mid-heads-variants.json), 8 and 12 rows: at
-# 40 and 56 heads the wg kernels again (V4 CSA 1.03-1.06x, V4 HCA 1.09-1.22x, V3.2 1.29-1.52x faster than the
-# first-version or ds default), so 33-63 heads take them from 8 rows as 64 do; at 24 heads the first version stays
-# below 16 rows (1.00-1.02x). Below 8 rows not measured: the former choice.
-WG_MID_HEADS_MIN_ROWS = 16
-# V3.2 with more than one 64-head block: the wg kernel from 4 rows (H200, 2026-12-02 second session, call 21, us, ds
-# h32 / wg_v32_s3_c2: h=128 4 rows 35.5 / 29.6, 2 rows 26.6 / 26.4; V4 at 4 rows: 0.92x (HCA) to 1.05x (CSA), kept).
-WG_V32_MULTI_BLOCK_MIN_ROWS = 4
+WG_MIN_HEADS, WG_MIN_ROWS = _threshold("wg_min_heads"), _threshold("wg_min_rows")
+# 17-63 heads (one 64-head block, the heads past h zero-filled): the same wg kernels from this many rows (33-63 heads
+# from WG_MIN_ROWS, as 64 do; below 8 rows not measured: the former choice).
+WG_MID_HEADS_MIN_ROWS = _threshold("wg_mid_heads_min_rows")
+# V3.2 with more than one 64-head block: the wg kernel from this many rows (V4 kept its choice there).
+WG_V32_MULTI_BLOCK_MIN_ROWS = _threshold("wg_v32_multi_block_min_rows")
 
 
 def wg_kernel_name(layout: str) -> str:
@@ -214,7 +214,7 @@ def wgtc_wins(layout: str, h: int, rows: int, num_sms: int) -> bool:
     return layout == "v32" and -(-h // 64) % 2 == 1 and 3 * rows * -(-h // 64) > num_sms
 
 
-# "wgt" cluster kernels (fp8, sm_90a; sparse_mla_decode.cu, section "wgt kernels"; NOTES.md "wgt kernels"): the
+# "wgt" cluster kernels (fp8, sm_90a; kernels/sparse_mla_decode/wgt.cuh; NOTES.md "wgt kernels"): the
 # wg kernels' three warpgroups with 64-entry tiles gathered through the producer's registers (no raw ring), the two
 # 64-head CTAs of a row as one thread-block cluster, each gathering and converting half of every tile and copying it
 # in bulk into the other, so every entry is loaded once per row, not once per head block. They serve an even number
@@ -235,7 +235,7 @@ def wgx_kernel_name(layout: str) -> str:
     return f"sparse_mla_wg_{layout}_t64x"
 
 
-# "wge" kernels (V3.2 fp8, sm_90a; sparse_mla_decode.cu, section "wge kernels"): the wg kernels' pipeline with the
+# "wge" kernels (V3.2 fp8, sm_90a; kernels/sparse_mla_decode/wge.cuh): the wg kernels' pipeline with the
 # raw e4m3 values in an f16 tile and the fp32 tile scales applied to the fp32 partial S (one accumulator per
 # 128-dim scale tile) and to P (relative to the largest scale seen, so P x scale stays within f16), exact for any
 # fp32 scale, where the wg kernels round e4m3 x scale to bf16. No range limit on scales, q or RoPE. "_e_c2":
@@ -279,7 +279,7 @@ def applies_scales_exactly(info: KernelInfo) -> bool:
 
 # The split combine reading at most 8 splits per round trip (fewer registers, more CTAs per SM) where one round trip
 # covers the splits: NOTES.md "One row, and the heads between 16 and 64".
-COMBINE_B8_MAX_SPLITS = 8
+COMBINE_B8_MAX_SPLITS = _threshold("combine_b8_max_splits")
 
 # PDSERVE_SPARSE_MLA_FUSE_COMBINE=1: the ds kernels' last split CTA merges the splits by default too (fuses_by_default).
 FUSE_COMBINE = os.environ.get("PDSERVE_SPARSE_MLA_FUSE_COMBINE", "0") == "1"
@@ -349,7 +349,8 @@ class MlaPlan:
 
     @property
     def partial_floats(self) -> int:
-        """fp32 scratch for the split partials (o [rows, splits, h, 512], then lse [rows, splits, h]); 0 without splits."""
+        """fp32 scratch for the split partials (o [rows, splits, h, 512], then lse [rows, splits, h]); 0 without
+        splits."""
         return self.rows * self.splits * self.h * (DV + 1) if self.splits > 1 else 0
 
     @property
@@ -498,7 +499,8 @@ class SparseMlaDecode:
             raise ValueError(f"kernel {name!r} is not a {layout} kernel of {self.kernels.path.name} ({known}; "
                              "kernels no shape chooses are in the tuning build only, kernels/tuning/build.sh)")
         if info.family == "wg" and self.capability[0] != 9:
-            raise ValueError(f"kernel {name!r} needs an sm_90a GPU (wgmma); this one is sm_{self.capability[0]}{self.capability[1]}")
+            major, minor = self.capability
+            raise ValueError(f"kernel {name!r} needs an sm_90a GPU (wgmma); this one is sm_{major}{minor}")
         pair = info.shape.get("cluster_head_blocks", 1)
         if -(-h // kernel_shape(info)[1]) % pair:
             raise ValueError(f"kernel {name!r} runs in clusters of {pair} head blocks of {kernel_shape(info)[1]}: "
@@ -662,7 +664,8 @@ def _check(torch, device, lay, q, ind, kv, kv_name, ind_name) -> None:
     need(q.data_ptr() % 16 == 0, "q must be 16-byte aligned")
     need(ind.dtype == torch.int32, f"{ind_name} must be int32, got {ind.dtype}")
     need(ind.dim() == 3 and tuple(ind.shape[:2]) == tuple(q.shape[:2]),
-         f"{ind_name} must be [B, next_n, topk] matching q's [B, next_n] = {tuple(q.shape[:2])}, got {tuple(ind.shape)}")
+         f"{ind_name} must be [B, next_n, topk] matching q's [B, next_n] = {tuple(q.shape[:2])}, "
+         f"got {tuple(ind.shape)}")
     need(ind.is_contiguous(), f"{ind_name} must be contiguous")
     if lay.bf16:
         need(kv.dtype == torch.bfloat16, f"{kv_name} must be bfloat16 for layout {lay.name}, got {kv.dtype}")

@@ -159,7 +159,7 @@ def reference_decode(layout: Layout, q, cache, page: int, indices, sm_scale: flo
     """
     import torch
 
-    rows, h, _ = q.shape
+    _rows, _h, _ = q.shape
 
     def gather(c, pg, ind):
         n_entries = c.shape[0] * pg
@@ -249,8 +249,8 @@ def make_inputs(layout_name: str, B: int, next_n: int, h: int, topk: int, *, top
                          generator=generator, empty_rows=empty_rows)
     fill_selected(torch, layout, buf, page, ind, device=device, generator=generator, scale_factor=scale_factor,
                   scale_mode=scale_mode)
-    out = dict(layout=layout_name, kv=view, kv_buf=buf, page=page,
-               indices=ind.view(B, next_n, topk))
+    out = {"layout": layout_name, "kv": view, "kv_buf": buf, "page": page,
+           "indices": ind.view(B, next_n, topk)}
     if topk_extra > 0:
         epage = extra_page or page
         epool = max(2 * topk_extra, 4 * epage)

@@ -36,7 +36,7 @@ def decide(facts: BackendFacts) -> tuple[dict[str, str], dict[str, str]]:
     reasons: dict[str, str] = {}
     common = _common_reason(facts)
     if common:
-        reasons = {op: common for op in OPS}
+        reasons = dict.fromkeys(OPS, common)
     else:
         if not facts.fused_topk:
             reasons["indexer_topk"] = ("SGLang's fused top-k is off (SGLANG_DSA_FUSE_TOPK=0, or IndexShare under PD): "
@@ -96,10 +96,10 @@ def decide_v4(facts: V4Facts) -> tuple[dict[str, str], dict[str, str]]:
     reasons: dict[str, str] = {}
     common = _v4_common_reason(facts)
     if common:
-        return {op: SGLANG for op in OPS}, {op: common for op in OPS}
+        return dict.fromkeys(OPS, SGLANG), dict.fromkeys(OPS, common)
     if facts.v41 or facts.trtllm:
-        reasons = {op: ("DeepSeek V4.1's cache layouts" if facts.v41 else "the trtllm-gen uniform-FP8 pool")
-                   + ": not a layout the kernels read" for op in OPS}
+        layout = "DeepSeek V4.1's cache layouts" if facts.v41 else "the trtllm-gen uniform-FP8 pool"
+        reasons = dict.fromkeys(OPS, layout + ": not a layout the kernels read")
     if facts.fp4_indexer:
         reasons["indexer_topk"] = "the FP4 indexer (--enable-deepseek-v4-fp4-indexer): the kernel reads FP8 index keys"
     elif facts.index_topk not in V4_INDEX_TOPK:

@@ -63,7 +63,7 @@ class Status:
 
 
 def all_sglang(requested: str, reason: str, **where) -> Status:
-    return Status(requested=requested, kernels={op: SGLANG for op in OPS}, reasons={op: reason for op in OPS},
+    return Status(requested=requested, kernels=dict.fromkeys(OPS, SGLANG), reasons=dict.fromkeys(OPS, reason),
                   **where)
 
 

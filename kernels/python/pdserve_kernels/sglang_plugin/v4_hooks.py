@@ -81,7 +81,7 @@ def targets(generation: str | None, *, serving: bool, deep_gemm: bool = True) ->
     found.update({f"{V4_BACKEND}.forward": "v4.forward", FLASH_MLA[generation]: "v4.flash_mla",
                   FLASH_MLA_SM120: "v4.flash_mla_sm120",
                   f"{V4_INDEXER}.C4IndexerBackendMixin.forward_c4_indexer": "v4.c4_indexer",
-                  TOPK_V2[generation]: "v4.topk_v2", **{name: "v4.logits" for name in LOGITS_TORCH}})
+                  TOPK_V2[generation]: "v4.topk_v2", **dict.fromkeys(LOGITS_TORCH, "v4.logits")})
     if deep_gemm:
         found[LOGITS] = "v4.logits"
     return found
@@ -126,8 +126,8 @@ class V4Hooks:
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         major, minor = torch.cuda.get_device_capability(device)
-        where = dict(tp_rank=_tp_rank(model_runner), device=str(device), sm=f"{major}.{minor}",
-                     sglang=_version("sglang"), pdserve_kernels=_version("pdserve-kernels"), model="deepseek_v4")
+        where = {"tp_rank": _tp_rank(model_runner), "device": str(device), "sm": f"{major}.{minor}",
+                 "sglang": _version("sglang"), "pdserve_kernels": _version("pdserve-kernels"), "model": "deepseek_v4"}
         if self.runtime.requested != PDSERVE:
             status = all_sglang(self.runtime.requested, OFF_REASON, **where)
         else:
@@ -298,8 +298,8 @@ def _exact_v4(kw, heads: int):
     o, _ = reference_decode(
         LAYOUTS["v4"], q[:n, 0, :heads], blocks(cache), cache.shape[1], kw["indices"][:n].reshape(n, -1),
         float(kw["softmax_scale"]), sinks[:heads] if sinks is not None else None,
-        **({} if extra is None else dict(extra_cache=blocks(extra), extra_page=extra.shape[1],
-                                          extra_indices=kw["extra_indices_in_kvcache"][:n].reshape(n, -1))))
+        **({} if extra is None else {"extra_cache": blocks(extra), "extra_page": extra.shape[1],
+                                          "extra_indices": kw["extra_indices_in_kvcache"][:n].reshape(n, -1)}))
     return o
 
 
