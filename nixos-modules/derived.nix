@@ -1,6 +1,6 @@
 # What the module needs of pdserve's computation. The names and shapes pdserve computes come as data:
 # from-python.json, which pdserve writes (pdserve.render.nixos_data) with `@name@`-style slots that are
-# filled in here. What stays in Nix needs no parsing: which listen address is loopback among those
+# filled in here. What stays in Nix: which listen address is loopback (every spelling Python's
 # `pdserve check` accepts, where a client on the host connects to a listener, and which settings key a
 # scrape target reads. Builtins only, so that CI's Nix 2.8 holds it against the Python functions without
 # nixpkgs (tests/nix/test_nix.py); the evaluation tier holds the module's assertions and its
@@ -19,10 +19,41 @@ let
       "@server@" = server;
     } python.server_unit;
 
-  # pdserve.schema.addresses.is_loopback on the listen addresses `pdserve check` accepts (canonical IP
-  # literals or host names: it refuses ::0001, ::1%lo and ::ffff:127.0.0.1, and the build stops there).
+  # pdserve.schema.addresses.is_loopback, every spelling Python's ipaddress reads (the openFirewall
+  # assertion names a non-canonical one at evaluation; `pdserve check` refuses it at build time).
+  splitOn = separator: text: builtins.filter builtins.isString (builtins.split separator text);
+  last = list: builtins.elemAt list (builtins.length list - 1);
+  allOf = predicate: list: builtins.all predicate list;
+
+  # Dotted decimal as Python's ipaddress reads it: 0-255, no leading zeros.
   octet = "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])";
-  isLoopback = host: host == "localhost" || host == "::1" || matches "127\\.${octet}\\.${octet}\\.${octet}" host;
+  isLoopbackIPv4 = host: matches "127\\.${octet}\\.${octet}\\.${octet}" host;
+
+  # IPv6 is loopback when its value is ::1, however it is spelled (0::1, 0:0:0:0:0:0:0:1, ::0001,
+  # ::0.0.0.1, with or without a %scope): every 16-bit group zero but the last, which is one.
+  isZero = matches "0{1,4}";
+  isOne = matches "0{0,3}1";
+  isLoopbackIPv6 =
+    host:
+    let
+      address = builtins.head (splitOn "%" host);
+      halves = splitOn "::" address;
+      groupsOf = half: if half == "" then [ ] else splitOn ":" half;
+      groups = builtins.concatLists (map groupsOf halves);
+      # An IPv4 tail is the last two groups; its value is 1 only as 0.0.0.1.
+      tail = if groups == [ ] then "" else last groups;
+      ipv4Tail = matches ".*\\..*" tail;
+      width = builtins.length groups + (if ipv4Tail then 1 else 0);
+      leading = if groups == [ ] then [ ] else builtins.genList (builtins.elemAt groups) (builtins.length groups - 1);
+    in
+    matches ".*:.*" host
+    && builtins.length halves <= 2
+    && (if builtins.length halves == 2 then width <= 7 && last halves != "" else width == 8)
+    && groups != [ ]
+    && allOf isZero leading
+    && (if ipv4Tail then tail == "0.0.0.1" else isOne tail);
+
+  isLoopback = host: host == "localhost" || isLoopbackIPv4 host || isLoopbackIPv6 host;
 
   # pdserve.schema.derived.connect_host: where a client on this host reaches a listener bound to `host`.
   connectHost =
