@@ -1,7 +1,7 @@
 # What the module needs of pdserve's computation. The names and shapes pdserve computes come as data:
 # from-python.json, which pdserve writes (pdserve.render.nixos_data) with `@name@`-style slots that are
 # filled in here. What stays in Nix: which listen address is loopback (every spelling Python's
-# `pdserve check` accepts, where a client on the host connects to a listener, and which settings key a
+# ipaddress reads), where a client on the host connects to a listener, and which settings key a
 # scrape target reads. Builtins only, so that CI's Nix 2.8 holds it against the Python functions without
 # nixpkgs (tests/nix/test_nix.py); the evaluation tier holds the module's assertions and its
 # services.prometheus wiring against them (tests/nix/test_eval.py).
