@@ -1,4 +1,4 @@
-"""Cluster addresses the module's firewall (nixos-modules/firewall.nix, addresses.nix) must refuse or carry,
+"""Cluster addresses the module's firewall (nixos-modules/firewall-rules.nix, addresses.nix) must refuse or carry,
 the rule they are judged by, written with Python's ipaddress (a cluster address is a canonical IPv4 dotted
 quad or canonical lower-case IPv6, str(ip_address(value)) == value, without a zone ID, and routable unicast:
 not unspecified, loopback, 255.255.255.255, multicast, link-local or IPv4-mapped), and what the firewall must

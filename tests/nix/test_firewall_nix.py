@@ -1,5 +1,5 @@
-"""The NixOS module's firewall, without nixpkgs (CI's Nix 2.8): nixos-modules/firewall.nix, the file the module
-imports, evaluated with `nix-instantiate --eval --strict --json` and a builtins-only `lib` that has the one
+"""The NixOS module's firewall, without nixpkgs (CI's Nix 2.8): nixos-modules/firewall-rules.nix, the file the
+module's firewall.nix imports, evaluated with `nix-instantiate --eval --strict --json` and a builtins-only `lib` that has the one
 function it reads (escapeShellArg), written both ways nixpkgs has written it (always quoted; quoted only
 when the word needs it).
 
@@ -41,8 +41,8 @@ from tests.nix.firewall_cases import (
 from tests.nix.test_nix import REPO, SCHEMA, TIMEOUT, nix_eval, nix_instantiate
 from tests.nix.test_nix_hosts import example, nix_json
 
-FIREWALL = REPO / "nixos-modules" / "firewall.nix"
-MODULE = REPO / "nixos-modules" / "pdserve.nix"
+FIREWALL = REPO / "nixos-modules" / "firewall-rules.nix"
+MODULE = REPO / "nixos-modules" / "firewall.nix"  # the module's firewall file
 
 # Two builtins-only stand-ins for nixpkgs' lib.escapeShellArg: older nixpkgs quoted every word, newer
 # leaves a word of only safe characters bare. The firewall must be right with either.
@@ -220,7 +220,7 @@ def test_the_nftables_rules_pass_the_real_nft_check(case: str, host: str, tmp_pa
 @functools.cache
 def accepted_corpus() -> tuple[dict[str, Any], Any]:
     """Every address of a seeded corpus that the rule accepts, each a peer's address (gpu-d) in a deployment
-    of its own, all built on one host (gpu-c): the deployments and what firewall.nix builds of them."""
+    of its own, all built on one host (gpu-c): the deployments and what firewall-rules.nix builds of them."""
     base = example("four-host")
     taken = {spec["address"] for spec in base["hosts"].values()}
     values = sorted({v for v in spellings(seed=40, count=400) if verdict(v) is None} - taken)
@@ -320,10 +320,13 @@ def test_a_port_that_is_not_an_integer_never_reaches_a_rule(emitter: str):
 # --- the module runs this file -------------------------------------------------------------------------
 
 def test_the_module_builds_its_firewall_with_this_file_only():
-    """The module's rules and assertions are firewall.nix's (with nixpkgs' lib): no rule text of its own."""
+    """The module's rules and assertions are firewall-rules.nix's (with nixpkgs' lib): no rule text of its own."""
     text = MODULE.read_text(encoding="utf-8")
-    assert "(import ./firewall.nix { inherit lib; }).build {" in text
+    assert "(import ./firewall-rules.nix { inherit lib; }).build {" in text
     assert "inherit (firewall) firewalls nftRules iptablesRules;" in text
     assert "}) firewall.problems" in text
     assert "extraInputRules = lib.mkIf (nftables && nftRules != [ ]) (lib.concatStringsSep \"\\n\" nftRules);" in text
-    assert "nixos-fw" not in text and "saddr" not in text
+    for path in (REPO / "nixos-modules").glob("*.nix"):
+        if path != FIREWALL:
+            module_file = path.read_text(encoding="utf-8")
+            assert "nixos-fw" not in module_file and "saddr" not in module_file, path.name

@@ -29,6 +29,9 @@ from tests.nix.derived_cases import HOSTS, LOOPBACK_SPELLINGS, NOT_LOOPBACK
 REPO = Path(__file__).resolve().parents[2]
 DEPLOYMENT = REPO / "hosts" / "gpu-host" / "deployment.toml"
 MODULE = REPO / "nixos-modules" / "pdserve.nix"
+# The options of one deployment, and the helpers every file of the module reads (the schema among them).
+DEPLOYMENT_OPTIONS = REPO / "nixos-modules" / "deployment.nix"
+COMMON = REPO / "nixos-modules" / "common.nix"
 SKIP_DIRS = {".git", ".venv", "node_modules", "result"}
 HEX40 = re.compile(r"^[0-9a-f]{40}$")
 SRI_SHA256 = re.compile(r"^sha256-[A-Za-z0-9+/]{43}=$")
@@ -222,11 +225,12 @@ def test_the_module_takes_its_defaults_from_the_committed_schema() -> None:
     """The module has no default of its own for a pdserve key: every typed settings option reads the
     schema (`schemaDefault`), so the schema test (tests/unit/test_schema.py) keeps them pdserve's.
     What the defaults evaluate to is checked against pdserve in tests/nix/test_eval.py."""
-    text = MODULE.read_text(encoding="utf-8")
+    text = DEPLOYMENT_OPTIONS.read_text(encoding="utf-8")
     settings_block = text[text.index("settings = mkOption {"):text.index("openFirewall = mkOption {")]
     literal_defaults = re.findall(r"\bdefault = (?!schemaDefault|schema\.|name;)([^;]+);", settings_block)
     assert literal_defaults == [], f"literal defaults in the module's settings options: {literal_defaults}"
-    assert "lib.importJSON ../pkg/pdserve/schema/deployment.schema.json" in text
+    assert "types.submodule (import ./deployment.nix { inherit lib pkgs schema; })" in MODULE.read_text(encoding="utf-8")
+    assert "lib.importJSON ../pkg/pdserve/schema/deployment.schema.json" in COMMON.read_text(encoding="utf-8")
 
 
 # --- flake.lock -----------------------------------------------------------------------------------

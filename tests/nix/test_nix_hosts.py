@@ -10,7 +10,6 @@ import copy
 import json
 import tomllib
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -113,5 +112,4 @@ def test_every_host_of_each_example_has_its_configuration() -> None:
 def test_derived_nix_dist_init_span_is_pdserves() -> None:
     from pdserve.schema.topology import DIST_INIT_SPAN
 
-    text = Path(DERIVED).read_text(encoding="utf-8")
-    assert f"distInitSpan = {DIST_INIT_SPAN};" in text
+    assert nix_eval(f"(import {DERIVED}).distInitSpan") == DIST_INIT_SPAN
