@@ -75,7 +75,7 @@ def main() -> int:
     opts = ap.parse_args()
     trees = [tuple(t.split("=", 1)) for t in opts.tree] or [("this", os.environ.get("PYTHONPATH", ""))]
 
-    print(f"# pdserve startup, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC")
+    print(f"# pdserve startup, {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC")
     print(f"# {_cpu()}, {os.cpu_count()} logical CPUs, {platform.system()} {platform.release()}, "
           f"Python {platform.python_version()} ({opts.python})")
     print(f"# load average before: {_load()}; {opts.repeat} runs per line, seconds of wall clock")

@@ -595,7 +595,7 @@ def test_plugin_line_prefixes_are_the_plugins(monkeypatch):
 
 
 def test_driver_refuses_a_pdserve_run_without_the_plugin(tmp_path, monkeypatch):
-    monkeypatch.setattr(compare, "plugin_entry_points", lambda: [])
+    monkeypatch.setattr(compare, "plugin_entry_points", list)
     args = compare.parse_args(["--model", str(tmp_path), "--out", str(tmp_path / "o"), "--kernels", "pdserve"])
     srv = compare.make_servers(args)["pdserve"]
     with pytest.raises(SystemExit, match="no sglang.srt.plugins entry point is installed"):

@@ -19,7 +19,7 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 UNITS = {"s": "seconds", "ms": "milliseconds", "percentunit": "fraction", "reqps": "requests/s",
          "decgbytes": "GB", "none": ""}

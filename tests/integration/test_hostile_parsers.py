@@ -80,7 +80,7 @@ def test_every_prefix_the_real_parser_reads_as_a_guarded_flag_is_refused_by_pdse
     from pdserve.schema.extra_args import read_as
 
     rendered, secrets, exact = _guarded(program)
-    guarded = {**{f: "rendered" for f in rendered}, **{f: "secret" for f in secrets}}
+    guarded = {**dict.fromkeys(rendered, "rendered"), **dict.fromkeys(secrets, "secret")}
     checked = 0
     for flag, kind in guarded.items():
         dest = _dest(parser, flag)

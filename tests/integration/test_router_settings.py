@@ -28,7 +28,7 @@ from tests.conftest import require_or_skip
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 
-from standin_sglang.launch import free_ports  # noqa: E402
+from standin_sglang.launch import free_ports
 
 pytestmark = pytest.mark.integration
 

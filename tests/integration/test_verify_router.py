@@ -17,12 +17,12 @@ from click.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 
-from pd_cluster import PDCluster, write_deployment  # noqa: E402
-from standin_sglang.launch import wait_http  # noqa: E402
+from pd_cluster import PDCluster, write_deployment
+from standin_sglang.launch import wait_http
 
-from pdserve.cli.main import main  # noqa: E402
-from pdserve.schema import pins  # noqa: E402
-from pdserve.verify.report import Report  # noqa: E402
+from pdserve.cli.main import main
+from pdserve.schema import pins
+from pdserve.verify.report import Report
 
 pytestmark = pytest.mark.integration
 

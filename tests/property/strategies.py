@@ -95,7 +95,7 @@ def curated(case: FieldCase) -> list[Any]:
     last = case.location[-1]
     if last in _PATH_FIELDS:
         values += PATHS
-    if last == "name" or case.renames_key and case.location[0] == "hosts":
+    if last == "name" or (case.renames_key and case.location[0] == "hosts"):
         values += NAMES
     if last in ("user", "group") or case.location[-2:-1] == ("supplementary_groups",):
         values += USERS

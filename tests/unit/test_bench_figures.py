@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from pdserve.bench.figures import ALL_FIGURES, ERRORS, FIGURES, KV_TRANSFER, inconsistencies, read_record
 from pdserve.bench.sweep import Sweep
 from pdserve.bench.workload import Point

@@ -40,7 +40,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 
-from loadgen import OK, Load  # noqa: E402
+from loadgen import OK, Load
 
 BOUND = 0.5  # the most any injected wait lasts, seconds
 ANSWER = json.dumps({"choices": [{"message": {"role": "assistant", "content": "hi"}}]}).encode()

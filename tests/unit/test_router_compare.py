@@ -26,7 +26,7 @@ from tests.integration.router_compare.rounds import alternating
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 
-from loadgen import Outcome  # noqa: E402
+from loadgen import Outcome
 
 legacy_parser = pytest.importorskip("sglang_router.launch_router", reason="sglang-router 0.3.2 is not installed")
 

@@ -8,7 +8,7 @@ import pytest
 from pdserve.schema.loading import deployment_from_data
 from pdserve.schema.problems import ConfigError, Severity
 from pdserve.schema.router import RouterSpec
-from pdserve.schema.rules_router import HOLD_WARN_SEC, health_detection_sec, retry_budget_ms
+from pdserve.schema.rules_router import HOLD_WARN_SEC, retry_budget_ms
 
 
 def _problems(data):

@@ -15,7 +15,7 @@ def gpus(used: dict[int, float], pids: dict[int, tuple[int, ...]] | None = None)
     return [GpuObs(i, "NVIDIA H200", int(used.get(i, 0.0) * TOTAL), TOTAL, pids.get(i, ())) for i in range(8)]
 
 
-HEALTHY = {i: 0.89 for i in range(8)}
+HEALTHY = dict.fromkeys(range(8), 0.89)
 
 
 def test_memory_near_each_fraction_passes():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 
-from pdserve.schema.addresses import is_loopback  # noqa: F401 - verify.expect reads it from here
+from pdserve.schema.addresses import is_loopback
 from pdserve.schema.config import WORKER_ROLES, Deployment, ServerSpec, WorkerSpec
 from pdserve.schema.extra_args import ROUTER_EXACT_FLAGS, SERVER_EXACT_FLAGS, long_flag, read_as
 from pdserve.schema.problems import Problem, Severity

@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository root, for `tests.gpu.dsa`
 
-from tests.gpu.dsa import client, diff, server, verdict  # noqa: E402
+from tests.gpu.dsa import client, diff, server, verdict
 
 PHASES = ("compare", "bench", "all")
 VERSIONS = ("torch", "sglang", "sglang-kernel", "sgl-deep-gemm", "flashinfer-python", "transformers",

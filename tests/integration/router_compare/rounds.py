@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from tests.integration.router_compare.report import Figures, FaultResult
+from tests.integration.router_compare.report import FaultResult, Figures
 
 Say = Callable[[str], None]
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,7 +33,7 @@ from tests.integration.systemd.lab import CONFIG_PATH, START_TIMEOUT_SEC
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "fixtures"))
 
-from loadgen import HEADER, Load, Outcome, PortProber, Summary, summarize  # noqa: E402
+from loadgen import HEADER, Load, Outcome, PortProber, Summary, summarize
 
 pytestmark = pytest.mark.integration
 
