@@ -69,11 +69,11 @@ def check_gpus(dep: Deployment, host: HostView, report: HostReport) -> None:
         if any(node is None for node in known.values()):
             report.skipped.append(f"{role}: GPU NUMA affinity unknown (the kernel reports -1 for some of {server.gpus})")
             continue
-        far = sorted(g for g, node in known.items() if node != server.numa_node)
+        far = {g: node for g, node in known.items() if node is not None and node != server.numa_node}
         if far:
             report.problems.append(Problem(
                 f"{role}.numa_node", server.numa_node,
-                f"GPU(s) {far} sit on NUMA node(s) {sorted({known[g] for g in far})}, not {server.numa_node}",
+                f"GPU(s) {sorted(far)} sit on NUMA node(s) {sorted(set(far.values()))}, not {server.numa_node}",
                 "bind the role to its GPUs' NUMA node, or pick GPUs on that node",
                 Severity.WARNING,
             ))

@@ -4,7 +4,7 @@ read, and what goes with them; nothing is written if anything is wrong."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -68,7 +68,7 @@ def _render(config_path: Path | None, out_dir: Path, runtime_config: str | None,
     out_dir.mkdir(parents=True, exist_ok=True)
     files = {unit.filename: unit.text for unit in units}
     # A single-host file's JSON stays what it was before [hosts] existed: without the empty placement keys.
-    one_host = None if dep.multi_host else {"hosts": True, "router": {"hosts"}}
+    one_host: dict[str, Any] | None = None if dep.multi_host else {"hosts": True, "router": {"hosts"}}
     files[f"pdserve-{dep.name}.json"] = dep.model_dump_json(indent=2, exclude=one_host) + "\n"
     if chosen:
         files[firewall_filename(dep)] = render_firewall(dep, chosen)

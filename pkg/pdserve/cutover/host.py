@@ -13,9 +13,9 @@ from pdserve.probes.cgroups import unit_of
 from pdserve.probes.credentials import CredentialError, read_key
 from pdserve.probes.paths import path_facts
 from pdserve.probes.systemctl import Systemctl, UnitState
-from pdserve.render.argv import API_KEY_CREDENTIAL
 from pdserve.schema.boot import Layout
 from pdserve.schema.config import Deployment
+from pdserve.schema.derived import API_KEY_CREDENTIAL
 
 SMOKE_TIMEOUT_SEC = 60.0
 

@@ -50,7 +50,7 @@ def attempt(program, args):
 
 def options(extra):
     """The extra args as options: each starts at an arg beginning with '-' and takes the values after it."""
-    groups = []
+    groups: list[list[str]] = []
     for arg in extra:
         if arg.startswith("-") or not groups:
             groups.append([arg])

@@ -171,7 +171,7 @@ class SystemctlError(RuntimeError):
         return "read-only file system" in self.detail.lower()
 
 
-Runner = Callable[..., subprocess.CompletedProcess]
+Runner = Callable[..., subprocess.CompletedProcess[str]]
 
 
 class Systemctl:

@@ -101,7 +101,8 @@ def server_args(dep: Deployment, role: Role) -> list[str]:
     if role == "fallback":
         host, port = listen_address(dep, role)
         args = [*_model_args(dep), "--host", host, "--port", str(port)]
-        return _closing_args(args + _gpu_placement(dep.fallback) + _capacity_args(dep.fallback), dep.fallback)
+        fallback = dep.server(role)
+        return _closing_args([*args, *_gpu_placement(fallback), *_capacity_args(fallback)], fallback)
     return node_args(dep, Node(servers(dep, role)[0], 0))
 
 

@@ -8,14 +8,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from pdserve.schema.config import Deployment
-from pdserve.schema.listeners import listeners
+from pdserve.schema.listeners import Listener, listeners
 from pdserve.schema.problems import Problem, Severity
 from pdserve.schema.rules import SHARED_GPU_FRACTION_LIMIT
 from pdserve.schema.topology import Server, servers
 
 
 def distinct_ports_per_host(dep: Deployment) -> Iterator[Problem]:
-    seen = []
+    seen: list[Listener] = []
     for listener in listeners(dep):
         clash = next((other for other in seen if other.overlaps(listener)), None)
         if clash is None:
@@ -98,7 +98,7 @@ def host_layouts(dep: Deployment) -> Iterator[Problem]:
             yield Problem(f"hosts.{name}.numa_nodes", host.numa_nodes, f"lists GPU(s) {twice} on more than one node",
                           "list each GPU under the one NUMA node it is attached to (`nvidia-smi topo -m`)")
         beyond = sorted({g for g in listed if host.gpus is not None and g >= host.gpus})
-        if beyond:
+        if beyond and host.gpus is not None:  # beyond holds GPUs only where host.gpus is set
             yield Problem(f"hosts.{name}.numa_nodes", host.numa_nodes, f"lists GPU(s) {beyond}, but hosts.{name}.gpus "
                           f"is {host.gpus}", f"list only GPUs 0-{host.gpus - 1}, or correct hosts.{name}.gpus")
 

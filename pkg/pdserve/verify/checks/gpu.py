@@ -94,7 +94,7 @@ def trace_owners(exp: Expectations, gpus: list[GpuObs], units: Mapping[int, str 
     for pid in sorted({p for g in gpus for p in g.pids}):
         unit, command = units.get(pid), commands.get(pid, "")[:60]
         if unit in unit_roles:
-            owner_of[pid] = (unit_roles[unit], unit)  # type: ignore[index]
+            owner_of[pid] = (unit_roles[unit], unit)
         elif unit is not None:
             owner_of[pid] = ("other", f"unit {unit} ({command})")
         else:
