@@ -105,7 +105,8 @@ def _monitoring_files(dep: Deployment) -> dict[str, str]:
 @click.option("--out", "out_dir", required=True, metavar="DIR", type=click.Path(path_type=Path, file_okay=False),
               help="Directory for the unit files (e.g. /etc/systemd/system).")
 @click.option("--config-path", "runtime_config", metavar="PATH",
-              help="Where the units read the deployment at run time (default: the pdserve-<name>.json written into --out).")
+              help="Where the units read the deployment at run time "
+              "(default: the pdserve-<name>.json written into --out).")
 @click.option("--host", "host", metavar="NAME", help="Multi-host deployments (required there): write this host's "
               "units, and its firewall ruleset as pdserve-<name>-firewall.nft.")
 @click.option("--no-python-check", "no_python_check", is_flag=True,

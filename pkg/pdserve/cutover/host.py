@@ -107,7 +107,8 @@ def smoke_verify(dep: Deployment, checks: Sequence[str] = PD_SMOKE_CHECKS,
     summary = "; ".join(f"{r.id} {r.status}: {r.observed}" for r in chosen)
     if bad or errors:
         fixes = "; ".join(f"{r.id}: {r.remediation}" for r in bad if r.remediation)
-        return Check(False, f"pdserve verify --only {','.join(checks)}: {summary}" + (f"; fix: {fixes}" if fixes else "")
+        return Check(False, f"pdserve verify --only {','.join(checks)}: {summary}"
+                     + (f"; fix: {fixes}" if fixes else "")
                      + (f"; verifier errors: {'; '.join(errors)}" if errors else ""))
     return Check(True, f"pdserve verify --only {','.join(checks)}: {summary}")
 

@@ -209,9 +209,9 @@ class Cutover:
         label = "start workers" if target == "pd" else "start fallback"
         if self._step(label, lambda: self._start(plan.workers[target], plan.worker_deadline)).result == "failed":
             return self._roll_back(started_any)
-        if plan.fronts[target]:
-            if self._step("start router", lambda: self._start(plan.fronts[target], plan.front_deadline)).result == "failed":
-                return self._roll_back(started_any)
+        if plan.fronts[target] and self._step(
+                "start router", lambda: self._start(plan.fronts[target], plan.front_deadline)).result == "failed":
+            return self._roll_back(started_any)
         if self._step("smoke test", lambda: self._smoke(target)).result == "failed":
             return self._roll_back(started_any)
         # From here the target serves: nothing below may undo it.

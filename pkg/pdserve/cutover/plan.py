@@ -59,7 +59,8 @@ def plan_common(dep: Deployment, target: Layout, warnings: Sequence[str], source
                 nixos_change=nixos_line(dep, target))
 
 
-def plan_for(dep: Deployment, target: Layout, warnings: Sequence[str] = (), source: str = "the deployment file") -> Plan:
+def plan_for(dep: Deployment, target: Layout, warnings: Sequence[str] = (),
+             source: str = "the deployment file") -> Plan:
     def svc(role: str) -> str:
         return service(unit_name(dep, role))  # type: ignore[arg-type]
 

@@ -43,7 +43,7 @@ def attempt(program, args):
     except SystemExit:
         lines = [line for line in captured.getvalue().splitlines() if line.strip()]
         return "error", lines[-1] if lines else "parser exited"
-    except Exception as exc:  # the parsers' own validation raises ValueError and friends
+    except Exception as exc:  # noqa: BLE001 - the parsers' own validation raises ValueError and friends
         return "error", f"{type(exc).__name__}: {exc}"
     return "ok", ""
 

@@ -188,7 +188,8 @@ def service_section(dep: Deployment, launch: Launch, tools: Toolchain, *, start_
     ]
     entries += [("Environment", environment_line(k, v)) for k, v in sorted(launch.env.items())]
     loaded = {**(gate_credentials or {}), **launch.credentials}
-    entries += [("LoadCredential", systemd_syntax.credential_value(name, path)) for name, path in sorted(loaded.items())]
+    entries += [("LoadCredential", systemd_syntax.credential_value(name, path))
+                for name, path in sorted(loaded.items())]
     entries += [("SetCredential", systemd_syntax.set_credential_value(name, MISSING_KEY_STAND_IN))
                 for name in sorted(set(gate_credentials or {}) - set(launch.credentials))]
     entries += [("ExecStartPre", command_line(gate)) for gate in gates]
@@ -252,4 +253,5 @@ def exactly(config_path: str, render: Callable[[], list[Unit]]) -> list[Unit]:
         return render()
     except systemd_syntax.Unrepresentable as exc:
         # Only reachable with a deployment that bypassed loading (or a pdserve bug): nothing is written.
-        raise ConfigError([Problem("(rendering)", None, str(exc), "fix the value named in the message")], "render") from None
+        unrendered = Problem("(rendering)", None, str(exc), "fix the value named in the message")
+        raise ConfigError([unrendered], "render") from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator, Sequence
 
 from pdserve.schema.addresses import is_loopback
@@ -161,7 +162,7 @@ def gpu_layout(dep: Deployment) -> Iterator[Problem]:
             )
         # SGLang places ranks at base-gpu-id + i * gpu-id-step: only evenly spaced ascending sets fit.
         step = gpus[1] - gpus[0] if len(gpus) > 1 else 1
-        if step < 1 or any(b - a != step for a, b in zip(gpus, gpus[1:])):
+        if step < 1 or any(b - a != step for a, b in itertools.pairwise(gpus)):
             yield Problem(
                 f"{role}.gpus",
                 gpus,
@@ -204,7 +205,8 @@ def distinct_ports(dep: Deployment) -> Iterator[Problem]:
 
 def loopback_workers(dep: Deployment) -> Iterator[Problem]:
     if _one_host_workers(dep) is None:
-        return  # multi-host: placed servers listen on their host's cluster address: rules_hosts.listen_on_cluster_address
+        # multi-host: placed servers listen on their host's cluster address: rules_hosts.listen_on_cluster_address
+        return
     for role in WORKER_ROLES:
         worker = dep.worker(role)
         if not is_loopback(worker.host) and not worker.allow_non_loopback:

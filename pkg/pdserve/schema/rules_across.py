@@ -52,7 +52,8 @@ def listeners(dep: Deployment) -> list[Listener]:
 
 def unit_names(dep: Deployment) -> dict[str, Role]:
     if dep.multi_host:
-        found: dict[str, Role] = {server_unit(dep, Node(s, rank)): s.role for s in servers(dep) for rank in range(s.nnodes)}
+        found: dict[str, Role] = {server_unit(dep, Node(s, rank)): s.role
+                                  for s in servers(dep) for rank in range(s.nnodes)}
         return found | {router_unit(dep, host): "router" for host in router_hosts(dep)}
     return {unit_name(dep, role): role for role in ROLES}
 

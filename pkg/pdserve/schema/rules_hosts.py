@@ -191,7 +191,8 @@ def hosts_in_use(dep: Deployment) -> Iterator[Problem]:
     used = {h for s in servers(dep) for h in s.hosts} | set(dep.router.hosts)
     for name in dep.hosts:
         if name not in used:
-            yield Problem(f"hosts.{name}", dep.hosts[name].address or None, "runs nothing: no server and no router names it",
+            yield Problem(f"hosts.{name}", dep.hosts[name].address or None,
+                          "runs nothing: no server and no router names it",
                           f"place a server or the router on it (hosts = [\"{name}\"]), or remove [hosts.{name}]",
                           Severity.WARNING)
 

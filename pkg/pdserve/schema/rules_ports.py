@@ -46,7 +46,8 @@ def disjoint_gpus_per_host(dep: Deployment) -> Iterator[Problem]:
                     continue
                 if not dep.allow_shared_gpus:
                     yield Problem(f"{server.field}.gpus", server.spec.gpus,
-                                  f"shares GPU(s) {shared} of host {host} with {earlier.field}.gpus {earlier.spec.gpus}",
+                                  f"shares GPU(s) {shared} of host {host} with {earlier.field}.gpus "
+                                  f"{earlier.spec.gpus}",
                                   f"give the servers on host {host} disjoint GPU sets (on a small test rig: set "
                                   f"allow_shared_gpus = true, with memory fractions adding up to at most "
                                   f"{SHARED_GPU_FRACTION_LIMIT:g})")
@@ -56,7 +57,8 @@ def disjoint_gpus_per_host(dep: Deployment) -> Iterator[Problem]:
                     yield Problem(f"{server.field}.mem_fraction_static", server.spec.mem_fraction_static,
                                   f"with {earlier.field}.mem_fraction_static {earlier.spec.mem_fraction_static:g} on "
                                   f"the same GPU(s) {shared} of host {host} the static pools take {total:g} of its "
-                                  "memory", f"lower the two so that they add up to at most {SHARED_GPU_FRACTION_LIMIT:g}")
+                                  "memory",
+                                  f"lower the two so that they add up to at most {SHARED_GPU_FRACTION_LIMIT:g}")
 
 
 def hardware_exists(dep: Deployment) -> Iterator[Problem]:

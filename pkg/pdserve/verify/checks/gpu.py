@@ -20,7 +20,7 @@ def _owners(exp: Expectations) -> dict[int, tuple[str, ...]]:
     owners: dict[int, tuple[str, ...]] = {}
     for role, w in exp.workers.items():
         for gpu in w.gpus:
-            owners[gpu] = owners.get(gpu, ()) + (role,)
+            owners[gpu] = (*owners.get(gpu, ()), role)
     return owners
 
 
@@ -123,7 +123,8 @@ def check_processes(exp: Expectations, gpus: list[GpuObs], owner_of: dict[int, t
         for role in roles:
             # A process that cannot be traced may be this role's: that is a warning below, not a missing server.
             if role not in traced and not untraced:
-                problems.append(f"GPU {g.index} ({role}) runs no {role} process; {exp.workers[role].unit} should hold it")
+                problems.append(
+                    f"GPU {g.index} ({role}) runs no {role} process; {exp.workers[role].unit} should hold it")
         for pid in g.pids:
             got, desc = owner_of.get(pid, (None, "unknown"))
             if got is None:
