@@ -85,7 +85,7 @@ def main() -> int:
     envs = {name: {**os.environ, "PYTHONPATH": pkg} for name, pkg in trees}
     for label, args in COMMANDS:
         runs: dict[str, list[float]] = {name: [] for name in envs}
-        for name, env in envs.items():  # a warm-up each: the file cache is warm for every tree alike
+        for env in envs.values():  # a warm-up each: the file cache is warm for every tree alike
             _time_once(opts.python, args, env)
         # The trees take turns, so a burst of load elsewhere on the machine falls on each of them alike.
         for _ in range(opts.repeat):

@@ -89,7 +89,8 @@ def test_every_prefix_the_real_parser_reads_as_a_guarded_flag_is_refused_by_pdse
             for arg in (flag[:end], flag[:end] + "=x"):
                 if _dest(parser, arg) == dest:
                     checked += 1
-                    assert read_as(arg, guarded, exact), f"the real {program} parser reads {arg} as {flag}; pdserve lets it pass"
+                    assert read_as(arg, guarded, exact), \
+                        f"the real {program} parser reads {arg} as {flag}; pdserve lets it pass"
     assert checked > 100
 
 

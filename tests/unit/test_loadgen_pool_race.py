@@ -106,7 +106,7 @@ def scheduler(monkeypatch) -> _Scheduler:
     def slow_to_close(self, closing):
         for connection in closing:
             if connection is sched.handed:
-                _wait_until(lambda: _state(connection) != "IDLE")  # its request started on it
+                _wait_until(lambda connection=connection: _state(connection) != "IDLE")  # its request started on it
         close_connections(self, closing)
         if any(connection is sched.handed for connection in closing):
             sched.closed.set()

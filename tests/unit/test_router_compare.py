@@ -76,7 +76,7 @@ def test_a_keyed_router_is_refused_naming_the_field(tools, reference_data):
     data = reference_data
     data["router"]["api_key_file"] = "/etc/pdserve/router.key"
     dep = deployment_from_data(data, "keyed").deployment
-    with pytest.raises(LegacyUnsupported, match="router.api_key_file"):
+    with pytest.raises(LegacyUnsupported, match=r"router.api_key_file"):
         legacy_exec_start(rendered_router_argv(dep, tools), dep)
 
 

@@ -64,4 +64,4 @@ def test_leftovers_of_a_killed_run_are_removed_by_the_next():
     ip("link", "add", f"{PREFIX}t2v0", "type", "veth", "peer", "name", f"{PREFIX}t2v0p")
     removed = remove_leftovers()
     assert f"netns {PREFIX}-t2-left" in removed and f"link {PREFIX}t2v0" in removed, removed
-    assert not any(n.startswith(f"{PREFIX}-t2") or n.startswith(f"{PREFIX}t2") for n in _ours())
+    assert not any(n.startswith((f"{PREFIX}-t2", f"{PREFIX}t2")) for n in _ours())
