@@ -28,16 +28,18 @@ MEASURED_DEFAULT = {
     ("v4", 32, 8): "sparse_mla_v4_h32_t64", ("v4", 32, 64): "sparse_mla_wg_v4_s3",
     ("v4", 64, 1): "sparse_mla_v4_h64_t64", ("v4", 128, 1): "sparse_mla_wg_v4_t64x",
     ("v4", 64, 8): "sparse_mla_wg_v4_s3", ("v4", 64, 64): "sparse_mla_wg_v4_s3",
-    ("v4", 64, 128): "sparse_mla_wg_v4_s3", ("v4", 128, 64): "sparse_mla_wg_v4_t64x", ("v4", 128, 8): "sparse_mla_wg_v4_t64x",
+    ("v4", 64, 128): "sparse_mla_wg_v4_s3", ("v4", 128, 64): "sparse_mla_wg_v4_t64x",
+    ("v4", 128, 8): "sparse_mla_wg_v4_t64x",
     ("v32", 16, 1): "sparse_mla_ds_v32_h16_t64_s2", ("v32", 16, 64): "sparse_mla_ds_v32_h16_t32_s4",
     ("v32", 32, 8): "sparse_mla_v32_h32_t64", ("v32", 32, 64): "sparse_mla_wg_v32_t64c",
     ("v32", 64, 1): "sparse_mla_ds_v32_h32_t64_s2", ("v32", 128, 1): "sparse_mla_wg_v32_t64x",
     ("v32", 64, 8): "sparse_mla_wg_v32_s3_c2", ("v32", 128, 8): "sparse_mla_wg_v32_t64x",
     # V3.2, one 64-head block, at most two splits per row: _t64c (2026-12-02 seventh session, call 4: 0.93-0.98x)
     ("v32", 64, 32): "sparse_mla_wg_v32_s3_c2", ("v32", 64, 64): "sparse_mla_wg_v32_t64c",
-    ("v32", 64, 128): "sparse_mla_wg_v32_t64c", ("v4", 64, 128): "sparse_mla_wg_v4_s3",
+    ("v32", 64, 128): "sparse_mla_wg_v32_t64c",
     ("v32", 128, 64): "sparse_mla_wg_v32_t64x", ("v32", 128, 128): "sparse_mla_wg_v32_t64x",
-    ("v32", 128, 32): "sparse_mla_wg_v32_t64x", ("v4", 96, 32): "sparse_mla_wg_v4_t64x", ("v4", 128, 16): "sparse_mla_wg_v4_t64x",
+    ("v32", 128, 32): "sparse_mla_wg_v32_t64x", ("v4", 96, 32): "sparse_mla_wg_v4_t64x",
+    ("v4", 128, 16): "sparse_mla_wg_v4_t64x",
     # 17-63 heads: the 64-head wg kernels, 33-63 heads from 8 rows, 17-32 from 16 (2026-12-02 eighth session, calls
     # 6-7: 0.79-0.99x the ds or first-version kernel at 24 and 32 heads, 0.53-0.95x at 40-56), _t64c for V3.2 at most
     # two splits per row; below that as before (V3.2 17-32 heads: the first version below 16 rows, calls 14-15 of the
