@@ -75,7 +75,7 @@ def main() -> int:
     opts = ap.parse_args()
     trees = [tuple(t.split("=", 1)) for t in opts.tree] or [("this", os.environ.get("PYTHONPATH", ""))]
 
-    print(f"# pdserve startup, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC")
+    print(f"# pdserve startup, {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC")
     print(f"# {_cpu()}, {os.cpu_count()} logical CPUs, {platform.system()} {platform.release()}, "
           f"Python {platform.python_version()} ({opts.python})")
     print(f"# load average before: {_load()}; {opts.repeat} runs per line, seconds of wall clock")
@@ -85,7 +85,7 @@ def main() -> int:
     envs = {name: {**os.environ, "PYTHONPATH": pkg} for name, pkg in trees}
     for label, args in COMMANDS:
         runs: dict[str, list[float]] = {name: [] for name in envs}
-        for name, env in envs.items():  # a warm-up each: the file cache is warm for every tree alike
+        for env in envs.values():  # a warm-up each: the file cache is warm for every tree alike
             _time_once(opts.python, args, env)
         # The trees take turns, so a burst of load elsewhere on the machine falls on each of them alike.
         for _ in range(opts.repeat):

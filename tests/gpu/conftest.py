@@ -61,7 +61,7 @@ def pd(tmp_path_factory, report) -> PDRun:
     model = make_tiny_model(workdir / "tiny-llama")
     numactl = numactl_path()
     numa_node = 0 if numactl and _node0_exists() else None
-    ports = dict(zip(("prefill", "decode", "router", "bootstrap", "prometheus"), free_ports(5)))
+    ports = dict(zip(("prefill", "decode", "router", "bootstrap", "prometheus"), free_ports(5), strict=True))
     # Two GPUs: prefill and decode on their own; one: both on GPU 0 (allow_shared_gpus). The router
     # always has an API key, delivered as the units deliver it.
     layout = 2 if gpus >= 2 else 1

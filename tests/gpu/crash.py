@@ -100,4 +100,6 @@ def table(result: CrashResult, plan: CrashPlan) -> str:
 def _beyond(s: CrashSummary) -> str:
     if s.beyond_ready_s is None:
         return "never"
-    return f"{s.beyond_ready_s:.1f} s" if s.beyond_ready_s >= 0 else f"{s.beyond_ready_s:.1f} s (answered before the gate passed)"
+    if s.beyond_ready_s >= 0:
+        return f"{s.beyond_ready_s:.1f} s"
+    return f"{s.beyond_ready_s:.1f} s (answered before the gate passed)"

@@ -9,6 +9,7 @@ of the recorded outcomes, so its arithmetic is tested on the CPU with made-up ti
 from __future__ import annotations
 
 import errno
+import itertools
 import math
 import threading
 import time
@@ -146,7 +147,7 @@ class ChatLoad:
                 max_tokens=self.max_tokens, temperature=0)
             tokens = response.usage.completion_tokens if response.usage else 0
             cause, detail = (OK, "") if tokens and response.choices else (EMPTY, str(response)[:160])
-        except Exception as exc:  # every failure is recorded by cause; none may end the load thread
+        except Exception as exc:  # noqa: BLE001 - every failure is recorded by cause; none may end the load thread
             cause, detail = classify(exc)
             retry_after = retry_after_header(exc)
         else:
@@ -214,7 +215,7 @@ def _longest_without_success(ordered: list[Outcome]) -> float:
     if not ordered:
         return 0.0
     marks = [ordered[0].sent, *sorted(o.ended for o in ordered if o.ok), max(o.ended for o in ordered)]
-    return max(b - a for a, b in zip(marks, marks[1:])) if len(marks) > 1 else 0.0
+    return max(b - a for a, b in itertools.pairwise(marks)) if len(marks) > 1 else 0.0
 
 
 def summarize(outcomes: list[Outcome], killed_at: float, ready_at: float | None,

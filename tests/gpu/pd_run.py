@@ -8,6 +8,7 @@ and every wait has a deadline.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -257,10 +258,8 @@ class PDRun:
                 continue
             if proc.poll() is None:
                 _signal_group(proc, signal.SIGTERM)
-                try:
+                with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(STOP_TIMEOUT)
-                except subprocess.TimeoutExpired:
-                    pass
             # Scheduler and detokenizer children share the group and can outlive a leader that crashed
             # or stopped: none of them may keep holding a GPU.
             _signal_group(proc, signal.SIGKILL)
@@ -274,10 +273,8 @@ class PDRun:
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def group_members(pgid: int) -> list[int]:

@@ -6,7 +6,7 @@
 # Logs and the run's measurements go to $OUT (or ./gpu-out). PDSERVE_COMMIT, if set, is recorded with them
 # (the device machine gets the working tree without its git history).
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 out=${OUT:-$PWD/gpu-out}
 mkdir -p "$out"
 # Where the chunks arrive and where they are kept between calls (overridable for the CPU test of this staging,

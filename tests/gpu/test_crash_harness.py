@@ -38,7 +38,7 @@ def standin_pd(visible_tmp_path):
         from standin_sglang.launch import free_ports
     finally:
         sys.path.remove(str(FIXTURES))
-    ports = dict(zip(("prefill", "decode", "router", "bootstrap", "prometheus"), free_ports(5)))
+    ports = dict(zip(("prefill", "decode", "router", "bootstrap", "prometheus"), free_ports(5), strict=True))
     config = write_deployment(tmp_path, tmp_path / "tiny", ports, numa_node=None, gpus=1,
                               api_key_file=write_api_key(tmp_path))
     tools = Toolchain(sglang_python=sys.executable, numactl="/usr/bin/numactl", pdserve=pdserve_executable(tmp_path))

@@ -38,7 +38,7 @@ def test_dsa_pins_add_deepgemm_and_leave_out_pd_only_wheels():
     assert names.isdisjoint({"nixl", "nixl_cu13", "smg"})
     # Everything else of the PD tier's set stays, at the same pins.
     kept = [p for p in base.splitlines() if p.strip() and wheelhouse._pin_name(p) not in wheelhouse.DSA_LEFT_OUT]
-    assert pins == kept + ["sgl_deep_gemm==0.1.5.post1"]
+    assert pins == [*kept, "sgl_deep_gemm==0.1.5.post1"]
     assert "sglang==0.5.17" in pins and "sglang_kernel==0.4.5" in pins
 
 
@@ -148,7 +148,8 @@ def test_config_is_the_probes_with_what_sglang_asserts():
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    require_or_skip(importlib.util.find_spec("tokenizers") is not None and importlib.util.find_spec("torch") is not None,
+    require_or_skip(importlib.util.find_spec("tokenizers") is not None
+                    and importlib.util.find_spec("torch") is not None,
                     "the tokenizers and torch packages are not installed", "PDSERVE_REQUIRE_PARSERS")
     return make_tiny_dsa_model(tmp_path_factory.mktemp("dsa") / "tiny-dsa", seed=0)
 
@@ -159,7 +160,8 @@ def test_written_directory_has_the_config_tokenizer_and_every_tensor(model_dir):
     config = json.loads((model_dir / "config.json").read_text())
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     assert config["vocab_size"] == tokenizer.get_vocab_size() == 468
-    assert (config["bos_token_id"], config["eos_token_id"]) == (tokenizer.token_to_id("<s>"), tokenizer.token_to_id("</s>"))
+    assert (config["bos_token_id"], config["eos_token_id"]) == (tokenizer.token_to_id("<s>"),
+                                                                 tokenizer.token_to_id("</s>"))
     path = model_dir / "model.safetensors"
     header = safetensors_file.read_header(path)
     assert header.pop("__metadata__") == {"format": "pt", "seed": "0"}
@@ -295,7 +297,8 @@ def _reference_next_token_logprobs(weights: dict, c: dict, ids: list[int]):
         kv_a = x @ weights[f"{a}.kv_a_proj_with_mqa.weight"].T
         c_kv = _rms_norm(kv_a[:, :kvlr], weights[f"{a}.kv_a_layernorm.weight"])
         kv = (c_kv @ weights[f"{a}.kv_b_proj.weight"].T).view(t, heads, nope + vd).transpose(0, 1)
-        logits = scale * (q[..., :nope] @ kv[..., :nope].transpose(1, 2) + rotate(q[..., nope:]) @ rotate(kv_a[:, kvlr:]).T)
+        logits = scale * (q[..., :nope] @ kv[..., :nope].transpose(1, 2)
+                          + rotate(q[..., nope:]) @ rotate(kv_a[:, kvlr:]).T)
         o = torch.softmax(logits.masked_fill(causal, float("-inf")), -1) @ kv[..., nope:]
         h = h + o.transpose(0, 1).reshape(t, heads * vd) @ weights[f"{a}.o_proj.weight"].T
         x = _rms_norm(h, weights[f"{p}.post_attention_layernorm.weight"])
@@ -348,8 +351,8 @@ def test_driver_defaults_run_both_kernels_with_the_probes_fp8_flags(tmp_path):
 
 def test_driver_options(tmp_path, capsys):
     base = ["--model", str(tmp_path), "--out", str(tmp_path)]
-    args = compare.parse_args(base + ["--kernels", "pdserve", "--record-dir", str(tmp_path / "rec"),
-                                      "--graph-bs", "0", "--phase", "bench", "--bench-batches", "1,4"])
+    args = compare.parse_args([*base, "--kernels", "pdserve", "--record-dir", str(tmp_path / "rec"),
+                               "--graph-bs", "0", "--phase", "bench", "--bench-batches", "1,4"])
     (srv,) = compare.make_servers(args).values()
     assert srv.env["PDSERVE_DSA_RECORD_DIR"] == str(tmp_path / "rec" / "pdserve")
     assert " --cuda-graph-backend-decode disabled" in " ".join(srv.argv) and "--cuda-graph-bs-decode" not in srv.argv
@@ -429,7 +432,8 @@ def test_decode_figures_count_only_the_common_decode_window():
 
 
 def _req(ids, lps, top=None):
-    return {"output_ids": ids, "logprobs": lps, "top_logprobs": top or [[[t, lp]] for t, lp in zip(ids, lps)]}
+    return {"output_ids": ids, "logprobs": lps,
+            "top_logprobs": top or [[[t, lp]] for t, lp in zip(ids, lps, strict=False)]}
 
 
 def _record(kernels, reqs):
@@ -443,7 +447,8 @@ def test_comparator_finds_divergence_and_logprob_differences():
     assert diff.first_divergence([1, 2], [1, 2, 3]) == 2
     ref = _record("sglang", [_req([1, 2, 3], [-0.1, -0.2, -0.3]), _req([4, 5, 6], [-1.0, -1.0, -1.0])])
     other = _record("pdserve", [_req([1, 2, 3], [-0.1, -0.25, -0.3]),
-                                _req([4, 7, 6], [-1.5, -2.0, -0.1], top=[[[4, -1.5]], [[7, -2.0], [5, -2.1]], [[6, -0.1]]])])
+                                _req([4, 7, 6], [-1.5, -2.0, -0.1],
+                                     top=[[[4, -1.5]], [[7, -2.0], [5, -2.1]], [[6, -0.1]]])])
     result = diff.compare_runs(ref, other)
     rows = result["rows"]
     assert result["tokens_equal"] == 1 and result["requests"] == 2
@@ -453,7 +458,8 @@ def test_comparator_finds_divergence_and_logprob_differences():
     assert rows[1]["max_abs_top_logprob_diff"] == pytest.approx(1.1)
     assert result["max_abs_logprob_diff"] == pytest.approx(0.5)
     table = re.sub(r" +", " ", diff.compare_table(result))
-    assert "| sequential | 1 | 2100 | 3 | 3 | no | 1 | 0.5 | 1.1 |" in table and "1/2 requests with equal tokens" in table
+    assert "| sequential | 1 | 2100 | 3 | 3 | no | 1 | 0.5 | 1.1 |" in table
+    assert "1/2 requests with equal tokens" in table
     assert "NaN" not in table
     other["compare"]["sets"]["sequential"][0]["logprobs"][1] = float("nan")
     assert "1 logprobs are NaN or infinite" in diff.compare_table(diff.compare_runs(ref, other))
@@ -515,7 +521,8 @@ def _standin_env(tmp_path) -> dict[str, str]:
     (fake / "sglang").mkdir(parents=True)
     (fake / "sglang" / "__init__.py").write_text("")
     standin = Path(server.__file__).with_name("standin_server.py")
-    (fake / "sglang" / "launch_server.py").write_text(f"import runpy\nrunpy.run_path({str(standin)!r}, run_name='__main__')\n")
+    (fake / "sglang" / "launch_server.py").write_text(
+        f"import runpy\nrunpy.run_path({str(standin)!r}, run_name='__main__')\n")
     info = fake / "pdserve_standin_plugin-0.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: pdserve-standin-plugin\nVersion: 0\n")
@@ -548,10 +555,12 @@ def test_driver_end_to_end_on_a_standin_server(tmp_path):
         assert "standin = os:getcwd" in record["plugin_entry_points"]
         assert any("pdserve-kernels status" in line for line in record["plugin_lines"])
         assert [st["requested"] for st in record["plugin"]["status"]] == [kernels]
-        assert [r["op"] for r in record["plugin"]["ran"]] == (["indexer_topk", "sparse_mla_decode"] if kernels == "pdserve" else [])
+        ran = ["indexer_topk", "sparse_mla_decode"] if kernels == "pdserve" else []
+        assert [r["op"] for r in record["plugin"]["ran"]] == ran
         assert record["env"]["PDSERVE_DSA_RECORD_DIR"] == str(out / "record" / kernels)
         summary = json.loads((out / f"records-summary-{kernels}.json").read_text())["rows"]
-        assert [(r["op"], r["layer"], r["calls"]) for r in summary] == [("indexer_topk", 0, 1), ("sparse_mla_decode", 0, 1)]
+        assert [(r["op"], r["layer"], r["calls"]) for r in summary] == [("indexer_topk", 0, 1),
+                                                                          ("sparse_mla_decode", 0, 1)]
         assert summary[0]["rows_identical_sets"] == 1 and summary[1]["rel_l2_max"] == 0.004
         assert [len(r["output_ids"]) for r in record["compare"]["sets"]["sequential"]] == [6, 6]
         assert len(record["compare"]["sets"]["batch"]) == 2
@@ -595,10 +604,10 @@ def test_plugin_line_prefixes_are_the_plugins(monkeypatch):
 
 
 def test_driver_refuses_a_pdserve_run_without_the_plugin(tmp_path, monkeypatch):
-    monkeypatch.setattr(compare, "plugin_entry_points", lambda: [])
+    monkeypatch.setattr(compare, "plugin_entry_points", list)
     args = compare.parse_args(["--model", str(tmp_path), "--out", str(tmp_path / "o"), "--kernels", "pdserve"])
     srv = compare.make_servers(args)["pdserve"]
-    with pytest.raises(SystemExit, match="no sglang.srt.plugins entry point is installed"):
+    with pytest.raises(SystemExit, match=r"no sglang.srt.plugins entry point is installed"):
         compare.run_one("pdserve", srv, args)
     assert srv.proc is None  # refused before starting anything
 
@@ -623,7 +632,8 @@ def test_server_stop_takes_the_whole_process_group(tmp_path):
     import time
 
     child = tmp_path / "child.pid"
-    code = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']);"
+    code = ("import subprocess, sys, time; "
+            "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']);"
             f" open({str(child)!r}, 'w').write(str(p.pid)); time.sleep(300)")
     srv = server.Server(argv=[sys.executable, "-c", code], env={}, log=tmp_path / "s.log", port=1)
     srv.start()

@@ -20,7 +20,7 @@ def run(visible_tmp_path) -> PDRun:
     # The model and tools go where the units could see them: check refuses /tmp (PrivateTmp=yes).
     tmp_path = visible_tmp_path
     # Free ports, not fixed ones: CI's container tier shares the host network, and so do parallel runs.
-    ports = dict(zip(("prefill", "decode", "router", "bootstrap", "prometheus"), free_ports(5)))
+    ports = dict(zip(("prefill", "decode", "router", "bootstrap", "prometheus"), free_ports(5), strict=True))
     config = write_deployment(tmp_path, tmp_path / "tiny", ports, numa_node=None)
     tools = Toolchain(sglang_python=sys.executable, numactl="/usr/bin/numactl", pdserve=pdserve_executable(tmp_path))
     pd = PDRun(config, tmp_path, tools)
@@ -51,7 +51,8 @@ def test_a_server_that_dies_fails_the_gate_at_once_with_its_log(run):
 
 def test_stop_kills_the_whole_group_also_after_the_leader_exited(run):
     # The leader starts a long-lived child (as SGLang starts its scheduler) and exits.
-    _as(run, "decode", "import subprocess, sys; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])")
+    _as(run, "decode",
+        "import subprocess, sys; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])")
     run.start("decode")
     leader = run.procs["decode"]
     leader.wait(30)

@@ -72,7 +72,7 @@ def test_a_success_between_failures_is_not_recovery_and_a_failing_end_is_never()
     outcomes = [o(10, 10.1, "HTTP 503"), o(11, 11.1), o(12, 12.1, "HTTP 503"), o(13, 13.1)]
     s = summarize(outcomes, 9.0, None, [])
     assert s.all_succeed_from_s == pytest.approx(4.0) and s.answered_again_s == pytest.approx(2.1)
-    ends_failing = outcomes + [o(14, 14.1, "HTTP 500")]
+    ends_failing = [*outcomes, o(14, 14.1, "HTTP 500")]
     s = summarize(ends_failing, 9.0, None, [])
     assert s.all_succeed_from_s is None and s.worker_ready_s is None and s.beyond_ready_s is None
     assert s.longest_without_success_s == pytest.approx(2.0)  # 11.1 -> 13.1, between the two successes
@@ -97,7 +97,7 @@ def test_succeeding_again_needs_the_last_streak_after_the_restart_to_succeed():
     outcomes = [o(1, 2, "HTTP 503"), o(5, 5.1), o(6, 6.1), o(7, 7.1)]
     assert succeeding_again(outcomes, after=4, streak=3)
     assert not succeeding_again(outcomes, after=4, streak=4)  # only three sent after 4
-    assert not succeeding_again(outcomes + [o(8, 8.1, "timeout")], after=4, streak=3)
+    assert not succeeding_again([*outcomes, o(8, 8.1, "timeout")], after=4, streak=3)
 
 
 class _Chat(BaseHTTPRequestHandler):
@@ -111,9 +111,11 @@ class _Chat(BaseHTTPRequestHandler):
     def do_POST(self):
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
         if self.headers.get("Authorization") != "Bearer k":
-            return self._send(401, {"error": {"message": "Invalid API key", "code": 401}})
+            self._send(401, {"error": {"message": "Invalid API key", "code": 401}})
+            return
         if self.mode == "down":
-            return self._send(503, {"error": {"message": "No available prefill workers", "code": 503}})
+            self._send(503, {"error": {"message": "No available prefill workers", "code": 503}})
+            return
         tokens = 0 if self.mode == "empty" else 3
         self._send(200, {"id": "x", "object": "chat.completion", "created": 0, "model": "m",
                          "choices": [{"index": 0, "finish_reason": "length",

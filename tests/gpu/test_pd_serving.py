@@ -165,7 +165,8 @@ def test_the_router_refuses_requests_without_its_key_and_the_key_is_in_no_comman
     for role, proc in pd.procs.items():
         for pid in group_members(proc.pid):
             try:
-                cmdline = open(f"/proc/{pid}/cmdline", "rb").read()
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmdline = f.read()
             except OSError:
                 continue
             assert key not in cmdline, f"the API key shows in the command line of {role} process {pid}"

@@ -17,9 +17,10 @@ CHAT_TEMPLATE = (
     "{% for message in messages %}<|{{ message['role'] }}|>{{ message['content'] }}</s>{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
-WORDS = ("the a one two three four five six seven eight nine ten say hello world count from to and or "
-         "answer question model server prefill decode router cache token request reply quick brown fox "
-         "jumps over lazy dog why how what when where which who is are was were be this that it").split()
+VOCABULARY = ("the a one two three four five six seven eight nine ten say hello world count from to and or "
+              "answer question model server prefill decode router cache token request reply quick brown fox "
+              "jumps over lazy dog why how what when where which who is are was were be this that it")
+WORDS = VOCABULARY.split()
 
 
 def _corpus(lines: int = 4000, seed: int = 0) -> list[str]:

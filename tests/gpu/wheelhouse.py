@@ -144,7 +144,7 @@ def chunk(wheels: list[Path], limit: int) -> list[list[Path]]:
         size = _travel_size(wheel)
         for i, (used, members) in enumerate(bins):
             if used + size <= limit:
-                bins[i] = (used + size, members + [wheel])
+                bins[i] = (used + size, [*members, wheel])
                 break
         else:
             bins.append((size, [wheel]))

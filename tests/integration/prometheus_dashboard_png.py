@@ -3,7 +3,8 @@ Grafana is not packaged in Debian 12, so it cannot run on the test machines).
 
     PDSERVE_DASHBOARD_DATA=/tmp/dashboard.json PDSERVE_DASHBOARD_SECONDS=90 \\
         .venv/bin/pytest tests/integration/test_prometheus_live.py -k panel_query
-    python tests/integration/prometheus_dashboard_png.py /tmp/dashboard.json tests/integration/test_prometheus_dashboard.png
+    python tests/integration/prometheus_dashboard_png.py /tmp/dashboard.json \
+        tests/integration/test_prometheus_dashboard.png
 
 The JSON holds every panel's queries from the rendered dashboard.json, run as range queries against the
 test's Prometheus (the real router, smg, and the stand-in workers, `$__rate_interval` = 1m); the layout
@@ -19,7 +20,7 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 UNITS = {"s": "seconds", "ms": "milliseconds", "percentunit": "fraction", "reqps": "requests/s",
          "decgbytes": "GB", "none": ""}

@@ -22,12 +22,12 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 
-from bench_client import base_python, client_python, missing  # noqa: E402
-from pd_cluster import PDCluster, write_deployment  # noqa: E402
-from tiny_tokenizer import write_tokenizer  # noqa: E402
+from bench_client import base_python, client_python, missing
+from pd_cluster import PDCluster, write_deployment
+from tiny_tokenizer import write_tokenizer
 
-from pdserve.bench.figures import ALL_FIGURES  # noqa: E402
-from tests.conftest import require_or_skip  # noqa: E402
+from pdserve.bench.figures import ALL_FIGURES
+from tests.conftest import require_or_skip
 
 pytestmark = pytest.mark.integration
 

@@ -26,7 +26,7 @@ from pdserve.schema.derived import API_KEY_CREDENTIAL, MISSING_KEY_STAND_IN
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 
-from pd_cluster import SERVED, PDCluster, wait_until, write_deployment  # noqa: E402
+from pd_cluster import SERVED, PDCluster, wait_until, write_deployment
 
 pytestmark = pytest.mark.integration
 

@@ -80,7 +80,7 @@ def test_every_prefix_the_real_parser_reads_as_a_guarded_flag_is_refused_by_pdse
     from pdserve.schema.extra_args import read_as
 
     rendered, secrets, exact = _guarded(program)
-    guarded = {**{f: "rendered" for f in rendered}, **{f: "secret" for f in secrets}}
+    guarded = {**dict.fromkeys(rendered, "rendered"), **dict.fromkeys(secrets, "secret")}
     checked = 0
     for flag, kind in guarded.items():
         dest = _dest(parser, flag)
@@ -89,7 +89,8 @@ def test_every_prefix_the_real_parser_reads_as_a_guarded_flag_is_refused_by_pdse
             for arg in (flag[:end], flag[:end] + "=x"):
                 if _dest(parser, arg) == dest:
                     checked += 1
-                    assert read_as(arg, guarded, exact), f"the real {program} parser reads {arg} as {flag}; pdserve lets it pass"
+                    assert read_as(arg, guarded, exact), \
+                        f"the real {program} parser reads {arg} as {flag}; pdserve lets it pass"
     assert checked > 100
 
 

@@ -19,9 +19,11 @@ from pdserve.render.emit import prometheus
 from pdserve.render.monitoring import ALERTS_FILE, PROMETHEUS_FILE, SCRAPE_FILE, monitoring_files
 from pdserve.schema.loading import deployment_from_data
 from pdserve.schema.problems import ConfigError
-from tests.integration.test_prometheus_rules import promtool  # noqa: F401 - the fixture, shared
+from tests.integration import test_prometheus_rules
 
 pytestmark = pytest.mark.integration
+promtool = test_prometheus_rules.promtool  # the fixture, shared with the rules tests
+
 PROMTOOL_TIMEOUT = 60
 HOST_PORT = re.compile(r"(\[[0-9a-f:]+\]|[0-9.]+|[a-z0-9.-]+):[0-9]{1,5}")
 CANDIDATES = [
@@ -40,7 +42,7 @@ def _promtool(promtool: str, *argv: str, cwd: Path) -> subprocess.CompletedProce
 
 @pytest.mark.parametrize("field", ["router.prometheus_host", "router.host"])
 def test_every_accepted_listen_address_renders_files_promtool_accepts(promtool, reference_data, tmp_path, field):
-    section, key = field.split(".")
+    _section, key = field.split(".")
     accepted = []
     for value in CANDIDATES:
         data = {**reference_data, "monitoring": {"enable": True},

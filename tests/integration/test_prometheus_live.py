@@ -29,16 +29,16 @@ from click.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 
-from pd_cluster import PDCluster, wait_until, write_deployment  # noqa: E402
-from standin_sglang.launch import free_ports  # noqa: E402
+from pd_cluster import PDCluster, wait_until, write_deployment
+from standin_sglang.launch import free_ports
 
-from pdserve.cli.main import main  # noqa: E402
-from pdserve.render.argv import router_args  # noqa: E402
-from pdserve.render.monitoring import PROMETHEUS_FILE, SUBDIR  # noqa: E402
-from pdserve.render.monitoring import metrics as m  # noqa: E402
-from pdserve.render.monitoring.alerts import alerts, rule_groups  # noqa: E402
-from pdserve.render.monitoring.dashboard import dashboard, panels  # noqa: E402
-from tests.conftest import require_or_skip  # noqa: E402
+from pdserve.cli.main import main
+from pdserve.render.argv import router_args
+from pdserve.render.monitoring import PROMETHEUS_FILE, SUBDIR
+from pdserve.render.monitoring import metrics as m
+from pdserve.render.monitoring.alerts import alerts, rule_groups
+from pdserve.render.monitoring.dashboard import dashboard, panels
+from tests.conftest import require_or_skip
 
 pytestmark = pytest.mark.integration
 
@@ -245,7 +245,7 @@ def test_rules_evaluate_and_the_transfer_failure_fires(live):
 
     assert wait_until(lambda: set(rules()) == expected and all(r.get("lastEvaluation", "").startswith("20")
                                                                for r in rules().values()), SERIES_TIMEOUT, 0.5)
-    assert {name: r["health"] for name, r in rules().items()} == {name: "ok" for name in expected}, \
+    assert {name: r["health"] for name, r in rules().items()} == dict.fromkeys(expected, "ok"), \
         {name: r.get("lastError") for name, r in rules().items()}
 
     def active() -> dict[str, str]:

@@ -28,7 +28,7 @@ from tests.conftest import require_or_skip
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 
-from standin_sglang.launch import free_ports  # noqa: E402
+from standin_sglang.launch import free_ports
 
 pytestmark = pytest.mark.integration
 
@@ -143,7 +143,7 @@ def test_what_pdserve_refuses_smg_refuses_too(smg_available, reference_data, tmp
             deployment_from_data(data, "test")
         assert f"router.{field}" in {p.field for p in refused.value.problems}
     base = {"circuit_breaker": True, "cb_failure_threshold": 50} if field.startswith("cb_") else {}
-    verdict, said = _verdict([*_router_on_free_ports(reference_data, base), *flags], tmp_path / "router.log")
+    verdict, _said = _verdict([*_router_on_free_ports(reference_data, base), *flags], tmp_path / "router.log")
     # "exited": smg failed converting the value (a negative into an unsigned field) before its validation.
     assert verdict in {"refused", "exited"}, f"smg accepted {flags}"
 

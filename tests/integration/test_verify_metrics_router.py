@@ -20,11 +20,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 
-from pd_cluster import PDCluster, write_deployment  # noqa: E402
-from standin_sglang.launch import free_ports  # noqa: E402
+from pd_cluster import PDCluster, write_deployment
+from standin_sglang.launch import free_ports
 
-from pdserve.verify.expect import expectations  # noqa: E402
-from pdserve.verify.runner import CHECKS, Context, Options, run, select  # noqa: E402
+from pdserve.verify.expect import expectations
+from pdserve.verify.runner import CHECKS, Context, Options, run, select
 
 pytestmark = pytest.mark.integration
 
@@ -127,7 +127,7 @@ def test_a_port_without_the_families_fails_its_endpoint_check(healthy):
 class _Frozen(http.server.BaseHTTPRequestHandler):
     text = b""
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+    def do_GET(self) -> None:  # http.server's name
         self.send_response(200)
         self.send_header("Content-Type", "text/plain; version=0.0.4")
         self.send_header("Content-Length", str(len(self.text)))

@@ -17,12 +17,12 @@ from click.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 
-from pd_cluster import PDCluster, write_deployment  # noqa: E402
-from standin_sglang.launch import wait_http  # noqa: E402
+from pd_cluster import PDCluster, write_deployment
+from standin_sglang.launch import wait_http
 
-from pdserve.cli.main import main  # noqa: E402
-from pdserve.schema import pins  # noqa: E402
-from pdserve.verify.report import Report  # noqa: E402
+from pdserve.cli.main import main
+from pdserve.schema import pins
+from pdserve.verify.report import Report
 
 pytestmark = pytest.mark.integration
 
@@ -100,7 +100,8 @@ def test_healthy_deployment_passes_through_the_cli(healthy):
     for check_id in ("units.prefill", "units.fallback", "gpu.memory", "gpu.processes", "numa.prefill"):
         assert checks[check_id]["status"] == "skip"
         assert "excluded by --skip" in checks[check_id]["observed"]
-    assert checks["exposure.auth"]["status"] == "skip" and "api_key_file is not set" in checks["exposure.auth"]["observed"]
+    assert checks["exposure.auth"]["status"] == "skip"
+    assert "api_key_file is not set" in checks["exposure.auth"]["observed"]
 
 
 def test_host_checks_skip_with_their_reason_when_not_excluded(healthy):
@@ -125,7 +126,8 @@ FAULTS = [
 ]
 
 
-@pytest.mark.parametrize("role,knobs,check_id,remedy", FAULTS, ids=[f"{f[2]}-{f[0]}-{next(iter(f[1]))}" for f in FAULTS])
+@pytest.mark.parametrize("role,knobs,check_id,remedy", FAULTS,
+                         ids=[f"{f[2]}-{f[0]}-{next(iter(f[1]))}" for f in FAULTS])
 def test_each_fault_fails_exactly_its_check(healthy, role, knobs, check_id, remedy):
     healthy.set_faults(role, **knobs)
     code, report = verify_in_process(healthy.config, "--skip", HOST_ONLY)

@@ -19,9 +19,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 
-from pd_cluster import PDCluster, write_deployment  # noqa: E402
+from pd_cluster import PDCluster, write_deployment
 
-from tests.integration.test_verify_router import by_id, serve_pd, verify_in_process  # noqa: E402
+from tests.integration.test_verify_router import by_id, serve_pd, verify_in_process
 
 pytestmark = pytest.mark.integration
 

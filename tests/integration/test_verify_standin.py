@@ -13,8 +13,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 
-from standin_sglang import make_shim  # noqa: E402
-from standin_sglang.launch import env_with_fixtures, free_ports, start, start_standin, stop, wait_http  # noqa: E402
+from standin_sglang import make_shim
+from standin_sglang.launch import env_with_fixtures, free_ports, start, start_standin, stop, wait_http
 
 pytestmark = pytest.mark.integration
 

@@ -126,7 +126,7 @@ def test_a_lossy_kernel_needs_the_opt_in_however_it_is_chosen(mla_table, monkeyp
         if "h16_t32" not in name:   # (the small-smem kernel's ring needs a split below 2048 entries)
             assert mla.make_plan("v32", 8, h, 2048, kernel=name, lossy_bf16_dequant=True).kernel.startswith(name)
     for variant, h in (("wg", 128), ("wgx", 128), ("", 32)):   # a variant that forces a rounding family
-        with pytest.raises(ValueError, match="name an exact kernel .ds, wge. or let the launcher choose"):
+        with pytest.raises(ValueError, match=r"name an exact kernel .ds, wge. or let the launcher choose"):
             mla.make_plan("v32", 64, h, 2048, variant=variant)
     for variant in ("ds", "wge", "auto"):   # the exact ones
         assert mla_mod.applies_scales_exactly(mla_table[mla.make_plan("v32", 64, 128, 2048, variant=variant).kernel])

@@ -1,7 +1,8 @@
 """CPU checks of the serving API (pdserve_kernels.ops): the torch.library ops are registered with the expected
 schemas (mutated workspaces declared), their fake implementations give the outputs' shapes and dtypes under
 FakeTensorMode and make_fx tracing (no GPU, no kernel runs), and the plans' arithmetic agrees with the built
-kernels' metadata (built from the headers, as test_kernel_metadata.py does). The ops themselves run in test_ops_gpu.py."""
+kernels' metadata (built from the headers, as test_kernel_metadata.py does). The ops themselves run in
+test_ops_gpu.py."""
 
 import importlib
 import itertools
@@ -85,7 +86,8 @@ def _mla_args(layout, B, h, topk, q_rank=4, extra=0, splits=1):
 
 
 @pytest.mark.parametrize("layout,B,h,topk,q_rank,extra", [
-    ("v32", 4, 128, 2048, 4, 0), ("v32_bf16", 3, 16, 2048, 3, 0), ("v4", 2, 64, 512, 4, 128), ("v4_bf16", 1, 8, 64, 3, 0)])
+    ("v32", 4, 128, 2048, 4, 0), ("v32_bf16", 3, 16, 2048, 3, 0), ("v4", 2, 64, 512, 4, 128),
+    ("v4_bf16", 1, 8, 64, 3, 0)])
 def test_mla_fake_gives_shapes_and_dtypes(layout, B, h, topk, q_rank, extra):
     with FakeTensorMode():
         out, lse = torch.ops.pdserve.sparse_mla_decode(*_mla_args(layout, B, h, topk, q_rank, extra))
@@ -109,7 +111,7 @@ def test_both_ops_trace_with_fake_tensors():
     gm = make_fx(layer, tracing_mode="fake")(*dsa[:7], mla[0], mla[1], mla[6])
     targets = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
     assert "pdserve.dsa_indexer_topk.default" in targets and "pdserve.sparse_mla_decode.default" in targets
-    outs = [n for n in gm.graph.nodes if n.op == "output"][0].args[0]
+    outs = next(n for n in gm.graph.nodes if n.op == "output").args[0]
     assert tuple(outs[0].meta["val"].shape) == (2, 1, 64, 512) and outs[1].meta["val"].dtype == torch.float32
 
 

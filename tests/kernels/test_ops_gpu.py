@@ -29,8 +29,7 @@ def ops():
 def _dsa_inputs(gen, lens, next_n=1, lens_2d=False, max_blocks=None):
     from pdserve_kernels.reference import make_inputs
 
-    inp = make_inputs(len(lens), next_n, lens, generator=gen, max_blocks=max_blocks, explicit_lens=lens_2d)
-    return inp
+    return make_inputs(len(lens), next_n, lens, generator=gen, max_blocks=max_blocks, explicit_lens=lens_2d)
 
 
 def _rows_sorted(t):
@@ -159,7 +158,7 @@ def test_cuda_graph_of_layer_calls_replays_with_new_inputs(ops, gen, variant):
 
     def run(di, mi, m16):
         outs = []
-        for d, m, s in zip(di, mi, m16):
+        for d, m, s in zip(di, mi, m16, strict=False):
             outs.append(plan_i(**d))
             outs.extend(plan_m(m["q"], m["kv"], m["indices"], 0.1352, sinks=m["sinks"]))
             outs.extend(plan_m16(s["q"], s["kv"], s["indices"], 0.1352, sinks=s["sinks"]))
@@ -176,15 +175,15 @@ def test_cuda_graph_of_layer_calls_replays_with_new_inputs(ops, gen, variant):
         captured = run(*static)
     for _ in range(2):
         new = fresh()
-        for group_s, group_n in zip(static, new):      # same shapes: write the new values in place
-            for s, n in zip(group_s, group_n):
+        for group_s, group_n in zip(static, new, strict=False):      # same shapes: write the new values in place
+            for s, n in zip(group_s, group_n, strict=False):
                 for k, v in s.items():
                     if isinstance(v, torch.Tensor):
                         v.copy_(n[k])
         graph.replay()
         eager = run(*static)
         torch.cuda.synchronize()
-        for i, (g, e) in enumerate(zip(captured, eager)):
+        for i, (g, e) in enumerate(zip(captured, eager, strict=False)):
             if g.dtype == torch.int32:
                 assert torch.equal(_rows_sorted(g), _rows_sorted(e)), f"indexer output {i} differs after replay"
             else:
@@ -223,7 +222,8 @@ def test_two_streams_with_own_workspaces_overlap_correctly(ops, gen):
     pa, pb = ops.DsaIndexerPlan(3, 1, 2048, 40000), ops.DsaIndexerPlan(3, 1, 2048, 40000)
     ma, mb = _mla_inputs(gen, "v32", 2, 16, 2048), _mla_inputs(gen, "v32", 2, 16, 2048)
     qa, qb = ops.SparseMlaPlan("v32", 2, 1, 16, 2048), ops.SparseMlaPlan("v32", 2, 1, 16, 2048)
-    want = [pa(**a), pb(**b), qa(ma["q"], ma["kv"], ma["indices"], 0.1)[0], qb(mb["q"], mb["kv"], mb["indices"], 0.1)[0]]
+    want = [pa(**a), pb(**b), qa(ma["q"], ma["kv"], ma["indices"], 0.1)[0],
+            qb(mb["q"], mb["kv"], mb["indices"], 0.1)[0]]
     torch.cuda.synchronize()
     s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
     got = []
@@ -270,7 +270,7 @@ def test_no_host_sync_inside_the_ops(ops, gen):
     try:
         for _ in range(3):
             out = plan_i(**inp)
-            o, lse = plan_m(m["q"], m["kv"], m["indices"], 0.1, sinks=m["sinks"])
+            o, _lse = plan_m(m["q"], m["kv"], m["indices"], 0.1, sinks=m["sinks"])
         # the check is live: the launcher's convenience path (max_len read from the lengths) does sync
         with pytest.raises(RuntimeError, match="synchroniz"):
             ops.indexer_for()(**inp, topk=2048)
@@ -291,7 +291,8 @@ def test_ops_under_torch_compile(ops, gen):
         o, lse = plan_m(mq, mkv, mind, 0.1352)
         return idx, o.float() * 2, lse
 
-    args = (*(inp[k] for k in ("q", "weights", "kv_cache", "context_lens", "block_table")), m["q"], m["kv"], m["indices"])
+    args = (*(inp[k] for k in ("q", "weights", "kv_cache", "context_lens", "block_table")),
+            m["q"], m["kv"], m["indices"])
     want = step(*args)
     got = torch.compile(step, fullgraph=True, backend="aot_eager")(*args)
     torch.cuda.synchronize()

@@ -17,7 +17,7 @@ def test_amax448_entries_round_trip_with_sglang_scales():
     idx = torch.arange(3, 43)
     write_entries(torch, lay, buf, 64, idx, vals, scale_mode="amax448")
     blk, off = idx // 64, idx % 64
-    raw = torch.stack([buf[b, o * 656 + 512:o * 656 + 528] for b, o in zip(blk.tolist(), off.tolist())])
+    raw = torch.stack([buf[b, o * 656 + 512:o * 656 + 528] for b, o in zip(blk.tolist(), off.tolist(), strict=False)])
     scales = raw.contiguous().view(torch.float32)
     want = vals.float()[:, :512].view(40, 4, 128).abs().amax(-1) / 448
     assert torch.equal(scales, want)

@@ -10,6 +10,7 @@ import logging
 import pathlib
 import tomllib
 import types
+from typing import ClassVar
 
 import pytest
 
@@ -104,7 +105,7 @@ def registry():
     hook_registry = pytest.importorskip("sglang.srt.plugins.hook_registry")
 
     class Recording:
-        calls = []
+        calls: ClassVar[list[tuple[object, object, object]]] = []
 
         @classmethod
         def register(cls, target, hook, hook_type):
@@ -322,7 +323,9 @@ def test_the_recorder_compares_rows_as_sets(tmp_path):
     rec.topk(0, ours, ref, torch.tensor([3, 9], dtype=torch.int32))
     o = torch.ones(2, 1, 4, 512, dtype=torch.bfloat16)
     rec.attention(0, "fp8", o, o.clone())
-    topk, mla = [json.loads(line) for line in rec.path and open(rec.path)]
+    assert rec.path
+    with open(rec.path) as records:
+        topk, mla = [json.loads(line) for line in records]
     assert topk["rows_identical_sets"] == 1 and topk["overlap_min"] == pytest.approx(0.75)
     assert topk["overlap_mean"] == pytest.approx(0.875) and topk["selected_ours"] == [3, 4]
     assert mla["rel_l2"] == 0.0 and mla["nonfinite"] == 0 and mla["call"] == 0

@@ -5,6 +5,7 @@ with SGLang's amax/448 scales is within bf16-level error of the fp32 reference a
 after the first call of a shape neither hook syncs the host, and both replay in a CUDA graph. The real
 SGLang runs them in tests/gpu/dsa."""
 
+import functools
 import sys
 import types
 
@@ -75,7 +76,8 @@ def test_indexer_hook_gives_physical_slots_of_the_kernels_top_k(runtime, monkeyp
     B = len(lens)
     q = torch.cat([inp["q"][:, 0], torch.zeros((pad, 64, 128), device="cuda").to(torch.float8_e4m3fn)])
     weights = torch.cat([inp["weights"], torch.zeros((pad, 64), device="cuda")]).unsqueeze(-1)
-    metadata = types.SimpleNamespace(force_unfused_topk=False, topk_transform_method=types.SimpleNamespace(name="PAGED"),
+    metadata = types.SimpleNamespace(force_unfused_topk=False,
+                                     topk_transform_method=types.SimpleNamespace(name="PAGED"),
                                      get_seqlens_int32=lambda: inp["context_lens"],
                                      get_page_table_64=lambda: inp["block_table"])
     out = runtime.indexer_topk(lambda *a: pytest.fail("SGLang's indexer was called"), indexer,
@@ -134,7 +136,7 @@ def test_bf16_mla_hook_matches_the_reference(runtime, gen):
 
 def test_hooks_do_not_sync_after_the_first_call_and_replay_in_a_graph(runtime, gen):
     B, h = 4, 128
-    inp, kv_flat, o_ref = _fp8_case(gen, B, h)
+    inp, kv_flat, _o_ref = _fp8_case(gen, B, h)
     layer = types.SimpleNamespace(tp_q_head_num=h, head_dim=576, layer_id=0)
     backend = types.SimpleNamespace(real_page_size=64, kv_cache_dim=656)
     q = inp["q"].view(B, h, 576).clone()
@@ -218,17 +220,18 @@ def test_every_kernel_the_plugin_reaches_is_correct_through_its_hooks(device, ge
             ind = torch.stack([torch.randperm(slots, device="cuda", generator=gen)[:2048] for _ in range(B)]).int()
             ind[:, 1500:] = -1
             q = torch.randn((B, h, 576), device="cuda", generator=gen).to(torch.bfloat16)
-            out = rt.forward_decode(lambda: rt.mla_bf16(fail, object(), q_all=q, kv_cache=kv, v_head_dim=512,
-                                                        page_table_1=ind, sm_scale=SM_SCALE))
+            # partial, not a lambda: the call takes this iteration's tensors (forward_decode calls it at once).
+            out = rt.forward_decode(functools.partial(rt.mla_bf16, fail, object(), q_all=q, kv_cache=kv,
+                                                      v_head_dim=512, page_table_1=ind, sm_scale=SM_SCALE))
             o_ref, _ = reference_decode(LAYOUTS["v32_bf16"], q, kv.view(torch.uint8).view(slots, 1152), 1, ind,
                                         SM_SCALE)
         else:
             inp, kv_flat, o_ref = _fp8_case(gen, B, h, "pow2" if lossy else "amax448")
             layer = types.SimpleNamespace(tp_q_head_num=h, head_dim=576, layer_id=0)
             backend = types.SimpleNamespace(real_page_size=64, kv_cache_dim=656)
-            out = rt.forward_decode(lambda: rt.mla_fp8(
-                fail, backend, q_all=inp["q"].view(B, h, 576), kv_cache=kv_flat, v_head_dim=512, sm_scale=SM_SCALE,
-                layer=layer, metadata=None, page_table_1=inp["indices"].view(B, -1)))
+            out = rt.forward_decode(functools.partial(
+                rt.mla_fp8, fail, backend, q_all=inp["q"].view(B, h, 576), kv_cache=kv_flat, v_head_dim=512,
+                sm_scale=SM_SCALE, layer=layer, metadata=None, page_table_1=inp["indices"].view(B, -1)))
         # the plan the hook made for this shape (cached: asking again returns it) launched this kernel
         ran = rt.plans.mla(device, "v32", B, h, 2048, bf16_kv=bf16, page=1 if bf16 else 64, lossy_bf16_dequant=lossy)
         assert ran.plan.kernel == kernel and kernel in rt.plans.mla_kernels()

@@ -57,7 +57,7 @@ def _installed() -> Sources:
     spec = importlib.util.find_spec("sglang")
     if spec is None or not spec.submodule_search_locations:
         pytest.skip("sglang is not installed")
-    site = pathlib.Path(list(spec.submodule_search_locations)[0]).parent
+    site = pathlib.Path(next(iter(spec.submodule_search_locations))).parent
     from importlib import metadata
 
     version = metadata.version("sglang")
@@ -115,7 +115,7 @@ def _class(tree: ast.Module, name: str) -> ast.ClassDef:
 
 
 def _function(scope, name: str):
-    for node in (scope.body if not isinstance(scope, ast.Module) else scope.body):
+    for node in scope.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
             return node
     raise AssertionError(f"{name} not found")
@@ -156,7 +156,7 @@ def test_the_backend_methods_the_hooks_wrap_take_what_the_hooks_name(sglang):
     init = _params(_function(backend, "__init__"))
     assert init[:2] == ["self", "model_runner"]
     forward = _params(_function(backend, "forward"))
-    assert forward[:6] == ["self"] + _hook_params(rt.v4.forward)[1:6], forward
+    assert forward[:6] == ["self", *_hook_params(rt.v4.forward)[1:6]], forward
     mixin = _class(sglang.tree(v4_hooks.V4_INDEXER), "C4IndexerBackendMixin")
     # c4_indexer reads forward_batch as the fourth positional argument after self
     assert _params(_function(mixin, "forward_c4_indexer"))[:5] == ["self", "x", "q_lora", "c4_indexer",
@@ -183,7 +183,7 @@ def test_flash_mla_is_the_function_the_v4_decode_calls_and_takes_every_keyword_i
     # The call site: every argument by keyword (the hook refuses positional ones), names FlashMLA's.
     backend = _class(sglang.tree(V4_BACKEND[0]), V4_BACKEND[1])
     method = _function(backend, "forward" if gen == "0.5.17" else "_forward_attention")
-    calls = [c for c in _calls_in(method, "flash_mla_with_kvcache")]
+    calls = list(_calls_in(method, "flash_mla_with_kvcache"))
     assert len(calls) == 1, f"{len(calls)} FlashMLA calls in {method.name}"
     (call,) = calls
     assert not call.args and {k.arg for k in call.keywords} <= set(params)
@@ -200,7 +200,7 @@ def test_the_flash_mla_target_is_looked_up_where_the_patch_is_seen(sglang):
                    for n in imports)
     else:
         # bound in __init__ (after general plugins were applied) as an attribute of the patched module
-        partials = [c for c in _calls_in(_function(backend, "__init__"), "partial")]
+        partials = list(_calls_in(_function(backend, "__init__"), "partial"))
         bound = [c.args[0] for c in partials if c.args and isinstance(c.args[0], ast.Attribute)]
         assert any(a.attr == "flash_mla_with_kvcache" and isinstance(a.value, ast.Name)
                    and a.value.id == "flash_mla_interface" for a in bound)
@@ -242,7 +242,7 @@ def test_the_indexer_calls_deepgemm_and_the_v2_top_k_the_way_the_hooks_take_them
     method = _function(_class(tree, "C4IndexerBackendMixin"), "forward_c4_indexer")
     imports = [n for n in ast.walk(method) if isinstance(n, ast.ImportFrom) and n.module == "deep_gemm"]
     assert any(a.name == "fp8_paged_mqa_logits" and a.asname == "fn" for n in imports for a in n.names)
-    (logits,) = [c for c in _calls_in(method, "fn")]
+    (logits,) = list(_calls_in(method, "fn"))
     # 8 positional arguments, as the hook names them (q, cache, weights, lens, table, schedule, max_len, clean)
     rt = _runtime()
     assert len(logits.args) == len(_hook_params(rt.v4.logits)) == 8 and not logits.keywords
@@ -672,7 +672,8 @@ def test_with_a_recorder_each_eager_decode_call_is_compared_with_sglangs(monkeyp
     flashmla = lambda **k: (k["q"].clone(), None)  # noqa: E731 - SGLang's kernel, as the stand-in plan computes
     rt.v4.forward(lambda *a, **k: rt.v4.flash_mla(flashmla, **kw)[0], object(), kw["q"], None, None, layer,
                    types.SimpleNamespace(forward_mode=_Mode(True)), 4)
-    (record,) = [json.loads(line) for line in open(rt.recorder.path)]
+    with open(rt.recorder.path) as lines:
+        (record,) = [json.loads(line) for line in lines]
     assert record["op"] == "sparse_mla_decode" and record["layer"] == 5 and record["rel_l2"] == 0.0
     assert record["rel_l2_ours_vs_fp32"] < 1e-2 and record["exact_rows"] == 2
 
@@ -690,6 +691,7 @@ def test_with_a_recorder_each_eager_decode_call_is_compared_with_sglangs(monkeyp
         into.copy_(torch.tensor([[9, 0, 5, -1], [1, 3, 2, -1]], dtype=torch.int32))   # row 1 differs: 3 picks
 
     rt.v4.topk_v2(sglang_topk, call.scores, torch.tensor([10, 4]), table, out, 64, None)
-    records = [json.loads(line) for line in open(rt.recorder.path)]
+    with open(rt.recorder.path) as lines:
+        records = [json.loads(line) for line in lines]
     topk = [r for r in records if r["op"] == "indexer_topk"]
     assert len(topk) == 1 and topk[0]["layer"] == 3 and topk[0]["rows_identical_sets"] == 1

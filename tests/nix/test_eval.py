@@ -302,7 +302,8 @@ def test_api_key_file_is_a_path_outside_the_store_and_becomes_load_credential(ca
     # The units are what pdserve renders from exactly these settings (the module's renderedUnits).
     dep = deployment_from_data(settings, "<evaluated settings>").deployment
     tools = Toolchain("/bin/python", "/bin/numactl", "/bin/pdserve", "/lib/keyed_launch.py")
-    router = next(u for u in render_units(dep, tools, "/etc/pdserve.json") if u.filename == "sglang-dsv4-router.service")
+    router = next(u for u in render_units(dep, tools, "/etc/pdserve.json")
+                  if u.filename == "sglang-dsv4-router.service")
     assert re.search(rf"^LoadCredential=\S+:{re.escape(str(path))}$", router.text, re.M), router.text
 
 

@@ -87,7 +87,8 @@ def test_the_units_are_rendered_for_this_host(nix: Evaluator, systems, name, hos
     (drv,) = systems[f"{name}-{host}"]["renderedUnits"]
     (units,) = json.loads(nix.run("derivation", "show", drv).stdout).values()
     command = units["env"]["buildCommand"]
-    assert re.search(rf"pdserve render -c /nix/store/\S+ --out \S+ \\\s+--config-path /nix/store/\S+ --host '?{host}'? ",
+    assert re.search(rf"pdserve render -c /nix/store/\S+ --out \S+ \\\s+"
+                     rf"--config-path /nix/store/\S+ --host '?{host}'? ",
                      command), command
 
 
@@ -110,7 +111,8 @@ def test_the_firewall_opens_each_worker_port_to_exactly_the_hosts_that_use_it(sy
     # As the shell reads them (nixpkgs' lib.escapeShellArg quotes a word or leaves a safe one bare).
     assert [shlex.split(line) for line in rules(summary["extraCommands"])] == expected_argv([expected])
     assert rules(summary["nftables"]["extraInputRules"]) == [
-        *(f"ip saddr {{ {', '.join(rule['sources'])} }} tcp dport {_ports(rule, '-')} accept" for rule in expected["opened"]),
+        *(f"ip saddr {{ {', '.join(rule['sources'])} }} tcp dport {_ports(rule, '-')} accept"
+          for rule in expected["opened"]),
         f"ip saddr {{ {', '.join(peers)} }} tcp dport {{ {', '.join(_ports(r, '-') for r in closed)} }} drop",
         f"ip saddr {{ {', '.join(peers)} }} accept",
     ]
@@ -132,7 +134,8 @@ def test_the_module_opens_what_pdserve_renders_for_the_host(systems, name, host)
     dep = deployment(summary)
     (module,) = summary["firewall"]
     rendered = render_firewall(dep, host)
-    assert sorted((ports, sorted(s.strip() for s in sources.split(","))) for ports, sources in NFT_ACCEPT.findall(rendered)) \
+    assert sorted((ports, sorted(s.strip() for s in sources.split(",")))
+                  for ports, sources in NFT_ACCEPT.findall(rendered)) \
         == sorted((_ports(rule, "-"), sorted(rule["sources"])) for rule in module["opened"])
     (dropped,) = NFT_DROP.findall(rendered)
     assert sorted(p.strip() for p in dropped.split(",")) == sorted(_ports(rule, "-") for rule in module["closed"])

@@ -180,7 +180,8 @@ def test_nix_connects_to_a_listener_as_pdserve_does() -> None:
 
 def test_the_embedded_profile_is_the_host_file_byte_for_byte() -> None:
     embedded = REPO / "pkg" / "pdserve" / "schema" / "profiles" / "dsv4.toml"
-    assert embedded.read_bytes() == DEPLOYMENT.read_bytes(), f"copy {DEPLOYMENT.relative_to(REPO)} to {embedded.relative_to(REPO)}"
+    assert embedded.read_bytes() == DEPLOYMENT.read_bytes(), \
+        f"copy {DEPLOYMENT.relative_to(REPO)} to {embedded.relative_to(REPO)}"
 
 
 def module_writes(tmp_path: Path) -> Path:

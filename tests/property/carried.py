@@ -8,6 +8,7 @@ run outside Python (systemd, bash, nft, promtool) are batched by test_fields.py.
 from __future__ import annotations
 
 import ipaddress
+import itertools
 import math
 import re
 from typing import Any
@@ -163,9 +164,7 @@ def _renders(example: Example) -> bool:
     location = example.case.location
     if location[0] == "hosts" and len(location) > 2 and location[2] in ("gpus", "numa_nodes", "ib_devices"):
         return False
-    if example.case.base == "multi" and (location[0] == "monitoring" or location == ("tools", "numactl")):
-        return False
-    return True
+    return not (example.case.base == "multi" and (location[0] == "monitoring" or location == ("tools", "numactl")))
 
 
 def value_reaches_outputs(example: Example) -> list[str]:
@@ -227,7 +226,7 @@ def cluster_addresses(example: Example, host: HostOutput) -> list[str]:
     failures = []
     for role in host.plan["roles"].values():
         argv = role["argv"]
-        for flag, value in zip(argv, argv[1:], strict=False):
+        for flag, value in itertools.pairwise(argv):
             if flag == "--host" and role["role"] != "router":
                 address = value
             elif flag == "--dist-init-addr":

@@ -94,7 +94,7 @@ def run_example(case: FieldCase, value: Any, work: Path, name: str) -> Example:
         # so the rendered units and the planned ones are the same text.
         runtime = f"/etc/systemd/system/pdserve-{data['name']}.json"
         # The file's tool paths are drawn values, no SGLang Python to ask: the tier follows them into the outputs.
-        code, rendered, err = _invoke(["render", "-c", str(source), "--out", str(out_dir), "--config-path", runtime,
+        code, _rendered, err = _invoke(["render", "-c", str(source), "--out", str(out_dir), "--config-path", runtime,
                                        "--no-python-check", *where])
         assert code == OK, f"check accepted the file, render exited {code}: {err[-2000:]}"
         code, plan_json, err = _invoke(["plan", "--json", "-c", str(source), *where])

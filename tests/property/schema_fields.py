@@ -66,7 +66,7 @@ def _walk(node: dict[str, Any], defs: dict[str, Any], steps: tuple[str, ...]) ->
     for branch in node.get("anyOf", []) + node.get("oneOf", []):
         yield from _walk(branch, defs, steps)
     kind = node.get("type")
-    if kind in ("string", "integer", "number") or ("enum" in node or "const" in node) and kind is None:
+    if kind in ("string", "integer", "number") or (("enum" in node or "const" in node) and kind is None):
         yield Leaf(steps, kind or "string", node)
     elif kind == "object":
         for name, child in node.get("properties", {}).items():
@@ -161,7 +161,7 @@ def _place(leaf: Leaf, base: str, data: dict[str, Any]) -> tuple[Any, ...] | Non
         if step == ITEM:
             if not isinstance(node, list):
                 # A single-host [prefill] table has no servers array (and vice versa).
-                if node is not None or steps[0] in ("prefill", "decode") and i == 1:
+                if node is not None or (steps[0] in ("prefill", "decode") and i == 1):
                     return None
                 node = None
             location.append(0)

@@ -46,7 +46,8 @@ ADDRESSES = [
 # Path fields: where a unit cannot see (PrivateTmp=, ProtectHome=), and shell/systemd syntax inside an
 # absolute path.
 PATHS = [
-    "/tmp/pdserve/x", "/var/tmp/x", "/dev/shm/x", "/dev/pdserve/x", "/home/user/x", "/root/x", "/run/user/1000/x", "/opt/a b/x",
+    "/tmp/pdserve/x", "/var/tmp/x", "/dev/shm/x", "/dev/pdserve/x", "/home/user/x", "/root/x", "/run/user/1000/x",
+    "/opt/a b/x",
     "/opt/x;y", "/opt/$(id)/x", "/opt/%n/x", "/opt/-x", "/opt/x'y", '/opt/x"y', "/opt/x\\y", "/opt/ü€😀/x",
     "/opt/x/", "/opt/./x", "/opt/../x", "//opt/x", "/opt/x ", "/", "/opt/{x}#",
 ]
@@ -68,7 +69,7 @@ NUMBERS = [math.nan, math.inf, -math.inf, -0.0, 0, 0.0, -1, 1, True, False, 2**3
 def _bounds(case: FieldCase) -> list[Any]:
     schema = case.schema
     found: list[Any] = []
-    for key, step in (("minimum", 0), ("maximum", 0), ("exclusiveMinimum", 0), ("exclusiveMaximum", 0)):
+    for key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
         if key in schema:
             edge = schema[key]
             found += [edge, edge - 1, edge + 1] if case.kind == "integer" else [edge, math.nextafter(edge, -math.inf),
@@ -95,7 +96,7 @@ def curated(case: FieldCase) -> list[Any]:
     last = case.location[-1]
     if last in _PATH_FIELDS:
         values += PATHS
-    if last == "name" or case.renames_key and case.location[0] == "hosts":
+    if last == "name" or (case.renames_key and case.location[0] == "hosts"):
         values += NAMES
     if last in ("user", "group") or case.location[-2:-1] == ("supplementary_groups",):
         values += USERS

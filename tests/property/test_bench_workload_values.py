@@ -113,7 +113,8 @@ def _carried_exactly(workload: Workload, client: ClientParser, model: str = "ser
         args = client.parse(argv)
         assert (args['model'], args['tokenizer'], args['base_url']) == (model, tokenizer, base_url)
         assert (args['random_input_len'], args['random_output_len']) == (workload.input_len, workload.output_len)
-        assert _same(args['random_range_ratio'], workload.range_ratio), (args['random_range_ratio'], workload.range_ratio)
+        assert _same(args['random_range_ratio'], workload.range_ratio), \
+            (args['random_range_ratio'], workload.range_ratio)
         assert (args['num_prompts'], args['seed']) == (point.prompts, workload.seed)
         if point.kind == "rate":
             assert _same(args['request_rate'], point.value) and args['max_concurrency'] is None, argv

@@ -11,7 +11,6 @@ import pytest
 from click.testing import CliRunner
 
 from pdserve.cli.main import main
-
 from tests.conftest import require_or_skip
 from tests.property import batches, carried
 from tests.property.consumers import nft, promtool, shell, systemd

@@ -160,4 +160,4 @@ def test_the_tier_saw_accepted_values_for_most_fields():
     if len(ACCEPTED) < len(CASES):
         pytest.skip(f"only {len(ACCEPTED)} of {len(CASES)} fields were explored in this session")
     with_outputs = [case_id for case_id, examples in ACCEPTED.items() if examples]
-    assert len(with_outputs) >= len(CASES) * 3 // 4, sorted(set(c.id for c in CASES) - set(with_outputs))
+    assert len(with_outputs) >= len(CASES) * 3 // 4, sorted({c.id for c in CASES} - set(with_outputs))

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+
 from pdserve.bench import client, client_argv, kv_transfer
 from pdserve.bench.workload import read_workload
 from pdserve.cli.exits import Exit

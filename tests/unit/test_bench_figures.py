@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from pdserve.bench.figures import ALL_FIGURES, ERRORS, FIGURES, KV_TRANSFER, inconsistencies, read_record
 from pdserve.bench.sweep import Sweep
 from pdserve.bench.workload import Point
@@ -108,4 +109,5 @@ def test_whatever_the_record_holds_the_json_report_is_strict_json(changes):
     for value in result.figures.values():
         assert math.isfinite(value) and 0 <= value <= 1e12
     sweep = Sweep("pd", "http://x", [result])
-    assert strict_loads(strict_json.dumps(sweep.as_dict()), "bench --json")["points"][0]["completed"] == result.completed
+    loaded = strict_loads(strict_json.dumps(sweep.as_dict()), "bench --json")
+    assert loaded["points"][0]["completed"] == result.completed

@@ -6,6 +6,7 @@ ones are driven by the command (pdserve.bench.runs)."""
 from __future__ import annotations
 
 import pytest
+
 from pdserve.bench.layouts import Switched, compare, parse_layouts
 from pdserve.bench.sweep import Sweep
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
+
 from pdserve.bench import workload as wl
 
 BASE = {"input_len": 128, "output_len": 32, "request_rates": [1, 2], "duration_s": 10}

@@ -50,7 +50,7 @@ def test_gpus_on_the_wrong_numa_node_warn(reference, real_tools):
 
 
 def test_unknown_gpu_affinity_is_a_skip_not_a_pass(reference, real_tools):
-    report = check_host(reference, real_tools, eight_gpus({g: None for g in range(8)}))
+    report = check_host(reference, real_tools, eight_gpus(dict.fromkeys(range(8))))
     assert not any(p.field.endswith("numa_node") for p in report.problems)
     assert sum("GPU NUMA affinity unknown" in reason for reason in report.skipped) == 2
 

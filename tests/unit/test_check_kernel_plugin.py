@@ -73,7 +73,8 @@ def test_a_python_without_the_plugin_is_refused_naming_the_field_and_the_fix(tmp
     data = checked(tmp_path, reference_data, python_with(visible_tmp_path, plugins))
     (problem,) = [p for p in data["problems"] if p["field"] == "decode.attention_kernels"]
     assert data["exit_code"] == 1 and problem["severity"] == "error"
-    assert "no sglang.srt.plugins entry point pdserve_kernels = pdserve_kernels.sglang_plugin:load" in problem["message"]
+    assert ("no sglang.srt.plugins entry point pdserve_kernels = pdserve_kernels.sglang_plugin:load"
+            in problem["message"])
     assert has in problem["message"] and "SGLang would run its own kernels" in problem["message"]
     assert "sglang-env" in problem["fix"] and 'decode.attention_kernels = "sglang"' in problem["fix"]
 

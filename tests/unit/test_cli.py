@@ -26,7 +26,8 @@ def write_broken(tmp_path):
 
 
 def test_plan_on_the_embedded_default_shows_topology_commands_and_units():
-    result = run("plan", "--sglang-python", "/opt/sg/bin/python", "--numactl", "/usr/bin/numactl", "--pdserve", "/bin/pdserve")
+    result = run("plan", "--sglang-python", "/opt/sg/bin/python", "--numactl", "/usr/bin/numactl",
+                 "--pdserve", "/bin/pdserve")
     assert result.exit_code == 0, result.output
     for expected in ("sglang-dsv4-prefill", "http://127.0.0.1:30002", "--disaggregation-mode prefill",
                      "smg.launch_router", "UCX_TLS=cuda_copy,cuda_ipc,tcp", "sglang-dsv4-router.service",
@@ -50,7 +51,8 @@ def test_check_json_report(tmp_path):
     assert result.exit_code == 1
     report = json.loads(result.stdout)
     assert report["schema_version"] == 1 and report["valid"] is False
-    assert {p["field"] for p in report["problems"]} == {"decode.gpus", "model.tool_call_parser", "router.prometheus_port"}
+    assert {p["field"] for p in report["problems"]} == {"decode.gpus", "model.tool_call_parser",
+                                                        "router.prometheus_port"}
     assert all(p["fix"] for p in report["problems"])
 
 

@@ -120,7 +120,8 @@ class FakeSystemd:
                 unit.started_at = self.now
                 waiting = t == self.role["router"] or (t == self.role["decode"] and self.decode_after_prefill)
                 self._set(unit, active_state="activating", sub_state="waiting" if waiting else "start-post",
-                          result="success", inactive_exit_us=unit.state.inactive_exit_us if waiting else int(self.now * 1e6))
+                          result="success",
+                          inactive_exit_us=unit.state.inactive_exit_us if waiting else int(self.now * 1e6))
 
     def stop(self, units, timeout):
         self._call("stop", units)

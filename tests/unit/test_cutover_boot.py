@@ -78,7 +78,8 @@ def test_nixos_store_links_are_left_alone_and_the_option_line_is_named(dep):
     assert boot.change == 'services.pdserve.deployments.dsv4.settings.boot_layout = "single";'
     assert "nixos-rebuild switch" in boot.change_in
     boot_step = step(report, "enable at boot")
-    assert boot_step.result == "skipped" and "Nix store" in boot_step.detail and "to boot into single" in boot_step.detail
+    assert boot_step.result == "skipped"
+    assert "Nix store" in boot_step.detail and "to boot into single" in boot_step.detail
     as_json = json.loads(json.dumps(report.as_dict()))
     assert as_json["boot"]["change"] == boot.change and as_json["outcome"] == "success"
     text = "\n".join(report_lines(report))
@@ -177,12 +178,14 @@ def test_declared_target_that_does_not_boot_says_the_rebuild_is_missing(dep):
 
 
 def test_boot_access_rules():
-    ok = {"a.service": UnitState("a.service", "loaded", unit_file_state="disabled", fragment_path="/etc/systemd/system/a.service")}
+    ok = {"a.service": UnitState("a.service", "loaded", unit_file_state="disabled",
+                                 fragment_path="/etc/systemd/system/a.service")}
     plain = UnitFiles(PathFacts("/etc/systemd/system", "/etc/systemd/system", False),
                       {"a.service": PathFacts("/etc/systemd/system/a.service", "/etc/systemd/system/a.service", False)})
     assert boot_access(ok, plain).settable
     # Unit files in a read-only directory (an image's /usr) do not stop links in a writable /etc.
-    usr = UnitFiles(plain.config_dir, {"a.service": PathFacts("/usr/lib/systemd/system/a.service", "/usr/lib/systemd/system/a.service", True)})
+    usr = UnitFiles(plain.config_dir, {"a.service": PathFacts("/usr/lib/systemd/system/a.service",
+                                                              "/usr/lib/systemd/system/a.service", True)})
     assert boot_access(ok, usr).settable
     masked = {"a.service": replace(ok["a.service"], unit_file_state="masked")}
     assert not boot_access(masked, plain).settable and "unmask" in boot_access(masked, plain).reason

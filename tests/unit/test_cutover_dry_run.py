@@ -93,7 +93,8 @@ def test_a_dry_run_that_reads_the_units_lists_what_it_would_stop_and_exits_0(tmp
     assert "3. stop current layout: sglang-dsv4.service" in text.output
     assert "start sglang-dsv4.service; smoke test" in text.output and "state unknown" not in text.output
     data = json.loads(dry_run(systemctl, "--json").output)
-    assert (data["previous"], data["state_unknown"], data["outcome"], data["exit_code"]) == ("single", None, "dry-run", 0)
+    assert (data["previous"], data["state_unknown"], data["outcome"], data["exit_code"]) == \
+        ("single", None, "dry-run", 0)
     assert data["previously_running"] == ["sglang-dsv4.service"]
     # Nothing running is an observation too, and says so.
     idle = dry_run(answering(tmp_path, set()))

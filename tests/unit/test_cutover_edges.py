@@ -3,6 +3,7 @@ line's exit codes (cgroup -> unit: test_probes_cgroups.py; the dry run: test_cut
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import threading
 from pathlib import Path
@@ -46,7 +47,8 @@ ActiveEnterTimestampMonotonic=0
 def test_parse_show_reads_each_block_by_id():
     states = parse_show(SHOW)
     prefill, missing = states["sglang-t-prefill.service"], states["nothere.service"]
-    assert (prefill.active_state, prefill.sub_state, prefill.main_pid, prefill.n_restarts) == ("activating", "start-post", 4711, 2)
+    assert (prefill.active_state, prefill.sub_state, prefill.main_pid, prefill.n_restarts) == \
+        ("activating", "start-post", 4711, 2)
     assert prefill.installed and prefill.enabled and prefill.running
     assert prefill.inactive_exit_us == 769423479 and prefill.active_enter_us == 0
     assert not missing.installed and not missing.enabled and not missing.running
@@ -70,7 +72,7 @@ def test_systemctl_errors_carry_the_verb_and_stderr():
     def runner(argv, **kw):
         return subprocess.CompletedProcess(argv, 1, "", "Job for x.service failed.\nSee journalctl.\n")
 
-    with pytest.raises(SystemctlError, match="systemctl start failed: Job for x.service failed. / See journalctl."):
+    with pytest.raises(SystemctlError, match=r"systemctl start failed: Job for x.service failed. / See journalctl."):
         Systemctl(runner=runner).start(["x"])
 
     def slow(argv, timeout, **kw):
@@ -131,7 +133,7 @@ def test_prober_measures_a_real_closed_then_open_port():
     samples = list(prober.samples)
     print(f"listener opened {opening - after_start:.3f}-{opened - before_start:.3f} s in; {summary}")
     # Probes run one after another: probe i has ended when probe i + 1 begins.
-    ended_before = [s for s, following in zip(samples, samples[1:]) if following.at + after_start < opening]
+    ended_before = [s for s, following in itertools.pairwise(samples) if following.at + after_start < opening]
     begun_after = [s for s in samples if s.at + before_start > opened]
     assert ended_before and not any(s.accepted for s in ended_before), samples
     assert begun_after and all(s.accepted for s in begun_after), samples

@@ -64,7 +64,8 @@ def test_one_hosts_plan_holds_only_its_units(four):
     assert host_plan(four, "gpu-d").smoke_checks == ("units.decode-1-node1",)
     # Several routers: each router host's step smoke-tests its own router (the verifier's ids name the host).
     two_routers = four.model_copy(update={"router": four.router.model_copy(update={"hosts": ["gpu-c", "gpu-a"]})})
-    assert host_plan(two_routers, "gpu-a").smoke_checks == ("router.readiness.gpu-a", "router.workers.gpu-a", "e2e.chat")
+    assert host_plan(two_routers, "gpu-a").smoke_checks == ("router.readiness.gpu-a", "router.workers.gpu-a",
+                                                            "e2e.chat")
     assert host_plan(two_routers, "gpu-a").fronts["pd"] == ("sglang-dsv4-router-gpu-a.service",)
     # Every smoke test names checks the verifier has for that host (select refuses an unknown id).
     for dep in (four, two_routers):

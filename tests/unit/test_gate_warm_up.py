@@ -100,7 +100,8 @@ OK = {"text": "a b", "output_ids": [1, 2], "meta_info": {"id": "x", "finish_reas
 
 
 @pytest.mark.parametrize("prefill, decode, words", [
-    (HttpObs("p", 200, OK), HttpObs("d", None, None, "ConnectError: refused"), "decode decode d: no answer (ConnectError"),
+    (HttpObs("p", 200, OK), HttpObs("d", None, None, "ConnectError: refused"),
+     "decode decode d: no answer (ConnectError"),
     (HttpObs("p", 200, OK), HttpObs("d", 500, {"message": "KV transfer failed"}), "decode decode d answered 500"),
     (HttpObs("p", 400, {"error": "bad"}), HttpObs("d", 500, {}), "prefill prefill p answered 400"),
     (HttpObs("p", 200, OK), HttpObs("d", 200, {"error": {"message": "x"}}), "expected SGLang's generate answer"),
@@ -307,7 +308,8 @@ def test_a_keyed_router_refusing_the_worker_api_is_named():
 def keyed(tmp_path):
     """The reference with a keyed router whose key file is not here (the unit passes it as a credential)."""
     dep, _ = single_pair()
-    return dep.model_copy(update={"router": dep.router.model_copy(update={"api_key_file": str(tmp_path / "absent.key")})})
+    router = dep.router.model_copy(update={"api_key_file": str(tmp_path / "absent.key")})
+    return dep.model_copy(update={"router": router})
 
 
 def test_the_gates_send_the_routers_key_from_the_units_credential(tmp_path, monkeypatch):

@@ -162,7 +162,7 @@ def test_a_huge_file_is_refused_before_it_is_parsed(tmp_path):
 def test_a_directory_a_fifo_and_a_missing_file_are_one_line_each(tmp_path):
     directory = tmp_path / "dir.toml"
     directory.mkdir()
-    with pytest.raises(ConfigError, match="(is not a regular file|cannot be read)"):
+    with pytest.raises(ConfigError, match=r"(is not a regular file|cannot be read)"):
         load(directory)
     fifo = tmp_path / "pipe.toml"
     os.mkfifo(fifo)

@@ -59,7 +59,7 @@ def test_the_chat_deadline_bounds_the_whole_exchange(exp, probe, behaviour):
 
 
 def test_a_huge_answer_is_cut(exp):
-    took, seen = _ask(ms.huge_body(256 * 1024 * 1024))
+    _took, seen = _ask(ms.huge_body(256 * 1024 * 1024))
     assert f"answer larger than {chat.CHAT_MAX_BYTES} bytes after decompression" in seen.error
     assert e2e.check_chat(exp, seen).status is Status.FAIL
 
@@ -67,7 +67,7 @@ def test_a_huge_answer_is_cut(exp):
 @pytest.mark.parametrize("status", [307, 308])
 def test_a_redirect_fails_naming_the_location_and_goes_nowhere(exp, status):
     with ms.serving({"*": ms.answer(200, completion())}) as elsewhere:
-        took, seen = _ask(ms.redirect(status, f"{elsewhere.url}{PATH}"))
+        _took, seen = _ask(ms.redirect(status, f"{elsewhere.url}{PATH}"))
     assert elsewhere.requests == []
     result = e2e.check_chat(exp, seen)
     assert result.status is Status.FAIL

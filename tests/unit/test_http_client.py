@@ -76,7 +76,8 @@ def test_a_gzip_bomb_is_cut_after_decompression(client):
 def test_the_transport_bounds_every_body_after_decompression():
     """The bound is the transport's, so it holds for a caller that reads with no bound of its own (openai)."""
     ms.bomb_bytes(64 * MiB)
-    routes = {"/gzip": ms.gzip_bomb(64 * MiB), "/deflate": ms.answer(200, _deflated(64 * MiB), {"Content-Encoding": "deflate"})}
+    routes = {"/gzip": ms.gzip_bomb(64 * MiB),
+              "/deflate": ms.answer(200, _deflated(64 * MiB), {"Content-Encoding": "deflate"})}
     with ms.serving(routes) as server, http.client(5, max_bytes=MiB) as small:
         for path in routes:
             tracemalloc.start()

@@ -1,6 +1,6 @@
 """The package's layers, read from its imports: schema -> render -> (probes) -> check / verify / cutover /
-launch -> bench (over the cutover) -> cli. An import from a lower layer to a higher one, or a long module that does not say why it
-is long, fails here (lazy imports inside functions count too)."""
+launch -> bench (over the cutover) -> cli. An import from a lower layer to a higher one, or a long module that
+does not say why it is long, fails here (lazy imports inside functions count too)."""
 
 from __future__ import annotations
 

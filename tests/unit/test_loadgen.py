@@ -9,7 +9,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 
-from loadgen import OK, SILENT, Load, Outcome, PortProber, classify_error, classify_response, summarize  # noqa: E402
+from loadgen import OK, SILENT, Load, Outcome, PortProber, classify_error, classify_response, summarize
 
 ANSWER = {"choices": [{"message": {"role": "assistant", "content": "hi"}}]}
 

@@ -40,7 +40,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 
-from loadgen import OK, Load  # noqa: E402
+from loadgen import OK, Load
 
 BOUND = 0.5  # the most any injected wait lasts, seconds
 ANSWER = json.dumps({"choices": [{"message": {"role": "assistant", "content": "hi"}}]}).encode()
@@ -106,7 +106,7 @@ def scheduler(monkeypatch) -> _Scheduler:
     def slow_to_close(self, closing):
         for connection in closing:
             if connection is sched.handed:
-                _wait_until(lambda: _state(connection) != "IDLE")  # its request started on it
+                _wait_until(lambda connection=connection: _state(connection) != "IDLE")  # its request started on it
         close_connections(self, closing)
         if any(connection is sched.handed for connection in closing):
             sched.closed.set()

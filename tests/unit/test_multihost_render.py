@@ -28,7 +28,8 @@ TWO_HOST = ROOT / "hosts/two-host/deployment.toml"
 FOUR_HOST = ROOT / "hosts/four-host/deployment.toml"
 TOOLS = Toolchain("/opt/sglang/bin/python", "/usr/bin/numactl", "/usr/bin/pdserve")
 CONFIG = "/etc/systemd/system/pdserve-dsv4.json"
-TOOL_FLAGS = ["--sglang-python", "/opt/sglang/bin/python", "--numactl", "/usr/bin/numactl", "--pdserve", "/usr/bin/pdserve"]
+TOOL_FLAGS = ["--sglang-python", "/opt/sglang/bin/python", "--numactl", "/usr/bin/numactl",
+              "--pdserve", "/usr/bin/pdserve"]
 # A Python that is not here: render is told not to ask it, as for units made for another machine.
 RENDER_FLAGS = [*TOOL_FLAGS, "--no-python-check"]
 
@@ -177,7 +178,8 @@ def test_every_hosts_ruleset_passes_the_real_nft_check(tmp_path):
     # The check can fail: a rule nft does not know is refused.
     broken = tmp_path / "broken.nft"
     broken.write_text(render_firewall(load(TWO_HOST).deployment, "gpu-a").replace("counter drop", "counter dorp"))
-    assert subprocess.run(["nft", "-c", "-f", str(broken)], capture_output=True, timeout=30, check=False).returncode != 0
+    checked = subprocess.run(["nft", "-c", "-f", str(broken)], capture_output=True, timeout=30, check=False)
+    assert checked.returncode != 0
 
 
 def run(*args: str):
@@ -211,7 +213,8 @@ def test_plan_per_host():
     data = json.loads(result.output)
     assert data["host"] == "gpu-d" and list(data["roles"]) == ["decode-1 node 1"]
     assert data["roles"]["decode-1 node 1"]["tensor_parallel"] == 16
-    assert list(data["units"]) == ["sglang-dsv4-decode-1-node1.service"] and "table inet pdserve_dsv4" in data["firewall"]
+    assert list(data["units"]) == ["sglang-dsv4-decode-1-node1.service"]
+    assert "table inet pdserve_dsv4" in data["firewall"]
     assert run("plan", "-c", str(FOUR_HOST), *TOOL_FLAGS).exit_code == 2
 
 

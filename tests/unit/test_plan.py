@@ -19,7 +19,8 @@ from pdserve.render.renderable import renderable_from_data
 from pdserve.render.units import render_units
 from tests.property.consumers.shell import split_environment
 
-TOOLS = ["--sglang-python", "/opt/sg env/bin/python", "--numactl", "/usr/bin/numactl", "--pdserve", "/opt/pd/bin/pdserve"]
+TOOLS = ["--sglang-python", "/opt/sg env/bin/python", "--numactl", "/usr/bin/numactl",
+         "--pdserve", "/opt/pd/bin/pdserve"]
 # Spaces, both quotes, $, a backslash, a glob, a semicolon and a non-ASCII letter: all must come back exactly.
 NASTY = "a  b $HOME ${X} \"dq\" 'sq' \\ *.py ; ü"
 
@@ -159,4 +160,5 @@ def test_shell_command_puts_the_environment_first_through_env():
 def _tools():
     from pdserve.render.toolchain import Toolchain, default_keyed_launcher
 
-    return Toolchain(sglang_python=TOOLS[1], numactl=TOOLS[3], pdserve=TOOLS[5], keyed_launcher=default_keyed_launcher())
+    return Toolchain(sglang_python=TOOLS[1], numactl=TOOLS[3], pdserve=TOOLS[5],
+                     keyed_launcher=default_keyed_launcher())

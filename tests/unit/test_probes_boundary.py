@@ -35,7 +35,8 @@ def _host_reads(path: Path) -> list[tuple[str, int]]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             if node.module.split(".")[0] in HOST_MODULES:
                 found.append((node.module.split(".")[0], node.lineno))
-        elif isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) in {"open", "Path"}:
+        elif (isinstance(node, ast.Call)
+              and getattr(node.func, "id", getattr(node.func, "attr", "")) in {"open", "Path"}):
             for arg in node.args:
                 text = arg.value if isinstance(arg, ast.Constant) and isinstance(arg.value, str) else (
                     arg.values[0].value if isinstance(arg, ast.JoinedStr) and arg.values

@@ -37,7 +37,8 @@ RECORDED_SANDBOX = ("9:name=systemd:/\n8:pids:/\n7:blkio:/\n6:freezer:/\n5:devic
     # cgroup v2 only (a current distribution): one line.
     ("0::/system.slice/sglang-dsv4-prefill.service\n", "sglang-dsv4-prefill.service"),
     # cgroup v1 only (no 0:: line): systemd's named hierarchy, not another controller's path.
-    ("3:cpu,cpuacct:/docker/abc\n1:name=systemd:/system.slice/sglang-dsv4-decode.service\n", "sglang-dsv4-decode.service"),
+    ("3:cpu,cpuacct:/docker/abc\n1:name=systemd:/system.slice/sglang-dsv4-decode.service\n",
+     "sglang-dsv4-decode.service"),
     # A template instance and an escaped name keep their spelling.
     ("0::/system.slice/system-getty.slice/getty@tty1.service\n", "getty@tty1.service"),
     ("0::/system.slice/sglang-my\\x2dmodel.service\n", "sglang-my\\x2dmodel.service"),

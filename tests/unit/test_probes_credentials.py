@@ -52,7 +52,8 @@ def test_a_key_of_the_largest_size_is_read(tmp_path: Path):
 
 
 def test_a_missing_file_or_a_directory_is_named(tmp_path: Path):
-    with pytest.raises(CredentialError, match=f"cannot read router.api_key_file {tmp_path}/absent: No such file") as caught:
+    with pytest.raises(CredentialError,
+                       match=f"cannot read router.api_key_file {tmp_path}/absent: No such file") as caught:
         read_key(str(tmp_path / "absent"), what="router.api_key_file")
     assert caught.value.unreadable
     with pytest.raises(CredentialError, match="is not a regular file"):

@@ -26,7 +26,7 @@ from tests.integration.router_compare.rounds import alternating
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 
-from loadgen import Outcome  # noqa: E402
+from loadgen import Outcome
 
 legacy_parser = pytest.importorskip("sglang_router.launch_router", reason="sglang-router 0.3.2 is not installed")
 
@@ -76,7 +76,7 @@ def test_a_keyed_router_is_refused_naming_the_field(tools, reference_data):
     data = reference_data
     data["router"]["api_key_file"] = "/etc/pdserve/router.key"
     dep = deployment_from_data(data, "keyed").deployment
-    with pytest.raises(LegacyUnsupported, match="router.api_key_file"):
+    with pytest.raises(LegacyUnsupported, match=r"router.api_key_file"):
         legacy_exec_start(rendered_router_argv(dep, tools), dep)
 
 

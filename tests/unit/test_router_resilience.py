@@ -48,7 +48,7 @@ def test_default_flags_answer_an_outage_fast_and_ride_out_a_stall(reference):
     # The reference deployment answers probes on a port of their own.
     assert _flag(args, "--health-check-port") == "29001"
     # No admission limit unless the deployment measures one (smg's default).
-    assert not [a for a in args if a.startswith("--prefill-max-inflight") or a.startswith("--prefill-queue")]
+    assert not [a for a in args if a.startswith(("--prefill-max-inflight", "--prefill-queue"))]
     # The drain ends before systemd's SIGKILL (router default 180 s, TimeoutStopSec 120 s).
     grace = int(_flag(args, "--shutdown-grace-period-secs"))
     assert grace == 30 < reference.systemd.stop_timeout_sec

@@ -151,4 +151,5 @@ def test_every_problem_is_reported_at_once(reference_data):
     reference_data["decode"]["host"] = "10.0.0.5"
     reference_data["model"]["context_length"] = 1024
     fields = sorted(p.field for p in problems_of(reference_data))
-    assert fields == ["decode.gpus", "decode.host", "decode.port", "fallback.chunked_prefill_size", "prefill.chunked_prefill_size"]
+    assert fields == ["decode.gpus", "decode.host", "decode.port", "fallback.chunked_prefill_size",
+                      "prefill.chunked_prefill_size"]

@@ -50,7 +50,8 @@ def test_two_deployments_on_distinct_ports_and_names_pass(reference_data, second
     ("transfer", "bootstrap_port", "transfer.bootstrap_port"),
 ])
 def test_each_listener_collides_with_the_same_listener_of_another(reference_data, second, section, key, field):
-    second[section][key] = reference_data.get(section, {}).get(key) or deployment(reference_data).model_dump()[section][key]
+    second[section][key] = (reference_data.get(section, {}).get(key)
+                            or deployment(reference_data).model_dump()[section][key])
     problems = validate_across([deployment(reference_data), deployment(second)])
     assert [(p.field, p.value) for p in problems] == [(f"other: {field}", second[section][key])]
     assert f"deployment dsv4's {field}" in problems[0].message

@@ -8,7 +8,7 @@ import pytest
 from pdserve.schema.loading import deployment_from_data
 from pdserve.schema.problems import ConfigError, Severity
 from pdserve.schema.router import RouterSpec
-from pdserve.schema.rules_router import HOLD_WARN_SEC, health_detection_sec, retry_budget_ms
+from pdserve.schema.rules_router import HOLD_WARN_SEC, retry_budget_ms
 
 
 def _problems(data):
@@ -43,7 +43,8 @@ def test_the_default_retries_outlast_the_breaker_and_pause_under_a_second():
 @pytest.mark.parametrize("settings,expected_ms", [
     ({"retry_max_retries": 1}, 0),
     ({"retry_max_retries": 4, "retry_backoff_multiplier": 1.0, "retry_jitter_factor": 0.0}, 150),
-    ({"retry_max_retries": 5, "retry_initial_backoff_ms": 2000, "retry_max_backoff_ms": 1000, "retry_jitter_factor": 0.0},
+    ({"retry_max_retries": 5, "retry_initial_backoff_ms": 2000, "retry_max_backoff_ms": 1000,
+      "retry_jitter_factor": 0.0},
      4000),
     ({"retry_max_retries": 4, "retry_backoff_multiplier": 2.0, "retry_jitter_factor": 0.0}, 50 + 100 + 200),
 ])
@@ -61,7 +62,7 @@ def test_a_retry_budget_past_the_request_timeout_is_refused(reference_data):
     reference_data["router"].update(retry_max_retries=200, retry_max_backoff_ms=10_000, request_timeout_secs=600)
     problems = [p for p in _problems(reference_data) if p[0] == "router.retry_max_retries"]
     assert len(problems) == 1 and problems[0][4] is Severity.ERROR
-    field, value, message, fix, _ = problems[0]
+    _field, value, message, fix, _ = problems[0]
     assert value == 200 and "request_timeout_secs (600)" in message and "lower router.retry_max_retries" in fix
 
 

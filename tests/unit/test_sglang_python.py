@@ -16,8 +16,8 @@ import pytest
 from click.testing import CliRunner
 
 from pdserve.check.sglang_python import package_problems
-from pdserve.render.toolchain import create_command, install_command
 from pdserve.cli.main import main
+from pdserve.render.toolchain import create_command, install_command
 from pdserve.schema import pins
 from pdserve.schema.problems import Severity
 

@@ -102,7 +102,7 @@ def _after(dep, tools, unit):
     from pdserve.render.units import render_units
 
     text = {u.name: u.text for u in render_units(dep, tools, "/etc/pdserve/dsv4.json")}[unit]
-    return [line.split("=", 1)[1].split() for line in text.splitlines() if line.startswith("After=")][0]
+    return next(line.split("=", 1)[1].split() for line in text.splitlines() if line.startswith("After="))
 
 
 def test_on_a_shared_gpu_the_decode_starts_after_a_ready_prefill(reference_data, reference, tools):

@@ -64,7 +64,8 @@ def test_after_means_ready_through_a_bounded_gate(units, tools):
 
 def test_fallback_conflicts_with_every_pd_unit(units):
     conflicts = units["sglang-dsv4"]["Unit"]["Conflicts"][0].split()
-    assert sorted(conflicts) == ["sglang-dsv4-decode.service", "sglang-dsv4-prefill.service", "sglang-dsv4-router.service"]
+    assert sorted(conflicts) == ["sglang-dsv4-decode.service", "sglang-dsv4-prefill.service",
+                                 "sglang-dsv4-router.service"]
     for name in ("sglang-dsv4-prefill", "sglang-dsv4-decode", "sglang-dsv4-router"):
         assert units[name]["Unit"]["Conflicts"] == ["sglang-dsv4.service"]
 

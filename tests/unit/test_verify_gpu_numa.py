@@ -15,7 +15,7 @@ def gpus(used: dict[int, float], pids: dict[int, tuple[int, ...]] | None = None)
     return [GpuObs(i, "NVIDIA H200", int(used.get(i, 0.0) * TOTAL), TOTAL, pids.get(i, ())) for i in range(8)]
 
 
-HEALTHY = {i: 0.89 for i in range(8)}
+HEALTHY = dict.fromkeys(range(8), 0.89)
 
 
 def test_memory_near_each_fraction_passes():
@@ -82,7 +82,8 @@ def test_owners_come_from_the_unit_then_the_role_process_tree():
         500: (None, "not in /proc"),
     }
     result = gpu.check_processes(EXP, gpus(HEALTHY, pids), owners)
-    assert result.status == "fail" and "GPU 0 belongs to prefill but pid 300 is unit jupyter.service" in result.details[0]
+    assert result.status == "fail"
+    assert "GPU 0 belongs to prefill but pid 300 is unit jupyter.service" in result.details[0]
 
 
 def _shared_gpu_expectations():

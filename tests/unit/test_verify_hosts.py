@@ -220,7 +220,8 @@ def test_kv_capacity_of_a_remote_server_does_not_read_this_hosts_journal(dep, mo
     results = run_from(dep, "node-a", ["kv"], lambda request: httpx.Response(200, json={}), monkeypatch)
     assert grepped == ["sglang-dsv4-prefill-1", "sglang-dsv4-decode-wide"]  # node-a's servers only
     assert results["kv.decode-1"].status is Status.FAIL
-    assert "its journal is on host node-b (`pdserve verify --host node-b` there reads it)" in results["kv.decode-1"].observed
+    assert ("its journal is on host node-b (`pdserve verify --host node-b` there reads it)"
+            in results["kv.decode-1"].observed)
 
 
 def test_router_workers_names_a_missing_server(dep):

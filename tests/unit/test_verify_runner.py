@@ -29,7 +29,7 @@ def test_unknown_selection_is_refused():
 
 def _run(checks, wait=0.0):
     clock = FakeClock()
-    plan = {i: None for i in checks}
+    plan = dict.fromkeys(checks)
     return runner.run(None, plan, wait=wait, interval=1.0, checks=checks, clock=clock, sleep=clock.sleep)
 
 
@@ -116,6 +116,7 @@ def test_cli_exit_1_on_failure_and_3_when_a_check_crashes(monkeypatch):
 
 def _context(dep, options=None, systemctl=None):
     import httpx
+
     from pdserve.verify.expect import expectations
 
     return runner.Context(dep, expectations(dep), options or runner.Options(), httpx.Client(), systemctl)

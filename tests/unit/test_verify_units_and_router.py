@@ -90,14 +90,16 @@ def test_fallback_failed_is_explained():
 
 def test_fallback_enabled_or_active_fails():
     enabled = UnitState("sglang-dsv4.service", "loaded", "inactive", unit_file_state="enabled")
-    assert "systemctl disable sglang-dsv4" in units.check_fallback_unit("units.fallback", "sglang-dsv4", enabled, []).remediation
+    fallback = units.check_fallback_unit("units.fallback", "sglang-dsv4", enabled, [])
+    assert "systemctl disable sglang-dsv4" in fallback.remediation
     active = replace(enabled, active_state="active", unit_file_state="disabled")
     result = units.check_fallback_unit("units.fallback", "sglang-dsv4", active, [])
     assert result.status == "fail" and "disable --now" in result.remediation
 
 
 def test_fallback_not_installed_warns():
-    assert units.check_fallback_unit("units.fallback", "sglang-dsv4", UnitState("sglang-dsv4.service"), []).status == "warn"
+    fallback = units.check_fallback_unit("units.fallback", "sglang-dsv4", UnitState("sglang-dsv4.service"), [])
+    assert fallback.status == "warn"
 
 
 def _ok(url, body=None):
@@ -148,7 +150,8 @@ def test_workers_wrong_bootstrap_port_and_extra_worker_fail():
 
 def test_missing_decode_fails():
     result = router.check_workers(EXP, _workers(("http://127.0.0.1:30000", "prefill", 8998)))
-    assert result.status == "fail" and any("decode http://127.0.0.1:30002 is not registered" in d for d in result.details)
+    assert result.status == "fail"
+    assert any("decode http://127.0.0.1:30002 is not registered" in d for d in result.details)
 
 
 REFUSED = HttpObs("http://127.0.0.1:30000/health", None, None, "ConnectError: [Errno 111] Connection refused")

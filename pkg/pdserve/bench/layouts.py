@@ -69,7 +69,7 @@ def compare(layouts: Sequence[Layout], start: Layout, switch: Callable[[Layout],
         for layout in order(layouts, start):
             if layout != serving:
                 switched = switch(layout)
-                serving = switched.ok and layout or switched.serving
+                serving = (switched.ok and layout) or switched.serving
                 if not switched.ok:
                     done.failed_layout = layout
                     back = (f"the cutover restored {switched.serving}" if switched.serving

@@ -143,6 +143,6 @@ class Runner:
         def sweep(layout: Layout) -> Sweep:
             return self._sweep(layout, plan_for(self.dep, layout).public_url[layout])
 
-        done.compared = compare(layouts, start, switch, sweep)  # type: ignore[arg-type]
+        done.compared = compare(layouts, start, switch, sweep)
         done.sweeps = done.compared.sweeps
         return done

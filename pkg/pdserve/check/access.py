@@ -63,9 +63,7 @@ def _denied(field: str, path: str, answer: paths.Reach, user: str) -> Problem:
         fix = f"put it on a file system mounted without noexec and point {field} there"
     elif "enter" in answer.why and where != path:
         fix = f"let {user} pass {where}: chmod o+x {where}, or give it a group {user} is in (g+x)"
-    elif answer.need == "execute":
-        fix = f"chmod o+rx {where}, or give it a group {user} is in (g+rx)"
-    elif answer.need == "read-dir" and where == path:
+    elif answer.need == "execute" or (answer.need == "read-dir" and where == path):
         fix = f"chmod o+rx {where}, or give it a group {user} is in (g+rx)"
     else:
         fix = f"chmod o+r {where}, or give it a group {user} is in (g+r)"

@@ -59,7 +59,8 @@ def check_gpus(dep: Deployment, host: HostView, report: HostReport) -> None:
     for role, server in _servers(dep):
         missing = [g for g in server.gpus if g >= count]
         if missing:
-            report.problems.append(Problem(f"{role}.gpus", server.gpus, f"GPU(s) {missing} do not exist: this host has {count}",
+            report.problems.append(Problem(f"{role}.gpus", server.gpus,
+                                           f"GPU(s) {missing} do not exist: this host has {count}",
                                            f"use GPU indices 0-{count - 1}"))
     report.passed.append(f"GPU indices exist ({count} GPUs)")
     for role, server in _servers(dep):
@@ -67,13 +68,14 @@ def check_gpus(dep: Deployment, host: HostView, report: HostReport) -> None:
             continue
         known = {g: host.gpu_numa.get(g) for g in server.gpus if g < count}
         if any(node is None for node in known.values()):
-            report.skipped.append(f"{role}: GPU NUMA affinity unknown (the kernel reports -1 for some of {server.gpus})")
+            report.skipped.append(
+                f"{role}: GPU NUMA affinity unknown (the kernel reports -1 for some of {server.gpus})")
             continue
-        far = sorted(g for g, node in known.items() if node != server.numa_node)
+        far = {g: node for g, node in known.items() if node is not None and node != server.numa_node}
         if far:
             report.problems.append(Problem(
                 f"{role}.numa_node", server.numa_node,
-                f"GPU(s) {far} sit on NUMA node(s) {sorted({known[g] for g in far})}, not {server.numa_node}",
+                f"GPU(s) {sorted(far)} sit on NUMA node(s) {sorted(set(far.values()))}, not {server.numa_node}",
                 "bind the role to its GPUs' NUMA node, or pick GPUs on that node",
                 Severity.WARNING,
             ))
@@ -118,7 +120,8 @@ def check_files(dep: Deployment, tools: Toolchain, report: HostReport) -> None:
             report.problems.append(Problem("router.api_key_file", key, "does not exist on this host",
                                            "create it with the key as its only content, mode 0600"))
         elif mode & 0o077:
-            report.problems.append(Problem("router.api_key_file", key, f"is readable by others (mode {oct(mode & 0o777)})",
+            report.problems.append(Problem("router.api_key_file", key,
+                                           f"is readable by others (mode {oct(mode & 0o777)})",
                                            f"chmod 600 {key}", Severity.WARNING))
 
 

@@ -54,7 +54,7 @@ def _extra_args(dep: Deployment, role: str) -> list[str]:
     if role == "router":
         return dep.router.extra_args
     if role == "fallback":
-        return dep.server(role).extra_args
+        return dep.server("fallback").extra_args
     return next(server.spec.extra_args for server in servers(dep) if server.field == role)
 
 

@@ -118,7 +118,8 @@ def run_check(config_path: Path | None, tool_overrides: dict[str, str | None], p
         parsed = check_with_parsers(dep, tools.sglang_python, required_by=origin if report.host.on else None)
         report.problems += parsed.problems
         rejected = {p.field.split(".")[0].split(" ")[0] for p in parsed.problems}
-        report.checked += [f"{role} argv accepted by the real parser" for role in parsed.checked if role not in rejected]
+        report.checked += [f"{role} argv accepted by the real parser"
+                           for role in parsed.checked if role not in rejected]
         report.skipped += parsed.skipped
     elif parsers:
         report.skipped.append("parser check skipped: no SGLang Python was given (tools.sglang_python, "

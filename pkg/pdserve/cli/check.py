@@ -22,7 +22,8 @@ from pdserve.schema.problems import ConfigError, Problem, errors
 @click.option("--host/--no-host", "host", default=None,
               help="Check this host (GPUs, NUMA nodes, tools, the SGLang Python's sglang version, files), or "
                    "not. Default: only on a host that looks like the target (see above).")
-@click.option("--no-parsers", is_flag=True, help="Skip running the rendered argv through SGLang's and the router's parsers.")
+@click.option("--no-parsers", is_flag=True,
+              help="Skip running the rendered argv through SGLang's and the router's parsers.")
 @tool_options
 def check(config_path: Path | None, more_configs: tuple[Path, ...], as_json: bool, host: bool | None,
           no_parsers: bool, sglang_python: str | None, numactl: str | None, pdserve: str | None) -> None:

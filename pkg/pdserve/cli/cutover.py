@@ -125,8 +125,8 @@ def cutover_command(target: str, config_path: Path | None, as_json: bool, dry_ru
     with termination_interrupts():
         report = machine.dry_run() if dry_run else machine.run()
     if as_json:
-        host = {"host": plan.host} if plan.host else {}  # one host's step of a multi-host deployment
-        click.echo(strict_json.dumps({"schema_version": SCHEMA_VERSION, **host, **report.as_dict()}, indent=2))
+        one_host = {"host": plan.host} if plan.host else {}  # one host's step of a multi-host deployment
+        click.echo(strict_json.dumps({"schema_version": SCHEMA_VERSION, **one_host, **report.as_dict()}, indent=2))
     else:
         click.echo("\n".join(report_lines(report)))
     if report.outcome not in DRY_RUNS or report.exit_code:

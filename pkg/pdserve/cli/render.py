@@ -4,7 +4,7 @@ read, and what goes with them; nothing is written if anything is wrong."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -68,7 +68,7 @@ def _render(config_path: Path | None, out_dir: Path, runtime_config: str | None,
     out_dir.mkdir(parents=True, exist_ok=True)
     files = {unit.filename: unit.text for unit in units}
     # A single-host file's JSON stays what it was before [hosts] existed: without the empty placement keys.
-    one_host = None if dep.multi_host else {"hosts": True, "router": {"hosts"}}
+    one_host: dict[str, Any] | None = None if dep.multi_host else {"hosts": True, "router": {"hosts"}}
     files[f"pdserve-{dep.name}.json"] = dep.model_dump_json(indent=2, exclude=one_host) + "\n"
     if chosen:
         files[firewall_filename(dep)] = render_firewall(dep, chosen)
@@ -105,7 +105,8 @@ def _monitoring_files(dep: Deployment) -> dict[str, str]:
 @click.option("--out", "out_dir", required=True, metavar="DIR", type=click.Path(path_type=Path, file_okay=False),
               help="Directory for the unit files (e.g. /etc/systemd/system).")
 @click.option("--config-path", "runtime_config", metavar="PATH",
-              help="Where the units read the deployment at run time (default: the pdserve-<name>.json written into --out).")
+              help="Where the units read the deployment at run time "
+              "(default: the pdserve-<name>.json written into --out).")
 @click.option("--host", "host", metavar="NAME", help="Multi-host deployments (required there): write this host's "
               "units, and its firewall ruleset as pdserve-<name>-firewall.nft.")
 @click.option("--no-python-check", "no_python_check", is_flag=True,

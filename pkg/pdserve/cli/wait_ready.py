@@ -11,7 +11,7 @@ import click
 from pdserve.cli.commands import short_help
 from pdserve.cli.exits import Exit
 from pdserve.cli.options import config_option, load_or_exit, seconds_option
-from pdserve.schema.config import ROLES
+from pdserve.schema.config import ROLES, Role
 
 ROLE_CHOICE = click.Choice(ROLES)
 
@@ -31,7 +31,7 @@ ROLE_CHOICE = click.Choice(ROLES)
                 "after a start stalls for seconds).")
 @seconds_option("--peer-wait", 60.0, 0, "Seconds the warm-up waits for a server of the other role to be ready; "
                 "then the server goes back to the routers unwarmed, said in the journal.")
-def wait_ready(role: str, config_path: Path | None, timeout: float, interval: float, probe_timeout: float,
+def wait_ready(role: Role, config_path: Path | None, timeout: float, interval: float, probe_timeout: float,
                server: str | None, warm_up: bool, handoff_timeout: float, peer_wait: float) -> None:
     """Wait until ROLE (prefill, decode, router or fallback) answers as ready; exit 1 with the last state
     seen when the deadline passes. Run as ExecStartPost=, it exits 1 at once when the unit's main process
@@ -62,7 +62,7 @@ def wait_ready(role: str, config_path: Path | None, timeout: float, interval: fl
             http.client(handoff_timeout, not_after=not_after) as handoff_client:
         try:
             probe = probe_for(dep, role, client, server)
-            placed = gate_server(dep, role, server) if warm_up else None  # type: ignore[arg-type]
+            placed = gate_server(dep, role, server) if warm_up else None
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--server") from None
         try:

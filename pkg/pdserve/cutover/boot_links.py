@@ -136,7 +136,8 @@ def boot_report(declared: Layout, target: Layout, result: str, detail: str, at_b
     if change is not None:
         report.change = change
         report.change_in = ("the NixOS configuration, then `nixos-rebuild switch`" if nixos else
-                            f"the deployment file (top level; this cutover loaded {source}), then `pdserve render` again")
+                            f"the deployment file (top level; this cutover loaded {source}), "
+                            "then `pdserve render` again")
     elif at_boot != target and not at_boot.startswith("unknown"):
         again = "`nixos-rebuild switch` has not run since" if nixos else "render and enable the units again"
         report.detail += f"; boot_layout already declares {target}, but {at_boot} starts at boot: {again}"

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from pdserve.cutover.boot_links import UnitFiles
+from pdserve.cutover.refusals import RefusalSummary
 from pdserve.probes.systemctl import UnitState
 from pdserve.schema.boot import Layout
 
@@ -47,4 +48,4 @@ class Measurement(Protocol):
     """The refused-connection prober, seen from the cutover: started before the first change."""
 
     def start(self) -> object: ...
-    def stop(self) -> object: ...
+    def stop(self) -> RefusalSummary: ...

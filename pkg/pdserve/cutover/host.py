@@ -13,9 +13,9 @@ from pdserve.probes.cgroups import unit_of
 from pdserve.probes.credentials import CredentialError, read_key
 from pdserve.probes.paths import path_facts
 from pdserve.probes.systemctl import Systemctl, UnitState
-from pdserve.render.argv import API_KEY_CREDENTIAL
 from pdserve.schema.boot import Layout
 from pdserve.schema.config import Deployment
+from pdserve.schema.derived import API_KEY_CREDENTIAL
 
 SMOKE_TIMEOUT_SEC = 60.0
 
@@ -107,7 +107,8 @@ def smoke_verify(dep: Deployment, checks: Sequence[str] = PD_SMOKE_CHECKS,
     summary = "; ".join(f"{r.id} {r.status}: {r.observed}" for r in chosen)
     if bad or errors:
         fixes = "; ".join(f"{r.id}: {r.remediation}" for r in bad if r.remediation)
-        return Check(False, f"pdserve verify --only {','.join(checks)}: {summary}" + (f"; fix: {fixes}" if fixes else "")
+        return Check(False, f"pdserve verify --only {','.join(checks)}: {summary}"
+                     + (f"; fix: {fixes}" if fixes else "")
                      + (f"; verifier errors: {'; '.join(errors)}" if errors else ""))
     return Check(True, f"pdserve verify --only {','.join(checks)}: {summary}")
 

@@ -143,7 +143,8 @@ def this_host(dep: Deployment, asked: str | None, addresses: Sequence[str]) -> s
     neither says (a cutover never guesses: another host's units are not this one's to start)."""
     if asked is not None:
         if asked not in dep.hosts:
-            raise UnknownHost(f"--host {asked}: not a host of deployment {dep.name}; its hosts are {', '.join(dep.hosts)}")
+            raise UnknownHost(
+                f"--host {asked}: not a host of deployment {dep.name}; its hosts are {', '.join(dep.hosts)}")
         return asked
     mine = [name for name, spec in dep.hosts.items() if spec.address in addresses]
     return mine[0] if len(mine) == 1 else None

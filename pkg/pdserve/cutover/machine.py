@@ -23,11 +23,13 @@ from pdserve.cutover.boot_links import boot_report, layout_at_boot
 from pdserve.cutover.edge import Edge, GpuUnknown, Measurement
 from pdserve.cutover.plan import LAYOUTS, Plan, layout_of, preview
 from pdserve.cutover.relink import try_relink
-from pdserve.cutover.report import Outcome, Report, Step
+from pdserve.cutover.report import Outcome, Report, Step, StepResult
 from pdserve.probes.systemctl import SystemctlError, UnitState
 from pdserve.schema.boot import Layout, file_line
 
 POLL_INTERVAL_SEC = 0.5
+# The boot step's result from boot_links' (changed | unchanged | read-only | failed).
+_STEP_RESULTS: dict[str, StepResult] = {"changed": "ok", "unchanged": "ok", "read-only": "skipped"}
 
 
 class StepFailed(Exception):
@@ -207,9 +209,9 @@ class Cutover:
         label = "start workers" if target == "pd" else "start fallback"
         if self._step(label, lambda: self._start(plan.workers[target], plan.worker_deadline)).result == "failed":
             return self._roll_back(started_any)
-        if plan.fronts[target]:
-            if self._step("start router", lambda: self._start(plan.fronts[target], plan.front_deadline)).result == "failed":
-                return self._roll_back(started_any)
+        if plan.fronts[target] and self._step(
+                "start router", lambda: self._start(plan.fronts[target], plan.front_deadline)).result == "failed":
+            return self._roll_back(started_any)
         if self._step("smoke test", lambda: self._smoke(target)).result == "failed":
             return self._roll_back(started_any)
         # From here the target serves: nothing below may undo it.
@@ -239,7 +241,7 @@ class Cutover:
             change = plan.nixos_change if nixos else file_line(plan.target, plan.source)
         self.report.boot = boot = boot_report(plan.declared, plan.target, result, detail, at_boot, nixos, change,
                                               plan.source)
-        step.result = {"changed": "ok", "unchanged": "ok", "read-only": "skipped"}.get(result, "failed")
+        step.result = _STEP_RESULTS.get(result, "failed")
         step.detail = boot.summary()
         step.duration_s = self.edge.clock() - began
 
@@ -269,6 +271,6 @@ class Cutover:
         if ok and fronts:
             ok &= self._step("rollback: start previous router",
                              lambda: self._start(fronts, plan.front_deadline)).result == "ok"
-        if ok and layout in LAYOUTS and set(previous) == set(plan.units(layout)):  # type: ignore[arg-type]
-            ok &= self._step("rollback: smoke test", lambda: self._smoke(layout)).result == "ok"  # type: ignore[arg-type]
+        if ok and layout in LAYOUTS and set(previous) == set(plan.units(layout)):
+            ok &= self._step("rollback: smoke test", lambda: self._smoke(layout)).result == "ok"
         return self._finish(Outcome.ROLLED_BACK if ok else Outcome.ROLLBACK_FAILED)

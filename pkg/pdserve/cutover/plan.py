@@ -59,19 +59,21 @@ def plan_common(dep: Deployment, target: Layout, warnings: Sequence[str], source
                 nixos_change=nixos_line(dep, target))
 
 
-def plan_for(dep: Deployment, target: Layout, warnings: Sequence[str] = (), source: str = "the deployment file") -> Plan:
+def plan_for(dep: Deployment, target: Layout, warnings: Sequence[str] = (),
+             source: str = "the deployment file") -> Plan:
     def svc(role: str) -> str:
         return service(unit_name(dep, role))  # type: ignore[arg-type]
 
     # On shared GPUs (allow_shared_gpus) the rendered decode unit is ordered After= the prefill
     # (pdserve.render.units), so the decode is ready up to two start timeouts after both were started.
-    in_turn = bool(set(dep.prefill.gpus) & set(dep.decode.gpus))
+    prefill, decode, fallback = dep.worker("prefill"), dep.worker("decode"), dep.server("fallback")
+    in_turn = bool(set(prefill.gpus) & set(decode.gpus))
     return Plan(
         deployment=dep.name,
         target=target,
         workers={"pd": (svc("prefill"), svc("decode")), "single": (svc("fallback"),)},
         fronts={"pd": (svc("router"),), "single": ()},
-        gpus={"pd": tuple(sorted({*dep.prefill.gpus, *dep.decode.gpus})), "single": tuple(sorted(dep.fallback.gpus))},
+        gpus={"pd": tuple(sorted({*prefill.gpus, *decode.gpus})), "single": tuple(sorted(fallback.gpus))},
         public_url={"pd": role_url(dep, "router"), "single": role_url(dep, "fallback")},
         worker_deadline=(2 if in_turn else 1) * dep.systemd.start_timeout_sec + DEADLINE_MARGIN_SEC,
         **plan_common(dep, target, warnings, source),

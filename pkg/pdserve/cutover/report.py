@@ -11,6 +11,7 @@ from enum import StrEnum
 from typing import Literal
 
 from pdserve.cutover.boot_links import BootReport
+from pdserve.cutover.refusals import RefusalSummary
 from pdserve.schema.boot import Layout
 
 EXIT_SUCCESS, EXIT_FAILED, EXIT_ROLLBACK_FAILED, EXIT_UNKNOWN = 0, 1, 3, 4
@@ -39,12 +40,15 @@ EXIT_CODES = {
 DRY_RUNS = (Outcome.DRY_RUN, Outcome.DRY_RUN_UNKNOWN)
 
 
+StepResult = Literal["ok", "failed", "skipped", "planned"]
+
+
 @dataclass
 class Step:
     name: str
     started_s: float
     duration_s: float = 0.0
-    result: Literal["ok", "failed", "skipped", "planned"] = "ok"
+    result: StepResult = "ok"
     detail: str = ""
 
     def as_dict(self) -> dict:
@@ -60,7 +64,7 @@ class Report:
     previously_running: list[str] = field(default_factory=list)
     outcome: Outcome = Outcome.SUCCESS
     steps: list[Step] = field(default_factory=list)
-    refusals: list[object] = field(default_factory=list)
+    refusals: list[RefusalSummary] = field(default_factory=list)
     boot: BootReport | None = None  # None: the cutover did not reach the boot step
     total_s: float = 0.0
     state_unknown: str | None = None  # why the units' state could not be read; None once it was
@@ -85,6 +89,7 @@ class Report:
             "exit_code": self.exit_code,
             "total_seconds": round(self.total_s, 2),
             "steps": [s.as_dict() for s in self.steps],
+            # A measurement may answer its summary as a dict already (a test's stand-in prober does).
             "refused": [r.as_dict() if hasattr(r, "as_dict") else r for r in self.refusals],
             "boot": self.boot.as_dict() if self.boot else None,
         }

@@ -145,7 +145,8 @@ def probe_for(dep: Deployment, role: Role, client: httpx.Client, server: str | N
         placed = server_named(dep, server)
         if placed is None or placed.role != role:
             names = ", ".join(s.name for s in servers(dep, role))
-            raise ValueError(f"deployment {dep.name} has no {role} server named {server!r}; its {role} servers: {names}")
+            raise ValueError(
+                f"deployment {dep.name} has no {role} server named {server!r}; its {role} servers: {names}")
         url = placed.url
     else:
         url = role_url(dep, role)

@@ -43,14 +43,14 @@ def attempt(program, args):
     except SystemExit:
         lines = [line for line in captured.getvalue().splitlines() if line.strip()]
         return "error", lines[-1] if lines else "parser exited"
-    except Exception as exc:  # the parsers' own validation raises ValueError and friends
+    except Exception as exc:  # noqa: BLE001 - the parsers' own validation raises ValueError and friends
         return "error", f"{type(exc).__name__}: {exc}"
     return "ok", ""
 
 
 def options(extra):
     """The extra args as options: each starts at an arg beginning with '-' and takes the values after it."""
-    groups = []
+    groups: list[list[str]] = []
     for arg in extra:
         if arg.startswith("-") or not groups:
             groups.append([arg])

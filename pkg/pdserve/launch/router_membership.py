@@ -54,7 +54,7 @@ def routers_seen_from(dep: Deployment, here: str) -> tuple[list[RouterRef], list
     listen, port = dep.router.host, dep.router.port
     reachable, beyond = [], []
     for host in router_hosts(dep):
-        if host == here or host == IMPLIED_HOST:
+        if host in (here, IMPLIED_HOST):
             reachable.append(RouterRef(host, url_of(listen, port)))
         elif is_loopback(listen):
             beyond.append(host)

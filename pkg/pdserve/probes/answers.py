@@ -45,8 +45,9 @@ M = TypeVar("M", bound=Shape)
 
 # pydantic's error types, as what the field should have been.
 _WANTED = {"model_type": "an object", "dict_type": "an object", "list_type": "a list", "int_type": "an integer",
-           "string_type": "a string", "float_type": "a number", "bool_type": "a boolean", "too_short": "a non-empty list",
-           "finite_number": "a finite number", "literal_error": "one of the values the API names"}
+           "string_type": "a string", "float_type": "a number", "bool_type": "a boolean",
+           "too_short": "a non-empty list", "finite_number": "a finite number",
+           "literal_error": "one of the values the API names"}
 
 
 def fit(model: type[M], value: Any, what: str) -> M | Mismatch:

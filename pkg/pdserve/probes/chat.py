@@ -9,22 +9,28 @@ exception from deep inside the client.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import httpx
 
 if TYPE_CHECKING:
+    from types import ModuleType
+
     import openai
+    from openai.types.chat import ChatCompletionMessageParam
 
 from pdserve.probes import http
 from pdserve.probes.answers import ChatChunk, ChatCompletion, Mismatch, fit
 from pdserve.probes.observations import AuthObs, ChatObs, StreamObs, ToolCallObs
 
 CHAT_MAX_BYTES = 8 * 1024 * 1024  # a 1024-token answer is ~10 KB, streamed ~300 KB
-PLAIN = [{"role": "user", "content": "Say hello in one short sentence."}]
-READY = [{"role": "user", "content": "Reply with the single word: ready"}]
-THINK = [{"role": "user", "content": "What is 17 + 25? Think it through, then answer with the number."}]
-TOOLS_PROMPT = [{"role": "user", "content": "Use both tools: get the weather in Paris and the local time in Tokyo."}]
+PLAIN: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Say hello in one short sentence."}]
+READY: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Reply with the single word: ready"}]
+THINK: list[ChatCompletionMessageParam] = [
+    {"role": "user", "content": "What is 17 + 25? Think it through, then answer with the number."}]
+TOOLS_PROMPT: list[ChatCompletionMessageParam] = [
+    {"role": "user", "content": "Use both tools: get the weather in Paris and the local time in Tokyo."}]
 TOOLS = [
     {"type": "function", "function": {
         "name": "get_weather", "description": "Current weather in a city",
@@ -35,7 +41,7 @@ TOOLS = [
 ]
 
 
-def _openai():
+def _openai() -> ModuleType:
     # The client library takes most of a second to import; only the end-to-end checks need it, so
     # every other pdserve command (the units' readiness gates among them) starts without it.
     import openai
@@ -46,8 +52,9 @@ def _openai():
 def client(base_url: str, api_key: str | None, timeout: float) -> openai.OpenAI:
     """The caller closes it (closing it closes the HTTP client under it)."""
     # The client needs some key; a router without --api-key ignores it.
-    return _openai().OpenAI(base_url=f"{base_url}/v1", api_key=api_key or "none", timeout=timeout, max_retries=0,
-                            http_client=http.client(timeout, CHAT_MAX_BYTES))
+    made: openai.OpenAI = _openai().OpenAI(base_url=f"{base_url}/v1", api_key=api_key or "none", timeout=timeout,
+                                           max_retries=0, http_client=http.client(timeout, CHAT_MAX_BYTES))
+    return made
 
 
 def _failure(exc: Exception) -> tuple[str, int | None]:
@@ -72,7 +79,7 @@ def _unexpected(data: bytes, what: str) -> Mismatch | Any:
         return Mismatch(f"{what}: {exc}", f"{what}: a JSON object")
 
 
-def _chat(c: openai.OpenAI, model: str, messages, **kwargs) -> ChatObs:
+def _chat(c: openai.OpenAI, model: str, messages: list[ChatCompletionMessageParam], **kwargs: Any) -> ChatObs:
     try:
         with c.chat.completions.with_streaming_response.create(model=model, messages=messages, **kwargs) as response:
             data = response.read()
@@ -108,7 +115,7 @@ def tools(c: openai.OpenAI, model: str) -> ChatObs:
     return _chat(c, model, TOOLS_PROMPT, tools=TOOLS, tool_choice="auto", max_tokens=512, temperature=0)
 
 
-def _events(lines) -> Any:
+def _events(lines: Iterable[str]) -> Iterator[str]:
     """The data of each server-sent event (the OpenAI stream puts one JSON object on each `data:` line)."""
     for line in lines:
         if line.startswith("data:"):

@@ -17,7 +17,8 @@ def parse_list(text: str) -> frozenset[int]:
 def ranges(cpus: frozenset[int] | set[int]) -> str:
     """{0, 1, 2, 5} -> "0-2,5"."""
     out: list[str] = []
-    start = prev = None
+    start: int | None = None
+    prev = 0  # read only once start is set, and set with it
     for c in sorted(cpus):
         if start is None:
             start = prev = c

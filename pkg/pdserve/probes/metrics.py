@@ -59,7 +59,8 @@ def _unescape(value: str) -> str:
 
 
 def _labels(text: str) -> tuple[tuple[str, str], ...] | None:
-    labels, pos = [], 0
+    labels: list[tuple[str, str]] = []
+    pos = 0
     while pos < len(text):
         match = _LABEL.match(text, pos)
         if not match:

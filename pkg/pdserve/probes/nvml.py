@@ -5,6 +5,8 @@ reference profile's environment sets), so an index here is the index a deploymen
 
 from __future__ import annotations
 
+import contextlib
+
 from pdserve.probes.observations import GpuObs, Unavailable
 
 
@@ -43,7 +45,5 @@ def read_gpus() -> list[GpuObs]:
     except pynvml.NVMLError as exc:
         raise Unavailable(f"NVML query failed: {exc}") from None
     finally:
-        try:
+        with contextlib.suppress(pynvml.NVMLError):
             pynvml.nvmlShutdown()
-        except pynvml.NVMLError:
-            pass

@@ -97,7 +97,7 @@ def numa_of(pid: int) -> ProcNuma | None:
     fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
     cpus = fields.get("Cpus_allowed_list")
     mems = fields.get("Mems_allowed_list")
-    pages = None
+    pages: dict[int, int] | None = None
     maps = _read(f"/proc/{pid}/numa_maps")
     if maps is not None:
         pages = {}

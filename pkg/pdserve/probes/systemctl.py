@@ -6,6 +6,7 @@ from `systemctl status`, whose text is for people. Every call has a timeout.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -171,7 +172,7 @@ class SystemctlError(RuntimeError):
         return "read-only file system" in self.detail.lower()
 
 
-Runner = Callable[..., subprocess.CompletedProcess]
+Runner = Callable[..., subprocess.CompletedProcess[str]]
 
 
 class Systemctl:
@@ -220,7 +221,5 @@ class Systemctl:
 
     def reset_failed(self, units: Sequence[str]) -> None:
         # Fails for units that are not failed on some systemd versions; the result is the same.
-        try:
+        with contextlib.suppress(SystemctlError):
             self._call("reset-failed", "--", *map(service, units))
-        except SystemctlError:
-            pass

@@ -21,7 +21,8 @@ import ssl
 import threading
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import httpcore
 import httpx
@@ -56,7 +57,7 @@ def _within(deadline: float) -> Iterator[None]:
 
 def _left(timeout: float | None, late: type[Exception]) -> float | None:
     """The socket timeout for the next step: the step's own timeout, clamped to the time left."""
-    deadline = getattr(_local, "deadline", None)
+    deadline: float | None = getattr(_local, "deadline", None)
     if deadline is None:
         return timeout
     left = deadline - time.monotonic()
@@ -92,12 +93,13 @@ class _Backend(httpcore.NetworkBackend):
         self._inner = httpcore.SyncBackend()
 
     def connect_tcp(self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
-                    socket_options=None) -> httpcore.NetworkStream:
+                    socket_options: Iterable[Any] | None = None) -> httpcore.NetworkStream:
         # Name resolution inside is not bounded by the timeout: deployments name hosts by address.
         return _Stream(self._inner.connect_tcp(host, port, _left(timeout, httpcore.ConnectTimeout), local_address,
                                                socket_options))
 
-    def connect_unix_socket(self, path: str, timeout: float | None = None, socket_options=None) -> httpcore.NetworkStream:
+    def connect_unix_socket(self, path: str, timeout: float | None = None,
+                            socket_options: Iterable[Any] | None = None) -> httpcore.NetworkStream:
         return _Stream(self._inner.connect_unix_socket(path, _left(timeout, httpcore.ConnectTimeout), socket_options))
 
     def sleep(self, seconds: float) -> None:
@@ -151,7 +153,7 @@ class _Decoder:
 
 
 class _Body(httpx.SyncByteStream):
-    def __init__(self, raw, deadline: float, seconds: float, decoder: _Decoder) -> None:
+    def __init__(self, raw: Iterable[bytes], deadline: float, seconds: float, decoder: _Decoder) -> None:
         self._raw, self._deadline, self._seconds, self._decoder = raw, deadline, seconds, decoder
 
     def __iter__(self) -> Iterator[bytes]:
@@ -208,7 +210,10 @@ class BoundedTransport(httpx.BaseTransport):
         # httpx must not decode again, nor check a length that was the compressed one.
         for name in ("content-encoding", "content-length") if encoding not in ("", "identity") else ():
             del headers[name]
-        return httpx.Response(answer.status, headers=headers, stream=_Body(answer.stream, deadline, span, decoder),
+        answer_stream = answer.stream
+        if not isinstance(answer_stream, Iterable):  # httpcore's sync pool answers with an iterable stream
+            raise TypeError(f"an async stream from a sync connection pool: {type(answer_stream).__name__}")
+        return httpx.Response(answer.status, headers=headers, stream=_Body(answer_stream, deadline, span, decoder),
                               extensions=answer.extensions, request=request)
 
     def close(self) -> None:

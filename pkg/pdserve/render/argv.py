@@ -101,7 +101,8 @@ def server_args(dep: Deployment, role: Role) -> list[str]:
     if role == "fallback":
         host, port = listen_address(dep, role)
         args = [*_model_args(dep), "--host", host, "--port", str(port)]
-        return _closing_args(args + _gpu_placement(dep.fallback) + _capacity_args(dep.fallback), dep.fallback)
+        fallback = dep.server(role)
+        return _closing_args([*args, *_gpu_placement(fallback), *_capacity_args(fallback)], fallback)
     return node_args(dep, Node(servers(dep, role)[0], 0))
 
 
@@ -205,7 +206,7 @@ def router_resilience_args(dep: Deployment) -> list[str]:
     ):
         if value is not None:
             args += [flag, str(value)]
-    return args + ["--shutdown-grace-period-secs", str(router_shutdown_grace(dep))]
+    return [*args, "--shutdown-grace-period-secs", str(router_shutdown_grace(dep))]
 
 
 def numa_binding(dep: Deployment, role: Role) -> NumaBinding | None:
@@ -259,7 +260,7 @@ def launch(dep: Deployment, role: Role, tools: Toolchain) -> Launch:
     return Launch(
         role=role,
         unit=unit_name(dep, role),
-        argv=tuple(prefix + [tools.sglang_python, *entry, *args]),
+        argv=(*prefix, tools.sglang_python, *entry, *args),
         env=environment(dep, role) if role == "router" else server_environment(environment(dep, role), tools),
         numa=binding,
         url=role_url(dep, role),
@@ -282,7 +283,7 @@ def node_launch(dep: Deployment, node: Node, tools: Toolchain) -> Launch:
     url = server.url if node.rank == 0 else url_of(host_address(dep, node.host) or server.listen_host, server.port)
     return Launch(
         role=server.role, unit=server_unit(dep, node),
-        argv=tuple(prefix + [tools.sglang_python, "-m", SERVER_MODULE, *node_args(dep, node)]),
+        argv=(*prefix, tools.sglang_python, "-m", SERVER_MODULE, *node_args(dep, node)),
         env=server_environment(environment(dep, server.role, server.spec), tools), numa=binding, url=url,
         credentials={},
         server=server.name, node_rank=node.rank,

@@ -63,7 +63,8 @@ def _describe(dep: Deployment, host: str, launch: Launch) -> str:
     gpus = ",".join(str(g) for g in server.spec.gpus)
     numa = f", NUMA node {server.spec.numa_node}" if server.spec.numa_node is not None else ""
     node = f" node {launch.node_rank} of {server.nnodes}" if server.nnodes > 1 else ""
-    return f"pdserve {dep.name}: SGLang {server.role} server {server.name}{node} on host {host}, GPUs {gpus}{numa}, {server.url}"
+    return (f"pdserve {dep.name}: SGLang {server.role} server {server.name}{node} on host {host}, "
+            f"GPUs {gpus}{numa}, {server.url}")
 
 
 def _unit_section(dep: Deployment, host: str, launch: Launch, local_units: list[str]) -> Section:
@@ -75,8 +76,8 @@ def _unit_section(dep: Deployment, host: str, launch: Launch, local_units: list[
         entries += [("Wants", workers), ("After", f"network-online.target {workers}")]
     else:
         entries.append(("After", "network-online.target"))
-    return entries + [("StartLimitIntervalSec", str(dep.systemd.start_limit_interval_sec)),
-                      ("StartLimitBurst", str(dep.systemd.start_limit_burst))]
+    return [*entries, ("StartLimitIntervalSec", str(dep.systemd.start_limit_interval_sec)),
+            ("StartLimitBurst", str(dep.systemd.start_limit_burst))]
 
 
 def _service(dep: Deployment, host: str, launch: Launch, config_path: str, tools: Toolchain) -> Section:

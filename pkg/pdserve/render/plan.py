@@ -22,7 +22,7 @@ from pdserve.schema.config import Deployment, Role
 from pdserve.schema.topology import server_named
 
 if TYPE_CHECKING:  # rich (pygments with it) is imported by the terminal view alone: a piped plan starts faster
-    from rich.console import Console
+    from rich.console import Console, RenderableType
     from rich.panel import Panel
     from rich.table import Table
 
@@ -190,7 +190,7 @@ def launch_panel(role: str, item: dict[str, Any]) -> Panel:
     from rich.syntax import Syntax
     from rich.text import Text
 
-    body = [Text(_command_comment(item), style="bold"),
+    body: list[RenderableType] = [Text(_command_comment(item), style="bold"),
             Syntax(shell_command(item["argv"], item["env"]), "bash", word_wrap=True)]
     if item["credentials"]:
         body += [Text("credentials", style="bold"),

@@ -12,10 +12,10 @@ from pathlib import Path, PurePosixPath
 from pdserve.render.emit import shell
 from pdserve.render.reach import unreachable
 from pdserve.schema import pins
-from pdserve.schema.config import ROLES, SERVER_ROLES, Deployment, venv_python
+from pdserve.schema.config import ROLES, SERVER_ROLES, Deployment
 from pdserve.schema.problems import ConfigError, Problem
 from pdserve.schema.systemd_syntax import executable_problem
-from pdserve.schema.tools import SEARCH_PATH_FIX, search_path_problem
+from pdserve.schema.tools import SEARCH_PATH_FIX, search_path_problem, venv_python
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ def _own_executable() -> str | None:
 def resolve_toolchain(dep: Deployment, overrides: dict[str, str | None] | None = None) -> Toolchain:
     """Flags beat the deployment's tools section, which beats PATH. Missing tools are one error each."""
     toolchain, found = _resolve(dep, overrides or {})
-    if found:
+    if found or toolchain is None:  # None only where some tool has a problem
         raise ConfigError([problem for _, problem in found], "tools")
     return toolchain
 
@@ -81,6 +81,8 @@ def preview_toolchain(dep: Deployment, overrides: dict[str, str | None] | None =
     """For showing a plan on a machine that lacks the tools: missing ones appear as a bare name (the
     command, or `sglang-python`), and each such substitution is returned as a note to print."""
     toolchain, found = _resolve(dep, overrides or {}, lenient=True)
+    if toolchain is None:
+        raise AssertionError("lenient resolution puts a placeholder in for every missing tool")
     notes = [f"{p.field}: {p.message}; shown as `{getattr(toolchain, tool)}`; to render, {p.fix}" for tool, p in found]
     return toolchain, notes
 
@@ -140,7 +142,7 @@ def _missing(tool: str, command: str | None, what: str, nixl: bool) -> Problem:
 
 
 def _resolve(dep: Deployment, overrides: dict[str, str | None],
-             lenient: bool = False) -> tuple[Toolchain, list[tuple[str, Problem]]]:
+             lenient: bool = False) -> tuple[Toolchain | None, list[tuple[str, Problem]]]:
     """The toolchain (None unless every tool resolved, or `lenient` put placeholders in), and each
     tool's problem."""
     resolved: dict[str, str] = {}
@@ -160,8 +162,9 @@ def _resolve(dep: Deployment, overrides: dict[str, str | None],
         # Flags and PATH are input too: the same rules as tools.* in the deployment (systemd executes it).
         problem = executable_problem(path)
         found = (problem, _EXECUTABLE_FIX) if problem else None
-        if found is None and tool == "sglang_python" and search_path_problem(path):
-            found = (search_path_problem(path), SEARCH_PATH_FIX)
+        searched = search_path_problem(path) if found is None and tool == "sglang_python" else None
+        if searched:
+            found = (searched, SEARCH_PATH_FIX)
         if found is None and (origin.startswith("--") or "PATH" in origin):
             # A path from the file is judged with the file (pdserve.render.reach's rule); these only here.
             found = unreachable(path, SERVER_ROLES if tool == "numactl" else ROLES, "execute")

@@ -97,7 +97,7 @@ def _unit_section(dep: Deployment, role: Role, description: str) -> Section:
         # A worker that failed to start still keeps the router's process from starting: the router's
         # ExecStartPre= gates (WORKER_GATE_SEC) find it not ready.
         entries += [("Wants", workers), ("After", f"network-online.target {workers}")]
-    elif role == "decode" and set(dep.prefill.gpus) & set(dep.decode.gpus):
+    elif role == "decode" and set(dep.worker("prefill").gpus) & set(dep.worker("decode").gpus):
         # allow_shared_gpus: each server sizes its pool from the memory free when it starts, so two that
         # start together both count the other's share as free. After= (ordering only) starts the decode
         # once the prefill is ready, and a later prefill restart still leaves the decode alone.
@@ -125,12 +125,12 @@ def _service_section(dep: Deployment, launch: Launch, config_path: str, tools: T
     start_timeout = ROUTER_START_TIMEOUT_SEC if launch.role == "router" else dep.systemd.start_timeout_sec
     ready = [tools.pdserve, "wait-ready", launch.role, "--config", config_path,
              "--timeout", str(max(start_timeout - READY_MARGIN_SEC, 1))]
-    gates = []
+    gates: list[list[str]] = []
     credentials: dict[str, str] = {}
     if launch.role in ("prefill", "decode"):
         gates, ready = warm_start(tools, config_path, launch.role, ready)
         credentials = gate_credentials(dep)
-        if launch.role == "prefill" and set(dep.prefill.gpus) & set(dep.decode.gpus):
+        if launch.role == "prefill" and set(dep.worker("prefill").gpus) & set(dep.worker("decode").gpus):
             # The decode starts only once the prefill's start has ended (After=, see _unit_section): waiting
             # for it would hold both until the deadline. The decode's own gate warms the pair instead.
             ready += ["--peer-wait", "0"]
@@ -188,7 +188,8 @@ def service_section(dep: Deployment, launch: Launch, tools: Toolchain, *, start_
     ]
     entries += [("Environment", environment_line(k, v)) for k, v in sorted(launch.env.items())]
     loaded = {**(gate_credentials or {}), **launch.credentials}
-    entries += [("LoadCredential", systemd_syntax.credential_value(name, path)) for name, path in sorted(loaded.items())]
+    entries += [("LoadCredential", systemd_syntax.credential_value(name, path))
+                for name, path in sorted(loaded.items())]
     entries += [("SetCredential", systemd_syntax.set_credential_value(name, MISSING_KEY_STAND_IN))
                 for name in sorted(set(gate_credentials or {}) - set(launch.credentials))]
     entries += [("ExecStartPre", command_line(gate)) for gate in gates]
@@ -252,4 +253,5 @@ def exactly(config_path: str, render: Callable[[], list[Unit]]) -> list[Unit]:
         return render()
     except systemd_syntax.Unrepresentable as exc:
         # Only reachable with a deployment that bypassed loading (or a pdserve bug): nothing is written.
-        raise ConfigError([Problem("(rendering)", None, str(exc), "fix the value named in the message")], "render") from None
+        unrendered = Problem("(rendering)", None, str(exc), "fix the value named in the message")
+        raise ConfigError([unrendered], "render") from None

@@ -30,12 +30,12 @@ from __future__ import annotations
 import ipaddress
 import re
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 IP = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
-class Kind(str, Enum):
+class Kind(StrEnum):
     """What an address is, by the address it means (a mapped IPv6 address: the IPv4 address it maps)."""
 
     UNICAST = "a unicast"

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
 from pdserve.schema.config import SHAPE_TAGS, WORKER_ROLES, Deployment
 from pdserve.schema.problems import MISSING, MISSING_FIX, Problem, closest, did_you_mean
@@ -99,7 +100,7 @@ def _section(loc: tuple[Any, ...]) -> str:
     return f"[{field_of(loc)}]" if loc else "the top level"
 
 
-def _worded(error: dict[str, Any], loc: tuple[Any, ...], field: str) -> tuple[str, str]:
+def _worded(error: ErrorDetails, loc: tuple[Any, ...], field: str) -> tuple[str, str]:
     """(message, fix) of one validation error, in pdserve's words: pydantic's phrases never reach a user."""
     kind = error["type"]
     ctx = error.get("ctx") or {}

@@ -142,7 +142,8 @@ RESERVED_ENVIRONMENT = {DSA_KERNELS_ENV: "attention_kernels"}
 
 def _environment(value: dict[str, str]) -> dict[str, str]:
     if len(value) > MAX_LIST_ITEMS:
-        raise invalid(f"has {len(value)} variables, more than {MAX_LIST_ITEMS}", "keep the environment to what the servers need")
+        raise invalid(f"has {len(value)} variables, more than {MAX_LIST_ITEMS}",
+                      "keep the environment to what the servers need")
     for name in value:
         if not _ENV_NAME.fullmatch(name):
             raise invalid(f"{name!r} is not a valid environment variable name", "use letters, digits and _")

@@ -204,7 +204,8 @@ def read_text(path: Path) -> str:
         try:
             raw = handle.read(MAX_FILE_BYTES + 1)
         except OSError as exc:
-            raise _file_problem(source, f"cannot be read: {exc.strerror}", "check the path and its permissions") from None
+            raise _file_problem(source, f"cannot be read: {exc.strerror}",
+                                "check the path and its permissions") from None
     if len(raw) > MAX_FILE_BYTES:
         raise _file_problem(source, f"is larger than {MAX_FILE_BYTES // (1024 * 1024)} MiB, far beyond any deployment",
                             "point --config at the deployment file")

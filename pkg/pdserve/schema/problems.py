@@ -64,7 +64,8 @@ class Problem:
         """As `--json` writes it: the value made JSON-safe (a `nan` from the file is the string "nan")."""
         data = asdict(self)
         data["severity"] = str(self.severity)
-        return strict_json.safe(data)
+        safe: dict[str, Any] = strict_json.safe(data)  # a dict stays a dict, its values made JSON-safe
+        return safe
 
 
 def errors(problems: list[Problem]) -> list[Problem]:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator, Sequence
 
-from pdserve.schema.addresses import is_loopback  # noqa: F401 - verify.expect reads it from here
+from pdserve.schema.addresses import is_loopback
 from pdserve.schema.config import WORKER_ROLES, Deployment, ServerSpec, WorkerSpec
 from pdserve.schema.extra_args import ROUTER_EXACT_FLAGS, SERVER_EXACT_FLAGS, long_flag, read_as
 from pdserve.schema.problems import Problem, Severity
@@ -97,26 +98,31 @@ def _servers(dep: Deployment) -> Iterator[tuple[str, ServerSpec, int]]:
 SHARED_GPU_FRACTION_LIMIT = 0.9
 
 
-def _one_host(dep: Deployment) -> bool:
-    """A single-host file whose prefill and decode are tables (rules_hosts reports any other shape)."""
-    return not dep.multi_host and isinstance(dep.prefill, WorkerSpec) and isinstance(dep.decode, WorkerSpec)
+def _one_host_workers(dep: Deployment) -> tuple[WorkerSpec, WorkerSpec] | None:
+    """A single-host file's prefill and decode tables; None for any other shape (rules_hosts reports it)."""
+    prefill, decode = dep.prefill, dep.decode
+    if dep.multi_host or not isinstance(prefill, WorkerSpec) or not isinstance(decode, WorkerSpec):
+        return None
+    return prefill, decode
 
 
 def disjoint_gpus(dep: Deployment) -> Iterator[Problem]:
-    if not _one_host(dep):
+    workers = _one_host_workers(dep)
+    if workers is None:
         return  # multi-host: per host, rules_hosts.disjoint_gpus_per_host
-    shared = sorted(set(dep.prefill.gpus) & set(dep.decode.gpus))
+    prefill_spec, decode_spec = workers
+    shared = sorted(set(prefill_spec.gpus) & set(decode_spec.gpus))
     if shared and not dep.allow_shared_gpus:
         yield Problem(
             "decode.gpus",
-            dep.decode.gpus,
-            f"shares GPU(s) {shared} with prefill.gpus {dep.prefill.gpus}",
+            decode_spec.gpus,
+            f"shares GPU(s) {shared} with prefill.gpus {prefill_spec.gpus}",
             "give prefill and decode disjoint GPU sets, e.g. prefill [0,1,2,3] and decode [4,5,6,7] "
             f"(on a small test rig: set allow_shared_gpus = true, with memory fractions adding up to at most "
             f"{SHARED_GPU_FRACTION_LIMIT:g})",
         )
     elif shared:
-        prefill, decode = dep.prefill.mem_fraction_static, dep.decode.mem_fraction_static
+        prefill, decode = prefill_spec.mem_fraction_static, decode_spec.mem_fraction_static
         total = prefill + decode
         if total > SHARED_GPU_FRACTION_LIMIT + 1e-9:
             half = int(SHARED_GPU_FRACTION_LIMIT * 100 / 2) / 100
@@ -133,7 +139,7 @@ def disjoint_gpus(dep: Deployment) -> Iterator[Problem]:
         yield Problem(
             "allow_shared_gpus",
             True,
-            f"is set but prefill.gpus {dep.prefill.gpus} and decode.gpus {dep.decode.gpus} share no GPU",
+            f"is set but prefill.gpus {prefill_spec.gpus} and decode.gpus {decode_spec.gpus} share no GPU",
             "remove allow_shared_gpus (it only permits sharing; disjoint GPUs need no flag)",
             Severity.WARNING,
         )
@@ -156,7 +162,7 @@ def gpu_layout(dep: Deployment) -> Iterator[Problem]:
             )
         # SGLang places ranks at base-gpu-id + i * gpu-id-step: only evenly spaced ascending sets fit.
         step = gpus[1] - gpus[0] if len(gpus) > 1 else 1
-        if step < 1 or any(b - a != step for a, b in zip(gpus, gpus[1:])):
+        if step < 1 or any(b - a != step for a, b in itertools.pairwise(gpus)):
             yield Problem(
                 f"{role}.gpus",
                 gpus,
@@ -166,11 +172,13 @@ def gpu_layout(dep: Deployment) -> Iterator[Problem]:
 
 
 def distinct_ports(dep: Deployment) -> Iterator[Problem]:
-    if not _one_host(dep):
+    workers = _one_host_workers(dep)
+    if workers is None:
         return  # multi-host: per host, rules_hosts.distinct_ports_per_host
+    prefill, decode = workers
     ports = {
-        "prefill.port": dep.prefill.port,
-        "decode.port": dep.decode.port,
+        "prefill.port": prefill.port,
+        "decode.port": decode.port,
         "router.port": dep.router.port,
         "router.prometheus_port": dep.router.prometheus_port,
         "transfer.bootstrap_port": dep.transfer.bootstrap_port,
@@ -196,8 +204,9 @@ def distinct_ports(dep: Deployment) -> Iterator[Problem]:
 
 
 def loopback_workers(dep: Deployment) -> Iterator[Problem]:
-    if not _one_host(dep):
-        return  # multi-host: placed servers listen on their host's cluster address: rules_hosts.listen_on_cluster_address
+    if _one_host_workers(dep) is None:
+        # multi-host: placed servers listen on their host's cluster address: rules_hosts.listen_on_cluster_address
+        return
     for role in WORKER_ROLES:
         worker = dep.worker(role)
         if not is_loopback(worker.host) and not worker.allow_non_loopback:

@@ -37,8 +37,8 @@ def listeners(dep: Deployment) -> list[Listener]:
                 for item in placed_listeners(dep) if item.host in dep.hosts
                 for port in range(item.first, item.last + 1)]
     found = [
-        Listener("prefill.port", dep.prefill.port),
-        Listener("decode.port", dep.decode.port),
+        Listener("prefill.port", dep.worker("prefill").port),
+        Listener("decode.port", dep.worker("decode").port),
         Listener("router.port", dep.router.port),
         Listener("router.prometheus_port", dep.router.prometheus_port),
         Listener("transfer.bootstrap_port", dep.transfer.bootstrap_port),
@@ -52,7 +52,8 @@ def listeners(dep: Deployment) -> list[Listener]:
 
 def unit_names(dep: Deployment) -> dict[str, Role]:
     if dep.multi_host:
-        found: dict[str, Role] = {server_unit(dep, Node(s, rank)): s.role for s in servers(dep) for rank in range(s.nnodes)}
+        found: dict[str, Role] = {server_unit(dep, Node(s, rank)): s.role
+                                  for s in servers(dep) for rank in range(s.nnodes)}
         return found | {router_unit(dep, host): "router" for host in router_hosts(dep)}
     return {unit_name(dep, role): role for role in ROLES}
 

@@ -119,7 +119,9 @@ def listen_on_cluster_address(dep: Deployment) -> Iterator[Problem]:
     if not dep.multi_host:
         return
     for server in servers(dep):
-        written = server.spec.host
+        # A placed server's spec (PlacedWorkerSpec) has a host; topology types every spec as ServerSpec until
+        # issue 39 item 1 gives each placed server its own type.
+        written: str | None = getattr(server.spec, "host", None)
         home = dep.hosts.get(server.hosts[0])
         if written is None or home is None or home.address == ADDRESS_UNSET or written == home.address:
             continue
@@ -159,8 +161,9 @@ def multi_node_fields(dep: Deployment) -> Iterator[Problem]:
         if port is not None and port + DIST_INIT_SPAN - 1 > 65535:
             yield Problem(f"{server.field}.dist_init_port", port, f"leaves no room for the {DIST_INIT_SPAN - 1} "
                           "ports SGLang binds above it", f"use a port at most {65536 - DIST_INIT_SPAN}")
-        if server.role == "decode" and getattr(spec, "bootstrap_port", None) is not None:
-            yield Problem(f"{server.field}.bootstrap_port", spec.bootstrap_port, "is set on a decode server; only a "
+        bootstrap_port = getattr(spec, "bootstrap_port", None)
+        if server.role == "decode" and bootstrap_port is not None:
+            yield Problem(f"{server.field}.bootstrap_port", bootstrap_port, "is set on a decode server; only a "
                           "prefill binds a bootstrap port (decode learns it from the router)", "remove it")
 
 
@@ -188,7 +191,8 @@ def hosts_in_use(dep: Deployment) -> Iterator[Problem]:
     used = {h for s in servers(dep) for h in s.hosts} | set(dep.router.hosts)
     for name in dep.hosts:
         if name not in used:
-            yield Problem(f"hosts.{name}", dep.hosts[name].address or None, "runs nothing: no server and no router names it",
+            yield Problem(f"hosts.{name}", dep.hosts[name].address or None,
+                          "runs nothing: no server and no router names it",
                           f"place a server or the router on it (hosts = [\"{name}\"]), or remove [hosts.{name}]",
                           Severity.WARNING)
 

@@ -8,14 +8,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from pdserve.schema.config import Deployment
-from pdserve.schema.listeners import listeners
+from pdserve.schema.listeners import Listener, listeners
 from pdserve.schema.problems import Problem, Severity
 from pdserve.schema.rules import SHARED_GPU_FRACTION_LIMIT
 from pdserve.schema.topology import Server, servers
 
 
 def distinct_ports_per_host(dep: Deployment) -> Iterator[Problem]:
-    seen = []
+    seen: list[Listener] = []
     for listener in listeners(dep):
         clash = next((other for other in seen if other.overlaps(listener)), None)
         if clash is None:
@@ -46,7 +46,8 @@ def disjoint_gpus_per_host(dep: Deployment) -> Iterator[Problem]:
                     continue
                 if not dep.allow_shared_gpus:
                     yield Problem(f"{server.field}.gpus", server.spec.gpus,
-                                  f"shares GPU(s) {shared} of host {host} with {earlier.field}.gpus {earlier.spec.gpus}",
+                                  f"shares GPU(s) {shared} of host {host} with {earlier.field}.gpus "
+                                  f"{earlier.spec.gpus}",
                                   f"give the servers on host {host} disjoint GPU sets (on a small test rig: set "
                                   f"allow_shared_gpus = true, with memory fractions adding up to at most "
                                   f"{SHARED_GPU_FRACTION_LIMIT:g})")
@@ -56,7 +57,8 @@ def disjoint_gpus_per_host(dep: Deployment) -> Iterator[Problem]:
                     yield Problem(f"{server.field}.mem_fraction_static", server.spec.mem_fraction_static,
                                   f"with {earlier.field}.mem_fraction_static {earlier.spec.mem_fraction_static:g} on "
                                   f"the same GPU(s) {shared} of host {host} the static pools take {total:g} of its "
-                                  "memory", f"lower the two so that they add up to at most {SHARED_GPU_FRACTION_LIMIT:g}")
+                                  "memory",
+                                  f"lower the two so that they add up to at most {SHARED_GPU_FRACTION_LIMIT:g}")
 
 
 def hardware_exists(dep: Deployment) -> Iterator[Problem]:
@@ -98,7 +100,7 @@ def host_layouts(dep: Deployment) -> Iterator[Problem]:
             yield Problem(f"hosts.{name}.numa_nodes", host.numa_nodes, f"lists GPU(s) {twice} on more than one node",
                           "list each GPU under the one NUMA node it is attached to (`nvidia-smi topo -m`)")
         beyond = sorted({g for g in listed if host.gpus is not None and g >= host.gpus})
-        if beyond:
+        if beyond and host.gpus is not None:  # beyond holds GPUs only where host.gpus is set
             yield Problem(f"hosts.{name}.numa_nodes", host.numa_nodes, f"lists GPU(s) {beyond}, but hosts.{name}.gpus "
                           f"is {host.gpus}", f"list only GPUs 0-{host.gpus - 1}, or correct hosts.{name}.gpus")
 

@@ -36,7 +36,7 @@ def retry_budget_ms(router: RouterSpec) -> float:
     initial, ceiling = router.retry_initial_backoff_ms, router.retry_max_backoff_ms
     factor = router.retry_backoff_multiplier
     if factor == 1.0 or initial >= ceiling:
-        total = pauses * min(initial, ceiling)
+        total: float = pauses * min(initial, ceiling)
     else:
         growing = min(pauses, math.ceil(math.log(ceiling / initial) / math.log(factor)))
         total = initial * (factor ** growing - 1) / (factor - 1) + (pauses - growing) * ceiling

@@ -16,10 +16,11 @@ import httpx
 from pdserve.probes import cgroups, http, journal, procs
 from pdserve.probes import metrics as metrics_probe
 from pdserve.probes.credentials import CredentialError, read_key
+from pdserve.probes.journal import InvocationScan  # by name: the method `journal` below hides the module
 from pdserve.probes.observations import HttpObs, Unavailable
 from pdserve.probes.systemctl import Systemctl, SystemctlError, UnitState, service, unavailable_reason
-from pdserve.render.argv import API_KEY_CREDENTIAL
 from pdserve.schema.config import Deployment
+from pdserve.schema.derived import API_KEY_CREDENTIAL
 from pdserve.schema.topology import IMPLIED_HOST
 from pdserve.verify.expect import Expectations, WorkerExpectation
 
@@ -113,7 +114,7 @@ class Context:
     def grep_journal(self, unit: str, needle: str) -> list[str]:
         return journal.grep_journal(unit, needle, self.options.probe_timeout)
 
-    def grep_invocation(self, state: UnitState, needle: str) -> journal.InvocationScan:
+    def grep_invocation(self, state: UnitState, needle: str) -> InvocationScan:
         """Lines of the unit's current invocation that contain `needle`, from its first line; none when
         systemd names no invocation (never started)."""
         if not state.invocation_id:

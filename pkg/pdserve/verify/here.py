@@ -34,7 +34,8 @@ def choose_host(dep: Deployment, asked: str | None, addresses: Sequence[str]) ->
     names = list(dep.hosts)
     if asked is not None:
         if asked not in dep.hosts:
-            raise HostChoiceError(f"--host {asked}: not a host of deployment {dep.name}; its hosts are {', '.join(names)}")
+            raise HostChoiceError(
+                f"--host {asked}: not a host of deployment {dep.name}; its hosts are {', '.join(names)}")
         return Here(asked, "--host")
     mine = [name for name, spec in dep.hosts.items() if spec.address in addresses]
     if len(mine) == 1:

@@ -4,10 +4,10 @@ One host: the checks of pdserve.verify.registry.CHECKS, all made here. Several h
 process, with the same gatherers. A check that reads over the cluster network is made from where it can
 reach: the router's API and the end-to-end requests through it from anywhere; a server's /server_info,
 /metrics and version from its own host and the router hosts, the only ones the rendered firewall opens its
-port to (elsewhere a healthy cluster would time out). A host-local one (systemd's unit state and journal, NVML, the processes' NUMA binding, the
-ports a host answers on, the router's loaded version; the router's API or Prometheus listener when it is
-bound to loopback) only on its own host: elsewhere it is skipped, saying which host to run
-`pdserve verify --host NAME` on. Which host a run stands on: pdserve.verify.here.
+port to (elsewhere a healthy cluster would time out). A host-local one (systemd's unit state and journal, NVML,
+the processes' NUMA binding, the ports a host answers on, the router's loaded version; the router's API or
+Prometheus listener when it is bound to loopback) only on its own host: elsewhere it is skipped, saying which
+host to run `pdserve verify --host NAME` on. Which host a run stands on: pdserve.verify.here.
 """
 
 from __future__ import annotations
@@ -126,7 +126,8 @@ def multi_host_checks(exp: Expectations) -> dict[str, Check]:
             return on_host(router_host, f"the router's API on loopback ({exp.router_url})", check)
         return anywhere(check)
 
-    router_metrics = (on_host(router_host, "the router's Prometheus listener on loopback", r._metrics_endpoint("router"))
+    router_metrics = (on_host(router_host, "the router's Prometheus listener on loopback",
+                              r._metrics_endpoint("router"))
                       if exp.router_metrics_local
                       else anywhere(r._metrics_endpoint("router")))
     router_requests = (on_host(router_host, "the router's Prometheus listener on loopback", r._router_requests)
@@ -140,7 +141,8 @@ def multi_host_checks(exp: Expectations) -> dict[str, Check]:
         *_per_router(exp, lambda host, unit, at: (f"router.workers{at}", via(host, r._router_workers))),
         *((f"kv.{k}", past_the_firewall(exp, w, r._kv_check(k))) for k, w in servers.items()),
         *((f"server.{k}", past_the_firewall(exp, w, r._server_check(k))) for k, w in servers.items()),
-        *((f"kernels.{k}", on_host(w.on_host, f"the journal of {w.unit}", _kernels(w))) for k, w in exp.workers.items()),
+        *((f"kernels.{k}", on_host(w.on_host, f"the journal of {w.unit}", _kernels(w)))
+          for k, w in exp.workers.items()),
         *((f"gpu.memory.{h}", on_host(h, "NVML", r._gpu_memory)) for h in hosts),
         *((f"gpu.processes.{h}", on_host(h, "NVML and the processes", r._gpu_processes)) for h in hosts),
         *((f"numa.{k}", on_host(w.on_host, f"the NUMA binding of {w.unit}'s processes", r._numa_check(k)))

@@ -216,7 +216,7 @@ def _exposure_auth(ctx: Context) -> CheckResult:
     if exp.api_key_file is None and ctx.options.api_key_file is None:
         return exposure.check_auth(exp, None)
     key, error = ctx.api_key()
-    if error:
+    if error or key is None:  # no key without an error: none is configured, which the test above returned for
         return exposure.check_auth(exp, None, error)
     return exposure.check_auth(exp, chat.auth(exp.router_url, exp.served_model, key, ctx.options.probe_timeout))
 

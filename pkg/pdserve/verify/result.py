@@ -25,7 +25,7 @@ class CheckResult:
     duration_ms: int = 0
     attempts: int = 1
 
-    def timed(self, duration_ms: int, attempts: int = 1) -> "CheckResult":
+    def timed(self, duration_ms: int, attempts: int = 1) -> CheckResult:
         return replace(self, duration_ms=duration_ms, attempts=attempts)
 
     def as_dict(self) -> dict[str, Any]:

@@ -112,7 +112,7 @@ def concurrent_timelines(base_url: str, batch: list[list[int]], *, max_new_token
         try:
             results[i] = stream_timeline(base_url, batch[i], max_new_tokens=max_new_tokens, timeout=timeout,
                                          start=start)
-        except Exception as exc:  # reported below, with the others
+        except Exception as exc:  # noqa: BLE001 - reported below, with the others
             results[i] = exc
 
     threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(batch))]

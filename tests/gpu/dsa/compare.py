@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository root, for `tests.gpu.dsa`
 
-from tests.gpu.dsa import client, diff, server, verdict  # noqa: E402
+from tests.gpu.dsa import client, diff, server, verdict
 
 PHASES = ("compare", "bench", "all")
 VERSIONS = ("torch", "sglang", "sglang-kernel", "sgl-deep-gemm", "flashinfer-python", "transformers",
@@ -48,7 +48,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "plugin dumps per-layer intermediates; bench figures under it are marked 'recording'")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--prompt-lens", type=_ints, default=[2100, 2600, 3100, 4000, 5000, 6000],
-                   help="compare: prompt lengths in tokens, comma-separated (longer than 2048 to make the top-k select)")
+                   help="compare: prompt lengths in tokens, comma-separated "
+                   "(longer than 2048 to make the top-k select)")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--top-logprobs", type=int, default=5)
     p.add_argument("--bench-batches", type=_ints, default=[1, 4, 16])
@@ -131,7 +132,7 @@ def compare_phase(srv: server.Server, args: argparse.Namespace) -> dict:
     # not the kernels' doing (SGLang's greedy outputs repeated exactly in the probe).
     again = [client.generate(srv.url, [ids], max_new_tokens=args.max_new_tokens, top_logprobs=args.top_logprobs,
                              timeout=args.request_timeout)[0] for ids in batch]
-    rows = [diff.compare_request(a, b) for a, b in zip(sets["sequential"], again)]
+    rows = [diff.compare_request(a, b) for a, b in zip(sets["sequential"], again, strict=False)]
     result["repeat"] = {"tokens_equal": sum(r["tokens_equal"] for r in rows), "requests": len(rows),
                         "max_abs_logprob_diff": max((r["max_abs_logprob_diff"] or 0.0) for r in rows)}
     return result

@@ -21,7 +21,7 @@ from pathlib import Path
 
 def first_divergence(a: list[int], b: list[int]) -> int | None:
     """Index of the first differing token (the shorter length if one is a prefix), None if equal."""
-    for i, (x, y) in enumerate(zip(a, b)):
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
         if x != y:
             return i
     return None if len(a) == len(b) else min(len(a), len(b))
@@ -32,13 +32,13 @@ def compare_request(a: dict, b: dict) -> dict:
     d = first_divergence(ids_a, ids_b)
     shared = len(ids_a) if d is None else d  # positions with equal tokens
     # The chosen-token logprobs are comparable where the tokens agree.
-    chosen = [abs(x - y) for x, y in zip(a["logprobs"][:shared], b["logprobs"][:shared])]
+    chosen = [abs(x - y) for x, y in zip(a["logprobs"][:shared], b["logprobs"][:shared], strict=False)]
     # Top logprobs are comparable up to and including the divergence: the context is still the same there.
     upto = min(shared + 1, len(a["top_logprobs"]), len(b["top_logprobs"]))
     top = []
     top_overlap = []
-    for pa, pb in zip(a["top_logprobs"][:upto], b["top_logprobs"][:upto]):
-        da, db = {t: lp for t, lp in pa}, {t: lp for t, lp in pb}
+    for pa, pb in zip(a["top_logprobs"][:upto], b["top_logprobs"][:upto], strict=False):
+        da, db = dict(pa), dict(pb)
         common = da.keys() & db.keys()
         top += [abs(da[t] - db[t]) for t in common]
         if da or db:
@@ -69,7 +69,7 @@ def compare_runs(ref: dict, other: dict) -> dict:
             raise ValueError(f"request set {name!r} is in one run only")
         if len(ra["sets"][name]) != len(rb["sets"][name]):
             raise ValueError(f"request set {name!r}: {len(ra['sets'][name])} vs {len(rb['sets'][name])} results")
-        for i, (a, b) in enumerate(zip(ra["sets"][name], rb["sets"][name])):
+        for i, (a, b) in enumerate(zip(ra["sets"][name], rb["sets"][name], strict=False)):
             rows.append({"set": name, "request": i, "prompt_len": ra["prompt_lens"][i], **compare_request(a, b)})
     diffs = [r["max_abs_logprob_diff"] for r in rows if r["max_abs_logprob_diff"] is not None]
     return {
@@ -89,7 +89,7 @@ def _fmt(value, spec: str = ".3g") -> str:
 
 def render(header: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
-    line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
+    line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=False)) + " |"  # noqa: E731
     return "\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])
 
 

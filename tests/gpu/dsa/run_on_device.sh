@@ -12,7 +12,7 @@
 # JIT caches (a bare machine spends ~2 min of its first start compiling): DSA_JIT_CACHE=save writes
 # them to $OUT/jit-cache.tgz after the run; with .whl/dsa/jit-cache.tgz carried they are restored first.
 set -uo pipefail
-cd "$(dirname "$0")/../../.."
+cd "$(dirname "$0")/../../.." || exit 1
 out=${OUT:-$PWD/dsa-out}
 mkdir -p "$out"
 # Not the PD tier's /var/tmp/pdserve-wheels: the two sets hold differently trimmed sglang_kernel
@@ -22,6 +22,7 @@ mkdir -p "$staged"
 for chunk in .whl/dsa/c*/; do
   [ -d "$chunk" ] && cp -n "$chunk"*.whl "$staged"/ 2>/dev/null
 done
+# shellcheck disable=SC2012  # a count for the log, of wheel files pip named
 echo "staged: $(ls "$staged" | wc -l) wheels, $(du -sh "$staged" | cut -f1)"
 [ "${1:-run}" = stage ] && exit 0
 [ "${1:-}" = run ] && shift
@@ -43,6 +44,7 @@ site=/tmp/pdserve-dsa-site
 plugin=()
 for w in .whl/dsa/plugin/*.whl; do [ -f "$w" ] && plugin+=("$w"); done
 # Install once per distinct set of wheels (a second `run` on a warm machine skips the ~8 s).
+# shellcheck disable=SC2012  # the listing (names, sizes, times) is the stamp; find has no such one-liner
 stamp=$(ls -l "$staged" "${plugin[@]}" 2>/dev/null | md5sum | cut -d' ' -f1)
 if [ "$(cat "$site/.stamp" 2>/dev/null)" != "$stamp" ]; then
   rm -rf "$site"
@@ -50,6 +52,7 @@ if [ "$(cat "$site/.stamp" 2>/dev/null)" != "$stamp" ]; then
     "$staged"/*.whl "${plugin[@]}" || { echo "wheel install failed"; exit 1; }
   echo "$stamp" > "$site/.stamp"
 fi
+# shellcheck disable=SC2012  # a count for the log, of directories pip named
 echo "installed: $(ls -d "$site"/*.dist-info | wc -l) distributions; plugin wheels: ${plugin[*]:-none}"
 export PYTHONPATH="$site:$PWD/pkg:$PWD"
 # As in the probe that served (facts/sglang-dsa.md §4): DeepGEMM's _C.so and tvm-ffi find the image's

@@ -35,7 +35,7 @@ def header_for(entries: Iterable[tuple[str, str, tuple[int, ...]]], metadata: di
     return struct.pack("<Q", len(text)) + text, offset
 
 
-def write(path: Path, entries: Iterable[tuple[str, str, tuple[int, ...], Callable[[], "object"]]],
+def write(path: Path, entries: Iterable[tuple[str, str, tuple[int, ...], Callable[[], object]]],
           metadata: dict[str, str] | None = None) -> Path:
     """Write (name, torch dtype name, shape, make) in that order; `make()` returns the tensor, called once
     when its bytes are due, so only one tensor is in memory at a time."""

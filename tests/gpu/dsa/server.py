@@ -8,6 +8,7 @@ chosen by PDSERVE_DSA_KERNELS, read by pdserve's SGLang plugin in every schedule
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -120,19 +121,15 @@ class Server:
             return
         if self.proc.poll() is None:
             _signal_group(self.proc.pid, signal.SIGTERM)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                pass
         _signal_group(self.proc.pid, signal.SIGKILL)
         self.proc.wait(timeout)
 
 
 def _signal_group(pgid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _answers(url: str, timeout: float = 5.0) -> bool:
@@ -144,7 +141,8 @@ def _answers(url: str, timeout: float = 5.0) -> bool:
 
 
 # SGLang's scheduler logs every decode_log_interval (40) decode steps, e.g.
-# "Decode batch, #running-req: 4, #token: 16640, token usage: 0.00, cuda graph: True, gen throughput (token/s): 1234.56, #queue-req: 0"
+# "Decode batch, #running-req: 4, #token: 16640, token usage: 0.00, cuda graph: True, gen throughput (token/s): 1234.56,
+#  #queue-req: 0" (one line)
 _DECODE_LINE = re.compile(r"Decode batch\b.*?#running-req: (\d+),.*?([A-Za-z][\w ]*): (True|False), "
                           r"gen throughput \(token/s\): ([\d.]+)")
 

@@ -45,7 +45,8 @@ def main() -> int:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--model-path", required=True)
     args, _ = p.parse_known_args()
-    vocab = json.load(open(os.path.join(args.model_path, "config.json")))["vocab_size"]
+    with open(os.path.join(args.model_path, "config.json")) as config:
+        vocab = json.load(config)["vocab_size"]
     kernels = os.environ.get("PDSERVE_DSA_KERNELS", "sglang")
 
     class Handler(BaseHTTPRequestHandler):

@@ -87,7 +87,7 @@ def link_chain(path: str, limit: int = 40) -> list[str]:
 
 def outermost(paths: list[str]) -> list[str]:
     """`paths` without duplicates and without any path inside another one (binding the outer shows it)."""
-    unique = sorted(set(os.path.normpath(p) for p in paths))
+    unique = sorted({os.path.normpath(p) for p in paths})
     return [p for p in unique if not any(o != p and Path(p).is_relative_to(o) for o in unique)]
 
 

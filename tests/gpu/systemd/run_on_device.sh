@@ -8,7 +8,7 @@
 #   bash tests/gpu/systemd/run_on_device.sh bench     # after run, same machine: pdserve bench --compare single,pd
 # Results go to $OUT (or ./gpu-out). PDSERVE_COMMIT, if set, is recorded with them.
 set -uo pipefail
-cd "$(dirname "$0")/../../.."
+cd "$(dirname "$0")/../../.." || exit 1
 out=${OUT:-$PWD/gpu-out}
 work=${PDSERVE_GPU_WORK:-/var/tmp/pdgpu}
 parts=$work/parts
@@ -21,6 +21,7 @@ if ! command -v zstd >/dev/null && [ -x "${PDSERVE_ZSTD_DIR:-.gpusd-bin}/zstd" ]
   dir=$(cd "${PDSERVE_ZSTD_DIR:-.gpusd-bin}" && pwd)
   zstd="env LD_LIBRARY_PATH=$dir $dir/zstd"
 fi
+# shellcheck disable=SC2012  # names for the log, of parts payload.py named
 echo "staged parts: $(ls "$parts" | tr '\n' ' ')"
 
 facts() {

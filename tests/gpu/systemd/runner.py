@@ -16,6 +16,7 @@ pure parts on the CPU.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -120,10 +121,8 @@ def end_previous(work: Path) -> None:
     if state.exists():
         old = json.loads(state.read_text())
         for pid in (old["init_pid"], old["nspawn_pid"]):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         time.sleep(3)
 
 

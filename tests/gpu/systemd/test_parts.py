@@ -16,7 +16,6 @@ from pdserve.render.argv import SYSTEM_PATH
 from tests.gpu.load import Outcome
 from tests.gpu.systemd import dropins, host, payload, phases, rootfs, runner, table
 
-
 # -- rootfs ----------------------------------------------------------------------------------------------
 
 def _touch(root, relative: str, size: int = 10) -> None:

@@ -24,7 +24,7 @@ from tests.integration.multihost.cluster import Cluster
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "fixtures"))
 
-from multihost_net import tcp_connect  # noqa: E402
+from multihost_net import tcp_connect
 
 CONNECT_TIMEOUT = 1.5
 CLIENT = "client"  # the root namespace: the operator's machine, on the cluster network but no host of it

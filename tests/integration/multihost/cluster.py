@@ -216,7 +216,7 @@ class HealthWatch:
             at = time.monotonic()
             try:
                 health = self.cluster.worker_health()
-            except Exception:  # a read that failed is a gap in the samples, not a verdict
+            except Exception:  # noqa: BLE001 - a read that failed is a gap in the samples, not a verdict
                 health = {}
             if health:
                 self.samples.append((at, health))

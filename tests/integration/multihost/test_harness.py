@@ -43,14 +43,13 @@ def test_a_failing_block_removes_namespaces_links_and_processes(tmp_path):
         pass
 
     procs = []
-    with pytest.raises(Boom):
-        with cluster_network({"one": "10.77.1.1", "two": "10.77.1.2"}, NETWORK, tag="t1") as net:
-            procs.append(net["one"].start(["sleep", "600"], tmp_path / "one.log"))
-            # A grandchild outside the started process's group: only `ip netns pids` finds it.
-            procs.append(net["two"].start(["sh", "-c", "setsid sleep 600 & wait"], tmp_path / "two.log"))
-            net.check_links()
-            wait_for(lambda: len(net["two"].pids()) >= 2, 10, "sh and its setsid sleep on host two")
-            raise Boom
+    with pytest.raises(Boom), cluster_network({"one": "10.77.1.1", "two": "10.77.1.2"}, NETWORK, tag="t1") as net:
+        procs.append(net["one"].start(["sleep", "600"], tmp_path / "one.log"))
+        # A grandchild outside the started process's group: only `ip netns pids` finds it.
+        procs.append(net["two"].start(["sh", "-c", "setsid sleep 600 & wait"], tmp_path / "two.log"))
+        net.check_links()
+        wait_for(lambda: len(net["two"].pids()) >= 2, 10, "sh and its setsid sleep on host two")
+        raise Boom
     assert _ours() == before
     for proc in procs:
         proc.wait(timeout=10)
@@ -65,4 +64,4 @@ def test_leftovers_of_a_killed_run_are_removed_by_the_next():
     ip("link", "add", f"{PREFIX}t2v0", "type", "veth", "peer", "name", f"{PREFIX}t2v0p")
     removed = remove_leftovers()
     assert f"netns {PREFIX}-t2-left" in removed and f"link {PREFIX}t2v0" in removed, removed
-    assert not any(n.startswith(f"{PREFIX}-t2") or n.startswith(f"{PREFIX}t2") for n in _ours())
+    assert not any(n.startswith((f"{PREFIX}-t2", f"{PREFIX}t2")) for n in _ours())

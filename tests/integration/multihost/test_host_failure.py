@@ -33,7 +33,7 @@ from tests.integration.multihost.conftest import HOST_FAILURE_HEADER, HOST_FAILU
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "fixtures"))
 
-from loadgen import Load, Outcome  # noqa: E402
+from loadgen import Load, Outcome
 
 pytestmark = pytest.mark.integration
 

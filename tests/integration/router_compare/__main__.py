@@ -97,7 +97,7 @@ def main(argv: list[str]) -> int:
                 continue
             try:
                 tiers.append(run_tier(name, work / f"{name}-tier", routers, args.fault, say))
-            except Exception as exc:  # the other tier still runs, and what ran is still written
+            except Exception as exc:  # noqa: BLE001 - the other tier still runs, and what ran is still written
                 say(f"{name} tier failed: {type(exc).__name__}: {exc}")
                 tiers.append(TierResult(name, f"{name} tier: did not run to its end",
                                         [f"{type(exc).__name__}: {exc}"[:2000]], routers))

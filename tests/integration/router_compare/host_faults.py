@@ -30,7 +30,6 @@ from tests.integration.router_compare.report import Figures, TierResult, failure
 from tests.integration.router_compare.rounds import Say, alternating
 
 
-
 def use_router(cluster: Cluster, argv: tuple[str, ...]) -> None:
     """The router host's one process (the router) killed and started again with `argv`; then serving."""
     plan = cluster.plan

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from tests.integration.router_compare.report import Figures, FaultResult
+from tests.integration.router_compare.report import FaultResult, Figures
 
 Say = Callable[[str], None]
 
@@ -24,7 +24,7 @@ def alternating(faults: list[str], routers: dict[str, str], run: Callable[[str, 
             began = time.monotonic()
             try:
                 by_router[router] = run(fault, router)
-            except Exception as exc:  # a fault that went wrong is a row that says so
+            except Exception as exc:  # noqa: BLE001 - a fault that went wrong is a row that says so
                 by_router[router] = {"error": f"{type(exc).__name__}: {exc}"[:1500]}
                 say(f"  error: {by_router[router]['error'][:300]}")
                 recover()

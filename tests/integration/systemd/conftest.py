@@ -25,7 +25,8 @@ def _prerequisites() -> None:
     require_or_skip(sys.platform == "linux" and os.geteuid() == 0,
                     "the systemd container tier needs root (debootstrap, systemd-nspawn, nsenter)", REQUIRE)
     missing = [tool for tool in ("debootstrap", "systemd-nspawn", "nsenter", "chroot") if shutil.which(tool) is None]
-    require_or_skip(not missing, f"missing {', '.join(missing)} (apt-get install debootstrap systemd-container)", REQUIRE)
+    require_or_skip(not missing, f"missing {', '.join(missing)} (apt-get install debootstrap systemd-container)",
+                    REQUIRE)
     absent = [m for m in ("smg", "sglang") if importlib.util.find_spec(m) is None]
     require_or_skip(not absent, f"the test environment lacks {', '.join(absent)} (smg 1.13.0, sglang 0.5.23)",
                     REQUIRE)

@@ -18,7 +18,7 @@ import sys
 import sysconfig
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -284,10 +284,8 @@ class Container:
             self.run(["systemctl", "poweroff", "--no-block"], timeout=15, check=False)
         for sig, wait in ((None, POWEROFF_TIMEOUT), (signal.SIGTERM, 20), (signal.SIGKILL, 10)):
             if sig is not None and proc.poll() is None:
-                try:
+                with suppress(ProcessLookupError):
                     os.killpg(proc.pid, sig)
-                except ProcessLookupError:
-                    pass
             try:
                 proc.wait(timeout=wait)
                 break
@@ -307,7 +305,8 @@ class Container:
         try:
             proc.wait(timeout=POWEROFF_TIMEOUT)
         except subprocess.TimeoutExpired:
-            raise ContainerError(f"the container did not shut down for the reboot within {POWEROFF_TIMEOUT} s") from None
+            raise ContainerError(
+                f"the container did not shut down for the reboot within {POWEROFF_TIMEOUT} s") from None
         if proc.returncode != 133:
             raise ContainerError(f"systemd-nspawn exited with {proc.returncode}, not 133 (reboot); see {self.log}")
         self.proc = None

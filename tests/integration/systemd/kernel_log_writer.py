@@ -18,8 +18,8 @@ def scheduler(rank: int, kernels: str) -> None:
     logging.basicConfig(level=logging.INFO, format=f"[%(asctime)s TP{rank}] %(message)s")
     from pdserve_kernels.sglang_plugin import status
 
-    reasons = {} if kernels == status.PDSERVE else {op: "PDSERVE_DSA_KERNELS is not pdserve" for op in status.OPS}
-    status.log_status(status.Status(requested=kernels, kernels={op: kernels for op in status.OPS}, reasons=reasons,
+    reasons = {} if kernels == status.PDSERVE else dict.fromkeys(status.OPS, "PDSERVE_DSA_KERNELS is not pdserve")
+    status.log_status(status.Status(requested=kernels, kernels=dict.fromkeys(status.OPS, kernels), reasons=reasons,
                                     tp_rank=rank, device=f"cuda:{rank}", sm="9.0", sglang="0.5.23",
                                     pdserve_kernels="0.1.0"))
 

@@ -3,8 +3,9 @@ the container tier can compare what real systemd hands a process with what pdser
 
 Each tool path gets a /bin/sh wrapper (`exec python record.py "$0" "$@"`: "$0" is the path systemd
 executed). record.py writes the exact bytes of that path, its arguments and its environment as hex into
-the unit's working directory (its StateDirectory), in a file named after the unit's invocation ID and what ran: `main`, `gate-ROLE` for a `wait-ready ROLE`
-gate, `leave-ROLE` for a worker's ExecStartPre= `leave-routers ROLE`.
+the unit's working directory (its StateDirectory), in a file named after the unit's invocation ID and what
+ran: `main`, `gate-ROLE` for a `wait-ready ROLE` gate, `leave-ROLE` for a worker's ExecStartPre=
+`leave-routers ROLE`.
 The main process then waits to be stopped, as a server would; the gates exit 0.
 """
 

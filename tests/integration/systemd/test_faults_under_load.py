@@ -4,7 +4,8 @@ stand-in SGLang workers, 20 chat requests per second on loopback (tests/fixtures
 
 Each fault is injected into a serving PD deployment while the load runs: kill -9 of the prefill, of the
 decode and of the router, a prefill that hangs (SIGSTOP) instead of dying, a prefill crash while the
-router drains on its way down, and `pdserve cutover single` and back to `pd`. What is asserted is causal: the router outlives a worker (same process, no restart),
+router drains on its way down, and `pdserve cutover single` and back to `pd`. What is asserted is causal: the
+router outlives a worker (same process, no restart),
 so the public port never refuses while it lives; only requests in flight at a worker's death may fail, or
 be refused at once with a retryable 503 (Retry-After) while the router has no worker of that role; every
 failure is an error the client sees (a 200 without an answer counts as a silent failure); requests
@@ -19,8 +20,8 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,7 +34,7 @@ from tests.integration.systemd.lab import CONFIG_PATH, START_TIMEOUT_SEC
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "fixtures"))
 
-from loadgen import HEADER, Load, Outcome, PortProber, Summary, summarize  # noqa: E402
+from loadgen import HEADER, Load, Outcome, PortProber, Summary, summarize
 
 pytestmark = pytest.mark.integration
 
@@ -323,8 +324,9 @@ def test_kill_9_of_the_router_refuses_only_until_systemd_restarted_it(pd, capsys
     summary, load, prober, fault_at = under_load(lab, "kill -9 router", lambda: kill(lab, router.main_pid))
     ready_s = ready_again_s(lab, "router", router, fault_at)
     after = lab.states()
+    rounded = [(round(a - fault_at, 2), round(b - fault_at, 2)) for a, b in prober.refused_windows()]
     record(capsys, summary, f"router ready again {ready_s:.1f} s after the kill (RestartSec=2); "
-                            f"refused windows {[(round(a - fault_at, 2), round(b - fault_at, 2)) for a, b in prober.refused_windows()]}")
+                            f"refused windows {rounded}")
     # The workers were left alone.
     for role in ("prefill", "decode"):
         assert after[lab.unit(role)].main_pid == before[lab.unit(role)].main_pid, f"{role} was restarted"

@@ -27,7 +27,8 @@ def test_a_worker_killed_during_start_post_is_restarted_without_waiting_for_the_
 
     def in_start_post():
         state = lab.states()[unit]
-        return state if (state.active_state, state.sub_state) == ("activating", "start-post") and state.main_pid else None
+        started = (state.active_state, state.sub_state) == ("activating", "start-post") and state.main_pid
+        return state if started else None
 
     before = wait_for(in_start_post, 60, f"{unit} to reach activating (start-post)")
     time.sleep(3)  # the gate is in its wait: the stand-in answers /health 503

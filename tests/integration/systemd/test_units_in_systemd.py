@@ -101,7 +101,8 @@ def test_killing_the_prefill_main_process_restarts_it_and_the_router_serves_agai
 
     def restarted():
         state = lab.states()[lab.unit("prefill")]
-        return state.n_restarts > before.n_restarts and state.active_state == "active" and state.main_pid != before.main_pid
+        return (state.n_restarts > before.n_restarts and state.active_state == "active"
+                and state.main_pid != before.main_pid)
 
     wait_for(restarted, START_TIMEOUT_SEC + 30, "the prefill to be restarted and ready again")
     # The router only Wants= the prefill, so it is left running (test_faults_under_load.py measures
@@ -109,7 +110,8 @@ def test_killing_the_prefill_main_process_restarts_it_and_the_router_serves_agai
     wait_for(lambda: lab.unit("router") in lab.active(), START_TIMEOUT_SEC, "the router to be active again")
     assert lab.wait_serving(timeout=90).status_code == 200
     router_after = lab.states()[lab.unit("router")]
-    systemd_lines = [line for line in lab.container.journal(lab.unit("router"), 2000).splitlines() if " systemd[1]: " in line]
+    systemd_lines = [line for line in lab.container.journal(lab.unit("router"), 2000).splitlines()
+                     if " systemd[1]: " in line]
     with capsys.disabled():
         print(f"\nprefill killed: restarted ({before.main_pid} -> {lab.states()[lab.unit('prefill')].main_pid}); "
               f"router main PID {router_before.main_pid} -> {router_after.main_pid}; the router's systemd journal:")
@@ -267,7 +269,8 @@ def test_the_sandbox_is_in_force_in_the_running_units(lab, capsys):
         assert "ro" in root_options, (role, root_options)
         userns = box.run(["readlink", f"/proc/{pid}/ns/user"]).stdout.strip()
         assert (userns != init_userns) == (role == "router"), (role, userns, init_userns)
-        lines.append(f"  {role}: CapBnd={status['CapBnd'].strip()} NoNewPrivs=1 Seccomp=2 / {','.join(root_options[:2])} "
+        lines.append(f"  {role}: CapBnd={status['CapBnd'].strip()} NoNewPrivs=1 Seccomp=2 / "
+                     f"{','.join(root_options[:2])} "
                      f"user namespace {'its own' if userns != init_userns else 'shared with PID 1'}")
     # DevicePolicy=closed is set. On the cgroup v1 container of the development machine (2026-12-01) the
     # devices controller is not delegated to the container's systemd (every process in its root cgroup,

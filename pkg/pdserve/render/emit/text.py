@@ -14,8 +14,9 @@ def breaks_line(char: str) -> bool:
 
 
 def shown(text: str) -> str:
-    """`text` with every control character, line break and lone surrogate written as a Python escape (\\n, \\x1b, \\u2028),
-    and a backslash doubled so the escape reads back: one line, and the value still legible and exact."""
+    """`text` with every control character, line break and lone surrogate written as a Python escape
+    (\\n, \\x1b, \\u2028), and a backslash doubled so the escape reads back: one line, and the value still
+    legible and exact."""
     out = []
     for char in text:
         if char == "\\":

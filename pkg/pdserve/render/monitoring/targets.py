@@ -29,8 +29,8 @@ def targets(dep: Deployment) -> list[Target]:
     """The router's Prometheus listener (not its API port), the two workers' and the fallback's /metrics.
     The fallback has its own job: it answers only while it serves, and its `up` says which layout runs."""
     where = {
-        "prefill": (dep.prefill.host, dep.prefill.port),
-        "decode": (dep.decode.host, dep.decode.port),
+        "prefill": (dep.worker("prefill").host, dep.worker("prefill").port),
+        "decode": (dep.worker("decode").host, dep.worker("decode").port),
         "router": (dep.router.prometheus_host, dep.router.prometheus_port),
         "fallback": (dep.fallback_host, dep.fallback_port),
     }

@@ -103,7 +103,8 @@ def check_tools(exp: Expectations, obs: ChatObs) -> CheckResult:
         if not call.name:
             problems.append(f"call {i} has no function name")
     calls = ", ".join(f"{c.name}({c.arguments})" for c in obs.tool_calls) or "none"
-    observed = f"{len(obs.tool_calls)} tool_calls: {calls}; finish_reason={obs.finish_reason}; content {_short(obs.content)}"
+    observed = (f"{len(obs.tool_calls)} tool_calls: {calls}; finish_reason={obs.finish_reason}; "
+                f"content {_short(obs.content)}")
     if DSML_MARKER in (obs.content or "") or len(obs.tool_calls) != 2 or problems:
         return failed(cid, observed, expected,
                       f"pass --tool-call-parser {exp.tool_call_parser} to BOTH SGLang servers (model.tool_call_parser; "

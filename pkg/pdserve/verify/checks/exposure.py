@@ -81,7 +81,8 @@ def check_auth(exp: Expectations, obs: AuthObs | None, key_error: str | None = N
     expected = "without the key: 401; with it: 200"
     if key_error:
         return failed(cid, key_error, expected,
-                      f"run the verifier as a user that can read {exp.api_key_file} (e.g. root), or pass --api-key-file")
+                      f"run the verifier as a user that can read {exp.api_key_file} (e.g. root), "
+                      "or pass --api-key-file")
     assert obs is not None
     if obs.error:
         return failed(cid, f"request failed: {obs.error}", expected,

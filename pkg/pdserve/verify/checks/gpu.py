@@ -20,7 +20,7 @@ def _owners(exp: Expectations) -> dict[int, tuple[str, ...]]:
     owners: dict[int, tuple[str, ...]] = {}
     for role, w in exp.workers.items():
         for gpu in w.gpus:
-            owners[gpu] = owners.get(gpu, ()) + (role,)
+            owners[gpu] = (*owners.get(gpu, ()), role)
     return owners
 
 
@@ -94,7 +94,7 @@ def trace_owners(exp: Expectations, gpus: list[GpuObs], units: Mapping[int, str 
     for pid in sorted({p for g in gpus for p in g.pids}):
         unit, command = units.get(pid), commands.get(pid, "")[:60]
         if unit in unit_roles:
-            owner_of[pid] = (unit_roles[unit], unit)  # type: ignore[index]
+            owner_of[pid] = (unit_roles[unit], unit)
         elif unit is not None:
             owner_of[pid] = ("other", f"unit {unit} ({command})")
         else:
@@ -123,7 +123,8 @@ def check_processes(exp: Expectations, gpus: list[GpuObs], owner_of: dict[int, t
         for role in roles:
             # A process that cannot be traced may be this role's: that is a warning below, not a missing server.
             if role not in traced and not untraced:
-                problems.append(f"GPU {g.index} ({role}) runs no {role} process; {exp.workers[role].unit} should hold it")
+                problems.append(
+                    f"GPU {g.index} ({role}) runs no {role} process; {exp.workers[role].unit} should hold it")
         for pid in g.pids:
             got, desc = owner_of.get(pid, (None, "unknown"))
             if got is None:

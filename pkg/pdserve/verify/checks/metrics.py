@@ -12,6 +12,8 @@ no series before their first event.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from pdserve.probes.metrics import MetricsObs, total
 from pdserve.render.monitoring import metrics as m
 from pdserve.verify.expect import Expectations
@@ -68,7 +70,7 @@ def _before_after(before: MetricsObs | None, after: MetricsObs, name: str, **mat
 
 
 def _unread(cid: str, expected: str,
-            readings: dict[str, tuple[MetricsObs | None, MetricsObs | None]]) -> CheckResult | None:
+            readings: Mapping[str, tuple[MetricsObs | None, MetricsObs | None]]) -> CheckResult | None:
     """The failure when a reading before or after the end-to-end checks is missing; else None."""
     gaps = [f"{role} {when}: {obs.describe() if obs else 'not read'}"
             for role, (before, after) in readings.items()

@@ -32,7 +32,8 @@ def check_numa(w: WorkerExpectation, node_cpus: frozenset[int] | None, procs: li
         lines.append(f"pid {p.pid} ({p.command}): cpus {cpus}, mems {mems}"
                      + (f", {share:.0%} of pages on node {w.numa_node}" if share is not None else ""))
         if p.cpus_allowed is not None and not p.cpus_allowed <= node_cpus:
-            problems.append(f"pid {p.pid} may run on CPUs {ranges(p.cpus_allowed - node_cpus)} outside node {w.numa_node}")
+            problems.append(
+                f"pid {p.pid} may run on CPUs {ranges(p.cpus_allowed - node_cpus)} outside node {w.numa_node}")
         if p.mems_allowed is not None and w.numa_node not in p.mems_allowed:
             problems.append(f"pid {p.pid} may not allocate on node {w.numa_node} (Mems_allowed {mems})")
         if share is not None and share < LOCAL_SHARE:

@@ -88,10 +88,7 @@ def check_server_args(exp: Expectations, w: WorkerExpectation, info: HttpObs, mo
             got[key] = _parser(body, minfo, key)
         else:
             got[key] = getattr(body, key)
-    if exp.context_length is None:
-        got_note = f"context_length={body.context_length} (model default)"
-    else:
-        got_note = ""
+    got_note = f"context_length={body.context_length} (model default)" if exp.context_length is None else ""
     mismatched = [k for k, v in want.items() if not _same(got[k], v)]
     observed = ", ".join(f"{k}={_text(got[k])}" for k in want) + (f", {got_note}" if got_note else "")
     if mismatched:
