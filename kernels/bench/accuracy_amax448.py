@@ -14,6 +14,7 @@ import argparse
 
 import torch
 from harness import finish, row_table, run_env, seeded_generator
+
 from pdserve_kernels.sparse_mla_decode import SparseMlaDecode
 from pdserve_kernels.sparse_mla_reference import make_inputs, reference_from_inputs
 

@@ -36,6 +36,7 @@ from harness import (
     seeded_generator,
     table_head,
 )
+
 from pdserve_kernels.dsa_indexer import DsaIndexer
 from pdserve_kernels.reference import PAGE, reference_topk_naive
 
@@ -115,7 +116,7 @@ def main() -> int:
                     try:
                         dg_call = DeepGemmTopk(dg, q, w, kv, ctx, bt, topk, env["sms"])
                         row["dg_us"] = timer.median_us(dg_call, 30)
-                    except Exception as exc:  # record, keep benchmarking ours
+                    except Exception as exc:  # noqa: BLE001 - record, keep benchmarking ours
                         row["dg_error"] = repr(exc)[:200]
                 rows.append(row)
                 print(json.dumps(row), flush=True)

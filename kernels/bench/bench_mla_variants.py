@@ -30,6 +30,7 @@ import sys
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 from harness import Timer, finish, mla_shapes, run_env, seeded_generator, table_head
+
 from pdserve_kernels.sparse_mla_decode import SparseMlaDecode, kernel_shape
 
 

@@ -18,6 +18,7 @@ import time
 
 import torch
 from harness import finish, row_table, run_env, seeded_generator
+
 from pdserve_kernels import ops
 from pdserve_kernels.reference import make_inputs as dsa_inputs
 from pdserve_kernels.sparse_mla_reference import make_inputs as mla_inputs

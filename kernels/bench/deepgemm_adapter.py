@@ -26,7 +26,7 @@ def load():
         import deep_gemm
 
         return deep_gemm, None
-    except Exception as e:  # ImportError, a missing shared library, a failed tvm-ffi load
+    except Exception as e:  # noqa: BLE001 - ImportError, a missing shared library, a failed tvm-ffi load
         return None, f"{type(e).__name__}: {e}"
 
 

@@ -19,7 +19,7 @@ def load():
         import flash_mla
 
         return flash_mla, None
-    except Exception as e:  # ImportError, or a missing/mismatched CUDA extension
+    except Exception as e:  # noqa: BLE001 - ImportError, or a missing/mismatched CUDA extension
         return None, f"{type(e).__name__}: {e}"
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "python"))
 
 import torch
+
 from pdserve_kernels.reference import BLOCK_BYTES, KEY_BYTES
 from pdserve_kernels.reference import PAGE as INDEXER_PAGE
 from pdserve_kernels.sparse_mla_reference import LAYOUTS, make_cache, reference_decode
@@ -25,7 +26,7 @@ from pdserve_kernels.sparse_mla_reference import LAYOUTS, make_cache, reference_
 def sh(cmd: str) -> str:
     try:
         return subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=30).stdout.strip()
-    except Exception as exc:  # reporting only
+    except Exception as exc:  # noqa: BLE001 - reporting only
         return f"n/a ({exc})"
 
 
@@ -91,7 +92,7 @@ def row_table(extras: str, columns: str, row: str):
 def seeded_generator() -> torch.Generator:
     """Fresh random inputs every run (seeded from the clock)."""
     gen = torch.Generator(device="cuda")
-    gen.manual_seed(int(datetime.datetime.now().timestamp()))
+    gen.manual_seed(int(datetime.datetime.now(datetime.UTC).timestamp()))
     return gen
 
 

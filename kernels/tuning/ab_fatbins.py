@@ -31,6 +31,7 @@ sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "python")]
 
 import flashmla_adapter  # noqa: E402
 from harness import Timer, finish, mla_batch, run_env, seeded_generator, table_head  # noqa: E402
+
 from pdserve_kernels.sparse_mla_decode import SparseMlaDecode  # noqa: E402
 
 
@@ -114,7 +115,7 @@ def main() -> int:
                     fns.append(f)
                     primers.append(f2)
                     primers1.append(f1)
-                except Exception as e:  # a shape FlashMLA refuses: time ours only
+                except Exception as e:  # noqa: BLE001 - a shape FlashMLA refuses: time ours only
                     print(f"# flashmla {spec} topk {k}: {type(e).__name__}: {e}", flush=True)
             timed_labels, ts = [], []
             for mode in modes:

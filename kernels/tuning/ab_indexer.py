@@ -25,10 +25,11 @@ sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "python")]
 
 import torch  # noqa: E402
 from harness import Timer, finish, indexer_pool, run_env, seeded_generator, table_head  # noqa: E402
-from pdserve_kernels.dsa_indexer import DsaIndexer  # noqa: E402
-from pdserve_kernels.reference import PAGE  # noqa: E402
 from targets import INDEXER_TOPK  # noqa: E402
 from targets_measure import is_exact_topk  # noqa: E402
+
+from pdserve_kernels.dsa_indexer import DsaIndexer  # noqa: E402
+from pdserve_kernels.reference import PAGE  # noqa: E402
 
 MODES = ("cold", "primed", "warm")
 

@@ -28,6 +28,7 @@ from harness import (
     indexer_pool,
     sh,
 )
+
 from pdserve_kernels.dsa_indexer import DsaIndexer
 from pdserve_kernels.reference import PAGE
 
@@ -52,7 +53,7 @@ def main() -> int:
     args = ap.parse_args()
     configs = [tuple(int(v) for v in c.split("x")) for c in args.configs.split(",")]
     gen = torch.Generator(device="cuda")
-    gen.manual_seed(int(datetime.datetime.now().timestamp()))
+    gen.manual_seed(int(datetime.datetime.now(datetime.UTC).timestamp()))
     timer = Timer()
     ind = DsaIndexer()
     props = torch.cuda.get_device_properties(0)

@@ -28,6 +28,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "bench"))
 
 import torch
 from harness import Timer, copy_bandwidth, finish, indexer_pool, run_env, seeded_generator, table_head
+
 from pdserve_kernels.dsa_indexer import (
     CLUSTER_MAX,
     CLUSTER_SUBS,

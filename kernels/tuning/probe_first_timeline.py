@@ -34,6 +34,7 @@ sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "python")]
 
 import torch  # noqa: E402
 from harness import CASES, mla_batch, mla_pool, probe_setup  # noqa: E402
+
 from pdserve_kernels.sparse_mla_decode import DV  # noqa: E402
 
 # MlaTlSlot and the combine's words (sparse_mla_decode.h)

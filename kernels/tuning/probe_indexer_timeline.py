@@ -35,9 +35,10 @@ sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "python")]
 import torch  # noqa: E402
 from ab_indexer import requests  # noqa: E402
 from harness import Timer, env_head, indexer_pool, run_env, seeded_generator  # noqa: E402
+from targets import INDEXER_TOPK  # noqa: E402
+
 from pdserve_kernels.dsa_indexer import DsaIndexer  # noqa: E402
 from pdserve_kernels.reference import PAGE  # noqa: E402
-from targets import INDEXER_TOPK  # noqa: E402
 
 # dsa_timeline's layout (dsa_indexer.cu, tl_stamp): scoring CTAs first, then select CTAs; slots per CTA.
 SCORE_CTAS, SCORE_SLOTS, SELECT_CTAS, SELECT_SLOTS = 4096, 8, 256, 16

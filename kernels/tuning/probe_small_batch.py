@@ -26,6 +26,7 @@ sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "python")]
 
 import torch  # noqa: E402
 from harness import Timer, mla_shapes, run_env, seeded_generator  # noqa: E402
+
 from pdserve_kernels.sparse_mla_decode import SparseMlaDecode  # noqa: E402
 
 

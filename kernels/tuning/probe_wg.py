@@ -20,6 +20,7 @@ sys.path.insert(0, str(HERE.parent / "python"))
 sys.path.insert(0, str(HERE.parent / "bench"))
 
 import torch  # noqa: E402
+
 from pdserve_kernels.sparse_mla_decode import SparseMlaDecode  # noqa: E402
 from pdserve_kernels.sparse_mla_reference import LAYOUTS, make_inputs, reference_from_inputs  # noqa: E402
 
@@ -48,7 +49,7 @@ def main() -> None:
                 out, lse = mla(inp["q"], inp["kv"], inp["indices"], sm, layout=layout, sinks=inp["sinks"],
                                kernel=name, lossy_bf16_dequant=True, **kw)
                 torch.cuda.synchronize()
-            except Exception as e:   # a probe: report and go on
+            except Exception as e:  # noqa: BLE001 - a probe: report and go on
                 print(f"{name} h={h}: {type(e).__name__}: {e}")
                 continue
             ro, rl = reference_from_inputs(inp, sm)

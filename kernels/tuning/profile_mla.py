@@ -9,6 +9,7 @@ sys.path.insert(0, str(HERE.parent / "bench"))
 
 import torch  # noqa: E402
 from harness import PAGE, distinct_indices, random_pool  # noqa: E402
+
 from pdserve_kernels.sparse_mla_decode import SparseMlaDecode  # noqa: E402
 from pdserve_kernels.sparse_mla_reference import LAYOUTS  # noqa: E402
 

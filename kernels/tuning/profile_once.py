@@ -7,6 +7,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "python"))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "bench"))
 import torch
 from harness import indexer_pool
+
 from pdserve_kernels.dsa_indexer import DsaIndexer
 
 gen = torch.Generator(device="cuda")

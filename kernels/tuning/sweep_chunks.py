@@ -15,6 +15,7 @@ from harness import (
     Timer,
     indexer_pool,
 )
+
 from pdserve_kernels.dsa_indexer import DsaIndexer
 
 gen = torch.Generator(device="cuda")

@@ -1,7 +1,7 @@
 """The NixOS module's firewall, without nixpkgs (CI's Nix 2.8): nixos-modules/firewall-rules.nix, the file the
-module's firewall.nix imports, evaluated with `nix-instantiate --eval --strict --json` and a builtins-only `lib` that has the one
-function it reads (escapeShellArg), written both ways nixpkgs has written it (always quoted; quoted only
-when the word needs it).
+module's firewall.nix imports, evaluated with `nix-instantiate --eval --strict --json` and a builtins-only
+`lib` that has the one function it reads (escapeShellArg), written both ways nixpkgs has written it (always
+quoted; quoted only when the word needs it).
 
 - Every hostile or odd cluster address is refused by the validation (addresses.nix, the rule `pdserve check`
   applies) with an assertion message naming the option, the value and the fix, and no rule is built at all.

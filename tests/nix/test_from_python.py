@@ -20,7 +20,8 @@ def test_the_committed_file_is_what_pdserve_writes_now() -> None:
                              timeout=60, check=True, cwd=REPO).stdout
     assert json.loads(COMMITTED.read_text(encoding="utf-8")) == nixos_data()
     assert COMMITTED.read_text(encoding="utf-8") == written, (
-        "nixos-modules/from-python.json is stale: run python -m pdserve.render.nixos_data > nixos-modules/from-python.json")
+        "nixos-modules/from-python.json is stale: "
+        "run python -m pdserve.render.nixos_data > nixos-modules/from-python.json")
 
 
 def test_every_slot_is_one_the_module_fills() -> None:

@@ -230,7 +230,8 @@ def test_the_module_takes_its_defaults_from_the_committed_schema() -> None:
     settings_block = text[text.index("settings = mkOption {"):text.index("openFirewall = mkOption {")]
     literal_defaults = re.findall(r"\bdefault = (?!schemaDefault|schema\.|name;)([^;]+);", settings_block)
     assert literal_defaults == [], f"literal defaults in the module's settings options: {literal_defaults}"
-    assert "types.submodule (import ./deployment.nix { inherit lib pkgs schema; })" in MODULE.read_text(encoding="utf-8")
+    module = MODULE.read_text(encoding="utf-8")
+    assert "types.submodule (import ./deployment.nix { inherit lib pkgs schema; })" in module
     assert "lib.importJSON ../pkg/pdserve/schema/deployment.schema.json" in COMMON.read_text(encoding="utf-8")
 
 

@@ -70,7 +70,7 @@ def load(registry=None):
 
     want = requested()
     if want == PDSERVE:
-        from .. import ops  # noqa: F401 - registers torch.ops.pdserve.* in this process
+        from pdserve_kernels import ops  # noqa: F401 - registers torch.ops.pdserve.* in this process
 
     runtime = Runtime(want, os.environ.get(ENV_RECORD) or None, lossy_bf16_dequant=lossy_requested())
     for target, method in all_targets(want).items():

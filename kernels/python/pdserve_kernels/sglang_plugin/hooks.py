@@ -204,7 +204,8 @@ def _exact_attention(q, cache, indices, sm_scale, *, bf16_kv: bool, page: int):
     """The fp32 reference (sparse_mla_reference) of the first rows, read from the same cache bytes."""
     import torch
 
-    from ..sparse_mla_reference import LAYOUTS, reference_decode
+    from pdserve_kernels.sparse_mla_reference import LAYOUTS, reference_decode
+
     from .record import EXACT_ROWS
 
     layout = LAYOUTS["v32_bf16" if bf16_kv else "v32"]
@@ -228,12 +229,12 @@ def _tp_rank(model_runner):
 
 def _load_modules(device) -> str | None:
     """Load both fatbins on `device` now, outside any CUDA-graph capture; the error text if they cannot be."""
-    from .. import ops
+    from pdserve_kernels import ops
 
     try:
         ops.indexer_for(device)
         ops.mla_for(device)
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - any load failure is a fallback reason, said once
         return f"{type(e).__name__}: {e}"
     return None
 

@@ -13,7 +13,7 @@ larger workspace; the older ones stay alive because graphs captured earlier poin
 
 from __future__ import annotations
 
-from .. import ops
+from pdserve_kernels import ops
 
 
 def _stream_key(device) -> int:

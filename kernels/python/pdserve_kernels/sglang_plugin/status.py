@@ -87,7 +87,8 @@ class FallbackLog:
                 return False
             self._seen.add((op, reason))
         _ensure_handler()
-        logger.warning(FALLBACK_PREFIX + json.dumps({"op": op, "reason": reason, "shape": shape}, sort_keys=True))
+        fallback = json.dumps({"op": op, "reason": reason, "shape": shape}, sort_keys=True)
+        logger.warning("%s%s", FALLBACK_PREFIX, fallback)
         return True
 
     def seen(self) -> set[tuple[str, str]]:
@@ -110,5 +111,5 @@ class RanLog:
                 return False
             self._ran.add(op)
         _ensure_handler()
-        logger.info(RAN_PREFIX + json.dumps({"op": op, "shape": shape}, sort_keys=True))
+        logger.info("%s%s", RAN_PREFIX, json.dumps({"op": op, "shape": shape}, sort_keys=True))
         return True

@@ -285,7 +285,8 @@ def _exact_v4(kw, heads: int):
     SGLang's views [blocks, page, 1, 584] over rows padded to a multiple of 576 B, read as [blocks, row stride]."""
     import torch
 
-    from ..sparse_mla_reference import LAYOUTS, reference_decode
+    from pdserve_kernels.sparse_mla_reference import LAYOUTS, reference_decode
+
     from .record import EXACT_ROWS
 
     def blocks(view):
