@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from pdserve.render.host_units import host_unit_names
 from pdserve.schema.listeners import listeners_on
 from pdserve.schema.loading import deployment_from_data
+from pdserve.schema.placement import place
 from pdserve.schema.topology import nodes_on, router_hosts, router_unit, server_unit
 from tests.nix.test_nix import DERIVED, REPO, SCHEMA, nix_eval
 
@@ -64,7 +64,7 @@ def test_nix_places_the_units_on_each_host_as_pdserve_does(case: str) -> None:
         assert from_nix == python_units(data, host), host
         # ... which are exactly the unit files `pdserve render --host` writes there.
         dep = deployment_from_data(copy.deepcopy(data), "<case>").deployment
-        assert sorted(from_nix) == sorted(host_unit_names(dep, host)), host
+        assert sorted(from_nix) == sorted(place(dep).units(host)), host
     assert nix_eval(f"(import {DERIVED}).multiHost {nix_json(data)}") is True
 
 

@@ -33,7 +33,6 @@ from pdserve.launch.router_membership import (
 )
 from pdserve.launch.warm import router_headers, warm_and_rejoin
 from pdserve.probes.observations import HttpObs
-from pdserve.render.host_units import render_host_units
 from pdserve.render.toolchain import Toolchain
 from pdserve.render.units import render_units
 from pdserve.schema.derived import API_KEY_CREDENTIAL, MISSING_KEY_STAND_IN
@@ -463,8 +462,8 @@ def test_a_prefill_sharing_gpus_with_the_decode_does_not_wait_for_the_decode_ord
 
 def test_on_several_hosts_only_a_servers_node_0_unit_leaves_and_warms():
     dep = load(FOUR_HOST).deployment
-    node0 = {u.name: u.text for u in render_host_units(dep, "gpu-c", TOOLS, "/c.json")}
-    node1 = {u.name: u.text for u in render_host_units(dep, "gpu-d", TOOLS, "/c.json")}
+    node0 = {u.name: u.text for u in render_units(dep, TOOLS, "/c.json", "gpu-c")}
+    node1 = {u.name: u.text for u in render_units(dep, TOOLS, "/c.json", "gpu-d")}
     decode = next(text for name, text in node0.items() if name.endswith("decode-1"))
     assert directives(decode, "ExecStartPre") == [
         "/usr/bin/pdserve leave-routers decode --server decode-1 --config /c.json --timeout 10"]

@@ -18,9 +18,10 @@ from pdserve.cli.main import main
 from pdserve.launch.gate import probe_for
 from pdserve.render.argv import host_launches, router_args
 from pdserve.render.firewall import render_firewall
-from pdserve.render.host_units import host_unit_names, render_host_units
 from pdserve.render.toolchain import Toolchain
+from pdserve.render.units import render_units
 from pdserve.schema.loading import load
+from pdserve.schema.placement import place
 from tests.conftest import require_or_skip
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,7 +37,7 @@ RENDER_FLAGS = [*TOOL_FLAGS, "--no-python-check"]
 
 def units_of(path: Path, host: str) -> dict[str, str]:
     dep = load(path).deployment
-    return {unit.name: unit.text for unit in render_host_units(dep, host, TOOLS, CONFIG)}
+    return {unit.name: unit.text for unit in render_units(dep, TOOLS, CONFIG, host)}
 
 
 def directives(text: str, key: str) -> list[str]:
@@ -49,14 +50,14 @@ def flag(argv: list[str] | tuple[str, ...], name: str) -> str:
 
 def test_each_host_gets_only_its_units():
     dep = load(TWO_HOST).deployment
-    assert host_unit_names(dep, "gpu-a") == ["sglang-dsv4-prefill-1"]
-    assert host_unit_names(dep, "gpu-b") == ["sglang-dsv4-decode-1", "sglang-dsv4-router"]
+    assert list(place(dep).units("gpu-a")) == ["sglang-dsv4-prefill-1"]
+    assert list(place(dep).units("gpu-b")) == ["sglang-dsv4-decode-1", "sglang-dsv4-router"]
     four = load(FOUR_HOST).deployment
-    assert {h: host_unit_names(four, h) for h in four.hosts} == {
+    assert {h: list(place(four).units(h)) for h in four.hosts} == {
         "gpu-a": ["sglang-dsv4-prefill-1"], "gpu-b": ["sglang-dsv4-prefill-2"],
         "gpu-c": ["sglang-dsv4-decode-1", "sglang-dsv4-router"], "gpu-d": ["sglang-dsv4-decode-1-node1"]}
     for host in four.hosts:
-        assert list(units_of(FOUR_HOST, host)) == host_unit_names(four, host)
+        assert list(units_of(FOUR_HOST, host)) == list(place(four).units(host))
 
 
 def test_the_router_lists_every_server_on_its_cluster_address():
@@ -227,7 +228,7 @@ def test_every_hosts_units_verify_cleanly(tmp_path):
     for path in (TWO_HOST, FOUR_HOST):
         dep = load(path).deployment
         for host in dep.hosts:
-            units = render_host_units(dep, host, TOOLS, CONFIG)
+            units = render_units(dep, TOOLS, CONFIG, host)
             done = analyze(make_root(tmp_path / path.parent.name / host, units, TOOLS), units)
             assert done.returncode == 0 and done.stderr.strip() == "", (path.name, host, done.stderr)
 

@@ -29,10 +29,10 @@ def plan(config_path: Path | None, as_json: bool, host: str | None, sglang_pytho
     machines. A multi-host deployment is shown one host at a time (--host), its firewall ruleset included.
     """
     from pdserve.render.firewall import render_firewall
-    from pdserve.render.host_units import render_host_units
     from pdserve.render.plan import host_plan_data, plain_text, plan_data, print_rich
     from pdserve.render.toolchain import preview_toolchain
     from pdserve.render.units import render_units
+    from pdserve.schema.placement import IMPLIED_HOST
 
     loaded = load_or_exit(config_path)
     dep = loaded.deployment
@@ -40,7 +40,7 @@ def plan(config_path: Path | None, as_json: bool, host: str | None, sglang_pytho
     tools, notes = preview_toolchain(dep, tool_overrides(sglang_python, numactl, pdserve))
     runtime = default_config_path(dep, Path("/etc/systemd/system"))
     try:
-        units = render_host_units(dep, chosen, tools, runtime) if chosen else render_units(dep, tools, runtime)
+        units = render_units(dep, tools, runtime, chosen or IMPLIED_HOST)
     except ConfigError as exc:  # e.g. a previewed tool path systemd cannot execute
         exit_with(exc.problems)
     data = (host_plan_data(dep, chosen, tools, units, notes, loaded.source, render_firewall(dep, chosen)) if chosen

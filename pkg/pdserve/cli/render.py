@@ -47,17 +47,16 @@ def _python_problems(dep: Deployment, python: str, overrides: dict[str, str | No
 def _render(config_path: Path | None, out_dir: Path, runtime_config: str | None,
             overrides: dict[str, str | None], host: str | None = None, check_python: bool = True) -> None:
     from pdserve.render.firewall import firewall_filename, render_firewall
-    from pdserve.render.host_units import render_host_units
     from pdserve.render.toolchain import resolve_toolchain
     from pdserve.render.units import render_units
+    from pdserve.schema.placement import IMPLIED_HOST
 
     dep = load_or_exit(config_path).deployment
     chosen = chosen_host(dep, host)
     target_config = runtime_config or default_config_path(dep, out_dir)
     try:
         tools = resolve_toolchain(dep, overrides)
-        units = (render_host_units(dep, chosen, tools, target_config) if chosen
-                 else render_units(dep, tools, target_config))
+        units = render_units(dep, tools, target_config, chosen or IMPLIED_HOST)
     except ConfigError as exc:
         exit_with(exc.problems)
     python = _python_problems(dep, tools.sglang_python, overrides) if check_python else []

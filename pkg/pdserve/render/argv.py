@@ -48,7 +48,7 @@ class Launch:
     url: str
     # credential name -> host file; the process reads it from $CREDENTIALS_DIRECTORY/<name>.
     credentials: dict[str, str]
-    # Multi-host files (pdserve.render.host_units): the server (its name) and node this process is.
+    # Multi-host files (pdserve.render.units on a named host): the server (its name) and node this process is.
     server: str | None = None
     node_rank: int = 0
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from pdserve.render.argv import Launch, host_launches, launches
 from pdserve.render.emit import shell
 from pdserve.render.toolchain import Toolchain
-from pdserve.render.units import Unit
+from pdserve.render.unit_text import Unit
 from pdserve.schema.boot import wanted_at_boot
 from pdserve.schema.config import Deployment, Role
 from pdserve.schema.topology import server_named

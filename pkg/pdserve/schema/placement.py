@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 from pdserve.schema.config import Deployment, Role, ServerSpec
 from pdserve.schema.derived import role_url, unit_name, url_of
+from pdserve.schema.topology import IMPLIED_HOST as IMPLIED_HOST  # the one host of a single-host file
+from pdserve.schema.topology import Node as _Node
 from pdserve.schema.topology import (
-    IMPLIED_HOST,
     Server,
     host_address,
     router_hosts,
@@ -23,7 +24,6 @@ from pdserve.schema.topology import (
     server_unit,
     servers,
 )
-from pdserve.schema.topology import Node as _Node
 
 
 @dataclass(frozen=True)
