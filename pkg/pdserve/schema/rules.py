@@ -9,6 +9,7 @@ from pdserve.schema.addresses import is_loopback
 from pdserve.schema.config import WORKER_ROLES, Deployment, ServerSpec, WorkerSpec
 from pdserve.schema.extra_args import ROUTER_EXACT_FLAGS, SERVER_EXACT_FLAGS, long_flag, read_as
 from pdserve.schema.problems import Problem, Severity
+from pdserve.schema.rules_gpus import disjoint_gpus
 from pdserve.schema.topology import servers
 
 Rule = Callable[[Deployment], Iterator[Problem]]
@@ -90,59 +91,12 @@ def _servers(dep: Deployment) -> Iterator[tuple[str, ServerSpec, int]]:
         yield "fallback", dep.fallback, 1
 
 
-# Prefill and decode on one GPU (allow_shared_gpus) each size their static pool (weights + KV) as a fraction
-# of the memory free when they start; the units start the decode after the prefill, but a hand-started
-# pair may measure before either allocates, so the limit holds for the plain sum. The rest of the GPU
-# must then hold both processes' CUDA contexts, CUDA graphs and activations. SGLang keeps 10 GiB or more
-# outside the pool for one server on a large GPU (server_args' reserved_mem); 0.1 of an H200 is 14 GiB.
-SHARED_GPU_FRACTION_LIMIT = 0.9
-
-
 def _one_host_workers(dep: Deployment) -> tuple[WorkerSpec, WorkerSpec] | None:
     """A single-host file's prefill and decode tables; None for any other shape (rules_hosts reports it)."""
     prefill, decode = dep.prefill, dep.decode
     if dep.multi_host or not isinstance(prefill, WorkerSpec) or not isinstance(decode, WorkerSpec):
         return None
     return prefill, decode
-
-
-def disjoint_gpus(dep: Deployment) -> Iterator[Problem]:
-    workers = _one_host_workers(dep)
-    if workers is None:
-        return  # multi-host: per host, rules_hosts.disjoint_gpus_per_host
-    prefill_spec, decode_spec = workers
-    shared = sorted(set(prefill_spec.gpus) & set(decode_spec.gpus))
-    if shared and not dep.allow_shared_gpus:
-        yield Problem(
-            "decode.gpus",
-            decode_spec.gpus,
-            f"shares GPU(s) {shared} with prefill.gpus {prefill_spec.gpus}",
-            "give prefill and decode disjoint GPU sets, e.g. prefill [0,1,2,3] and decode [4,5,6,7] "
-            f"(on a small test rig: set allow_shared_gpus = true, with memory fractions adding up to at most "
-            f"{SHARED_GPU_FRACTION_LIMIT:g})",
-        )
-    elif shared:
-        prefill, decode = prefill_spec.mem_fraction_static, decode_spec.mem_fraction_static
-        total = prefill + decode
-        if total > SHARED_GPU_FRACTION_LIMIT + 1e-9:
-            half = int(SHARED_GPU_FRACTION_LIMIT * 100 / 2) / 100
-            yield Problem(
-                "decode.mem_fraction_static",
-                decode,
-                f"with prefill.mem_fraction_static {prefill:g} on the same GPU(s) {shared} the two servers' "
-                f"static pools take {total:g} of its memory, leaving too little for their CUDA graphs and "
-                "activations",
-                f"lower prefill.mem_fraction_static and decode.mem_fraction_static so that they add up to at "
-                f"most {SHARED_GPU_FRACTION_LIMIT:g}, e.g. {half:g} each",
-            )
-    elif dep.allow_shared_gpus:
-        yield Problem(
-            "allow_shared_gpus",
-            True,
-            f"is set but prefill.gpus {prefill_spec.gpus} and decode.gpus {decode_spec.gpus} share no GPU",
-            "remove allow_shared_gpus (it only permits sharing; disjoint GPUs need no flag)",
-            Severity.WARNING,
-        )
 
 
 def gpu_layout(dep: Deployment) -> Iterator[Problem]:

@@ -1,4 +1,4 @@
-"""Per-host rules of a multi-host deployment: ports distinct on each host, GPU sets disjoint on each host,
+"""Per-host rules of a multi-host deployment: ports distinct on each host (GPU sets: schema.rules_gpus),
 GPUs and NUMA nodes that exist there, and RDMA devices where the KV transfer needs them. Each returns
 every problem it finds. (The same port on two hosts is fine: each host binds its own.)
 """
@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from pdserve.schema.config import Deployment
 from pdserve.schema.listeners import Listener, listeners
 from pdserve.schema.problems import Problem, Severity
-from pdserve.schema.rules import SHARED_GPU_FRACTION_LIMIT
 from pdserve.schema.topology import Server, servers
 
 
@@ -25,40 +24,6 @@ def distinct_ports_per_host(dep: Deployment) -> Iterator[Problem]:
                       f"is already used on host {listener.host} by {clash.field} ({clash.purpose}, port "
                       f"{clash.ports})", "give every listener on a host its own port (ports may repeat on "
                       "different hosts)")
-
-
-def _on_host(dep: Deployment) -> dict[str, list[Server]]:
-    placed: dict[str, list[Server]] = {}
-    for server in servers(dep):
-        for host in server.hosts:
-            placed.setdefault(host, []).append(server)
-    return placed
-
-
-def disjoint_gpus_per_host(dep: Deployment) -> Iterator[Problem]:
-    if not dep.multi_host:
-        return
-    for host, placed in _on_host(dep).items():
-        for index, server in enumerate(placed):
-            for earlier in placed[:index]:
-                shared = sorted(set(server.spec.gpus) & set(earlier.spec.gpus))
-                if not shared:
-                    continue
-                if not dep.allow_shared_gpus:
-                    yield Problem(f"{server.field}.gpus", server.spec.gpus,
-                                  f"shares GPU(s) {shared} of host {host} with {earlier.field}.gpus "
-                                  f"{earlier.spec.gpus}",
-                                  f"give the servers on host {host} disjoint GPU sets (on a small test rig: set "
-                                  f"allow_shared_gpus = true, with memory fractions adding up to at most "
-                                  f"{SHARED_GPU_FRACTION_LIMIT:g})")
-                    continue
-                total = server.spec.mem_fraction_static + earlier.spec.mem_fraction_static
-                if total > SHARED_GPU_FRACTION_LIMIT + 1e-9:
-                    yield Problem(f"{server.field}.mem_fraction_static", server.spec.mem_fraction_static,
-                                  f"with {earlier.field}.mem_fraction_static {earlier.spec.mem_fraction_static:g} on "
-                                  f"the same GPU(s) {shared} of host {host} the static pools take {total:g} of its "
-                                  "memory",
-                                  f"lower the two so that they add up to at most {SHARED_GPU_FRACTION_LIMIT:g}")
 
 
 def hardware_exists(dep: Deployment) -> Iterator[Problem]:
@@ -169,4 +134,4 @@ def rdma_devices(dep: Deployment) -> Iterator[Problem]:
                           "ib_devices named (e.g. UCX_TLS = \"cuda_copy,cuda_ipc,rc,tcp\")")
 
 
-RULES = (distinct_ports_per_host, disjoint_gpus_per_host, hardware_exists, host_layouts, rdma_devices)
+RULES = (distinct_ports_per_host, hardware_exists, host_layouts, rdma_devices)
