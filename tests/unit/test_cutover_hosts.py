@@ -14,8 +14,9 @@ from click.testing import CliRunner
 from pdserve.cli.exits import Exit
 from pdserve.cli.main import main
 from pdserve.cutover.edge import Check
-from pdserve.cutover.hosts import NO_FALLBACK, UnknownHost, host_plan, order, order_lines, this_host
 from pdserve.cutover.machine import Cutover
+from pdserve.cutover.order import NO_FALLBACK, UnknownHost, order, order_lines, this_host
+from pdserve.cutover.plan import plan_for
 from pdserve.cutover.report import Outcome
 from pdserve.probes.systemctl import UnitState
 from pdserve.schema.loading import load
@@ -55,23 +56,23 @@ def test_the_printed_order_names_every_hosts_command(four):
 
 
 def test_one_hosts_plan_holds_only_its_units(four):
-    plan = host_plan(four, "gpu-c")
+    plan = plan_for(four, "pd", host="gpu-c")
     assert plan.all_units == ("sglang-dsv4-decode-1.service", "sglang-dsv4-router.service")
     assert plan.units("single") == () and plan.gpus["pd"] == tuple(range(8))
     assert plan.public_url["pd"] == "http://10.20.0.3:30001"  # router.host 0.0.0.0: reached at gpu-c's address
     assert plan.smoke_checks == ("router.readiness", "router.workers", "e2e.chat")
-    assert host_plan(four, "gpu-a").smoke_checks == ("server.prefill-1",)
-    assert host_plan(four, "gpu-d").smoke_checks == ("units.decode-1-node1",)
+    assert plan_for(four, "pd", host="gpu-a").smoke_checks == ("server.prefill-1",)
+    assert plan_for(four, "pd", host="gpu-d").smoke_checks == ("units.decode-1-node1",)
     # Several routers: each router host's step smoke-tests its own router (the verifier's ids name the host).
     two_routers = four.model_copy(update={"router": four.router.model_copy(update={"hosts": ["gpu-c", "gpu-a"]})})
-    assert host_plan(two_routers, "gpu-a").smoke_checks == ("router.readiness.gpu-a", "router.workers.gpu-a",
+    assert plan_for(two_routers, "pd", host="gpu-a").smoke_checks == ("router.readiness.gpu-a", "router.workers.gpu-a",
                                                             "e2e.chat")
-    assert host_plan(two_routers, "gpu-a").fronts["pd"] == ("sglang-dsv4-router-gpu-a.service",)
+    assert plan_for(two_routers, "pd", host="gpu-a").fronts["pd"] == ("sglang-dsv4-router-gpu-a.service",)
     # Every smoke test names checks the verifier has for that host (select refuses an unknown id).
     for dep in (four, two_routers):
         for host in dep.hosts:
             registry = checks_for(expectations(dep, here=host))
-            chosen = select(list(registry), list(host_plan(dep, host).smoke_checks), [])
+            chosen = select(list(registry), list(plan_for(dep, "pd", host=host).smoke_checks), [])
             assert [i for i, reason in chosen.items() if reason is None]
 
 
@@ -133,7 +134,7 @@ class OneHost:
 
 
 def test_a_hosts_step_starts_its_servers_then_its_router_and_touches_nothing_else(four):
-    plan = host_plan(four, "gpu-c")
+    plan = plan_for(four, "pd", host="gpu-c")
     edge = OneHost(plan.all_units)
     report = Cutover(plan, edge).run()
     assert report.outcome is Outcome.SUCCESS, report.as_dict()
@@ -145,8 +146,8 @@ def test_a_hosts_step_starts_its_servers_then_its_router_and_touches_nothing_els
 
 def test_another_hosts_units_are_not_installed_here_so_the_step_refuses(four):
     """gpu-a's step run on gpu-c (whose systemd has no prefill unit): refused at preflight, nothing started."""
-    plan = host_plan(four, "gpu-a")
-    edge = OneHost(host_plan(four, "gpu-c").all_units)
+    plan = plan_for(four, "pd", host="gpu-a")
+    edge = OneHost(plan_for(four, "pd", host="gpu-c").all_units)
     report = Cutover(plan, edge).run()
     assert report.outcome is Outcome.REFUSED and not [c for c in edge.calls if c[0] == "start"]
     assert "not installed: sglang-dsv4-prefill-1.service" in report.steps[-1].detail

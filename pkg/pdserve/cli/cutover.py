@@ -139,7 +139,7 @@ def _host_plan_or_exit(dep, target: str, host: str | None, dry_run: bool, as_jso
     cannot act (no fallback to cut over to; no host named and none with this machine's address)."""
     from dataclasses import asdict
 
-    from pdserve.cutover.hosts import NO_FALLBACK, UnknownHost, host_plan, order, order_lines, this_host
+    from pdserve.cutover.order import NO_FALLBACK, UnknownHost, order, order_lines, this_host
     from pdserve.probes import net
 
     config = str(config_path) if config_path else "FILE"
@@ -164,4 +164,4 @@ def _host_plan_or_exit(dep, target: str, host: str | None, dry_run: bool, as_jso
         raise SystemExit(Exit.PROBLEMS if refused else Exit.OK)
     if dry_run and not as_json:
         click.echo("\n".join(order_lines(dep, config)))
-    return host_plan(dep, here, warnings, source)
+    return plan_for(dep, "pd", warnings, source, host=here)

@@ -1,5 +1,7 @@
-"""What a cutover touches, read off the deployment: the units of each layout, their GPUs, the public
-address, the deadlines; and the steps a dry run lists for it. Pure: no host is read here."""
+"""What a cutover touches, read off the placement: the units of each layout on one host, their GPUs, the
+public address, the deadlines, that host's smoke test; and the steps a dry run lists for it. Pure: no host
+is read here. A single-host file is a one-host deployment; a multi-host one is cut over one host at a time,
+in the order pdserve.cutover.order gives."""
 
 from __future__ import annotations
 
@@ -9,7 +11,10 @@ from dataclasses import dataclass
 from pdserve.probes.systemctl import service
 from pdserve.schema.boot import Layout, nixos_line
 from pdserve.schema.config import Deployment
-from pdserve.schema.derived import ROUTER_START_TIMEOUT_SEC, role_url, unit_name
+from pdserve.schema.derived import ROUTER_START_TIMEOUT_SEC, url_of
+from pdserve.schema.placement import IMPLIED_HOST, Placement, place
+from pdserve.schema.topology import host_address, router_hosts
+from pdserve.verify.expect import expectations
 
 LAYOUTS: tuple[Layout, ...] = ("pd", "single")
 
@@ -36,7 +41,7 @@ class Plan:
     source: str = "the deployment file"  # where the deployment was loaded from
     nixos_change: str = ""  # the NixOS option line that declares `target` as the boot layout
     workers_in_turn: bool = False  # prefill and decode share GPUs: the decode unit is After= the prefill
-    host: str = ""  # a multi-host deployment's host whose units these are (pdserve.cutover.hosts); "" on one host
+    host: str = ""  # the host whose units these are; "" (IMPLIED_HOST) for a single-host file's one host
     smoke_checks: tuple[str, ...] = ()  # that host's smoke test: verify check ids run from it
 
     def units(self, layout: Layout) -> tuple[str, ...]:
@@ -52,33 +57,67 @@ class Plan:
 
 
 def plan_common(dep: Deployment, target: Layout, warnings: Sequence[str], source: str) -> dict:
-    """The fields of a Plan that one host's cutover (cutover.hosts) and the whole host's share."""
+    """The fields of a Plan that every host's cutover shares."""
     return dict(front_deadline=ROUTER_START_TIMEOUT_SEC + DEADLINE_MARGIN_SEC,
                 stop_deadline=dep.systemd.stop_timeout_sec + DEADLINE_MARGIN_SEC, warnings=tuple(warnings),
                 declared=dep.boot_layout, wanted_by=dep.systemd.wanted_by, source=source,
                 nixos_change=nixos_line(dep, target))
 
 
-def plan_for(dep: Deployment, target: Layout, warnings: Sequence[str] = (),
-             source: str = "the deployment file") -> Plan:
-    def svc(role: str) -> str:
-        return service(unit_name(dep, role))  # type: ignore[arg-type]
+def _sharing(placement: Placement, host: str) -> bool:
+    """Whether a decode on `host` shares GPUs with a prefill there (allow_shared_gpus): the rendered decode
+    unit is then ordered After= the prefill (pdserve.render.units), so it is ready up to two start timeouts
+    after both were started."""
+    here = placement.on(host)
+    return any(set(p.gpus) & set(d.gpus) for p in here if p.role == "prefill" for d in here if d.role == "decode")
 
-    # On shared GPUs (allow_shared_gpus) the rendered decode unit is ordered After= the prefill
-    # (pdserve.render.units), so the decode is ready up to two start timeouts after both were started.
-    prefill, decode, fallback = dep.worker("prefill"), dep.worker("decode"), dep.server("fallback")
-    in_turn = bool(set(prefill.gpus) & set(decode.gpus))
+
+def plan_for(dep: Deployment, target: Layout, warnings: Sequence[str] = (), source: str = "the deployment file",
+             host: str = IMPLIED_HOST) -> Plan:
+    """The cutover of `host`'s units (a single-host file: its one, implied host; a multi-host file: one host's
+    servers, then its router if it runs one, and no other host's unit: there is no fallback)."""
+    placement = place(dep)
+    here = placement.on(host)
+
+    def units(*roles: str) -> tuple[str, ...]:
+        return tuple(service(p.unit) for p in here if p.role in roles)
+
+    def gpus(*roles: str) -> tuple[int, ...]:
+        return tuple(sorted({gpu for p in here if p.role in roles for gpu in p.gpus}))
+
+    address = host_address(dep, host) if dep.router.host in {"0.0.0.0", "::"} else None
+    url = url_of(address or dep.router.host, dep.router.port)
+    fallback = next((p.url for p in here if p.role == "fallback"), url)
+    in_turn = _sharing(placement, host)
     return Plan(
         deployment=dep.name,
         target=target,
-        workers={"pd": (svc("prefill"), svc("decode")), "single": (svc("fallback"),)},
-        fronts={"pd": (svc("router"),), "single": ()},
-        gpus={"pd": tuple(sorted({*prefill.gpus, *decode.gpus})), "single": tuple(sorted(fallback.gpus))},
-        public_url={"pd": role_url(dep, "router"), "single": role_url(dep, "fallback")},
+        workers={"pd": units("prefill", "decode"), "single": units("fallback")},
+        fronts={"pd": units("router"), "single": ()},
+        gpus={"pd": gpus("prefill", "decode"), "single": gpus("fallback")},
+        public_url={"pd": url, "single": fallback},
         worker_deadline=(2 if in_turn else 1) * dep.systemd.start_timeout_sec + DEADLINE_MARGIN_SEC,
         **plan_common(dep, target, warnings, source),
         workers_in_turn=in_turn,
+        host=host,
+        smoke_checks=smoke_checks(dep, host) if host != IMPLIED_HOST else (),
     )
+
+
+# The smoke test through a router (pdserve.cutover.host.PD_SMOKE_CHECKS on one host).
+ROUTER_SMOKE = ("router.readiness", "router.workers", "e2e.chat")
+
+
+def smoke_checks(dep: Deployment, host: str) -> tuple[str, ...]:
+    """One host's smoke test: through its router where it runs one; else each of its servers answers
+    /server_info with its configured args (a node that serves no HTTP of its own: its unit is active)."""
+    routers = router_hosts(dep)
+    if host in routers:
+        # With several routers the verifier names each by host; this step checks its own (the others may
+        # not run yet), and e2e.chat goes through it.
+        return ROUTER_SMOKE if len(routers) == 1 else (f"router.readiness.{host}", f"router.workers.{host}", "e2e.chat")
+    mine = expectations(dep, here=host).on(host)
+    return tuple(f"server.{key}" if w.serves_http else f"units.{key}" for key, w in mine.items())
 
 
 def layout_of(running: Sequence[str], plan: Plan) -> str:

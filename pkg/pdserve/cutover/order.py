@@ -1,9 +1,9 @@
-"""A cutover of a multi-host deployment: one host at a time, and the order across hosts. Pure.
+"""The order of a multi-host deployment's cutover across its hosts. Pure.
 
 `pdserve cutover` drives only the systemd it runs beside: it never reaches into another host (no ssh),
 so on a multi-host deployment each host runs its own step, `pdserve cutover pd --host NAME`, which
-starts, waits for and smoke-tests only that host's units (the same state machine as on one host, with
-the layout narrowed to them) and refuses units of other hosts. `order` is the sequence across hosts
+starts, waits for and smoke-tests only that host's units (the same plan and state machine as on one
+host: pdserve.cutover.plan.plan_for of that host) and refuses units of other hosts. `order` is the sequence across hosts
 the operator (or their own orchestration) follows:
 
   1. every host with servers, at the same time: the nodes of a multi-node server wait for each other
@@ -21,13 +21,10 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pdserve.cutover.plan import DEADLINE_MARGIN_SEC, Plan, plan_common
-from pdserve.probes.systemctl import service
+from pdserve.cutover.plan import plan_for
 from pdserve.schema.boot import nixos_line
 from pdserve.schema.config import Deployment
-from pdserve.schema.derived import url_of
-from pdserve.schema.topology import nodes_on, router_hosts, router_unit, server_unit
-from pdserve.verify.expect import expectations
+from pdserve.schema.topology import router_hosts
 
 NO_FALLBACK = ("a multi-host deployment has no single-server fallback ([fallback] is for one host), so there is "
                "no single layout to cut over to; stop its units host by host instead (`pdserve cutover pd "
@@ -49,9 +46,8 @@ class HostStep:
 
 def host_units(dep: Deployment, host: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(server units, router units) placed on `host`, as `pdserve render --host` names them."""
-    workers = tuple(service(server_unit(dep, node)) for node in nodes_on(dep, host))
-    fronts = (service(router_unit(dep, host)),) if host in router_hosts(dep) else ()
-    return workers, fronts
+    plan = plan_for(dep, "pd", host=host)
+    return plan.workers["pd"], plan.fronts["pd"]
 
 
 def _start(units: Sequence[str]) -> str:
@@ -96,42 +92,6 @@ def order_lines(dep: Deployment, config: str) -> list[str]:
     lines.append(f"  at boot (NixOS): every host's module wants its units (boot_layout = \"{dep.boot_layout}\", "
                  f"`{nixos_line(dep, 'pd')}`)")
     return lines
-
-
-def host_plan(dep: Deployment, host: str, warnings: Sequence[str] = (), source: str = "the deployment file") -> Plan:
-    """The cutover to PD narrowed to one host's units: its servers, then its router if it runs one; no other
-    layout (there is no fallback) and no other host's unit."""
-    workers, fronts = host_units(dep, host)
-    gpus = sorted({gpu for node in nodes_on(dep, host) for gpu in node.server.spec.gpus})
-    url = url_of(dep.hosts[host].address if dep.router.host in {"0.0.0.0", "::"} else dep.router.host, dep.router.port)
-    return Plan(
-        deployment=dep.name,
-        target="pd",
-        workers={"pd": workers, "single": ()},
-        fronts={"pd": fronts, "single": ()},
-        gpus={"pd": tuple(gpus), "single": ()},
-        public_url={"pd": url, "single": url},
-        worker_deadline=dep.systemd.start_timeout_sec + DEADLINE_MARGIN_SEC,
-        **plan_common(dep, "pd", warnings, source),
-        host=host,
-        smoke_checks=smoke_checks(dep, host),
-    )
-
-
-# The smoke test through a router (pdserve.cutover.host.PD_SMOKE_CHECKS on one host).
-ROUTER_SMOKE = ("router.readiness", "router.workers", "e2e.chat")
-
-
-def smoke_checks(dep: Deployment, host: str) -> tuple[str, ...]:
-    """One host's smoke test: through its router where it runs one; else each of its servers answers
-    /server_info with its configured args (a node that serves no HTTP of its own: its unit is active)."""
-    routers = router_hosts(dep)
-    if host in routers:
-        # With several routers the verifier names each by host; this step checks its own (the others may
-        # not run yet), and e2e.chat goes through it.
-        return ROUTER_SMOKE if len(routers) == 1 else (f"router.readiness.{host}", f"router.workers.{host}", "e2e.chat")
-    mine = expectations(dep, here=host).on(host)
-    return tuple(f"server.{key}" if w.serves_http else f"units.{key}" for key, w in mine.items())
 
 
 class UnknownHost(ValueError):
