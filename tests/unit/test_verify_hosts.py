@@ -22,8 +22,7 @@ from pdserve.schema.loading import deployment_from_data
 from pdserve.verify import context, runner
 from pdserve.verify.checks import exposure, router
 from pdserve.verify.expect import expectations
-from pdserve.verify.here import HostChoiceError, choose_host
-from pdserve.verify.hosts import checks_for
+from pdserve.verify.hosts import HostChoiceError, checks_for, choose_host
 from pdserve.verify.result import Status
 
 

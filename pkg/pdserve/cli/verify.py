@@ -18,8 +18,7 @@ from pdserve.cli.options import config_option, load_or_exit, seconds_option
 from pdserve.probes import http, net
 from pdserve.verify import presence, report
 from pdserve.verify.expect import expectations
-from pdserve.verify.here import HostChoiceError, choose_host
-from pdserve.verify.hosts import checks_for
+from pdserve.verify.hosts import HostChoiceError, checks_for, choose_host
 from pdserve.verify.runner import Context, Options, SelectionError, run, select
 
 

@@ -111,7 +111,7 @@ def _worker(dep: Deployment, node: Node) -> WorkerExpectation:
         # Only a single-host worker has the switch; placed servers listen on their cluster address by rule.
         allow_non_loopback=getattr(spec, "allow_non_loopback", False),
         server=server.name,
-        id=server.role if not dep.multi_host else unit.removeprefix(f"sglang-{dep.name}-"),
+        id=unit.removeprefix(f"sglang-{dep.name}-"),  # on one host: its role
         field=server.field,
         on_host=node.host,
         rank=node.rank,

@@ -7,16 +7,23 @@ reach: the router's API and the end-to-end requests through it from anywhere; a 
 port to (elsewhere a healthy cluster would time out). A host-local one (systemd's unit state and journal, NVML,
 the processes' NUMA binding, the ports a host answers on, the router's loaded version; the router's API or
 Prometheus listener when it is bound to loopback) only on its own host: elsewhere it is skipped, saying which
-host to run `pdserve verify --host NAME` on. Which host a run stands on: pdserve.verify.here.
+host to run `pdserve verify --host NAME` on.
+
+Which host a run stands on (choose_host): `--host NAME` decides. Without it: the host whose cluster address
+is one of this machine's addresses; when none (or several) is, the first router host, since verify is meant
+to run there and it reaches every server over the cluster network. A single-host file has one implied host
+and takes no --host.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
 from pdserve.probes import kernel_log
-from pdserve.schema.topology import server_named
+from pdserve.schema.config import Deployment
+from pdserve.schema.placement import IMPLIED_HOST, place
+from pdserve.schema.topology import router_hosts, server_named
 from pdserve.verify import registry as r
 from pdserve.verify.checks import kernels
 from pdserve.verify.context import Context
@@ -24,6 +31,38 @@ from pdserve.verify.expect import Expectations, WorkerExpectation
 from pdserve.verify.result import CheckResult, skipped
 
 Check = r.Check
+
+
+class HostChoiceError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Here:
+    host: str
+    why: str
+
+
+def choose_host(dep: Deployment, asked: str | None, addresses: Sequence[str]) -> Here:
+    hosts = place(dep).hosts
+    if hosts == (IMPLIED_HOST,):
+        if asked is not None:
+            raise HostChoiceError(f"--host {asked}: deployment {dep.name} describes one host (no [hosts]); "
+                                  "leave --host out")
+        return Here(IMPLIED_HOST, "one host")
+    names = list(dep.hosts)
+    if asked is not None:
+        if asked not in dep.hosts:
+            raise HostChoiceError(
+                f"--host {asked}: not a host of deployment {dep.name}; its hosts are {', '.join(names)}")
+        return Here(asked, "--host")
+    mine = [name for name, spec in dep.hosts.items() if spec.address in addresses]
+    if len(mine) == 1:
+        return Here(mine[0], f"its cluster address {dep.hosts[mine[0]].address} is this machine's")
+    router = router_hosts(dep)[0]
+    found = (f"this machine has the cluster addresses of {', '.join(mine)}" if mine
+             else "no cluster address of the deployment is this machine's")
+    return Here(router, f"{found}: the router's host (pass --host NAME to choose)")
 
 
 def on_host(host: str, what: str, check: Check) -> Callable[[str], Check]:

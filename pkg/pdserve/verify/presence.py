@@ -33,8 +33,7 @@ class Presence:
 def _units(ctx: Context) -> list[str]:
     exp = ctx.exp
     units = [w.unit for w in ctx.local().workers.values()]
-    if not exp.multi_host:
-        units.append(exp.fallback_unit)
+    units.append(exp.fallback_unit)  # "" where there is none (several hosts)
     if ctx.here == exp.router_on:
         units.append(exp.router_unit)
     return list(dict.fromkeys(u for u in units if u))
