@@ -16,7 +16,8 @@ from pdserve.check.access import check_access
 from pdserve.probes import nvml, paths, topology
 from pdserve.probes.observations import Unavailable
 from pdserve.render.toolchain import Toolchain
-from pdserve.schema.config import SERVER_ROLES, Deployment, ServerSpec
+from pdserve.schema.config import Deployment, ServerSpec
+from pdserve.schema.placement import place
 from pdserve.schema.problems import Problem, Severity
 
 
@@ -38,7 +39,7 @@ class HostView:
 
 
 def _servers(dep: Deployment) -> list[tuple[str, ServerSpec]]:
-    return [(role, dep.server(role)) for role in SERVER_ROLES]
+    return [(p.role, p.spec) for p in place(dep).placed if p.spec is not None]
 
 
 def read_host(sys_root: Path = topology.SYS, read_gpus=nvml.read_gpus) -> HostView:

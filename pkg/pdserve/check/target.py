@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pdserve.check.host import HostView
-from pdserve.schema.config import SERVER_ROLES, Deployment
+from pdserve.schema.config import Deployment
+from pdserve.schema.placement import place
 
 
 @dataclass(frozen=True)
@@ -21,7 +22,7 @@ class HostRule:
 
 
 def _named(dep: Deployment) -> tuple[list[int], list[int]]:
-    servers = [dep.server(role) for role in SERVER_ROLES]
+    servers = [p.spec for p in place(dep).placed if p.spec is not None]
     gpus = sorted({g for s in servers for g in s.gpus})
     nodes = sorted({s.numa_node for s in servers if s.numa_node is not None})
     return gpus, nodes

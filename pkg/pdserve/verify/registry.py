@@ -14,7 +14,7 @@ from pdserve.probes.metrics import MetricsObs
 from pdserve.probes.observations import HttpObs, Unavailable
 from pdserve.schema import pins
 from pdserve.schema.config import SERVER_ROLES
-from pdserve.schema.derived import unit_name
+from pdserve.schema.placement import place
 from pdserve.verify.checks import e2e, exposure, gpu, kernels, metrics, numa, router, servers, units, versions
 from pdserve.verify.context import Context
 from pdserve.verify.expect import WorkerExpectation
@@ -102,9 +102,10 @@ def _router_version(ctx: Context) -> CheckResult:
 # ---- kernels
 def _kernels_check(role: str) -> Check:
     def run(ctx: Context) -> CheckResult:
-        server = ctx.dep.server(role)  # type: ignore[arg-type]
-        asked = kernels.KernelsAsked(role, unit_name(ctx.dep, role), server.attention_kernels,  # type: ignore[arg-type]
-                                     server.tensor_parallel)
+        placed = next(p for p in place(ctx.dep).placed if p.role == role)
+        server = placed.spec
+        assert server is not None  # an SGLang server's
+        asked = kernels.KernelsAsked(role, placed.unit, server.attention_kernels, server.tensor_parallel)
         if asked.requested != kernel_log.PDSERVE:
             return kernels.check_kernels(asked, None, None)
         state = ctx.unit_state(asked.unit)

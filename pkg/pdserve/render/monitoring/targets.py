@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pdserve.render.emit import prometheus
 from pdserve.schema.config import Deployment, Role
 from pdserve.schema.derived import connect_address
+from pdserve.schema.placement import place
 
 SCRAPED_ROLES: tuple[Role, ...] = ("prefill", "decode", "router", "fallback")
 
@@ -28,9 +29,12 @@ def job_name(dep: Deployment, role: Role) -> str:
 def targets(dep: Deployment) -> list[Target]:
     """The router's Prometheus listener (not its API port), the two workers' and the fallback's /metrics.
     The fallback has its own job: it answers only while it serves, and its `up` says which layout runs."""
+    # One server per role: monitoring renders for one host (rules refuse it on several).
+    servers: dict[str, tuple[str, int]] = {}
+    for placed in place(dep).of_role("prefill", "decode"):
+        servers.setdefault(placed.role, (placed.listen_host, placed.port))
     where = {
-        "prefill": (dep.worker("prefill").host, dep.worker("prefill").port),
-        "decode": (dep.worker("decode").host, dep.worker("decode").port),
+        **servers,
         "router": (dep.router.prometheus_host, dep.router.prometheus_port),
         "fallback": (dep.fallback_host, dep.fallback_port),
     }
