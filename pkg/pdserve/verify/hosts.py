@@ -20,12 +20,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from pdserve.probes import kernel_log
 from pdserve.schema.config import Deployment
 from pdserve.schema.placement import IMPLIED_HOST, place
-from pdserve.schema.topology import router_hosts, server_named
+from pdserve.schema.topology import router_hosts
 from pdserve.verify import registry as r
-from pdserve.verify.checks import kernels
 from pdserve.verify.context import Context
 from pdserve.verify.expect import Expectations, WorkerExpectation
 from pdserve.verify.result import CheckResult, skipped
@@ -117,18 +115,7 @@ def anywhere(check: Check) -> Callable[[str], Check]:
 
 def _kernels(w: WorkerExpectation) -> Check:
     """pdserve.verify.registry's kernels check for one placed server process (its unit, its spec)."""
-    def run(ctx: Context) -> CheckResult:
-        server = server_named(ctx.dep, w.server)
-        assert server is not None  # expectations come from the same deployment
-        # Each node's journal holds its own TP ranks only: node n runs n*k .. n*k+k-1 of k per node.
-        per_node = w.tp_size // w.nnodes
-        asked = kernels.KernelsAsked(w.role, w.unit, server.spec.attention_kernels, per_node, w.rank * per_node)
-        if asked.requested != kernel_log.PDSERVE:
-            return kernels.check_kernels(asked, None, None)
-        state = ctx.unit_state(w.unit)
-        scan = ctx.grep_invocation(state, kernel_log.MARK)
-        return kernels.check_kernels(asked, state, kernel_log.parse(list(scan.lines)), scan.incomplete)
-    return run
+    return lambda ctx: r.kernels_of(ctx, place(ctx.dep).unit(w.unit))
 
 
 def through(router_host: str, check: Check) -> Check:

@@ -14,7 +14,7 @@ from pdserve.probes.metrics import MetricsObs
 from pdserve.probes.observations import HttpObs, Unavailable
 from pdserve.schema import pins
 from pdserve.schema.config import SERVER_ROLES
-from pdserve.schema.placement import place
+from pdserve.schema.placement import Placed, place
 from pdserve.verify.checks import e2e, exposure, gpu, kernels, metrics, numa, router, servers, units, versions
 from pdserve.verify.context import Context
 from pdserve.verify.expect import WorkerExpectation
@@ -100,18 +100,23 @@ def _router_version(ctx: Context) -> CheckResult:
 
 
 # ---- kernels
+def kernels_of(ctx: Context, placed: Placed | None) -> CheckResult:
+    """The kernels check of one placed SGLang server process: its unit's journal, its share of the TP ranks."""
+    assert placed is not None and placed.spec is not None  # the checks are made from the same deployment
+    spec = placed.spec
+    # Each node's journal holds its own TP ranks only: node n runs n*k .. n*k+k-1 of k per node.
+    per_node = spec.tensor_parallel // placed.nnodes
+    asked = kernels.KernelsAsked(placed.role, placed.unit, spec.attention_kernels, per_node,
+                                 placed.node_rank * per_node)
+    if asked.requested != kernel_log.PDSERVE:
+        return kernels.check_kernels(asked, None, None)
+    state = ctx.unit_state(asked.unit)
+    scan = ctx.grep_invocation(state, kernel_log.MARK)
+    return kernels.check_kernels(asked, state, kernel_log.parse(list(scan.lines)), scan.incomplete)
+
+
 def _kernels_check(role: str) -> Check:
-    def run(ctx: Context) -> CheckResult:
-        placed = next(p for p in place(ctx.dep).placed if p.role == role)
-        server = placed.spec
-        assert server is not None  # an SGLang server's
-        asked = kernels.KernelsAsked(role, placed.unit, server.attention_kernels, server.tensor_parallel)
-        if asked.requested != kernel_log.PDSERVE:
-            return kernels.check_kernels(asked, None, None)
-        state = ctx.unit_state(asked.unit)
-        scan = ctx.grep_invocation(state, kernel_log.MARK)
-        return kernels.check_kernels(asked, state, kernel_log.parse(list(scan.lines)), scan.incomplete)
-    return run
+    return lambda ctx: kernels_of(ctx, next((p for p in place(ctx.dep).placed if p.role == role), None))
 
 
 # ---- GPUs
