@@ -13,8 +13,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pdserve.bench.figures import ALL_FIGURES, ERRORS, FIGURES, KV_TRANSFER, inconsistencies, read_record
+from pdserve.bench.figures import (
+    ALL_FIGURES,
+    ERRORS,
+    FIGURES,
+    GOODPUT_KEYS,
+    KV_TRANSFER,
+    inconsistencies,
+    read_record,
+)
 from pdserve.bench.sweep import Sweep
+from pdserve.bench.table import sweep_lines
 from pdserve.bench.workload import Point
 from pdserve.schema import strict_json
 from tests.property.strict_json import strict_loads
@@ -38,6 +47,27 @@ def test_the_recorded_client_record_gives_every_figure_consistently():
     assert result.completed == 3 and result.figures[ERRORS.key] == 0 and result.figures[KV_TRANSFER.key] == 1.5
     assert result.figures["ttft_p50_ms"] == pytest.approx(recorded()["median_ttft_ms"])
     assert inconsistencies(result) == []
+
+
+def without_goodput() -> dict:
+    """The recorded record as a client run without --goodput writes it (SGLang 0.5.17's has no such option):
+    no goodput keys at all."""
+    return {k: v for k, v in recorded().items() if k not in ("request_goodput", "slo_attainment",
+                                                             "slo_attainment_by_metric")}
+
+
+def test_a_client_run_without_goodput_is_measured_without_its_figures():
+    result = read_record(POINT, as_bytes(without_goodput()), kv_transfer_ms=1.5, goodput=False)
+    assert result.measured, result.failure
+    assert set(result.figures) == {f.key for f in ALL_FIGURES} - GOODPUT_KEYS
+    assert inconsistencies(result) == []
+    lines = "\n".join(sweep_lines(Sweep("pd", "http://x", [result])))
+    assert "TTFT p50" in lines and "goodput" not in lines and "SLO attainment" not in lines
+
+
+def test_goodput_asked_for_and_missing_is_unreadable():
+    result = read_record(POINT, as_bytes(without_goodput()), goodput=True)
+    assert not result.measured and "request_goodput" in (result.failure or "")
 
 
 def test_the_last_record_counts_when_the_client_appended_several():

@@ -49,6 +49,9 @@ FIGURES: tuple[Figure, ...] = (
 ERRORS = Figure("errors", "", "errors", "lower")
 KV_TRANSFER = Figure("kv_transfer_ms", "", "KV transfer mean (ms)", "lower")
 ALL_FIGURES: tuple[Figure, ...] = (*FIGURES, ERRORS, KV_TRANSFER)
+# The figures the client writes only when asked with --goodput, an option SGLang's client gained after 0.5.17:
+# a client run without it writes neither key, and the point is measured without them.
+GOODPUT_KEYS = frozenset({"goodput_req_s", "slo_attainment"})
 BY_KEY = {f.key: f for f in ALL_FIGURES}
 COUNTS = ("completed", "total_input_tokens", "total_output_tokens")
 
@@ -94,8 +97,11 @@ def cause(text: str) -> str:
     return line if len(line) <= CAUSE_CHARS else line[:CAUSE_CHARS] + "..."
 
 
-def read_record(point: Point, data: bytes, kv_transfer_ms: float | None = None) -> PointResult:
-    """The point's figures from the client's --output-file (its last record: the file is appended to)."""
+def read_record(point: Point, data: bytes, kv_transfer_ms: float | None = None,
+                goodput: bool = True) -> PointResult:
+    """The point's figures from the client's --output-file (its last record: the file is appended to).
+    `goodput`: whether the client was run with --goodput; without it the goodput figures are not read (and
+    not required), with it a record that lacks them is unreadable like any other missing figure."""
     lines = [line for line in data.splitlines() if line.strip()]
     if not lines:
         return failed(point, "the client wrote no result (every request may have failed before it could)")
@@ -106,7 +112,7 @@ def read_record(point: Point, data: bytes, kv_transfer_ms: float | None = None) 
     if not isinstance(record, dict):
         return failed(point, "the client's result is not a JSON object")
     try:
-        figures = {f.key: _figure(record, f.source) for f in FIGURES}
+        figures = {f.key: _figure(record, f.source) for f in FIGURES if goodput or f.key not in GOODPUT_KEYS}
         counts = {key: int(_figure(record, key)) for key in COUNTS}
         duration = _figure(record, "duration")
     except ValueError as exc:

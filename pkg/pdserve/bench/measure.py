@@ -38,7 +38,7 @@ def measure_point(python: str, workload: Workload, point: Point, target: Target,
     if run.problem and not run.result:
         return failed(point, run.problem)
     kv = kv_transfer.mean_ms(before, kv_transfer.scrape(target.prefill_urls)) if target.prefill_urls else None
-    result = read_record(point, run.result, kv)
+    result = read_record(point, run.result, kv, goodput)
     if run.problem and result.measured:  # figures written, then the client failed: keep them, say so
         return PointResult(result.point, result.figures, result.completed, result.duration_s,
                            result.total_output_tokens, {**result.errors, run.problem: 1})

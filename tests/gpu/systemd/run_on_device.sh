@@ -6,6 +6,7 @@
 #   bash tests/gpu/systemd/run_on_device.sh run       # every part staged: unpack, boot, start, verify, kill -9
 #   bash tests/gpu/systemd/run_on_device.sh restarts  # after run, same machine: warm, then cold, prefill restart
 #   bash tests/gpu/systemd/run_on_device.sh bench     # after run, same machine: pdserve bench --compare single,pd
+#     (NO_FAULTS=1 ... run: start and verify only, when the call is there for a bench call after it)
 # Results go to $OUT (or ./gpu-out). PDSERVE_COMMIT, if set, is recorded with them.
 set -uo pipefail
 cd "$(dirname "$0")/../../.." || exit 1
@@ -72,7 +73,7 @@ case "${1:-run}" in
       "sglang-router", "sglang-kernel", "nixl-cu13", "triton")], sep="; ")' >> "$out/machine.txt" 2>&1
     timeout "${GPU_TIER_TIMEOUT:-540}" python3 -m tests.gpu.systemd.runner run --work "$work" --out "$out" \
       --start-timeout 360 --budget-s "$(( ${GPU_TIER_TIMEOUT:-540} - 10 ))" \
-      ${BENCH:+--cold-restart-needs-s 100000} 2>&1 \
+      ${BENCH:+--cold-restart-needs-s 100000} ${NO_FAULTS:+--no-faults} 2>&1 \
       | tee "$out/run.log"
     # BENCH=1: pdserve bench on the same container right after (the run's cold restart is then left out).
     if [ "${BENCH:-0}" = 1 ]; then

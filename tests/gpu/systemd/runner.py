@@ -41,6 +41,7 @@ DEPLOYMENT_INSIDE = "/etc/pdserve/gputest.toml"
 CONFIG_INSIDE = f"/etc/systemd/system/pdserve-{NAME}.json"
 PDSERVE_INSIDE = "/usr/local/bin/pdserve"
 UNITS = {role: f"sglang-{NAME}-{role}.service" for role in ("prefill", "decode", "router")}
+FALLBACK_UNIT = f"sglang-{NAME}.service"  # the single-server fallback, which `bench --compare` cuts over to
 # The machine's policy: NVLink multicast stays off, also in programs started with their own environment.
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 # The second router of the side-by-side column: sglang-router 0.3.2, a plain process, with the resilience
@@ -201,8 +202,8 @@ def journal(box: Container, unit: str) -> list[phases.Entry]:
     return phases.parse_journal_json(done.stdout)
 
 
-def save_journals(box: Container, out: Path) -> None:
-    for role, unit in UNITS.items():
+def save_journals(box: Container, out: Path, units: dict[str, str] = UNITS) -> None:
+    for role, unit in units.items():
         text = box.run(["journalctl", "--no-pager", "-o", "short-monotonic", "-u", unit], timeout=60,
                        check=False).stdout
         (out / f"journal-{role}.txt").write_text(text[-4_000_000:])
@@ -409,6 +410,10 @@ def run(args) -> int:
         first_start_phases(box, report)
         if not ok:
             return 1
+        if args.no_faults:  # start and verify only: a `bench` call follows on this machine
+            verify(box, report)
+            log(f"verify exit {report['verify']['exit']}, failing {report['verify']['failing']}")
+            return 0
         legacy, legacy_port = start_legacy_router(work, {"prefill": 30000, "decode": 30002, "bootstrap": 8998}, out)
         verify(box, report)
         log(f"verify exit {report['verify']['exit']}, failing {report['verify']['failing']}")
@@ -567,6 +572,9 @@ def bench(args) -> int:
     finally:
         units = unit_timestamps(box)
         report["units_after"] = {u: units[u]["active"] for u in UNITS.values() if u in units}
+        # Every unit the comparison started or stopped, the fallback's included: a cutover that failed is
+        # read from its journal.
+        save_journals(box, out, {**UNITS, "single": FALLBACK_UNIT})
     try:
         result = json.loads(done.stdout)
     except ValueError:
@@ -591,6 +599,8 @@ def main() -> int:
     parser.add_argument("--budget-s", type=float, default=0.0, help="run: the seconds this call may take")
     parser.add_argument("--cold-restart-needs-s", type=float, default=200.0,
                         help="run: after the kill, a cold restart of the prefill if this much of the budget is left")
+    parser.add_argument("--no-faults", action="store_true",
+                        help="run: start the units and verify, nothing more (the machine's next call benches)")
     parser.add_argument("--workload", default="gpu-tier",
                         help="bench: the workload pdserve bench runs (a built-in or one of bench_workloads.toml)")
     args = parser.parse_args()
