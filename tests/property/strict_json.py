@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from pdserve.schema.loading import RepeatedKey, unique_keys
+
 
 class NotStrictJson(AssertionError):
     pass
@@ -14,15 +16,6 @@ class NotStrictJson(AssertionError):
 
 def _constant(name: str) -> Any:
     raise NotStrictJson(f"{name} is not JSON (RFC 8259 allows no NaN or Infinity)")
-
-
-def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    data: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in data:
-            raise NotStrictJson(f"key {key!r} appears twice in one object")
-        data[key] = value
-    return data
 
 
 def _lone_surrogate(data: Any) -> str | None:
@@ -41,8 +34,10 @@ def _lone_surrogate(data: Any) -> str | None:
 
 def strict_loads(text: str, what: str) -> Any:
     try:
-        data = json.loads(text, parse_constant=_constant, object_pairs_hook=_pairs)
-    except NotStrictJson as exc:
+        # Repeated keys are refused as pdserve refuses them in a deployment file: a reader, not the writer
+        # under test (pdserve.schema.strict_json); test_consumers_can_fail holds that it refuses them.
+        data = json.loads(text, parse_constant=_constant, object_pairs_hook=unique_keys)
+    except (NotStrictJson, RepeatedKey) as exc:
         raise NotStrictJson(f"{what} is not strict JSON: {exc}") from None
     except ValueError as exc:
         raise NotStrictJson(f"{what} is not JSON: {exc}: {text[:500]!r}") from None

@@ -70,25 +70,24 @@ class Capacity(Shape):
     max_total_num_tokens: Count | None = None
 
 
-class ServerArgs(Shape):
-    """/server_info: the server's resolved arguments."""
+class ModelInfo(Shape):
+    """/model_info: the mode and parsers the server runs. /server_info reports them too (ServerArgs), for
+    the releases whose /model_info lacks one; where /model_info has it, its value is the one read."""
     disaggregation_mode: str | None = None
+    reasoning_parser: str | None = None
+    tool_call_parser: str | None = None
+
+
+class ServerArgs(ModelInfo):
+    """/server_info: the server's resolved arguments, /model_info's among them."""
     tp_size: Count | None = None
     mem_fraction_static: float | None = None
     context_length: Count | None = None
     chunked_prefill_size: Annotated[int, Field(ge=-1, le=2**63 - 1)] | None = None  # -1: chunking off
-    reasoning_parser: str | None = None
-    tool_call_parser: str | None = None
 
 
 class Version(Shape):
     version: str | None = None
-
-
-class ModelInfo(Shape):
-    disaggregation_mode: str | None = None
-    reasoning_parser: str | None = None
-    tool_call_parser: str | None = None
 
 
 # ---- the router (smg)

@@ -46,12 +46,17 @@ def _file_problem(source: str, message: str, fix: str, step: str = "reading the 
                        [f"{step}, which failed: no field was reached"])
 
 
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """JSON objects with a repeated key are refused, as TOML refuses a repeated key."""
+class RepeatedKey(ValueError):
+    """A JSON object names one key twice."""
+
+
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json.loads' object_pairs_hook: JSON objects with a repeated key are refused (RepeatedKey), as TOML
+    refuses a repeated key; Python's json alone keeps the last value silently."""
     data: dict[str, Any] = {}
     for key, value in pairs:
         if key in data:
-            raise ValueError(f"key {key!r} appears twice in one object")
+            raise RepeatedKey(f"key {key!r} appears twice in one object")
         data[key] = value
     return data
 
@@ -72,7 +77,7 @@ def _depth(data: Any) -> int:
 def parse_document(text: str, fmt: str, source: str) -> dict[str, Any]:
     name = fmt.upper()
     try:
-        data = tomllib.loads(text) if fmt == "toml" else json.loads(text, object_pairs_hook=_unique_keys)
+        data = tomllib.loads(text) if fmt == "toml" else json.loads(text, object_pairs_hook=unique_keys)
     except (tomllib.TOMLDecodeError, ValueError, RecursionError) as exc:
         # ValueError covers JSONDecodeError, repeated keys and integers over Python's digit limit.
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
 from pdserve.probes.http import NotJson, parse_json
 from pdserve.probes.observations import ChatObs, StreamObs
 from pdserve.verify.expect import Expectations
@@ -57,40 +62,62 @@ def _short(text: str | None, n: int = 80) -> str:
     return repr(text if len(text) <= n else text[:n] + "...")
 
 
-def check_chat(exp: Expectations, obs: ChatObs) -> CheckResult:
-    cid = "e2e.chat"
-    expected = "a non-empty assistant reply"
-    unread = _not_the_api(cid, obs, expected, exp)
-    if unread:
-        return unread
-    observed = f"content {_short(obs.content)}, finish_reason={obs.finish_reason}"
-    if not (obs.content or "").strip():
-        return failed(cid, observed, expected, "the decode server answered with no text: check its journal")
-    return passed(cid, observed, expected)
+@dataclass(frozen=True)
+class Verdict:
+    """A judge's reading of an answer its check's guard let through: what it observed, whether that fails the
+    check, the fix a failure names and the problems it found (the failure's details)."""
+
+    observed: str
+    failing: bool
+    fix: str
+    problems: list[str] = field(default_factory=list)
 
 
-def check_reasoning(exp: Expectations, obs: ChatObs) -> CheckResult:
-    cid = "e2e.reasoning"
-    expected = "with chat_template_kwargs thinking=true: reasoning in reasoning_content, none in content"
-    unjudged = _before_judging(cid, obs, expected, exp)
-    if unjudged:
-        return unjudged
-    observed = f"reasoning_content {_short(obs.reasoning_content)}, content {_short(obs.content)}"
+Obs = TypeVar("Obs", ChatObs, StreamObs)
+Judge = Callable[[Expectations, Obs], Verdict]
+Check = Callable[[Expectations, Obs], CheckResult]
+# _not_the_api or _before_judging. Each takes every answer its checks' judges take; the check takes what its
+# judge takes (Any here, so that the judge's type, not the guard's, is the check's).
+Guard = Callable[[str, Any, str, Expectations], CheckResult | None]
+
+
+def _check(cid: str, expected: str, guard: Guard) -> Callable[[Judge[Obs]], Check[Obs]]:
+    """The check `cid` made of a judge: first what `guard` says (the request failed, the answer is not the
+    API's, the check does not apply), else the judge's verdict as a pass or a failure."""
+    def make(judge: Judge[Obs]) -> Check[Obs]:
+        @functools.wraps(judge)
+        def check(exp: Expectations, obs: Obs) -> CheckResult:
+            unjudged = guard(cid, obs, expected, exp)
+            if unjudged:
+                return unjudged
+            verdict = judge(exp, obs)
+            if verdict.failing:
+                return failed(cid, verdict.observed, expected, verdict.fix, verdict.problems)
+            return passed(cid, verdict.observed, expected)
+        return check
+    return make
+
+
+@_check("e2e.chat", "a non-empty assistant reply", _not_the_api)
+def check_chat(exp: Expectations, obs: ChatObs) -> Verdict:
+    return Verdict(f"content {_short(obs.content)}, finish_reason={obs.finish_reason}",
+                   failing=not (obs.content or "").strip(),
+                   fix="the decode server answered with no text: check its journal")
+
+
+@_check("e2e.reasoning", "with chat_template_kwargs thinking=true: reasoning in reasoning_content, none in content",
+        _before_judging)
+def check_reasoning(exp: Expectations, obs: ChatObs) -> Verdict:
     leaked = any(m in (obs.content or "") for m in THINK_MARKERS)
-    if not (obs.reasoning_content or "").strip() or leaked:
-        return failed(cid, observed, expected,
-                      f"pass --reasoning-parser {exp.reasoning_parser} to BOTH SGLang servers (model.reasoning_parser; "
-                      "the router does not parse in PD mode) and restart them; if it is set, the parser does not "
-                      "match the model's output format")
-    return passed(cid, observed, expected)
+    return Verdict(f"reasoning_content {_short(obs.reasoning_content)}, content {_short(obs.content)}",
+                   failing=not (obs.reasoning_content or "").strip() or leaked,
+                   fix=f"pass --reasoning-parser {exp.reasoning_parser} to BOTH SGLang servers "
+                   "(model.reasoning_parser; the router does not parse in PD mode) and restart them; if it is set, "
+                   "the parser does not match the model's output format")
 
 
-def check_tools(exp: Expectations, obs: ChatObs) -> CheckResult:
-    cid = "e2e.tools"
-    expected = "2 parsed tool_calls, each with a name and JSON-object arguments"
-    unjudged = _before_judging(cid, obs, expected, exp)
-    if unjudged:
-        return unjudged
+@_check("e2e.tools", "2 parsed tool_calls, each with a name and JSON-object arguments", _before_judging)
+def check_tools(exp: Expectations, obs: ChatObs) -> Verdict:
     problems = []
     for i, call in enumerate(obs.tool_calls):
         try:
@@ -103,25 +130,19 @@ def check_tools(exp: Expectations, obs: ChatObs) -> CheckResult:
         if not call.name:
             problems.append(f"call {i} has no function name")
     calls = ", ".join(f"{c.name}({c.arguments})" for c in obs.tool_calls) or "none"
-    observed = (f"{len(obs.tool_calls)} tool_calls: {calls}; finish_reason={obs.finish_reason}; "
-                f"content {_short(obs.content)}")
-    if DSML_MARKER in (obs.content or "") or len(obs.tool_calls) != 2 or problems:
-        return failed(cid, observed, expected,
-                      f"pass --tool-call-parser {exp.tool_call_parser} to BOTH SGLang servers (model.tool_call_parser; "
-                      "the router does not parse in PD mode); raw tool-call markup in content means no parser ran",
-                      problems)
-    return passed(cid, observed, expected)
+    return Verdict(f"{len(obs.tool_calls)} tool_calls: {calls}; finish_reason={obs.finish_reason}; "
+                   f"content {_short(obs.content)}",
+                   failing=DSML_MARKER in (obs.content or "") or len(obs.tool_calls) != 2 or bool(problems),
+                   fix=f"pass --tool-call-parser {exp.tool_call_parser} to BOTH SGLang servers "
+                   "(model.tool_call_parser; the router does not parse in PD mode); raw tool-call markup in content "
+                   "means no parser ran",
+                   problems=problems)
 
 
-def check_stream(exp: Expectations, obs: StreamObs) -> CheckResult:
-    cid = "e2e.stream"
-    expected = "several content chunks, a finish_reason, and a usage chunk (stream_options.include_usage)"
-    unread = _not_the_api(cid, obs, expected, exp)
-    if unread:
-        return unread
+@_check("e2e.stream", "several content chunks, a finish_reason, and a usage chunk (stream_options.include_usage)",
+        _not_the_api)
+def check_stream(exp: Expectations, obs: StreamObs) -> Verdict:
     usage = obs.usage or {}
-    observed = (f"{obs.chunks} chunks ({obs.content_chunks} with content), finish_reason={obs.finish_reason}, "
-                f"usage={ {k: usage.get(k) for k in ('prompt_tokens', 'completion_tokens')} if obs.usage else None}")
     problems = []
     if obs.content_chunks < 2:
         problems.append("the reply did not arrive incrementally (fewer than 2 content chunks)")
@@ -129,9 +150,9 @@ def check_stream(exp: Expectations, obs: StreamObs) -> CheckResult:
         problems.append("no chunk carried a finish_reason")
     if not obs.usage or not usage.get("completion_tokens"):
         problems.append("no usage chunk with completion_tokens")
-    if problems:
-        return failed(cid, observed, expected,
-                      "something between client and decode server buffers or rewrites the stream (a proxy, or a "
-                      "router/server version mismatch): check versions.* and any proxy in front of the router",
-                      problems)
-    return passed(cid, observed, expected)
+    return Verdict(f"{obs.chunks} chunks ({obs.content_chunks} with content), finish_reason={obs.finish_reason}, "
+                   f"usage={ {k: usage.get(k) for k in ('prompt_tokens', 'completion_tokens')} if obs.usage else None}",
+                   failing=bool(problems),
+                   fix="something between client and decode server buffers or rewrites the stream (a proxy, or a "
+                   "router/server version mismatch): check versions.* and any proxy in front of the router",
+                   problems=problems)

@@ -84,7 +84,7 @@ def check_server_args(exp: Expectations, w: WorkerExpectation, info: HttpObs, mo
     assert isinstance(body, ServerArgs) and not isinstance(minfo, Mismatch)
     got = {}
     for key in want:
-        if key in ("reasoning_parser", "tool_call_parser", "disaggregation_mode"):
+        if key in ModelInfo.model_fields:
             got[key] = _parser(body, minfo, key)
         else:
             got[key] = getattr(body, key)
