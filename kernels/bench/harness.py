@@ -175,6 +175,20 @@ def indexer_pool(n_blocks: int, gen) -> torch.Tensor:
     return kv.view(n_blocks, INDEXER_PAGE, 1, 132)
 
 
+def random_pages(pool_blocks: int, B: int, L: int, gen) -> torch.Tensor:
+    """B x L / INDEXER_PAGE distinct pages at random positions of a pool of pool_blocks (for indexer_requests)."""
+    return torch.randperm(pool_blocks, device="cuda", generator=gen)[:B * L // INDEXER_PAGE]
+
+
+def indexer_requests(B: int, L: int, gen, pages: torch.Tensor):
+    """Inputs of B requests of L positions on the given B x L / INDEXER_PAGE pages: q, weights, context lengths,
+    block table."""
+    q = torch.randn((B, 1, 64, 128), device="cuda", generator=gen).to(torch.float8_e4m3fn)
+    w = torch.randn((B, 64), device="cuda", generator=gen) / 8
+    ctx = torch.full((B,), L, dtype=torch.int32, device="cuda")
+    return q, w, ctx, pages.int().view(B, L // INDEXER_PAGE)
+
+
 def indexer_key_bytes(B: int, L: int) -> int:
     """The bytes an indexer call must read: every key of every request (132 B per key)."""
     return B * L * 132

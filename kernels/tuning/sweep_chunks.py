@@ -14,6 +14,8 @@ import torch
 from harness import (
     Timer,
     indexer_pool,
+    indexer_requests,
+    random_pages,
 )
 
 from pdserve_kernels.dsa_indexer import DsaIndexer
@@ -30,10 +32,7 @@ print(f"calibration: one tiny torch kernel between events: {timer.median_us(lamb
 impls = sys.argv[1].split(",") if len(sys.argv) > 1 else ["wgmma"]
 for impl in impls:
     for B, L in shapes:
-        used = torch.randperm(pool_blocks, device="cuda", generator=gen)[:B * L // 64].int().view(B, L // 64)
-        q = torch.randn((B, 1, 64, 128), device="cuda", generator=gen).to(torch.float8_e4m3fn)
-        w = torch.randn((B, 64), device="cuda", generator=gen) / 8
-        ctx = torch.full((B,), L, dtype=torch.int32, device="cuda")
+        q, w, ctx, used = indexer_requests(B, L, gen, random_pages(pool_blocks, B, L, gen))
         floor = B * L * 132 / 4.25e12 * 1e6
         default = ind.default_chunk_pages(B, L, 1)
         res = []
