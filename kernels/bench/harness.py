@@ -91,8 +91,13 @@ def row_table(extras: str, columns: str, row: str):
 
 def seeded_generator() -> torch.Generator:
     """Fresh random inputs every run (seeded from the clock)."""
+    return fixed_generator(int(datetime.datetime.now(datetime.UTC).timestamp()))
+
+
+def fixed_generator(seed: int) -> torch.Generator:
+    """The same random inputs every run of a tuning aid (a CUDA generator seeded with `seed`)."""
     gen = torch.Generator(device="cuda")
-    gen.manual_seed(int(datetime.datetime.now(datetime.UTC).timestamp()))
+    gen.manual_seed(seed)
     return gen
 
 

@@ -24,15 +24,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "python")]
 
 import torch  # noqa: E402
-from harness import (  # noqa: E402
-    Timer,
-    finish,
-    indexer_pool,
-    indexer_requests,
-    run_env,
-    seeded_generator,
-    table_head,
-)
+from harness import Timer, finish, indexer_pool, indexer_requests, run_env, seeded_generator, table_head  # noqa: E402
 from targets import INDEXER_TOPK  # noqa: E402
 from targets_measure import is_exact_topk  # noqa: E402
 

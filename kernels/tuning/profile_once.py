@@ -6,12 +6,11 @@ import sys
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "python"))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "bench"))
 import torch
-from harness import indexer_pool, indexer_requests, random_pages
+from harness import fixed_generator, indexer_pool, indexer_requests, random_pages
 
 from pdserve_kernels.dsa_indexer import DsaIndexer
 
-gen = torch.Generator(device="cuda")
-gen.manual_seed(3)
+gen = fixed_generator(3)
 ind = DsaIndexer()
 shapes = [(int(b), int(n)) for b, n in (x.split("x") for x in sys.argv[1].split(","))]
 kv = indexer_pool(max(b * n for b, n in shapes) // 64, gen)

@@ -11,19 +11,11 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "python"))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "bench"))
 
 import torch
-from harness import (
-    Timer,
-    indexer_pool,
-    indexer_requests,
-    random_pages,
-)
+from harness import Timer, fixed_generator, indexer_pool, indexer_requests, random_pages
 
 from pdserve_kernels.dsa_indexer import DsaIndexer
 
-gen = torch.Generator(device="cuda")
-gen.manual_seed(1)
-timer = Timer()
-ind = DsaIndexer()
+gen, timer, ind = fixed_generator(1), Timer(), DsaIndexer()
 shapes = [(1, 8192), (1, 131072), (1, 524288), (8, 32768), (64, 32768), (128, 131072)]
 pool_blocks = max(b * n for b, n in shapes) // 64
 kv = indexer_pool(pool_blocks, gen)
