@@ -229,6 +229,14 @@ __device__ __forceinline__ float out_factor(const MlaParams& p, int head, float 
   return f;
 }
 
+// How many entries of its row's list (the main indices, then the extra ones) split `split` takes, from position
+// split * p.per_split: p.per_split, fewer for the last split, none for a split past the end.
+__device__ __forceinline__ int split_entries(const MlaParams& p, int split) {
+  const int ntot = p.topk + p.topk_extra;
+  const int start = split * p.per_split;
+  return max(0, min(p.per_split, ntot - start));
+}
+
 // Entry `pos` of a row's index list (the main indices, then the extra ones): where it is, and its value validated
 // (-1 when invalid, kExtraBit set for the extra source). Split so that a caller can issue several loads before it
 // uses any (a load followed by its check waits for each load's round trip in turn).

@@ -163,9 +163,7 @@ __device__ __forceinline__ void wge_body(const MlaParams& p, uint8_t* smem_raw) 
   const int split = blockIdx.x, hblk = blockIdx.y, row = blockIdx.z;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int wg = warp >> 2;
-  const int ntot = p.topk + p.topk_extra;
-  const int start = split * p.per_split;
-  const int n_local = max(0, min(p.per_split, ntot - start));
+  const int n_local = split_entries(p, split), start = split * p.per_split;
   const int ntiles = (n_local + T - 1) / T;
 
   // Index list, validated once: -1 for invalid entries and the padding up to the last tile's end.
@@ -316,29 +314,7 @@ __device__ __forceinline__ void wge_body(const MlaParams& p, uint8_t* smem_raw) 
       reg_fence(sb);
       wge_fold(st, sb, scl + 3 * T, t);
       float (&s)[16] = st;
-      // s[4 j + q]: head r0 (q < 2) or r0 + 8, entry 8 j + 2 t + (q & 1).
-      float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const bool ok = sidx[it * T + 8 * j + 2 * t + (q & 1)] >= 0;
-          s[4 * j + q] = ok ? s[4 * j + q] * srow[q >> 1] : -INFINITY;
-          mx[q >> 1] = fmaxf(mx[q >> 1], s[4 * j + q]);
-        }
-      float m_use[2];
-      wg_row_max_update(mx, m_run, m_use, alpha);
-      float sum[2] = {0.f, 0.f};
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          s[4 * j + q] = exp2f(s[4 * j + q] - m_use[q >> 1]);
-          sum[q >> 1] += s[4 * j + q];
-        }
-      // The quad's partial sums are combined once at the end (alpha is the same across the quad).
-      l_run[0] = l_run[0] * alpha[0] + sum[0];
-      l_run[1] = l_run[1] * alpha[1] + sum[1];
+      WG_SOFTMAX_TILE(s, t, sidx, it * T, srow, m_run, alpha, l_run);
       wg_pack_p<true>(a, s);   // P <= 1
       if (it >= 2) bar_sync(kBarPFree + b, 256);   // warpgroup 1 has read this buffer's P of tile it-2
       pq[0] = make_uint4(a[0][0], a[0][1], a[0][2], a[0][3]);

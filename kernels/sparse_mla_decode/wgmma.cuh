@@ -236,6 +236,37 @@ __device__ __forceinline__ void wg_row_max_update(float (&mx)[2], float (&m_run)
   }
 }
 
+// The online softmax's steps after the maximum (wg_row_max_update), in place on a consumer thread's N scores S of
+// one tile (head row r0 for S[i] with (i >> 1) & 1 = 0, else r0 + 8): S becomes P = exp2(S - M_USE) and L_RUN the
+// running sums rescaled by ALPHA plus this thread's part of the tile's (the quad's partial sums are combined once at
+// the end: ALPHA is the same across the quad). Declares sum.
+// This and WG_SOFTMAX_TILE are macros rather than functions: as inlined functions (their arrays then the kernel's
+// first locals) the same code compiles to other bytes, and the production fatbin's are fixed (kernels/build.sh).
+#define WG_EXP_SUM(S, N, M_USE, ALPHA, L_RUN)                     \
+  float sum[2] = {0.f, 0.f};                                     \
+  _Pragma("unroll") for (int i = 0; i < N; ++i) {                \
+    S[i] = exp2f(S[i] - M_USE[(i >> 1) & 1]);                    \
+    sum[(i >> 1) & 1] += S[i];                                   \
+  }                                                              \
+  L_RUN[0] = L_RUN[0] * ALPHA[0] + sum[0];                       \
+  L_RUN[1] = L_RUN[1] * ALPHA[1] + sum[1]
+
+// One tile's online softmax for a consumer thread of the wg and wge kernels, in place on its scores S (float[16];
+// S[4 j + q]: head row r0 (q < 2) or r0 + 8, entry 8 j + 2 t + (q & 1) of the tile, whose validated indices start
+// at SIDX[I0]): the scores of invalid entries become -inf, the others are scaled by their row's SROW; then the
+// maximum step (ALPHA: the old O's and sum's rescale) and WG_EXP_SUM. Declares mx, m_use and sum.
+#define WG_SOFTMAX_TILE(S, T_, SIDX, I0, SROW, M_RUN, ALPHA, L_RUN)   \
+  float mx[2] = {-INFINITY, -INFINITY};                              \
+  _Pragma("unroll") for (int j = 0; j < 4; ++j)                      \
+  _Pragma("unroll") for (int q = 0; q < 4; ++q) {                    \
+    const bool ok = SIDX[I0 + 8 * j + 2 * T_ + (q & 1)] >= 0;        \
+    S[4 * j + q] = ok ? S[4 * j + q] * SROW[q >> 1] : -INFINITY;     \
+    mx[q >> 1] = fmaxf(mx[q >> 1], S[4 * j + q]);                    \
+  }                                                                  \
+  float m_use[2];                                                    \
+  wg_row_max_update(mx, M_RUN, m_use, ALPHA);                        \
+  WG_EXP_SUM(S, 16, m_use, ALPHA, L_RUN)
+
 // A consumer warpgroup's PV step (wg and wgt kernels): O (its 256 dims) rescaled by alpha per head row, then
 // O += P V over KS k-steps of 16 entries, P from registers (a[kk]), V = the T-entry tile at tile_u read MN-major
 // (dims 256 wg ..: four 64-dim column blocks; leading byte offset between column blocks, stride between 8-entry
