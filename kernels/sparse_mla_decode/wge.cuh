@@ -168,24 +168,9 @@ __device__ __forceinline__ void wge_body(const MlaParams& p, uint8_t* smem_raw) 
 
   // Index list, validated once: -1 for invalid entries and the padding up to the last tile's end.
   index_list<kWgThreads>(p, row, start, n_local, ntiles * T, tid, sidx);
-  // Per-head power-of-two exponent k that puts max |q| into [2^14, 2^15) (warp w: heads w, w + 12, ...).
+  // The per-head exponents that put max |q| into [2^14, 2^15).
   int* qexp = reinterpret_cast<int*>(fin);   // fin is not used before the epilogue
-  for (int r = warp; r < 64; r += kWgThreads / 32) {
-    const int head = hblk * 64 + r;
-    uint32_t m = 0;
-    if (head < p.h) {
-      const uint4* qh = reinterpret_cast<const uint4*>(p.q + (static_cast<size_t>(row) * p.h + head) * DQK);
-      for (int c = lane; c < DQK / 8; c += 32) {
-        const uint4 v = __ldg(qh + c);
-        const uint32_t x[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) m = max(m, max(x[i] & 0x7fffu, (x[i] >> 16) & 0x7fffu));
-      }
-    }
-#pragma unroll
-    for (int o = 16; o; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if (lane == 0) qexp[r] = q_shift(m << 16);
-  }
+  WG_Q_EXPONENTS(p, row, hblk * 64, DQK, qexp);
   __syncthreads();
   // Q block (heads past h are zero) x 2^k of its head into the swizzled layout: the NoPE dims in f16 (exact),
   // the RoPE dims (chunks 64..71) in bf16 (exact).
@@ -366,19 +351,7 @@ __device__ __forceinline__ void wge_body(const MlaParams& p, uint8_t* smem_raw) 
   }
 
   // Epilogue. Warpgroup 0 completes the sums and hands (m, l) of its rows to warpgroup 1.
-  if (wg == 0) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
-      l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
-    }
-    fin[ctid] = make_float4(m_run[0], m_run[1], l_run[0], l_run[1]);
-    bar_arrive(kBarFin, 256);
-  } else {
-    bar_sync(kBarFin, 256);
-    const float4 f4 = fin[ctid];
-    m_run[0] = f4.x; m_run[1] = f4.y; l_run[0] = f4.z; l_run[1] = f4.w;
-  }
+  WG_ML_HANDOVER(wg, m_run, l_run, fin, ctid)
   const float eo[2] = {exp2i(e_run[0]), exp2i(e_run[1])};
   const int d0 = wg * 256 + 2 * t;
 #pragma unroll

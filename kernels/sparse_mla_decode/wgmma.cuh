@@ -158,9 +158,46 @@ __device__ __forceinline__ uint4 bf16x8_to_f16(uint4 v) {
 
 // ---- pieces of the wg and wge bodies (the same CTA: 384 threads, 64 heads, 32-entry tiles, bulk-copy ring,
 // named barriers, split protocol), inlined into both: every kernel's SASS is the same as with the pieces written
-// out in each body (cuobjdump -sass of both targets, function by function, 2026-12-01). Still written out in
-// both, because as helpers they changed the SASS (ptxas renumbered the consumers' registers): the per-head Q
-// exponents, the gather issue, the online softmax and the epilogue's (m, l) hand-over.
+// out in each body (cuobjdump -sass of both targets, function by function, 2026-12-01). As helpers, the per-head Q
+// exponents, the online softmax and the epilogue's (m, l) hand-over changed the SASS (ptxas renumbered the
+// consumers' registers): they are macros (WG_Q_EXPONENTS, WG_SOFTMAX_TILE, WG_ML_HANDOVER), which leave the fatbin's
+// bytes as they were. Still written out in each: the gather issue (wge's reads V3.2 records only).
+
+// The epilogue's (m, l) hand-over: warpgroup 0 (WG == 0) completes its rows' sums L_RUN over the quad and hands
+// (M_RUN, L_RUN) through FIN[CTID] (float4) to the same thread of warpgroup 1, which takes them as its own. (A macro:
+// see above.)
+#define WG_ML_HANDOVER(WG, M_RUN, L_RUN, FIN, CTID)                       \
+  if (WG == 0) {                                                          \
+    _Pragma("unroll") for (int r = 0; r < 2; ++r) {                       \
+      L_RUN[r] += __shfl_xor_sync(0xffffffffu, L_RUN[r], 1);              \
+      L_RUN[r] += __shfl_xor_sync(0xffffffffu, L_RUN[r], 2);              \
+    }                                                                     \
+    FIN[CTID] = make_float4(M_RUN[0], M_RUN[1], L_RUN[0], L_RUN[1]);      \
+    bar_arrive(kBarFin, 256);                                             \
+  } else {                                                                \
+    bar_sync(kBarFin, 256);                                               \
+    const float4 f4 = FIN[CTID];                                          \
+    M_RUN[0] = f4.x; M_RUN[1] = f4.y; L_RUN[0] = f4.z; L_RUN[1] = f4.w;   \
+  }
+
+// Per-head power-of-two exponent k that puts max |q| into [2^14, 2^15), into QEXP[r] for the 64 heads H0 + r (warp w:
+// heads w, w + 12, ...; the caller's warp and lane); the caller synchronizes before reading them. (A macro: see
+// above.)
+#define WG_Q_EXPONENTS(P, ROW, H0, DQK_, QEXP)                                                             \
+  for (int r = warp; r < 64; r += kWgThreads / 32) {                                                        \
+    const int head = H0 + r;                                                                                \
+    uint32_t m = 0;                                                                                         \
+    if (head < P.h) {                                                                                       \
+      const uint4* qh = reinterpret_cast<const uint4*>(P.q + (static_cast<size_t>(ROW) * P.h + head) * DQK_); \
+      for (int c = lane; c < DQK_ / 8; c += 32) {                                                           \
+        const uint4 v = __ldg(qh + c);                                                                      \
+        const uint32_t x[4] = {v.x, v.y, v.z, v.w};                                                         \
+        _Pragma("unroll") for (int i = 0; i < 4; ++i) m = max(m, max(x[i] & 0x7fffu, (x[i] >> 16) & 0x7fffu)); \
+      }                                                                                                     \
+    }                                                                                                       \
+    _Pragma("unroll") for (int o = 16; o; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));          \
+    if (lane == 0) QEXP[r] = q_shift(m << 16);                                                              \
+  }
 
 // The ring's mbarriers (thread 0): full[NST], one arrival (with its bytes) per producer warp, and (SC)
 // raw_free[NST], one per warp of warpgroup 1. Then the Q block's generic stores are made visible to wgmma and
