@@ -26,6 +26,7 @@ cudaPackages.backendStdenv.mkDerivation {
     fileset = lib.fileset.unions [
       ./build.sh
       ./kernel_metadata.cpp
+      ./common
       ./dsa_indexer
       ./sparse_mla_decode
       ./python

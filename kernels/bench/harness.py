@@ -91,8 +91,13 @@ def row_table(extras: str, columns: str, row: str):
 
 def seeded_generator() -> torch.Generator:
     """Fresh random inputs every run (seeded from the clock)."""
+    return fixed_generator(int(datetime.datetime.now(datetime.UTC).timestamp()))
+
+
+def fixed_generator(seed: int) -> torch.Generator:
+    """The same random inputs every run of a tuning aid (a CUDA generator seeded with `seed`)."""
     gen = torch.Generator(device="cuda")
-    gen.manual_seed(int(datetime.datetime.now(datetime.UTC).timestamp()))
+    gen.manual_seed(seed)
     return gen
 
 
@@ -173,6 +178,20 @@ def indexer_pool(n_blocks: int, gen) -> torch.Tensor:
         kv[lo:hi, KEY_BYTES:] = (torch.rand((hi - lo, INDEXER_PAGE), device="cuda", generator=gen) * 0.03
                                  + 0.005).view(torch.uint8).view(hi - lo, INDEXER_PAGE * 4)
     return kv.view(n_blocks, INDEXER_PAGE, 1, 132)
+
+
+def random_pages(pool_blocks: int, B: int, L: int, gen) -> torch.Tensor:
+    """B x L / INDEXER_PAGE distinct pages at random positions of a pool of pool_blocks (for indexer_requests)."""
+    return torch.randperm(pool_blocks, device="cuda", generator=gen)[:B * L // INDEXER_PAGE]
+
+
+def indexer_requests(B: int, L: int, gen, pages: torch.Tensor):
+    """Inputs of B requests of L positions on the given B x L / INDEXER_PAGE pages: q, weights, context lengths,
+    block table."""
+    q = torch.randn((B, 1, 64, 128), device="cuda", generator=gen).to(torch.float8_e4m3fn)
+    w = torch.randn((B, 64), device="cuda", generator=gen) / 8
+    ctx = torch.full((B,), L, dtype=torch.int32, device="cuda")
+    return q, w, ctx, pages.int().view(B, L // INDEXER_PAGE)
 
 
 def indexer_key_bytes(B: int, L: int) -> int:

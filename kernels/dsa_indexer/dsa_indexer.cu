@@ -36,14 +36,12 @@
 // other targets (sm_120a): mma.sync m16n8k32 e4m3 with ldmatrix from the same smem layout.
 #include <cstdint>
 
+// smem_u32, griddep_*, cp_async_commit / _wait.
+#include "../common/ptx.cuh"
 // Constants, DsaParams, the scoring shared-memory layout and the kernel table.
 #include "dsa_indexer.h"
 
 namespace {
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 
 // Order-preserving uint32 of a float: flip all bits of negatives, only the sign bit of positives.
 __device__ __forceinline__ uint32_t ord_key(float x) {
@@ -59,23 +57,6 @@ __device__ __forceinline__ int row_len(const DsaParams& p, int b, int j) {
 
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
-}
-// Programmatic dependent launch: the select grid may start while the scoring grid drains, and waits
-// here until the scoring grid's memory is visible. Both are no-ops without the launch attribute.
-__device__ __forceinline__ void griddep_launch_dependents() {
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void griddep_wait() {
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 // Row r of a 128-byte-row tile, 16-byte chunk c, with the 128B swizzle wgmma expects

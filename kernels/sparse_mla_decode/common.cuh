@@ -26,6 +26,8 @@
 #include <cuda_fp8.h>
 #include <type_traits>
 
+// smem_u32, griddep_*, cp_async_commit / _wait (shared with the indexer).
+#include "../common/ptx.cuh"
 // MlaParams, the layouts' geometry, the shared-memory layouts and the kernel tables.
 #include "sparse_mla_decode.h"
 
@@ -89,22 +91,6 @@ struct LayoutV32 : GeomV32 {
 struct LayoutV4B : GeomV4B {};
 struct LayoutV32B : GeomV32B {};
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-// Programmatic dependent launch (sm_90+; no-ops without the launch attribute and before sm_90): a main
-// kernel lets the split combine be scheduled from its start (the combine's launch and prologue then overlap
-// the main kernel instead of following it), and the combine waits until the main kernel's memory is visible.
-__device__ __forceinline__ void griddep_launch_dependents() {
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void griddep_wait() {
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(dst)), "l"(src) : "memory");
 }
@@ -115,11 +101,6 @@ __device__ __forceinline__ void cp_async16_zfill(void* dst, const void* src, int
 }
 __device__ __forceinline__ void cp_async8(void* dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(smem_u32(dst)), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 // The global timer (ns, comparable across SMs), for the tuning build's timelines.
 __device__ __forceinline__ uint64_t globaltimer_ns() {
@@ -227,6 +208,14 @@ __device__ __forceinline__ float out_factor(const MlaParams& p, int head, float 
   float f = inv_sum(l);
   if (l > 0.f && p.sinks) f = __fdividef(f, 1.f + __expf(p.sinks[head] - lse));
   return f;
+}
+
+// How many entries of its row's list (the main indices, then the extra ones) split `split` takes, from position
+// split * p.per_split: p.per_split, fewer for the last split, none for a split past the end.
+__device__ __forceinline__ int split_entries(const MlaParams& p, int split) {
+  const int ntot = p.topk + p.topk_extra;
+  const int start = split * p.per_split;
+  return max(0, min(p.per_split, ntot - start));
 }
 
 // Entry `pos` of a row's index list (the main indices, then the extra ones): where it is, and its value validated

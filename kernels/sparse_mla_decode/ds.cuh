@@ -198,6 +198,28 @@ __device__ __forceinline__ void ds_pv_rope(float (&o)[MT][8][4], const uint32_t 
   }
 }
 
+// ds_body's QK of the bf16 RoPE dims for the 8 entries E0 .. E0 + 7 of ring record RT (Q: the RoPE dims'
+// fragments [MT][4][4], natural order), scaled by the rows' factors RF, into partial slice SLICE of PART; it reads
+// ds_body's MT, REC, ROPE, HB, PS, lane, g and t, and declares acc. A macro rather than a function: inlined, the
+// function's array (then the kernel's first local) changes the 32-head kernels' bytes, and the production fatbin's
+// are fixed (kernels/build.sh).
+#define DS_QK_ROPE8(PART, SLICE, Q, RF, RT, E0)                                                                  \
+  float acc[MT][4];                                                                                             \
+  _Pragma("unroll") for (int mt = 0; mt < MT; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;    \
+  _Pragma("unroll") for (int s2 = 0; s2 < 2; ++s2) {                                                            \
+    uint32_t bb[4];                                                                                             \
+    ldsm_x4(bb, RT + (E0 + (lane & 7)) * REC + ROPE + (4 * s2 + (lane >> 3)) * 16);                             \
+    _Pragma("unroll") for (int mt = 0; mt < MT; ++mt) {                                                         \
+      mma_bf16(acc[mt], Q[mt][2 * s2], bb[0], bb[1]);                                                           \
+      mma_bf16(acc[mt], Q[mt][2 * s2 + 1], bb[2], bb[3]);                                                       \
+    }                                                                                                           \
+  }                                                                                                             \
+  _Pragma("unroll") for (int mt = 0; mt < MT; ++mt) {                                                           \
+    float* dst = PART + (SLICE * HB + 16 * mt + g) * PS + E0 + 2 * t;                                           \
+    *reinterpret_cast<float2*>(dst) = make_float2(acc[mt][0] * RF[mt][0], acc[mt][1] * RF[mt][0]);              \
+    *reinterpret_cast<float2*>(dst + 8 * PS) = make_float2(acc[mt][2] * RF[mt][1], acc[mt][3] * RF[mt][1]);     \
+  }
+
 // Epilogue of a ds or es kernel: every warp writes its 64 dims (the V4 RoPE warp dims 448..511) of its heads, the
 // final bf16 o and lse (splits == 1) or the fp32 partial and partial lse. ml(mt, hf, r): (m, l) of head row r =
 // 16 mt + g + 8 hf, log2-domain running maximum and sum.
@@ -382,9 +404,7 @@ __device__ __forceinline__ void ds_body(const MlaParams& p, uint8_t* smem) {
 
   const int split = blockIdx.x, hblk = blockIdx.y, row = blockIdx.z;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const int ntot = p.topk + p.topk_extra;
-  const int start = split * p.per_split;
-  const int n_local = max(0, min(p.per_split, ntot - start));
+  const int n_local = split_entries(p, split), start = split * p.per_split;
   const int ntiles = (n_local + T - 1) / T;
   const bool rope_warp = V4 && warp == NW - 1;   // V4: warp 7 owns the bf16 RoPE dims 448..511
   const int sbase = warp * 64;                   // this warp's 64 fp8 dims (bytes of the record)
@@ -561,49 +581,13 @@ __device__ __forceinline__ void ds_body(const MlaParams& p, uint8_t* smem) {
       if (!V4 && warp < NJ) {
         // RoPE dims of entries 8 warp .. 8 warp + 7 (bf16 in the record), into partial slice 8 (T = 32:
         // warps 0-3 only).
-        float acc[MT][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
-#pragma unroll
-        for (int s2 = 0; s2 < 2; ++s2) {
-          uint32_t bb[4];
-          ldsm_x4(bb, rt + (8 * warp + (lane & 7)) * REC + ROPE + (4 * s2 + (lane >> 3)) * 16);
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt) {
-            mma_bf16(acc[mt], qr[mt][2 * s2], bb[0], bb[1]);
-            mma_bf16(acc[mt], qr[mt][2 * s2 + 1], bb[2], bb[3]);
-          }
-        }
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          float* dst = part + (8 * HB + 16 * mt + g) * PS + 8 * warp + 2 * t;
-          *reinterpret_cast<float2*>(dst) = make_float2(acc[mt][0] * rf[mt][0], acc[mt][1] * rf[mt][0]);
-          *reinterpret_cast<float2*>(dst + 8 * PS) = make_float2(acc[mt][2] * rf[mt][1], acc[mt][3] * rf[mt][1]);
-        }
+        DS_QK_ROPE8(part, 8, qr, rf, rt, 8 * warp);
       }
     } else {
       // V4 RoPE warp: dims 448..511 (bf16) of every entry.
 #pragma unroll
       for (int j = 0; j < NJ; ++j) {
-        float acc[MT][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
-#pragma unroll
-        for (int s2 = 0; s2 < 2; ++s2) {
-          uint32_t bb[4];
-          ldsm_x4(bb, rt + (8 * j + (lane & 7)) * REC + ROPE + (4 * s2 + (lane >> 3)) * 16);
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt) {
-            mma_bf16(acc[mt], qa[mt][2 * s2], bb[0], bb[1]);
-            mma_bf16(acc[mt], qa[mt][2 * s2 + 1], bb[2], bb[3]);
-          }
-        }
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          float* dst = part + (warp * HB + 16 * mt + g) * PS + 8 * j + 2 * t;
-          *reinterpret_cast<float2*>(dst) = make_float2(acc[mt][0] * rf[mt][0], acc[mt][1] * rf[mt][0]);
-          *reinterpret_cast<float2*>(dst + 8 * PS) = make_float2(acc[mt][2] * rf[mt][1], acc[mt][3] * rf[mt][1]);
-        }
+        DS_QK_ROPE8(part, warp, qa, rf, rt, 8 * j);
       }
     }
     __syncthreads();   // A: partials complete; every warp is done with tile it-1 (its slot is refilled now)

@@ -62,9 +62,7 @@ __device__ __forceinline__ void mla_body(const MlaParams& p, uint8_t* smem) {
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   // kq: which half of d_qk (QK) this warp takes when KS = 2 (written so that KS = 1 compiles as before)
   const int mt = warp % MT, grp = KS == 1 ? warp / MT : (warp / MT) % G, kq = KS == 1 ? 0 : warp / (MT * G);
-  const int ntot = p.topk + p.topk_extra;
-  const int start = split * p.per_split;
-  const int n_local = max(0, min(p.per_split, ntot - start));
+  const int n_local = split_entries(p, split), start = split * p.per_split;
   const int ntiles = (n_local + T - 1) / T;
   unsigned long long* tl = TL ? reinterpret_cast<unsigned long long*>(p.counters) +
                                     kMlaTl * (split + gridDim.x * (hblk + gridDim.y * row))

@@ -50,72 +50,44 @@ __device__ __forceinline__ void wgt_entry(const MlaParams& p, uint8_t* smem) {
 }
 }  // namespace
 
-// The kernels (tables in sparse_mla_decode.h, which kernels/kernel_metadata.cpp also reads).
-#define MLA_KERNEL(NAME, LAY, MT, T, G, NST, OPT)                                                          \
-  extern "C" __global__ void __launch_bounds__(32 * MT * G * kMlaQkSplit<OPT>, 1)                          \
-  NAME(const __grid_constant__ MlaParams p) {                                                              \
-    extern __shared__ __align__(128) uint8_t smem[];                                                       \
-    griddep_launch_dependents();                                                                           \
-    mla_body<Layout##LAY, MT, T, G, NST, OPT>(p, smem);                                                    \
+// The kernels (tables in sparse_mla_decode.h, which kernels/kernel_metadata.cpp also reads). Each is exported by
+// MLA_EXPORT(ATTRS, NAME, BODY): NAME, with launch attributes ATTRS, runs BODY(p, smem); it first lets its split
+// combine (or any dependent launch) be scheduled (griddep_launch_dependents). BODY is last: its template arguments
+// hold commas.
+#define MLA_EXPORT(ATTRS, NAME, ...)                                           \
+  extern "C" __global__ void ATTRS NAME(const __grid_constant__ MlaParams p) { \
+    extern __shared__ __align__(128) uint8_t smem[];                           \
+    griddep_launch_dependents();                                               \
+    __VA_ARGS__(p, smem);                                                      \
   }
-#define DS_KERNEL(NAME, LAY, MT, T, NST, CV)                                                              \
-  extern "C" __global__ void __launch_bounds__(kDsThreads, 1) NAME(const __grid_constant__ MlaParams p) { \
-    extern __shared__ __align__(128) uint8_t smem[];                                                      \
-    griddep_launch_dependents();                                                                          \
-    ds_body<Layout##LAY, MT, T, NST, CV>(p, smem);                                                        \
-  }
-#define WG_KERNEL(NAME, LAY, NST, PROBE, H, SC)                                                           \
-  extern "C" __global__ void __launch_bounds__(kWgThreads, 1) NAME(const __grid_constant__ MlaParams p) { \
-    extern __shared__ __align__(128) uint8_t smem[];                                                      \
-    griddep_launch_dependents();                                                                          \
-    wg_entry<Layout##LAY, NST, PROBE, H, SC>(p, smem);                                                    \
-  }
-
-#define WGE_KERNEL(NAME, NST, SC)                                                                         \
-  extern "C" __global__ void __launch_bounds__(kWgThreads, 1) NAME(const __grid_constant__ MlaParams p) { \
-    extern __shared__ __align__(128) uint8_t smem[];                                                      \
-    griddep_launch_dependents();                                                                          \
-    wge_entry<NST, SC>(p, smem);                                                                          \
-  }
-
+#define MLA_KERNEL(NAME, LAY, MT, T, G, NST, OPT) \
+  MLA_EXPORT(__launch_bounds__(32 * MT * G * kMlaQkSplit<OPT>, 1), NAME, mla_body<Layout##LAY, MT, T, G, NST, OPT>)
+#define DS_KERNEL(NAME, LAY, MT, T, NST, CV) \
+  MLA_EXPORT(__launch_bounds__(kDsThreads, 1), NAME, ds_body<Layout##LAY, MT, T, NST, CV>)
+#define WG_KERNEL(NAME, LAY, NST, PROBE, H, SC) \
+  MLA_EXPORT(__launch_bounds__(kWgThreads, 1), NAME, wg_entry<Layout##LAY, NST, PROBE, H, SC>)
+#define WGE_KERNEL(NAME, NST, SC) MLA_EXPORT(__launch_bounds__(kWgThreads, 1), NAME, wge_entry<NST, SC>)
 
 SPARSE_MLA_FIRST_KERNELS(MLA_KERNEL)
 SPARSE_MLA_DS_KERNELS(DS_KERNEL)
 SPARSE_MLA_WG_KERNELS(WG_KERNEL)
 // The same kernels with the split-pair merge in their epilogue (wg_write_rows<true>): separate, so that the others
 // keep their code as it was (inline, the merge measured 1.05-1.12x on the unfused rows with 4-16 splits).
-#define WG_PAIR_KERNEL(NAME, LAY, NST, PROBE, H, SC)                                                      \
-  extern "C" __global__ void __launch_bounds__(kWgThreads, 1) NAME(const __grid_constant__ MlaParams p) { \
-    extern __shared__ __align__(128) uint8_t smem[];                                                      \
-    griddep_launch_dependents();                                                                          \
-    wg_entry<Layout##LAY, NST, PROBE, H, SC, true>(p, smem);                                              \
-  }
+#define WG_PAIR_KERNEL(NAME, LAY, NST, PROBE, H, SC) \
+  MLA_EXPORT(__launch_bounds__(kWgThreads, 1), NAME, wg_entry<Layout##LAY, NST, PROBE, H, SC, true>)
 SPARSE_MLA_WG_PAIR_KERNELS(WG_PAIR_KERNEL)
 SPARSE_MLA_WGE_KERNELS(WGE_KERNEL)
 // wgt kernels in clusters of the two CTAs of 128 heads (grid y = head blocks, so h must give an even number of them).
-#define WGTX_KERNEL(NAME, LAY, PROBE, MODE)                                                                        \
-  extern "C" __global__ void __cluster_dims__(1, 2, 1) __launch_bounds__(kWgThreads, 1)                            \
-      NAME(const __grid_constant__ MlaParams p) {                                                                  \
-    extern __shared__ __align__(128) uint8_t smem[];                                                               \
-    griddep_launch_dependents();                                                                                   \
-    wgt_entry<Layout##LAY, 4, false, false, PROBE, MODE>(p, smem);                                                 \
-  }
+#define WGTX_ATTRS __cluster_dims__(1, 2, 1) __launch_bounds__(kWgThreads, 1)
+#define WGTX_KERNEL(NAME, LAY, PROBE, MODE) \
+  MLA_EXPORT(WGTX_ATTRS, NAME, wgt_entry<Layout##LAY, 4, false, false, PROBE, MODE>)
 SPARSE_MLA_WGTX_KERNELS(WGTX_KERNEL)
-#define WGTX_PAIR_KERNEL(NAME, LAY, PROBE, MODE)                                                                   \
-  extern "C" __global__ void __cluster_dims__(1, 2, 1) __launch_bounds__(kWgThreads, 1)                            \
-      NAME(const __grid_constant__ MlaParams p) {                                                                  \
-    extern __shared__ __align__(128) uint8_t smem[];                                                               \
-    griddep_launch_dependents();                                                                                   \
-    wgt_entry<Layout##LAY, 4, false, false, PROBE, MODE, true>(p, smem);                                           \
-  }
+#define WGTX_PAIR_KERNEL(NAME, LAY, PROBE, MODE) \
+  MLA_EXPORT(WGTX_ATTRS, NAME, wgt_entry<Layout##LAY, 4, false, false, PROBE, MODE, true>)
 SPARSE_MLA_WGTX_PAIR_KERNELS(WGTX_PAIR_KERNEL)
 // The production _t64c kernels (warpgroup 1 converts half of each tile), with or without the split-pair merge.
-#define WGTC_KERNEL(NAME, LAY, PAIRS)                                                                     \
-  extern "C" __global__ void __launch_bounds__(kWgThreads, 1) NAME(const __grid_constant__ MlaParams p) { \
-    extern __shared__ __align__(128) uint8_t smem[];                                                      \
-    griddep_launch_dependents();                                                                          \
-    wgt_entry<Layout##LAY, 4, false, true, 0, 0, PAIRS>(p, smem);                                         \
-  }
+#define WGTC_KERNEL(NAME, LAY, PAIRS) \
+  MLA_EXPORT(__launch_bounds__(kWgThreads, 1), NAME, wgt_entry<Layout##LAY, 4, false, true, 0, 0, PAIRS>)
 SPARSE_MLA_WGTC_KERNELS(WGTC_KERNEL)
 
 // The split combine (the launcher runs it behind a split kernel that does not merge its splits itself).

@@ -163,31 +163,14 @@ __device__ __forceinline__ void wge_body(const MlaParams& p, uint8_t* smem_raw) 
   const int split = blockIdx.x, hblk = blockIdx.y, row = blockIdx.z;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int wg = warp >> 2;
-  const int ntot = p.topk + p.topk_extra;
-  const int start = split * p.per_split;
-  const int n_local = max(0, min(p.per_split, ntot - start));
+  const int n_local = split_entries(p, split), start = split * p.per_split;
   const int ntiles = (n_local + T - 1) / T;
 
   // Index list, validated once: -1 for invalid entries and the padding up to the last tile's end.
   index_list<kWgThreads>(p, row, start, n_local, ntiles * T, tid, sidx);
-  // Per-head power-of-two exponent k that puts max |q| into [2^14, 2^15) (warp w: heads w, w + 12, ...).
+  // The per-head exponents that put max |q| into [2^14, 2^15).
   int* qexp = reinterpret_cast<int*>(fin);   // fin is not used before the epilogue
-  for (int r = warp; r < 64; r += kWgThreads / 32) {
-    const int head = hblk * 64 + r;
-    uint32_t m = 0;
-    if (head < p.h) {
-      const uint4* qh = reinterpret_cast<const uint4*>(p.q + (static_cast<size_t>(row) * p.h + head) * DQK);
-      for (int c = lane; c < DQK / 8; c += 32) {
-        const uint4 v = __ldg(qh + c);
-        const uint32_t x[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) m = max(m, max(x[i] & 0x7fffu, (x[i] >> 16) & 0x7fffu));
-      }
-    }
-#pragma unroll
-    for (int o = 16; o; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if (lane == 0) qexp[r] = q_shift(m << 16);
-  }
+  WG_Q_EXPONENTS(p, row, hblk * 64, DQK, qexp);
   __syncthreads();
   // Q block (heads past h are zero) x 2^k of its head into the swizzled layout: the NoPE dims in f16 (exact),
   // the RoPE dims (chunks 64..71) in bf16 (exact).
@@ -316,29 +299,7 @@ __device__ __forceinline__ void wge_body(const MlaParams& p, uint8_t* smem_raw) 
       reg_fence(sb);
       wge_fold(st, sb, scl + 3 * T, t);
       float (&s)[16] = st;
-      // s[4 j + q]: head r0 (q < 2) or r0 + 8, entry 8 j + 2 t + (q & 1).
-      float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const bool ok = sidx[it * T + 8 * j + 2 * t + (q & 1)] >= 0;
-          s[4 * j + q] = ok ? s[4 * j + q] * srow[q >> 1] : -INFINITY;
-          mx[q >> 1] = fmaxf(mx[q >> 1], s[4 * j + q]);
-        }
-      float m_use[2];
-      wg_row_max_update(mx, m_run, m_use, alpha);
-      float sum[2] = {0.f, 0.f};
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          s[4 * j + q] = exp2f(s[4 * j + q] - m_use[q >> 1]);
-          sum[q >> 1] += s[4 * j + q];
-        }
-      // The quad's partial sums are combined once at the end (alpha is the same across the quad).
-      l_run[0] = l_run[0] * alpha[0] + sum[0];
-      l_run[1] = l_run[1] * alpha[1] + sum[1];
+      WG_SOFTMAX_TILE(s, t, sidx, it * T, srow, m_run, alpha, l_run);
       wg_pack_p<true>(a, s);   // P <= 1
       if (it >= 2) bar_sync(kBarPFree + b, 256);   // warpgroup 1 has read this buffer's P of tile it-2
       pq[0] = make_uint4(a[0][0], a[0][1], a[0][2], a[0][3]);
@@ -390,19 +351,7 @@ __device__ __forceinline__ void wge_body(const MlaParams& p, uint8_t* smem_raw) 
   }
 
   // Epilogue. Warpgroup 0 completes the sums and hands (m, l) of its rows to warpgroup 1.
-  if (wg == 0) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
-      l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
-    }
-    fin[ctid] = make_float4(m_run[0], m_run[1], l_run[0], l_run[1]);
-    bar_arrive(kBarFin, 256);
-  } else {
-    bar_sync(kBarFin, 256);
-    const float4 f4 = fin[ctid];
-    m_run[0] = f4.x; m_run[1] = f4.y; l_run[0] = f4.z; l_run[1] = f4.w;
-  }
+  WG_ML_HANDOVER(wg, m_run, l_run, fin, ctid)
   const float eo[2] = {exp2i(e_run[0]), exp2i(e_run[1])};
   const int d0 = wg * 256 + 2 * t;
 #pragma unroll

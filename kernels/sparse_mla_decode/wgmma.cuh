@@ -158,9 +158,46 @@ __device__ __forceinline__ uint4 bf16x8_to_f16(uint4 v) {
 
 // ---- pieces of the wg and wge bodies (the same CTA: 384 threads, 64 heads, 32-entry tiles, bulk-copy ring,
 // named barriers, split protocol), inlined into both: every kernel's SASS is the same as with the pieces written
-// out in each body (cuobjdump -sass of both targets, function by function, 2026-12-01). Still written out in
-// both, because as helpers they changed the SASS (ptxas renumbered the consumers' registers): the per-head Q
-// exponents, the gather issue, the online softmax and the epilogue's (m, l) hand-over.
+// out in each body (cuobjdump -sass of both targets, function by function, 2026-12-01). As helpers, the per-head Q
+// exponents, the online softmax and the epilogue's (m, l) hand-over changed the SASS (ptxas renumbered the
+// consumers' registers): they are macros (WG_Q_EXPONENTS, WG_SOFTMAX_TILE, WG_ML_HANDOVER), which leave the fatbin's
+// bytes as they were. Still written out in each: the gather issue (wge's reads V3.2 records only).
+
+// The epilogue's (m, l) hand-over: warpgroup 0 (WG == 0) completes its rows' sums L_RUN over the quad and hands
+// (M_RUN, L_RUN) through FIN[CTID] (float4) to the same thread of warpgroup 1, which takes them as its own. (A macro:
+// see above.)
+#define WG_ML_HANDOVER(WG, M_RUN, L_RUN, FIN, CTID)                       \
+  if (WG == 0) {                                                          \
+    _Pragma("unroll") for (int r = 0; r < 2; ++r) {                       \
+      L_RUN[r] += __shfl_xor_sync(0xffffffffu, L_RUN[r], 1);              \
+      L_RUN[r] += __shfl_xor_sync(0xffffffffu, L_RUN[r], 2);              \
+    }                                                                     \
+    FIN[CTID] = make_float4(M_RUN[0], M_RUN[1], L_RUN[0], L_RUN[1]);      \
+    bar_arrive(kBarFin, 256);                                             \
+  } else {                                                                \
+    bar_sync(kBarFin, 256);                                               \
+    const float4 f4 = FIN[CTID];                                          \
+    M_RUN[0] = f4.x; M_RUN[1] = f4.y; L_RUN[0] = f4.z; L_RUN[1] = f4.w;   \
+  }
+
+// Per-head power-of-two exponent k that puts max |q| into [2^14, 2^15), into QEXP[r] for the 64 heads H0 + r (warp w:
+// heads w, w + 12, ...; the caller's warp and lane); the caller synchronizes before reading them. (A macro: see
+// above.)
+#define WG_Q_EXPONENTS(P, ROW, H0, DQK_, QEXP)                                                             \
+  for (int r = warp; r < 64; r += kWgThreads / 32) {                                                        \
+    const int head = H0 + r;                                                                                \
+    uint32_t m = 0;                                                                                         \
+    if (head < P.h) {                                                                                       \
+      const uint4* qh = reinterpret_cast<const uint4*>(P.q + (static_cast<size_t>(ROW) * P.h + head) * DQK_); \
+      for (int c = lane; c < DQK_ / 8; c += 32) {                                                           \
+        const uint4 v = __ldg(qh + c);                                                                      \
+        const uint32_t x[4] = {v.x, v.y, v.z, v.w};                                                         \
+        _Pragma("unroll") for (int i = 0; i < 4; ++i) m = max(m, max(x[i] & 0x7fffu, (x[i] >> 16) & 0x7fffu)); \
+      }                                                                                                     \
+    }                                                                                                       \
+    _Pragma("unroll") for (int o = 16; o; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));          \
+    if (lane == 0) QEXP[r] = q_shift(m << 16);                                                              \
+  }
 
 // The ring's mbarriers (thread 0): full[NST], one arrival (with its bytes) per producer warp, and (SC)
 // raw_free[NST], one per warp of warpgroup 1. Then the Q block's generic stores are made visible to wgmma and
@@ -235,6 +272,37 @@ __device__ __forceinline__ void wg_row_max_update(float (&mx)[2], float (&m_run)
     m_run[r] = m_new;
   }
 }
+
+// The online softmax's steps after the maximum (wg_row_max_update), in place on a consumer thread's N scores S of
+// one tile (head row r0 for S[i] with (i >> 1) & 1 = 0, else r0 + 8): S becomes P = exp2(S - M_USE) and L_RUN the
+// running sums rescaled by ALPHA plus this thread's part of the tile's (the quad's partial sums are combined once at
+// the end: ALPHA is the same across the quad). Declares sum.
+// This and WG_SOFTMAX_TILE are macros rather than functions: as inlined functions (their arrays then the kernel's
+// first locals) the same code compiles to other bytes, and the production fatbin's are fixed (kernels/build.sh).
+#define WG_EXP_SUM(S, N, M_USE, ALPHA, L_RUN)                     \
+  float sum[2] = {0.f, 0.f};                                     \
+  _Pragma("unroll") for (int i = 0; i < N; ++i) {                \
+    S[i] = exp2f(S[i] - M_USE[(i >> 1) & 1]);                    \
+    sum[(i >> 1) & 1] += S[i];                                   \
+  }                                                              \
+  L_RUN[0] = L_RUN[0] * ALPHA[0] + sum[0];                       \
+  L_RUN[1] = L_RUN[1] * ALPHA[1] + sum[1]
+
+// One tile's online softmax for a consumer thread of the wg and wge kernels, in place on its scores S (float[16];
+// S[4 j + q]: head row r0 (q < 2) or r0 + 8, entry 8 j + 2 t + (q & 1) of the tile, whose validated indices start
+// at SIDX[I0]): the scores of invalid entries become -inf, the others are scaled by their row's SROW; then the
+// maximum step (ALPHA: the old O's and sum's rescale) and WG_EXP_SUM. Declares mx, m_use and sum.
+#define WG_SOFTMAX_TILE(S, T_, SIDX, I0, SROW, M_RUN, ALPHA, L_RUN)   \
+  float mx[2] = {-INFINITY, -INFINITY};                              \
+  _Pragma("unroll") for (int j = 0; j < 4; ++j)                      \
+  _Pragma("unroll") for (int q = 0; q < 4; ++q) {                    \
+    const bool ok = SIDX[I0 + 8 * j + 2 * T_ + (q & 1)] >= 0;        \
+    S[4 * j + q] = ok ? S[4 * j + q] * SROW[q >> 1] : -INFINITY;     \
+    mx[q >> 1] = fmaxf(mx[q >> 1], S[4 * j + q]);                    \
+  }                                                                  \
+  float m_use[2];                                                    \
+  wg_row_max_update(mx, M_RUN, m_use, ALPHA);                        \
+  WG_EXP_SUM(S, 16, m_use, ALPHA, L_RUN)
 
 // A consumer warpgroup's PV step (wg and wgt kernels): O (its 256 dims) rescaled by alpha per head row, then
 // O += P V over KS k-steps of 16 entries, P from registers (a[kk]), V = the T-entry tile at tile_u read MN-major

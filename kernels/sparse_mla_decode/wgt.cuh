@@ -379,9 +379,7 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
   const int split = blockIdx.x, hblk = blockIdx.y, row = blockIdx.z;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int wg = warp >> 2;
-  const int ntot = p.topk + p.topk_extra;
-  const int start = split * p.per_split;
-  const int n_local = max(0, min(p.per_split, ntot - start));
+  const int n_local = split_entries(p, split), start = split * p.per_split;
   const int ntiles = (n_local + T - 1) / T;
   constexpr bool TL = (PROBE & 8) != 0;
   uint64_t* const tl = TL ? reinterpret_cast<uint64_t*>(p.lse_part) + ((static_cast<size_t>(row) * gridDim.y + hblk) *
@@ -773,14 +771,7 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
           alpha[r] = exp2f(m_run[r] - m_use[r]);
           m_run[r] = m_new;
         }
-        float sum[2] = {0.f, 0.f};
-#pragma unroll
-        for (int i = 0; i < 16; ++i) {
-          s[i] = exp2f(s[i] - m_use[(i >> 1) & 1]);
-          sum[(i >> 1) & 1] += s[i];
-        }
-        l_run[0] = l_run[0] * alpha[0] + sum[0];
-        l_run[1] = l_run[1] * alpha[1] + sum[1];
+        WG_EXP_SUM(s, 16, m_use, alpha, l_run);
         uint32_t a[4][4];
 #pragma unroll
         for (int kk = 0; kk < 2; ++kk) {
@@ -874,15 +865,7 @@ __device__ __forceinline__ void wgt_body(const MlaParams& p, uint8_t* smem_raw) 
         }
       float m_use[2], alpha[2];
       wg_row_max_update(mx, m_run, m_use, alpha);
-      float sum[2] = {0.f, 0.f};
-#pragma unroll
-      for (int i = 0; i < 32; ++i) {
-        s[i] = exp2f(s[i] - m_use[(i >> 1) & 1]);
-        sum[(i >> 1) & 1] += s[i];
-      }
-      // The quad's partial sums are combined once at the end (alpha is the same across the quad).
-      l_run[0] = l_run[0] * alpha[0] + sum[0];
-      l_run[1] = l_run[1] * alpha[1] + sum[1];
+      WG_EXP_SUM(s, 32, m_use, alpha, l_run);
       uint32_t a[4][4];
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {

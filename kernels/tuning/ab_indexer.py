@@ -24,7 +24,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "python")]
 
 import torch  # noqa: E402
-from harness import Timer, finish, indexer_pool, run_env, seeded_generator, table_head  # noqa: E402
+from harness import Timer, finish, indexer_pool, indexer_requests, run_env, seeded_generator, table_head  # noqa: E402
 from targets import INDEXER_TOPK  # noqa: E402
 from targets_measure import is_exact_topk  # noqa: E402
 
@@ -32,15 +32,6 @@ from pdserve_kernels.dsa_indexer import DsaIndexer  # noqa: E402
 from pdserve_kernels.reference import PAGE  # noqa: E402
 
 MODES = ("cold", "primed", "warm")
-
-
-def requests(B: int, L: int, gen, pages: torch.Tensor):
-    """Inputs of B requests of L positions on the given B x L / PAGE pages: q, weights, context lengths, block
-    table."""
-    q = torch.randn((B, 1, 64, 128), device="cuda", generator=gen).to(torch.float8_e4m3fn)
-    w = torch.randn((B, 64), device="cuda", generator=gen) / 8
-    ctx = torch.full((B,), L, dtype=torch.int32, device="cuda")
-    return q, w, ctx, pages.int().view(B, L // PAGE)
 
 
 def main() -> int:
@@ -75,7 +66,7 @@ def main() -> int:
     for B, L in shapes:
         n = B * L // PAGE   # the timed call's pages and the primer's: distinct, at random positions of the pool
         perm = torch.randperm(kv.shape[0], device="cuda", generator=gen)
-        x, x2 = requests(B, L, gen, perm[:n]), requests(B, L, gen, perm[n:2 * n])
+        x, x2 = indexer_requests(B, L, gen, perm[:n]), indexer_requests(B, L, gen, perm[n:2 * n])
         labels, fns, primers, check = [], [], [], {}
         ref_scores = None
         for label, ind in indexers:

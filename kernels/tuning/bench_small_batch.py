@@ -27,7 +27,17 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "python"))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "bench"))
 
 import torch
-from harness import Timer, copy_bandwidth, finish, indexer_pool, run_env, seeded_generator, table_head
+from harness import (
+    Timer,
+    copy_bandwidth,
+    finish,
+    indexer_pool,
+    indexer_requests,
+    random_pages,
+    run_env,
+    seeded_generator,
+    table_head,
+)
 
 from pdserve_kernels.dsa_indexer import (
     CLUSTER_MAX,
@@ -89,11 +99,7 @@ def main() -> int:
     rows = []
     for L in lengths:
         for B in batches:
-            pages = L // PAGE
-            bt = torch.randperm(pool_blocks, device="cuda", generator=gen)[:B * pages].int().view(B, pages)
-            q = torch.randn((B, 1, 64, 128), device="cuda", generator=gen).to(torch.float8_e4m3fn)
-            w = torch.randn((B, 64), device="cuda", generator=gen) / 8
-            ctx = torch.full((B,), L, dtype=torch.int32, device="cuda")
+            q, w, ctx, bt = indexer_requests(B, L, gen, random_pages(pool_blocks, B, L, gen))
             a = (q, w, kv, ctx, bt.contiguous())
             c_old, c_new = default_chunk_pages(B, L, ind.num_sms), early_chunk_pages(B, L, ind.num_sms)
 

@@ -10,24 +10,14 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "python"))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "bench"))
-import torch
-from harness import (
-    Timer,
-    indexer_pool,
-)
+from harness import Timer, fixed_generator, indexer_pool, indexer_requests, random_pages
 
 from pdserve_kernels.dsa_indexer import DsaIndexer
 
-gen = torch.Generator(device="cuda")
-gen.manual_seed(1)
-timer, ind = Timer(), DsaIndexer()
+gen, timer, ind = fixed_generator(1), Timer(), DsaIndexer()
 kv = indexer_pool(8 * 131072 // 64, gen)
 for B, L in [(1, 8192), (1, 32768), (1, 131072), (1, 524288), (8, 131072)]:
-    pages = L // 64
-    bt = torch.randperm(kv.shape[0], device="cuda", generator=gen)[:B * pages].int().view(B, pages).contiguous()
-    q = torch.randn((B, 1, 64, 128), device="cuda", generator=gen).to(torch.float8_e4m3fn)
-    w = torch.randn((B, 64), device="cuda", generator=gen) / 8
-    ctx = torch.full((B,), L, dtype=torch.int32, device="cuda")
+    q, w, ctx, bt = indexer_requests(B, L, gen, random_pages(kv.shape[0], B, L, gen))
     fns = [lambda: ind(q, w, kv, ctx, bt, 2048, max_len=L, path="split"),
            lambda: ind(q, w, kv, ctx, bt, 2048, max_len=L, path="fused"),
            lambda: ind(q, w, kv, ctx, bt, 2048, max_len=L, path="fused", _cooperative=False),

@@ -3,12 +3,8 @@
 # scheduler, occupancy and memory sections, and the per-instruction stall samples (ncu_top_sass.py), then the
 # variant table at that shape with the default kernel at several split counts. Results under $OUT.
 #   SHAPE=case,B,h,variant (probe_timing.py --ncu)   KERNEL=ncu kernel filter   SPLITS=split counts to time
-set -uo pipefail
-cd "$(dirname "$0")/../.." || exit 1
-OUT="${OUT:-/tmp/ds_profile}"
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-export PDSERVE_SPARSE_MLA_FATBIN="$PWD/kernels/build/sparse_mla_decode.fatbin"
+# shellcheck source=kernels/tuning/device_call.sh disable=SC1091
+source "$(dirname "$0")/device_call.sh" /tmp/ds_profile
 SHAPE="${SHAPE:-v4-csa,64,16,auto}"
 KERNEL="${KERNEL:-regex:sparse_mla_ds_}"
 IFS=, read -r case batch heads _ <<<"$SHAPE"

@@ -6,20 +6,16 @@ import sys
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "python"))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "bench"))
 import torch
-from harness import indexer_pool
+from harness import fixed_generator, indexer_pool, indexer_requests, random_pages
 
 from pdserve_kernels.dsa_indexer import DsaIndexer
 
-gen = torch.Generator(device="cuda")
-gen.manual_seed(3)
+gen = fixed_generator(3)
 ind = DsaIndexer()
 shapes = [(int(b), int(n)) for b, n in (x.split("x") for x in sys.argv[1].split(","))]
 kv = indexer_pool(max(b * n for b, n in shapes) // 64, gen)
 for B, L in shapes:
-    used = torch.randperm(kv.shape[0], device="cuda", generator=gen)[:B * L // 64].int().view(B, L // 64)
-    q = torch.randn((B, 1, 64, 128), device="cuda", generator=gen).to(torch.float8_e4m3fn)
-    w = torch.randn((B, 64), device="cuda", generator=gen) / 8
-    ctx = torch.full((B,), L, dtype=torch.int32, device="cuda")
+    q, w, ctx, used = indexer_requests(B, L, gen, random_pages(kv.shape[0], B, L, gen))
     for _ in range(2):
         out, sc = ind(q, w, kv, ctx, used, 2048, max_len=L, return_scores=True)
     torch.cuda.synchronize()

@@ -6,15 +6,10 @@
 # carrying kernels/build (other builds' .fatbin and .json in subfolders) and .ext/flashmla/flash_mla (or the whole
 # .ext/flashmla for a build there).
 # FLASHMLA_KEEP=1 returns FlashMLA's extension in $OUT, to be carried into .ext/flashmla/flash_mla next time.
-set -uo pipefail
-cd "$(dirname "$0")/../.." || exit 1
+# shellcheck source=kernels/tuning/device_call.sh disable=SC1091
+source "$(dirname "$0")/device_call.sh" /tmp/kernels_out
 read -ra ab_args <<< "${AB_ARGS:-}"   # extra arguments to the script, split on spaces
-OUT="${OUT:-/tmp/kernels_out}"
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-export PDSERVE_KERNELS_FATBIN="$PWD/kernels/build/dsa_indexer.fatbin"
-export PDSERVE_SPARSE_MLA_FATBIN="$PWD/kernels/build/sparse_mla_decode.fatbin"
-sha256sum kernels/build/*.fatbin kernels/build/*/*.fatbin | tee "$OUT/sha.txt"
+record_builds kernels/build/*.fatbin kernels/build/*/*.fatbin
 pypath=${PYTHONPATH:-}
 build_pid=""
 if compgen -G ".ext/flashmla/flash_mla/cuda*.so" >/dev/null; then

@@ -5,16 +5,11 @@
 # The cluster select's tests run first under a short timeout: they are the only ones that could hang (a cluster
 # barrier), and if they do, the rest runs without them (pytest -k "not cluster", bench --no-cluster), so one
 # call still gives the early variant's result.
-set -uo pipefail
-cd "$(dirname "$0")/../.." || exit 1
+# shellcheck source=kernels/tuning/device_call.sh disable=SC1091
+source "$(dirname "$0")/device_call.sh" /tmp/kernels_out
 read -ra bench_args <<< "${BENCH_ARGS:-}"   # extra arguments to the script, split on spaces
-OUT="${OUT:-/tmp/kernels_out}"
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-export PDSERVE_KERNELS_FATBIN="$PWD/kernels/build/dsa_indexer.fatbin"
-export PDSERVE_SPARSE_MLA_FATBIN="$PWD/kernels/build/sparse_mla_decode.fatbin"
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
-sha256sum kernels/build/*.fatbin kernels/build/*.json | tee "$OUT/sha.txt"
+record_gpu
+record_builds kernels/build/*.fatbin kernels/build/*.json
 # --confcutdir: the repository's top conftest imports pdserve, which the GPU machine does not have.
 PYTEST=(python3 -m pytest --confcutdir=tests/kernels -q -p no:cacheprovider -rfs)
 timeout "${CLUSTER_TIMEOUT:-90}" "${PYTEST[@]}" tests/kernels/test_dsa_indexer_gpu.py -k cluster 2>&1 \

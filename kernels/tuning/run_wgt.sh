@@ -6,15 +6,11 @@
 #   bash kernels/build.sh && bash kernels/tuning/build.sh
 # The wgt tests run first under a short timeout: a new producer pipeline could hang on a named barrier, and if
 # it does the timing stages are skipped (they would hang too).
-set -uo pipefail
-cd "$(dirname "$0")/../.." || exit 1
+# shellcheck source=kernels/tuning/device_call.sh disable=SC1091
+source "$(dirname "$0")/device_call.sh" /tmp/kernels_out
 read -ra variant_args <<< "${VARIANT_ARGS:---cases v4-csa,v32 --batches 8,64 --heads 16,64,128 --reps 30}"   # extra arguments to the script, split on spaces
-OUT="${OUT:-/tmp/kernels_out}"
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-export PDSERVE_SPARSE_MLA_FATBIN="$PWD/kernels/build/sparse_mla_decode.fatbin"
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
-sha256sum kernels/build/*.fatbin kernels/build/*.json | tee "$OUT/sha.txt"
+record_gpu
+record_builds kernels/build/*.fatbin kernels/build/*.json
 [ -f kernels/build/sparse_mla_decode_tuning.fatbin ] || { echo "no tuning build carried: bash kernels/tuning/build.sh"; exit 1; }
 # --confcutdir: the repository's top conftest imports pdserve, which the GPU machine does not have.
 timeout "${TEST_TIMEOUT:-150}" python3 -m pytest --confcutdir=tests/kernels -q -p no:cacheprovider -rfs \

@@ -8,19 +8,10 @@
 
 // es kernels (tuning build): at most 128 registers, so that two CTAs share an SM (their shared memory allows it at
 // V4 CSA's splits).
-#define ES_KERNEL(NAME, LAY, MT, NST)                                                                     \
-  extern "C" __global__ void __launch_bounds__(kDsThreads, 2) NAME(const __grid_constant__ MlaParams p) { \
-    extern __shared__ __align__(128) uint8_t smem[];                                                      \
-    griddep_launch_dependents();                                                                          \
-    es_body<Layout##LAY, MT, NST>(p, smem);                                                               \
-  }
+#define ES_KERNEL(NAME, LAY, MT, NST) MLA_EXPORT(__launch_bounds__(kDsThreads, 2), NAME, es_body<Layout##LAY, MT, NST>)
 // The wgt kernels without a cluster (experimental and probes; the production _t64c has its own macro).
-#define WGT_KERNEL(NAME, LAY, TPE, PIPE, SPLIT, PROBE)                                                            \
-  extern "C" __global__ void __launch_bounds__(kWgThreads, 1) NAME(const __grid_constant__ MlaParams p) { \
-    extern __shared__ __align__(128) uint8_t smem[];                                                      \
-    griddep_launch_dependents();                                                                          \
-    wgt_entry<Layout##LAY, TPE, PIPE, SPLIT, PROBE>(p, smem);                                             \
-  }
+#define WGT_KERNEL(NAME, LAY, TPE, PIPE, SPLIT, PROBE) \
+  MLA_EXPORT(__launch_bounds__(kWgThreads, 1), NAME, wgt_entry<Layout##LAY, TPE, PIPE, SPLIT, PROBE>)
 
 SPARSE_MLA_FIRST_RETIRED_KERNELS(MLA_KERNEL)  // retired from production: no shape's choice (sparse_mla_decode.h)
 SPARSE_MLA_DS_RETIRED_KERNELS(DS_KERNEL)

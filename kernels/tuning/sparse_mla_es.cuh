@@ -47,9 +47,7 @@ __device__ __forceinline__ void es_body(const MlaParams& p, uint8_t* smem) {
 
   const int split = blockIdx.x, hblk = blockIdx.y, row = blockIdx.z;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const int ntot = p.topk + p.topk_extra;
-  const int start = split * p.per_split;
-  const int n_local = max(0, min(p.per_split, ntot - start));
+  const int n_local = split_entries(p, split), start = split * p.per_split;
   const int ntiles = (n_local + T - 1) / T;
   const bool rope_warp = V4 && warp == NW - 1;   // V4: warp 7's PV owns the bf16 RoPE dims 448..511
   const __nv_bfloat16* qrow = p.q + static_cast<size_t>(row) * p.h * L::kDqk;

@@ -11,17 +11,11 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "python"))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "bench"))
 
 import torch
-from harness import (
-    Timer,
-    indexer_pool,
-)
+from harness import Timer, fixed_generator, indexer_pool, indexer_requests, random_pages
 
 from pdserve_kernels.dsa_indexer import DsaIndexer
 
-gen = torch.Generator(device="cuda")
-gen.manual_seed(1)
-timer = Timer()
-ind = DsaIndexer()
+gen, timer, ind = fixed_generator(1), Timer(), DsaIndexer()
 shapes = [(1, 8192), (1, 131072), (1, 524288), (8, 32768), (64, 32768), (128, 131072)]
 pool_blocks = max(b * n for b, n in shapes) // 64
 kv = indexer_pool(pool_blocks, gen)
@@ -30,10 +24,7 @@ print(f"calibration: one tiny torch kernel between events: {timer.median_us(lamb
 impls = sys.argv[1].split(",") if len(sys.argv) > 1 else ["wgmma"]
 for impl in impls:
     for B, L in shapes:
-        used = torch.randperm(pool_blocks, device="cuda", generator=gen)[:B * L // 64].int().view(B, L // 64)
-        q = torch.randn((B, 1, 64, 128), device="cuda", generator=gen).to(torch.float8_e4m3fn)
-        w = torch.randn((B, 64), device="cuda", generator=gen) / 8
-        ctx = torch.full((B,), L, dtype=torch.int32, device="cuda")
+        q, w, ctx, used = indexer_requests(B, L, gen, random_pages(pool_blocks, B, L, gen))
         floor = B * L * 132 / 4.25e12 * 1e6
         default = ind.default_chunk_pages(B, L, 1)
         res = []

@@ -14,7 +14,7 @@ KERNELS = ("dsa_indexer", "sparse_mla_decode")
 def _build_copy(root: pathlib.Path, nvcc: str) -> dict[str, str]:
     # Copy the sources too, so the two builds differ in source path, work dir and output dir.
     src = root / "src"
-    for k in KERNELS:
+    for k in (*KERNELS, "common"):   # common: what both modules include
         shutil.copytree(REPO / "kernels" / k, src / k)
     for f in ("build.sh", "kernel_metadata.cpp"):
         shutil.copy2(REPO / "kernels" / f, src / f)

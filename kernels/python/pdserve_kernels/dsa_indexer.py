@@ -54,10 +54,10 @@ from __future__ import annotations
 import ctypes
 import os
 import pathlib
-import threading
 from dataclasses import dataclass
 
-from ._driver import Module, locate_fatbin, torch_device
+from ._driver import Module, locate_fatbin
+from ._launcher import DeviceKernels, PerDevice
 from ._metadata import KernelTable, load_table, metadata_path
 
 # The input contract. The kernels' own values come with the fatbin's metadata (dsa_indexer.json, written by
@@ -247,22 +247,13 @@ def plan_dsa(batch: int, next_n: int, topk: int, max_len: int, num_sms: int, *, 
                    cluster=cluster)
 
 
-class DsaIndexer:
+class DsaIndexer(DeviceKernels):
     """Holds the loaded module for one device and a zero-kept workspace per stream; call it like the function."""
 
     def __init__(self, device=None, fatbin: str | os.PathLike | None = None) -> None:
-        import torch
-
-        self.torch = torch
-        self.device = torch_device(torch, device)
-        props = torch.cuda.get_device_properties(self.device)
-        self.num_sms = props.multi_processor_count
-        self.capability = (props.major, props.minor)
-        path = pathlib.Path(fatbin) if fatbin else find_fatbin()
-        self.kernels = load_kernel_table(path)
-        self.kernels.check_params(_Params)
+        super().__init__(device, pathlib.Path(fatbin) if fatbin else find_fatbin(), load_kernel_table, _Params)
         # Dynamic shared memory to opt in to: the largest each kernel is launched with.
-        self.module = Module(path.read_bytes(), self.device.index,
+        self.module = Module(self.path.read_bytes(), self.device.index,
                              {n: k.smem_bytes(FUSED_MAX_CHUNK_PAGES) for n, k in self.kernels.kernels.items()})
         # The cluster select is built and tuned for Hopper, whose clusters go up to 16 CTAs (a non-portable size).
         self.cluster_ok = self.capability == (9, 0)
@@ -271,8 +262,6 @@ class DsaIndexer:
                 if k.shape.get("cluster"):
                     self.module.allow_nonportable_cluster(name)
         self.default_impl = "wgmma" if self.capability == (9, 0) else "mma"
-        self._occ: dict[tuple[str, int], int] = {}
-        self._lock = threading.Lock()
         self._states: dict[int, object] = {}   # per stream: int32 [rows_cap * (4096 + 8)], kept zeroed
 
     def _state(self, rows: int):
@@ -457,15 +446,9 @@ def _check_inputs(torch, device, q, weights, kv_cache, context_lens, block_table
     need(isinstance(topk, int) and topk >= 1, f"topk must be a positive int, got {topk!r}")
 
 
-_default: dict[int, DsaIndexer] = {}
-_default_lock = threading.Lock()
+_per_device: PerDevice[DsaIndexer] = PerDevice(DsaIndexer)
 
 
 def dsa_indexer_topk(q, weights, kv_cache, context_lens, block_table, topk: int, **kw):
     """Functional form: uses one cached DsaIndexer per device. See the module docstring for conventions."""
-    idx = q.device.index if q.device.index is not None else 0
-    with _default_lock:
-        if idx not in _default:
-            _default[idx] = DsaIndexer(q.device)
-        ind = _default[idx]
-    return ind(q, weights, kv_cache, context_lens, block_table, topk, **kw)
+    return _per_device.of(q.device)(q, weights, kv_cache, context_lens, block_table, topk, **kw)

@@ -27,10 +27,10 @@ The indexer returns positions within the request (DeepGEMM's logits + top-k), no
 from __future__ import annotations
 
 import math
-import threading
 
 import torch
 
+from ._launcher import PerDevice
 from .dsa_indexer import (
     PAGE,
     SCRATCH_INTS_PER_POSITION,
@@ -57,9 +57,8 @@ from .sparse_mla_reference import LAYOUTS
 
 NAMESPACE = "pdserve"
 
-_lock = threading.Lock()
-_indexers: dict[int, DsaIndexer] = {}
-_mlas: dict[int, SparseMlaDecode] = {}
+_indexers: PerDevice[DsaIndexer] = PerDevice(DsaIndexer)
+_mlas: PerDevice[SparseMlaDecode] = PerDevice(SparseMlaDecode)
 
 
 def _index(device) -> int:
@@ -69,20 +68,12 @@ def _index(device) -> int:
 
 def indexer_for(device=None) -> DsaIndexer:
     """The DsaIndexer of `device` (loaded on first use: not capture-safe; plans load it before any capture)."""
-    i = _index(device)
-    with _lock:
-        if i not in _indexers:
-            _indexers[i] = DsaIndexer(torch.device("cuda", i))
-        return _indexers[i]
+    return _indexers.of(torch.device("cuda", _index(device)))
 
 
 def mla_for(device=None) -> SparseMlaDecode:
     """The SparseMlaDecode of `device` (loaded on first use, like indexer_for)."""
-    i = _index(device)
-    with _lock:
-        if i not in _mlas:
-            _mlas[i] = SparseMlaDecode(torch.device("cuda", i))
-        return _mlas[i]
+    return _mlas.of(torch.device("cuda", _index(device)))
 
 
 def _need(cond: bool, msg: str) -> None:

@@ -53,10 +53,10 @@ import json
 import math
 import os
 import pathlib
-import threading
 from dataclasses import dataclass
 
-from ._driver import Module, locate_fatbin, torch_device
+from ._driver import Module, locate_fatbin
+from ._launcher import DeviceKernels, PerDevice
 from ._metadata import KernelInfo, KernelTable, load_table, metadata_path
 from .sparse_mla_reference import LAYOUTS
 
@@ -359,25 +359,14 @@ class MlaPlan:
         return self.partial_floats + self.counter_ints
 
 
-class SparseMlaDecode:
+class SparseMlaDecode(DeviceKernels):
     """The loaded module for one device; call it like the function (see the module docstring)."""
 
     def __init__(self, device=None, fatbin: str | os.PathLike | None = None) -> None:
-        import torch
-
-        self.torch = torch
-        self.device = torch_device(torch, device)
-        props = torch.cuda.get_device_properties(self.device)
-        self.num_sms = props.multi_processor_count
-        self.capability = (props.major, props.minor)
-        self.smem_limit = int(getattr(props, "shared_memory_per_block_optin", 0) or 232448)
-        path = pathlib.Path(fatbin) if fatbin else find_fatbin()
-        self.kernels = load_kernel_table(path)
-        self.kernels.check_params(_Params)
-        self.module = Module(path.read_bytes(), self.device.index,
+        super().__init__(device, pathlib.Path(fatbin) if fatbin else find_fatbin(), load_kernel_table, _Params)
+        self.smem_limit = int(getattr(self.props, "shared_memory_per_block_optin", 0) or 232448)
+        self.module = Module(self.path.read_bytes(), self.device.index,
                              {n: self.smem_limit if k.smem_bytes(1) else 0 for n, k in self.kernels.kernels.items()})
-        self._lock = threading.Lock()
-        self._occ: dict[tuple[str, int], int] = {}
         self._counter_bufs: dict[int, object] = {}
 
     def _counters(self, n: int):
@@ -683,15 +672,9 @@ def _check(torch, device, lay, q, ind, kv, kv_name, ind_name) -> None:
     need(kv.data_ptr() % 16 == 0, f"{kv_name} must be 16-byte aligned")
 
 
-_default: dict[int, SparseMlaDecode] = {}
-_default_lock = threading.Lock()
+_per_device: PerDevice[SparseMlaDecode] = PerDevice(SparseMlaDecode)
 
 
 def sparse_mla_decode(q, kv, indices, sm_scale: float, **kw):
     """Functional form with one cached SparseMlaDecode per device. See the module docstring."""
-    idx = q.device.index if q.device.index is not None else 0
-    with _default_lock:
-        if idx not in _default:
-            _default[idx] = SparseMlaDecode(q.device)
-        mod = _default[idx]
-    return mod(q, kv, indices, sm_scale, **kw)
+    return _per_device.of(q.device)(q, kv, indices, sm_scale, **kw)

@@ -50,13 +50,20 @@ def decide(facts: BackendFacts) -> tuple[dict[str, str], dict[str, str]]:
 
 
 def _common_reason(facts: BackendFacts) -> str | None:
-    if facts.capability not in SUPPORTED_SM:
-        major, minor = facts.capability
+    return _gpu_page_modules_reason(facts.capability, facts.page_size, PAGE, "the kernels read 64-token pages",
+                                    facts.modules_error)
+
+
+def _gpu_page_modules_reason(capability: tuple[int, int], page_size: int, page: int, page_rule: str,
+                             modules_error: str | None) -> str | None:
+    """Why no op of a backend can take the kernels (V3.2's and V4's alike): the GPU, the page size, the modules."""
+    if capability not in SUPPORTED_SM:
+        major, minor = capability
         return f"sm_{major}{minor} GPU: the kernels are built for sm_90a and sm_120a only"
-    if facts.page_size != PAGE:
-        return f"page size {facts.page_size}: the kernels read 64-token pages"
-    if facts.modules_error:
-        return f"the kernels could not be loaded: {facts.modules_error}"
+    if page_size != page:
+        return f"page size {page_size}: {page_rule}"
+    if modules_error:
+        return f"the kernels could not be loaded: {modules_error}"
     return None
 
 
@@ -108,11 +115,5 @@ def decide_v4(facts: V4Facts) -> tuple[dict[str, str], dict[str, str]]:
 
 
 def _v4_common_reason(facts: V4Facts) -> str | None:
-    if facts.capability not in SUPPORTED_SM:
-        major, minor = facts.capability
-        return f"sm_{major}{minor} GPU: the kernels are built for sm_90a and sm_120a only"
-    if facts.page_size != V4_PAGE:
-        return f"page size {facts.page_size}: SGLang's V4 backend pages 256 tokens"
-    if facts.modules_error:
-        return f"the kernels could not be loaded: {facts.modules_error}"
-    return None
+    return _gpu_page_modules_reason(facts.capability, facts.page_size, V4_PAGE,
+                                    "SGLang's V4 backend pages 256 tokens", facts.modules_error)
