@@ -69,11 +69,7 @@ def bench_cluster():
     (directory / "w.toml").write_text(WORKLOADS)
     client = client_python(directory / "client")
     try:
-        cluster.start_worker("prefill")
-        cluster.start_worker("decode")
-        cluster.wait_workers()
-        cluster.start_router()
-        cluster.wait_router_ready()
+        cluster.serve(router_after_workers=True)
         yield cluster, directory, client
     finally:
         cluster.stop()
