@@ -14,6 +14,7 @@ import pytest
 
 from pdserve.render.reach import unreachable
 from pdserve.render.toolchain import Toolchain
+from pdserve.schema import pins
 from pdserve.schema.config import Deployment
 from pdserve.schema.loading import default_profile_text, deployment_from_data, parse_document
 
@@ -65,3 +66,21 @@ def require_or_skip(condition: bool, reason: str, env_flag: str) -> None:
     if os.environ.get(env_flag) == "1":
         pytest.fail(f"{reason}, but {env_flag}=1 demands this tier")
     pytest.skip(reason)
+
+
+# The distributions an SGLang Python must hold, at the versions pdserve pins.
+PINNED = {"sglang": pins.SGLANG_VERSION, pins.ROUTER_DISTRIBUTION: pins.ROUTER_VERSION,
+          pins.NIXL_DISTRIBUTION: pins.NIXL_VERSION}
+
+
+def require_the_pins_here() -> None:
+    """Skip unless the Python running the tests holds the pins. CI installs them into this venv (.ci/setup):
+    there a missing or other version fails, not skips."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        found = {name: version(name) for name in PINNED}
+    except PackageNotFoundError as exc:
+        found = {"missing": str(exc)}
+    require_or_skip(found == PINNED, f"this environment does not have the pins the SGLang Python needs ({found})",
+                    "PDSERVE_REQUIRE_PARSERS")

@@ -24,6 +24,7 @@ from pdserve.render.argv import Launch, launches
 from pdserve.render.toolchain import Toolchain
 from pdserve.schema.config import Deployment
 from pdserve.schema.loading import load
+from tests.fixtures.deployment_text import loopback_router
 from tests.fixtures.procstat import processes
 
 SERVED_NAME = "tiny"
@@ -76,18 +77,8 @@ gpus = [{decode_gpu}]
 mem_fraction_static = 0.1
 extra_args = {flags}
 
-[transfer]
-backend = "{transfer_backend}"
-bootstrap_port = {ports['bootstrap']}
-
-[router]
-host = "127.0.0.1"
-port = {ports['router']}
-prometheus_host = "127.0.0.1"
-prometheus_port = {ports['prometheus']}
-health_check_timeout_secs = 30
-worker_startup_timeout_secs = 600
-{key}
+{loopback_router(ports, transfer_backend=transfer_backend, health_check_timeout_secs=30,
+                worker_startup_timeout_secs=600)}{key}
 [environment]
 CUDA_DEVICE_ORDER = "PCI_BUS_ID"
 UCX_TLS = "cuda_copy,cuda_ipc,tcp"

@@ -3,14 +3,14 @@ and the real openai client against a small local HTTP server that answers, fails
 
 from __future__ import annotations
 
-import json
 import socket
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
 
+from tests.fixtures.json_http import JsonHandler
 from tests.gpu.load import (
     EMPTY,
     OK,
@@ -100,35 +100,24 @@ def test_succeeding_again_needs_the_last_streak_after_the_restart_to_succeed():
     assert not succeeding_again([*outcomes, o(8, 8.1, "timeout")], after=4, streak=3)
 
 
-class _Chat(BaseHTTPRequestHandler):
+class _Chat(JsonHandler):
     """Chat completions while `mode` is "ok", 503 while "down", a 200 without tokens while "empty"."""
 
     mode = "ok"
 
-    def log_message(self, *args):
-        pass
-
     def do_POST(self):
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
         if self.headers.get("Authorization") != "Bearer k":
-            self._send(401, {"error": {"message": "Invalid API key", "code": 401}})
+            self.send_json(401, {"error": {"message": "Invalid API key", "code": 401}})
             return
         if self.mode == "down":
-            self._send(503, {"error": {"message": "No available prefill workers", "code": 503}})
+            self.send_json(503, {"error": {"message": "No available prefill workers", "code": 503}})
             return
         tokens = 0 if self.mode == "empty" else 3
-        self._send(200, {"id": "x", "object": "chat.completion", "created": 0, "model": "m",
+        self.send_json(200, {"id": "x", "object": "chat.completion", "created": 0, "model": "m",
                          "choices": [{"index": 0, "finish_reason": "length",
                                       "message": {"role": "assistant", "content": "abc" if tokens else ""}}],
                          "usage": {"prompt_tokens": 3, "completion_tokens": tokens, "total_tokens": 3 + tokens}})
-
-    def _send(self, status, body):
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
 
 
 def _serve(port: int = 0) -> ThreadingHTTPServer:

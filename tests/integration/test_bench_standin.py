@@ -22,7 +22,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 
-from bench_client import base_python, client_python, missing
+from bench_client import PKG, base_python, client_python, missing, tiny_workload
 from pd_cluster import PDCluster, write_deployment
 from tiny_tokenizer import write_tokenizer
 
@@ -31,23 +31,8 @@ from tests.conftest import require_or_skip
 
 pytestmark = pytest.mark.integration
 
-PKG = str(Path(__file__).resolve().parents[2] / "pkg")
-WORKLOADS = """
-[workloads.tiny]
-input_len = 24
-output_len = 6
-request_rates = [4, 8]
-prompts = 8
-seed = 7
-slo_ttft_ms = 5000
-slo_tpot_ms = 1000
-
-[workloads.long]
-input_len = 24
-output_len = 6
-request_rates = [8, 2]
-prompts = 40
-"""
+WORKLOADS = (tiny_workload("tiny", [4, 8], seed=7, slo_ttft_ms=5000, slo_tpot_ms=1000) + "\n"
+             + tiny_workload("long", [8, 2], prompts=40))
 RUN_TIMEOUT = 240
 
 
@@ -69,11 +54,7 @@ def bench_cluster():
     (directory / "w.toml").write_text(WORKLOADS)
     client = client_python(directory / "client")
     try:
-        cluster.start_worker("prefill")
-        cluster.start_worker("decode")
-        cluster.wait_workers()
-        cluster.start_router()
-        cluster.wait_router_ready()
+        cluster.serve(router_after_workers=True)
         yield cluster, directory, client
     finally:
         cluster.stop()

@@ -141,11 +141,7 @@ def live(tmp_path_factory):
     cluster = PDCluster(config, work)
     prometheus = None
     try:
-        for role in ("prefill", "decode"):
-            cluster.start_worker(role)
-        cluster.start_router()
-        cluster.wait_workers()
-        cluster.wait_router_ready()
+        cluster.serve()
         prometheus = Prometheus(binary, rendered / SUBDIR / PROMETHEUS_FILE, work)
         assert wait_until(prometheus.ready, PROMETHEUS_START_TIMEOUT, 0.5), prometheus.log.read_text()[-2000:]
         # Counters must have a sample from before the failure, or increase() cannot see it (as in production,

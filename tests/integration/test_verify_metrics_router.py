@@ -20,7 +20,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 
-from pd_cluster import PDCluster, write_deployment
+from pd_cluster import PDCluster, serving, write_deployment
 from standin_sglang.launch import free_ports
 
 from pdserve.verify.expect import expectations
@@ -36,23 +36,14 @@ E2E_REQUESTS = 4  # e2e.chat, e2e.reasoning, e2e.tools, e2e.stream: one request 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("pd-metrics")
-    c = PDCluster(write_deployment(workdir), workdir)
-    try:
-        c.start_worker("prefill")
-        c.start_worker("decode")
-        c.start_router()
-        c.wait_workers()
-        c.wait_router_ready()
+    with serving(write_deployment(workdir), workdir) as c:
         yield c
-    finally:
-        c.stop()
 
 
 @pytest.fixture
 def healthy(cluster):
-    cluster.reset_faults()
-    yield cluster
-    cluster.reset_faults()
+    with cluster.healthy():
+        yield cluster
 
 
 def verify(c: PDCluster, metrics_urls: dict[str, str] | None = None, only: tuple[str, ...] = ("e2e", "metrics"),
@@ -99,21 +90,23 @@ def test_failing_kv_transfers_fail_the_transfer_check(healthy):
     print(f"\n{result['observed']}\n{checks['metrics.router_requests']['observed']}")
 
 
-def test_a_router_metrics_port_that_does_not_answer_fails_the_router_checks(healthy):
-    (dead,) = free_ports(1)
-    checks = verify(healthy, {"router": f"http://127.0.0.1:{dead}/metrics"})
-    assert {i: s for i, s in statuses(checks).items() if s != "pass"} == {
-        "metrics.router": "fail", "metrics.router_requests": "fail"}, checks
-    assert "prometheus_port" in checks["metrics.router"]["remediation"]
-    assert "no reading to compare" in checks["metrics.router_requests"]["observed"]
+# The role whose metrics URL points at a port nothing answers on, the checks that then fail, and what they say
+# (check, field, words).
+DEAD_PORTS = [
+    ("router", ["metrics.router", "metrics.router_requests"],
+     [("metrics.router", "remediation", "prometheus_port"),
+      ("metrics.router_requests", "observed", "no reading to compare")]),
+    ("decode", ["metrics.decode", "metrics.kv_transfer"], [("metrics.decode", "observed", "no answer")]),
+]
 
 
-def test_a_worker_metrics_port_that_does_not_answer_fails_its_checks(healthy):
+@pytest.mark.parametrize(("role", "failed", "says"), DEAD_PORTS, ids=["router", "worker"])
+def test_a_metrics_port_that_does_not_answer_fails_its_checks(healthy, role, failed, says):
     (dead,) = free_ports(1)
-    checks = verify(healthy, {"decode": f"http://127.0.0.1:{dead}/metrics"})
-    assert {i: s for i, s in statuses(checks).items() if s != "pass"} == {
-        "metrics.decode": "fail", "metrics.kv_transfer": "fail"}, checks
-    assert "no answer" in checks["metrics.decode"]["observed"]
+    checks = verify(healthy, {role: f"http://127.0.0.1:{dead}/metrics"})
+    assert {i: s for i, s in statuses(checks).items() if s != "pass"} == dict.fromkeys(failed, "fail"), checks
+    for check, where, words in says:
+        assert words in checks[check][where], checks[check]
 
 
 def test_a_port_without_the_families_fails_its_endpoint_check(healthy):

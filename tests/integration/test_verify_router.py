@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 
-from pd_cluster import PDCluster, write_deployment
+from pd_cluster import PDCluster, serving, write_deployment
 from standin_sglang.launch import wait_http
 
 from pdserve.cli.main import main
@@ -50,34 +50,19 @@ def failing(report: dict) -> set[str]:
     return {c["id"] for c in report["checks"] if c["status"] == "fail"}
 
 
-def serve_pd(c: PDCluster) -> None:
-    """Both workers, then the router, each waited for (bounded by the cluster's own timeouts)."""
-    c.start_worker("prefill")
-    c.start_worker("decode")
-    c.start_router()
-    c.wait_workers()
-    c.wait_router_ready()
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("pd")
     # A worker that turns unhealthy is dropped at the router's first failed health check (pdserve renders
     # checks every router.health_check_interval_secs = 1 s and re-admission after one success).
-    c = PDCluster(write_deployment(workdir, router={"health_failure_threshold": 1}), workdir)
-    try:
-        serve_pd(c)
+    with serving(write_deployment(workdir, router={"health_failure_threshold": 1}), workdir) as c:
         yield c
-    finally:
-        c.stop()
 
 
 @pytest.fixture
 def healthy(cluster):
-    cluster.reset_faults()
-    cluster.wait_router_ready(30)
-    yield cluster
-    cluster.reset_faults()
+    with cluster.healthy():
+        yield cluster
 
 
 def test_healthy_deployment_passes_through_the_cli(healthy):
@@ -205,7 +190,7 @@ def test_api_key_enforced_and_a_router_without_it_caught(tmp_path, visible_tmp_p
     c = PDCluster(write_deployment(tmp_path, api_key_file=str(key_file)), tmp_path)
     assert c.launch["router"].argv[1].endswith("keyed_launch.py")  # rendered exactly as the unit runs it
     try:
-        serve_pd(c)
+        c.serve()
         # --wait as an operator would use it right after a start: a check that fails once on a loaded
         # 2-core machine is retried; one that keeps failing still fails the test.
         code, report = verify_in_process(c.config, "--only", "exposure,e2e,router", "--wait", "30")

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 
 from pd_cluster import PDCluster, write_deployment
 
-from tests.integration.test_verify_router import by_id, serve_pd, verify_in_process
+from tests.integration.test_verify_router import by_id, verify_in_process
 
 pytestmark = pytest.mark.integration
 
@@ -33,7 +33,7 @@ def test_router_checks_fail_while_the_prefill_is_down_although_the_router_says_h
     config.write_text(json.dumps(data))
     c = PDCluster(config, tmp_path)
     try:
-        serve_pd(c)
+        c.serve()
         code, report = verify_in_process(c.config, "--only", "router.readiness,router.workers")
         assert code == 0, report
 

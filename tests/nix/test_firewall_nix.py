@@ -19,7 +19,6 @@ import functools
 import ipaddress
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ from typing import Any
 import pytest
 
 from pdserve.schema.loading import deployment_from_data
-from tests.conftest import require_or_skip
+from tests.fixtures.nft_check import require_nft
 from tests.nix.firewall_cases import (
     HOSTILE,
     VALID,
@@ -188,14 +187,6 @@ def test_the_cases_cover_both_families_ranges_and_several_sources():
     assert any({ipaddress.ip_address(s).version for s in r["sources"]} == {4, 6} for r in rules)
 
 
-def nft_usable() -> bool:
-    if shutil.which("nft") is None:
-        return False
-    done = subprocess.run(["nft", "-c", "-f", "-"], input="table inet pdserve_probe {}\n", capture_output=True,
-                          text=True, timeout=TIMEOUT, check=False)
-    return done.returncode == 0
-
-
 def nft_check(rules: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
     """The rules as NixOS puts extraInputRules: inside an input chain of an inet table."""
     body = "\n".join(f"\t\t{rule}" for rule in rules)
@@ -209,8 +200,7 @@ def nft_check(rules: list[str], tmp_path: Path) -> subprocess.CompletedProcess[s
 
 @pytest.mark.parametrize(("case", "host"), HOSTS, ids=[f"{c}-{h}" for c, h in HOSTS])
 def test_the_nftables_rules_pass_the_real_nft_check(case: str, host: str, tmp_path: Path):
-    require_or_skip(nft_usable(), "`nft -c` is not usable here (nftables not installed, or no CAP_NET_ADMIN)",
-                    "PDSERVE_REQUIRE_NFT")
+    require_nft()
     rules = build({"dsv4": CASES[case]}, host)["nftRules"]
     assert any("saddr" in rule for rule in rules)
     done = nft_check(rules, tmp_path)
@@ -244,8 +234,7 @@ def test_every_accepted_spelling_passes_exactly_the_expected_argv(tmp_path: Path
 
 
 def test_every_accepted_spelling_passes_the_real_nft_check(tmp_path: Path):
-    require_or_skip(nft_usable(), "`nft -c` is not usable here (nftables not installed, or no CAP_NET_ADMIN)",
-                    "PDSERVE_REQUIRE_NFT")
+    require_nft()
     _, built = accepted_corpus()
     done = nft_check(built["nftRules"], tmp_path)
     assert done.returncode == 0, done.stderr
@@ -253,8 +242,7 @@ def test_every_accepted_spelling_passes_the_real_nft_check(tmp_path: Path):
 
 def test_nft_refuses_what_the_validation_keeps_out(tmp_path: Path):
     """The check can fail: a zone ID, as the module pasted it before, is a ruleset nft does not load."""
-    require_or_skip(nft_usable(), "`nft -c` is not usable here (nftables not installed, or no CAP_NET_ADMIN)",
-                    "PDSERVE_REQUIRE_NFT")
+    require_nft()
     rules = build({"dsv4": mixed_families()}, "gpu-c")["nftRules"]
     assert nft_check(rules, tmp_path).returncode == 0
     broken = [rule.replace(VALID_V6, "fe80::1%eth0") for rule in rules]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -115,43 +116,61 @@ def _assert_none_for(case: FieldCase, failures: batches.Failures, consumer: str)
                     "\n".join(f"  {k}\n    " + "\n    ".join(v)[:2500] for k, v in shown), pytrace=False)
 
 
+@dataclass(frozen=True)
+class Consumer:
+    """A program that reads the rendered outputs, run once over a batch of examples (`run` takes them and
+    tmp_path_factory.mktemp, for a work directory made only when a batch runs)."""
+
+    batch: str  # its key in _RESULTS
+    label: str  # how a failure names it
+    why_not_usable: Callable[[], str | None]
+    flag: str  # the variable with which CI turns its skip into a failure
+    run: Callable[[list[Example], Callable[[str], Path]], batches.Failures]
+
+
+VERIFY = Consumer("verify", "systemd-analyze verify", systemd.usable, "PDSERVE_REQUIRE_SYSTEMD",
+                  lambda examples, mktemp: batches.systemd_verify(examples, mktemp("systemd-verify")))
+READ_BACK = Consumer("read-back", "systemd (--test dump)", systemd.usable, "PDSERVE_REQUIRE_SYSTEMD",
+                     lambda examples, _: batches.systemd_read_back(examples))
+# The throwaway root needs what the container tier needs: root and mount namespaces.
+PLANS = Consumer("plans", "bash (plan run against stubs) / sh -n", shell.usable, "PDSERVE_REQUIRE_CONTAINER",
+                 lambda examples, mktemp: batches.plans(examples, mktemp("plans")))
+NFT = Consumer("nft", "nft -c", nft.usable, "PDSERVE_REQUIRE_NFT",
+               lambda examples, mktemp: batches.rulesets(examples, mktemp("nft")))
+PROMTOOL = Consumer("promtool", "promtool", promtool.usable, "PDSERVE_REQUIRE_PROMETHEUS",
+                    lambda examples, _: batches.prometheus(examples))
+
+
+def _assert_consumer_takes(consumer: Consumer, case: FieldCase, accepted: dict[str, list[Example]],
+                           tmp_path_factory: pytest.TempPathFactory) -> None:
+    _require(consumer.why_not_usable(), consumer.flag)
+    failures = _results(consumer.batch, accepted, lambda examples: consumer.run(examples, tmp_path_factory.mktemp))
+    _assert_none_for(case, failures, consumer.label)
+
+
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_units_pass_systemd_analyze_verify(case, accepted_examples, tmp_path_factory):
-    _require(systemd.usable(), "PDSERVE_REQUIRE_SYSTEMD")
-    failures = _results("verify", accepted_examples,
-                        lambda examples: batches.systemd_verify(examples, tmp_path_factory.mktemp("systemd-verify")))
-    _assert_none_for(case, failures, "systemd-analyze verify")
+    _assert_consumer_takes(VERIFY, case, accepted_examples, tmp_path_factory)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
-def test_systemd_reads_back_the_planned_argv_and_environment(case, accepted_examples):
-    _require(systemd.usable(), "PDSERVE_REQUIRE_SYSTEMD")
-    failures = _results("read-back", accepted_examples, batches.systemd_read_back)
-    _assert_none_for(case, failures, "systemd (--test dump)")
+def test_systemd_reads_back_the_planned_argv_and_environment(case, accepted_examples, tmp_path_factory):
+    _assert_consumer_takes(READ_BACK, case, accepted_examples, tmp_path_factory)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_the_plain_plan_runs_as_planned_against_recording_stubs(case, accepted_examples, tmp_path_factory):
-    # The throwaway root needs what the container tier needs: root and mount namespaces.
-    _require(shell.usable(), "PDSERVE_REQUIRE_CONTAINER")
-    failures = _results("plans", accepted_examples,
-                        lambda examples: batches.plans(examples, tmp_path_factory.mktemp("plans")))
-    _assert_none_for(case, failures, "bash (plan run against stubs) / sh -n")
+    _assert_consumer_takes(PLANS, case, accepted_examples, tmp_path_factory)
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.base == "multi"], ids=lambda c: c.id)
 def test_every_hosts_ruleset_passes_nft_check(case, accepted_examples, tmp_path_factory):
-    _require(nft.usable(), "PDSERVE_REQUIRE_NFT")
-    failures = _results("nft", accepted_examples,
-                        lambda examples: batches.rulesets(examples, tmp_path_factory.mktemp("nft")))
-    _assert_none_for(case, failures, "nft -c")
+    _assert_consumer_takes(NFT, case, accepted_examples, tmp_path_factory)
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.base == "single"], ids=lambda c: c.id)
-def test_monitoring_files_pass_promtool(case, accepted_examples):
-    _require(promtool.usable(), "PDSERVE_REQUIRE_PROMETHEUS")
-    failures = _results("promtool", accepted_examples, batches.prometheus)
-    _assert_none_for(case, failures, "promtool")
+def test_monitoring_files_pass_promtool(case, accepted_examples, tmp_path_factory):
+    _assert_consumer_takes(PROMTOOL, case, accepted_examples, tmp_path_factory)
 
 
 def test_the_tier_saw_accepted_values_for_most_fields():

@@ -14,11 +14,8 @@ from click.testing import CliRunner
 from pdserve.check import run as check_run
 from pdserve.check.parsers import KERNEL_PLUGIN
 from pdserve.cli.main import main
-from pdserve.schema import pins
+from tests.conftest import PINNED
 from tests.unit.test_cli_check_host import TARGET, reading
-
-PINNED = {"sglang": pins.SGLANG_VERSION, pins.ROUTER_DISTRIBUTION: pins.ROUTER_VERSION,
-          pins.NIXL_DISTRIBUTION: pins.NIXL_VERSION}
 
 
 def python_with(tmp_path: Path, plugins: dict[str, str] | None) -> str:

@@ -17,7 +17,7 @@ from pdserve.check.host import HostView
 from pdserve.check.target import decide
 from pdserve.cli.main import main
 from pdserve.schema import pins
-from tests.conftest import require_or_skip
+from tests.conftest import PINNED, require_the_pins_here
 
 TARGET = HostView(gpu_bus_ids=[f"00000000:{i:02X}:00.0" for i in range(8)], numa_nodes=[0, 1],
                   gpu_numa={i: i // 4 for i in range(8)})
@@ -87,10 +87,6 @@ def test_check_with_host_on_a_laptop_reports_what_is_wrong_here(monkeypatch):
 
 # -- the SGLang Python: pinned versions ------------------------------------------------------------
 
-PINNED = {"sglang": pins.SGLANG_VERSION, pins.ROUTER_DISTRIBUTION: pins.ROUTER_VERSION,
-          pins.NIXL_DISTRIBUTION: pins.NIXL_VERSION}
-
-
 def fake_python(tmp_path: Path, versions: dict[str, str]) -> str:
     """In `tmp_path` (one the units could see: check refuses a Python under /tmp), a real Python whose installed
     distributions are `versions` (dist-info only) and nothing else: -S drops this venv's site-packages,
@@ -108,15 +104,7 @@ def fake_python(tmp_path: Path, versions: dict[str, str]) -> str:
 
 
 def test_this_venvs_python_has_the_pins(monkeypatch):
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        found = {name: version(name) for name in PINNED}
-    except PackageNotFoundError as exc:
-        found = {"missing": str(exc)}
-    # CI installs the pins into this venv (.ci/setup): there a missing or other sglang fails, not skips.
-    require_or_skip(found == PINNED, f"this environment does not have the pins (found {found})",
-                    "PDSERVE_REQUIRE_PARSERS")
+    require_the_pins_here()
     monkeypatch.setattr(check_run, "THIS_HOST", reading(TARGET))
     data = json.loads(check("--host", "--no-parsers", "--json", "--sglang-python", sys.executable).stdout)
     assert f"--sglang-python has the pinned sglang and router (smg) and {pins.NIXL_DISTRIBUTION}" in data["checked"]

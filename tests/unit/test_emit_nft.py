@@ -4,7 +4,6 @@ no value ends a comment and starts a rule."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import tomllib
 from pathlib import Path
@@ -15,7 +14,7 @@ from pdserve.render.emit import EmitError, nft
 from pdserve.render.firewall import render_firewall
 from pdserve.render.renderable import renderable_from_data
 from pdserve.schema.problems import ConfigError
-from tests.conftest import require_or_skip
+from tests.fixtures.nft_check import require_nft
 
 ROOT = Path(__file__).resolve().parents[2]
 TWO_HOST = ROOT / "hosts/two-host/deployment.toml"
@@ -34,18 +33,9 @@ CANDIDATES = [
 ]
 
 
-def _nft_usable() -> bool:
-    if shutil.which("nft") is None:
-        return False
-    done = subprocess.run(["nft", "-c", "-f", "-"], input="table inet pdserve_probe {}\n", capture_output=True,
-                          text=True, timeout=NFT_TIMEOUT, check=False)
-    return done.returncode == 0
-
-
 @pytest.fixture(scope="module")
 def nft_check():
-    require_or_skip(_nft_usable(), "`nft -c` is not usable here (nftables not installed, or no CAP_NET_ADMIN)",
-                    "PDSERVE_REQUIRE_NFT")
+    require_nft()
 
     def check(ruleset: str) -> subprocess.CompletedProcess:
         return subprocess.run(["nft", "-c", "-f", "-"], input=ruleset, capture_output=True, text=True,

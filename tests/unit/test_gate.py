@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import httpx
 import pytest
@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from pdserve.cli.main import main
 from pdserve.launch.gate import Observation, router_observation, wait_until_ready, worker_observation
+from tests.fixtures.json_http import JsonHandler
 
 
 def client_for(routes: dict[str, tuple[int, object]]) -> httpx.Client:
@@ -109,7 +110,7 @@ def test_wait_returns_as_soon_as_ready():
 def worker_server():
     state = {"healthy": False}
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(JsonHandler):
         def do_GET(self):
             if self.path == "/health":
                 status, body = (200, {}) if state["healthy"] else (503, {})
@@ -117,15 +118,7 @@ def worker_server():
                 status, body = 200, {"disaggregation_mode": "decode"}
             else:
                 status, body = 404, {}
-            payload = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
-
-        def log_message(self, *args):
-            pass
+            self.send_json(status, body)
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)

@@ -265,25 +265,26 @@ def test_leave_removes_and_waits_until_the_router_no_longer_lists_it():
     assert again.ready and "does not list prefill" in again.state
 
 
-def test_a_removal_the_router_never_carries_out_is_reported_after_the_timeout():
+def leave_while_the_router_keeps_listing_it(status: str) -> Observation:
+    """The prefill's leave (3 s) from a router that accepts the removal and goes on listing the prefill, healthy
+    and with `status`."""
     _, pair = single_pair()
-    workers = [{"id": "p1", "url": pair.prefill.url, "is_healthy": True, "status": "ready"}]
+    workers = [{"id": "p1", "url": pair.prefill.url, "is_healthy": True, "status": status}]
     routes = {("GET", ROUTER, "/workers"): (200, {"workers": workers}),
               ("DELETE", ROUTER, "/workers/p1"): (202, {})}
     m, _ = membership(routes, pair.prefill)
-    left = m.leave(3)
+    return m.leave(3)
+
+
+def test_a_removal_the_router_never_carries_out_is_reported_after_the_timeout():
+    left = leave_while_the_router_keeps_listing_it("ready")
     assert not left.ready and "still lists prefill (is_healthy=True (a boolean), status='ready'" in left.state
 
 
 def test_a_worker_the_router_drains_is_out_at_once():
     """smg drains a removed worker that it still holds Ready (5 s, not configurable in 1.13.0) before it drops
     the entry; a draining worker gets no new request, so the gate need not wait for the entry to go."""
-    _, pair = single_pair()
-    workers = [{"id": "p1", "url": pair.prefill.url, "is_healthy": True, "status": "draining"}]
-    routes = {("GET", ROUTER, "/workers"): (200, {"workers": workers}),
-              ("DELETE", ROUTER, "/workers/p1"): (202, {})}
-    m, _ = membership(routes, pair.prefill)
-    left = m.leave(3)
+    left = leave_while_the_router_keeps_listing_it("draining")
     assert left.ready and "removed prefill" in left.state, left
 
 

@@ -23,6 +23,7 @@ from pdserve.render.units import render_units
 from pdserve.schema.loading import load
 from pdserve.schema.placement import place
 from tests.conftest import require_or_skip
+from tests.fixtures.nft_check import require_nft
 
 ROOT = Path(__file__).resolve().parents[2]
 TWO_HOST = ROOT / "hosts/two-host/deployment.toml"
@@ -157,17 +158,8 @@ def test_firewall_speaks_ipv6_for_ipv6_hosts(tmp_path):
     assert "http://[fd00::2]:30002" in router_args(load(path).deployment)
 
 
-def _nft_usable() -> bool:
-    if shutil.which("nft") is None:
-        return False
-    done = subprocess.run(["nft", "-c", "-f", "-"], input="table inet pdserve_probe {}\n", capture_output=True,
-                          text=True, timeout=30, check=False)
-    return done.returncode == 0
-
-
 def test_every_hosts_ruleset_passes_the_real_nft_check(tmp_path):
-    require_or_skip(_nft_usable(), "`nft -c` is not usable here (nftables not installed, or no CAP_NET_ADMIN)",
-                    "PDSERVE_REQUIRE_NFT")
+    require_nft()
     for path in (TWO_HOST, FOUR_HOST):
         dep = load(path).deployment
         for host in dep.hosts:

@@ -18,15 +18,13 @@ import re
 import shlex
 import subprocess
 import sys
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import pytest
 
 from pdserve.render.reach import unreachable
 from pdserve.render.toolchain import create_command
-from pdserve.schema import pins
-from tests.conftest import require_or_skip
+from tests.conftest import require_or_skip, require_the_pins_here
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -60,17 +58,6 @@ def _stand_ins(bin_dir: Path, record: Path) -> None:
         (bin_dir / name).chmod(0o755)
 
 
-def _pins_here() -> None:
-    wanted = {"sglang": pins.SGLANG_VERSION, pins.ROUTER_DISTRIBUTION: pins.ROUTER_VERSION,
-              pins.NIXL_DISTRIBUTION: pins.NIXL_VERSION}
-    try:
-        found = {name: version(name) for name in wanted}
-    except PackageNotFoundError as exc:
-        found = {"missing": str(exc)}
-    require_or_skip(found == wanted, f"this environment does not have the pins the SGLang Python needs ({found})",
-                    "PDSERVE_REQUIRE_PARSERS")
-
-
 def test_the_readmes_two_commands_are_what_ci_runs():
     """The README opens with Run and Test; .ci/run installs with the same setup and ends with the same pytest,
     and Run's last word, the plan of the embedded reference, works without a file."""
@@ -99,7 +86,7 @@ def test_the_quick_start_has_the_steps_this_test_runs():
 
 
 def test_a_newcomer_gets_from_a_fresh_clone_to_enabled_units(visible_tmp_path):
-    _pins_here()
+    require_the_pins_here()
     python = sys.executable  # the test venv's Python: it has the pins (above), as /opt/sglang-env would
     if unreachable(python, ("prefill",), "execute"):
         pytest.skip(f"the test venv's Python {python} is where units cannot see it; check would refuse it")

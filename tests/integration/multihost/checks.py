@@ -122,3 +122,17 @@ def chat(cluster: Cluster, count: int) -> dict[str, float]:
             count = cluster.served(p, "sglang:kv_transfer_latency_ms_count") or 0.0
             served[f"hand-offs from {p.name}"] = count - handoffs[p.name]
     return served
+
+
+def assert_every_server_served_and_every_hand_off_crossed_hosts(cluster: Cluster, served: dict[str, float],
+                                                                requests: int) -> None:
+    """What `chat` counted for `requests` requests: every prefill and every decode server (node 0) answered
+    some, each role answered all of them, and the prefills' hand-off counts add up to the requests while no
+    host runs both roles, so every decode fetched its room from a prefill on another host (a decode host
+    reaches a prefill's bootstrap server only over its link)."""
+    heads = cluster.plan.heads
+    assert all(served[p.name] > 0 for p in heads), served
+    for role in ("prefill", "decode"):
+        assert sum(served[p.name] for p in heads if p.role == role) == requests, served
+    assert sum(v for k, v in served.items() if k.startswith("hand-offs from ")) == requests, served
+    assert set(cluster.plan.hosts_of("prefill")).isdisjoint(cluster.plan.hosts_of("decode"))

@@ -14,8 +14,6 @@ from __future__ import annotations
 import secrets
 import signal
 import sys
-import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +21,8 @@ from pathlib import Path
 import httpx
 
 from pdserve.probes import metrics
+from tests.fixtures import waiting
+from tests.fixtures.sampler import Sampler
 from tests.integration.multihost.plan import Plan, Process
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
@@ -41,14 +41,7 @@ class ClusterError(RuntimeError):
 
 
 def wait_for(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.25) -> object:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise ClusterError(f"timed out after {timeout:g} s waiting for {what} (last: {value!r})")
-        time.sleep(interval)
+    return waiting.wait_for(predicate, timeout, what, interval, error=ClusterError)
 
 
 def _get_status(url: str, timeout: float, headers: dict[str, str] | None = None) -> int | None:
@@ -192,35 +185,20 @@ class Cluster:
 
 
 @dataclass
-class HealthWatch:
+class HealthWatch(Sampler[dict[str, float]]):
     """Samples the router's worker health every `period` s on a thread: [(time, {url: health})]."""
 
     cluster: Cluster
     period: float = 0.25
-    samples: list[tuple[float, dict[str, float]]] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
 
-    def __enter__(self) -> HealthWatch:
-        self._thread = threading.Thread(target=self._run, name="health-watch", daemon=True)
-        self._thread.start()
-        return self
+    def read(self) -> dict[str, float]:
+        try:
+            return self.cluster.worker_health()
+        except Exception:  # noqa: BLE001 - a read that failed is a gap in the samples, not a verdict
+            return {}
 
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        if self._thread:
-            self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            at = time.monotonic()
-            try:
-                health = self.cluster.worker_health()
-            except Exception:  # noqa: BLE001 - a read that failed is a gap in the samples, not a verdict
-                health = {}
-            if health:
-                self.samples.append((at, health))
-            self._stop.wait(max(0.0, self.period - (time.monotonic() - at)))
+    def keeps(self, reading: dict[str, float]) -> bool:
+        return bool(reading)
 
     def first(self, since: float, urls: list[str], value: float) -> float | None:
         """The first sample at or after `since` in which every one of `urls` has health `value`."""

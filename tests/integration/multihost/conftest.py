@@ -37,6 +37,9 @@ if str(FIXTURES) not in sys.path:
 
 from multihost_net import cluster_network, remove_leftovers  # noqa: E402
 
+# Its assertion helpers report what they compared, as a test's own asserts do.
+pytest.register_assert_rewrite("tests.integration.multihost.checks")
+
 REQUIRE = "PDSERVE_REQUIRE_MULTIHOST"
 
 # Rows of the host-failure table (tests/integration/multihost/test_host_failure.py appends them).

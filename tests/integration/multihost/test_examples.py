@@ -15,7 +15,12 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.integration.multihost.checks import chat, listeners_off_their_address, wrong_firewall_paths
+from tests.integration.multihost.checks import (
+    assert_every_server_served_and_every_hand_off_crossed_hosts,
+    chat,
+    listeners_off_their_address,
+    wrong_firewall_paths,
+)
 from tests.integration.multihost.conftest import running
 from tests.integration.multihost.plan import EXAMPLES
 
@@ -35,16 +40,9 @@ def example(request, tmp_path_factory):
 
 def test_the_example_serves_across_its_hosts(example):
     assert listeners_off_their_address(example) == []
-    served = chat(example, REQUESTS)
-    heads = example.plan.heads
-    assert all(served[p.name] > 0 for p in heads), served
-    for role in ("prefill", "decode"):
-        assert sum(served[p.name] for p in heads if p.role == role) == REQUESTS, served
-    # Each hand-off went from a decode host to a prefill on another host.
-    assert sum(v for k, v in served.items() if k.startswith("hand-offs from ")) == REQUESTS, served
-    assert set(example.plan.hosts_of("prefill")).isdisjoint(example.plan.hosts_of("decode"))
+    assert_every_server_served_and_every_hand_off_crossed_hosts(example, chat(example, REQUESTS), REQUESTS)
     # The router was given node 0 of every server and nothing else.
-    assert set(example.worker_health()) == {p.url for p in heads}, example.worker_health()
+    assert set(example.worker_health()) == {p.url for p in example.plan.heads}, example.worker_health()
 
 
 def test_the_examples_firewalls_open_each_worker_port_only_to_the_hosts_that_use_it(example):

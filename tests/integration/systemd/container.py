@@ -16,13 +16,14 @@ import signal
 import subprocess
 import sys
 import sysconfig
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pdserve.probes.systemctl import Systemctl
+from tests.fixtures import waiting
+from tests.fixtures.commands import run_bounded
 from tests.fixtures.procstat import processes
 
 SUITE = "bookworm"
@@ -39,16 +40,7 @@ class ContainerError(RuntimeError):
 
 
 def wait_for(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.5) -> object:
-    """Poll until `predicate` returns something truthy; fail after `timeout` seconds saying `what`."""
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while True:
-        last = predicate()
-        if last:
-            return last
-        if time.monotonic() >= deadline:
-            raise ContainerError(f"timed out after {timeout:g} s waiting for {what} (last: {last!r})")
-        time.sleep(interval)
+    return waiting.wait_for(predicate, timeout, what, interval, error=ContainerError)
 
 
 @dataclass(frozen=True)
@@ -319,14 +311,7 @@ class Container:
     def run(self, argv: list[str], timeout: float = 60, check: bool = True,
             input: str | None = None) -> subprocess.CompletedProcess:
         full = ["nsenter", "-t", str(self.pid), "-a", "/usr/bin/env", "-i", CONTAINER_PATH, "LANG=C.UTF-8", *argv]
-        try:
-            done = subprocess.run(full, capture_output=True, text=True, timeout=timeout, input=input, check=False)
-        except subprocess.TimeoutExpired as exc:
-            raise ContainerError(f"`{' '.join(argv)}` in the container took over {timeout:g} s") from exc
-        if check and done.returncode != 0:
-            raise ContainerError(f"`{' '.join(argv)}` in the container exited {done.returncode}: "
-                                 f"{done.stderr.strip() or done.stdout.strip()}")
-        return done
+        return run_bounded(argv, full, "in the container", timeout, check, input, ContainerError)
 
     def sh(self, script: str, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess:
         return self.run(["/bin/sh", "-c", script], timeout=timeout, check=check)

@@ -30,21 +30,12 @@ FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 if str(FIXTURES) not in sys.path:
     sys.path.insert(0, str(FIXTURES))
 
-from bench_client import base_python, client_python, missing  # noqa: E402
+from bench_client import PKG, base_python, client_python, missing, tiny_workload  # noqa: E402
 from tiny_tokenizer import write_tokenizer  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
-PKG = str(Path(__file__).resolve().parents[3] / "pkg")
-WORKLOAD = """
-[workloads.tiny]
-input_len = 24
-output_len = 6
-request_rates = [8]
-prompts = 8
-slo_ttft_ms = 5000
-slo_tpot_ms = 1000
-"""
+WORKLOAD = tiny_workload("tiny", [8], slo_ttft_ms=5000, slo_tpot_ms=1000)
 
 
 @pytest.fixture

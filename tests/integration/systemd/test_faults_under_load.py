@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +28,7 @@ import httpx
 import pytest
 
 from pdserve.schema.derived import router_shutdown_grace
+from tests.fixtures.sampler import Sampler
 from tests.integration.systemd.container import wait_for
 from tests.integration.systemd.lab import CONFIG_PATH, START_TIMEOUT_SEC
 
@@ -60,36 +60,23 @@ ROWS: list[Row] = []
 
 
 @dataclass
-class ReadinessSampler:
+class ReadinessSampler(Sampler[int | None]):
     """GETs the router's /readiness every `period` s (each bounded) during a fault: when smg answers 503 there,
     it has marked a worker unhealthy and has no full prefill/decode pair to send a request to."""
 
     url: str
     period: float = 0.1
-    samples: list[tuple[float, int | None]] = field(default_factory=list)  # (time, status; None: no answer)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
+    _client: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=1.0))
 
-    def start(self) -> ReadinessSampler:
-        self._thread = threading.Thread(target=self._run, name="readiness-sampler", daemon=True)
-        self._thread.start()
-        return self
-
-    def _run(self) -> None:
-        with httpx.Client(timeout=1.0) as client:
-            while not self._stop.is_set():
-                at = time.monotonic()
-                try:
-                    status: int | None = client.get(f"{self.url}/readiness").status_code
-                except httpx.HTTPError:
-                    status = None
-                self.samples.append((at, status))
-                self._stop.wait(self.period)
+    def read(self) -> int | None:  # the status; None: no answer
+        try:
+            return self._client.get(f"{self.url}/readiness").status_code
+        except httpx.HTTPError:
+            return None
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread:
-            self._thread.join(timeout=5)
+        super().stop()
+        self._client.close()
 
     def first_not_ready(self, since: float) -> float | None:
         return next((at for at, status in self.samples if at >= since and status == 503), None)

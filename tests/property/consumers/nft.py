@@ -3,21 +3,16 @@ and validates it against the kernel's nf_tables, needs CAP_NET_ADMIN) for every 
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
+
+from tests.fixtures.nft_check import why_not_usable
 
 TIMEOUT_S = 30
 
 
 def usable() -> str | None:
-    if shutil.which("nft") is None:
-        return "nft is not installed (apt-get install nftables)"
-    done = subprocess.run(["nft", "-c", "-f", "-"], input="table inet pdserve_prop_probe {}\n", capture_output=True,
-                          text=True, timeout=TIMEOUT_S, check=False)
-    if done.returncode != 0:
-        return f"`nft -c` is not usable here (root with CAP_NET_ADMIN): {done.stderr.strip()[-300:]}"
-    return None
+    return why_not_usable()
 
 
 def check(ruleset: Path) -> str | None:
