@@ -37,8 +37,7 @@ def listeners(dep: Deployment) -> list[Listener]:
                 for item in placed_listeners(dep) if item.host in dep.hosts
                 for port in range(item.first, item.last + 1)]
     found = [
-        Listener("prefill.port", dep.worker("prefill").port),
-        Listener("decode.port", dep.worker("decode").port),
+        *(Listener(f"{server.field}.port", server.port) for server in servers(dep)),
         Listener("router.port", dep.router.port),
         Listener("router.prometheus_port", dep.router.prometheus_port),
         Listener("transfer.bootstrap_port", dep.transfer.bootstrap_port),

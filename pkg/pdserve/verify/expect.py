@@ -13,7 +13,8 @@ from pdserve.render.monitoring.targets import targets
 from pdserve.schema import pins
 from pdserve.schema.addresses import is_loopback
 from pdserve.schema.config import Deployment, Role
-from pdserve.schema.derived import disaggregation_mode, role_url, unit_name, url_of
+from pdserve.schema.derived import disaggregation_mode, unit_name, url_of
+from pdserve.schema.placement import role_url
 from pdserve.schema.topology import IMPLIED_HOST, Node, host_address, router_hosts, router_unit, server_unit, servers
 
 # A server that cannot hold one request of the default context is unusable; the floor defaults to it.
