@@ -22,8 +22,8 @@ from pdserve.render.monitoring import metrics as m
 from pdserve.render.monitoring.alerts import Alert, alerts
 from pdserve.render.monitoring.targets import Target, targets
 from pdserve.schema.config import Deployment
-from pdserve.schema.derived import role_url
 from pdserve.schema.loading import deployment_from_data
+from pdserve.schema.placement import role_url
 from tests.conftest import require_or_skip
 from tests.fixtures.smg_exposition import PHASES, recorded
 

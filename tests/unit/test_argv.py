@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from pdserve.render.argv import launch, launches, router_args, server_args
-from pdserve.schema.derived import listen_address
 from pdserve.schema.loading import deployment_from_data
+from pdserve.schema.placement import place
 
 
 def flag_value(args, flag):
@@ -47,11 +47,13 @@ def test_fallback_listens_where_the_file_says_else_where_the_router_does(referen
     reference_data["router"]["host"] = "0.0.0.0"
     reference_data["fallback"]["port"] = 30100
     dep = deployment_from_data(reference_data, "t").deployment
-    assert listen_address(dep, "fallback") == ("0.0.0.0", 30100)   # host from the router, port its own
+    (fallback,) = place(dep).of_role("fallback")
+    assert (fallback.listen_host, fallback.port) == ("0.0.0.0", 30100)   # host from the router, port its own
     args = server_args(dep, "fallback")
     assert (flag_value(args, "--host"), flag_value(args, "--port")) == ("0.0.0.0", "30100")
-    assert flag_value(args, "--tp-size") == "8" and dep.server("fallback") is dep.fallback
-    assert listen_address(dep, "decode") == ("127.0.0.1", 30002) and dep.server("decode") is dep.decode
+    assert flag_value(args, "--tp-size") == "8" and fallback.spec is dep.fallback
+    (decode,) = place(dep).of_role("decode")
+    assert (decode.listen_host, decode.port) == ("127.0.0.1", 30002) and decode.spec is dep.decode
 
 
 def test_router_targets_workers_with_bootstrap_port(reference):

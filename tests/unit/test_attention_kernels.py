@@ -12,6 +12,7 @@ from pdserve.cli.main import main
 from pdserve.render.argv import launches
 from pdserve.render.units import render_units
 from pdserve.schema.loading import deployment_from_data
+from pdserve.schema.placement import place
 from pdserve.schema.problems import ConfigError
 from tests.unit.test_units import CONFIG, parse_unit
 
@@ -30,7 +31,8 @@ def unit_environment(dep, tools) -> dict[str, list[str]]:
 
 
 def test_every_server_defaults_to_sglangs_kernels(reference):
-    assert {role: reference.server(role).attention_kernels for role in SERVERS} == dict.fromkeys(SERVERS, "sglang")
+    kernels = {p.role: p.spec.attention_kernels for p in place(reference).placed if p.spec is not None}
+    assert kernels == dict.fromkeys(SERVERS, "sglang")
 
 
 def test_an_unknown_kernel_choice_names_the_field_and_the_choices(reference_data):

@@ -138,3 +138,35 @@ def test_a_hosts_section_of_the_wrong_type_is_told_without_rules_about_another_s
     assert fields(report) == {"hosts"}, report["problems"]
     assert report["checked"] == ["field types and bounds"]
     assert any("[hosts] is not a table of hosts" in reason for reason in report["skipped"])
+
+
+# Independent mistakes spread over both hosts of two-host, each a different rule's: gpu-a's prefill (a GPU
+# index its host lacks, a dist_init_port on a one-host server), gpu-b's decode (the router's port, a
+# bootstrap port) and the router's placement (an undeclared host).
+INDEPENDENT_MISTAKES = {
+    "prefill[0].gpus": lambda d: d["prefill"][0].__setitem__("gpus", [0, 1, 2, 3, 4, 5, 6, 8]),
+    "prefill[0].dist_init_port": lambda d: d["prefill"][0].__setitem__("dist_init_port", 5000),
+    "router.port": lambda d: d["decode"][0].__setitem__("port", d["router"]["port"]),
+    "decode[0].bootstrap_port": lambda d: d["decode"][0].__setitem__("bootstrap_port", 9000),
+    "router.hosts": lambda d: d["router"].__setitem__("hosts", ["gpu-b", "gpu-c"]),
+}
+
+
+def test_every_rule_problem_of_a_multi_host_file_comes_in_one_run(tmp_path):
+    # As on a single-host file, one run reports each mistake: what each raises alone, the run with all of
+    # them raises too (none hides another), and nothing stops after the first host's.
+    alone: dict[str, set[tuple[str, str]]] = {}
+    for field, mistake in INDEPENDENT_MISTAKES.items():
+        data = example("two-host")
+        mistake(data)
+        report = checked(tmp_path, data)
+        alone[field] = {(p["field"], p["message"]) for p in report["problems"] if p["severity"] == "error"}
+        assert field in {f for f, _ in alone[field]}, report["problems"]
+    data = example("two-host")
+    for mistake in INDEPENDENT_MISTAKES.values():
+        mistake(data)
+    report = checked(tmp_path, data)
+    together = {(p["field"], p["message"]) for p in report["problems"] if p["severity"] == "error"}
+    for field, problems in alone.items():
+        assert problems <= together, (field, problems - together)
+    assert report["checked"] == ["schema and field rules"]

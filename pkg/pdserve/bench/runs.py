@@ -15,7 +15,7 @@ from pdserve.bench.sweep import Sweep
 from pdserve.bench.workload import Workload
 from pdserve.schema.boot import Layout
 from pdserve.schema.config import Deployment
-from pdserve.schema.derived import role_url
+from pdserve.schema.placement import role_url
 
 if TYPE_CHECKING:
     from pdserve.cutover.machine import Cutover

@@ -53,8 +53,8 @@ def _extra_args(dep: Deployment, role: str) -> list[str]:
     """The extra_args of the router, the fallback, or the server written at `role` (prefill, prefill[0], ...)."""
     if role == "router":
         return dep.router.extra_args
-    if role == "fallback":
-        return dep.server("fallback").extra_args
+    if role == "fallback" and dep.fallback is not None:  # the parser check lists it only where the file has one
+        return dep.fallback.extra_args
     return next(server.spec.extra_args for server in servers(dep) if server.field == role)
 
 

@@ -29,7 +29,7 @@ def plan(config_path: Path | None, as_json: bool, host: str | None, sglang_pytho
     machines. A multi-host deployment is shown one host at a time (--host), its firewall ruleset included.
     """
     from pdserve.render.firewall import render_firewall
-    from pdserve.render.plan import host_plan_data, plain_text, plan_data, print_rich
+    from pdserve.render.plan import plain_text, plan_data, print_rich
     from pdserve.render.toolchain import preview_toolchain
     from pdserve.render.units import render_units
     from pdserve.schema.placement import IMPLIED_HOST
@@ -43,8 +43,8 @@ def plan(config_path: Path | None, as_json: bool, host: str | None, sglang_pytho
         units = render_units(dep, tools, runtime, chosen or IMPLIED_HOST)
     except ConfigError as exc:  # e.g. a previewed tool path systemd cannot execute
         exit_with(exc.problems)
-    data = (host_plan_data(dep, chosen, tools, units, notes, loaded.source, render_firewall(dep, chosen)) if chosen
-            else plan_data(dep, tools, units, notes, loaded.source))
+    firewall = render_firewall(dep, chosen) if chosen else None  # a ruleset per host of a multi-host file only
+    data = plan_data(dep, tools, units, notes, loaded.source, chosen or IMPLIED_HOST, firewall)
     if as_json:
         click.echo(strict_json.dumps(data, indent=2))
     elif sys.stdout.isatty():

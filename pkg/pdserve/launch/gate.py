@@ -22,7 +22,8 @@ from pdserve.probes.answers import Mismatch, shown
 from pdserve.probes.metrics import MAX_BYTES as METRICS_MAX_BYTES
 from pdserve.probes.router import worker_counts
 from pdserve.schema.config import Deployment, Role
-from pdserve.schema.derived import disaggregation_mode, role_url
+from pdserve.schema.derived import disaggregation_mode
+from pdserve.schema.placement import role_url
 from pdserve.schema.topology import server_named, servers
 
 # The wait probes once more at its deadline; that probe's requests may run this much past it, so a wait of

@@ -29,7 +29,7 @@ from pdserve.probes.answers import shown
 from pdserve.probes.observations import HttpObs
 from pdserve.schema.config import Deployment
 from pdserve.schema.derived import disaggregation_mode
-from pdserve.schema.topology import Server, servers
+from pdserve.schema.topology import Server, peer_role, servers
 
 # SGLang's own warm-up of a disaggregated server sends these ids (http_server.py, _execute_server_warmup):
 # ids every vocabulary has.
@@ -51,8 +51,7 @@ class Pair:
 
 def pairs_for(dep: Deployment, server: Server) -> list[Pair]:
     """`server` with each server of the other role, in file order (the order warm-up tries them)."""
-    other = "decode" if server.role == "prefill" else "prefill"
-    peers = servers(dep, other)  # type: ignore[arg-type]
+    peers = servers(dep, peer_role(server.role))
     return [Pair(server, peer) if server.role == "prefill" else Pair(peer, server) for peer in peers]
 
 

@@ -10,15 +10,8 @@ import posixpath
 from dataclasses import dataclass, replace
 
 from pdserve.render.toolchain import Toolchain
-from pdserve.schema.config import ROLES, Deployment, Role, ServerSpec
-from pdserve.schema.derived import (
-    API_KEY_CREDENTIAL,
-    listen_address,
-    role_url,
-    router_shutdown_grace,
-    unit_name,
-    url_of,
-)
+from pdserve.schema.config import ROLES, WORKER_ROLES, Deployment, FallbackSpec, Role, ServerSpec
+from pdserve.schema.derived import API_KEY_CREDENTIAL, router_shutdown_grace, unit_name, url_of
 from pdserve.schema.fields import DSA_KERNELS_ENV
 from pdserve.schema.topology import Node, host_address, nodes_on, router_hosts, router_unit, server_unit, servers
 
@@ -93,15 +86,20 @@ def _capacity_args(server: ServerSpec) -> list[str]:
     return args
 
 
+def _fallback(dep: Deployment) -> FallbackSpec:
+    if dep.fallback is None:
+        raise ValueError(f"deployment {dep.name} has no fallback (a multi-host deployment runs none)")
+    return dep.fallback
+
+
 def server_args(dep: Deployment, role: Role) -> list[str]:
     """SGLang server flags of a single-host file's role (prefill, decode or fallback), as `launch_server`
     takes them (node_args: any server of any layout)."""
     if role == "router":
         raise ValueError("the router is not an SGLang server; use router_args()")
     if role == "fallback":
-        host, port = listen_address(dep, role)
-        args = [*_model_args(dep), "--host", host, "--port", str(port)]
-        fallback = dep.server(role)
+        fallback = _fallback(dep)
+        args = [*_model_args(dep), "--host", dep.fallback_host, "--port", str(dep.fallback_port)]
         return _closing_args([*args, *_gpu_placement(fallback), *_capacity_args(fallback)], fallback)
     return node_args(dep, Node(servers(dep, role)[0], 0))
 
@@ -209,23 +207,16 @@ def router_resilience_args(dep: Deployment) -> list[str]:
     return [*args, "--shutdown-grace-period-secs", str(router_shutdown_grace(dep))]
 
 
-def numa_binding(dep: Deployment, role: Role) -> NumaBinding | None:
-    if role == "router":
-        return None
-    server = dep.server(role)
-    if server.numa_node is None:
-        return None
-    return NumaBinding(server.numa_node, server.numa_node)
+def numa_binding(spec: ServerSpec) -> NumaBinding | None:
+    """Where an SGLang server's CPUs and memory are bound: its numa_node, or nowhere."""
+    return None if spec.numa_node is None else NumaBinding(spec.numa_node, spec.numa_node)
 
 
-def environment(dep: Deployment, role: Role, spec: ServerSpec | None = None) -> dict[str, str]:
-    """A role's environment; `spec`: the server's own settings where the role has several (multi-host)."""
-    if role == "router":
-        return dict(dep.router.env)
-    server = spec or dep.server(role)
+def sglang_environment(dep: Deployment, spec: ServerSpec) -> dict[str, str]:
+    """An SGLang server's environment: the deployment's, then the server's own settings."""
     # Always rendered, "sglang" included: an explicit off, so a value inherited from elsewhere (the
     # manager's environment, a drop-in's) cannot turn pdserve's kernels on behind the deployment's back.
-    return {**dep.environment, **server.env, DSA_KERNELS_ENV: server.attention_kernels}
+    return {**dep.environment, **spec.env, DSA_KERNELS_ENV: spec.attention_kernels}
 
 
 # What follows the SGLang environment's bin directory on a server's PATH unless the deployment sets PATH:
@@ -246,26 +237,28 @@ def server_environment(env: dict[str, str], tools: Toolchain) -> dict[str, str]:
 
 
 def launch(dep: Deployment, role: Role, tools: Toolchain) -> Launch:
-    keyed = dep.router.api_key_file is not None and role in {"router", "fallback"}
+    """A single-host file's process of `role` (a prefill or decode: its server's node 0, node_launch). Only
+    the router and the fallback hold the API key, when there is one. Each router of a multi-host file runs
+    this router's process under its own unit name (pdserve.render.units.placed_launch)."""
+    if role in WORKER_ROLES:
+        return node_launch(dep, Node(servers(dep, role)[0], 0), tools)
+    keyed = dep.router.api_key_file is not None
     if role == "router":
         entry, args, target = ["-m", ROUTER_MODULE], router_args(dep), "router"
+        binding, env = None, dict(dep.router.env)
+        url = url_of(dep.router.host, dep.router.port)
     else:
+        fallback = _fallback(dep)
         entry, args, target = ["-m", SERVER_MODULE], server_args(dep, role), "server"
+        binding, env = numa_binding(fallback), server_environment(sglang_environment(dep, fallback), tools)
+        url = url_of(dep.fallback_host, dep.fallback_port)
     if keyed:
         # The key is read from the credential inside the process, so it never shows in argv (ps).
         entry = [tools.keyed_launcher, target, API_KEY_CREDENTIAL, "--"]
-    binding = numa_binding(dep, role)
     prefix = [tools.numactl, *binding.numactl_args()] if binding else []
     credentials = {API_KEY_CREDENTIAL: dep.router.api_key_file} if keyed and dep.router.api_key_file else {}
-    return Launch(
-        role=role,
-        unit=unit_name(dep, role),
-        argv=(*prefix, tools.sglang_python, *entry, *args),
-        env=environment(dep, role) if role == "router" else server_environment(environment(dep, role), tools),
-        numa=binding,
-        url=role_url(dep, role),
-        credentials=credentials,
-    )
+    return Launch(role=role, unit=unit_name(dep, role), argv=(*prefix, tools.sglang_python, *entry, *args), env=env,
+                  numa=binding, url=url, credentials=credentials)
 
 
 def launches(dep: Deployment, tools: Toolchain) -> dict[Role, Launch]:
@@ -276,15 +269,14 @@ def launches(dep: Deployment, tools: Toolchain) -> dict[Role, Launch]:
 def node_launch(dep: Deployment, node: Node, tools: Toolchain) -> Launch:
     """One node of a PD server. Workers never hold the API key: only the router and the fallback do."""
     server = node.server
-    numa = server.spec.numa_node
-    binding = NumaBinding(numa, numa) if numa is not None else None
+    binding = numa_binding(server.spec)
     prefix = [tools.numactl, *binding.numactl_args()] if binding else []
     # Node 0 serves the API; the others only SGLang's health-only server, on their own address.
     url = server.url if node.rank == 0 else url_of(host_address(dep, node.host) or server.listen_host, server.port)
     return Launch(
         role=server.role, unit=server_unit(dep, node),
         argv=(*prefix, tools.sglang_python, "-m", SERVER_MODULE, *node_args(dep, node)),
-        env=server_environment(environment(dep, server.role, server.spec), tools), numa=binding, url=url,
+        env=server_environment(sglang_environment(dep, server.spec), tools), numa=binding, url=url,
         credentials={},
         server=server.name, node_rank=node.rank,
     )

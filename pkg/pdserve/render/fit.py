@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from pdserve.render.argv import environment, node_args, router_args, server_args
+from pdserve.render.argv import node_args, router_args, server_args, sglang_environment
 from pdserve.schema.config import Deployment
 from pdserve.schema.problems import Problem
 from pdserve.schema.systemd_syntax import LONG_LINE_MAX, PATH_MAX
@@ -30,10 +30,10 @@ def _commands(dep: Deployment) -> Iterator[tuple[str, str, list[str], dict[str, 
     """(where it is written, what it is, argv, environment) of every process the deployment runs: a
     multi-node server's nodes differ only in --node-rank and --host, so its node 0 stands for them."""
     for server in servers(dep):
-        yield server.field, server.role, node_args(dep, Node(server, 0)), environment(dep, server.role, server.spec)
-    yield "router", "router", router_args(dep), environment(dep, "router")
+        yield server.field, server.role, node_args(dep, Node(server, 0)), sglang_environment(dep, server.spec)
+    yield "router", "router", router_args(dep), dict(dep.router.env)
     if dep.fallback is not None:
-        yield "fallback", "fallback", server_args(dep, "fallback"), environment(dep, "fallback")
+        yield "fallback", "fallback", server_args(dep, "fallback"), sglang_environment(dep, dep.fallback)
 
 
 def _quoted_size(arg: str) -> int:

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pdserve.render.argv import Launch, host_launches, launches
+from pdserve.render.argv import Launch
 from pdserve.render.emit import shell
 from pdserve.render.toolchain import Toolchain
 from pdserve.render.unit_text import Unit
+from pdserve.render.units import placed_launch
 from pdserve.schema.boot import wanted_at_boot
-from pdserve.schema.config import Deployment, Role
-from pdserve.schema.topology import server_named
+from pdserve.schema.config import Deployment
+from pdserve.schema.placement import IMPLIED_HOST, Placed, place
 
 if TYPE_CHECKING:  # rich (pygments with it) is imported by the terminal view alone: a piped plan starts faster
     from rich.console import Console, RenderableType
@@ -31,16 +32,20 @@ SCHEMA_VERSION = 1
 HEREDOC_END = "PDSERVE_UNIT_END"
 
 
-def _role_data(dep: Deployment, role: Role, run: Launch) -> dict[str, Any]:
-    server = None if role == "router" else dep.server(role)
+def _process_data(dep: Deployment, p: Placed, run: Launch, one_host: bool) -> dict[str, Any]:
+    """What the plan shows of one placed process. A process of a multi-host file's host also says which
+    server and node it is (a single-host file's are named by their role, the key they are listed under)."""
+    spec = p.spec  # None for the router
+    named = {} if one_host else {"role": run.role, "server": run.server, "node_rank": run.node_rank}
     return {
+        **named,
         "unit": run.unit,
         # boot_layout decides which units start at boot; the others are installed for `pdserve cutover`.
-        "wanted_at_boot": wanted_at_boot(dep, role),
+        "wanted_at_boot": wanted_at_boot(dep, p.role),
         "url": run.url,
-        "gpus": list(server.gpus) if server else [],
-        "tensor_parallel": server.tensor_parallel if server else None,
-        "mem_fraction_static": server.mem_fraction_static if server else None,
+        "gpus": list(spec.gpus) if spec else [],
+        "tensor_parallel": spec.tensor_parallel if spec else None,
+        "mem_fraction_static": spec.mem_fraction_static if spec else None,
         "numa": {"cpu_node": run.numa.cpu_node, "memory_node": run.numa.memory_node} if run.numa else None,
         "argv": list(run.argv),
         "env": dict(sorted(run.env.items())),
@@ -49,50 +54,30 @@ def _role_data(dep: Deployment, role: Role, run: Launch) -> dict[str, Any]:
     }
 
 
-def _node_data(dep: Deployment, run: Launch) -> dict[str, Any]:
-    """_role_data of one process of a multi-host file's host: a server node, or the router."""
-    server = server_named(dep, run.server) if run.server else None
-    spec = server.spec if server else None
-    return {
-        "role": run.role, "server": run.server, "node_rank": run.node_rank, "unit": run.unit,
-        "wanted_at_boot": wanted_at_boot(dep, run.role), "url": run.url,
-        "gpus": list(spec.gpus) if spec else [],
-        "tensor_parallel": spec.tensor_parallel if spec else None,
-        "mem_fraction_static": spec.mem_fraction_static if spec else None,
-        "numa": {"cpu_node": run.numa.cpu_node, "memory_node": run.numa.memory_node} if run.numa else None,
-        "argv": list(run.argv), "env": dict(sorted(run.env.items())), "credentials": dict(run.credentials),
-    }
-
-
-def _process_key(run: Launch) -> str:
-    if run.server is None:
+def _process_key(run: Launch, one_host: bool) -> str:
+    """A single-host file's processes by role; a host's of a multi-host file by server (or "router"),
+    a later node of a multi-node server with its rank."""
+    if one_host or run.server is None:
         return run.role
     return run.server if run.node_rank == 0 else f"{run.server} node {run.node_rank}"
 
 
-def host_plan_data(dep: Deployment, host: str, tools: Toolchain, units: list[Unit], notes: list[str],
-                   source: str, firewall: str) -> dict[str, Any]:
-    """plan_data of one host of a multi-host deployment: its processes (keyed by server, or "router"),
-    its units and its firewall ruleset."""
-    return {
-        "schema_version": SCHEMA_VERSION, "deployment": dep.name, "host": host, "source": source,
-        "model": dep.model.served_name or dep.model.path,
-        "roles": {_process_key(run): _node_data(dep, run) for run in host_launches(dep, host, tools)},
-        "units": {unit.filename: unit.text for unit in units},
-        "firewall": firewall,
-        "notes": list(notes),
-    }
-
-
-def plan_data(dep: Deployment, tools: Toolchain, units: list[Unit], notes: list[str], source: str) -> dict[str, Any]:
-    """Everything the plan shows, as JSON-ready data: what `plan --json` prints."""
+def plan_data(dep: Deployment, tools: Toolchain, units: list[Unit], notes: list[str], source: str,
+              host: str = IMPLIED_HOST, firewall: str | None = None) -> dict[str, Any]:
+    """Everything the plan shows of `host` (a single-host file: its one, implied host), as JSON-ready data:
+    what `plan --json` prints. A multi-host file's plan names its host and carries its firewall ruleset."""
+    one_host = host == IMPLIED_HOST
+    runs = [(p, placed_launch(dep, p, tools)) for p in place(dep).on(host)]
+    where = {} if one_host else {"host": host}
     return {
         "schema_version": SCHEMA_VERSION,
         "deployment": dep.name,
+        **where,
         "source": source,
         "model": dep.model.served_name or dep.model.path,
-        "roles": {role: _role_data(dep, role, run) for role, run in launches(dep, tools).items()},
+        "roles": {_process_key(run, one_host): _process_data(dep, p, run, one_host) for p, run in runs},
         "units": {unit.filename: unit.text for unit in units},
+        **({} if one_host else {"firewall": firewall}),
         "notes": list(notes),
     }
 

@@ -37,7 +37,7 @@ from pdserve.schema.tools import ToolPaths, venv_python  # noqa: F401 - venv_pyt
 Role = Literal["prefill", "decode", "router", "fallback"]
 WORKER_ROLES: tuple[Role, ...] = ("prefill", "decode")
 ROLES: tuple[Role, ...] = ("prefill", "decode", "router", "fallback")
-SERVER_ROLES: tuple[Role, ...] = ("prefill", "decode", "fallback")  # the SGLang servers: Deployment.server
+SERVER_ROLES: tuple[Role, ...] = ("prefill", "decode", "fallback")  # the SGLang servers (not the router)
 
 
 class _Section(BaseModel):
@@ -159,12 +159,6 @@ class SystemdSpec(_Section):
     wanted_by: UnitName = "multi-user.target"
 
 
-class SingleHostOnly(Exception):
-    """A single-host accessor (Deployment.worker, .server) asked of a multi-host file. Until issue 39 item 1
-    resolves every file into one list of placed servers, the two shapes live side by side: callers on the
-    single-host path check `multi_host` first, and this names the bug if one does not."""
-
-
 class Deployment(_Section):
     """One PD deployment: prefill + decode + router, and the single-server fallback."""
 
@@ -210,23 +204,6 @@ class Deployment(_Section):
     @property
     def multi_host(self) -> bool:
         return bool(self.hosts)
-
-    def worker(self, role: Role) -> WorkerSpec:
-        """A single-host file's worker (pdserve.schema.topology.servers covers every layout)."""
-        spec = {"prefill": self.prefill, "decode": self.decode}[role]
-        if isinstance(spec, list):
-            raise SingleHostOnly(f"{role} is an array of servers placed on [hosts], not one worker")
-        return spec
-
-    def server(self, role: Role) -> ServerSpec:
-        """The SGLang server of a role: the fallback's or a worker's (the router is no SGLang server)."""
-        if role == "router":
-            raise ValueError("the router is not an SGLang server")
-        if role != "fallback":
-            return self.worker(role)
-        if self.fallback is None:
-            raise SingleHostOnly("a multi-host deployment has no fallback")
-        return self.fallback
 
     @property
     def fallback_host(self) -> str:

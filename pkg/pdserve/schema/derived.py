@@ -45,20 +45,6 @@ def url_of(host: str, port: int) -> str:
     return f"http://{connect_host(host)}:{port}"
 
 
-def listen_address(dep: Deployment, role: Role) -> tuple[str, int]:
-    """(host, port) a role's API listens on, the fallback's defaults to the router's applied."""
-    if role == "router":
-        return dep.router.host, dep.router.port
-    if role == "fallback":
-        return dep.fallback_host, dep.fallback_port
-    worker = dep.worker(role)
-    return worker.host, worker.port
-
-
-def role_url(dep: Deployment, role: Role) -> str:
-    return url_of(*listen_address(dep, role))
-
-
 def disaggregation_mode(role: Role) -> str:
     """The mode SGLang reports in /model_info for a role's server."""
     return {"prefill": "prefill", "decode": "decode", "fallback": "null"}[role]

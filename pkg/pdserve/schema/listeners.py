@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pdserve.schema.config import Deployment
-from pdserve.schema.topology import DIST_INIT_SPAN, Server, router_hosts, servers
+from pdserve.schema.topology import DIST_INIT_SPAN, Server, peer_role, router_hosts, servers
 
 
 @dataclass(frozen=True)
@@ -47,8 +47,7 @@ def _unique(hosts: list[str], but: str) -> tuple[str, ...]:
 
 def _server_listeners(dep: Deployment, server: Server, routers: list[str], decode_hosts: list[str]) -> list[Listener]:
     head = server.hosts[0]
-    other = "decode" if server.role == "prefill" else "prefill"
-    warmers = [s.hosts[0] for s in servers(dep, other)]  # type: ignore[arg-type]
+    warmers = [s.hosts[0] for s in servers(dep, peer_role(server.role))]
     found = [Listener(head, f"{server.field}.port", server.port, server.port, f"{server.name} HTTP API",
                       _unique([*routers, *warmers], head))]
     found += [Listener(host, f"{server.field}.port", server.port, server.port,

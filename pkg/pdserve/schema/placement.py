@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pdserve.schema.config import Deployment, Role, ServerSpec
-from pdserve.schema.derived import role_url, unit_name, url_of
+from pdserve.schema.derived import unit_name, url_of
 from pdserve.schema.topology import IMPLIED_HOST as IMPLIED_HOST  # the one host of a single-host file
 from pdserve.schema.topology import Node as _Node
 from pdserve.schema.topology import (
@@ -92,7 +92,7 @@ def _router(dep: Deployment, host: str) -> Placed:
     return Placed(
         role="router", name="router", host=host, node_rank=0, nnodes=1, gpus=(), numa_node=None,
         listen_host=dep.router.host, port=dep.router.port, bootstrap_port=None, dist_init_port=None,
-        unit=router_unit(dep, host), url=role_url(dep, "router"), spec=None,
+        unit=router_unit(dep, host), url=url_of(dep.router.host, dep.router.port), spec=None,
     )
 
 
@@ -116,3 +116,12 @@ def place(dep: Deployment) -> Placement:
     fallback = _fallback(dep) if not dep.hosts else ()
     hosts = tuple(dep.hosts) or (IMPLIED_HOST,)
     return Placement(deployment=dep.name, hosts=hosts, placed=(*nodes, *routers, *fallback))
+
+
+def role_url(dep: Deployment, role: Role) -> str:
+    """The API URL of a role's process: a single-host file's one; a multi-host file's first (its first
+    server of that role, its first router host's router)."""
+    found = next((p.url for p in place(dep).of_role(role) if p.serves_api), None)
+    if found is None:
+        raise ValueError(f"deployment {dep.name} runs no {role}")
+    return found

@@ -158,11 +158,11 @@ def distinct_ports(dep: Deployment) -> Iterator[Problem]:
 
 
 def loopback_workers(dep: Deployment) -> Iterator[Problem]:
-    if _one_host_workers(dep) is None:
+    workers = _one_host_workers(dep)
+    if workers is None:
         # multi-host: placed servers listen on their host's cluster address: rules_hosts.listen_on_cluster_address
         return
-    for role in WORKER_ROLES:
-        worker = dep.worker(role)
+    for role, worker in zip(WORKER_ROLES, workers, strict=True):
         if not is_loopback(worker.host) and not worker.allow_non_loopback:
             yield Problem(
                 f"{role}.host",

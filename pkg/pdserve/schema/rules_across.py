@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from pdserve.schema.config import ROLES, Deployment, Role
-from pdserve.schema.derived import unit_name
+from pdserve.schema.config import Deployment, Role
 from pdserve.schema.listeners import listeners as placed_listeners
+from pdserve.schema.placement import place
 from pdserve.schema.problems import Problem
-from pdserve.schema.topology import Node, router_hosts, router_unit, server_unit, servers
+from pdserve.schema.topology import servers
 
 
 @dataclass(frozen=True)
@@ -37,8 +37,7 @@ def listeners(dep: Deployment) -> list[Listener]:
                 for item in placed_listeners(dep) if item.host in dep.hosts
                 for port in range(item.first, item.last + 1)]
     found = [
-        Listener("prefill.port", dep.worker("prefill").port),
-        Listener("decode.port", dep.worker("decode").port),
+        *(Listener(f"{server.field}.port", server.port) for server in servers(dep)),
         Listener("router.port", dep.router.port),
         Listener("router.prometheus_port", dep.router.prometheus_port),
         Listener("transfer.bootstrap_port", dep.transfer.bootstrap_port),
@@ -51,11 +50,8 @@ def listeners(dep: Deployment) -> list[Listener]:
 
 
 def unit_names(dep: Deployment) -> dict[str, Role]:
-    if dep.multi_host:
-        found: dict[str, Role] = {server_unit(dep, Node(s, rank)): s.role
-                                  for s in servers(dep) for rank in range(s.nnodes)}
-        return found | {router_unit(dep, host): "router" for host in router_hosts(dep)}
-    return {unit_name(dep, role): role for role in ROLES}
+    """Every unit of the deployment, on every host, and the role it runs."""
+    return {p.unit: p.role for p in place(dep).placed}
 
 
 def colliding_ports(deployments: Sequence[Deployment]) -> Iterator[Problem]:

@@ -87,6 +87,11 @@ def servers(dep: Deployment, role: Role | None = None) -> list[Server]:
     return found
 
 
+def peer_role(role: Role) -> Role:
+    """The other side of the PD pair: decode for a prefill server, prefill for a decode one."""
+    return "decode" if role == "prefill" else "prefill"
+
+
 def server_named(dep: Deployment, name: str) -> Server | None:
     return next((s for s in servers(dep) if s.name == name), None)
 

@@ -9,16 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pdserve.render.monitoring.targets import targets
 from pdserve.schema import pins
 from pdserve.schema.addresses import is_loopback
 from pdserve.schema.config import Deployment, Role
-from pdserve.schema.derived import disaggregation_mode, role_url, unit_name, url_of
+from pdserve.schema.derived import disaggregation_mode, unit_name, url_of
 from pdserve.schema.topology import IMPLIED_HOST, Node, host_address, router_hosts, router_unit, server_unit, servers
 
 # A server that cannot hold one request of the default context is unusable; the floor defaults to it.
 DEFAULT_KV_FLOOR = 65536
-METRICS_ROLES = ("prefill", "decode", "router")  # the PD layout's; the fallback's /metrics answers only in single
 
 
 @dataclass(frozen=True)
@@ -69,7 +67,7 @@ class Expectations:
     metrics_urls: dict[str, str] = field(default_factory=dict)
     hosts: dict[str, str] = field(default_factory=dict)  # host name -> cluster address; empty on one host
     router_on: str = IMPLIED_HOST  # the host whose router the router and end-to-end checks go through
-    # Every router of a multi-host deployment: host -> (its unit, its URL), each a full view of the servers.
+    # Every router: host -> (its unit, its URL), each a full view of the servers (one host: the implied one's).
     routers: dict[str, tuple[str, str]] = field(default_factory=dict)
     # The router's API / its Prometheus listener on loopback: only the router's own host reaches it.
     router_local: bool = True
@@ -127,23 +125,37 @@ def router_host_for(dep: Deployment, here: str) -> str:
 
 
 def expectations(dep: Deployment, kv_floor: int | None = None, here: str = IMPLIED_HOST) -> Expectations:
+    """What verify expects of the deployment, seen from `here` (a single-host file: its one, implied host,
+    where every listener is reached as it is on a host of several)."""
     workers = {}
     for server in servers(dep):
         for rank in range(server.nnodes):
             w = _worker(dep, Node(server, rank))
             workers[w.id] = w
-    if dep.multi_host:
-        return _multi_host(dep, workers, kv_floor, router_host_for(dep, here), here)
+    router = dep.router
+    router_on = router_host_for(dep, here)
+    metrics_host = _reachable(router.prometheus_host, router_on, dep)
+    metrics = {key: f"{w.url}/metrics" for key, w in workers.items() if w.serves_http}
+    # On loopback the router's listener is read on its own host only (elsewhere 127.0.0.1 is another machine).
+    if here == router_on or not is_loopback(router.prometheus_host):
+        metrics["router"] = f"{url_of(metrics_host, router.prometheus_port)}/metrics"
+    prefill = next((w for w in workers.values() if w.role == "prefill"), None)
     return Expectations(
         **_model_expectations(dep, kv_floor),
         workers=workers,
-        router_url=role_url(dep, "router"),
-        router_host=dep.router.host,
-        router_unit=unit_name(dep, "router"),
-        fallback_unit=unit_name(dep, "fallback"),
-        bootstrap_port=dep.transfer.bootstrap_port,
-        api_key_file=dep.router.api_key_file,
-        metrics_urls={t.role: f"http://{t.address}/metrics" for t in targets(dep) if t.role in METRICS_ROLES},
+        router_url=url_of(_reachable(router.host, router_on, dep), router.port),
+        router_host=router.host,
+        router_unit=router_unit(dep, router_on),
+        fallback_unit=unit_name(dep, "fallback") if dep.fallback is not None else "",
+        bootstrap_port=prefill.bootstrap_port if prefill and prefill.bootstrap_port else dep.transfer.bootstrap_port,
+        api_key_file=router.api_key_file,
+        metrics_urls=metrics,
+        hosts={name: spec.address for name, spec in dep.hosts.items()},
+        router_on=router_on,
+        routers={host: (router_unit(dep, host), url_of(_reachable(router.host, host, dep), router.port))
+                 for host in router_hosts(dep)},
+        router_local=is_loopback(router.host),
+        router_metrics_local=is_loopback(router.prometheus_host),
     )
 
 
@@ -161,31 +173,3 @@ def _reachable(listen: str, host: str, dep: Deployment) -> str:
     if listen in {"0.0.0.0", "::", ""}:
         return host_address(dep, host) or listen
     return listen
-
-
-def _multi_host(dep: Deployment, workers: dict[str, WorkerExpectation], kv_floor: int | None,
-                router_on: str, here: str) -> Expectations:
-    router = dep.router
-    metrics_host = _reachable(router.prometheus_host, router_on, dep)
-    metrics = {key: f"{w.url}/metrics" for key, w in workers.items() if w.serves_http}
-    # On loopback the router's listener is read on its own host only (elsewhere 127.0.0.1 is another machine).
-    if here == router_on or not is_loopback(router.prometheus_host):
-        metrics["router"] = f"{url_of(metrics_host, router.prometheus_port)}/metrics"
-    prefill = next((w for w in workers.values() if w.role == "prefill"), None)
-    return Expectations(
-        **_model_expectations(dep, kv_floor),
-        workers=workers,
-        router_url=url_of(_reachable(router.host, router_on, dep), router.port),
-        router_host=router.host,
-        router_unit=router_unit(dep, router_on),
-        fallback_unit="",
-        bootstrap_port=prefill.bootstrap_port if prefill and prefill.bootstrap_port else dep.transfer.bootstrap_port,
-        api_key_file=router.api_key_file,
-        metrics_urls=metrics,
-        hosts={name: spec.address for name, spec in dep.hosts.items()},
-        router_on=router_on,
-        routers={host: (router_unit(dep, host), url_of(_reachable(router.host, host, dep), router.port))
-                 for host in router_hosts(dep)},
-        router_local=is_loopback(router.host),
-        router_metrics_local=is_loopback(router.prometheus_host),
-    )

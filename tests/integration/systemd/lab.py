@@ -15,8 +15,9 @@ from typing import Any
 import httpx
 
 from pdserve.schema.config import Deployment
-from pdserve.schema.derived import role_url, unit_name
+from pdserve.schema.derived import unit_name
 from pdserve.schema.loading import deployment_from_data
+from pdserve.schema.placement import role_url
 from tests.integration.systemd.container import Container, ContainerError, wait_for
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
