@@ -38,13 +38,25 @@ def run_router(args, key):
     launch_router(router_args)
 
 
+def set_server_key(server_args, key):
+    # SGLang 0.5.17's prepare_server_args returns a resolved, read-only ServerArgs: assigning a field raises
+    # AttributeError, and override() is its one sanctioned mutation (found by the GPU tier, 2026-12-06: the
+    # keyed single-server fallback never started). 0.5.23 has no override() and resolves later, in run_server.
+    # The key is never added to the parser's argv instead: 0.5.23 keeps that argv as launch_command, which
+    # /server_info returns.
+    if hasattr(type(server_args), "override"):
+        server_args.override("pdserve keyed_launch", api_key=key)
+    else:
+        server_args.api_key = key
+
+
 def run_server(args, key):
     from sglang.launch_server import run_server as sglang_run_server
     from sglang.srt.server_args import prepare_server_args
     from sglang.srt.utils import kill_process_tree
 
     server_args = prepare_server_args(args)
-    server_args.api_key = key
+    set_server_key(server_args, key)
     try:
         sglang_run_server(server_args)
     finally:
