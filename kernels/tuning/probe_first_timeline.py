@@ -22,7 +22,6 @@ Tuning aid (kernels/tuning/README.md), not the benchmark.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import pathlib
@@ -33,6 +32,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "python")]
 
 import torch  # noqa: E402
+from cta_stamps import clock_ghz, phases_us, timeline_args  # noqa: E402
 from harness import CASES, mla_batch, mla_pool, probe_setup  # noqa: E402
 
 from pdserve_kernels.sparse_mla_decode import DV  # noqa: E402
@@ -55,17 +55,10 @@ PHASES = [  # (label, from slot, to slot), cycles of one CTA
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--fatbin", default=str(ROOT / "build" / "sparse_mla_decode_tuning.fatbin"))
-    ap.add_argument("--shapes", default="v4-csa:1,v4-hca:1,v4-csa-bf16:1,v4-hca-bf16:1")
-    ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument("--pool-entries", type=int, default=1 << 20,
-                    help="entries in the main KV cache the indices draw from (the benchmark's 2^20 by default; fewer "
-                         "spread the gathered records over fewer pages)")
+    ap = timeline_args(__doc__, shapes="v4-csa:1,v4-hca:1,v4-csa-bf16:1,v4-hca-bf16:1", reps=30)
     ap.add_argument("--per-split", default="",
                     help="comma-separated entries per split CTA to time besides the plan's (fewer than the 64-entry "
                          "tile too: the row spread over more SMs, the combine merging more splits)")
-    ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
     gen, timer, mla, env = probe_setup(args.fatbin)
@@ -128,7 +121,7 @@ def main() -> int:
         err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
         st = torch.stack(per_rep).double()
         main_st = st[:, :ctas * WORDS].view(args.reps, ctas, WORDS)
-        ghz = (main_st[..., END] - main_st[..., ENTRY]) / (main_st[..., EXIT_NS] - main_st[..., ENTRY_NS]).clamp(min=1)
+        ghz = clock_ghz(main_st, ENTRY, END, ENTRY_NS, EXIT_NS)
         t0 = main_st[..., ENTRY_NS].amin(1)                                              # [reps]
         spans = {"events: the call": torch.tensor(event_us).double(),
                  "main: last CTA entered": (main_st[..., ENTRY_NS].amax(1) - t0) / 1e3,
@@ -146,11 +139,8 @@ def main() -> int:
                "ctas": ctas, "combine_ctas": combine_ctas,
                "pool_entries": args.pool_entries,
                "rel_err_vs_default": err, "ghz": statistics.median(ghz.flatten().tolist()),
-               "spans_us": {k: statistics.median(v.tolist()) for k, v in spans.items()}, "phases_us": {}}
-        for label, a, b in PHASES:
-            us = (main_st[..., b] - main_st[..., a]) / ghz / 1e3                              # [reps, ctas]
-            res["phases_us"][label] = (statistics.median(us.median(1).values.tolist()),
-                                       statistics.median(us.amax(1).tolist()))
+               "spans_us": {k: statistics.median(v.tolist()) for k, v in spans.items()},
+               "phases_us": phases_us(main_st, PHASES, ghz)}
         results.append(res)
         print(json.dumps(res), flush=True)
         print(f"\n## {case} B={B} h={h}: {name} ({plan.splits} splits of {plan.per_split}, {ctas} CTAs; "

@@ -15,7 +15,6 @@ Tuning aid (kernels/tuning/README.md), not the benchmark.
 
 from __future__ import annotations
 
-import argparse
 import json
 import pathlib
 import statistics
@@ -25,6 +24,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "python")]
 
 import torch  # noqa: E402
+from cta_stamps import clock_ghz, median_and_slowest_us, phases_us, timeline_args  # noqa: E402
 from harness import CASES, mla_batch, mla_pool, probe_setup  # noqa: E402
 
 # WgtStamp's slots
@@ -61,19 +61,13 @@ PHASES = [  # (label, from slot, to slot): cycles between two readings of one CT
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--fatbin", default=str(ROOT / "build" / "sparse_mla_decode_tuning.fatbin"))
-    ap.add_argument("--shapes", default="v32:64:128,v4-csa:64:128")
+    ap = timeline_args(__doc__, shapes="v32:64:128,v4-csa:64:128", reps=10)
     ap.add_argument("--topk", default="512,2048")
-    ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--no-flush", action="store_true",
                     help="no L2 eviction between launches (inputs and the kernel's code stay in L2)")
     ap.add_argument("--prime", action="store_true",
                     help="after the flush, the same kernel on other inputs of the shape first: its code warm, the data "
                          "cold (ab_fatbins.py --cache primed)")
-    ap.add_argument("--pool-entries", type=int, default=1 << 20,
-                    help="entries in the main KV cache the indices draw from (the benchmark's 2^20 by default)")
-    ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
     gen, timer, mla, env = probe_setup(args.fatbin)
@@ -126,22 +120,16 @@ def main() -> int:
                 per_rep.append(stamps.cpu())
             err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
             st = torch.stack(per_rep).double()                        # [reps, ctas, 16]
-            ghz = (st[..., EXIT] - st[..., ENTRY]) / (st[..., EXIT_NS] - st[..., ENTRY_NS]).clamp(min=1)
+            ghz = clock_ghz(st, ENTRY, EXIT, ENTRY_NS, EXIT_NS)
             res = {"case": case, "B": B, "h": h, "entries": x.n_valid, "tiles": -(-x.n_valid // 64),
                    "ctas": ctas, "rel_err_vs_default": err, "ghz": statistics.median(ghz.flatten().tolist())}
             span = (st[..., EXIT_NS].amax(1) - st[..., ENTRY_NS].amin(1)) / 1e3
             skew = (st[..., ENTRY_NS].amax(1) - st[..., ENTRY_NS].amin(1)) / 1e3
             res["span_us"] = statistics.median(span.tolist())
             res["start_skew_us"] = statistics.median(skew.tolist())
-            phases = {}
-            for label, a, b in PHASES:
-                us = (st[..., b] - st[..., a]) / ghz / 1e3                 # [reps, ctas]
-                phases[label] = (statistics.median(us.median(1).values.tolist()),
-                                 statistics.median(us.amax(1).tolist()))
+            phases = phases_us(st, PHASES, ghz)
             for label, slot in SUMS:
-                us = st[..., slot] / ghz / 1e3
-                phases[f"sum over tiles: {label}"] = (statistics.median(us.median(1).values.tolist()),
-                                                      statistics.median(us.amax(1).tolist()))
+                phases[f"sum over tiles: {label}"] = median_and_slowest_us(st[..., slot], ghz)
             res["phases_us"] = phases
             rows.append(res)
             print(json.dumps(res), flush=True)

@@ -96,7 +96,6 @@ struct EsSmem {
 // touches 8 entries), _t64p (as _t64q, the loads of each half-tile issued as soon as its registers are free),
 // _t64c (as _t64q, warpgroup 1 converting half of each tile; V3.2's is production, SPARSE_MLA_WGTC_KERNELS).
 // X(NAME, LAYOUT, TPE, PIPE, SPLIT, PROBE).
-// X(NAME, LAYOUT, TPE, PIPE, SPLIT, PROBE).
 #define SPARSE_MLA_WGT_KERNELS(X)                         \
   X(sparse_mla_wg_v4_t64, V4, 2, false, false, 0)         \
   X(sparse_mla_wg_v32_t64, V32, 2, false, false, 0)       \

@@ -141,6 +141,15 @@ def scenarios(dep: Deployment) -> list[Scenario]:
     def group(labels: dict[str, str], *keys: str) -> dict[str, str]:
         return {k: labels[k] for k in keys}
 
+    def one_role_gauge(alert: str, metric: str, role: str, eval_minutes: int,
+                       fires: dict[str, str], silent: dict[str, str]) -> list[Scenario]:
+        """The cases of a rule over one SGLang gauge of one role, aggregated by (deployment, role): each case
+        (why -> the gauge's values) evaluated at the same minute; a firing one raises that role's one alert."""
+        gauge, labels = s.sglang(metric, role)
+        raised = [group(labels, "deployment", "role")]
+        return ([Scenario(alert, True, why, {gauge: values}, eval_minutes, raised) for why, values in fires.items()]
+                + [Scenario(alert, False, why, {gauge: values}, eval_minutes) for why, values in silent.items()])
+
     # A PD role down, with and without the fallback serving in its place.
     prefill_up, prefill_labels = s.of("up", "prefill")
     found += [
@@ -208,22 +217,17 @@ def scenarios(dep: Deployment) -> list[Scenario]:
                  {failed: "_x6 1x4"}, 8, [by_role]),
         Scenario("PdserveKVTransferFailures", False, "old failures, none new", {failed: "3x20"}, 10),
     ]
-    usage, usage_labels = s.sglang(m.TOKEN_USAGE, "decode")
-    found += [
-        Scenario("PdserveKVCacheFull", True, "usage above the threshold for 5 minutes",
-                 {usage: f"{(mon.kv_usage_threshold + 1) / 2:g}x20"}, 10, [group(usage_labels, "deployment", "role")]),
-        Scenario("PdserveKVCacheFull", False, "usage below the threshold",
-                 {usage: f"{mon.kv_usage_threshold * 0.9:g}x20"}, 10),
-    ]
-    queue, queue_labels = s.sglang(m.QUEUED, "prefill")
-    found += [
-        Scenario("PdserveQueueGrowing", True, "a long queue that keeps growing",
-                 {queue: f"{mon.queue_max_requests + 1}+1x20"}, 15, [group(queue_labels, "deployment", "role")]),
-        Scenario("PdserveQueueGrowing", False, "a long queue that does not grow",
-                 {queue: f"{mon.queue_max_requests + 10}x20"}, 15),
-        Scenario("PdserveQueueGrowing", False, "a growing queue below the bound",
-                 {queue: f"0+{max(mon.queue_max_requests, 1) / 40:g}x20"}, 15),
-    ]
+    found += one_role_gauge("PdserveKVCacheFull", m.TOKEN_USAGE, "decode", 10, fires={
+        "usage above the threshold for 5 minutes": f"{(mon.kv_usage_threshold + 1) / 2:g}x20",
+    }, silent={
+        "usage below the threshold": f"{mon.kv_usage_threshold * 0.9:g}x20",
+    })
+    found += one_role_gauge("PdserveQueueGrowing", m.QUEUED, "prefill", 15, fires={
+        "a long queue that keeps growing": f"{mon.queue_max_requests + 1}+1x20",
+    }, silent={
+        "a long queue that does not grow": f"{mon.queue_max_requests + 10}x20",
+        "a growing queue below the bound": f"0+{max(mon.queue_max_requests, 1) / 40:g}x20",
+    })
     # TTFT: every observation in one histogram bucket, just above or well below the bound.
     bound = mon.ttft_p99_seconds
 
