@@ -24,7 +24,8 @@ from pd_cluster import PDCluster, serving, write_deployment
 from standin_sglang.launch import free_ports
 
 from pdserve.verify.expect import expectations
-from pdserve.verify.runner import CHECKS, Context, Options, run, select
+from pdserve.verify.hosts import checks_for
+from pdserve.verify.runner import Context, Options, run, select
 
 pytestmark = pytest.mark.integration
 
@@ -53,10 +54,11 @@ def verify(c: PDCluster, metrics_urls: dict[str, str] | None = None, only: tuple
     exp = expectations(c.deployment)
     if metrics_urls:
         exp = replace(exp, metrics_urls={**exp.metrics_urls, **metrics_urls})
-    plan = select(list(CHECKS), list(only), [])
+    checks = checks_for(exp)
+    plan = select(list(checks), list(only), [])
     options = Options(probe_timeout=5, chat_timeout=chat_timeout)
     with httpx.Client(timeout=5) as client:
-        results, errors = run(Context(c.deployment, exp, options, client), plan)
+        results, errors = run(Context(c.deployment, exp, options, client), plan, checks)
     assert not errors, errors
     return {r.id: r.as_dict() for r in results if r.id.startswith(("e2e.", "metrics."))}
 

@@ -51,7 +51,14 @@ def dep(reference_data):
 # --- which checks exist -------------------------------------------------------------------------------
 
 def test_a_single_host_file_keeps_its_check_ids(reference):
-    assert checks_for(expectations(reference)) is runner.CHECKS
+    """A single-host file is a one-host deployment: one check per role, no host in any id, in this order."""
+    assert list(checks_for(expectations(reference))) == [
+        "units.prefill", "units.decode", "units.router", "units.fallback", "router.readiness", "router.workers",
+        "kv.prefill", "kv.decode", "server.prefill", "server.decode", "gpu.memory", "gpu.processes",
+        "numa.prefill", "numa.decode", "e2e.chat", "e2e.reasoning", "e2e.tools", "e2e.stream",
+        "metrics.prefill", "metrics.decode", "metrics.router", "metrics.kv_transfer", "metrics.router_requests",
+        "exposure.ports", "exposure.auth", "versions.prefill", "versions.decode", "versions.router",
+        "kernels.prefill", "kernels.decode", "kernels.fallback"]
 
 
 def test_every_server_process_gets_its_checks_and_every_host_its_own(dep):

@@ -18,6 +18,7 @@ from pdserve.probes.systemctl import Systemctl, UnitState
 from pdserve.verify import context, runner
 from pdserve.verify.checks.kernels import KernelsAsked, check_kernels
 from pdserve.verify.expect import expectations
+from pdserve.verify.hosts import checks_for
 
 INVOCATION = "5f0c1d2e3a4b5c6d7e8f9a0b1c2d3e4f"
 ASKED = KernelsAsked("decode", "sglang-dsv4-decode", "pdserve", 2)
@@ -176,9 +177,9 @@ def test_a_stopped_worker_fails_and_a_stopped_fallback_skips():
 
 # --- the registered checks, through a Context -------------------------------------------------------------
 
-def test_one_check_per_sglang_server():
-    assert [i for i in runner.CHECKS if i.startswith("kernels.")] == ["kernels.prefill", "kernels.decode",
-                                                                      "kernels.fallback"]
+def test_one_check_per_sglang_server(reference):
+    checks = checks_for(expectations(reference))
+    assert [i for i in checks if i.startswith("kernels.")] == ["kernels.prefill", "kernels.decode", "kernels.fallback"]
 
 
 def test_the_gatherer_reads_the_current_invocation_of_the_unit(reference_data, monkeypatch):
@@ -201,7 +202,8 @@ def test_the_gatherer_reads_the_current_invocation_of_the_unit(reference_data, m
     monkeypatch.setattr(journal, "grep_invocation", grep)
     with httpx.Client() as client:
         ctx = runner.Context(dep, expectations(dep), runner.Options(), client, Systemctl(runner=show))
-        results = {i: runner.CHECKS[i](ctx) for i in ("kernels.prefill", "kernels.decode")}
+        checks = checks_for(ctx.exp)
+        results = {i: checks[i](ctx) for i in ("kernels.prefill", "kernels.decode")}
     assert results["kernels.prefill"].status == "skip"  # not asked: no journal read
     assert results["kernels.decode"].status == "pass", results["kernels.decode"]
     assert asked == [(INVOCATION, kernel_log.MARK)]

@@ -15,10 +15,12 @@ from pdserve.schema.loading import load
 from pdserve.verify import runner
 from pdserve.verify.checks import metrics
 from pdserve.verify.expect import expectations
+from pdserve.verify.hosts import checks_for
 from tests.fixtures.smg_exposition import recorded
 
 DEP = load().deployment
 EXP = expectations(DEP)
+CHECKS = checks_for(EXP)
 
 SCHED = 'model_name="standin",engine_type="prefill",tp_rank="0",pp_rank="0",moe_ep_rank="0"'
 PREFILL_IDLE = f"""# HELP sglang:num_running_reqs The number of running requests.
@@ -247,17 +249,17 @@ def test_the_baseline_is_read_once_before_the_first_request(counting_context):
 def test_the_runner_asks_for_a_baseline_only_when_a_comparing_check_is_selected(counting_context):
     ctx, seen = counting_context
     sent = {"e2e.chat": lambda c: (c.before_e2e_request(), metrics.check_router_requests(EXP, None, None, 0))[1]}
-    plan = runner.select(list(runner.CHECKS), ["e2e.chat"], [])
-    runner.run(ctx, plan, checks={**runner.CHECKS, **sent})
+    plan = runner.select(list(CHECKS), ["e2e.chat"], [])
+    runner.run(ctx, plan, checks={**CHECKS, **sent})
     assert ctx.e2e_requests == 1 and seen == [] and ctx.metrics_baseline is None
-    plan = runner.select(list(runner.CHECKS), ["e2e.chat", "metrics.router_requests"], [])
-    runner.run(ctx, plan, checks={**runner.CHECKS, **sent})
+    plan = runner.select(list(CHECKS), ["e2e.chat", "metrics.router_requests"], [])
+    runner.run(ctx, plan, checks={**CHECKS, **sent})
     assert ctx.metrics_baseline is not None and "router" in ctx.metrics_baseline
 
 
 def test_the_comparing_checks_run_after_every_end_to_end_check():
     """The runner keeps the registry's order: a comparison before a request would count nothing."""
-    ids = list(runner.CHECKS)
+    ids = list(CHECKS)
     last_e2e = max(ids.index(i) for i in ids if i.startswith("e2e."))
     assert all(ids.index(i) > last_e2e for i in runner.BEFORE_AND_AFTER_E2E if i in ids)
     assert runner.BEFORE_AND_AFTER_E2E <= set(ids)

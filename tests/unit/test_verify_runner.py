@@ -7,11 +7,16 @@ from click.testing import CliRunner
 
 from pdserve.cli.main import main
 from pdserve.probes.observations import Unavailable
+from pdserve.schema.loading import load
 from pdserve.verify import report, runner
+from pdserve.verify.expect import expectations
+from pdserve.verify.hosts import checks_for
 from pdserve.verify.result import failed, passed
 from tests.fixtures.fake_clock import FakeClock
+from tests.fixtures.verify_checks import replace_check
 
-IDS = list(runner.CHECKS)
+CHECKS = checks_for(expectations(load().deployment))  # the default profile's
+IDS = list(CHECKS)
 
 
 def test_selection_by_prefix_and_reasons():
@@ -95,7 +100,7 @@ def test_cli_usage_errors_exit_2(tmp_path):
 
 
 def test_cli_exit_1_on_failure_and_3_when_a_check_crashes(monkeypatch):
-    monkeypatch.setitem(runner.CHECKS, "kv.decode", lambda _ctx: failed("kv.decode", "1024 tokens", ">= 131072",
+    replace_check(monkeypatch, "kv.decode", lambda _ctx: failed("kv.decode", "1024 tokens", ">= 131072",
                                                                           "raise decode.mem_fraction_static"))
     cli = CliRunner()
     result = cli.invoke(main, ["verify", "--json", "--only", "kv.decode"])
@@ -108,7 +113,7 @@ def test_cli_exit_1_on_failure_and_3_when_a_check_crashes(monkeypatch):
     def crash(_ctx):
         raise ZeroDivisionError("division by zero")
 
-    monkeypatch.setitem(runner.CHECKS, "kv.decode", crash)
+    replace_check(monkeypatch, "kv.decode", crash)
     result = cli.invoke(main, ["verify", "--json", "--only", "kv.decode"])
     assert result.exit_code == 3
     assert "ZeroDivisionError" in json.loads(result.stdout)["verifier_errors"][0]
@@ -152,5 +157,5 @@ def test_a_systemctl_that_fails_makes_the_unit_checks_skip(reference, monkeypatc
 
     monkeypatch.setattr(context, "unavailable_reason", lambda: None)
     ctx = _context(reference, systemctl=Systemctl(runner=refused))
-    result, error = runner.run_one("units.prefill", runner.CHECKS["units.prefill"], ctx)
+    result, error = runner.run_one("units.prefill", CHECKS["units.prefill"], ctx)
     assert error is None and result.status == "skip" and "Host is down" in result.observed

@@ -48,6 +48,7 @@ def test_the_runner_passes_the_declared_boot_layout(monkeypatch, reference):
 
     from pdserve.verify import context, runner
     from pdserve.verify.expect import expectations
+    from pdserve.verify.hosts import checks_for
 
     def systemctl_show(argv, **kwargs):
         # What `systemctl show -p ... UNIT` prints: the fallback enabled and stopped, the PD units running.
@@ -62,7 +63,8 @@ def test_the_runner_passes_the_declared_boot_layout(monkeypatch, reference):
     with httpx.Client() as client:
         for dep, status in ((single, "pass"), (reference, None)):
             ctx = runner.Context(dep, expectations(dep), runner.Options(), client, Systemctl(runner=systemctl_show))
-            results = {role: runner.CHECKS[f"units.{role}"](ctx).status for role in ("prefill", "fallback")}
+            checks = checks_for(ctx.exp)
+            results = {role: checks[f"units.{role}"](ctx).status for role in ("prefill", "fallback")}
             if status:
                 assert results == {"prefill": "pass", "fallback": "pass"}
             else:  # declared pd: the same host is a disabled prefill (warn) and an enabled fallback (fail)

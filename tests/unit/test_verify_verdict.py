@@ -18,6 +18,7 @@ from pdserve.probes.systemctl import Systemctl
 from pdserve.verify import context, presence, report, runner
 from pdserve.verify.expect import expectations
 from pdserve.verify.result import failed, passed, skipped, warned
+from tests.fixtures.verify_checks import replace_check
 
 SHOW = """Id=sglang-dsv4-prefill.service
 LoadState=loaded
@@ -94,7 +95,7 @@ def test_the_verdict_of_a_run_that_works_or_fails():
 
 
 def test_the_json_report_carries_the_verdict_and_matches_its_schema(monkeypatch):
-    monkeypatch.setitem(runner.CHECKS, "kv.decode", lambda _ctx: passed("kv.decode", "1", "1"))
+    replace_check(monkeypatch, "kv.decode", lambda _ctx: passed("kv.decode", "1", "1"))
     result = CliRunner().invoke(main, ["verify", "--json", "--only", "kv.decode", "--probe-timeout", "0.5"])
     data = report.Report.model_validate_json(result.stdout)
     assert data.verdict == json.loads(result.stdout)["verdict"] and data.runs_here is not None

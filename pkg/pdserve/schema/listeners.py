@@ -1,8 +1,11 @@
-"""What every host of a multi-host deployment listens on, and which hosts must reach each listener. Pure.
+"""What every host of a deployment listens on, and which hosts must reach each listener. Pure.
 
-The per-host port rule (pdserve.schema.rules_ports) and the per-host firewall (pdserve.render.firewall)
-both read this, so a port the rules accept is exactly a port the firewall opens, to exactly the hosts
-that use it:
+The port rule (pdserve.schema.rules_ports.distinct_ports), the ports two deployments may not share
+(pdserve.schema.rules_across) and the per-host firewall (pdserve.render.firewall) all read this, so a port
+the rules accept is exactly a port the firewall opens, to exactly the hosts that use it. A single-host
+file's one, implied host binds its servers' ports, the router's, the KV bootstrap port and the fallback's
+own port when it has one (no other host reaches them: the firewall is a multi-host file's). A multi-host
+file's hosts:
 - a server's HTTP API (node 0): the router host(s), which proxy to it and probe /health, and the hosts of
   the other role's servers (node 0), whose readiness gates send their warm-up KV hand-off through it
   (pdserve.launch.handoff);
@@ -19,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pdserve.schema.config import Deployment
-from pdserve.schema.topology import DIST_INIT_SPAN, Server, peer_role, router_hosts, servers
+from pdserve.schema.topology import DIST_INIT_SPAN, IMPLIED_HOST, Server, peer_role, router_hosts, servers
 
 
 @dataclass(frozen=True)
@@ -65,10 +68,29 @@ def _server_listeners(dep: Deployment, server: Server, routers: list[str], decod
     return found
 
 
+def _implied_host_listeners(dep: Deployment) -> list[Listener]:
+    """A single-host file's listeners, in the order its port problems have always been reported in."""
+    router = dep.router
+
+    def port(field: str, number: int, purpose: str, worker_port: bool = True) -> Listener:
+        return Listener(IMPLIED_HOST, field, number, number, purpose, (), worker_port)
+
+    found = [port(f"{server.field}.port", server.port, f"{server.name} HTTP API") for server in servers(dep)]
+    found += [port("router.port", router.port, "router", False),
+              port("router.prometheus_port", router.prometheus_port, "router metrics", False),
+              port("transfer.bootstrap_port", dep.transfer.bootstrap_port, "prefill KV bootstrap")]
+    if router.health_check_port is not None:
+        found.append(port("router.health_check_port", router.health_check_port, "router probes", False))
+    # By default the fallback takes the router's port: it stands in for the router (Conflicts=), never beside it.
+    if dep.fallback_port != router.port:
+        found.append(port("fallback.port", dep.fallback_port, "fallback"))
+    return found
+
+
 def listeners(dep: Deployment) -> list[Listener]:
-    """Every listener of a multi-host deployment, per host (nothing for a single-host file)."""
+    """Every listener of the deployment, per host."""
     if not dep.multi_host:
-        return []
+        return _implied_host_listeners(dep)
     routers = list(router_hosts(dep))
     decode_hosts = [h for s in servers(dep, "decode") for h in s.hosts]
     found = [item for server in servers(dep) for item in _server_listeners(dep, server, routers, decode_hosts)]

@@ -10,6 +10,7 @@ from pdserve.schema.config import WORKER_ROLES, Deployment, ServerSpec, WorkerSp
 from pdserve.schema.extra_args import ROUTER_EXACT_FLAGS, SERVER_EXACT_FLAGS, long_flag, read_as
 from pdserve.schema.problems import Problem, Severity
 from pdserve.schema.rules_gpus import disjoint_gpus
+from pdserve.schema.rules_ports import distinct_ports
 from pdserve.schema.topology import servers
 
 Rule = Callable[[Deployment], Iterator[Problem]]
@@ -123,38 +124,6 @@ def gpu_layout(dep: Deployment) -> Iterator[Problem]:
                 "is not an evenly spaced ascending list, which SGLang's --base-gpu-id/--gpu-id-step cannot express",
                 "list GPUs as base, base+step, base+2*step, ... e.g. [4, 5, 6, 7]",
             )
-
-
-def distinct_ports(dep: Deployment) -> Iterator[Problem]:
-    workers = _one_host_workers(dep)
-    if workers is None:
-        return  # multi-host: per host, rules_hosts.distinct_ports_per_host
-    prefill, decode = workers
-    ports = {
-        "prefill.port": prefill.port,
-        "decode.port": decode.port,
-        "router.port": dep.router.port,
-        "router.prometheus_port": dep.router.prometheus_port,
-        "transfer.bootstrap_port": dep.transfer.bootstrap_port,
-    }
-    if dep.router.health_check_port is not None:
-        ports["router.health_check_port"] = dep.router.health_check_port
-    seen: dict[int, str] = {}
-    for field, port in ports.items():
-        if port in seen:
-            yield Problem(field, port, f"is already used by {seen[port]}", "give every listener its own port")
-        else:
-            seen[port] = field
-    # The fallback stands in for the router while the PD units are stopped (Conflicts=), so it may take
-    # the router's port: clients keep their URL. Any other shared port is a mistake.
-    port = dep.fallback_port
-    if dep.fallback is not None and port != dep.router.port and port in seen:
-        yield Problem(
-            "fallback.port",
-            port,
-            f"is already used by {seen[port]}; only the router's port may be shared, because the units conflict",
-            f"use router.port ({dep.router.port}) so clients keep their URL, or a free port",
-        )
 
 
 def loopback_workers(dep: Deployment) -> Iterator[Problem]:

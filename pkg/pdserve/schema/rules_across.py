@@ -13,9 +13,8 @@ from dataclasses import dataclass
 
 from pdserve.schema.config import Deployment, Role
 from pdserve.schema.listeners import listeners as placed_listeners
-from pdserve.schema.placement import place
+from pdserve.schema.placement import IMPLIED_HOST, place
 from pdserve.schema.problems import Problem
-from pdserve.schema.topology import servers
 
 
 @dataclass(frozen=True)
@@ -29,24 +28,14 @@ class Listener:
 
 
 def listeners(dep: Deployment) -> list[Listener]:
-    """Every port a deployment binds, in either layout. The fallback counts only where it has a port of
-    its own: by default it takes the router's, which is the same deployment's and never runs beside it.
-    A multi-host deployment's: per host (pdserve.schema.listeners), each port of a range on its own."""
-    if dep.multi_host:
-        return [Listener(item.field, port, dep.hosts[item.host].address)
-                for item in placed_listeners(dep) if item.host in dep.hosts
-                for port in range(item.first, item.last + 1)]
-    found = [
-        *(Listener(f"{server.field}.port", server.port) for server in servers(dep)),
-        Listener("router.port", dep.router.port),
-        Listener("router.prometheus_port", dep.router.prometheus_port),
-        Listener("transfer.bootstrap_port", dep.transfer.bootstrap_port),
-    ]
-    if dep.router.health_check_port is not None:
-        found.append(Listener("router.health_check_port", dep.router.health_check_port))
-    if dep.fallback_port != dep.router.port:
-        found.append(Listener("fallback.port", dep.fallback_port))
-    return found
+    """Every port a deployment binds, per host (pdserve.schema.listeners), each port of a range on its own,
+    at its host's cluster address ("" for a single-host file's one host). The fallback counts only where it
+    has a port of its own: by default it takes the router's, which is the same deployment's and never runs
+    beside it."""
+    addresses = {IMPLIED_HOST: "", **{name: host.address for name, host in dep.hosts.items()}}
+    return [Listener(item.field, port, addresses[item.host])
+            for item in placed_listeners(dep) if item.host in addresses
+            for port in range(item.first, item.last + 1)]
 
 
 def unit_names(dep: Deployment) -> dict[str, Role]:

@@ -1,6 +1,6 @@
-"""Per-host rules of a multi-host deployment: ports distinct on each host (GPU sets: schema.rules_gpus),
-GPUs and NUMA nodes that exist there, and RDMA devices where the KV transfer needs them. Each returns
-every problem it finds. (The same port on two hosts is fine: each host binds its own.)
+"""Per-host rules: ports distinct on each host, every layout's (GPU sets: schema.rules_gpus); and of a
+multi-host deployment, GPUs and NUMA nodes that exist there and RDMA devices where the KV transfer needs
+them. Each returns every problem it finds. (The same port on two hosts is fine: each host binds its own.)
 """
 
 from __future__ import annotations
@@ -10,20 +10,33 @@ from collections.abc import Iterator
 from pdserve.schema.config import Deployment
 from pdserve.schema.listeners import Listener, listeners
 from pdserve.schema.problems import Problem, Severity
-from pdserve.schema.topology import Server, servers
+from pdserve.schema.topology import IMPLIED_HOST, Server, servers
 
 
-def distinct_ports_per_host(dep: Deployment) -> Iterator[Problem]:
+def distinct_ports(dep: Deployment) -> Iterator[Problem]:
+    """No two listeners of a host share a port (pdserve.schema.listeners says what each host binds)."""
     seen: list[Listener] = []
     for listener in listeners(dep):
         clash = next((other for other in seen if other.overlaps(listener)), None)
         if clash is None:
             seen.append(listener)
-            continue
-        yield Problem(listener.field, listener.first if listener.first == listener.last else listener.ports,
-                      f"is already used on host {listener.host} by {clash.field} ({clash.purpose}, port "
-                      f"{clash.ports})", "give every listener on a host its own port (ports may repeat on "
-                      "different hosts)")
+        else:
+            yield _port_taken(dep, listener, clash)
+
+
+def _port_taken(dep: Deployment, listener: Listener, clash: Listener) -> Problem:
+    value = listener.first if listener.first == listener.last else listener.ports
+    if listener.host != IMPLIED_HOST:
+        return Problem(listener.field, value, f"is already used on host {listener.host} by {clash.field} "
+                       f"({clash.purpose}, port {clash.ports})", "give every listener on a host its own port "
+                       "(ports may repeat on different hosts)")
+    if listener.field == "fallback.port":
+        # Only the router's port may be shared (the fallback stands in for it, clients keep their URL), and
+        # that one is no listener of its own.
+        return Problem(listener.field, value, f"is already used by {clash.field}; only the router's port may be "
+                       "shared, because the units conflict",
+                       f"use router.port ({dep.router.port}) so clients keep their URL, or a free port")
+    return Problem(listener.field, value, f"is already used by {clash.field}", "give every listener its own port")
 
 
 def hardware_exists(dep: Deployment) -> Iterator[Problem]:
@@ -134,4 +147,4 @@ def rdma_devices(dep: Deployment) -> Iterator[Problem]:
                           "ib_devices named (e.g. UCX_TLS = \"cuda_copy,cuda_ipc,rc,tcp\")")
 
 
-RULES = (distinct_ports_per_host, hardware_exists, host_layouts, rdma_devices)
+RULES = (hardware_exists, host_layouts, rdma_devices)  # distinct_ports runs with pdserve.schema.rules.RULES

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from pdserve.schema import pins
 from pdserve.schema.addresses import is_loopback
 from pdserve.schema.config import Deployment, Role
-from pdserve.schema.derived import disaggregation_mode, unit_name, url_of
+from pdserve.schema.derived import disaggregation_mode, url_of
+from pdserve.schema.placement import place
 from pdserve.schema.topology import IMPLIED_HOST, Node, host_address, router_hosts, router_unit, server_unit, servers
 
 # A server that cannot hold one request of the default context is unusable; the floor defaults to it.
@@ -57,7 +58,7 @@ class Expectations:
     router_url: str
     router_host: str
     router_unit: str
-    fallback_unit: str
+    fallback_unit: str  # "" when nothing is placed as the fallback (a multi-host file)
     bootstrap_port: int
     api_key_file: str | None
     kv_floor: int
@@ -72,6 +73,7 @@ class Expectations:
     # The router's API / its Prometheus listener on loopback: only the router's own host reaches it.
     router_local: bool = True
     router_metrics_local: bool = True
+    fallback_on: str = IMPLIED_HOST  # the placed fallback's host
 
     @property
     def multi_host(self) -> bool:
@@ -140,13 +142,15 @@ def expectations(dep: Deployment, kv_floor: int | None = None, here: str = IMPLI
     if here == router_on or not is_loopback(router.prometheus_host):
         metrics["router"] = f"{url_of(metrics_host, router.prometheus_port)}/metrics"
     prefill = next((w for w in workers.values() if w.role == "prefill"), None)
+    fallback = next(iter(place(dep).of_role("fallback")), None)
     return Expectations(
         **_model_expectations(dep, kv_floor),
         workers=workers,
         router_url=url_of(_reachable(router.host, router_on, dep), router.port),
         router_host=router.host,
         router_unit=router_unit(dep, router_on),
-        fallback_unit=unit_name(dep, "fallback") if dep.fallback is not None else "",
+        fallback_unit=fallback.unit if fallback else "",
+        fallback_on=fallback.host if fallback else IMPLIED_HOST,
         bootstrap_port=prefill.bootstrap_port if prefill and prefill.bootstrap_port else dep.transfer.bootstrap_port,
         api_key_file=router.api_key_file,
         metrics_urls=metrics,

@@ -1,13 +1,16 @@
-"""The checks of a multi-host deployment, and which host each one must run on.
+"""The checks of a deployment, and which host each one must run on.
 
-One host: the checks of pdserve.verify.registry.CHECKS, all made here. Several hosts: one set per server
-process, with the same gatherers. A check that reads over the cluster network is made from where it can
-reach: the router's API and the end-to-end requests through it from anywhere; a server's /server_info,
-/metrics and version from its own host and the router hosts, the only ones the rendered firewall opens its
-port to (elsewhere a healthy cluster would time out). A host-local one (systemd's unit state and journal, NVML,
-the processes' NUMA binding, the ports a host answers on, the router's loaded version; the router's API or
-Prometheus listener when it is bound to loopback) only on its own host: elsewhere it is skipped, saying which
-host to run `pdserve verify --host NAME` on.
+One list for every layout, built from the placement with the gatherers of pdserve.verify.registry: one
+check per placed process, per host, per router. A single-host file is a one-host deployment: its one,
+implied host is where every check is made, and its ids carry no host.
+
+A check that reads over the cluster network is made from where it can reach: the router's API and the
+end-to-end requests through it from anywhere; a server's /server_info, /metrics and version from its own host
+and the router hosts, the only ones the rendered firewall opens its port to (elsewhere a healthy cluster would
+time out). A host-local one (systemd's unit state and journal, NVML, the processes' NUMA binding, the ports a
+host answers on, the router's loaded version; the router's API or Prometheus listener when it is bound to
+loopback) only on its own host: elsewhere it is skipped, saying which host to run `pdserve verify --host NAME`
+on.
 
 Which host a run stands on (choose_host): `--host NAME` decides. Without it: the host whose cluster address
 is one of this machine's addresses; when none (or several) is, the first router host, since verify is meant
@@ -113,9 +116,9 @@ def anywhere(check: Check) -> Callable[[str], Check]:
     return named
 
 
-def _kernels(w: WorkerExpectation) -> Check:
-    """pdserve.verify.registry's kernels check for one placed server process (its unit, its spec)."""
-    return lambda ctx: r.kernels_of(ctx, place(ctx.dep).unit(w.unit))
+def _kernels(unit: str) -> Check:
+    """pdserve.verify.registry's kernels check for one placed SGLang server process (its unit, its spec)."""
+    return lambda ctx: r.kernels_of(ctx, place(ctx.dep).unit(unit))
 
 
 def through(router_host: str, check: Check) -> Check:
@@ -134,11 +137,25 @@ def _per_router(exp: Expectations, make: Callable[[str, str, str], tuple[str, Ca
     return [make(host, unit, f".{host}" if several else "") for host, (unit, _) in exp.routers.items()]
 
 
-def multi_host_checks(exp: Expectations) -> dict[str, Check]:
-    """Every check of a multi-host deployment, in the order of the single-host registry."""
+def _at(host: str) -> str:
+    """A per-host check id's suffix: none for the one implied host of a single-host file."""
+    return "" if host == IMPLIED_HOST else f".{host}"
+
+
+def checks_for(exp: Expectations) -> dict[str, Check]:
+    """Every check of the deployment, in one order for every layout: one per placed process (a single-host
+    file's are keyed by role, a multi-host file's by unit suffix), one per host for what a host reads of
+    itself, one per router."""
     servers = exp.servers
     hosts = sorted({w.on_host for w in exp.workers.values()})
     router_host = exp.router_on
+    # Each SGLang server process: (its host, its unit). The placed fallback (a single-host file's) is one
+    # more, checked after the router's unit as it always was.
+    pd_servers = {k: (w.on_host, w.unit) for k, w in exp.workers.items()}
+    fallback = {"fallback": (exp.fallback_on, exp.fallback_unit)} if exp.fallback_unit else {}
+
+    def unit_check(key: str, host: str, unit: str) -> tuple[str, Callable[[str], Check]]:
+        return f"units.{key}", on_host(host, f"systemd's state of {unit}", r._unit_check(key))
 
     def via(host: str, check: Check) -> Callable[[str], Check]:
         """Through the router of `host`, also reading each server's /health: from a router host (the only
@@ -159,18 +176,16 @@ def multi_host_checks(exp: Expectations) -> dict[str, Check]:
     router_requests = (on_host(router_host, "the router's Prometheus listener on loopback", r._router_requests)
                        if exp.router_metrics_local else anywhere(r._router_requests))
     plan: list[tuple[str, Callable[[str], Check]]] = [
-        *((f"units.{k}", on_host(w.on_host, f"systemd's state of {w.unit}", r._unit_check(k)))
-          for k, w in exp.workers.items()),
+        *(unit_check(k, host, unit) for k, (host, unit) in pd_servers.items()),
         *_per_router(exp, lambda host, unit, at: (
             f"units.router{at}", on_host(host, f"systemd's state of {unit}", through(host, r._unit_check("router"))))),
+        *(unit_check(k, host, unit) for k, (host, unit) in fallback.items()),
         *_per_router(exp, lambda host, unit, at: (f"router.readiness{at}", via(host, r._router_readiness))),
         *_per_router(exp, lambda host, unit, at: (f"router.workers{at}", via(host, r._router_workers))),
         *((f"kv.{k}", past_the_firewall(exp, w, r._kv_check(k))) for k, w in servers.items()),
         *((f"server.{k}", past_the_firewall(exp, w, r._server_check(k))) for k, w in servers.items()),
-        *((f"kernels.{k}", on_host(w.on_host, f"the journal of {w.unit}", _kernels(w)))
-          for k, w in exp.workers.items()),
-        *((f"gpu.memory.{h}", on_host(h, "NVML", r._gpu_memory)) for h in hosts),
-        *((f"gpu.processes.{h}", on_host(h, "NVML and the processes", r._gpu_processes)) for h in hosts),
+        *((f"gpu.memory{_at(h)}", on_host(h, "NVML", r._gpu_memory)) for h in hosts),
+        *((f"gpu.processes{_at(h)}", on_host(h, "NVML and the processes", r._gpu_processes)) for h in hosts),
         *((f"numa.{k}", on_host(w.on_host, f"the NUMA binding of {w.unit}'s processes", r._numa_check(k)))
           for k, w in exp.workers.items()),
         *((f"e2e.{kind}", via_router(r._e2e(kind))) for kind in ("chat", "reasoning", "tools", "stream")),
@@ -178,14 +193,13 @@ def multi_host_checks(exp: Expectations) -> dict[str, Check]:
         ("metrics.router", router_metrics),
         ("metrics.kv_transfer", from_router_hosts(exp, r._kv_transfer_failures)),
         ("metrics.router_requests", router_requests),
-        *((f"exposure.ports.{h}", on_host(h, "the ports this host answers on", r._exposure_ports)) for h in hosts),
+        *((f"exposure.ports{_at(h)}", on_host(h, "the ports this host answers on", r._exposure_ports))
+          for h in hosts),
         ("exposure.auth", via_router(r._exposure_auth)),
         *((f"versions.{k}", past_the_firewall(exp, w, r._version_check(k))) for k, w in servers.items()),
         *_per_router(exp, lambda host, unit, at: (
             f"versions.router{at}", on_host(host, f"the process of {unit}", through(host, r._router_version)))),
+        *((f"kernels.{k}", on_host(host, f"the journal of {unit}", _kernels(unit)))
+          for k, (host, unit) in {**pd_servers, **fallback}.items()),
     ]
     return {check_id: make(check_id) for check_id, make in plan}
-
-
-def checks_for(exp: Expectations) -> dict[str, Check]:
-    return multi_host_checks(exp) if exp.multi_host else r.CHECKS

@@ -1,4 +1,6 @@
-"""Which checks exist, and how each one gathers its observations before a pure check judges them.
+"""How each check gathers its observations before a pure check judges them.
+
+Which checks a deployment has, and where each is made: pdserve.verify.hosts.checks_for.
 
 A gatherer reads the host only through the run's Context (pdserve.verify.context); the judgement is in
 pdserve.verify.checks, where the tests feed it recorded observations.
@@ -13,8 +15,7 @@ from pdserve.probes import versions as version_probe
 from pdserve.probes.metrics import MetricsObs
 from pdserve.probes.observations import HttpObs, Unavailable
 from pdserve.schema import pins
-from pdserve.schema.config import SERVER_ROLES
-from pdserve.schema.placement import Placed, place
+from pdserve.schema.placement import Placed
 from pdserve.verify.checks import e2e, exposure, gpu, kernels, metrics, numa, router, servers, units, versions
 from pdserve.verify.context import Context
 from pdserve.verify.expect import WorkerExpectation
@@ -113,10 +114,6 @@ def kernels_of(ctx: Context, placed: Placed | None) -> CheckResult:
     state = ctx.unit_state(asked.unit)
     scan = ctx.grep_invocation(state, kernel_log.MARK)
     return kernels.check_kernels(asked, state, kernel_log.parse(list(scan.lines)), scan.incomplete)
-
-
-def _kernels_check(role: str) -> Check:
-    return lambda ctx: kernels_of(ctx, next((p for p in place(ctx.dep).placed if p.role == role), None))
 
 
 # ---- GPUs
@@ -227,36 +224,5 @@ def _exposure_auth(ctx: Context) -> CheckResult:
     return exposure.check_auth(exp, chat.auth(exp.router_url, exp.served_model, key, ctx.options.probe_timeout))
 
 
-CHECKS: dict[str, Check] = {
-    "units.prefill": _unit_check("prefill"),
-    "units.decode": _unit_check("decode"),
-    "units.router": _unit_check("router"),
-    "units.fallback": _unit_check("fallback"),
-    "router.readiness": _router_readiness,
-    "router.workers": _router_workers,
-    "kv.prefill": _kv_check("prefill"),
-    "kv.decode": _kv_check("decode"),
-    "server.prefill": _server_check("prefill"),
-    "server.decode": _server_check("decode"),
-    "gpu.memory": _gpu_memory,
-    "gpu.processes": _gpu_processes,
-    "numa.prefill": _numa_check("prefill"),
-    "numa.decode": _numa_check("decode"),
-    "e2e.chat": _e2e("chat"),
-    "e2e.reasoning": _e2e("reasoning"),
-    "e2e.tools": _e2e("tools"),
-    "e2e.stream": _e2e("stream"),
-    "metrics.prefill": _metrics_endpoint("prefill"),
-    "metrics.decode": _metrics_endpoint("decode"),
-    "metrics.router": _metrics_endpoint("router"),
-    "metrics.kv_transfer": _kv_transfer_failures,
-    "metrics.router_requests": _router_requests,
-    "exposure.ports": _exposure_ports,
-    "exposure.auth": _exposure_auth,
-    "versions.prefill": _version_check("prefill"),
-    "versions.decode": _version_check("decode"),
-    "versions.router": _router_version,
-    **{f"kernels.{role}": _kernels_check(role) for role in SERVER_ROLES},
-}
 # The checks that compare counters read before the first end-to-end request with the same counters after.
 BEFORE_AND_AFTER_E2E = frozenset({"metrics.kv_transfer", "metrics.router_requests"})

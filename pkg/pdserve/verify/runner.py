@@ -1,7 +1,7 @@
 """Running the verifier's checks: select them, time each one, retry the failing ones until a deadline.
 
-Which checks exist and what each reads: pdserve.verify.registry; what they read the host through:
-pdserve.verify.context.
+Which checks a deployment has: pdserve.verify.hosts; what each reads: pdserve.verify.registry; what they
+read the host through: pdserve.verify.context.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from collections.abc import Callable
 
 from pdserve.probes.observations import Unavailable
 from pdserve.verify.context import Context, Options
-from pdserve.verify.registry import BEFORE_AND_AFTER_E2E, CHECKS, Check
+from pdserve.verify.registry import BEFORE_AND_AFTER_E2E, Check
 from pdserve.verify.result import CheckResult, Status, skipped
 
-__all__ = ["BEFORE_AND_AFTER_E2E", "CHECKS", "Context", "Options", "SelectionError", "run", "run_one", "select"]
+__all__ = ["BEFORE_AND_AFTER_E2E", "Context", "Options", "SelectionError", "run", "run_one", "select"]
 
 
 class SelectionError(ValueError):
@@ -58,11 +58,10 @@ def run_one(check_id: str, check: Check, ctx: Context) -> tuple[CheckResult, str
     return result.timed(int((time.monotonic() - start) * 1000)), error
 
 
-def run(ctx: Context, plan: dict[str, str | None], wait: float = 0.0, interval: float = 2.0,
-        checks: dict[str, Check] | None = None, clock=time.monotonic, sleep=time.sleep,
+def run(ctx: Context, plan: dict[str, str | None], checks: dict[str, Check], wait: float = 0.0,
+        interval: float = 2.0, clock=time.monotonic, sleep=time.sleep,
         on_retry: Callable[[list[str], float], None] | None = None) -> tuple[list[CheckResult], list[str]]:
     """Run the selected checks; with `wait`, re-run failing ones until they pass or the deadline passes."""
-    checks = checks or CHECKS
     deadline = clock() + wait
     results: dict[str, CheckResult] = {}
     errors: dict[str, str] = {}
