@@ -147,25 +147,7 @@ def test_hooks_do_not_sync_after_the_first_call_and_replay_in_a_graph(runtime, g
             None, backend, q_all=q, kv_cache=kv_flat, v_head_dim=512, sm_scale=SM_SCALE, layer=layer, metadata=None,
             page_table_1=table))
 
-    eager = step()  # makes the plan and its workspace
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        again = step()
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    assert torch.equal(eager, again)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()  # warm-up on the capture stream, as SGLang's graph runner does
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            captured = step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(captured, eager)
+    _assert_no_sync_and_replays_as_eager(step)
 
 
 def _first_shape_per_kernel(lossy: bool) -> dict[str, tuple[int, int, bool]]:
@@ -314,25 +296,7 @@ def test_v4_mla_hook_does_not_sync_and_replays_in_a_graph(v4_runtime, gen):
     def step():
         return _v4_layer_call(v4_runtime, None, q, 16, inp, sinks)[:, :, :16].clone()
 
-    eager = step()
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        again = step()
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    assert torch.equal(eager, again)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            captured = step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(captured, eager)
+    _assert_no_sync_and_replays_as_eager(step)
 
 
 @pytest.mark.parametrize("lens", [[100, 650, 850, 2000], [512, 513, 1]])
@@ -370,3 +334,28 @@ def test_v4_indexer_hooks_write_the_kernels_top_512_as_c4_slots_in_place(v4_runt
     for b, n in enumerate(lens):
         picks = torch.topk(seen["scores"][b, :n], min(n, 512)).indices.cpu()
         assert set(picks.tolist()) == set(positions[b][positions[b] >= 0].cpu().tolist())
+
+
+def _assert_no_sync_and_replays_as_eager(step):
+    """`step` once eagerly (it makes the plan and its workspace), again with any host sync an error and the same
+    result, then captured in a CUDA graph on a side stream after a warm-up there, as SGLang's graph runner does:
+    the replay gives the eager bytes."""
+    eager = step()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        again = step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.equal(eager, again)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            captured = step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, eager)
