@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where a DSA indexer call's time goes at small batch: the tuning build of dsa_indexer (kernels/tuning/build.sh,
 PDSERVE_TUNING_PROBES) has thread 0 of every scoring and select CTA write the global timer at its phases into the
-module's `dsa_timeline` array (tl_stamp in dsa_indexer.cu). Per shape (B:L), over --reps calls each after an L2
+module's `dsa_timeline` array (tl_stamp in dsa_indexer/common.cuh). Per shape (B:L), over --reps calls each after an L2
 flush and a sleep (as harness.Timer), timed by CUDA events around the call as the benchmark does, it prints the
 medians of:
   * the call as the events read it, and the spans inside it, in us from the first scoring CTA's entry: the scoring
@@ -40,7 +40,7 @@ from targets import INDEXER_TOPK  # noqa: E402
 from pdserve_kernels.dsa_indexer import DsaIndexer  # noqa: E402
 from pdserve_kernels.reference import PAGE  # noqa: E402
 
-# dsa_timeline's layout (dsa_indexer.cu, tl_stamp): scoring CTAs first, then select CTAs; slots per CTA.
+# dsa_timeline's layout (dsa_indexer/common.cuh, tl_word): scoring CTAs first, then select CTAs; slots per CTA.
 SCORE_CTAS, SCORE_SLOTS, SELECT_CTAS, SELECT_SLOTS = 4096, 8, 256, 16
 (S_ENTRY, S_LENGTHS, S_PAGE0, S_LAST_PAGE, S_STORED, S_FLUSHED, S_ALL_STORED) = range(7)
 (T_ENTRY, T_WAITED, T_THRESHOLD, T_CLASSIFIED, T_RESERVED, T_WRITTEN, T_CLUSTER, T_RESOLVE, T_DONE, T_ROUND1,

@@ -322,7 +322,7 @@ def test_small_batch_variants_without_pdl(indexer, variant):
 # The tuning build (kernels/tuning/build.sh) stamps each CTA's phases into `dsa_timeline` for
 # kernels/tuning/probe_indexer_timeline.py. It must compute what the production build computes, and its stamps must
 # mean what the probe reads: every CTA with work stamped, each CTA's phases in order.
-SCORE_SLOTS, SELECT_SLOTS, SCORE_CTAS = 8, 16, 4096   # tl_word's layout (dsa_indexer.cu)
+SCORE_SLOTS, SELECT_SLOTS, SCORE_CTAS = 8, 16, 4096   # tl_word's layout (dsa_indexer/common.cuh)
 
 
 def test_timeline_build_gives_the_production_results(indexer):
