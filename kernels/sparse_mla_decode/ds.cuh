@@ -220,6 +220,47 @@ __device__ __forceinline__ void ds_pv_rope(float (&o)[MT][8][4], const uint32_t 
     *reinterpret_cast<float2*>(dst + 8 * PS) = make_float2(acc[mt][2] * RF[mt][1], acc[mt][3] * RF[mt][1]);     \
   }
 
+// The start of a ds-family kernel body (ds_body; the tuning build's es_body, kernels/tuning/sparse_mla_es.cuh),
+// for cache layout L, shared-memory layout S (its kRaw, kQmax, kBar and kSidx), T-entry tiles and NW warps: declares
+// the ring (raw), the q maxima (qmax_s), the ring's mbarriers (full) and the index list (sidx) in shared memory; the
+// CTA's split, head block and row; the thread's tid, warp, lane and fragment coordinates g, t; the split's entries
+// (n_local from start) and tiles; rope_warp (V4: the last warp takes the bf16 RoPE dims) and the row's q (qrow). The
+// body declares its family's own buffers after it. A macro rather than a function: the names are the body's locals,
+// and the production fatbin's bytes are fixed (kernels/build.sh).
+#define DS_CTA_START(L, S, T, NW, V4)                                                                 \
+  uint8_t* raw = smem + S::kRaw;                                                                      \
+  uint32_t* qmax_s = reinterpret_cast<uint32_t*>(smem + S::kQmax);                                    \
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + S::kBar);                                       \
+  int* sidx = reinterpret_cast<int*>(smem + S::kSidx);                                                \
+  const int split = blockIdx.x, hblk = blockIdx.y, row = blockIdx.z;                                  \
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;         \
+  const int n_local = split_entries(p, split), start = split * p.per_split;                           \
+  const int ntiles = (n_local + T - 1) / T;                                                           \
+  const bool rope_warp = V4 && warp == NW - 1;                                                        \
+  const __nv_bfloat16* qrow = p.q + static_cast<size_t>(row) * p.h * L::kDqk
+
+// A head row's largest |q| over a quad's 64 NoPE dims (ds and es kernels): QRAW[0], QRAW[1] hold this lane's 16 bf16
+// of the row (lanes t = 0..3 of the quad the rest); lane t = 0 raises the uint32 at QMAX to it, as fp32 bits (the
+// |bf16| bits shifted up), for the f16 rescale of q (q_shift). Declares a, b, w and m.
+#define DS_Q_ABSMAX(QRAW, QMAX)                                                                       \
+  const uint4 a = QRAW[0], b = QRAW[1];                                                               \
+  const uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};                                     \
+  uint32_t m = 0;                                                                                     \
+  _Pragma("unroll") for (int j = 0; j < 8; ++j)                                                       \
+    m = max(m, max(w[j] & 0x7fffu, (w[j] >> 16) & 0x7fffu));                                          \
+  m = max(m, __shfl_xor_sync(0xffffffffu, m, 1));                                                     \
+  m = max(m, __shfl_xor_sync(0xffffffffu, m, 2));                                                     \
+  if (t == 0) atomicMax(QMAX, m << 16)
+
+// The QK B operand of one entry's 16 e4m3 bytes U (ds and es kernels; k permuted so that one 16-byte load feeds
+// four k-steps): declares B[4][2], k-step s's two f16x2 registers in B[s].
+#define DS_CVT_E4M3X16(U, B)                                                                          \
+  uint32_t B[4][2];                                                                                   \
+  cvt_e4m3x4(U.x, B[0][0], B[0][1]);                                                                  \
+  cvt_e4m3x4(U.y, B[1][0], B[1][1]);                                                                  \
+  cvt_e4m3x4(U.z, B[2][0], B[2][1]);                                                                  \
+  cvt_e4m3x4(U.w, B[3][0], B[3][1])
+
 // Epilogue of a ds or es kernel: every warp writes its 64 dims (the V4 RoPE warp dims 448..511) of its heads, the
 // final bf16 o and lse (splits == 1) or the fp32 partial and partial lse. ml(mt, hf, r): (m, l) of head row r =
 // 16 mt + g + 8 hf, log2-domain running maximum and sum.
@@ -391,23 +432,14 @@ __device__ __forceinline__ void ds_body(const MlaParams& p, uint8_t* smem) {
   static_assert(EPL == 2 || EPL == 4 || EPL == 8, "owner lane covers 2, 4 or 8 entries");
   static_assert(L::kRec % 16 == 0, "records are whole 16-byte chunks");
 
-  uint8_t* raw = smem + S::kRaw;
+  DS_CTA_START(L, S, T, NW, V4);   // V4: warp 7 owns the bf16 RoPE dims 448..511
   float* part = reinterpret_cast<float*>(smem + S::kPart);
   uint8_t* ph = smem + S::kPh;
   uint8_t* pb = smem + S::kPb;
   float* alpha_s = reinterpret_cast<float*>(smem + S::kAlpha);
   float* fin_m = reinterpret_cast<float*>(smem + S::kFinM);
   float* fin_l = reinterpret_cast<float*>(smem + S::kFinL);
-  uint32_t* qmax_s = reinterpret_cast<uint32_t*>(smem + S::kQmax);
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + S::kBar);
-  int* sidx = reinterpret_cast<int*>(smem + S::kSidx);
-
-  const int split = blockIdx.x, hblk = blockIdx.y, row = blockIdx.z;
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const int n_local = split_entries(p, split), start = split * p.per_split;
-  const int ntiles = (n_local + T - 1) / T;
-  const bool rope_warp = V4 && warp == NW - 1;   // V4: warp 7 owns the bf16 RoPE dims 448..511
-  const int sbase = warp * 64;                   // this warp's 64 fp8 dims (bytes of the record)
+  const int sbase = warp * 64;   // this warp's 64 fp8 dims (bytes of the record)
 
   // Q. fp8 warps: rows 16 mt + g (+8), dims sbase + 16 t .. + 16 (bf16), rescaled to f16 below.
   // Fragment order (k permuted): k-step s, k = 2t, 2t+1 <-> dims 16t + 4s + 0, 1; k = 2t+8, 2t+9 <-> + 2, 3.
@@ -415,7 +447,6 @@ __device__ __forceinline__ void ds_body(const MlaParams& p, uint8_t* smem) {
   // round trip followed the index list's instead of overlapping it (NOTES.md "Requests that queued behind others").
   // V3.2 requests it after the ring's first requests, as before: held across the index list, Q's registers took V3.2's
   // 16-head kernels from 126 to 136 registers, one CTA per SM fewer at 256 threads.
-  const __nv_bfloat16* qrow = p.q + static_cast<size_t>(row) * p.h * L::kDqk;
   uint32_t qa[MT][4][4];   // fp8 warps: f16, permuted; V4 RoPE warp: bf16, natural order (dims 448..511)
   uint32_t qr[MT][4][4];   // V3.2: bf16 RoPE fragments (dims 512..575), natural order
   uint4 qraw[MT][2][2];
@@ -471,14 +502,7 @@ __device__ __forceinline__ void ds_body(const MlaParams& p, uint8_t* smem) {
         }
       }
       if (rope_warp) continue;
-      const uint4 a = qraw[mt][hf][0], b = qraw[mt][hf][1];
-      const uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-      uint32_t m = 0;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) m = max(m, max(w[i] & 0x7fffu, (w[i] >> 16) & 0x7fffu));
-      m = max(m, __shfl_xor_sync(0xffffffffu, m, 1));
-      m = max(m, __shfl_xor_sync(0xffffffffu, m, 2));
-      if (t == 0) atomicMax(qmax_s + 16 * mt + g + 8 * hf, m << 16);   // |bf16| bits -> fp32 bits
+      DS_Q_ABSMAX(qraw[mt][hf], qmax_s + 16 * mt + g + 8 * hf);
     }
   __syncthreads();   // q maxima complete; the prologue's zero fills visible
 
@@ -563,11 +587,7 @@ __device__ __forceinline__ void ds_body(const MlaParams& p, uint8_t* smem) {
 #pragma unroll
       for (int j = 0; j < NJ; ++j) {
         const uint4 u = *reinterpret_cast<const uint4*>(rt + (8 * j + g) * REC + sbase + 16 * t);
-        uint32_t b[4][2];
-        cvt_e4m3x4(u.x, b[0][0], b[0][1]);
-        cvt_e4m3x4(u.y, b[1][0], b[1][1]);
-        cvt_e4m3x4(u.z, b[2][0], b[2][1]);
-        cvt_e4m3x4(u.w, b[3][0], b[3][1]);
+        DS_CVT_E4M3X16(u, b);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           float acc[4] = {0.f, 0.f, 0.f, 0.f};

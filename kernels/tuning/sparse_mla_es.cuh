@@ -36,21 +36,11 @@ __device__ __forceinline__ void es_body(const MlaParams& p, uint8_t* smem) {
   static_assert(MT * 128 <= NTHR, "one RoPE fragment item per thread");
   static_assert(NG % NSC == 0, "whole groups per scale");
 
-  uint8_t* raw = smem + S::kRaw;
+  DS_CTA_START(L, S, T, NW, V4);   // as ds_body's (ds.cuh); V4: warp 7's PV owns the bf16 RoPE dims 448..511
   uint4* qf = reinterpret_cast<uint4*>(smem + S::kQf);
   uint4* qr = reinterpret_cast<uint4*>(smem + S::kQr);
   float* sbuf = reinterpret_cast<float*>(smem + S::kS);
   float* scl = reinterpret_cast<float*>(smem + S::kScl);
-  uint32_t* qmax_s = reinterpret_cast<uint32_t*>(smem + S::kQmax);
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + S::kBar);
-  int* sidx = reinterpret_cast<int*>(smem + S::kSidx);
-
-  const int split = blockIdx.x, hblk = blockIdx.y, row = blockIdx.z;
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const int n_local = split_entries(p, split), start = split * p.per_split;
-  const int ntiles = (n_local + T - 1) / T;
-  const bool rope_warp = V4 && warp == NW - 1;   // V4: warp 7's PV owns the bf16 RoPE dims 448..511
-  const __nv_bfloat16* qrow = p.q + static_cast<size_t>(row) * p.h * L::kDqk;
 
   // Q's loads first, so that they are in flight with the index list's. NoPE item i (thread tid + k NTHR): head
   // rows 16 mt + g' and + 8, dims 64 grp + 16 t' .. + 16 (g', t' its fragment lane, i % 32 = this lane).
@@ -98,14 +88,7 @@ __device__ __forceinline__ void es_body(const MlaParams& p, uint8_t* smem) {
     if (i >= NQ) continue;   // whole warps
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
-      const uint4 a = qraw[k][hf][0], b = qraw[k][hf][1];
-      const uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-      uint32_t m = 0;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) m = max(m, max(w[j] & 0x7fffu, (w[j] >> 16) & 0x7fffu));
-      m = max(m, __shfl_xor_sync(0xffffffffu, m, 1));
-      m = max(m, __shfl_xor_sync(0xffffffffu, m, 2));
-      if (t == 0) atomicMax(qmax_s + 16 * mt + g + 8 * hf, m << 16);   // |bf16| bits -> fp32 bits
+      DS_Q_ABSMAX(qraw[k][hf], qmax_s + 16 * mt + g + 8 * hf);
     }
   }
   __syncthreads();   // q maxima complete
@@ -200,11 +183,7 @@ __device__ __forceinline__ void es_body(const MlaParams& p, uint8_t* smem) {
         for (int gg = 0; gg < GPS; ++gg) {
           const int grp = j * GPS + gg;
           const uint4 u = *reinterpret_cast<const uint4*>(kb + 64 * grp);
-          uint32_t b[4][2];
-          cvt_e4m3x4(u.x, b[0][0], b[0][1]);
-          cvt_e4m3x4(u.y, b[1][0], b[1][1]);
-          cvt_e4m3x4(u.z, b[2][0], b[2][1]);
-          cvt_e4m3x4(u.w, b[3][0], b[3][1]);
+          DS_CVT_E4M3X16(u, b);
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
