@@ -18,14 +18,19 @@ pytestmark = pytest.mark.gpu
 SM_SCALE = 0.1352
 
 
-@pytest.fixture(scope="module")
-def runtime():
+def _runtime_on_this_gpu():
+    """A fresh plugin runtime and the GPU its backend stand-ins name (skips where torch sees none)."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU visible to torch")
     from pdserve_kernels.sglang_plugin.hooks import Runtime
 
-    rt = Runtime("pdserve")
-    backend = types.SimpleNamespace(device=torch.device("cuda", torch.cuda.current_device()), real_page_size=64,
+    return Runtime("pdserve"), torch.device("cuda", torch.cuda.current_device())
+
+
+@pytest.fixture(scope="module")
+def runtime():
+    rt, device = _runtime_on_this_gpu()
+    backend = types.SimpleNamespace(device=device, real_page_size=64,
                                     dsa_decode_impl="flashmla_kv", dsa_kv_cache_store_fp8=True, kv_cache_dim=656,
                                     use_fused_topk=True, dsa_index_topk=2048)
     status = rt.on_backend(backend, types.SimpleNamespace(tp_rank=0))
@@ -233,12 +238,8 @@ V4_SCALE = 512 ** -0.5
 
 @pytest.fixture(scope="module")
 def v4_runtime():
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA GPU visible to torch")
-    from pdserve_kernels.sglang_plugin.hooks import Runtime
-
-    rt = Runtime("pdserve")
-    backend = types.SimpleNamespace(device=torch.device("cuda", torch.cuda.current_device()), page_size=256,
+    rt, device = _runtime_on_this_gpu()
+    backend = types.SimpleNamespace(device=device, page_size=256,
                                     enable_deepseek_v4_fp4_indexer=False)
     runner = types.SimpleNamespace(tp_rank=0, model_config=types.SimpleNamespace(
         hf_text_config=types.SimpleNamespace(index_topk=512)))
