@@ -35,6 +35,35 @@ def test_systemds_credential_wins_when_passed_to_this_process(tmp_path: Path, mo
     assert read_key(configured, "api-key") == "from-the-file"
 
 
+def test_a_passed_credential_this_process_may_not_look_at_is_a_named_error_not_a_crash(tmp_path: Path, monkeypatch):
+    """A gate whose unit's credential directory it cannot search (stat says EACCES) gets the reader's error,
+    naming the credential's path, which its callers handle; not a PermissionError out of the path choice.
+    Tests run as root, whom permissions do not stop: the refusals are made by the operating system's calls."""
+    configured = write(tmp_path / "router.key", "from-the-file\n")
+    creds = tmp_path / "creds"
+    creds.mkdir()
+    passed = write(creds / "api-key", "from-the-credential\n")
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(creds))
+    real_stat, real_open = os.stat, os.open
+
+    def refusing_stat(path, *args, **kwargs):
+        if str(path) == passed:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_stat(path, *args, **kwargs)
+
+    def refusing_open(path, *args, **kwargs):
+        if str(path) == passed:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", refusing_stat)
+    assert read_key(configured, "api-key") == "from-the-credential"  # stat refused, reading allowed: read
+    monkeypatch.setattr(os, "open", refusing_open)
+    with pytest.raises(CredentialError) as caught:
+        read_key(configured, "api-key")
+    assert str(caught.value) == f"cannot read the API key file {passed}: Permission denied"
+
+
 @pytest.mark.parametrize("content,message", [
     ("\n  \n", "the API key file {path} is empty; write the key into it"),
     (b"\xff\xfe key", "the API key file {path} is not UTF-8 text"),

@@ -29,8 +29,16 @@ def credential_path(path: str, credential: str | None) -> str:
     directory = os.environ.get("CREDENTIALS_DIRECTORY")
     if credential and directory:
         passed = Path(directory) / credential
-        if passed.exists():
-            return str(passed)
+        try:
+            os.stat(passed)
+        except (FileNotFoundError, NotADirectoryError):
+            return path
+        except OSError:
+            # There, but this process may not look (seen on a host whose systemd left an ExecStartPost= gate
+            # without access to its unit's credentials): reading it fails with the reason and the path named,
+            # which callers handle, instead of an internal error here.
+            pass
+        return str(passed)
     return path
 
 
