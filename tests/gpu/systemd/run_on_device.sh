@@ -6,6 +6,7 @@
 #   bash tests/gpu/systemd/run_on_device.sh run       # every part staged: unpack, boot, start, verify, kill -9
 #   bash tests/gpu/systemd/run_on_device.sh restarts  # after run, same machine: warm, then cold, prefill restart
 #   bash tests/gpu/systemd/run_on_device.sh bench     # after run, same machine: pdserve bench --compare single,pd
+#     (it runs on in the container past the call; exit 3 = still running: call bench again to wait and collect)
 #     (NO_FAULTS=1 ... run: start and verify only, when the call is there for a bench call after it)
 # Results go to $OUT (or ./gpu-out). PDSERVE_COMMIT, if set, is recorded with them.
 set -uo pipefail

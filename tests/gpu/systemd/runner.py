@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -528,23 +529,97 @@ def restarts(args) -> int:
     return 0
 
 
-BENCH_PLOT_INSIDE = "/var/lib/pdserve-gpu/bench.png"
-BENCH_HISTORY_INSIDE = "/var/lib/pdserve-gpu/bench-history.jsonl"
-BENCH_WORKLOADS_INSIDE = "/var/lib/pdserve-gpu/bench-workloads.toml"
+BENCH_DIR_INSIDE = "/var/lib/pdserve-gpu"
+BENCH_PLOT_INSIDE = f"{BENCH_DIR_INSIDE}/bench.png"
+BENCH_HISTORY_INSIDE = f"{BENCH_DIR_INSIDE}/bench-history.jsonl"
+BENCH_WORKLOADS_INSIDE = f"{BENCH_DIR_INSIDE}/bench-workloads.toml"
+# `pdserve bench` runs as a transient unit of the container's systemd, its stdout, stderr and exit status in
+# files: it outlives the device call that started it, and a later call on the same machine collects it.
+BENCH_UNIT = "pdserve-gpu-bench.service"
+BENCH_STDOUT_INSIDE = f"{BENCH_DIR_INSIDE}/bench.stdout"
+BENCH_STDERR_INSIDE = f"{BENCH_DIR_INSIDE}/bench.stderr"
+BENCH_EXIT_INSIDE = f"{BENCH_DIR_INSIDE}/bench.exit"
+BENCH_STARTED_INSIDE = f"{BENCH_DIR_INSIDE}/bench.started"
 BENCH_WORKLOADS = Path(__file__).with_name("bench_workloads.toml")
+BENCH_POLL_S = 5.0
+# What a call keeps after the wait for the bench's end: the journals, the files, the report.
+BENCH_COLLECT_S = 40.0
+EXIT_STILL_RUNNING = 3
+
+
+def bench_unit_argv(argv: list[str], directory: str = BENCH_DIR_INSIDE) -> list[str]:
+    """`systemd-run` for `argv` as a transient unit whose stdout, stderr and exit status land in `directory`
+    (the BENCH_*_INSIDE files). `argv` reaches the shell as positional parameters, never as shell text, and
+    the file names through shlex.quote."""
+    stdout, stderr, status = (shlex.quote(f"{directory}/bench.{n}") for n in ("stdout", "stderr", "exit"))
+    script = f'"$@" >{stdout} 2>{stderr}; echo $? >{status}'
+    return ["systemd-run", f"--unit={BENCH_UNIT}", "--quiet", "--property=KillMode=mixed",
+            "/bin/sh", "-c", script, "sh", *argv]
 
 
 def bench(args) -> int:
     """`pdserve bench --compare single,pd` inside the container, as an operator runs it (issue 40's GPU tier):
-    the smoke workload through smg on the PD pair, then on the single-server fallback after the real cutover,
-    then PD restored. The report keeps pdserve's JSON; the plot comes back beside it."""
+    the tier's workload through smg on the PD pair, then on the single-server fallback after the real cutover,
+    then PD restored. The first call starts it; a call whose budget ends before it does says so (exit 3) and
+    the next call on the same machine goes on waiting and collects it. The report keeps pdserve's JSON; the
+    plot comes back beside it; its progress (stderr) is copied to OUT/bench-progress.log as it runs."""
     out, work = args.out, args.work
     out.mkdir(parents=True, exist_ok=True)
+    began = time.monotonic()
     report = Report(out, "systemd-bench")
     box = attach(work)
     root = Path(json.loads((work / "state.json").read_text())["root"])
+
+    def inside(path: str) -> Path:
+        return root / path.lstrip("/")
+
+    if inside(BENCH_STARTED_INSIDE).exists():
+        ago = time.time() - float(inside(BENCH_STARTED_INSIDE).read_text())
+        log(f"the bench started {ago:.0f} s ago by an earlier call runs on: waiting for it")
+    elif (code := start_bench(box, root, args.workload, report)) != 0:
+        return code
+    deadline = began + max(args.budget_s or 480, BENCH_COLLECT_S * 2) - BENCH_COLLECT_S
+    progress = out / "bench-progress.log"
+    while not inside(BENCH_EXIT_INSIDE).exists() and time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            shutil.copy(inside(BENCH_STDERR_INSIDE), progress)
+        time.sleep(BENCH_POLL_S)
+    with contextlib.suppress(OSError):
+        shutil.copy(inside(BENCH_STDERR_INSIDE), progress)
+    started_at = float(inside(BENCH_STARTED_INSIDE).read_text())
+    units = unit_timestamps(box)
+    report["units_after"] = {u: units[u]["active"] for u in UNITS.values() if u in units}
+    # Every unit the comparison started or stopped, the fallback's included: a cutover that failed is read
+    # from its journal.
+    save_journals(box, out, {**UNITS, "single": FALLBACK_UNIT})
+    if not inside(BENCH_EXIT_INSIDE).exists():
+        report["bench"] = {"running": True, "seconds_so_far": round(time.time() - started_at, 1)}
+        log(f"the bench still runs after {report['bench']['seconds_so_far']} s (its progress: {progress.name}); "
+            "run `run_on_device.sh bench` again on this machine to wait for it and collect it")
+        return EXIT_STILL_RUNNING
+    exit_code = int(inside(BENCH_EXIT_INSIDE).read_text().strip() or -1)
+    stdout = inside(BENCH_STDOUT_INSIDE).read_text()
+    try:
+        result = json.loads(stdout)
+    except ValueError:
+        result = {"unreadable_stdout": stdout[-3000:]}
+    stderr = inside(BENCH_STDERR_INSIDE).read_text()
+    report["bench"] = {"argv": report.data.get("argv"), "exit": exit_code,
+                       "seconds": round(inside(BENCH_EXIT_INSIDE).stat().st_mtime - started_at, 1),
+                       "result": result, "stderr": stderr[-6000:]}
+    if inside(BENCH_PLOT_INSIDE).exists():
+        shutil.copy(inside(BENCH_PLOT_INSIDE), out / "bench.png")
+    if inside(BENCH_HISTORY_INSIDE).exists():
+        shutil.copy(inside(BENCH_HISTORY_INSIDE), out / "bench-history.jsonl")
+    log(f"bench exit {exit_code} in {report['bench']['seconds']} s\n{stderr[-3000:]}")
+    return exit_code
+
+
+def start_bench(box: Container, root: Path, workload: str, report: Report) -> int:
+    """Ask the client's imports, write the tier's workloads and an empty history where the container sees them,
+    and start `pdserve bench` as a transient unit; 0 when it runs."""
     python = (root / PDSERVE_INSIDE.lstrip("/")).read_text().splitlines()[0][2:]
-    env = ["env", f"PYTHONPATH={SITE_INSIDE}", *[f"{k}={v}" for k, v in NO_MULTICAST.items()]]
+    env = ["/usr/bin/env", f"PYTHONPATH={SITE_INSIDE}", *[f"{k}={v}" for k, v in NO_MULTICAST.items()]]
     # The client's imports and the plot's library, asked first: a missing one is a finding, not a hang.
     probe = box.run([*env, python, "-c", "import sglang.benchmark.serving"], timeout=120, check=False)
     has_plot = box.run([*env, python, "-c", "import matplotlib"], timeout=60, check=False).returncode == 0
@@ -552,41 +627,28 @@ def bench(args) -> int:
     if probe.returncode != 0:
         log(f"the benchmark client does not import here: {probe.stderr.strip()[-500:]}")
         return 1
-    # The tier's own workloads (bench_workloads.toml) and a history file go where the container sees them.
-    for inside, text in ((BENCH_WORKLOADS_INSIDE, BENCH_WORKLOADS.read_text()), (BENCH_HISTORY_INSIDE, "")):
-        (root / inside.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
-        if text or not (root / inside.lstrip("/")).exists():
-            (root / inside.lstrip("/")).write_text(text)
-    argv = [*env, PDSERVE_INSIDE, "bench", "--config", CONFIG_INSIDE, "--workload", args.workload,
+    for path, text in ((BENCH_WORKLOADS_INSIDE, BENCH_WORKLOADS.read_text()), (BENCH_HISTORY_INSIDE, "")):
+        (root / path.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+        (root / path.lstrip("/")).write_text(text)
+    for stale in (BENCH_STDOUT_INSIDE, BENCH_STDERR_INSIDE, BENCH_EXIT_INSIDE, BENCH_PLOT_INSIDE):
+        (root / stale.lstrip("/")).unlink(missing_ok=True)
+    argv = [*env, PDSERVE_INSIDE, "bench", "--config", CONFIG_INSIDE, "--workload", workload,
             "--workloads", BENCH_WORKLOADS_INSIDE, "--history", BENCH_HISTORY_INSIDE,
             "--compare", "single,pd", "--point-timeout", "120", "--json",
             # The deployment names no SGLang Python (the units get theirs through the drop-in's PYTHONPATH).
             "--sglang-python", python,
             *(["--plot", BENCH_PLOT_INSIDE] if has_plot else [])]
-    began = time.monotonic()
+    report["argv"] = argv
+    (root / BENCH_STARTED_INSIDE.lstrip("/")).write_text(f"{time.time():.1f}\n")
     try:
-        done = box.run(argv, timeout=args.budget_s or 480, check=False)
+        box.run(bench_unit_argv(argv), timeout=60)
     except ContainerError as exc:
+        (root / BENCH_STARTED_INSIDE.lstrip("/")).unlink(missing_ok=True)
         report["bench"] = {"argv": argv, "error": str(exc)}
+        log(f"the bench did not start: {exc}")
         return 1
-    finally:
-        units = unit_timestamps(box)
-        report["units_after"] = {u: units[u]["active"] for u in UNITS.values() if u in units}
-        # Every unit the comparison started or stopped, the fallback's included: a cutover that failed is
-        # read from its journal.
-        save_journals(box, out, {**UNITS, "single": FALLBACK_UNIT})
-    try:
-        result = json.loads(done.stdout)
-    except ValueError:
-        result = {"unreadable_stdout": done.stdout[-3000:]}
-    report["bench"] = {"argv": argv, "exit": done.returncode, "seconds": round(time.monotonic() - began, 1),
-                       "result": result, "stderr": done.stderr[-6000:]}
-    if has_plot and (root / BENCH_PLOT_INSIDE.lstrip("/")).exists():
-        shutil.copy(root / BENCH_PLOT_INSIDE.lstrip("/"), out / "bench.png")
-    if (root / BENCH_HISTORY_INSIDE.lstrip("/")).exists():
-        shutil.copy(root / BENCH_HISTORY_INSIDE.lstrip("/"), out / "bench-history.jsonl")
-    log(f"bench exit {done.returncode} in {report['bench']['seconds']} s\n{done.stderr[-3000:]}")
-    return done.returncode
+    log(f"started `pdserve bench --compare single,pd` as {BENCH_UNIT} in the container")
+    return 0
 
 
 def main() -> int:

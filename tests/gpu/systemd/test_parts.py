@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -352,3 +353,23 @@ def test_the_bench_workload_file_is_one_pdserve_bench_accepts_and_fits_the_tiny_
     assert problems == [] and chosen is not None
     assert len(chosen.points()) == 3
     assert chosen.input_len + chosen.output_len <= 4096  # tests/gpu/tiny_model.py's context
+
+
+def test_the_bench_unit_passes_hostile_arguments_through_the_real_shell_and_keeps_output_and_status(tmp_path):
+    """The transient unit's shell (what systemd-run would start), run here by the real /bin/sh: arguments that
+    are shell syntax reach the program as they are; stdout, stderr and the exit status land in the files, also
+    in a directory whose name needs quoting."""
+    directory = tmp_path / "bench dir; $(touch pwned)"
+    directory.mkdir()
+    hostile = ["$(touch pwned)", "a b", "'\"", "; exit 7", "*"]
+    program = [sys.executable, "-c", "import sys; print(sys.argv[1:]); print('progress', file=sys.stderr); "
+               "sys.exit(5)", *hostile]
+    argv = runner.bench_unit_argv(program, str(directory))
+    assert argv[:2] == ["systemd-run", f"--unit={runner.BENCH_UNIT}"]
+    shell = argv[argv.index("/bin/sh"):]
+    done = subprocess.run(shell, cwd=tmp_path, capture_output=True, text=True, timeout=30, check=False)
+    assert done.returncode == 0 and done.stdout == done.stderr == ""
+    assert (directory / "bench.stdout").read_text() == f"{hostile}\n"
+    assert (directory / "bench.stderr").read_text() == "progress\n"
+    assert (directory / "bench.exit").read_text() == "5\n"
+    assert not (tmp_path / "pwned").exists() and not (directory / "pwned").exists()
