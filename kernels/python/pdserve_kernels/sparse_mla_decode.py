@@ -97,7 +97,8 @@ def layout_refusal(layout: str, table: KernelTable) -> str | None:
     why = TUNING_ONLY_LAYOUTS.get(layout)
     if why is None or any(k.shape.get("layout") == layout for k in table.kernels.values()):
         return None
-    return (f"layout {layout!r} has no kernel in {table.path.name}: {why}. To run it, build the tuning fatbin "
+    fatbin = table.path.with_suffix(".fatbin").name   # the table is read from the fatbin's .json
+    return (f"layout {layout!r} has no kernel in {fatbin}: {why}. To run it, build the tuning fatbin "
             "(`bash kernels/tuning/build.sh [OUTDIR]`, OUTDIR default kernels/build) and load "
             "OUTDIR/sparse_mla_decode_tuning.fatbin: SparseMlaDecode(fatbin=...) or "
             "PDSERVE_SPARSE_MLA_FATBIN=OUTDIR/sparse_mla_decode_tuning.fatbin")
