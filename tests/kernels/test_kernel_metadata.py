@@ -85,15 +85,15 @@ def test_production_fatbin_has_no_probe_kernels(mla_table, mla_tuning_table, met
     assert 2 * (tuning["sparse_mla_es_v4_h16_t64_s2"].smem_bytes(192) + 1024) <= 228 * 1024
 
 
-# Retired from production (issue 38 item 3): the launcher's one table chooses them for no shape, or for none a plugin call
-# has (test_exact_default.py checks that every kernel left is chosen for a plugin call).
+# Retired from production (issue 38 item 3): the launcher's one table chooses them for no shape, or for none a plugin
+# call has (test_exact_default.py checks that every kernel left is chosen for a plugin call).
 RETIRED = {
     "sparse_mla_v32_h16_t64", "sparse_mla_v32_h64_t32", "sparse_mla_ds_v4_h32_t64_s2",
     *(f"sparse_mla_ds_{lay}_{shape}" for lay in ("v4", "v32")
       for shape in ("h16_t64_s3", "h32_t64_s3", "h16_t64_s3_c4", "h32_t64_s3_c4", "h16_t32_s4_c4")),
     "sparse_mla_wg_v32_s3", "sparse_mla_wg_v4_s3_h", "sparse_mla_wg_v32_s3_h", "sparse_mla_wg_v4_s3_c2",
     "sparse_mla_wg_v32_s3_c2_m", "sparse_mla_wg_v32_s3_e_c2",
-    # V4's bf16-KV kernels: the launcher's choice for bf16 V4 KV, which no plugin call hands it (SGLang's V4 cache is FP8)
+    # V4's bf16-KV kernels: the launcher's choice for bf16 V4 KV, which no plugin call has (SGLang's V4 cache is FP8)
     *(f"sparse_mla_v4b_{shape}" for shape in ("h16_t64", "h32_t64", "h64_t64", "h16_t32")),
 }
 
