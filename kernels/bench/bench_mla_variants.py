@@ -29,9 +29,9 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from harness import Timer, finish, mla_shapes, run_env, seeded_generator, table_head
+from harness import MlaLaunchers, Timer, finish, mla_shapes, run_env, seeded_generator, table_head
 
-from pdserve_kernels.sparse_mla_decode import SparseMlaDecode, kernel_shape
+from pdserve_kernels.sparse_mla_decode import kernel_shape
 
 
 def candidates(mla, layout: str, h: int, rows: int, entries: int,
@@ -81,7 +81,7 @@ def main() -> int:
 
     gen = seeded_generator()
     timer = Timer()
-    mla = SparseMlaDecode()
+    launchers = MlaLaunchers()   # a bf16 V4 case (--cases v4-csa-bf16) runs from the tuning fatbin
     env = run_env()
     print(json.dumps(env), flush=True)
     split_list = [int(s) for s in args.splits.split(",") if s]
@@ -89,6 +89,7 @@ def main() -> int:
     for x in mla_shapes(args.cases.split(","), [int(b) for b in args.batches.split(",")],
                         [int(h) for h in args.heads.split(",")], gen):
         B, h = x.B, x.h
+        mla = launchers.for_layout(x.layout)
         cands = candidates(mla, x.layout, h, B, x.n_valid, re.compile(args.kernels) if args.kernels else None)
         auto = cands[0][1]
         cands += [(f"auto, {s} splits", auto, {"splits": s}) for s in split_list]

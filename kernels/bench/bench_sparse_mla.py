@@ -5,7 +5,9 @@ Shapes: h in {16, 32, 64, 128}, B in {1, 8, 64, 128}, one query token per reques
   v4-csa: V4-Flash CSA layer, 512 selected compressed entries + 128 window entries (second cache), 584 B;
   v4-hca: V4-Flash HCA layer at L = 128K: all 1024 compressed entries (128:1) + 128 window entries;
   v32:    V3.2 top-2048, FP8 656 B;
-  *-bf16: the same with bf16 KV (V4: 1024 B/entry, K = V; V3.2: 1152 B/entry, V = first 512 dims).
+  *-bf16: the same with bf16 KV (V4: 1024 B/entry, K = V; V3.2: 1152 B/entry, V = first 512 dims). V4's bf16 rows
+          run from the tuning fatbin beside the production one (harness.MlaLaunchers; row "fatbin"): the production
+          build has no bf16 V4 kernels, since SGLang's V4 cache is FP8.
 Per case: median time of our kernel (CUDA events, L2 evicted before every repeat by the indexer
 benchmark's Timer, >= 30 repeats), GB/s on unique bytes (distinct selected entries x entry bytes + q +
 out + lse + indices), TFLOP/s on useful FLOPs (2 h N (d_qk + 512) per row, N = valid entries), the floor
@@ -32,6 +34,7 @@ from flashmla_adapter import FLASHMLA_COMMIT, FlashMlaDecode
 from flashmla_adapter import load as load_flashmla
 from harness import (
     CASES,
+    MlaLaunchers,
     Timer,
     copy_bandwidth,
     finish,
@@ -42,8 +45,6 @@ from harness import (
     seeded_generator,
     table_head,
 )
-
-from pdserve_kernels.sparse_mla_decode import SparseMlaDecode
 
 
 def main() -> int:
@@ -64,7 +65,7 @@ def main() -> int:
     # ~100 us head start (the indexer benchmark's 20 us was shorter than this launcher's Python overhead with
     # a split + combine, which then landed inside the timed region: the small-B noise of the earlier table).
     timer = Timer()
-    mla = SparseMlaDecode()
+    launchers = MlaLaunchers()
     env = run_env(sparse_mla_choice="lossy opt-in (lossy_bf16_dequant=True)" if args.lossy else "exact default")
     fm, fm_why = load_flashmla()
     env["flash_mla"] = f"importable (adapter written for {FLASHMLA_COMMIT[:8]})" if fm else "not importable"
@@ -79,6 +80,7 @@ def main() -> int:
     for x in mla_shapes(args.cases.split(","), [int(b) for b in args.batches.split(",")],
                         [int(h) for h in args.heads.split(",")], gen):
         B, h, lay = x.B, x.h, x.lay
+        mla = launchers.for_layout(x.layout)
         fm_call = fm_err = None
         if fm is not None and not lay.bf16:   # FlashMLA's sparse decode is fp8-only
             try:   # its first call (which builds its tile schedule) runs here, outside the timing
@@ -97,7 +99,7 @@ def main() -> int:
         floor = floor_us(bytes_, flops, env["copy_GBps"], env["matmul_TFLOPs"])
         row = {"case": x.case, "B": B, "h": h, "entries": x.n_valid, "kernel": name, "splits": splits, "us": t,
                "GBps": bytes_ / (t * 1e-6) / 1e9, "TFLOPs": flops / (t * 1e-6) / 1e12, "floor_us": floor,
-               "pct_floor": 100 * floor / t, "bytes": bytes_, "flops": flops}
+               "pct_floor": 100 * floor / t, "bytes": bytes_, "flops": flops, "fatbin": mla.path.name}
         # Correctness on this shape: first rows against the fp32 reference.
         ro, rl = x.reference(4)
         r = ro.shape[0]

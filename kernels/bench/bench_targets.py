@@ -12,7 +12,9 @@ Per row:
 - ours: the launchers' default choice (SparseMlaDecode / DsaIndexer with no kernel arguments; sparse MLA exact on any
   fp32 scale, or with --lossy the faster lossy opt-in, lossy_bf16_dequant=True: the env says which), median of --reps
   (>= 30) CUDA-event timings, L2 evicted before every repeat, ~100 us device head start (harness.Timer), timed
-  round-robin with the comparator on the same inputs;
+  round-robin with the comparator on the same inputs; the bf16 V4 cases from the tuning fatbin beside the production
+  one (harness.MlaLaunchers; "(tuning fatbin)" in the default's cell), as the production build, FP8-only for V4
+  because SGLang's V4 cache is, has no bf16 V4 kernels;
 - comparator: FlashMLA 9241ae3e's sparse decode for the fp8 cases (flashmla_adapter.py; below 64 heads q is
   zero-padded to 64, as a TP caller would do), DeepGEMM fp8_paged_mqa_logits + mask + torch.topk for the
   indexer (deepgemm_adapter.py); none for the bf16 cases;

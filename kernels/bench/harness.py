@@ -66,6 +66,34 @@ def table_head(env: dict, extras: str, columns: str) -> None:
     print("|" + "---|" * (columns.count("|") - 1))
 
 
+class MlaLaunchers:
+    """A run's sparse MLA launchers: the production fatbin's (`fatbin`, default find_fatbin()) for every layout it
+    serves, and for a layout it has no kernels for (TUNING_ONLY_LAYOUTS: V4's bf16 KV, as SGLang's V4 cache is FP8)
+    the tuning fatbin's beside it (kernels/tuning/build.sh writes both into one directory), loaded on first use."""
+
+    def __init__(self, fatbin: str | pathlib.Path | None = None) -> None:
+        from pdserve_kernels.sparse_mla_decode import SparseMlaDecode
+
+        self.production = SparseMlaDecode(fatbin=fatbin)
+        self.tuning_path = self.production.path.with_name("sparse_mla_decode_tuning.fatbin")
+        self._tuning = None
+
+    def for_layout(self, layout: str):
+        """The launcher that runs `layout` ("v4", "v4_bf16", ...): the production one unless it refuses the layout."""
+        from pdserve_kernels.sparse_mla_decode import SparseMlaDecode, layout_refusal
+
+        refusal = layout_refusal(layout, self.production.kernels)
+        if refusal is None:
+            return self.production
+        if self._tuning is None:
+            if not self.tuning_path.is_file():
+                raise FileNotFoundError(f"{layout} runs from the tuning fatbin, {self.tuning_path}, which is not "
+                                        f"there: run `bash kernels/tuning/build.sh {self.tuning_path.parent}` "
+                                        f"(the production launcher: {refusal})")
+            self._tuning = SparseMlaDecode(fatbin=self.tuning_path)
+        return self._tuning
+
+
 def probe_setup(fatbin: str):
     """A tuning probe's start: fresh random inputs, the timer, the sparse MLA module of `fatbin`, and the run's
     environment, printed as a JSON line and as env_head's header."""

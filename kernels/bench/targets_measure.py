@@ -19,6 +19,7 @@ from flashmla_adapter import FLASHMLA_COMMIT, FlashMlaDecode
 from flashmla_adapter import load as load_flashmla
 from harness import (
     CASES,
+    MlaLaunchers,
     Timer,
     copy_bandwidth,
     floor_us,
@@ -36,8 +37,6 @@ from targets import INDEXER_TOPK, MLA_CASES, render_markdown
 from pdserve_kernels.dsa_indexer import DsaIndexer
 from pdserve_kernels.dsa_indexer import find_fatbin as indexer_fatbin
 from pdserve_kernels.reference import PAGE, reference_scores
-from pdserve_kernels.sparse_mla_decode import SparseMlaDecode
-from pdserve_kernels.sparse_mla_decode import find_fatbin as mla_fatbin
 
 MLA_REL_TOL, MLA_LSE_TOL = 5e-3, 1e-3   # tests/kernels/test_sparse_mla_decode_gpu.py's bounds
 INDEXER_SCORE_TOL = 1e-3                # relative L2 of our fp32 scores (DeepGEMM's own is ~1e-4)
@@ -79,11 +78,12 @@ class Bench:
         self.choice = {"lossy_bf16_dequant": True} if lossy_bf16_dequant else {}
         self.gen = seeded_generator()
         self.timer = Timer()   # ~1 ms head start before every timed call (harness.Timer says why)
-        self.mla = SparseMlaDecode()
+        self.mla = MlaLaunchers()   # V4's bf16 rows: the tuning fatbin (the production build has no bf16 V4 kernel)
         self.indexer = DsaIndexer()
         self.fm, fm_why = load_flashmla()
         self.dg, dg_why = load_deep_gemm()
-        fatbins = (mla_fatbin(), indexer_fatbin())
+        fatbins = (self.mla.production.path, indexer_fatbin(),
+                   *([self.mla.tuning_path] if self.mla.tuning_path.is_file() else []))
         self.env = run_env(
             reps=reps, commit=os.environ.get("PDSERVE_COMMIT") or sh("git rev-parse --short HEAD") or "?",
             sparse_mla_choice="lossy opt-in (lossy_bf16_dequant=True)" if lossy_bf16_dequant else "exact default",
@@ -127,10 +127,13 @@ class Bench:
 
     def mla_row(self, spec: dict) -> dict:
         x = next(mla_batch(spec["case"], spec["B"], [spec["h"]], self.gen, self.mla_pools))
-        plan = self.mla.make_plan(x.layout, x.B, x.h, x.ind.shape[-1],   # what the default call runs
+        mla = self.mla.for_layout(x.layout)
+        plan = mla.make_plan(x.layout, x.B, x.h, x.ind.shape[-1],   # what the default call runs
                                   x.win_ind.shape[-1] if x.win_ind is not None else 0, **self.choice)
         bytes_, flops = x.bytes_flops()
-        row = {"default": f"{plan.kernel.replace('sparse_mla_', '')} ({plan.splits})", "bytes": bytes_, "flops": flops,
+        tuning = " (tuning fatbin)" if mla is not self.mla.production else ""
+        row = {"default": f"{plan.kernel.replace('sparse_mla_', '')} ({plan.splits}){tuning}", "bytes": bytes_,
+               "flops": flops,
                "floor_us": floor_us(bytes_, flops, self.env["copy_GBps"], self.env["matmul_TFLOPs"])}
         fm_call = None
         if self.fm is not None and not x.lay.bf16:   # FlashMLA's sparse decode is fp8-only
@@ -141,13 +144,14 @@ class Bench:
                     row["comparator"] = f"FlashMLA (h {fm_call.heads})"
             except Exception as e:  # noqa: BLE001 - the comparator's refusal is recorded, ours still timed
                 row["comparator_error"] = f"{type(e).__name__}: {e}"[:300]
-        row.update(self.time_pair(x.call(self.mla, **self.choice), fm_call))
-        row.update(self.mla_check(x, fm_call))
+        row.update(self.time_pair(x.call(mla, **self.choice), fm_call))
+        row.update(self.mla_check(mla, x, fm_call))
         return row
 
-    def mla_check(self, x, fm_call) -> dict:
-        """Ours on every row against the fp32 reference over the same cache bytes (and FlashMLA's error beside)."""
-        out, lse = x.call(self.mla, **self.choice)()
+    def mla_check(self, mla, x, fm_call) -> dict:
+        """Ours (`mla`) on every row against the fp32 reference over the same cache bytes (and FlashMLA's error
+        beside)."""
+        out, lse = x.call(mla, **self.choice)()
         ref_o, ref_lse = x.reference()
         rel = x.rel_err(out, ref_o)
         dl = (lse.view(x.B, x.h).float() - ref_lse).abs().max().item()

@@ -88,7 +88,6 @@ struct LayoutV32 : GeomV32 {
 };
 
 #pragma nv_diag_default 177
-struct LayoutV4B : GeomV4B {};
 struct LayoutV32B : GeomV32B {};
 
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {

@@ -70,12 +70,8 @@ struct GeomV32 {  // V3.2 fp8 (FlashMLA V32_FP8Sparse, 656 B per entry)
   static constexpr int kRopeRaw = 528;
   static constexpr int kRopeChunk = 64;
 };
-// bf16 KV (FlashMLA's bf16 sparse layout): each entry is d_qk contiguous bf16 values, no scales.
-struct GeomV4B {   // V4-Flash: 512 dims (448 NoPE + 64 RoPE), K = V
-  static constexpr const char* kName = "v4_bf16";
-  static constexpr bool kBf16 = true;
-  static constexpr int kDqk = 512, kTok = 1024, kChunks = 64, kRec = kTok;
-};
+// bf16 KV (FlashMLA's bf16 sparse layout): each entry is d_qk contiguous bf16 values, no scales. V4's bf16 layout
+// (GeomV4B) is the tuning build's only (sparse_mla_decode_tuning.h): SGLang's V4 cache is FP8.
 struct GeomV32B {  // V3.2: 576 dims (512 latent + 64 RoPE), V = the first 512
   static constexpr const char* kName = "v32_bf16";
   static constexpr bool kBf16 = true;
@@ -209,7 +205,8 @@ constexpr int kCombineThreads = 128;
 }  // namespace
 
 // ---- The kernels the fatbin exports (each X-macro line is one extern "C" kernel) ----
-// Names: sparse_mla_<layout>_h<heads per CTA>_t<tile>; layouts v4 / v32 (fp8), v4b / v32b (bf16 KV).
+// Names: sparse_mla_<layout>_h<heads per CTA>_t<tile>; layouts v4 / v32 (fp8), v32b (bf16 KV; V4's bf16 kernels,
+// v4b, are in the tuning build only: SGLang's V4 KV pool is FP8, so no serving call could reach them).
 // X(NAME, LAYOUT, MT, T, G, NST, OPT): 16*MT heads per CTA, T entries per tile, G warp groups (32*MT*G
 // threads, twice that with OPT bit 1), NST ring stages; OPT bit 0 = per-warp gather (the bf16 kernels), 0 = per-item
 // gather (fp8); OPT bit 1 = two warps per (head tile, entry group), splitting d_qk in QK (suffix _w16: 16 warps).
@@ -220,10 +217,6 @@ constexpr int kCombineThreads = 128;
   X(sparse_mla_v4_h16_t32, V4, 1, 32, 4, 2, 0)     /* small smem (sm_120: 99 KB per block) */ \
   X(sparse_mla_v32_h32_t64, V32, 2, 64, 8, 2, 0)                                               \
   X(sparse_mla_v32_h16_t32, V32, 1, 32, 4, 2, 0)   /* small smem (sm_120) */                   \
-  X(sparse_mla_v4b_h16_t64, V4B, 1, 64, 8, 3, 1)                                               \
-  X(sparse_mla_v4b_h32_t64, V4B, 2, 64, 8, 2, 1)                                               \
-  X(sparse_mla_v4b_h64_t64, V4B, 4, 64, 4, 2, 1)                                               \
-  X(sparse_mla_v4b_h16_t32, V4B, 1, 32, 4, 2, 1)   /* small smem (sm_120) */                   \
   X(sparse_mla_v32b_h16_t64, V32B, 1, 64, 8, 2, 1)                                             \
   X(sparse_mla_v32b_h32_t64, V32B, 2, 64, 8, 2, 1)                                             \
   X(sparse_mla_v32b_h64_t32, V32B, 4, 32, 4, 3, 1)                                             \

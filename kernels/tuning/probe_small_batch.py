@@ -11,7 +11,8 @@ before every repeat, median). Per shape (h = 16 unless --heads):
   empty      a one-element torch kernel: what the timing method reads for nothing
   sweepN     (--sweep) every 16-head kernel of the layout at N requested splits (none: its own plan)
 
-Tuning aid (kernels/tuning/README.md), not the benchmark.
+V4's bf16 cases run from the tuning fatbin beside the production one (harness.MlaLaunchers), "old" only where the old
+build has their kernels. Tuning aid (kernels/tuning/README.md), not the benchmark.
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "python")]
 
 import torch  # noqa: E402
-from harness import Timer, mla_shapes, run_env, seeded_generator  # noqa: E402
+from harness import MlaLaunchers, Timer, mla_shapes, run_env, seeded_generator  # noqa: E402
 
-from pdserve_kernels.sparse_mla_decode import SparseMlaDecode  # noqa: E402
+from pdserve_kernels.sparse_mla_decode import SparseMlaDecode, layout_refusal  # noqa: E402
 
 
 def main_only(mla: SparseMlaDecode, call):
@@ -102,7 +103,7 @@ def main() -> int:
     args = ap.parse_args()
     gen = seeded_generator()
     timer = Timer()
-    new = SparseMlaDecode()
+    launchers = MlaLaunchers()   # V4's bf16 cases: the tuning fatbin beside the production one
     old = SparseMlaDecode(fatbin=args.old_fatbin) if args.old_fatbin else None
     print(json.dumps(run_env()), flush=True)
     tiny = torch.zeros(1, device="cuda")
@@ -113,7 +114,9 @@ def main() -> int:
     print("|---|---|---|---|---|---|---|")
     for x in mla_shapes(args.cases.split(","), [int(b) for b in args.batches.split(",")],
                         [int(h) for h in args.heads.split(",")], gen):
-        vs = variants(x, new, old) + (sweep(x, new) if args.sweep else [])
+        new = launchers.for_layout(x.layout)
+        old_x = old if old is not None and layout_refusal(x.layout, old.kernels) is None else None
+        vs = variants(x, new, old_x) + (sweep(x, new) if args.sweep else [])
         ts = timer.medians_us([v[3] for v in vs], args.reps)
         ref_out, _ = x.reference(rows=2)
         for (label, kernel, splits, fn), t in zip(vs, ts, strict=False):

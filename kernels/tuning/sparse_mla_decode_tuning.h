@@ -7,6 +7,14 @@
 
 namespace {
 
+// V4-Flash's bf16 KV layout (FlashMLA's bf16 sparse layout: 512 contiguous bf16 dims, 448 NoPE + 64 RoPE, K = V, no
+// scales): the tuning build's only, as are its kernels (SPARSE_MLA_FIRST_V4B_KERNELS).
+struct GeomV4B {
+  static constexpr const char* kName = "v4_bf16";
+  static constexpr bool kBf16 = true;
+  static constexpr int kDqk = 512, kTok = 1024, kChunks = 64, kRec = kTok;
+};
+
 // Shared-memory layout of an es kernel (bytes; kDsThreads, kEsT-entry tiles): NST raw-record stages; Q as the QK
 // MMA's A fragments ([MT][64-dim group][k-step][lane] x 16 B: f16 NoPE x 2^k per head, then [MT][k-step][lane]
 // bf16 RoPE); per tile buffer (two: one tile's softmax and PV overlap the next tile's QK in other warps) the
@@ -46,6 +54,16 @@ struct EsSmem {
 #define SPARSE_MLA_FIRST_RETIRED_KERNELS(X)                 \
   X(sparse_mla_v32_h16_t64, V32, 1, 64, 8, 2, 0)            \
   X(sparse_mla_v32_h64_t32, V32, 4, 32, 4, 3, 0)
+
+// V4's bf16-KV kernels (first version; retired from production 2026-12-06, issue 38 item 3): the launcher chooses
+// them for bf16 V4 KV, but SGLang's V4 KV pool is FP8 only (584 B per entry, asserted by its pool), so no plugin call
+// reaches them. Library callers with a bf16 V4 cache load this build (the production launcher says so:
+// sparse_mla_decode.layout_refusal).
+#define SPARSE_MLA_FIRST_V4B_KERNELS(X)                     \
+  X(sparse_mla_v4b_h16_t64, V4B, 1, 64, 8, 3, 1)            \
+  X(sparse_mla_v4b_h32_t64, V4B, 2, 64, 8, 2, 1)            \
+  X(sparse_mla_v4b_h64_t64, V4B, 4, 64, 4, 2, 1)            \
+  X(sparse_mla_v4b_h16_t32, V4B, 1, 32, 4, 2, 1)   /* small smem (sm_120) */
 
 #define SPARSE_MLA_FIRST_TUNING_KERNELS(X)                \
   X(sparse_mla_v4_h16_t64_o1, V4, 1, 64, 8, 3, 1)          \

@@ -1,6 +1,7 @@
 import os
 import pathlib
 import shutil
+import subprocess
 import sys
 import time
 
@@ -42,3 +43,39 @@ def gen():
     g.manual_seed(seed)
     print(f"seed {seed}")
     return g
+
+
+def _emit_metadata(nvcc: str, out: pathlib.Path, **env) -> pathlib.Path:
+    """kernels/build.sh METADATA_ONLY=1 into `out`: each module's <module>.json from the headers (about a second,
+    no fatbin)."""
+    subprocess.run(["bash", str(REPO / "kernels" / "build.sh"), str(out)], check=True, capture_output=True,
+                   text=True, timeout=300, env=dict(os.environ, NVCC=nvcc, METADATA_ONLY="1", **env))
+    return out
+
+
+@pytest.fixture(scope="session")
+def metadata_dir(nvcc, tmp_path_factory) -> pathlib.Path:
+    """The production build's metadata (dsa_indexer.json, sparse_mla_decode.json), for the CPU tests."""
+    return _emit_metadata(nvcc, tmp_path_factory.mktemp("metadata"))
+
+
+@pytest.fixture(scope="session")
+def tuning_metadata_dir(nvcc, tmp_path_factory) -> pathlib.Path:
+    """The tuning build's metadata (kernels/tuning/build.sh: <module>_tuning.json)."""
+    return _emit_metadata(nvcc, tmp_path_factory.mktemp("tuning-metadata"), TUNING="1")
+
+
+@pytest.fixture(scope="session")
+def mla_table(metadata_dir):
+    """The production sparse MLA kernel table, as a launcher on sparse_mla_decode.fatbin reads it."""
+    from pdserve_kernels.sparse_mla_decode import load_kernel_table
+
+    return load_kernel_table(metadata_dir / "sparse_mla_decode.fatbin")
+
+
+@pytest.fixture(scope="session")
+def mla_tuning_table(tuning_metadata_dir):
+    """The tuning build's sparse MLA kernel table (the production kernels, the retired, experimental and probe ones)."""
+    from pdserve_kernels.sparse_mla_decode import load_kernel_table
+
+    return load_kernel_table(tuning_metadata_dir / "sparse_mla_decode_tuning.fatbin")

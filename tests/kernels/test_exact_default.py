@@ -1,15 +1,14 @@
 """CPU-only (issue 38 items 2 and 3): the sparse MLA decode library is exact on any fp32 scale by default, the faster
 lossy path is an explicit opt-in (`lossy_bf16_dequant=True`), the SGLang plugin plans through the launcher's one kernel
 table, and every production kernel is one that table chooses for a shape the plugin serves, on a GPU the fatbin runs
-on (V4's kernels: for the V4 shapes, once the plugin hooks V4). No GPU: the launcher is built around the metadata of
-the production and tuning builds (build.sh METADATA_ONLY=1, as test_kernel_metadata.py), the driver's occupancy
-answer modelled from shared memory as in test_ops.py."""
+on: V4's bf16-KV kernels, which no plugin call could reach (SGLang's V4 cache is FP8), are in the tuning build only,
+and the production launcher refuses that layout, saying why and how to load them. No GPU: the launcher is built around
+the metadata of the production and tuning builds (conftest: build.sh METADATA_ONLY=1), the driver's occupancy answer
+modelled from shared memory as in test_ops.py."""
 
 import importlib
 import itertools
-import os
 import pathlib
-import subprocess
 import types
 
 import pytest
@@ -28,23 +27,6 @@ HOPPER_SMEM, SM120_SMEM = 232448, 101376
 # its wgt / cluster kernels (NOTES.md "Exact by default"). Everything else applies the scales exactly.
 LOSSY = {"sparse_mla_v32_h32_t64", "sparse_mla_v32_h16_t32", "sparse_mla_wg_v32_s3_c2", "sparse_mla_wg_v32_t64c",
          "sparse_mla_wg_v32_t64c_m", "sparse_mla_wg_v32_t64x", "sparse_mla_wg_v32_t64x_m"}
-
-
-def _metadata(nvcc, out: pathlib.Path, **env) -> pathlib.Path:
-    subprocess.run(["bash", str(REPO / "kernels" / "build.sh"), str(out)], check=True, capture_output=True,
-                   text=True, timeout=300, env=dict(os.environ, NVCC=nvcc, METADATA_ONLY="1", **env))
-    return out
-
-
-@pytest.fixture(scope="module")
-def mla_table(nvcc, tmp_path_factory):
-    return mla_mod.load_kernel_table(_metadata(nvcc, tmp_path_factory.mktemp("prod")) / "sparse_mla_decode.fatbin")
-
-
-@pytest.fixture(scope="module")
-def tuning_table(nvcc, tmp_path_factory):
-    out = _metadata(nvcc, tmp_path_factory.mktemp("tuning"), TUNING="1")
-    return mla_mod.load_kernel_table(out / "sparse_mla_decode_tuning.fatbin")
 
 
 class _Occupancy:
@@ -84,10 +66,12 @@ def test_which_production_kernels_round_scaled_values(mla_table):
 
 @pytest.mark.parametrize("capability", sorted(GPUS))
 @pytest.mark.parametrize("layout", ["v4", "v32", "v4_bf16", "v32_bf16"])
-def test_the_default_plan_is_exact_for_every_shape(mla_table, capability, layout):
+def test_the_default_plan_is_exact_for_every_shape(mla_table, mla_tuning_table, capability, layout):
     """make_plan without options (what sparse_mla_decode(), SparseMlaPlan and the plugin run) never takes a kernel
-    that rounds a scaled value; where no exact kernel fits (V3.2 FP8 on sm_120's 99 KB) it refuses, saying so."""
-    mla = _launcher(mla_table, capability, GPUS[capability])
+    that rounds a scaled value; where no exact kernel fits (V3.2 FP8 on sm_120's 99 KB) it refuses, saying so. (V4's
+    bf16 KV: the tuning build's launcher, the production one refuses the layout.)"""
+    table = mla_tuning_table if layout in mla_mod.TUNING_ONLY_LAYOUTS else mla_table
+    mla = _launcher(table, capability, GPUS[capability])
     v4 = layout.startswith("v4")
     refused = 0
     for h, rows, (topk, extra) in itertools.product((8, 16, 24, 32, 48, 64, 96, 128, 192, 256), ROWS[::3],
@@ -100,7 +84,7 @@ def test_the_default_plan_is_exact_for_every_shape(mla_table, capability, layout
             assert "lossy_bf16_dequant=True" in str(e)
             refused += 1
             continue
-        assert mla_mod.applies_scales_exactly(mla_table[plan.kernel]), (h, rows, plan.kernel)
+        assert mla_mod.applies_scales_exactly(table[plan.kernel]), (h, rows, plan.kernel)
     assert (refused > 0) == (layout == "v32" and capability == (12, 0))
 
 
@@ -217,9 +201,59 @@ def test_every_production_kernel_is_reachable_from_the_plugin(mla_table, plugin_
     # V4's FP8 kernels come through the V4 hooks (v4_hooks.py), every one of them ...
     v4 = set().union(*(_plugin_v4_kernels(mla_table, plugin_plans, c) for c in GPUS))
     assert v4 == {n for n in attention if mla_table[n].shape["layout"] == "v4"}
-    # ... and what no plugin call reaches is the bf16 V4 kernels: SGLang's V4 pool is FP8 only (584 B per entry,
-    # asserted by its pool), so no SGLang call hands the plugin a bf16 V4 cache (the library's callers still can)
-    assert attention - (exact | lossy | v4) == {n for n in attention if mla_table[n].shape["layout"] == "v4_bf16"}
+    # ... and nothing is left: the bf16 V4 kernels, which no plugin call could reach (SGLang's V4 pool is FP8 only,
+    # 584 B per entry, asserted by its pool), are in the tuning build only
+    assert attention == exact | lossy | v4
+
+
+def test_the_production_launcher_refuses_bf16_v4_saying_why_and_how(mla_table, plugin_plans, monkeypatch):
+    """Every way into the production launcher with V4's bf16 layout (a plan, a kernel choice, a named v4b kernel, the
+    plugin's plans, the functional call on a bf16 cache) is refused before anything runs, with the layout, the reason
+    and the fix (the tuning fatbin) in the message."""
+    assert not [n for n, k in mla_table.kernels.items() if k.shape.get("layout") == "v4_bf16"]
+    mla = _launcher(mla_table)
+    message = (r"layout 'v4_bf16' has no kernel in sparse_mla_decode\.fatbin: the production build is FP8-only for V4 "
+               r"because SGLang's V4 KV cache is FP8 .*bash kernels/tuning/build.sh .*"
+               r"PDSERVE_SPARSE_MLA_FATBIN=OUTDIR/sparse_mla_decode_tuning\.fatbin")
+    with pytest.raises(ValueError, match=message):
+        mla.make_plan("v4_bf16", 8, 64, 512, 128)
+    with pytest.raises(ValueError, match=message):
+        mla.make_plan("v4_bf16", 8, 64, 512, 128, kernel="sparse_mla_v4b_h64_t64")
+    with pytest.raises(ValueError, match=message):
+        mla.pick_kernel("v4_bf16", 16, rows=1)
+    plugin_plans[0] = mla
+    with pytest.raises(ValueError, match=message):
+        plans_mod.PlanCache().mla(torch.device("cuda", 0), "v4", 8, 64, 512, topk_extra=128, bf16_kv=True, page=64)
+    launched = []
+    monkeypatch.setattr(mla, "launch", lambda plan, *a, **k: launched.append(plan), raising=False)
+    q = torch.zeros(2, 1, 64, 512, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=message):   # layout "v4" with a bf16 cache: the bf16 layout
+        mla(q, torch.zeros(4, 64, 1, 512, dtype=torch.bfloat16), torch.zeros(2, 1, 64, dtype=torch.int32), 0.04)
+    assert not launched
+    # the layouts the production build has are never refused, whatever table is asked
+    for layout in ("v4", "v32", "v32_bf16"):
+        assert mla_mod.layout_refusal(layout, mla_table) is None
+
+
+def test_the_tuning_build_runs_bf16_v4_with_the_launchers_choice(mla_tuning_table, monkeypatch):
+    """The tuning fatbin's launcher serves "v4_bf16" through the same table: a v4b kernel for every shape on both GPUs
+    (every one of the four somewhere), and the functional call on a bf16 V4 cache launches it."""
+    assert mla_mod.layout_refusal("v4_bf16", mla_tuning_table) is None
+    chosen = set()
+    for capability, h, rows in itertools.product(sorted(GPUS), (8, 16, 32, 64, 128), ROWS[::5]):
+        plan = _launcher(mla_tuning_table, capability, GPUS[capability]).make_plan("v4_bf16", rows, h, 512, 128)
+        assert plan.kernel.startswith("sparse_mla_v4b_"), (capability, h, rows, plan.kernel)
+        assert mla_mod.kernel_shape(mla_tuning_table[plan.kernel])[0] == "v4_bf16"
+        chosen.add(plan.kernel)
+    assert chosen == {n for n, k in mla_tuning_table.kernels.items()
+                      if k.shape.get("layout") == "v4_bf16" and k.shape.get("retired")}
+    mla = _launcher(mla_tuning_table)
+    launched = []
+    monkeypatch.setattr(mla, "launch", lambda plan, *a, **k: launched.append(plan), raising=False)
+    mla(torch.zeros(2, 1, 16, 512, dtype=torch.bfloat16), torch.zeros(4, 64, 1, 512, dtype=torch.bfloat16),
+        torch.zeros(2, 1, 64, dtype=torch.int32), 0.04)
+    assert [p.kernel for p in launched] == [mla.make_plan("v4_bf16", 2, 16, 64).kernel]
+    assert launched[0].kernel.startswith("sparse_mla_v4b_")
 
 
 def _plugin_v4_kernels(table, launchers, capability):
@@ -237,13 +271,13 @@ def _plugin_v4_kernels(table, launchers, capability):
     return chosen
 
 
-def test_no_production_kernel_is_left_that_no_shape_chooses(mla_table, tuning_table):
+def test_no_production_kernel_is_left_that_no_shape_chooses(mla_table, mla_tuning_table):
     """Retired kernels live in the tuning build only; together with production they are the kernels production had
     before the retirement (metadata unchanged but for the mark)."""
-    retired = {n for n, k in tuning_table.kernels.items() if k.shape.get("retired")}
+    retired = {n for n, k in mla_tuning_table.kernels.items() if k.shape.get("retired")}
     assert not retired & set(mla_table.kernels)
     for name in retired:
-        assert not tuning_table[name].shape.get("experimental") and not tuning_table[name].shape.get("probe")
+        assert not mla_tuning_table[name].shape.get("experimental") and not mla_tuning_table[name].shape.get("probe")
     assert len(retired) + len([k for k in mla_table.kernels.values() if k.family != "combine"]) == 48
 
 

@@ -1,14 +1,11 @@
 """CPU checks of the serving API (pdserve_kernels.ops): the torch.library ops are registered with the expected
 schemas (mutated workspaces declared), their fake implementations give the outputs' shapes and dtypes under
 FakeTensorMode and make_fx tracing (no GPU, no kernel runs), and the plans' arithmetic agrees with the built
-kernels' metadata (built from the headers, as test_kernel_metadata.py does). The ops themselves run in
+kernels' metadata (built from the headers: conftest's metadata_dir). The ops themselves run in
 test_ops_gpu.py."""
 
 import importlib
 import itertools
-import os
-import pathlib
-import subprocess
 
 import pytest
 
@@ -20,17 +17,6 @@ ops = importlib.import_module("pdserve_kernels.ops")
 dsa_mod = importlib.import_module("pdserve_kernels.dsa_indexer")
 mla_mod = importlib.import_module("pdserve_kernels.sparse_mla_decode")
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def built(nvcc, tmp_path_factory):
-    """The kernels' metadata from the headers (build.sh METADATA_ONLY=1: about a second, no fatbin), as
-    test_kernel_metadata.py builds it; needs nvcc (CI requires it: PDSERVE_REQUIRE_NVCC=1)."""
-    out = tmp_path_factory.mktemp("metadata")
-    subprocess.run(["bash", str(REPO / "kernels" / "build.sh"), str(out)], check=True, capture_output=True,
-                   text=True, timeout=300, env=dict(os.environ, NVCC=nvcc, METADATA_ONLY="1"))
-    return out
 
 DSA_SCHEMA = ("pdserve::dsa_indexer_topk(Tensor q, Tensor weights, Tensor kv_cache, Tensor context_lens, "
               "Tensor block_table, Tensor(a!) state, Tensor(b!) scratch, SymInt topk, SymInt max_len, "
@@ -194,8 +180,8 @@ def test_dsa_cluster_by_default_where_measured_faster(B, next_n, L, capable, kw,
     assert dsa_mod.plan_dsa(B, next_n, 2048, L, 132, **kw).cluster == kw.get("cluster", False)   # pure default: off
 
 
-def test_dsa_early_kernels_in_metadata_fit_three_per_sm(built):
-    table = dsa_mod.load_kernel_table(built / "dsa_indexer.fatbin")
+def test_dsa_early_kernels_in_metadata_fit_three_per_sm(metadata_dir):
+    table = dsa_mod.load_kernel_table(metadata_dir / "dsa_indexer.fatbin")
     for early in (False, True):
         for next_n, impl in itertools.product((1, 2), ("wgmma", "mma")):
             p = dsa_mod.plan_dsa(1, next_n, 2048, 131072, 132, early=early)
@@ -224,8 +210,8 @@ def test_dsa_plan_clamps_and_refuses():
             dsa_mod.plan_dsa(**args)
 
 
-def test_dsa_plan_constants_match_the_built_metadata(built):
-    table = dsa_mod.load_kernel_table(built / "dsa_indexer.fatbin")   # refuses other constants
+def test_dsa_plan_constants_match_the_built_metadata(metadata_dir):
+    table = dsa_mod.load_kernel_table(metadata_dir / "dsa_indexer.fatbin")   # refuses other constants
     c = table.constants
     assert dsa_mod.STATE_INTS_PER_ROW == c["bins1"] + c["ctr"]
     assert dsa_mod.plan_dsa(1, 1, 2048, 10**6, 132).len_stride % c["select_chunk"] == 0
@@ -236,11 +222,6 @@ class _Occupancy:
 
     def max_active_blocks(self, name, threads, smem):
         return max(1, min(2048 // threads, 232448 // max(1, smem)))
-
-
-@pytest.fixture(scope="module")
-def mla_table(built):
-    return mla_mod.load_kernel_table(built / "sparse_mla_decode.fatbin")
 
 
 def _launcher(table, capability=(9, 0)):
@@ -255,8 +236,9 @@ def _launcher(table, capability=(9, 0)):
     ("v32", 1, 128, 2048, 0), ("v32", 64, 128, 2048, 0), ("v32", 64, 16, 2048, 0), ("v32", 4, 64, 2048, 0),
     ("v32_bf16", 5, 128, 2048, 0), ("v32_bf16", 64, 16, 2048, 0), ("v4", 64, 16, 512, 128), ("v4", 1, 64, 512, 128),
     ("v4_bf16", 8, 32, 512, 128)])
-def test_mla_plan_against_the_metadata(mla_table, layout, rows, h, topk, extra):
-    mla = _launcher(mla_table)
+def test_mla_plan_against_the_metadata(mla_table, mla_tuning_table, layout, rows, h, topk, extra):
+    # V4's bf16 kernels are in the tuning build only (the production launcher refuses that layout)
+    mla = _launcher(mla_tuning_table if layout in mla_mod.TUNING_ONLY_LAYOUTS else mla_table)
     p = mla.make_plan(layout, rows, h, topk, extra)
     info = mla.kernels[p.kernel]
     lay, hb, tile = mla_mod.kernel_shape(info)

@@ -9,7 +9,8 @@ NaN. Outputs are poisoned with NaN before each call, so every element must be wr
 * no NaN anywhere.
 A test that names a kernel or forces a family (kernel=, variant=) opts into the lossy path: these inputs' scales are
 powers of two (unless a test says otherwise), where the kernels that round e4m3 x scale to bf16 are exact too; a
-kernel retired from production (metadata "retired") runs from the tuning fatbin, which holds every kernel.
+kernel retired from production (metadata "retired") runs from the tuning fatbin, which holds every kernel, and so does
+every V4 bf16-KV case (a layout the production launcher refuses: its build is FP8-only for V4).
 """
 
 import os
@@ -64,8 +65,11 @@ def tuning_launcher():
 def run_and_check(mla, gen, layout, B, next_n, h, topk, *, topk_extra=0, empty_rows=(), invalid_frac=0.1,
                   sinks=True, sm_scale=None, call_layout=None, scale_factor=1.0, page=64, q_scale=1.0,
                   scale_mode="pow2", max_rel=5e-3, max_worst=1e-2, invalid_span=None, extra_page=None, **kw):
+    from pdserve_kernels.sparse_mla_decode import layout_refusal
     from pdserve_kernels.sparse_mla_reference import LAYOUTS, make_inputs, reference_from_inputs
 
+    if layout_refusal(layout, mla.kernels) is not None:   # V4's bf16 KV: the tuning fatbin's kernels
+        mla = tuning_launcher()
     forced = "kernel" in kw or "variant" in kw
     kw.setdefault("lossy_bf16_dequant", forced)
     if forced:
@@ -618,6 +622,19 @@ def test_bf16_input_checks(mla, gen):
     with pytest.raises(ValueError, match="extra_kv must be bfloat16"):   # sources of one call share a dtype
         mla(inp["q"], inp["kv"], inp["indices"], 0.1, layout="v4", extra_kv=fp8["kv"],
             extra_indices=inp["indices"])
+
+
+def test_the_production_fatbin_refuses_bf16_v4_and_names_the_tuning_build(mla, gen):
+    # the bf16 V4 cases above ran from the tuning fatbin (run_and_check); the production launcher refuses them
+    from pdserve_kernels.sparse_mla_decode import layout_refusal
+    from pdserve_kernels.sparse_mla_reference import make_inputs
+
+    if layout_refusal("v4_bf16", mla.kernels) is None:
+        pytest.skip(f"{mla.path.name} has the bf16 V4 kernels: PDSERVE_SPARSE_MLA_FATBIN names a tuning build")
+    inp = make_inputs("v4_bf16", 2, 1, 16, 64, generator=gen)
+    with pytest.raises(ValueError, match=r"layout 'v4_bf16' has no kernel in .*bash kernels/tuning/build\.sh"):
+        mla(inp["q"], inp["kv"], inp["indices"], 0.1, layout="v4")
+    run_and_check(mla, gen, "v4_bf16", 2, 1, 16, 64, call_layout="v4")   # the same call, from the tuning fatbin
 
 
 def test_input_checks_raise_clear_errors(mla, gen):

@@ -94,8 +94,9 @@ def test_explicit_variants_and_small_smem_gpus(monkeypatch):
     # sm_120-class GPUs (99 KB per block): the ds kernels do not fit, the 16-head 32-entry kernels run
     for variant in (None, "ds", "auto"):
         assert small.pick_kernel("v32", 64, variant=variant, rows=128) == "sparse_mla_v32_h16_t32"
-    # bf16 KV has no fp8 variants
-    assert big.pick_kernel("v4_bf16", 16, rows=128) == "sparse_mla_v4b_h16_t64"
+    # bf16 KV has no fp8 variants (V4's bf16 kernels, tuning build only: test_exact_default.py)
+    for variant in (None, "ds", "wg"):
+        assert big.pick_kernel("v32_bf16", 16, variant=variant, rows=128) == "sparse_mla_v32b_h16_t64"
     # the wg kernels (wgmma) exist for sm_90a only: elsewhere the default choice, forced or not
     sm100 = _launcher(capability=(10, 0))
     assert big.pick_kernel("v32", 128, variant="wg", rows=1) == "sparse_mla_wg_v32_s3_c2"

@@ -273,7 +273,8 @@ class MlaWorkspace:
 class SparseMlaPlan:
     """One step's sparse MLA decode launch, made once per batch and called for every layer.
 
-    `layout` is "v4" / "v32" with `bf16_kv` for a bf16 cache (or "v4_bf16" / "v32_bf16"); `page` is the cache's
+    `layout` is "v4" / "v32" with `bf16_kv` for a bf16 cache (or "v4_bf16" / "v32_bf16"; V4's bf16 kernels are in the
+    tuning fatbin only, the production one refuses that layout: layout_refusal); `page` is the cache's
     page size (V4 with page 1 takes the first-version kernels). Exact on any fp32 scale by default (SGLang's
     amax/448 V3.2 tile scales included); `lossy_bf16_dequant=True` is the faster lossy opt-in (NOTES.md, "Exact by
     default"). The rest as SparseMlaDecode.make_plan. Without a `workspace` one is allocated for exactly this plan."""

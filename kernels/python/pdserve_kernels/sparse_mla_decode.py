@@ -9,7 +9,9 @@ Conventions (FlashMLA's sparse decode, so callers can swap them):
   in FlashMLA's layout (see ``sparse_mla_reference``); dims after the first contiguous, any block stride
   (FlashMLA pads blocks). page must be a power of two. bf16 KV: a bfloat16 ``[num_blocks, page, 1, d_qk]``
   (or ``[num_blocks, page, d_qk]``) tensor selects the bf16 kernels (layout "v4" or "v32" as for fp8, or
-  "v4_bf16" / "v32_bf16" explicitly); V4: K = V = the 512-dim entry, V3.2: V = its first 512 dims.
+  "v4_bf16" / "v32_bf16" explicitly); V4: K = V = the 512-dim entry, V3.2: V = its first 512 dims. V4's bf16
+  kernels are in the tuning fatbin only (``TUNING_ONLY_LAYOUTS``; SGLang's V4 cache is FP8): a launcher on the
+  production fatbin refuses "v4_bf16" and says how to load the tuning one (``layout_refusal``).
 * ``indices``: int32 ``[B, next_n, topk]`` (or ``[B, topk]``): ``physical_block * page + offset``; -1 (or any
   index outside the cache) is skipped.
 * optional ``extra_kv`` + ``extra_indices`` ``[B, next_n, topk_extra]``: a second source in the same layout,
@@ -81,6 +83,27 @@ class _Params(ctypes.Structure):
 # Kernel names are built from these prefixes and checked against the fatbin's metadata (<fatbin>.json, written
 # by kernels/build.sh from sparse_mla_decode.h: every kernel's threads, shared memory and shape come from there).
 _PREFIX = {"v4": "v4", "v32": "v32", "v4_bf16": "v4b", "v32_bf16": "v32b"}
+# Layouts whose kernels only the tuning build holds (kernels/tuning/sparse_mla_decode_tuning.h), each with the reason:
+# the production fatbin holds only kernels some plugin call can reach (issue 38 item 3).
+TUNING_ONLY_LAYOUTS = {
+    "v4_bf16": ("the production build is FP8-only for V4 because SGLang's V4 KV cache is FP8 (584 B per entry), so no "
+                "plugin call could reach a bf16 V4 kernel"),
+}
+
+
+def layout_refusal(layout: str, table: KernelTable) -> str | None:
+    """Why a launcher over `table` cannot serve `layout`, with the fix; None where it can. Only a tuning-only layout
+    is refused, and only by a table without its kernels (a production build's)."""
+    why = TUNING_ONLY_LAYOUTS.get(layout)
+    if why is None or any(k.shape.get("layout") == layout for k in table.kernels.values()):
+        return None
+    fatbin = table.path.with_suffix(".fatbin").name   # the table is read from the fatbin's .json
+    return (f"layout {layout!r} has no kernel in {fatbin}: {why}. To run it, build the tuning fatbin "
+            "(`bash kernels/tuning/build.sh [OUTDIR]`, OUTDIR default kernels/build) and load "
+            "OUTDIR/sparse_mla_decode_tuning.fatbin: SparseMlaDecode(fatbin=...) or "
+            "PDSERVE_SPARSE_MLA_FATBIN=OUTDIR/sparse_mla_decode_tuning.fatbin")
+
+
 # The fp8 kernel choice: "auto" (default) = auto_fp8_kernel below, the fastest kernel measured on H200 per
 # (layout, heads, rows) (NOTES.md, "ds kernels"); "" = the first-version kernels, "ds" = the ds kernels for
 # every shape, "wg" / "wgh" = the wg kernels, "wge" = the exact-scale wg kernels, "wgx" = the wgt cluster kernels
@@ -381,6 +404,16 @@ class SparseMlaDecode(DeviceKernels):
             self._counter_bufs[key] = buf
         return buf
 
+    def _check_layout(self, layout: str) -> None:
+        """Raise unless this fatbin has kernels for `layout` (a LAYOUTS name; layout_refusal says why not)."""
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {sorted(LAYOUTS)}, got {layout!r}")
+        # only a tuning-only layout needs the table: the others are in every build, and the kernel choice's own tests
+        # ask pick_kernel for them on launchers without one (tests/kernels/test_sparse_mla_launcher.py)
+        refusal = layout_refusal(layout, self.kernels) if layout in TUNING_ONLY_LAYOUTS else None
+        if refusal is not None:
+            raise ValueError(refusal)
+
     def pick_kernel(self, layout: str, h: int, small: bool | None = None, variant: str | None = None,
                     rows: int | None = None, entries: int | None = None, lossy_bf16_dequant: bool = False) -> str:
         """The kernel for `layout` ("v4", "v32", "v4_bf16", "v32_bf16"), h heads, `rows` query rows and `entries`
@@ -395,6 +428,7 @@ class SparseMlaDecode(DeviceKernels):
         "wgx": the wgt cluster kernel where it serves h (wgx_serves), else the default wg kernel).
         The ds and wg kernels need > 99 KB of shared memory: never `small`. A V3.2 kernel that rounds e4m3 x scale
         (applies_scales_exactly) is named here whatever `lossy_bf16_dequant` says; make_plan refuses it without."""
+        self._check_layout(layout)
         if small is None:
             small = self.smem_limit < 200 * 1024
         base = layout.split("_")[0]
@@ -471,8 +505,7 @@ class SparseMlaDecode(DeviceKernels):
         merges the splits in the kernel where that measured faster (fuses_by_default), True wherever the kernel can,
         False never. `pair_variant` (default: when `kernel` is None) lets two splits of a wg kernel take its "_m"
         variant, which merges them itself."""
-        if layout not in LAYOUTS:
-            raise ValueError(f"layout must be one of {sorted(LAYOUTS)}, got {layout!r}")
+        self._check_layout(layout)
         for name, v in (("rows", rows), ("h", h)):
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
