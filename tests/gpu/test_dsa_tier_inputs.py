@@ -36,10 +36,13 @@ def test_dsa_pins_add_deepgemm_and_leave_out_pd_only_wheels():
     names = {wheelhouse._pin_name(p) for p in pins}
     assert "sgl_deep_gemm==0.1.5.post1" in pins
     assert names.isdisjoint({"nixl", "nixl_cu13", "smg"})
-    # Everything else of the PD tier's set stays, at the same pins.
-    kept = [p for p in base.splitlines() if p.strip() and wheelhouse._pin_name(p) not in wheelhouse.DSA_LEFT_OUT]
+    # Everything else of the PD tier's set stays, at the same pins; its comments are no pins.
+    kept = [p for p in base.splitlines()
+            if p.strip() and not p.startswith("#") and wheelhouse._pin_name(p) not in wheelhouse.DSA_LEFT_OUT]
     assert pins == [*kept, "sgl_deep_gemm==0.1.5.post1"]
     assert "sglang==0.5.17" in pins and "sglang_kernel==0.4.5" in pins
+    assert any(line.startswith("#") for line in base.splitlines()), "wheelhouse.txt has no comment to leave out"
+    assert not any("#" in line for line in pins)
 
 
 def _fake_wheel(path):

@@ -91,6 +91,13 @@ def pin_names(pins: str) -> list[str]:
     return [_pin_name(line) for line in pin_lines(pins)]
 
 
+def unstaged(tier: str, directory: Path, pins: Path = PINS) -> list[str]:
+    """The distributions of `tier`'s set (TIERS) with no wheel in `directory` (what run_on_device.sh checks
+    before it installs, so a fresh machine that lost earlier calls' chunks says so instead of half-installing)."""
+    have = {w.name.split("-", 1)[0].lower() for w in Path(directory).glob("*.whl")}
+    return [name for name in pin_names(TIERS[tier](pins.read_text(encoding="utf-8"))) if name not in have]
+
+
 def _pin_name(line: str) -> str:
     return line.split("==", 1)[0].strip().lower().replace("-", "_")
 
