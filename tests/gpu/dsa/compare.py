@@ -317,7 +317,8 @@ def run_one(kernels: str, srv: server.Server, args: argparse.Namespace) -> dict:
     if args.record_dir is not None:
         record["records"] = diff.summarize_records(args.record_dir / kernels)
         _write(args.out / f"records-summary-{kernels}.json", {"kernels": kernels, "rows": record["records"]})
-        print(diff.records_table(record["records"]), flush=True)
+        print(diff.records_table(record["records"]) if record["records"] else
+              f"[{kernels}] no plugin records (SGLang's own kernels run without the plugin's hooks)", flush=True)
     return record
 
 

@@ -112,7 +112,8 @@ def gate_table(gate: dict) -> str:
         different = [r for r in st["rows"] if not r["identical"]]
         first = different[0] if different else None
         rows.append([name, f"{st['identical']}/{st['requests']}", _fmt(st["max_abs_logprob_diff"]),
-                     "-" if first is None else f"request {first['request']}, token {_fmt(first['first_divergence'])}"])
+                     "-" if first is None else f"request {first['request']}, " + (
+                         "same tokens" if first["first_divergence"] is None else f"token {first['first_divergence']}")])
     return render(["set", "identical tensors (served twice)", "max |dlogprob|", "first difference"], rows)
 
 

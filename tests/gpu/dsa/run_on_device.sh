@@ -19,10 +19,11 @@ if [ "${1:-}" = --v4 ]; then tier=v4; shift; fi
 out=${OUT:-$PWD/$tier-out}
 mkdir -p "$out"
 # Not the PD tier's /var/tmp/pdserve-wheels: the sets hold differently trimmed sglang_kernel wheels under
-# the same file name. (PDSERVE_WHEEL_STAGE: for the CPU test of this staging.)
+# the same file name. (PDSERVE_WHEEL_CHUNKS, PDSERVE_WHEEL_STAGE: for the CPU test of this staging.)
+chunks=${PDSERVE_WHEEL_CHUNKS:-.whl/$tier}
 staged=${PDSERVE_WHEEL_STAGE:-/var/tmp/pdserve-$tier-wheels}
 mkdir -p "$staged"
-for chunk in ".whl/$tier"/c*/; do
+for chunk in "$chunks"/c*/; do
   [ -d "$chunk" ] && cp -n "$chunk"*.whl "$staged"/ 2>/dev/null
 done
 # shellcheck disable=SC2012  # a count for the log, of wheel files pip named
@@ -35,8 +36,7 @@ missing=$(python3 -c 'import sys; sys.path.insert(0, "."); from tests.gpu.wheelh
 print(" ".join(unstaged(sys.argv[1], sys.argv[2])))' "$tier" "$staged") \
   || { echo "could not read the pins (tests/gpu/wheelhouse.py)"; exit 1; }
 if [ -n "$missing" ]; then
-  # shellcheck disable=SC2012  # the chunk names, for the message
-  echo "not staged: $missing (stage $(ls -d ".whl/$tier"/c*/ 2>/dev/null | tr '\n' ' ')on this machine first: one call per chunk)"
+  echo "not staged: $missing (stage each of $chunks/c*/ on this machine first: one call per chunk)"
   exit 1
 fi
 
