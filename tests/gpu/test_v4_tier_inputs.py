@@ -670,3 +670,29 @@ def test_v4_driver_can_record_past_a_failed_gate_and_still_fails(tmp_path):
     assert done.returncode == 1 and "STOP" not in done.stdout
     assert (out / "records-summary-pdserve.json").exists() and (out / "diff.json").exists()
     assert done.stdout.count("FAIL: ") == 1 and "FAIL: repeatability gate" in done.stdout
+
+
+def test_real_safetensors_and_transformers_read_the_directory(small_model):
+    """Where the Hugging Face libraries are importable, they read what the device's SGLang will: the config
+    through SGLang's deepseek_v4 alias of DeepseekV3Config (whose own head_dim default the json overrides, and
+    whose unknown keys survive as attributes), every tensor through safetensors at its dtype."""
+    have = all(importlib.util.find_spec(m) is not None for m in ("safetensors", "transformers"))
+    require_or_skip(have, "safetensors and transformers are not installed here (the device run checks with them: "
+                    "tiny_v4_model.py --check)", "PDSERVE_REQUIRE_HF_LIBS")
+    from safetensors import safe_open
+    from transformers import DeepseekV3Config
+
+    class DeepseekV4Alias(DeepseekV3Config):  # as sglang/srt/utils/hf_transformers/common.py registers it
+        model_type = "deepseek_v4"
+
+    config = DeepseekV4Alias.from_pretrained(str(small_model))
+    assert (config.head_dim, config.num_key_value_heads, config.index_topk) == (512, 1, 512)
+    assert (config.compress_ratios, config.sliding_window, config.num_hash_layers) == ([0, 4, 128, 4], 128, 0)
+    assert (config.o_groups, config.hc_mult) == (8, 4)
+    expected = json.loads((small_model / "config.json").read_text())
+    specs = {s.name: s for s in checkpoint_spec(expected)}
+    with safe_open(str(small_model / "model.safetensors"), framework="pt") as f:
+        assert set(f.keys()) == set(specs)
+        for name in ("model.layers.3.self_attn.indexer.compressor.norm.weight", "model.layers.2.self_attn.wo_a.weight"):
+            t = f.get_tensor(name)
+            assert str(t.dtype) == f"torch.{specs[name].dtype}" and t.equal(make_v4_tensor(specs[name], 0))
