@@ -47,7 +47,7 @@ def test_v4_pins_are_the_dsa_set_plus_tilelang_z3_and_dlpack():
     assert not any("#" in p for p in wheelhouse.v4_pins(base).splitlines())
 
 
-def test_comment_lines_are_no_pins(tmp_path):
+def test_comment_lines_are_no_pins(tmp_path, monkeypatch):
     pins = tmp_path / "pins.txt"
     pins.write_text("# a comment: with words, and == signs\nfoo==1.0  # trailing\n\n   \nBar-Baz==2.0\n")
     assert wheelhouse.pin_lines(pins.read_text()) == ["foo==1.0", "Bar-Baz==2.0"]
@@ -55,13 +55,8 @@ def test_comment_lines_are_no_pins(tmp_path):
     staged = tmp_path / "staged"
     staged.mkdir()
     (staged / "foo-1.0-py3-none-any.whl").write_bytes(b"")
-    monkey_tiers = {"t": lambda text: text}
-    old = wheelhouse.TIERS
-    wheelhouse.TIERS = {**old, **monkey_tiers}
-    try:
-        assert wheelhouse.unstaged("t", staged, pins) == ["bar_baz"]
-    finally:
-        wheelhouse.TIERS = old
+    monkeypatch.setitem(wheelhouse.TIERS, "as-is", lambda text: text)
+    assert wheelhouse.unstaged("as-is", staged, pins) == ["bar_baz"]
 
 
 def _stage_run(tmp_path: Path, staged: Path) -> subprocess.CompletedProcess:
@@ -106,7 +101,8 @@ def test_v4_set_is_built_in_its_own_pool_keeping_flashmla(tmp_path):
     with zipfile.ZipFile(out / "all" / "sglang_kernel-0.4.5-cp310-abi3-manylinux2014_x86_64.whl") as z:
         assert "sgl_kernel/flashmla_ops.abi3.so" in z.namelist()  # V4 decodes with FlashMLA
         assert "sgl_kernel/flash_ops.abi3.so" not in z.namelist()
-    assert sorted(f.name for c in out.glob("c[0-9]*") for f in c.iterdir()) == sorted(f.name for f in (out / "all").iterdir())
+    chunked = sorted(f.name for c in out.glob("c[0-9]*") for f in c.iterdir())
+    assert chunked == sorted(f.name for f in (out / "all").iterdir())
     bad = subprocess.run([sys.executable, str(HERE / "wheelhouse.py"), "--v4", "--dsa", "--no-download"],
                          capture_output=True, text=True, timeout=60, check=False)
     assert bad.returncode == 2 and "not allowed with" in bad.stderr
@@ -129,7 +125,8 @@ def sglang_v4_parameters(c: dict) -> dict[str, tuple[tuple[int, ...], str]]:
     h, v, hc = c["hidden_size"], c["vocab_size"], c["hc_mult"]
     heads, hd, qlr, groups, olr = (c["num_attention_heads"], c["head_dim"], c["q_lora_rank"], c["o_groups"],
                                    c["o_lora_rank"])
-    ih, idim, experts, inter = c["index_n_heads"], c["index_head_dim"], c["n_routed_experts"], c["moe_intermediate_size"]
+    ih, idim = c["index_n_heads"], c["index_head_dim"]
+    experts, inter = c["n_routed_experts"], c["moe_intermediate_size"]
     mix = (2 + hc) * hc
     bf, f32 = "bfloat16", "float32"
     params = {"model.embed_tokens.weight": ((v, h), bf), "model.norm.weight": ((h,), bf),
@@ -153,7 +150,8 @@ def sglang_v4_parameters(c: dict) -> dict[str, tuple[tuple[int, ...], str]]:
             f"{a}.kv_norm.weight": ((hd,), bf), f"{a}.wo_a.weight": ((groups * olr, heads * hd // groups), bf),
             f"{a}.wo_b.weight": ((h, groups * olr), bf),
             f"{m}.gate.weight": ((experts, h), bf), f"{m}.gate.e_score_correction_bias": ((experts,), f32),
-            f"{m}.experts.w13_weight": ((experts, 2 * inter, h), bf), f"{m}.experts.w2_weight": ((experts, h, inter), bf),
+            f"{m}.experts.w13_weight": ((experts, 2 * inter, h), bf),
+            f"{m}.experts.w2_weight": ((experts, h, inter), bf),
             f"{m}.shared_experts.gate_up_proj.weight": ((2 * inter, h), bf),
             f"{m}.shared_experts.down_proj.weight": ((h, inter), bf),
         })
@@ -502,7 +500,8 @@ def test_weight_problem_lines_stop_a_v4_run_only_for_v4(tmp_path):
     log.write_text("x\n[2026] Some weights are not initialized from checkpoints: {'model.layers.0.x'}\n"
                    "Tree cache initialized: source=default impl=SWAChunkCache hybrid_swa=True\n")
     srv = server.Server(argv=[], env={}, log=log, port=1)
-    assert compare.log_findings(srv, "v4")["unknown_weights"] and not compare.log_findings(srv, "dsa")["unknown_weights"]
+    assert compare.log_findings(srv, "v4")["unknown_weights"]
+    assert not compare.log_findings(srv, "dsa")["unknown_weights"]
     assert compare.log_findings(srv, "v4")["tree_cache_impl"] == "SWAChunkCache"
 
 
@@ -547,7 +546,8 @@ def test_v4_records_pass_and_fail_per_layer():
         "indexer_topk: no recorded row is longer than 512 compressed entries: the top-k never chose"]
     no_fp32 = _v4_rows()
     del no_fp32[0]["ours_vs_fp32_max"]
-    assert verdict.v4_record_failures(no_fp32, CONFIG_RATIOS) == ["sparse_mla_decode layer 0: no fp32 reference rows recorded"]
+    assert verdict.v4_record_failures(no_fp32, CONFIG_RATIOS) == [
+        "sparse_mla_decode layer 0: no fp32 reference rows recorded"]
     assert verdict.v4_record_failures([], CONFIG_RATIOS)
 
 
@@ -657,8 +657,8 @@ def test_v4_driver_stops_when_sglang_does_not_repeat_itself(tmp_path):
     done, out = _drive(tmp_path, STANDIN_NOT_REPEATABLE="1")
     assert done.returncode == 1
     assert "STOP: SGLang's own server did not repeat itself" in done.stdout
-    assert "FAIL: repeatability gate: SGLang's own server (plugin off) served the same requests twice and 2/2 differed" \
-        in done.stdout
+    assert ("FAIL: repeatability gate: SGLang's own server (plugin off) served the same requests twice and "
+            "2/2 differed") in done.stdout
     assert not (out / "server-pdserve.log").exists() and not (out / "diff.json").exists()
     gate = json.loads((out / "gate.json").read_text())
     assert gate["sets"]["sequential"]["identical"] == 0

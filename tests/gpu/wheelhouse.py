@@ -191,12 +191,14 @@ def chunk(wheels: list[Path], limit: int) -> list[list[Path]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=None, help="default .whl, or .whl/dsa with --dsa, .whl/v4 with --v4")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="default .whl, or .whl/dsa with --dsa, .whl/v4 with --v4")
     tier = parser.add_mutually_exclusive_group()
     tier.add_argument("--dsa", action="store_const", const="dsa", dest="tier",
                       help="the DSA set: + DeepGEMM, FlashMLA kept, no NIXL or router (tests/gpu/dsa)")
     tier.add_argument("--v4", action="store_const", const="v4", dest="tier",
-                      help="the DeepSeek-V4 set: the DSA set + TileLang, z3, torch-c-dlpack-ext (tests/gpu/dsa --arch v4)")
+                      help="the DeepSeek-V4 set: the DSA set + TileLang, z3, torch-c-dlpack-ext "
+                           "(tests/gpu/dsa --arch v4)")
     parser.add_argument("--chunk-mib", type=int, default=58,
                         help="largest chunk (a call carries 64 MiB in all, the working tree included)")
     parser.add_argument("--no-download", action="store_true", help="only trim and chunk what --out/all holds")

@@ -50,7 +50,8 @@ PLUGIN_GROUP = "sglang.srt.plugins"
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", type=Path, required=True, help="the directory tiny_dsa_model.py (or tiny_v4_model.py) wrote")
+    p.add_argument("--model", type=Path, required=True,
+                   help="the directory tiny_dsa_model.py (or tiny_v4_model.py) wrote")
     p.add_argument("--out", type=Path, required=True, help="results and server logs go here")
     p.add_argument("--arch", choices=server.ARCHS, default="dsa",
                    help="dsa: the tiny DeepSeek-V3.2; v4: the tiny DeepSeek-V4 (repeatability gate, records)")

@@ -75,10 +75,7 @@ def server_args(model: Path, port: int, *, graph_bs: tuple[int, ...] = DEFAULT_G
     cache on, for a machine where --disable-radix-cache would not start (not seen: the probe never tried it)."""
     if arch not in ARCHS:
         raise ValueError(f"arch must be one of {', '.join(ARCHS)}, not {arch!r}")
-    if arch == "dsa":
-        flags = DSA_FLAGS
-    else:
-        flags = V4_FLAGS + ([] if radix_cache else NO_RADIX_CACHE)
+    flags = DSA_FLAGS if arch == "dsa" else V4_FLAGS + ([] if radix_cache else NO_RADIX_CACHE)
     args = [
         "--model-path", str(model), "--load-format", "auto", "--trust-remote-code", "--tp-size", "1",
         "--host", "127.0.0.1", "--port", str(port), "--context-length", str(CONTEXT_LENGTHS[arch]),
