@@ -59,12 +59,31 @@ def test_comment_lines_are_no_pins(tmp_path, monkeypatch):
     assert wheelhouse.unstaged("as-is", staged, pins) == ["bar_baz"]
 
 
-def _stage_run(tmp_path: Path, staged: Path) -> subprocess.CompletedProcess:
-    """run_on_device.sh --v4 run with nothing carried and `staged` as what earlier calls left."""
-    env = dict(os.environ, PDSERVE_WHEEL_CHUNKS=str(tmp_path / "no-chunks"), PDSERVE_WHEEL_STAGE=str(staged),
-               OUT=str(tmp_path / "out"), PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
-    return subprocess.run(["bash", str(HERE / "dsa" / "run_on_device.sh"), "--v4", "run"], capture_output=True,
+def _stage_run(tmp_path: Path, staged: Path, mode: str = "run", chunks: Path | None = None) -> subprocess.CompletedProcess:
+    """run_on_device.sh --v4 MODE with `chunks` carried (default nothing) and `staged` as what earlier calls left."""
+    env = dict(os.environ, PDSERVE_WHEEL_CHUNKS=str(chunks or tmp_path / "no-chunks"),
+               PDSERVE_WHEEL_STAGE=str(staged), OUT=str(tmp_path / "out"),
+               PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    return subprocess.run(["bash", str(HERE / "dsa" / "run_on_device.sh"), "--v4", mode], capture_output=True,
                           text=True, timeout=120, env=env, check=False)
+
+
+def test_staging_keeps_the_carried_plugin_wheel_for_later_calls(tmp_path):
+    staged = tmp_path / "staged"
+    carried = tmp_path / "carried"
+    (carried / "c1").mkdir(parents=True)
+    (carried / "plugin").mkdir()
+    (carried / "c1" / "foo-1-py3-none-any.whl").write_bytes(b"foo")
+    wheel = carried / "plugin" / "pdserve_kernels-0.1.0-py3-none-any.whl"
+    wheel.write_bytes(b"first build")
+    assert _stage_run(tmp_path, staged, "stage", carried).returncode == 0
+    kept = tmp_path / "staged-plugin" / wheel.name
+    assert kept.read_bytes() == b"first build" and (staged / "foo-1-py3-none-any.whl").exists()
+    wheel.write_bytes(b"rebuilt")  # the same file name: the carried one wins
+    assert _stage_run(tmp_path, staged, "stage", carried).returncode == 0 and kept.read_bytes() == b"rebuilt"
+    assert _stage_run(tmp_path, staged, "stage").returncode == 0 and kept.read_bytes() == b"rebuilt"
+    bad = _stage_run(tmp_path, staged, "install")
+    assert bad.returncode == 2 and "stage|prepare|run" in bad.stdout
 
 
 def test_run_names_exactly_the_unstaged_wheels_and_no_comment(tmp_path):

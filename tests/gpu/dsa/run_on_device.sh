@@ -3,13 +3,16 @@
 # machines), for the tiny DeepSeek-V3.2 or, with --v4 first, the tiny DeepSeek-V4. The wheel chunks of
 # `tests/gpu/wheelhouse.py --dsa` (or --v4) arrive one device call at a time:
 #   bash tests/gpu/dsa/run_on_device.sh [--v4] stage          # with .whl/<set>/cN carried: keep its wheels
-#   bash tests/gpu/dsa/run_on_device.sh [--v4] run [ARGS...]  # with the last chunk (+ .whl/<set>/plugin)
-#                                                             # carried: install, write the model, run compare.py
+#   bash tests/gpu/dsa/run_on_device.sh [--v4] prepare        # with the last chunk (+ .whl/<set>/plugin)
+#                                                             # carried: install, write the model, stop there
+#   bash tests/gpu/dsa/run_on_device.sh [--v4] run [ARGS...]  # install and write the model unless a call on
+#                                                             # this machine did, then run compare.py ARGS
 # <set> is dsa, or v4 with --v4. ARGS go to tests/gpu/dsa/compare.py (default: --phase compare --kernels both;
 # with --v4 "--arch v4" comes first, default --kernels both). Results and server logs go to $OUT (or
 # ./<set>-out). PDSERVE_COMMIT, if set, is recorded. DSA_TIMEOUT (default: 560 s less the time the steps
-# before took) bounds compare.py. The pdserve-kernels wheel, if carried in .whl/<set>/plugin/, is installed
-# into the same --target, so its dist-info (the sglang.srt.plugins entry point) is on sys.path.
+# before took) bounds compare.py. The pdserve-kernels wheel, if carried in .whl/<set>/plugin/, is kept
+# beside the staged wheels (a later call needs not carry it again) and installed into the same --target,
+# so its dist-info (the sglang.srt.plugins entry point) is on sys.path.
 # JIT caches (a bare machine spends minutes of its first start compiling): DSA_JIT_CACHE=save writes
 # them to $OUT/jit-cache.tgz after the run; with .whl/<set>/jit-cache.tgz carried they are restored first.
 set -uo pipefail
@@ -26,10 +29,22 @@ mkdir -p "$staged"
 for chunk in "$chunks"/c*/; do
   [ -d "$chunk" ] && cp -n "$chunk"*.whl "$staged"/ 2>/dev/null
 done
+# The plugin wheel carried in this call replaces the staged one (a rebuild keeps its file name).
+staged_plugin=$staged-plugin
+mkdir -p "$staged_plugin"
+carried=()
+for w in "$chunks"/plugin/*.whl; do [ -f "$w" ] && carried+=("$w"); done
+if [ ${#carried[@]} -gt 0 ]; then
+  rm -f "$staged_plugin"/*.whl && cp "${carried[@]}" "$staged_plugin"/
+fi
 # shellcheck disable=SC2012  # a count for the log, of wheel files pip named
-echo "staged: $(ls "$staged" | wc -l) wheels, $(du -sh "$staged" | cut -f1)"
-[ "${1:-run}" = stage ] && exit 0
-[ "${1:-}" = run ] && shift
+echo "staged: $(ls "$staged" | wc -l) wheels, $(du -sh "$staged" | cut -f1); plugin: $(ls "$staged_plugin")"
+mode=${1:-run}
+case $mode in
+  stage) exit 0 ;;
+  prepare|run) [ $# -gt 0 ] && shift ;;
+  *) echo "usage: run_on_device.sh [--v4] stage|prepare|run [compare.py ARGS...], not '$mode'"; exit 2 ;;
+esac
 # A fresh machine has lost what earlier calls staged: say so before installing half a set. (wheelhouse.py
 # reads the pins: comment lines in wheelhouse.txt are no distributions.)
 missing=$(python3 -c 'import sys; sys.path.insert(0, "."); from tests.gpu.wheelhouse import unstaged
@@ -42,7 +57,7 @@ fi
 
 site=/tmp/pdserve-$tier-site
 plugin=()
-for w in ".whl/$tier"/plugin/*.whl; do [ -f "$w" ] && plugin+=("$w"); done
+for w in "$staged_plugin"/*.whl; do [ -f "$w" ] && plugin+=("$w"); done
 # Install once per distinct set of wheels (a second `run` on a warm machine skips the ~8 s).
 # shellcheck disable=SC2012  # the listing (names, sizes, times) is the stamp; find has no such one-liner
 stamp=$(ls -l "$staged" "${plugin[@]}" 2>/dev/null | md5sum | cut -d' ' -f1)
@@ -97,6 +112,9 @@ if [ ! -f "$model/model.safetensors" ]; then
   python3 "$writer" "$model.tmp" --check 2>&1 | tee "$out/model.log"
   [ "${PIPESTATUS[0]}" = 0 ] || { echo "model writing or its check failed"; exit 1; }
   rm -rf "$model" && mv "$model.tmp" "$model"
+fi
+if [ "$mode" = prepare ]; then
+  echo "prepared in ${SECONDS} s: wheels installed in $site, model in $model"; exit 0
 fi
 if [ "$tier" = v4 ]; then
   set -- --arch v4 "$@"
