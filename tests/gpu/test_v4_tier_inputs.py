@@ -59,7 +59,8 @@ def test_comment_lines_are_no_pins(tmp_path, monkeypatch):
     assert wheelhouse.unstaged("as-is", staged, pins) == ["bar_baz"]
 
 
-def _stage_run(tmp_path: Path, staged: Path, mode: str = "run", chunks: Path | None = None) -> subprocess.CompletedProcess:
+def _stage_run(tmp_path: Path, staged: Path, mode: str = "run",
+               chunks: Path | None = None) -> subprocess.CompletedProcess:
     """run_on_device.sh --v4 MODE with `chunks` carried (default nothing) and `staged` as what earlier calls left."""
     env = dict(os.environ, PDSERVE_WHEEL_CHUNKS=str(chunks or tmp_path / "no-chunks"),
                PDSERVE_WHEEL_STAGE=str(staged), OUT=str(tmp_path / "out"),
