@@ -464,7 +464,8 @@ def test_vocabulary_logprobs_have_spread():
 def test_v4_driver_defaults(tmp_path):
     args = compare.parse_args(["--model", str(tmp_path), "--out", str(tmp_path / "o"), "--arch", "v4"])
     assert compare.kernel_choices(args) == ["sglang", "pdserve"]  # SGLang's first: the gate
-    assert args.graph_bs == [] and args.record_dir == tmp_path / "o" / "record"
+    assert args.graph_bs == [] and args.record_dir == tmp_path / "o" / "record" and args.ready_timeout == 420
+    assert compare.parse_args(["--model", str(tmp_path), "--out", str(tmp_path)]).ready_timeout == 330  # dsa
     assert all(n > 2048 for n in args.prompt_lens) and max(args.prompt_lens) + args.max_new_tokens <= 8192
     for kernels, srv in compare.make_servers(args).items():
         joined = " ".join(srv.argv)
