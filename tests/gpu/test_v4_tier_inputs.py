@@ -621,19 +621,9 @@ def test_prefix_cache_and_plugin_model_checks():
 
 
 def _standin_env(tmp_path, **extra) -> dict[str, str]:
-    """A PYTHONPATH on which `python -m sglang.launch_server` is tests/gpu/dsa/standin_server.py, and a
-    dist-info with a `sglang.srt.plugins` entry point (what the pdserve-kernels wheel provides)."""
-    fake = tmp_path / "fake"
-    (fake / "sglang").mkdir(parents=True)
-    (fake / "sglang" / "__init__.py").write_text("")
-    standin = Path(server.__file__).with_name("standin_server.py")
-    (fake / "sglang" / "launch_server.py").write_text(
-        f"import runpy\nrunpy.run_path({str(standin)!r}, run_name='__main__')\n")
-    info = fake / "pdserve_standin_plugin-0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: pdserve-standin-plugin\nVersion: 0\n")
-    (info / "entry_points.txt").write_text("[sglang.srt.plugins]\nstandin = os:getcwd\n")
-    return {**os.environ, "PYTHONPATH": f"{fake}:{ROOT}", **extra}
+    from tests.gpu.dsa.standin_server import launch_env
+
+    return {**launch_env(tmp_path), **extra}
 
 
 def _drive(tmp_path, *more, **env) -> tuple[subprocess.CompletedProcess, Path]:
@@ -693,20 +683,13 @@ def test_v4_driver_can_record_past_a_failed_gate_and_still_fails(tmp_path):
     assert done.stdout.count("FAIL: ") == 1 and "FAIL: repeatability gate" in done.stdout
 
 
-def test_real_safetensors_and_transformers_read_the_directory(small_model):
+def test_real_safetensors_and_transformers_read_the_directory(small_model, hf_config_alias):
     """Where the Hugging Face libraries are importable, they read what the device's SGLang will: the config
     through SGLang's deepseek_v4 alias of DeepseekV3Config (whose own head_dim default the json overrides, and
     whose unknown keys survive as attributes), every tensor through safetensors at its dtype."""
-    have = all(importlib.util.find_spec(m) is not None for m in ("safetensors", "transformers"))
-    require_or_skip(have, "safetensors and transformers are not installed here (the device run checks with them: "
-                    "tiny_v4_model.py --check)", "PDSERVE_REQUIRE_HF_LIBS")
     from safetensors import safe_open
-    from transformers import DeepseekV3Config
 
-    class DeepseekV4Alias(DeepseekV3Config):  # as sglang/srt/utils/hf_transformers/common.py registers it
-        model_type = "deepseek_v4"
-
-    config = DeepseekV4Alias.from_pretrained(str(small_model))
+    config = hf_config_alias("deepseek_v4").from_pretrained(str(small_model))
     assert (config.head_dim, config.num_key_value_heads, config.index_topk) == (512, 1, 512)
     assert (config.compress_ratios, config.sliding_window, config.num_hash_layers) == ([0, 4, 128, 4], 128, 0)
     assert (config.o_groups, config.hc_mult) == (8, 4)

@@ -20,6 +20,25 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 READY = "The server is fired up and ready to roll!"
+
+
+def launch_env(directory) -> dict[str, str]:
+    """The environment (PYTHONPATH) under which `python -m sglang.launch_server` is this stand-in, with a
+    dist-info carrying a `sglang.srt.plugins` entry point (what the pdserve-kernels wheel provides), both
+    made in `directory`: for the CPU tests of compare.py."""
+    from pathlib import Path
+
+    fake = Path(directory) / "fake"
+    (fake / "sglang").mkdir(parents=True)
+    (fake / "sglang" / "__init__.py").write_text("")
+    (fake / "sglang" / "launch_server.py").write_text(
+        f"import runpy\nrunpy.run_path({str(Path(__file__).resolve())!r}, run_name='__main__')\n")
+    info = fake / "pdserve_standin_plugin-0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: pdserve-standin-plugin\nVersion: 0\n")
+    (info / "entry_points.txt").write_text("[sglang.srt.plugins]\nstandin = os:getcwd\n")
+    root = Path(__file__).resolve().parents[3]
+    return {**os.environ, "PYTHONPATH": f"{fake}:{root}"}
 STEP_S = 0.002
 
 
