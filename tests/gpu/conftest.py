@@ -81,3 +81,17 @@ def pd(tmp_path_factory, report) -> PDRun:
     finally:
         run.stop()
         report["logs_tail"] = {role: run.tail(role, 25) for role in ("prefill", "decode", "router")}
+
+
+@pytest.fixture
+def hf_config_alias():
+    """SGLang's alias of transformers' DeepseekV3Config for a model_type (deepseek_v32, deepseek_v4: as
+    sglang/srt/utils/hf_transformers/common.py registers them), where the Hugging Face libraries are importable
+    (not in the CI venv: its tokenizers and huggingface_hub are newer than transformers 5.12.1 accepts; the
+    device run reads the model back with them: the model writers' --check)."""
+    have = all(importlib.util.find_spec(m) is not None for m in ("safetensors", "transformers"))
+    require_or_skip(have, "safetensors and transformers are not installed here (the device run checks with them: "
+                    "the model writer's --check)", "PDSERVE_REQUIRE_HF_LIBS")
+    from transformers import DeepseekV3Config
+
+    return lambda model_type: type(f"Alias_{model_type}", (DeepseekV3Config,), {"model_type": model_type})

@@ -36,10 +36,13 @@ def test_dsa_pins_add_deepgemm_and_leave_out_pd_only_wheels():
     names = {wheelhouse._pin_name(p) for p in pins}
     assert "sgl_deep_gemm==0.1.5.post1" in pins
     assert names.isdisjoint({"nixl", "nixl_cu13", "smg"})
-    # Everything else of the PD tier's set stays, at the same pins.
-    kept = [p for p in base.splitlines() if p.strip() and wheelhouse._pin_name(p) not in wheelhouse.DSA_LEFT_OUT]
+    # Everything else of the PD tier's set stays, at the same pins; its comments are no pins.
+    kept = [p for p in base.splitlines()
+            if p.strip() and not p.startswith("#") and wheelhouse._pin_name(p) not in wheelhouse.DSA_LEFT_OUT]
     assert pins == [*kept, "sgl_deep_gemm==0.1.5.post1"]
     assert "sglang==0.5.17" in pins and "sglang_kernel==0.4.5" in pins
+    assert any(line.startswith("#") for line in base.splitlines()), "wheelhouse.txt has no comment to leave out"
+    assert not any("#" in line for line in pins)
 
 
 def _fake_wheel(path):
@@ -195,20 +198,13 @@ def test_file_bytes_are_the_seeded_tensors(model_dir):
     assert not torch.equal(make_tensor(spec, 0), make_tensor(spec, 1))
 
 
-def test_real_safetensors_and_transformers_read_the_directory(model_dir):
+def test_real_safetensors_and_transformers_read_the_directory(model_dir, hf_config_alias):
     """Where the Hugging Face libraries are importable (not in the CI venv: its tokenizers and
     huggingface_hub are newer than transformers 5.12.1 accepts), they read what the device's SGLang
     will: the config through SGLang's alias of DeepseekV3Config, every tensor through safetensors."""
-    have = all(importlib.util.find_spec(m) is not None for m in ("safetensors", "transformers"))
-    require_or_skip(have, "safetensors and transformers are not installed here (the device run checks with them: "
-                    "tiny_dsa_model.py --check)", "PDSERVE_REQUIRE_HF_LIBS")
     from safetensors import safe_open
-    from transformers import DeepseekV3Config
 
-    class DeepseekV32Alias(DeepseekV3Config):  # as sglang/srt/utils/hf_transformers/common.py registers it
-        model_type = "deepseek_v32"
-
-    config = DeepseekV32Alias.from_pretrained(str(model_dir))
+    config = hf_config_alias("deepseek_v32").from_pretrained(str(model_dir))
     assert (config.index_topk, config.index_n_heads, config.index_head_dim) == (2048, 64, 128)
     assert (config.q_lora_rank, config.kv_lora_rank, config.first_k_dense_replace) == (1536, 512, 2)
     specs = {s.name: s for s in checkpoint_spec(json.loads((model_dir / "config.json").read_text()))}
@@ -512,23 +508,9 @@ def test_safetensors_header_is_aligned_and_exact():
 
 
 def _standin_env(tmp_path) -> dict[str, str]:
-    """A PYTHONPATH on which `python -m sglang.launch_server` is tests/gpu/dsa/standin_server.py, and
-    a dist-info with a `sglang.srt.plugins` entry point (what the pdserve-kernels wheel provides)."""
-    import os
-    from pathlib import Path
+    from tests.gpu.dsa.standin_server import launch_env
 
-    fake = tmp_path / "fake"
-    (fake / "sglang").mkdir(parents=True)
-    (fake / "sglang" / "__init__.py").write_text("")
-    standin = Path(server.__file__).with_name("standin_server.py")
-    (fake / "sglang" / "launch_server.py").write_text(
-        f"import runpy\nrunpy.run_path({str(standin)!r}, run_name='__main__')\n")
-    info = fake / "pdserve_standin_plugin-0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: pdserve-standin-plugin\nVersion: 0\n")
-    (info / "entry_points.txt").write_text("[sglang.srt.plugins]\nstandin = os:getcwd\n")
-    root = Path(__file__).resolve().parents[2]
-    return {**os.environ, "PYTHONPATH": f"{fake}:{root}"}
+    return launch_env(tmp_path)
 
 
 def test_driver_end_to_end_on_a_standin_server(tmp_path):

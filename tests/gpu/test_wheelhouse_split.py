@@ -112,3 +112,105 @@ def test_a_corrupted_part_is_refused_and_a_missing_one_stops_the_run(tmp_path, w
     shutil.copytree(third.parent, only / third.parent.name)
     done = stage(only, tmp_path / "staged2", mode="run")
     assert done.returncode == 1 and "parts still missing" in done.stdout
+
+
+# The V4 set's wheel sizes as wheelhouse.py --v4 left them in .whl/v4/all (2026-12-06: downloaded from PyPI,
+# sglang_kernel and xgrammar trimmed), by distribution.
+V4_MEASURED = {
+    "tilelang": 50054335,
+    "z3_solver": 29268352,
+    "sglang": 22299652,
+    "sglang_kernel": 18132173,
+    "flashinfer_python": 14952951,
+    "xgrammar": 13302524,
+    "transformers": 11150587,
+    "zstandard": 5546993,
+    "jedi": 4885980,
+    "sgl_deep_gemm": 4814939,
+    "tokenizers": 3274982,
+    "torchao": 3206172,
+    "openai_harmony": 3049306,
+    "anthropic": 2726387,
+    "apache_tvm_ffi": 2697683,
+    "torch_memory_saver": 2600103,
+    "timm": 2485733,
+    "pycryptodomex": 2280278,
+    "pydantic_core": 2264846,
+    "soundfile": 1313646,
+    "openai": 1005551,
+    "torch_c_dlpack_ext": 897846,
+    "pyzmq": 855178,
+    "wcwidth": 785946,
+    "ipython": 649819,
+    "pydantic": 494865,
+    "watchfiles": 458353,
+    "prompt_toolkit": 392288,
+    "rpds_py": 371261,
+    "jiter": 338071,
+    "compressed_tensors": 260637,
+    "msgspec": 236624,
+    "cffi": 221822,
+    "fastapi": 159475,
+    "orjson": 130612,
+    "dill": 120019,
+    "gguf": 118475,
+    "parso": 107025,
+    "httpx2": 97893,
+    "pybase64": 94689,
+    "jsonschema": 90630,
+    "uvicorn": 87427,
+    "traitlets": 86211,
+    "httpcore2": 85551,
+    "starlette": 80571,
+    "blobfile": 75413,
+    "pexpect": 63772,
+    "pycparser": 62600,
+    "loguru": 61595,
+    "opentelemetry_api": 60335,
+    "setproctitle": 32929,
+    "python_multipart": 32585,
+    "executing": 29393,
+    "asttokens": 28702,
+    "referencing": 26766,
+    "stack_data": 24521,
+    "interegular": 23635,
+    "docstring_parser": 22484,
+    "distro": 20277,
+    "truststore": 19017,
+    "jsonschema_specifications": 18437,
+    "typing_inspection": 14874,
+    "ptyprocess": 13993,
+    "annotated_types": 13427,
+    "pure_eval": 11893,
+    "partial_json_parser": 10877,
+    "sniffio": 10235,
+    "matplotlib_inline": 9534,
+    "ipython_pygments_lexers": 8074,
+    "cuda_python": 7594,
+    "easydict": 6863,}
+
+
+def test_the_measured_v4_set_packs_into_the_readmes_four_chunks(tmp_path):
+    """tests/gpu/dsa/README.md's V4 chunk table is what chunk() makes of the measured sizes (sparse files of
+    those sizes here): four chunks of at most 58 MiB, TileLang whole in the first, room left for the working
+    tree in a 64 MiB call; and the sizes are those of exactly the --v4 pins."""
+    pins = wheelhouse.v4_pins(wheelhouse.PINS.read_text(encoding="utf-8"))
+    assert sorted(V4_MEASURED) == sorted(wheelhouse.pin_names(pins))
+    files = []
+    for name, size in V4_MEASURED.items():
+        path = tmp_path / f"{name}-0-py3-none-any.whl"
+        with path.open("wb") as f:
+            f.truncate(size)
+        files.append(path)
+    limit = 58 * MIB
+    items = [item for f in files for item in wheelhouse.split(f, limit, tmp_path / "parts")]
+    assert items == files  # no wheel of the set needs parts
+    bins = wheelhouse.chunk(items, limit)
+    totals = [sum(f.stat().st_size for f in b) for b in bins]
+    assert totals == [60_811_717, 60_816_572, 60_817_242, 26_798_755]
+    assert [len(b) for b in bins] == [5, 7, 7, 52]
+    assert bins[0][0].name.startswith("tilelang-")
+    tree = sum(Path(p).stat().st_size for p in subprocess.run(
+        ["git", "ls-files", "-z"], cwd=HERE.parents[1], capture_output=True, check=True).stdout.decode().split("\0")
+        if p and (HERE.parents[1] / p).is_file())
+    assert max(totals) + tree <= 64 * MIB, f"a chunk ({max(totals)} B) and the working tree ({tree} B) exceed 64 MiB"

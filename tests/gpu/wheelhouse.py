@@ -11,10 +11,12 @@ run_on_device.sh joins the parts once all have arrived and checks the digest bef
 
     python3 tests/gpu/wheelhouse.py --out .whl          # .whl is git-ignored
     python3 tests/gpu/wheelhouse.py --dsa               # the DSA set of tests/gpu/dsa, into .whl/dsa
+    python3 tests/gpu/wheelhouse.py --v4                # the DeepSeek-V4 set of the same tier, into .whl/v4
 
 `--dsa` builds the set a single DeepSeek-V3.2 server needs (tests/gpu/dsa/README.md): the same pins plus
 DeepGEMM, FlashMLA kept in sglang-kernel, and nothing of PD (NIXL, the router). It has its own pool
-(`.whl/dsa/all`), so the PD tier's chunks are left as they are.
+(`.whl/dsa/all`), so the PD tier's chunks are left as they are. `--v4` is the DSA set plus what SGLang's
+DeepSeek-V4 model needs on CUDA (TileLang and its z3, the torch DLPack extension), in `.whl/v4`.
 """
 
 from __future__ import annotations
@@ -52,12 +54,48 @@ DSA_EXTRA_PINS = ["sgl_deep_gemm==0.1.5.post1"]
 DSA_LEFT_OUT = {"nixl", "nixl_cu13", "smg"}
 DSA_KEPT = {"sglang_kernel": ["sgl_kernel/flashmla_ops.*.so"]}
 
+# The V4 set (one DeepSeek-V4 server, tests/gpu/dsa --arch v4): the DSA set plus what served the tiny V4 on the
+# H200 (../shared/facts/sglang-dsv4.md §2): V4's mHC ops (hc_split_sinkhorn, mhc_pre, mhc_post) are TileLang
+# kernels with no torch fallback on CUDA, at sglang 0.5.17's pin; TileLang's libtvm_compiler.so links
+# libz3.so.4.15 (z3-solver's); torch-c-dlpack-ext was the 72nd wheel of that run.
+V4_EXTRA_PINS = ["tilelang==0.1.11", "z3_solver==4.15.4.0", "torch_c_dlpack_ext==0.1.5"]
+
+
+def pin_lines(pins: str) -> list[str]:
+    """The requirement lines of a pins file: blank lines, comment lines and trailing comments dropped (pip
+    reads them as comments; a name taken from one would be a wheel that can never be staged)."""
+    found = []
+    for line in pins.splitlines():
+        requirement = line.split("#", 1)[0].strip()
+        if requirement:
+            found.append(requirement)
+    return found
+
 
 def dsa_pins(pins: str) -> str:
     """wheelhouse.txt's pins without what PD alone needs, plus DeepGEMM."""
-    kept = [line for line in pins.splitlines()
-            if line.strip() and _pin_name(line) not in DSA_LEFT_OUT]
+    kept = [line for line in pin_lines(pins) if _pin_name(line) not in DSA_LEFT_OUT]
     return "\n".join(kept + DSA_EXTRA_PINS) + "\n"
+
+
+def v4_pins(pins: str) -> str:
+    """The DSA set plus TileLang, z3 and the DLPack extension."""
+    return dsa_pins(pins) + "\n".join(V4_EXTRA_PINS) + "\n"
+
+
+TIERS = {"dsa": dsa_pins, "v4": v4_pins}
+
+
+def pin_names(pins: str) -> list[str]:
+    """The distribution names (as in wheel file names) of a pins file's requirements."""
+    return [_pin_name(line) for line in pin_lines(pins)]
+
+
+def unstaged(tier: str, directory: Path, pins: Path = PINS) -> list[str]:
+    """The distributions of `tier`'s set (TIERS) with no wheel in `directory` (what run_on_device.sh checks
+    before it installs, so a fresh machine that lost earlier calls' chunks says so instead of half-installing)."""
+    have = {w.name.split("-", 1)[0].lower() for w in Path(directory).glob("*.whl")}
+    return [name for name in pin_names(TIERS[tier](pins.read_text(encoding="utf-8"))) if name not in have]
 
 
 def _pin_name(line: str) -> str:
@@ -153,26 +191,32 @@ def chunk(wheels: list[Path], limit: int) -> list[list[Path]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=None, help="default .whl, or .whl/dsa with --dsa")
-    parser.add_argument("--dsa", action="store_true",
-                        help="the DSA set: + DeepGEMM, FlashMLA kept, no NIXL or router (tests/gpu/dsa)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="default .whl, or .whl/dsa with --dsa, .whl/v4 with --v4")
+    tier = parser.add_mutually_exclusive_group()
+    tier.add_argument("--dsa", action="store_const", const="dsa", dest="tier",
+                      help="the DSA set: + DeepGEMM, FlashMLA kept, no NIXL or router (tests/gpu/dsa)")
+    tier.add_argument("--v4", action="store_const", const="v4", dest="tier",
+                      help="the DeepSeek-V4 set: the DSA set + TileLang, z3, torch-c-dlpack-ext "
+                           "(tests/gpu/dsa --arch v4)")
     parser.add_argument("--chunk-mib", type=int, default=58,
                         help="largest chunk (a call carries 64 MiB in all, the working tree included)")
     parser.add_argument("--no-download", action="store_true", help="only trim and chunk what --out/all holds")
     args = parser.parse_args()
     if args.out is None:
-        args.out = Path(".whl/dsa") if args.dsa else Path(".whl")
+        args.out = Path(".whl") / args.tier if args.tier else Path(".whl")
     pool = args.out / "all"
     pool.mkdir(parents=True, exist_ok=True)
     pins = PINS
-    if args.dsa:
+    if args.tier:
         pins = args.out / "pins.txt"
-        pins.write_text(dsa_pins(PINS.read_text(encoding="utf-8")), encoding="utf-8")
+        pins.write_text(TIERS[args.tier](PINS.read_text(encoding="utf-8")), encoding="utf-8")
     if not args.no_download:
         download(pool, pins)
     wheels = sorted(pool.glob("*.whl"))
     for wheel in wheels:
-        patterns = trim_patterns(wheel.name.split("-", 1)[0], args.dsa)
+        # Both single-server sets keep FlashMLA: V3.2's DSA and V4's dsv4 backend decode with it.
+        patterns = trim_patterns(wheel.name.split("-", 1)[0], args.tier is not None)
         if patterns:
             before = wheel.stat().st_size
             trim(wheel, patterns)

@@ -1,9 +1,9 @@
-"""Serve the tiny DeepSeek-V3.2 with SGLang's own DSA decode kernels and with pdserve's, and record what
-tells them apart: greedy tokens and logprobs of the same long prompts, and decode speed.
+"""Serve a tiny DeepSeek model with SGLang's own sparse-attention decode kernels and with pdserve's, and record
+what tells them apart: greedy logprobs of the same long prompts, per-layer records, and decode speed.
 
 Run on the GPU machine (tests/gpu/dsa/run_on_device.sh runs it), one server at a time:
 
-    python3 tests/gpu/dsa/compare.py --model DIR --out DIR [--phase compare|bench|all]
+    python3 tests/gpu/dsa/compare.py --model DIR --out DIR [--arch dsa|v4] [--phase compare|bench|all]
         [--kernels sglang|pdserve|both] [--record-dir DIR]
 
 For each kernel choice a real `python -m sglang.launch_server` starts (env PDSERVE_DSA_KERNELS=...),
@@ -12,6 +12,13 @@ is gated on its ready line, runs the phases and is stopped. `compare` sends the 
 greedy, with logprobs and top logprobs, and writes compare-<kernels>.json; `bench` streams B
 concurrent requests of context C and writes bench-<kernels>.json and a table. With both kernel choices
 the comparison (diff.py) is printed at the end. Server logs go to --out. Every wait has a deadline.
+
+`--arch v4` (the tiny DeepSeek-V4 of tiny_v4_model.py; compare phase only) first shows that SGLang repeats
+itself: its own server (plugin off) serves the same requests twice, and the logprob tensors of the two
+passes must be equal value for value (gate.json), else the run stops there and says so, since a difference
+between plugin off and on would then prove nothing. Then pdserve's server (plugin on, recording every eager
+decode call against SGLang's kernels) serves them once, and verdict.py judges the per-layer records and the
+logprobs off against on. Both servers decode eagerly (the plugin records eager calls only), radix cache off.
 """
 
 from __future__ import annotations
@@ -29,6 +36,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository r
 from tests.gpu.dsa import client, diff, server, verdict
 
 PHASES = ("compare", "bench", "all")
+# Per architecture: prompts all longer than 4 x index_topk (V4: C4 keeps one entry per 4 tokens, so its
+# top-512 selects from 2048 tokens on) or than index_topk (V3.2: 2048); V4 decodes eagerly for the recorder.
+ARCH_DEFAULTS = {
+    "dsa": {"prompt_lens": [2100, 2600, 3100, 4000, 5000, 6000], "max_new_tokens": 32,
+            "graph_bs": list(server.DEFAULT_GRAPH_BS), "min_prompt": 2048, "ready_timeout": 330.0},
+    # V4's first start on a bare machine took 283 s in the probe, 206 s of it JIT in the first graph capture;
+    # eager, that JIT falls to SGLang's warm-up request, still before the ready line.
+    "v4": {"prompt_lens": [2600, 3400, 5000, 7000], "max_new_tokens": 16, "graph_bs": [], "min_prompt": 4 * 512,
+           "ready_timeout": 420.0},
+}
 VERSIONS = ("torch", "sglang", "sglang-kernel", "sgl-deep-gemm", "flashinfer-python", "transformers",
             "pdserve-kernels")
 PLUGIN_GROUP = "sglang.srt.plugins"
@@ -36,35 +53,62 @@ PLUGIN_GROUP = "sglang.srt.plugins"
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", type=Path, required=True, help="the directory tiny_dsa_model.py wrote")
+    p.add_argument("--model", type=Path, required=True,
+                   help="the directory tiny_dsa_model.py (or tiny_v4_model.py) wrote")
     p.add_argument("--out", type=Path, required=True, help="results and server logs go here")
+    p.add_argument("--arch", choices=server.ARCHS, default="dsa",
+                   help="dsa: the tiny DeepSeek-V3.2; v4: the tiny DeepSeek-V4 (repeatability gate, records)")
     p.add_argument("--phase", choices=PHASES, default="compare")
     p.add_argument("--kernels", choices=(*server.KERNELS, "both"), default="both")
     p.add_argument("--port", type=int, default=30000)
-    p.add_argument("--ready-timeout", type=float, default=330.0, help="seconds for one server start")
+    p.add_argument("--ready-timeout", type=float, default=None,
+                   help="seconds for one server start (dsa default 330, v4 default 420)")
     p.add_argument("--request-timeout", type=float, default=120.0, help="seconds for one /generate call")
     p.add_argument("--record-dir", type=Path, default=None,
                    help="PDSERVE_DSA_RECORD_DIR for the servers (one subdirectory per kernel choice): the "
-                        "plugin dumps per-layer intermediates; bench figures under it are marked 'recording'")
+                        "plugin dumps per-layer intermediates; bench figures under it are marked 'recording' "
+                        "(--arch v4: default OUT/record)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--prompt-lens", type=_ints, default=[2100, 2600, 3100, 4000, 5000, 6000],
-                   help="compare: prompt lengths in tokens, comma-separated "
-                   "(longer than 2048 to make the top-k select)")
-    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--prompt-lens", type=_ints, default=None,
+                   help="compare: prompt lengths in tokens, comma-separated, long enough to make the top-k "
+                   "select (dsa default 2100..6000, v4 default 2600,3400,5000,7000)")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="dsa default 32, v4 default 16")
     p.add_argument("--top-logprobs", type=int, default=5)
     p.add_argument("--bench-batches", type=_ints, default=[1, 4, 16])
     p.add_argument("--bench-contexts", type=_ints, default=[4096, 12288])
     p.add_argument("--bench-new-tokens", type=int, default=128)
-    p.add_argument("--graph-bs", type=_ints, default=list(server.DEFAULT_GRAPH_BS),
-                   help="decode CUDA-graph batch sizes; 0 for none (--cuda-graph-backend-decode disabled: all eager)")
+    p.add_argument("--graph-bs", type=_ints, default=None,
+                   help="decode CUDA-graph batch sizes; 0 for none (--cuda-graph-backend-decode disabled: all eager); "
+                   "dsa default 1,2,4,8,16, v4 default 0")
+    p.add_argument("--radix-cache", action="store_true",
+                   help="v4: leave SGLang's prefix cache on (only if --disable-radix-cache will not start: the "
+                        "probe saw two greedy runs of one prompt diverge with it on)")
+    p.add_argument("--continue-past-gate", action="store_true",
+                   help="v4: when SGLang does not repeat itself, still run pdserve's server for its per-layer "
+                        "records (which compare on the same inputs); the run still fails")
     p.add_argument("--server-arg", action="append", default=[], help="one more launch_server argument (repeatable)")
     p.add_argument("--dry-run", action="store_true", help="print the server commands and exit")
     args = p.parse_args(argv)
-    if any(n <= 2048 for n in args.prompt_lens):
-        p.error(f"--prompt-lens: every prompt must be longer than index_topk 2048, got {args.prompt_lens}")
-    longest = max(args.prompt_lens + args.bench_contexts) + max(args.max_new_tokens, args.bench_new_tokens)
-    if longest > server.CONTEXT_LENGTH:
-        p.error(f"a prompt plus its new tokens ({longest}) exceeds the served context length {server.CONTEXT_LENGTH}")
+    defaults = ARCH_DEFAULTS[args.arch]
+    for key in ("prompt_lens", "max_new_tokens", "graph_bs", "ready_timeout"):
+        if getattr(args, key) is None:
+            setattr(args, key, list(defaults[key]) if isinstance(defaults[key], list) else defaults[key])
+    if args.arch == "v4":
+        if args.phase != "compare":
+            p.error(f"--phase {args.phase}: --arch v4 runs the compare phase only (the bench is the DSA tier's)")
+        if args.record_dir is None:
+            args.record_dir = args.out / "record"
+    elif args.radix_cache or args.continue_past_gate:
+        p.error("--radix-cache and --continue-past-gate are --arch v4 options")
+    shortest = defaults["min_prompt"]
+    if any(n <= shortest for n in args.prompt_lens):
+        p.error(f"--prompt-lens: every prompt must be longer than {shortest} tokens for --arch {args.arch} "
+                f"(else the top-k keeps everything), got {args.prompt_lens}")
+    contexts = args.bench_contexts if args.phase != "compare" else []
+    longest = max(args.prompt_lens + contexts) + max(args.max_new_tokens, args.bench_new_tokens if contexts else 0)
+    context_length = server.CONTEXT_LENGTHS[args.arch]
+    if longest > context_length:
+        p.error(f"a prompt plus its new tokens ({longest}) exceeds the served context length {context_length}")
     if args.graph_bs == [0]:
         args.graph_bs = []
     if args.record_dir is not None and args.graph_bs:
@@ -94,7 +138,7 @@ def make_servers(args: argparse.Namespace) -> dict[str, server.Server]:
         record = args.record_dir / kernels if args.record_dir is not None else None
         servers[kernels] = server.make_server(args.model, args.port, kernels, args.out / f"server-{kernels}.log",
                                               record_dir=record, graph_bs=tuple(args.graph_bs),
-                                              extra=args.server_arg)
+                                              extra=args.server_arg, arch=args.arch, radix_cache=args.radix_cache)
     return servers
 
 
@@ -113,25 +157,49 @@ def plugin_entry_points() -> list[str]:
     return sorted(f"{ep.name} = {ep.value}" for ep in importlib.metadata.entry_points(group=PLUGIN_GROUP))
 
 
+def model_config(model: Path) -> dict:
+    return json.loads((model / "config.json").read_text(encoding="utf-8"))
+
+
 def vocab_size(model: Path) -> int:
-    return int(json.loads((model / "config.json").read_text(encoding="utf-8"))["vocab_size"])
+    return int(model_config(model)["vocab_size"])
 
 
-def compare_phase(srv: server.Server, args: argparse.Namespace) -> dict:
-    """The seeded prompts one at a time (decode at batch 1) and all in one call (batched decode)."""
-    batch = client.prompts(args.seed, args.prompt_lens, vocab_size(args.model))
+def request_sets(srv: server.Server, args: argparse.Namespace, batch: list[list[int]]) -> dict[str, list[dict]]:
+    """The prompts one at a time (decode at batch 1), then all in one call (batched decode)."""
     sets: dict[str, list[dict]] = {"sequential": []}
     for ids in batch:
         sets["sequential"] += client.generate(srv.url, [ids], max_new_tokens=args.max_new_tokens,
                                               top_logprobs=args.top_logprobs, timeout=args.request_timeout)
     sets["batch"] = client.generate(srv.url, batch, max_new_tokens=args.max_new_tokens,
                                     top_logprobs=args.top_logprobs, timeout=args.request_timeout)
+    return sets
+
+
+REPEATS = ("sequential", "sets", "none")
+
+
+def compare_phase(srv: server.Server, args: argparse.Namespace, *, repeat: str = "sequential") -> dict:
+    """The seeded prompts one at a time and all in one call, then `repeat`: "sequential" the one-at-a-time
+    requests again (the DSA tier's noise floor, summarized), "sets" both sets again, kept whole for the
+    repeatability gate (V4, SGLang's own server: diff.repeat_check), "none" nothing (V4, pdserve's server:
+    the gate was SGLang's, and a second pass would only double the recording)."""
+    if repeat not in REPEATS:
+        raise ValueError(f"repeat must be one of {REPEATS}, not {repeat!r}")
+    batch = client.prompts(args.seed, args.prompt_lens, vocab_size(args.model))
+    sets = request_sets(srv, args, batch)
     result = {"seed": args.seed, "prompt_lens": args.prompt_lens, "max_new_tokens": args.max_new_tokens,
               "top_logprobs": args.top_logprobs, "sets": sets}
-    # The noise floor: the same requests again on the same server and kernels. Any difference here is
-    # not the kernels' doing (SGLang's greedy outputs repeated exactly in the probe).
-    again = [client.generate(srv.url, [ids], max_new_tokens=args.max_new_tokens, top_logprobs=args.top_logprobs,
-                             timeout=args.request_timeout)[0] for ids in batch]
+    if repeat == "none":
+        return result
+    if repeat == "sets":
+        result["repeats"] = request_sets(srv, args, batch)
+        again = result["repeats"]["sequential"]
+    else:
+        # The noise floor: the same requests again on the same server and kernels. Any difference here is
+        # not the kernels' doing.
+        again = [client.generate(srv.url, [ids], max_new_tokens=args.max_new_tokens, top_logprobs=args.top_logprobs,
+                                 timeout=args.request_timeout)[0] for ids in batch]
     rows = [diff.compare_request(a, b) for a, b in zip(sets["sequential"], again, strict=False)]
     result["repeat"] = {"tokens_equal": sum(r["tokens_equal"] for r in rows), "requests": len(rows),
                         "max_abs_logprob_diff": max((r["max_abs_logprob_diff"] or 0.0) for r in rows)}
@@ -189,11 +257,14 @@ def plugin_report(lines: list[str]) -> dict[str, list]:
     return found
 
 
-def log_findings(srv: server.Server) -> dict:
-    """What the server's own log says about the weights and the plugin."""
-    lines = srv.log_text().splitlines()
+def log_findings(srv: server.Server, arch: str = "dsa") -> dict:
+    """What the server's own log says about the weights, the prefix cache and the plugin."""
+    text = srv.log_text()
+    lines = text.splitlines()
+    weight_lines = server.WEIGHT_PROBLEM_LINES[arch]
     return {
-        "unknown_weights": [line for line in lines if server.UNKNOWN_WEIGHT_LINE in line][:20],
+        "unknown_weights": [line for line in lines if any(w in line for w in weight_lines)][:20],
+        "tree_cache_impl": server.tree_cache_impl(text),
         "plugin": plugin_report(lines),
         "plugin_lines": [line for line in lines if "pdserve" in line.lower()][:40],
     }
@@ -204,6 +275,12 @@ def plugin_summary(plugin: dict[str, list]) -> str:
     ran = sorted({r.get("op", "?") for r in plugin["ran"]})
     return (f"plugin status lines {len(plugin['status'])} (kernels {kernels[0] if kernels else '-'}); "
             f"ran pdserve's: {', '.join(ran) or 'none'}; fallbacks {len(plugin['fallback'])}")
+
+
+def repeat_mode(arch: str, kernels: str) -> str:
+    if arch == "v4":
+        return "sets" if kernels == "sglang" else "none"
+    return "sequential"
 
 
 def run_one(kernels: str, srv: server.Server, args: argparse.Namespace) -> dict:
@@ -218,24 +295,25 @@ def run_one(kernels: str, srv: server.Server, args: argparse.Namespace) -> dict:
     try:
         record["ready_after_s"] = round(srv.wait_ready(args.ready_timeout), 1)
         print(f"[{kernels}] ready after {record['ready_after_s']} s", flush=True)
-        record.update(log_findings(srv))
+        record.update(log_findings(srv, args.arch))
         if record["unknown_weights"]:
-            raise SystemExit(f"[{kernels}] SGLang ignored checkpoint tensors: {record['unknown_weights'][:3]}")
+            raise SystemExit(f"[{kernels}] SGLang ignored checkpoint tensors or left parameters unloaded: "
+                             f"{record['unknown_weights'][:3]}")
         if args.phase in ("compare", "all"):
             t = time.monotonic()
-            record["compare"] = compare_phase(srv, args)
+            record["compare"] = compare_phase(srv, args, repeat=repeat_mode(args.arch, kernels))
             record["compare_s"] = round(time.monotonic() - t, 1)
             _write(args.out / f"compare-{kernels}.json", record)
-            rep = record["compare"]["repeat"]
-            print(f"[{kernels}] compare phase: {record['compare_s']} s; the sequential requests again on the same "
-                  f"server: {rep['tokens_equal']}/{rep['requests']} with equal tokens, largest |dlogprob| "
-                  f"{rep['max_abs_logprob_diff']:.3g}", flush=True)
+            rep = record["compare"].get("repeat")
+            again = (f"; the sequential requests again on the same server: {rep['tokens_equal']}/{rep['requests']} "
+                     f"with equal tokens, largest |dlogprob| {rep['max_abs_logprob_diff']:.3g}") if rep else ""
+            print(f"[{kernels}] compare phase: {record['compare_s']} s{again}", flush=True)
         if args.phase in ("bench", "all"):
             t = time.monotonic()
             record["bench"] = bench_phase(srv, args)
             record["bench_s"] = round(time.monotonic() - t, 1)
             _write(args.out / f"bench-{kernels}.json", {k: v for k, v in record.items() if k != "compare"})
-        record.update(log_findings(srv))  # the plugin logs "ran" on first use, after ready
+        record.update(log_findings(srv, args.arch))  # the plugin logs "ran" on first use, after ready
         print(f"[{kernels}] {plugin_summary(record['plugin'])}", flush=True)
         if "compare" in record:  # again, with those lines
             _write(args.out / f"compare-{kernels}.json", record)
@@ -244,7 +322,8 @@ def run_one(kernels: str, srv: server.Server, args: argparse.Namespace) -> dict:
     if args.record_dir is not None:
         record["records"] = diff.summarize_records(args.record_dir / kernels)
         _write(args.out / f"records-summary-{kernels}.json", {"kernels": kernels, "rows": record["records"]})
-        print(diff.records_table(record["records"]), flush=True)
+        print(diff.records_table(record["records"]) if record["records"] else
+              f"[{kernels}] no plugin records (SGLang's own kernels run without the plugin's hooks)", flush=True)
     return record
 
 
@@ -266,11 +345,30 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
     records = {}
     failures: list[str] = []
+    if args.arch == "v4" and "sglang" not in servers:
+        print("note: no repeatability gate and no plugin-off comparison (SGLang's own server is not run)", flush=True)
     for kernels, srv in servers.items():
         records[kernels] = run_one(kernels, srv, args)
-        failures += verdict.plugin_failures(kernels, records[kernels]["plugin"])
+        failures += verdict.plugin_failures(kernels, records[kernels]["plugin"],
+                                            model="deepseek_v4" if args.arch == "v4" else None)
+        if args.arch == "v4":
+            failures += verdict.prefix_cache_failures(records[kernels].get("tree_cache_impl"), args.radix_cache)
         if kernels == "pdserve" and "records" in records[kernels]:  # SGLang's own run records nothing
-            failures += verdict.record_failures(records[kernels]["records"])
+            if args.arch == "v4":
+                failures += verdict.v4_record_failures(records[kernels]["records"], model_config(args.model))
+            else:
+                failures += verdict.record_failures(records[kernels]["records"])
+        if args.arch == "v4" and kernels == "sglang":
+            gate = diff.repeat_check(records[kernels]["compare"]["sets"], records[kernels]["compare"]["repeats"])
+            _write(args.out / "gate.json", gate)
+            print(diff.gate_table(gate), flush=True)
+            stop = verdict.gate_failures(gate)
+            failures += stop
+            if stop and not args.continue_past_gate and len(servers) > 1:
+                print("STOP: SGLang's own server did not repeat itself on the same inputs, so a difference between "
+                      "plugin off and on would prove nothing; pdserve's server was not started "
+                      "(--continue-past-gate runs it for its per-layer records)", flush=True)
+                break
     if args.phase in ("bench", "all"):
         print(diff.bench_table({k: r["bench"] for k, r in records.items()}))
     if args.phase in ("compare", "all") and len(records) == 2:

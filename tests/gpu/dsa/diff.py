@@ -81,6 +81,42 @@ def compare_runs(ref: dict, other: dict) -> dict:
     }
 
 
+def identical(a: dict, b: dict) -> bool:
+    """Two results of the same request are the same tensors: every token, every chosen-token logprob and every
+    top logprob (token and value) equal, value for value (JSON keeps a float's exact value)."""
+    return (a["output_ids"] == b["output_ids"] and a["logprobs"] == b["logprobs"]
+            and a["top_logprobs"] == b["top_logprobs"])
+
+
+def repeat_check(first: dict[str, list[dict]], again: dict[str, list[dict]]) -> dict:
+    """The repeatability gate's evidence: per request set, the same requests served twice by one server, compared
+    as tensors (identical) and, where they differ, by how much (compare_request)."""
+    sets = {}
+    for name, results in first.items():
+        if name not in again or len(again[name]) != len(results):
+            raise ValueError(f"request set {name!r}: {len(results)} results first, "
+                             f"{len(again.get(name, []))} the second time")
+        rows = []
+        for i, (a, b) in enumerate(zip(results, again[name], strict=True)):
+            rows.append({"request": i, "identical": identical(a, b), **compare_request(a, b)})
+        diffs = [r["max_abs_logprob_diff"] for r in rows if r["max_abs_logprob_diff"] is not None]
+        sets[name] = {"requests": len(rows), "identical": sum(r["identical"] for r in rows),
+                      "max_abs_logprob_diff": max(diffs) if diffs else None, "rows": rows}
+    return {"sets": sets}
+
+
+def gate_table(gate: dict) -> str:
+    """One line per request set: how many requests repeated as identical tensors, and the worst difference."""
+    rows = []
+    for name, st in gate["sets"].items():
+        different = [r for r in st["rows"] if not r["identical"]]
+        first = different[0] if different else None
+        rows.append([name, f"{st['identical']}/{st['requests']}", _fmt(st["max_abs_logprob_diff"]),
+                     "-" if first is None else f"request {first['request']}, " + (
+                         "same tokens" if first["first_divergence"] is None else f"token {first['first_divergence']}")])
+    return render(["set", "identical tensors (served twice)", "max |dlogprob|", "first difference"], rows)
+
+
 def _fmt(value, spec: str = ".3g") -> str:
     if value is None:
         return "-"

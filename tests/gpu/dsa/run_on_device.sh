@@ -1,48 +1,63 @@
 #!/usr/bin/env bash
 # The DSA comparison on a GPU machine that has torch but no SGLang and no network (the H200 test
-# machines). The wheel chunks of `tests/gpu/wheelhouse.py --dsa` arrive one device call at a time:
-#   bash tests/gpu/dsa/run_on_device.sh stage            # with .whl/dsa/cN carried: keep its wheels
-#   bash tests/gpu/dsa/run_on_device.sh run [ARGS...]    # with the last chunk (+ .whl/dsa/plugin) carried:
-#                                                        # install, write the model, run compare.py ARGS
-# ARGS go to tests/gpu/dsa/compare.py (default: --phase compare --kernels both). Results and server
-# logs go to $OUT (or ./dsa-out). PDSERVE_COMMIT, if set, is recorded. DSA_TIMEOUT (default: 560 s
-# less the time the steps before took) bounds compare.py. The pdserve-kernels wheel, if carried in
-# .whl/dsa/plugin/, is installed into the same --target, so its dist-info (the sglang.srt.plugins
-# entry point) is on sys.path.
-# JIT caches (a bare machine spends ~2 min of its first start compiling): DSA_JIT_CACHE=save writes
-# them to $OUT/jit-cache.tgz after the run; with .whl/dsa/jit-cache.tgz carried they are restored first.
+# machines), for the tiny DeepSeek-V3.2 or, with --v4 first, the tiny DeepSeek-V4. The wheel chunks of
+# `tests/gpu/wheelhouse.py --dsa` (or --v4) arrive one device call at a time:
+#   bash tests/gpu/dsa/run_on_device.sh [--v4] stage          # with .whl/<set>/cN carried: keep its wheels
+#   bash tests/gpu/dsa/run_on_device.sh [--v4] prepare        # with the last chunk (+ .whl/<set>/plugin)
+#                                                             # carried: install, write the model, stop there
+#   bash tests/gpu/dsa/run_on_device.sh [--v4] run [ARGS...]  # install and write the model unless a call on
+#                                                             # this machine did, then run compare.py ARGS
+# <set> is dsa, or v4 with --v4. ARGS go to tests/gpu/dsa/compare.py (default: --phase compare --kernels both;
+# with --v4 "--arch v4" comes first, default --kernels both). Results and server logs go to $OUT (or
+# ./<set>-out). PDSERVE_COMMIT, if set, is recorded. DSA_TIMEOUT (default: 560 s less the time the steps
+# before took) bounds compare.py. The pdserve-kernels wheel, if carried in .whl/<set>/plugin/, is kept
+# beside the staged wheels (a later call needs not carry it again) and installed into the same --target,
+# so its dist-info (the sglang.srt.plugins entry point) is on sys.path.
+# JIT caches (a bare machine spends minutes of its first start compiling): DSA_JIT_CACHE=save writes
+# them to $OUT/jit-cache.tgz after the run; with .whl/<set>/jit-cache.tgz carried they are restored first.
 set -uo pipefail
 cd "$(dirname "$0")/../../.." || exit 1
-out=${OUT:-$PWD/dsa-out}
+tier=dsa
+if [ "${1:-}" = --v4 ]; then tier=v4; shift; fi
+out=${OUT:-$PWD/$tier-out}
 mkdir -p "$out"
-# Not the PD tier's /var/tmp/pdserve-wheels: the two sets hold differently trimmed sglang_kernel
-# wheels under the same file name.
-staged=/var/tmp/pdserve-dsa-wheels
+# Not the PD tier's /var/tmp/pdserve-wheels: the sets hold differently trimmed sglang_kernel wheels under
+# the same file name. (PDSERVE_WHEEL_CHUNKS, PDSERVE_WHEEL_STAGE: for the CPU test of this staging.)
+chunks=${PDSERVE_WHEEL_CHUNKS:-.whl/$tier}
+staged=${PDSERVE_WHEEL_STAGE:-/var/tmp/pdserve-$tier-wheels}
 mkdir -p "$staged"
-for chunk in .whl/dsa/c*/; do
+for chunk in "$chunks"/c*/; do
   [ -d "$chunk" ] && cp -n "$chunk"*.whl "$staged"/ 2>/dev/null
 done
+# The plugin wheel carried in this call replaces the staged one (a rebuild keeps its file name).
+staged_plugin=$staged-plugin
+mkdir -p "$staged_plugin"
+carried=()
+for w in "$chunks"/plugin/*.whl; do [ -f "$w" ] && carried+=("$w"); done
+if [ ${#carried[@]} -gt 0 ]; then
+  rm -f "$staged_plugin"/*.whl && cp "${carried[@]}" "$staged_plugin"/
+fi
 # shellcheck disable=SC2012  # a count for the log, of wheel files pip named
-echo "staged: $(ls "$staged" | wc -l) wheels, $(du -sh "$staged" | cut -f1)"
-[ "${1:-run}" = stage ] && exit 0
-[ "${1:-}" = run ] && shift
-# A fresh machine has lost what earlier calls staged: say so before installing half a set.
-missing=$(python3 - "$staged" <<'EOF_PY'
-import sys
-from pathlib import Path
-sys.path.insert(0, ".")
-from tests.gpu.wheelhouse import PINS, _pin_name, dsa_pins
-have = {w.name.split("-", 1)[0].lower() for w in Path(sys.argv[1]).glob("*.whl")}
-print(" ".join(p for p in (_pin_name(line) for line in dsa_pins(PINS.read_text()).splitlines()) if p not in have))
-EOF_PY
-)
+echo "staged: $(ls "$staged" | wc -l) wheels, $(du -sh "$staged" | cut -f1); plugin: $(ls "$staged_plugin")"
+mode=${1:-run}
+case $mode in
+  stage) exit 0 ;;
+  prepare|run) [ $# -gt 0 ] && shift ;;
+  *) echo "usage: run_on_device.sh [--v4] stage|prepare|run [compare.py ARGS...], not '$mode'"; exit 2 ;;
+esac
+# A fresh machine has lost what earlier calls staged: say so before installing half a set. (wheelhouse.py
+# reads the pins: comment lines in wheelhouse.txt are no distributions.)
+missing=$(python3 -c 'import sys; sys.path.insert(0, "."); from tests.gpu.wheelhouse import unstaged
+print(" ".join(unstaged(sys.argv[1], sys.argv[2])))' "$tier" "$staged") \
+  || { echo "could not read the pins (tests/gpu/wheelhouse.py)"; exit 1; }
 if [ -n "$missing" ]; then
-  echo "not staged: $missing (stage .whl/dsa/c1..c3 on this machine first)"; exit 1
+  echo "not staged: $missing (stage each of $chunks/c*/ on this machine first: one call per chunk)"
+  exit 1
 fi
 
-site=/tmp/pdserve-dsa-site
+site=/tmp/pdserve-$tier-site
 plugin=()
-for w in .whl/dsa/plugin/*.whl; do [ -f "$w" ] && plugin+=("$w"); done
+for w in "$staged_plugin"/*.whl; do [ -f "$w" ] && plugin+=("$w"); done
 # Install once per distinct set of wheels (a second `run` on a warm machine skips the ~8 s).
 # shellcheck disable=SC2012  # the listing (names, sizes, times) is the stamp; find has no such one-liner
 stamp=$(ls -l "$staged" "${plugin[@]}" 2>/dev/null | md5sum | cut -d' ' -f1)
@@ -60,6 +75,8 @@ export PYTHONPATH="$site:$PWD/pkg:$PWD"
 torch_lib=$(python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
 nvidia_libs=$(python3 -c 'import glob, os, torch; base = os.path.dirname(os.path.dirname(torch.__file__)); print(":".join(sorted(glob.glob(os.path.join(base, "nvidia", "*", "lib")))))')
 export LD_LIBRARY_PATH="${nvidia_libs}:${torch_lib}:$site/tvm_ffi/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# V4's mHC ops are TileLang kernels, whose libtvm_compiler.so links z3-solver's libz3.so.4.15 (facts/sglang-dsv4.md §2).
+[ "$tier" = v4 ] && export LD_LIBRARY_PATH="$site/z3/lib:$LD_LIBRARY_PATH"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 {
   date -u '+%Y-%m-%d %H:%M:%S UTC'
@@ -68,27 +85,43 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 def v(p):
     try: return m.version(p)
     except m.PackageNotFoundError: return "absent"
-print(sys.version.split()[0], *[f"{p} {v(p)}" for p in ("torch", "sglang", "sglang-kernel", "sgl-deep-gemm", "flashinfer-python", "transformers", "safetensors", "pdserve-kernels")], sep="; ")
+print(sys.version.split()[0], *[f"{p} {v(p)}" for p in ("torch", "sglang", "sglang-kernel", "sgl-deep-gemm", "flashinfer-python", "transformers", "safetensors", "tilelang", "z3-solver", "torch-c-dlpack-ext", "pdserve-kernels")], sep="; ")
 print("sglang.srt.plugins:", [f"{e.name}={e.value}" for e in m.entry_points(group="sglang.srt.plugins")])'
   echo "commit ${PDSERVE_COMMIT:-unknown}"
 } 2>&1 | tee "$out/machine.txt"
-
-# SGLang's tvm-ffi kernels, DeepGEMM, Triton, FlashInfer and TorchInductor (the indexer's head gate is
-# torch.compile'd) each keep their own cache.
-jit_dirs=("$HOME/.cache/tvm-ffi" "$HOME/.deep_gemm" "$HOME/.triton" "$HOME/.cache/flashinfer" "/tmp/torchinductor_$(id -un)")
-if [ -f .whl/dsa/jit-cache.tgz ]; then
-  tar -xPzf .whl/dsa/jit-cache.tgz && echo "restored JIT caches ($(du -h .whl/dsa/jit-cache.tgz | cut -f1))"
+# TileLang (and its z3) must import before a V4 server spends minutes starting: a missing library shows here.
+if [ "$tier" = v4 ] && ! python3 -c 'import tilelang; print("tilelang", tilelang.__version__, "imports")' 2>&1 \
+    | tee -a "$out/machine.txt" | tail -1 | grep -q imports; then
+  echo "tilelang does not import (see $out/machine.txt)"; exit 1
 fi
 
-model=/tmp/pdserve-dsa-model
+# SGLang's tvm-ffi kernels, DeepGEMM, Triton, FlashInfer and TorchInductor (the indexer's head gate is
+# torch.compile'd) each keep their own cache; V4 adds TileLang's.
+jit_dirs=("$HOME/.cache/tvm-ffi" "$HOME/.deep_gemm" "$HOME/.triton" "$HOME/.cache/flashinfer" "/tmp/torchinductor_$(id -un)"
+          "$HOME/.tilelang")
+if [ -f ".whl/$tier/jit-cache.tgz" ]; then
+  tar -xPzf ".whl/$tier/jit-cache.tgz" && echo "restored JIT caches ($(du -h ".whl/$tier/jit-cache.tgz" | cut -f1))"
+fi
+
+model=/tmp/pdserve-$tier-model
+writer=tests/gpu/dsa/tiny_dsa_model.py
+[ "$tier" = v4 ] && writer=tests/gpu/dsa/tiny_v4_model.py
 if [ ! -f "$model/model.safetensors" ]; then
   # Written beside and renamed when checked, so an interrupted call leaves no half-written model behind.
   rm -rf "$model.tmp"
-  python3 tests/gpu/dsa/tiny_dsa_model.py "$model.tmp" --check 2>&1 | tee "$out/model.log"
+  python3 "$writer" "$model.tmp" --check 2>&1 | tee "$out/model.log"
   [ "${PIPESTATUS[0]}" = 0 ] || { echo "model writing or its check failed"; exit 1; }
   rm -rf "$model" && mv "$model.tmp" "$model"
 fi
-[ $# -gt 0 ] || set -- --phase compare --kernels both
+if [ "$mode" = prepare ]; then
+  echo "prepared in ${SECONDS} s: wheels installed in $site, model in $model"; exit 0
+fi
+if [ "$tier" = v4 ]; then
+  set -- --arch v4 "$@"
+  [ $# -gt 2 ] || set -- "$@" --kernels both
+else
+  [ $# -gt 0 ] || set -- --phase compare --kernels both
+fi
 # A device call ends at 600 s: what is left of 560 s after the steps above (about 35 s on a fresh
 # machine) goes to compare.py, which then has ~40 s to stop its server on SIGTERM.
 timeout "${DSA_TIMEOUT:-$((560 - SECONDS))}" python3 tests/gpu/dsa/compare.py --model "$model" --out "$out" "$@" 2>&1 \

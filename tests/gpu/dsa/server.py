@@ -1,9 +1,14 @@
-"""One real SGLang 0.5.17 server of the tiny DeepSeek-V3.2 model on the H200 FP8 DSA path: its command
-line, its environment, and starting, gating and stopping it with deadlines.
+"""One real SGLang 0.5.17 server of a tiny DeepSeek model on one H200: its command line, its environment,
+and starting, gating and stopping it with deadlines. Two architectures (`arch`):
 
-The flags are those that served in the probe (facts/sglang-dsa.md §4), with the real weights loaded
-(`--load-format auto` on the written model.safetensors) instead of dummy ones. Which kernels run is
-chosen by PDSERVE_DSA_KERNELS, read by pdserve's SGLang plugin in every scheduler process.
+* "dsa": the tiny DeepSeek-V3.2 on the FP8 DSA path, the flags that served in its probe
+  (facts/sglang-dsa.md §4);
+* "v4": the tiny DeepSeek-V4 on SGLang's dsv4 backend, the command that served in its probe
+  (facts/sglang-dsv4.md §4), with the prefix cache off (below).
+
+Both load the real weights (`--load-format auto` on the written model.safetensors) instead of dummy ones.
+Which kernels run is chosen by PDSERVE_DSA_KERNELS, read by pdserve's SGLang plugin in every scheduler
+process.
 """
 
 from __future__ import annotations
@@ -21,12 +26,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 KERNELS = ("sglang", "pdserve")
+ARCHS = ("dsa", "v4")
 READY_LINE = "The server is fired up and ready to roll"
-# A checkpoint name the model does not have is only warned about by SGLang's DeepSeek loader.
+# A checkpoint name the model does not have is only warned about by SGLang's DeepSeek loaders; V4's also
+# warns about parameters no checkpoint tensor filled (they keep torch.empty's garbage).
 UNKNOWN_WEIGHT_LINE = "not found in params_dict"
+UNINITIALIZED_LINE = "Some weights are not initialized from checkpoints"
+WEIGHT_PROBLEM_LINES = {"dsa": (UNKNOWN_WEIGHT_LINE,), "v4": (UNKNOWN_WEIGHT_LINE, UNINITIALIZED_LINE)}
 CONTEXT_LENGTH = 16384
+V4_CONTEXT_LENGTH = 8192  # the V4 probe's
+CONTEXT_LENGTHS = {"dsa": CONTEXT_LENGTH, "v4": V4_CONTEXT_LENGTH}
 DEFAULT_GRAPH_BS = (1, 2, 4, 8, 16)
 STOP_TIMEOUT = 20.0
+# SGLang logs which prefix cache it built: "Tree cache initialized: source=default impl=SWAChunkCache ...".
+_TREE_CACHE_LINE = re.compile(r"Tree cache initialized: .*?impl=(\w+)")
 
 # The H200 FP8 DSA path of the probe: FlashMLA's sparse FP8 decode, DeepGEMM's paged MQA logits and
 # the v2 JIT top-k; radix cache off so every request prefills in full and the two runs see the same
@@ -41,15 +54,33 @@ DSA_FLAGS = [
 # prefill through the sparse path.
 DSA_ENV = {"SGLANG_DSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD": "0"}
 
+# V4 (facts/sglang-dsv4.md §4): SGLang picks the dsv4 backend, 256-token pages and the fp8_e4m3 cache itself.
+# Torch sampling, no prefill graphs, 4096-token prefill chunks: as in the probe. The radix cache is off: with
+# it the probe's same greedy prompt, served twice, diverged at the 4th token (a cached prefix takes another
+# path), so two runs could not be compared; without it every request prefills in full (SGLang builds its
+# SWA chunk cache instead, and logs which: tree_cache_impl).
+V4_FLAGS = ["--chunked-prefill-size", "4096", "--sampling-backend", "pytorch",
+            "--cuda-graph-backend-prefill", "disabled"]
+NO_RADIX_CACHE = ["--disable-radix-cache"]
+# bf16 weights: wo_a is not FP8 (the loader raises otherwise) and the experts are not FP4; the mHC kernels
+# compile on first use instead of for every prefill bucket at load (minutes of TileLang/DeepGEMM JIT).
+V4_ENV = {"SGLANG_OPT_FP8_WO_A_GEMM": "0", "SGLANG_DSV4_FP4_EXPERTS": "0", "SGLANG_DSV4_MHC_PREWARM": "0"}
+ARCH_ENV = {"dsa": DSA_ENV, "v4": V4_ENV}
+
 
 def server_args(model: Path, port: int, *, graph_bs: tuple[int, ...] = DEFAULT_GRAPH_BS,
-                max_running: int = 32, mem_fraction: float = 0.25, extra: list[str] | None = None) -> list[str]:
-    """The arguments after `python -m sglang.launch_server`."""
+                max_running: int = 32, mem_fraction: float = 0.25, extra: list[str] | None = None,
+                arch: str = "dsa", radix_cache: bool = False) -> list[str]:
+    """The arguments after `python -m sglang.launch_server`. `radix_cache` (V4 only) keeps SGLang's prefix
+    cache on, for a machine where --disable-radix-cache would not start (not seen: the probe never tried it)."""
+    if arch not in ARCHS:
+        raise ValueError(f"arch must be one of {', '.join(ARCHS)}, not {arch!r}")
+    flags = DSA_FLAGS if arch == "dsa" else V4_FLAGS + ([] if radix_cache else NO_RADIX_CACHE)
     args = [
         "--model-path", str(model), "--load-format", "auto", "--trust-remote-code", "--tp-size", "1",
-        "--host", "127.0.0.1", "--port", str(port), "--context-length", str(CONTEXT_LENGTH),
+        "--host", "127.0.0.1", "--port", str(port), "--context-length", str(CONTEXT_LENGTHS[arch]),
         "--mem-fraction-static", str(mem_fraction), "--max-running-requests", str(max_running),
-        *DSA_FLAGS, "--log-level", "info",
+        *flags, "--log-level", "info",
     ]
     if graph_bs:
         args += ["--cuda-graph-bs-decode", *map(str, graph_bs)]
@@ -58,12 +89,14 @@ def server_args(model: Path, port: int, *, graph_bs: tuple[int, ...] = DEFAULT_G
     return args + list(extra or [])
 
 
-def server_env(kernels: str, record_dir: Path | None) -> dict[str, str]:
-    """What the server adds to the environment: the DSA switch, the plugin's kernel choice and, for an
-    eager recording run, where the plugin dumps its per-layer intermediates."""
+def server_env(kernels: str, record_dir: Path | None, arch: str = "dsa") -> dict[str, str]:
+    """What the server adds to the environment: the architecture's switches, the plugin's kernel choice and,
+    for an eager recording run, where the plugin dumps its per-layer intermediates."""
     if kernels not in KERNELS:
         raise ValueError(f"kernels must be one of {', '.join(KERNELS)}, not {kernels!r}")
-    env = {**DSA_ENV, "PDSERVE_DSA_KERNELS": kernels, "PYTHONUNBUFFERED": "1"}
+    if arch not in ARCHS:
+        raise ValueError(f"arch must be one of {', '.join(ARCHS)}, not {arch!r}")
+    env = {**ARCH_ENV[arch], "PDSERVE_DSA_KERNELS": kernels, "PYTHONUNBUFFERED": "1"}
     if record_dir is not None:
         env["PDSERVE_DSA_RECORD_DIR"] = str(record_dir)
     return env
@@ -156,12 +189,24 @@ def decode_log_stats(text: str, batch: int) -> dict:
             "graph": sorted({f"{r[1]}: {r[2]}" for r in mine})}
 
 
+def tree_cache_impl(text: str) -> str | None:
+    """The prefix cache class SGLang says it built (None if it did not say)."""
+    found = _TREE_CACHE_LINE.findall(text)
+    return found[-1] if found else None
+
+
 def tail(text: str, lines: int) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+# The V4 probe's sizes: 0.3 of the H200 for weights and KV, 16 running requests at most.
+ARCH_SIZES = {"dsa": {"max_running": 32, "mem_fraction": 0.25}, "v4": {"max_running": 16, "mem_fraction": 0.3}}
+
+
 def make_server(model: Path, port: int, kernels: str, log: Path, *, record_dir: Path | None = None,
                 graph_bs: tuple[int, ...] = DEFAULT_GRAPH_BS, extra: list[str] | None = None,
-                python: str = sys.executable) -> Server:
-    argv = [python, "-m", "sglang.launch_server", *server_args(model, port, graph_bs=graph_bs, extra=extra)]
-    return Server(argv=argv, env=server_env(kernels, record_dir), log=log, port=port)
+                python: str = sys.executable, arch: str = "dsa", radix_cache: bool = False) -> Server:
+    argv = [python, "-m", "sglang.launch_server",
+            *server_args(model, port, graph_bs=graph_bs, extra=extra, arch=arch, radix_cache=radix_cache,
+                         **ARCH_SIZES.get(arch, {}))]
+    return Server(argv=argv, env=server_env(kernels, record_dir, arch), log=log, port=port)

@@ -3,12 +3,16 @@ driver end to end without a GPU: the ready log line, /model_info, and /generate 
 input_ids; greedy logprobs in SGLang's [logprob, token_id, text] triples; SSE streaming with
 meta_info.completion_tokens). Tokens are a function of the prompt; with PDSERVE_DSA_KERNELS=pdserve
 the logprobs move by 1e-4 and the last prompt's tokens diverge at position 2, so a comparison has
-something to find. Not SGLang: nothing here says anything about SGLang's numbers.
+something to find. For a DeepSeek-V4 config (model_type deepseek_v4) its status line names the V4
+backend, its records are V4's (every layer's attention, the C4 layers' top-k) and it logs the prefix cache
+it would have built; STANDIN_NOT_REPEATABLE=1 makes its logprobs move from one request to the next (a
+server that does not repeat itself). Not SGLang: nothing here says anything about SGLang's numbers.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -16,17 +20,40 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 READY = "The server is fired up and ready to roll!"
+
+
+def launch_env(directory) -> dict[str, str]:
+    """The environment (PYTHONPATH) under which `python -m sglang.launch_server` is this stand-in, with a
+    dist-info carrying a `sglang.srt.plugins` entry point (what the pdserve-kernels wheel provides), both
+    made in `directory`: for the CPU tests of compare.py."""
+    from pathlib import Path
+
+    fake = Path(directory) / "fake"
+    (fake / "sglang").mkdir(parents=True)
+    (fake / "sglang" / "__init__.py").write_text("")
+    (fake / "sglang" / "launch_server.py").write_text(
+        f"import runpy\nrunpy.run_path({str(Path(__file__).resolve())!r}, run_name='__main__')\n")
+    info = fake / "pdserve_standin_plugin-0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: pdserve-standin-plugin\nVersion: 0\n")
+    (info / "entry_points.txt").write_text("[sglang.srt.plugins]\nstandin = os:getcwd\n")
+    root = Path(__file__).resolve().parents[3]
+    return {**os.environ, "PYTHONPATH": f"{fake}:{root}"}
 STEP_S = 0.002
+
+
+_CALLS = itertools.count()
 
 
 def tokens_for(ids: list[int], n: int, vocab: int, kernels: str) -> list[tuple[int, float, list]]:
     base = sum(ids)
+    drift = 1e-6 * next(_CALLS) if os.environ.get("STANDIN_NOT_REPEATABLE") == "1" else 0.0
     out = []
     for i in range(n):
         tok = 5 + (base + 31 * i) % (vocab - 5)
         if kernels == "pdserve" and len(ids) % 2 == 1 and i >= 2:  # odd-length prompts diverge at 2
             tok = 5 + (tok + 1 - 5) % (vocab - 5)
-        lp = -0.05 - 0.1 * (i % 5) + (1e-4 if kernels == "pdserve" else 0.0)
+        lp = -0.05 - 0.1 * (i % 5) + (1e-4 if kernels == "pdserve" else 0.0) - drift
         top = [[lp, tok, None], [lp - 1.0, 5 + (tok + 1 - 5) % (vocab - 5), None]]
         out.append((tok, lp, top))
     return out
@@ -44,9 +71,12 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--model-path", required=True)
+    p.add_argument("--disable-radix-cache", action="store_true")
     args, _ = p.parse_known_args()
     with open(os.path.join(args.model_path, "config.json")) as config:
-        vocab = json.load(config)["vocab_size"]
+        model_config = json.load(config)
+    vocab = model_config["vocab_size"]
+    v4 = model_config.get("model_type") == "deepseek_v4"
     kernels = os.environ.get("PDSERVE_DSA_KERNELS", "sglang")
 
     class Handler(BaseHTTPRequestHandler):
@@ -91,12 +121,28 @@ def main() -> int:
     server = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
     # Lines in the shape of the plugin's (kernels/python/pdserve_kernels/sglang_plugin/status.py).
     ops = {"indexer_topk": kernels, "sparse_mla_decode": kernels}
-    print(f"[stand-in] pdserve-kernels status: {json.dumps({'requested': kernels, 'kernels': ops})}", flush=True)
+    status = {"requested": kernels, "kernels": ops, **({"model": "deepseek_v4"} if v4 else {})}
+    print(f"[stand-in] pdserve-kernels status: {json.dumps(status)}", flush=True)
+    cache = "SWAChunkCache" if args.disable_radix_cache else "UnifiedRadixCache"
+    print(f"[stand-in] Tree cache initialized: source=default impl={cache} hybrid_swa={v4}", flush=True)
     if kernels == "pdserve":
         print('[stand-in] pdserve-kernels ran: {"op": "indexer_topk", "shape": "B=1"}', flush=True)
         print('[stand-in] pdserve-kernels ran: {"op": "sparse_mla_decode", "shape": "B=1"}', flush=True)
     record_dir = os.environ.get("PDSERVE_DSA_RECORD_DIR")
-    if record_dir:  # two records of the plugin's shadow comparison, in its format
+    if record_dir and v4 and kernels == "pdserve":  # V4: each layer's attention, each C4 layer's top-k
+        os.makedirs(record_dir, exist_ok=True)
+        with open(os.path.join(record_dir, f"records-{os.getpid()}.jsonl"), "w") as f:
+            for layer, ratio in enumerate(model_config["compress_ratios"]):
+                if ratio == 4:
+                    f.write(json.dumps({"op": "indexer_topk", "layer": layer, "rows": 2, "lengths": [650, 1750],
+                                        "selected_ours": [512, 512], "selected_sglang": [512, 512],
+                                        "overlap_min": 1.0, "overlap_mean": 1.0, "rows_identical_sets": 2,
+                                        "call": 0}) + "\n")
+                f.write(json.dumps({"op": "sparse_mla_decode", "variant": "v4", "layer": layer, "rows": 2,
+                                    "rel_l2": 5e-5 if ratio == 0 else 1e-3, "rel_l2_worst_row": 2e-3,
+                                    "max_abs": 0.01, "nonfinite": 0, "call": 0, "exact_rows": 2,
+                                    "rel_l2_ours_vs_fp32": 1.1e-3, "rel_l2_sglang_vs_fp32": 1.2e-3}) + "\n")
+    elif record_dir and not v4:  # two records of the plugin's shadow comparison, in its format
         os.makedirs(record_dir, exist_ok=True)
         with open(os.path.join(record_dir, f"records-{os.getpid()}.jsonl"), "w") as f:
             f.write(json.dumps({"op": "indexer_topk", "layer": 0, "rows": 2, "lengths": [2100, 2201],

@@ -29,6 +29,7 @@ import json
 import sys
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -138,12 +139,13 @@ def init_of(name: str) -> tuple[float, float]:
     raise KeyError(f"no initialization for {name}")
 
 
-def make_tensor(spec: TensorSpec, seed: int):
+def make_tensor(spec: TensorSpec, seed: int, init: Callable[[str], tuple[float, float]] | None = None):
     """The tensor for `spec`: drawn in fp32 on the CPU from a generator seeded by (seed, name), so it is
-    the same on every machine and does not depend on which other tensors exist."""
+    the same on every machine and does not depend on which other tensors exist. `init` gives (mean, std)
+    per name (default: this model's init_of; tiny_v4_model.py passes its own)."""
     import torch
 
-    mean, std = init_of(spec.name)
+    mean, std = (init or init_of)(spec.name)
     g = torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(spec.name.encode())) % 2**63)
     t = torch.randn(spec.shape, generator=g, dtype=torch.float32).mul_(std).add_(mean)
     return t.to(getattr(torch, spec.dtype))
@@ -155,15 +157,24 @@ def dsa_config(vocab_size: int, bos: int, eos: int) -> dict:
 
 def make_tiny_dsa_model(directory: Path, *, seed: int = 0) -> Path:
     """config.json, the byte-level tokenizer of tests/gpu/tiny_model.py and model.safetensors in `directory`."""
-    make_tiny_model(directory, context_length=CONTEXT_LENGTH)  # tokenizer files (and a Llama config, replaced)
+    return write_model_directory(directory, dsa_config, checkpoint_spec, seed=seed, init=init_of,
+                                 context_length=CONTEXT_LENGTH)
+
+
+def write_model_directory(directory: Path, make_config: Callable[[int, int, int], dict],
+                          spec_of: Callable[[dict], list[TensorSpec]], *, seed: int,
+                          init: Callable[[str], tuple[float, float]], context_length: int) -> Path:
+    """The tokenizer files of tests/gpu/tiny_model.py, `make_config(vocab, bos, eos)` as config.json and
+    every tensor of `spec_of(config)` as model.safetensors (one tensor in memory at a time)."""
+    make_tiny_model(directory, context_length=context_length)  # tokenizer files (and a Llama config, replaced)
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
-    config = dsa_config(tokenizer.get_vocab_size(), tokenizer.token_to_id("<s>"), tokenizer.token_to_id("</s>"))
+    config = make_config(tokenizer.get_vocab_size(), tokenizer.token_to_id("<s>"), tokenizer.token_to_id("</s>"))
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-    specs = checkpoint_spec(config)
+    specs = spec_of(config)
     safetensors_file.write(directory / "model.safetensors",
-                           [(s.name, s.dtype, s.shape, lambda s=s: make_tensor(s, seed)) for s in specs],
+                           [(s.name, s.dtype, s.shape, lambda s=s: make_tensor(s, seed, init)) for s in specs],
                            metadata={"format": "pt", "seed": str(seed)})
     return directory
 
@@ -172,19 +183,27 @@ def check_on_device(directory: Path) -> list[str]:
     """Read the directory back with the real libraries of the device's SGLang: the config through
     SGLang's config loader (its deepseek_v32 alias of transformers' DeepseekV3Config) and the weights
     with the safetensors package. Returns the problems (empty: all good)."""
+    return check_directory(directory, checkpoint_spec, "DeepseekV32ForCausalLM",
+                           ("index_topk", "index_n_heads", "index_head_dim", "kv_lora_rank", "qk_rope_head_dim",
+                            "q_lora_rank", "num_attention_heads", "vocab_size", "first_k_dense_replace"))
+
+
+def check_directory(directory: Path, spec_of: Callable[[dict], list[TensorSpec]], architecture: str,
+                    keys: tuple[str, ...]) -> list[str]:
+    """The problems found reading `directory` back with SGLang's config loader (`keys` must read back as
+    config.json has them) and the safetensors package (names, shapes and dtypes as `spec_of` says)."""
     problems = []
     from safetensors import safe_open
     from sglang.srt.utils.hf_transformers_utils import get_config
 
     config = get_config(str(directory), trust_remote_code=True)
     expected = json.loads((directory / "config.json").read_text(encoding="utf-8"))
-    for key in ("index_topk", "index_n_heads", "index_head_dim", "kv_lora_rank", "qk_rope_head_dim",
-                "q_lora_rank", "num_attention_heads", "vocab_size", "first_k_dense_replace"):
+    for key in keys:
         if getattr(config, key, None) != expected[key]:
             problems.append(f"config {key}: SGLang read {getattr(config, key, None)!r}, file has {expected[key]!r}")
-    if list(getattr(config, "architectures", None) or []) != ["DeepseekV32ForCausalLM"]:
+    if list(getattr(config, "architectures", None) or []) != [architecture]:
         problems.append(f"config architectures: {config.architectures!r}")
-    specs = {s.name: s for s in checkpoint_spec(expected)}
+    specs = {s.name: s for s in spec_of(expected)}
     with safe_open(str(directory / "model.safetensors"), framework="pt") as f:
         names = set(f.keys())
         if names != set(specs):
@@ -196,25 +215,31 @@ def check_on_device(directory: Path) -> list[str]:
     return problems
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def run_cli(doc: str, make: Callable[..., Path], check: Callable[[Path], list[str]],
+            argv: list[str] | None = None) -> int:
+    """The command line of a tiny-model writer: DIR [--seed N] [--check]."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("directory", type=Path)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--check", action="store_true",
                         help="read it back with SGLang's config loader and the safetensors package (device)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     started = time.monotonic()
-    make_tiny_dsa_model(args.directory, seed=args.seed)
+    make(args.directory, seed=args.seed)
     size = (args.directory / "model.safetensors").stat().st_size
     print(f"wrote {args.directory} ({size / 2**20:.0f} MiB of weights, seed {args.seed}) "
           f"in {time.monotonic() - started:.1f} s")
     if args.check:
-        problems = check_on_device(args.directory)
+        problems = check(args.directory)
         for problem in problems:
             print(f"check: {problem}")
         print("check: config and weights read back as written" if not problems else "check: FAILED")
         return 1 if problems else 0
     return 0
+
+
+def main() -> int:
+    return run_cli(__doc__, make_tiny_dsa_model, check_on_device)
 
 
 if __name__ == "__main__":

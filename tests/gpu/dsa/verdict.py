@@ -9,6 +9,31 @@
 * Plugin off against on: the largest chosen-token |dlogprob| on the shared prefix at most MAX_LOGPROB_DIFF.
   Token equality is not required: the tiny model amplifies bit-level differences, and SGLang's own repeats
   differ (README "Measured").
+
+DeepSeek-V4 (`--arch v4`, README "DeepSeek-V4"), judged per layer against the model's compress ratios:
+
+* First the gate: SGLang's own server, plugin off, served the one-at-a-time requests twice and every logprob
+  tensor repeated value for value (gate_failures). Only then can a difference between off and on be the
+  kernels'. The all-in-one requests are shown, not gated: SGLang may split their prefills differently from
+  one pass to the next (chunked prefill over concurrent arrivals), which changes rounding but no kernel.
+* The prefix cache was off as asked (prefix_cache_failures).
+* Records (v4_record_failures): every layer's sparse MLA decode and every C4 layer's indexer recorded, and
+  - top-k: a row may differ from SGLang's set in at most V4_MAX_TOPK_DIFF of its index_topk entries. Why any:
+    pdserve's fused indexer and DeepGEMM's logits sum the 64 heads' weighted ReLU(q.k) over the same FP8
+    inputs in a different order, so two keys whose fp32 scores are within a rounding of each other at the
+    512th place can trade places; each trade is one entry. Why 2: one such near-tie per row at most, in
+    either direction (the probe saw none: identical sets on all rows); a wrong page mapping or scale moves
+    hundreds. Some recorded row must be longer than index_topk compressed entries, or the top-k never chose.
+  - sparse MLA: rel L2 <= MAX_VS_SGLANG from FlashMLA on the same call, <= MAX_VS_FP32 from the fp32 reference
+    over SGLang's own cache bytes, no non-finite value. Why these: V4's UE8M0 scales make e4m3 x scale exact
+    in bf16, so both kernels differ from the exact result by their bf16 rounding (of the probabilities in
+    P.V and of the output; rounding the output alone is ~1.7e-3 rel L2, and pdserve's V3.2 kernel measured
+    1.70e-3 from the same reference); 3e-3 is ~1.8x that, and 1e-2 leaves room for FlashMLA's own share
+    (probe: 4.8e-5 from pdserve's on window-only layers, 1.0-2.3e-3 through a two-launch merge).
+    A wrong slot, page, scale or sink gives errors of order 1.
+* Plugin off against on: the largest chosen-token |dlogprob| on the shared prefix at most MAX_LOGPROB_DIFF,
+  the DSA tier's bound (its measured spread for kernel differences of this size was 0.32-0.44; a wrong kernel
+  moves logprobs by whole nats). The first V4 run measures V4's own spread.
 """
 
 from __future__ import annotations
@@ -18,9 +43,12 @@ MAX_VS_SGLANG = 1e-2
 MAX_VS_FP32 = 3e-3
 MAX_LOGPROB_DIFF = 0.5
 OPS = ("indexer_topk", "sparse_mla_decode")
+V4_INDEX_TOPK = 512
+V4_MAX_TOPK_DIFF = 2  # entries per row
 
 
-def plugin_failures(kernels: str, plugin: dict[str, list]) -> list[str]:
+def plugin_failures(kernels: str, plugin: dict[str, list], model: str | None = None) -> list[str]:
+    """`model`: the backend every status line must come from ("deepseek_v4" for V4; V3.2's lines name none)."""
     statuses = plugin.get("status", [])
     if not statuses:
         return [f"[{kernels}] no plugin status line in the server log (is the pdserve-kernels wheel installed?)"]
@@ -29,6 +57,8 @@ def plugin_failures(kernels: str, plugin: dict[str, list]) -> list[str]:
         got = s.get("kernels", {})
         if any(got.get(op) != kernels for op in OPS):
             out.append(f"[{kernels}] status says {got} (reasons {s.get('reasons')}), expected {kernels} for both")
+        if model is not None and s.get("model") != model:
+            out.append(f"[{kernels}] a status line from a {s.get('model')!r} backend, expected {model!r}")
     if kernels == "pdserve":
         ran = {r.get("op") for r in plugin.get("ran", [])}
         out += [f"[pdserve] {op} never ran pdserve's kernel" for op in OPS if op not in ran]
@@ -46,14 +76,7 @@ def record_failures(rows: list[dict]) -> list[str]:
             if r["overlap_min"] < MIN_OVERLAP:
                 out.append(f"{where}: a top-k row shares only {r['overlap_min']:.4f} of SGLang's set")
             continue
-        if r["nonfinite"]:
-            out.append(f"{where}: {r['nonfinite']} non-finite outputs")
-        if r["rel_l2_max"] > MAX_VS_SGLANG:
-            out.append(f"{where}: rel L2 {r['rel_l2_max']:.3g} from SGLang's kernel > {MAX_VS_SGLANG}")
-        if "ours_vs_fp32_max" not in r:
-            out.append(f"{where}: no fp32 reference rows recorded")
-        elif r["ours_vs_fp32_max"] > MAX_VS_FP32:
-            out.append(f"{where}: rel L2 {r['ours_vs_fp32_max']:.3g} from the fp32 reference > {MAX_VS_FP32}")
+        out += _mla_failures(where, r)
     return out
 
 
@@ -62,3 +85,68 @@ def diff_failures(result: dict) -> list[str]:
     if worst is not None and worst > MAX_LOGPROB_DIFF:
         return [f"plugin off against on: largest |dlogprob| {worst:.4f} > {MAX_LOGPROB_DIFF}"]
     return []
+
+
+def gate_failures(gate: dict) -> list[str]:
+    """SGLang against itself: the one-at-a-time requests must repeat as identical tensors."""
+    st = gate["sets"].get("sequential")
+    if st is None or not st["requests"]:
+        return ["repeatability gate: no one-at-a-time requests were served twice"]
+    if st["identical"] == st["requests"]:
+        return []
+    first = next(r for r in st["rows"] if not r["identical"])
+    return [f"repeatability gate: SGLang's own server (plugin off) served the same requests twice and "
+            f"{st['requests'] - st['identical']}/{st['requests']} differed (request {first['request']}: first "
+            f"token difference {first['first_divergence']}, largest |dlogprob| {first['max_abs_logprob_diff']})"]
+
+
+def prefix_cache_failures(impl: str | None, radix_cache: bool) -> list[str]:
+    """With the radix cache off SGLang builds a chunk cache (SWAChunkCache for V4's window layers)."""
+    if not radix_cache and impl is not None and "Radix" in impl:
+        return [f"--disable-radix-cache was passed but SGLang built {impl}"]
+    return []
+
+
+def v4_record_failures(rows: list[dict], config: dict) -> list[str]:
+    """The plugin's records of a V4 run against the layers `config` has (compress_ratios, index_topk)."""
+    if not rows:
+        return ["no records were written (PDSERVE_DSA_RECORD_DIR set, but no eager decode call recorded)"]
+    ratios = config["compress_ratios"]
+    topk = int(config.get("index_topk", V4_INDEX_TOPK))
+    min_overlap = 1 - V4_MAX_TOPK_DIFF / topk
+    found = {(r["op"], r["layer"]) for r in rows}
+    out = [f"sparse_mla_decode layer {i} (compress ratio {ratio}): no record" for i, ratio in enumerate(ratios)
+           if ("sparse_mla_decode", i) not in found]
+    out += [f"indexer_topk layer {i} (C4): no record" for i, ratio in enumerate(ratios)
+            if ratio == 4 and ("indexer_topk", i) not in found]
+    topk_rows = [r for r in rows if r["op"] == "indexer_topk"]
+    if topk_rows and max(r.get("longest", 0) for r in topk_rows) <= topk:
+        out.append(f"indexer_topk: no recorded row is longer than {topk} compressed entries: the top-k never chose")
+    for r in rows:
+        where = f"{r['op']} layer {r['layer']}"
+        if r["layer"] >= len(ratios) or r["layer"] < 0:
+            out.append(f"{where}: the model has layers 0-{len(ratios) - 1}")
+            continue
+        if r["op"] == "indexer_topk":
+            if ratios[r["layer"]] != 4:
+                out.append(f"{where}: an indexer record on a layer of compress ratio {ratios[r['layer']]}")
+            elif r["overlap_min"] < min_overlap:
+                missed = (1 - r["overlap_min"]) * topk
+                out.append(f"{where}: a top-k row shares only {r['overlap_min']:.4f} of SGLang's set "
+                           f"(up to {missed:.0f} of {topk} entries differ; at most {V4_MAX_TOPK_DIFF} may)")
+            continue
+        out += _mla_failures(where, r)
+    return out
+
+
+def _mla_failures(where: str, r: dict) -> list[str]:
+    out = []
+    if r["nonfinite"]:
+        out.append(f"{where}: {r['nonfinite']} non-finite outputs")
+    if r["rel_l2_max"] > MAX_VS_SGLANG:
+        out.append(f"{where}: rel L2 {r['rel_l2_max']:.3g} from SGLang's kernel > {MAX_VS_SGLANG}")
+    if "ours_vs_fp32_max" not in r:
+        out.append(f"{where}: no fp32 reference rows recorded")
+    elif r["ours_vs_fp32_max"] > MAX_VS_FP32:
+        out.append(f"{where}: rel L2 {r['ours_vs_fp32_max']:.3g} from the fp32 reference > {MAX_VS_FP32}")
+    return out
