@@ -203,11 +203,20 @@ def journal(box: Container, unit: str) -> list[phases.Entry]:
     return phases.parse_journal_json(done.stdout)
 
 
+def unit_journal_text(box: Container, unit: str) -> str:
+    return box.run(["journalctl", "--no-pager", "-o", "short-monotonic", "-u", unit], timeout=60,
+                   check=False).stdout[-4_000_000:]
+
+
 def save_journals(box: Container, out: Path, units: dict[str, str] = UNITS) -> None:
     for role, unit in units.items():
-        text = box.run(["journalctl", "--no-pager", "-o", "short-monotonic", "-u", unit], timeout=60,
-                       check=False).stdout
-        (out / f"journal-{role}.txt").write_text(text[-4_000_000:])
+        (out / f"journal-{role}.txt").write_text(unit_journal_text(box, unit))
+
+
+def save_journals_together(box: Container, out: Path, units: dict[str, str], name: str = "journals.txt") -> None:
+    """Every unit's journal in one file, each under its own heading: a device call brings back 8 files at most."""
+    (out / name).write_text("".join(f"===== {role}: {unit}\n{unit_journal_text(box, unit)}\n"
+                                    for role, unit in units.items()))
 
 
 # -- the run ---------------------------------------------------------------------------------------------
@@ -590,8 +599,9 @@ def bench(args) -> int:
     units = unit_timestamps(box)
     report["units_after"] = {u: units[u]["active"] for u in UNITS.values() if u in units}
     # Every unit the comparison started or stopped, the fallback's included: a cutover that failed is read
-    # from its journal.
-    save_journals(box, out, {**UNITS, "single": FALLBACK_UNIT})
+    # from its journal. One file: with the report, the plot, the history, the progress, the table and the call's
+    # log, that makes 7 of the 8 files a device call brings back.
+    save_journals_together(box, out, {**UNITS, "single": FALLBACK_UNIT})
     if not inside(BENCH_EXIT_INSIDE).exists():
         report["bench"] = {"running": True, "seconds_so_far": round(time.time() - started_at, 1)}
         log(f"the bench still runs after {report['bench']['seconds_so_far']} s (its progress: {progress.name}); "
@@ -607,6 +617,8 @@ def bench(args) -> int:
     report["bench"] = {"argv": report.data.get("argv"), "exit": exit_code,
                        "seconds": round(inside(BENCH_EXIT_INSIDE).stat().st_mtime - started_at, 1),
                        "result": result, "stderr": stderr[-6000:]}
+    if "sweeps" in result:
+        (out / "bench.txt").write_text(table.bench_text(result) + "\n")
     if inside(BENCH_PLOT_INSIDE).exists():
         shutil.copy(inside(BENCH_PLOT_INSIDE), out / "bench.png")
     if inside(BENCH_HISTORY_INSIDE).exists():

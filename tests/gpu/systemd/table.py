@@ -1,6 +1,7 @@
 """The systemd tier's report as the table the README keeps: one row per figure, one column per router.
 
-    python3 -m tests.gpu.systemd.table REPORT.json
+    python3 -m tests.gpu.systemd.table REPORT.json        # the run's report (systemd-run.json)
+    python3 -m tests.gpu.systemd.table BENCH.json         # `pdserve bench --json`'s output, as its tables
 """
 
 from __future__ import annotations
@@ -53,5 +54,33 @@ def render(report: dict) -> str:
     return "\n".join(lines)
 
 
+
+
+def bench_sweeps(result: dict) -> list:
+    """`pdserve bench --json`'s sweeps read back into pdserve's own types, so the record's table is printed by
+    the same code that prints it on a host (pdserve.bench.table), not by a second formatter."""
+    from pdserve.bench.figures import PointResult
+    from pdserve.bench.sweep import Sweep
+    from pdserve.bench.workload import Point
+
+    return [Sweep(s["layout"], s["url"], [PointResult(Point(p["kind"], p["value"], p["prompts"]), p["figures"],
+                                                      p["completed"], p["duration_s"], p["total_output_tokens"],
+                                                      p["errors"], p["failure"]) for p in s["points"]],
+                  s["notes"], s["interrupted"]) for s in result["sweeps"]]
+
+
+def bench_text(result: dict) -> str:
+    """The tables `pdserve bench` prints without --json: each layout's sweep, then side by side, then the notes."""
+    from pdserve.bench import table as bench_table
+
+    sweeps = bench_sweeps(result)
+    lines = [line for sweep in sweeps for line in bench_table.sweep_lines(sweep)]
+    if len(sweeps) > 1:
+        lines += ["side by side (better: the layout ahead by more than 1%):", *bench_table.compare_lines(sweeps)]
+    lines += [f"note: {note}" for note in result.get("notes", [])]
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
-    print(render(json.loads(Path(sys.argv[1]).read_text())))
+    data = json.loads(Path(sys.argv[1]).read_text())
+    print(bench_text(data) if "sweeps" in data else render(data))

@@ -373,3 +373,39 @@ def test_the_bench_unit_passes_hostile_arguments_through_the_real_shell_and_keep
     assert (directory / "bench.stderr").read_text() == "progress\n"
     assert (directory / "bench.exit").read_text() == "5\n"
     assert not (tmp_path / "pwned").exists() and not (directory / "pwned").exists()
+
+
+def test_the_bench_record_table_is_what_pdserve_bench_prints_read_back_from_its_json():
+    """The README's table comes from `pdserve bench --json`'s output: read back into pdserve's types it prints
+    the same lines as the run without --json (both layouts, side by side, a failed point, the notes)."""
+    import tomllib
+
+    from pdserve.bench import workload
+    from pdserve.bench.figures import PointResult
+    from pdserve.bench.layouts import Compared
+    from pdserve.bench.runs import Outcome as BenchOutcome
+    from pdserve.bench.sweep import Sweep
+    from pdserve.probes.http import parse_json
+    from pdserve.schema import strict_json
+
+    tables, _ = workload.workloads(tomllib.loads(runner.BENCH_WORKLOADS.read_text()))
+    chosen, _ = workload.pick(tables, "gpu-tier")
+    assert chosen is not None
+
+    def sweep(layout: str, scale: float, kv: bool) -> Sweep:
+        results = [PointResult(p, {"ttft_p50_ms": 12.0 * scale * (i + 1), "output_tok_s": 120.0 * (i + 1) / scale,
+                                   "errors": 0.0, **({"kv_transfer_ms": 5.25} if kv else {})},
+                               p.prompts, 24.0, 128 * p.prompts) for i, p in enumerate(chosen.points()[:2])]
+        results.append(PointResult(chosen.points()[2], failure="the client timed out after 120 s"))
+        return Sweep(layout, "http://127.0.0.1:30001", results, notes=[f"{layout} note"])
+
+    sweeps = [sweep("pd", 1.0, True), sweep("single", 1.5, False)]
+    outcome = BenchOutcome("gputest", chosen, sweeps, ["a run note"],
+                           Compared("pd", sweeps, ["restored pd, the layout that served at the start"]))
+    report = outcome.report("2026-12-06T18:34:16+00:00", None, None, None)
+    data = parse_json(strict_json.dumps(report.data).encode())
+    text = table.bench_text(data).splitlines()
+    assert text == [line for line in report.lines[1:] if not line.startswith("note: ")] + \
+        [line for line in report.lines if line.startswith("note: ")]
+    assert any(line.startswith("single at") for line in text) and "side by side" in "".join(text)
+    assert any("no figures: the client timed out" in line for line in text)
