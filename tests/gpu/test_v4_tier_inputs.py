@@ -587,7 +587,8 @@ def test_the_gate_passes_identical_tensors_only():
     off["sequential"][1]["logprobs"][1] = math.nextafter(-0.2, 0.0)
     gate = diff.repeat_check(a, off)
     (fail,) = verdict.gate_failures(gate)
-    assert "1/2 differed (request 1: first token difference None" in fail
+    assert "1/2 differed (request 1: same tokens, chosen-token |dlogprob| up to 2.78e-17" in fail
+    assert "None" not in fail
     # A top logprob alone differs.
     top = json.loads(json.dumps(a))
     top["sequential"][0]["top_logprobs"][0] = [[7, -0.5], [8, -3.0]]
@@ -597,10 +598,48 @@ def test_the_gate_passes_identical_tensors_only():
     batch["batch"][0]["logprobs"][0] = -0.6
     gate = diff.repeat_check(a, batch)
     assert verdict.gate_failures(gate) == [] and gate["sets"]["batch"]["identical"] == 0
-    assert "| batch | 0/1 | 0.1 |" in re.sub(r" +", " ", diff.gate_table(gate))
+    assert "| batch | 1 vs 2 | 0/1 | - | 0.1 | 0 | request 0: same tokens" in re.sub(r" +", " ", diff.gate_table(gate))
     with pytest.raises(ValueError, match="request set 'batch'"):
         diff.repeat_check(a, {"sequential": a["sequential"]})
     assert verdict.gate_failures({"sets": {}})
+
+
+def test_a_gate_that_differs_at_the_first_token_says_so():
+    """Diverging at token 0 leaves no shared prefix: the message gives the first token's top-logprob difference
+    (the first GPU run printed "largest |dlogprob| None" there)."""
+    a = {"sequential": [_result([-0.7, -1.0], ids=(7, 8), top=[[[7, -0.7], [9, -0.75]], [[8, -1.0]]])]}
+    b = {"sequential": [_result([-0.72, -1.0], ids=(9, 8), top=[[[9, -0.72], [7, -0.75]], [[8, -1.0]]])]}
+    gate = diff.repeat_check(a, b)
+    row = gate["sets"]["sequential"]["rows"][0]
+    assert row["first_divergence"] == 0 and row["max_abs_logprob_diff"] is None
+    assert row["first_token_top_logprob_diff"] == pytest.approx(0.05)
+    (fail,) = verdict.gate_failures(gate)
+    assert "request 0: tokens differ from the first generated token on (no shared prefix); the top logprobs " \
+           "there differ by up to 0.05;" in fail
+    assert "largest |dlogprob| on a shared prefix - (none shared)" in fail and "None" not in fail
+
+
+V4_RUN = HERE / "dsa" / "results" / "2026-12-06-h100x1" / "v4-gate-fail"
+
+
+def test_the_first_gpu_runs_gate_is_what_the_comparator_computes_from_its_passes():
+    """The 2026-12-06 H100 record: both passes' tensors (compare-sglang.json) give the recorded gate.json again,
+    and the figures the README quotes."""
+    run = json.loads((V4_RUN / "compare-sglang.json").read_text())["compare"]
+    gate = diff.repeat_check(run["sets"], run["repeats"])
+    recorded = json.loads((V4_RUN / "gate.json").read_text())
+    for name, st in recorded["sets"].items():
+        assert (gate["sets"][name]["identical"], gate["sets"][name]["max_abs_logprob_diff"]) == (
+            st["identical"], st["max_abs_logprob_diff"])
+        assert [r["first_divergence"] for r in gate["sets"][name]["rows"]] == [
+            r["first_divergence"] for r in st["rows"]]
+    seq, batch = gate["sets"]["sequential"], gate["sets"]["batch"]
+    assert [r["first_divergence"] for r in seq["rows"]] == [0, 6, 9, 0]
+    assert (round(seq["max_abs_logprob_diff"], 3), round(seq["max_first_token_top_logprob_diff"], 3)) == (0.36, 0.484)
+    assert (round(batch["max_abs_logprob_diff"], 3), round(batch["max_first_token_top_logprob_diff"], 3)) == (
+        0.446, 0.591)
+    (fail,) = verdict.gate_failures(gate)
+    assert "no shared prefix); the top logprobs there differ by up to 0.0603;" in fail
 
 
 def test_prefix_cache_and_plugin_model_checks():
@@ -661,7 +700,7 @@ def test_v4_driver_end_to_end_on_a_standin_server(tmp_path):
     assert json.loads((out / "records-summary-sglang.json").read_text())["rows"] == []
     result = json.loads((out / "diff.json").read_text())
     assert result["requests"] == 4 and result["max_abs_logprob_diff"] == pytest.approx(1e-4, rel=0.01)
-    assert "| sequential | 2/2 |" in re.sub(r" +", " ", done.stdout)  # the gate's table, printed
+    assert "| sequential | 1 vs 2 | 2/2 |" in re.sub(r" +", " ", done.stdout)  # the gate's table, printed
 
 
 def test_v4_driver_stops_when_sglang_does_not_repeat_itself(tmp_path):

@@ -37,10 +37,14 @@ def compare_request(a: dict, b: dict) -> dict:
     upto = min(shared + 1, len(a["top_logprobs"]), len(b["top_logprobs"]))
     top = []
     top_overlap = []
-    for pa, pb in zip(a["top_logprobs"][:upto], b["top_logprobs"][:upto], strict=False):
+    first_top = None  # the first generated token: the context is the prompt alone, whatever the tokens do later
+    for i, (pa, pb) in enumerate(zip(a["top_logprobs"][:upto], b["top_logprobs"][:upto], strict=False)):
         da, db = dict(pa), dict(pb)
         common = da.keys() & db.keys()
-        top += [abs(da[t] - db[t]) for t in common]
+        diffs = [abs(da[t] - db[t]) for t in common]
+        top += diffs
+        if i == 0 and diffs:
+            first_top = max(diffs)
         if da or db:
             top_overlap.append(len(common) / max(len(da), len(db)))
     return {
@@ -53,6 +57,7 @@ def compare_request(a: dict, b: dict) -> dict:
         "max_abs_logprob_diff": max(chosen) if chosen else None,
         "mean_abs_logprob_diff": sum(chosen) / len(chosen) if chosen else None,
         "max_abs_top_logprob_diff": max(top) if top else None,
+        "first_token_top_logprob_diff": first_top,
         "min_top_overlap": min(top_overlap) if top_overlap else None,
     }
 
@@ -99,22 +104,56 @@ def repeat_check(first: dict[str, list[dict]], again: dict[str, list[dict]]) -> 
         rows = []
         for i, (a, b) in enumerate(zip(results, again[name], strict=True)):
             rows.append({"request": i, "identical": identical(a, b), **compare_request(a, b)})
-        diffs = [r["max_abs_logprob_diff"] for r in rows if r["max_abs_logprob_diff"] is not None]
-        sets[name] = {"requests": len(rows), "identical": sum(r["identical"] for r in rows),
-                      "max_abs_logprob_diff": max(diffs) if diffs else None, "rows": rows}
+        sets[name] = {"requests": len(rows), "identical": sum(r["identical"] for r in rows), **set_figures(rows),
+                      "rows": rows}
     return {"sets": sets}
 
 
+def set_figures(rows: list[dict]) -> dict:
+    """One request set's differences between two passes (compare_request rows): the earliest token at which
+    any request's tokens diverge (None: all equal), the largest chosen-token |dlogprob| on a shared prefix
+    (None: no request has one, e.g. all diverge at token 0), and the largest top-logprob difference at the first
+    generated token (comparable even then: its context is the prompt alone)."""
+    divergences = [r["first_divergence"] for r in rows if r["first_divergence"] is not None]
+    chosen = [r["max_abs_logprob_diff"] for r in rows if r["max_abs_logprob_diff"] is not None]
+    first = [r["first_token_top_logprob_diff"] for r in rows if r.get("first_token_top_logprob_diff") is not None]
+    return {"first_divergence": min(divergences) if divergences else None,
+            "max_abs_logprob_diff": max(chosen) if chosen else None,
+            "max_first_token_top_logprob_diff": max(first) if first else None}
+
+
 def gate_table(gate: dict) -> str:
-    """One line per request set: how many requests repeated as identical tensors, and the worst difference."""
+    """One line per request set and pair of passes (the gated pair, and the warm-up pass against the first gated
+    one where there was a warm-up): how many requests repeated as identical tensors, and by how much the rest
+    differed (set_figures)."""
+    pairs = [(gate.get("gated", "2 vs 3" if "warmup" in gate else "1 vs 2"), gate["sets"])]
+    if "warmup" in gate:
+        pairs.append(("1 (warm-up) vs 2", gate["warmup"]))
     rows = []
-    for name, st in gate["sets"].items():
-        different = [r for r in st["rows"] if not r["identical"]]
-        first = different[0] if different else None
-        rows.append([name, f"{st['identical']}/{st['requests']}", _fmt(st["max_abs_logprob_diff"]),
-                     "-" if first is None else f"request {first['request']}, " + (
-                         "same tokens" if first["first_divergence"] is None else f"token {first['first_divergence']}")])
-    return render(["set", "identical tensors (served twice)", "max |dlogprob|", "first difference"], rows)
+    for passes, sets in pairs:
+        for name, st in sets.items():
+            different = [r for r in st["rows"] if not r["identical"]]
+            rows.append([name, passes, f"{st['identical']}/{st['requests']}", _fmt(st.get("first_divergence")),
+                         _fmt(st["max_abs_logprob_diff"]), _fmt(st.get("max_first_token_top_logprob_diff")),
+                         "-" if not different else difference_text(different[0])])
+    return render(["set", "passes", "identical tensors", "first divergence", "max |dlogprob| (shared prefix)",
+                   "max top |dlogprob| at token 0", "first differing request"], rows)
+
+
+def difference_text(row: dict) -> str:
+    """How one request differed between two passes (a compare_request row), in words. Diverging at token 0
+    leaves no shared prefix for the chosen-token logprobs: then the first token's top logprobs say how far."""
+    d = row["first_divergence"]
+    where = f"request {row.get('request', '?')}: "
+    first = _fmt(row.get("first_token_top_logprob_diff"))
+    if d is None:
+        return where + (f"same tokens, chosen-token |dlogprob| up to {_fmt(row['max_abs_logprob_diff'])}, "
+                        f"top logprobs at token 0 up to {first}")
+    if d == 0:
+        return where + (f"tokens differ from the first generated token on (no shared prefix); the top logprobs "
+                        f"there differ by up to {first}")
+    return where + (f"tokens diverge at token {d}; largest |dlogprob| on the shared prefix "
+                    f"{_fmt(row['max_abs_logprob_diff'])}, top logprobs at token 0 up to {first}")
 
 
 def _fmt(value, spec: str = ".3g") -> str:

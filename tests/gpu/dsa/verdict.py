@@ -38,6 +38,8 @@ DeepSeek-V4 (`--arch v4`, README "DeepSeek-V4"), judged per layer against the mo
 
 from __future__ import annotations
 
+from tests.gpu.dsa import diff  # pure as well; diff.py imports this module only inside its main()
+
 MIN_OVERLAP = 0.999  # 2 of 2048 entries
 MAX_VS_SGLANG = 1e-2
 MAX_VS_FP32 = 3e-3
@@ -88,7 +90,7 @@ def diff_failures(result: dict) -> list[str]:
 
 
 def gate_failures(gate: dict) -> list[str]:
-    """SGLang against itself: the one-at-a-time requests must repeat as identical tensors."""
+    """SGLang against itself: the one-at-a-time requests must repeat as identical tensors (--strict-gate)."""
     st = gate["sets"].get("sequential")
     if st is None or not st["requests"]:
         return ["repeatability gate: no one-at-a-time requests were served twice"]
@@ -96,8 +98,16 @@ def gate_failures(gate: dict) -> list[str]:
         return []
     first = next(r for r in st["rows"] if not r["identical"])
     return [f"repeatability gate: SGLang's own server (plugin off) served the same requests twice and "
-            f"{st['requests'] - st['identical']}/{st['requests']} differed (request {first['request']}: first "
-            f"token difference {first['first_divergence']}, largest |dlogprob| {first['max_abs_logprob_diff']})"]
+            f"{st['requests'] - st['identical']}/{st['requests']} differed ({diff.difference_text(first)}; "
+            f"{floor_text(st)})"]
+
+
+def floor_text(st: dict) -> str:
+    """A gate set's figures (diff.set_figures) in words: what SGLang's own run-to-run noise reached."""
+    d, chosen, first = st.get("first_divergence"), st["max_abs_logprob_diff"], st["max_first_token_top_logprob_diff"]
+    return (f"over the set: tokens {'equal' if d is None else f'first diverge at token {d}'}, largest |dlogprob| on a "
+            f"shared prefix {'- (none shared)' if chosen is None else f'{chosen:.3g}'}, top logprobs at token 0 "
+            f"up to {'-' if first is None else f'{first:.3g}'}")
 
 
 def prefix_cache_failures(impl: str | None, radix_cache: bool) -> list[str]:
