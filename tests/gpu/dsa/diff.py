@@ -3,6 +3,10 @@
     python3 tests/gpu/dsa/diff.py OUT_DIR                 # compare-sglang.json vs compare-pdserve.json (+ bench)
     python3 tests/gpu/dsa/diff.py A.json B.json [--max-logprob-diff 0.05] [--require-equal-tokens]
     python3 tests/gpu/dsa/diff.py OUT_DIR --records OUT_DIR/record/pdserve   # + the plugin's shadow records
+    python3 tests/gpu/dsa/diff.py OUT1 OUT2 [--strict-gate]   # V4 over two calls: OUT1 plugin off, OUT2 on
+
+Given result directories of a V4 run (`compare.py --arch v4`, one call or two), it also prints the gate, the
+records and verdict.py's whole V4 verdict, as compare.py does at the end of a call, and exits 1 on a failure.
 
 Per request: are the greedy tokens equal, and if not where they first diverge; on the shared prefix
 (every position up to and including the first divergence, where both runs had the same context) the
@@ -107,6 +111,18 @@ def repeat_check(first: dict[str, list[dict]], again: dict[str, list[dict]]) -> 
         sets[name] = {"requests": len(rows), "identical": sum(r["identical"] for r in rows), **set_figures(rows),
                       "rows": rows}
     return {"sets": sets}
+
+
+def gate_from_passes(compare: dict) -> dict:
+    """The V4 gate's evidence from SGLang's own compare record: the last two passes ("sets" and "repeats")
+    compared as tensors (repeat_check) and, where a warm-up pass ran, the warm-up against the first compared pass
+    ("warmup"), so the record shows whether the warm-up changed anything; each pass's seconds ("pass_s")."""
+    gate = repeat_check(compare["sets"], compare["repeats"])
+    gate["gated"] = "2 vs 3" if "warmup" in compare else "1 vs 2"
+    if "warmup" in compare:
+        gate["warmup"] = repeat_check(compare["warmup"], compare["sets"])["sets"]
+    gate["pass_s"] = compare.get("pass_s")
+    return gate
 
 
 def set_figures(rows: list[dict]) -> dict:
@@ -279,30 +295,38 @@ def _load(path: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("paths", nargs="+", type=Path, help="OUT_DIR, or two compare JSON files (reference first)")
+    p.add_argument("paths", nargs="+", type=Path,
+                   help="OUT_DIR; or OUT1 OUT2, the plugin-off call's and the plugin-on call's; or two compare JSON "
+                        "files (reference first)")
     p.add_argument("--max-logprob-diff", type=float, default=None,
                    help="exit 1 if a chosen-token logprob differs by more than this on a shared prefix")
     p.add_argument("--require-equal-tokens", action="store_true", help="exit 1 unless every request's tokens are equal")
     p.add_argument("--records", type=Path, default=None,
                    help="also summarize the plugin's shadow-comparison records in this directory (records-*.jsonl)")
+    p.add_argument("--strict-gate", action="store_true",
+                   help="V4: fail unless SGLang's own server repeated itself (as compare.py --strict-gate)")
     args = p.parse_args(argv)
     if args.records is not None:
         print(records_table(summarize_records(args.records)))
-    if len(args.paths) == 1 and args.paths[0].is_dir():
-        out = args.paths[0]
-        pair = [out / "compare-sglang.json", out / "compare-pdserve.json"]
-        benches = {k: _load(out / f"bench-{k}.json")["bench"] for k in ("sglang", "pdserve")
-                   if (out / f"bench-{k}.json").exists()}
-    elif len(args.paths) == 2:
+    dirs = [x for x in args.paths if x.is_dir()]
+    if len(args.paths) in (1, 2) and len(dirs) == len(args.paths):
+        off_dir, on_dir = dirs[0], dirs[-1]
+        pair = [off_dir / "compare-sglang.json", on_dir / "compare-pdserve.json"]
+        benches = {k: _load(d / f"bench-{k}.json")["bench"] for k, d in (("sglang", off_dir), ("pdserve", on_dir))
+                   if (d / f"bench-{k}.json").exists()}
+    elif len(args.paths) == 2 and not dirs:
+        off_dir = on_dir = None
         pair, benches = args.paths, {}
     else:
-        p.error("give one results directory or two compare JSON files")
-    missing = [str(x) for x in pair if not x.exists()]
-    if missing and not benches:
-        p.error(f"not found: {', '.join(missing)}")
+        p.error("give one results directory, two (the plugin-off call's, then the plugin-on call's), or two "
+                "compare JSON files")
+    runs = {k: _load(x) for k, x in zip(("sglang", "pdserve"), pair, strict=True) if x.exists()}
+    if not runs and not benches:
+        p.error(f"not found: {', '.join(map(str, pair))}")
     failed = False
-    if not missing:
-        result = compare_runs(_load(pair[0]), _load(pair[1]))
+    result = None
+    if len(runs) == 2:
+        result = compare_runs(runs["sglang"], runs["pdserve"])
         print(compare_table(result))
         if args.require_equal_tokens and result["tokens_equal"] != result["requests"]:
             print(f"FAIL: tokens differ in {result['requests'] - result['tokens_equal']} requests")
@@ -313,7 +337,32 @@ def main(argv: list[str] | None = None) -> int:
             failed = True
     if benches:
         print(bench_table(benches))
+    if off_dir is not None and any(r.get("arch") == "v4" for r in runs.values()):
+        failed |= _v4_verdict(runs, off_dir, on_dir, result, strict_gate=args.strict_gate)
     return 1 if failed else 0
+
+
+def _v4_verdict(runs: dict[str, dict], off_dir: Path, on_dir: Path, result: dict | None, *, strict_gate: bool) -> bool:
+    """compare.py's V4 verdict again, from the files of one call or of two (the plugin-off call's gate.json, the
+    plugin-on call's records summary); prints it and says whether it failed."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository root, for `tests.gpu.dsa`
+    from tests.gpu.dsa import verdict
+
+    gate = _load(off_dir / "gate.json") if (off_dir / "gate.json").exists() else None
+    if gate is not None:
+        print(gate_table(gate))
+    summary = on_dir / "records-summary-pdserve.json"
+    records = _load(summary)["rows"] if summary.exists() else None
+    if records:
+        print(records_table(records))
+    config = next(r["model_config"] for r in runs.values() if "model_config" in r)
+    failures, notes = verdict.v4_verdict(runs, gate, records, result, config, strict_gate=strict_gate)
+    for note in notes:
+        print(f"NOTE: {note}")
+    for failure in failures:
+        print(f"FAIL: {failure}")
+    print("PASS" if not failures else f"{len(failures)} failure(s)")
+    return bool(failures)
 
 
 if __name__ == "__main__":
