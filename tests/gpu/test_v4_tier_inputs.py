@@ -642,6 +642,86 @@ def test_the_first_gpu_runs_gate_is_what_the_comparator_computes_from_its_passes
     assert "no shared prefix); the top logprobs there differ by up to 0.0603;" in fail
 
 
+def _rows(set_name: str, *figures: tuple) -> list[dict]:
+    """compare_runs rows of one set: (first divergence, chosen |dlogprob| on the shared prefix, first-token top)."""
+    return [{"set": set_name, "request": i, "first_divergence": d, "max_abs_logprob_diff": chosen,
+             "first_token_top_logprob_diff": first} for i, (d, chosen, first) in enumerate(figures)]
+
+
+def _gate_set(*figures: tuple) -> dict:
+    rows = [{**r, "identical": False} for r in _rows("x", *figures)]
+    return {"requests": len(rows), "identical": 0, **diff.set_figures(rows), "rows": rows}
+
+
+def test_the_floor_rule_passes_and_fails():
+    # SGLang repeated itself (floor 0): the DSA tier's 0.5 holds.
+    gate = {"sets": {"sequential": _gate_set((None, 0.0, 0.0))}}
+    assert verdict.noise_floors(gate) == {"sequential": 0.0}
+    assert verdict.logprob_floor_failures({"rows": _rows("sequential", (3, 0.49, 0.2))}, gate) == ([], [])
+    (fail,), _ = verdict.logprob_floor_failures({"rows": _rows("sequential", (3, 0.51, 0.2))}, gate)
+    assert "largest logprob difference 0.5100 > 0.5000" in fail
+    # A floor of 0.3 (its first-token top logprobs, the larger figure) allows 0.6, per set.
+    gate = {"sets": {"sequential": _gate_set((0, None, 0.3), (4, 0.2, 0.1)), "batch": _gate_set((None, 0.0, 0.0))}}
+    assert verdict.noise_floors(gate) == {"sequential": 0.3, "batch": 0.0}
+    off_on = {"rows": _rows("sequential", (0, None, 0.59), (5, 0.4, 0.1)) + _rows("batch", (2, 0.45, 0.3))}
+    assert verdict.logprob_floor_failures(off_on, gate) == ([], [])
+    off_on = {"rows": _rows("sequential", (0, None, 0.61)) + _rows("batch", (2, 0.55, 0.3))}
+    fails, notes = verdict.logprob_floor_failures(off_on, gate)
+    assert [f.split(":")[0] for f in fails] == ["plugin off against on, sequential requests",
+                                                "plugin off against on, batch requests"]
+    assert "0.6100 > 0.6000 (the larger of 0.5 and 2 x SGLang's own noise floor 0.3000)" in fails[0] and not notes
+    # A set the gate did not measure has floor 0; a floor of 0.5 or more makes the limit a whole nat: a note.
+    gate = {"sets": {"sequential": _gate_set((0, None, 0.55))}}
+    fails, (note,) = verdict.logprob_floor_failures({"rows": _rows("sequential", (1, 1.05, 0.2))}, gate)
+    assert fails == [] and note.startswith("sequential requests: SGLang's own noise floor 0.5500 makes the logprob "
+                                           "limit 1.1000 nats") and "only the per-layer records judge" in note
+    (fail,), _ = verdict.logprob_floor_failures({"rows": _rows("batch", (1, 0.7, 0.2))}, gate)
+    assert fail.startswith("plugin off against on, batch requests: largest logprob difference 0.7000 > 0.5000")
+
+
+def test_the_first_gpu_runs_floor_and_what_it_would_allow():
+    """The 2026-12-06 run's passes as a floor: what the next run's off-against-on logprobs will be held to."""
+    run = json.loads((V4_RUN / "compare-sglang.json").read_text())["compare"]
+    gate = diff.repeat_check(run["sets"], run["repeats"])
+    floors = verdict.noise_floors(gate)
+    assert (round(floors["sequential"], 3), round(floors["batch"], 3)) == (0.484, 0.591)
+    # pdserve's off-against-on figures equal to SGLang's own noise pass; 2.1x the noise fails both sets.
+    as_noise = {"rows": [{"set": n, **r} for n, st in gate["sets"].items() for r in st["rows"]]}
+    fails, notes = verdict.logprob_floor_failures(as_noise, gate)
+    assert fails == [] and [n.split(":")[0] for n in notes] == ["batch requests"]  # 2 x 0.591 > 1 nat
+    beyond = {"rows": [{**r, "first_token_top_logprob_diff": 2.1 * r["first_token_top_logprob_diff"]}
+                        for r in as_noise["rows"]]}
+    fails, _ = verdict.logprob_floor_failures(beyond, gate)
+    assert [f.split(":")[0] for f in fails] == ["plugin off against on, sequential requests",
+                                                "plugin off against on, batch requests"]
+
+
+def test_the_v4_verdict_strict_or_not():
+    both = {"indexer_topk": "pdserve", "sparse_mla_decode": "pdserve"}
+    off_ops = {"indexer_topk": "sglang", "sparse_mla_decode": "sglang"}
+    runs = {"sglang": {"plugin": {"status": [{"kernels": off_ops, "model": "deepseek_v4"}], "ran": [], "fallback": []},
+                       "tree_cache_impl": "SWAChunkCache", "argv": ["--disable-radix-cache"]},
+            "pdserve": {"plugin": {"status": [{"kernels": both, "model": "deepseek_v4"}], "fallback": [],
+                                   "ran": [{"op": "indexer_topk"}, {"op": "sparse_mla_decode"}]},
+                        "tree_cache_impl": "SWAChunkCache", "argv": ["--disable-radix-cache"]}}
+    gate = {"sets": {"sequential": _gate_set((0, None, 0.1))}}
+    result = {"rows": _rows("sequential", (2, 0.3, 0.1))}
+    fails, (note,) = verdict.v4_verdict(runs, gate, _v4_rows(), result, CONFIG_RATIOS)
+    assert fails == [] and note.startswith("SGLang did not repeat itself (not required without --strict-gate): "
+                                           "SGLang's own server (plugin off) served")
+    (fail,), notes = verdict.v4_verdict(runs, gate, _v4_rows(), result, CONFIG_RATIOS, strict_gate=True)
+    assert fail.startswith("repeatability gate:") and notes == []
+    # The records are judged whatever the gate says.
+    bad = _v4_rows({("sparse_mla_decode", 1): {"rel_l2_max": 0.5}})
+    (fail,), _ = verdict.v4_verdict(runs, gate, bad, result, CONFIG_RATIOS)
+    assert fail.startswith("sparse_mla_decode layer 1: rel L2 0.5")
+    (fail,), _ = verdict.v4_verdict(runs, gate, None, result, CONFIG_RATIOS)
+    assert fail.startswith("no records were written")
+    # One call's files: what it has is judged, and the note says what it lacks.
+    fails, (note,) = verdict.v4_verdict({"pdserve": runs["pdserve"]}, None, _v4_rows(), None, CONFIG_RATIOS)
+    assert fails == [] and note.startswith("only pdserve server in these files: no comparison off against on")
+
+
 def test_prefix_cache_and_plugin_model_checks():
     assert verdict.prefix_cache_failures("SWAChunkCache", radix_cache=False) == []
     assert verdict.prefix_cache_failures("UnifiedRadixCache", radix_cache=False)
