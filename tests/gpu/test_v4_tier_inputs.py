@@ -827,7 +827,7 @@ def test_v4_driver_goes_on_past_a_gate_that_differs_and_judges_against_the_floor
 
 
 def test_v4_driver_fails_a_plugin_beyond_the_floor(tmp_path):
-    done, out = _drive(tmp_path, STANDIN_NOT_REPEATABLE="first-token", STANDIN_PDSERVE_SHIFT="1.5")
+    done, _ = _drive(tmp_path, STANDIN_NOT_REPEATABLE="first-token", STANDIN_PDSERVE_SHIFT="1.5")
     assert done.returncode == 1
     fails = [line for line in done.stdout.splitlines() if line.startswith("FAIL: ")]
     assert fails == [

@@ -12,15 +12,15 @@
 
 DeepSeek-V4 (`--arch v4`, README "DeepSeek-V4"), judged per layer against the model's compress ratios:
 
-* First the gate: SGLang's own server, plugin off, serves both request sets three times (the first a warm-up:
-  JIT compiles and autotuning fall there), and passes 2 and 3 are compared as tensors (gate_failures). The first
-  GPU run (2026-12-06, no warm-up then) found 0/4 identical, every request's first-token logprobs already
-  different: that token comes from SGLang's prefill, which the plugin does not touch (it hooks decode only). So
-  by default a gate that differs is recorded, not fatal:
-  its differences are the noise floor the logprobs off against on are judged against (below), and the per-layer
-  records, which compare both kernels on the same inputs inside one server, are the proof. `--strict-gate`
-  makes a differing gate a failure (for when SGLang repeats itself). The all-in-one requests are not gated:
-  SGLang may split their prefills differently from one pass to the next, which changes rounding but no kernel.
+* First the gate: SGLang's own server, plugin off, serves both request sets three times (the first a warm-up: JIT
+  compiles and autotuning fall there), and passes 2 and 3 are compared as tensors (gate_failures). The first GPU run
+  (2026-12-06, no warm-up then) found 0/4 identical, every request's first-token logprobs already different: that
+  token comes from SGLang's prefill, which the plugin does not touch (it hooks decode only). So by default a gate
+  that differs is recorded, not fatal: its differences are the noise floor the logprobs off against on are judged
+  against (below), and the per-layer records, which compare both kernels on the same inputs inside one server, are
+  the proof. `--strict-gate` makes a differing gate a failure (for when SGLang repeats itself). The all-in-one
+  requests are not gated: SGLang may split their prefills differently from one pass to the next, which changes
+  rounding but no kernel.
 * The prefix cache was off as asked (prefix_cache_failures).
 * Records (v4_record_failures): every layer's sparse MLA decode and every C4 layer's indexer recorded, and
   - top-k: a row may differ from SGLang's set in at most V4_MAX_TOPK_DIFF of its index_topk entries. Why any:
@@ -36,19 +36,19 @@ DeepSeek-V4 (`--arch v4`, README "DeepSeek-V4"), judged per layer against the mo
     1.70e-3 from the same reference); 3e-3 is ~1.8x that, and 1e-2 leaves room for FlashMLA's own share
     (probe: 4.8e-5 from pdserve's on window-only layers, 1.0-2.3e-3 through a two-launch merge).
     A wrong slot, page, scale or sink gives errors of order 1.
-* Plugin off against on, per request set (logprob_floor_failures), pass 2 of each server (after its warm-up):
-  the figure is the floor's own (noise_floor: the largest chosen-token |dlogprob| on a shared prefix and top
-  logprob difference at the first generated token), and it must be at most max(MAX_LOGPROB_DIFF, FLOOR_FACTOR x
-  SGLang's floor for that set). Why the larger of the two: a server that repeats itself (floor 0) still leaves
-  the two kernels' rounding to differ, which the DSA tier bounds by 0.5. Why 2 x the floor: the floor is the
-  largest of a few requests' differences (4 here), itself a draw of the noise; a second draw of the same noise (off against
-  on, with no kernel difference at all) beats the first draw's maximum about half the time, so the floor alone
-  would fail a correct kernel as often as not. The DSA tier measured six such maxima (over 6 requests each) between runs
+* Plugin off against on, per request set (logprob_floor_failures), pass 2 of each server (after its warm-up): the
+  figure is the floor's own (noise_floor: the largest chosen-token |dlogprob| on a shared prefix and top logprob
+  difference at the first generated token), and it must be at most max(MAX_LOGPROB_DIFF, FLOOR_FACTOR x SGLang's
+  floor for that set). Why the larger of the two: a server that repeats itself (floor 0) still leaves the two
+  kernels' rounding to differ, which the DSA tier bounds by 0.5. Why 2 x the floor: the floor is the largest of a
+  few requests' differences (4 here), itself a draw of the noise; a second draw of the same noise (off against on,
+  with no kernel difference at all) beats the first draw's maximum about half the time, so the floor alone would
+  fail a correct kernel as often as not. The DSA tier measured six such maxima (over 6 requests each) between runs
   whose per-layer records showed the kernels within rounding (SGLang against itself 0.314 and 0.34, pdserve's
-  against itself 0.252 and 0.399, off against on 0.323 and 0.437): the largest is 1.73x the smallest, and 2
-  covers that. Why it still catches something: a wrong slot, page or scale moves logprobs by whole nats; where
-  FLOOR_FACTOR x floor reaches WRONG_KERNEL_NATS (1 nat) the comparison can no longer tell, and the verdict
-  says so in a note (the records then judge alone).
+  against itself 0.252 and 0.399, off against on 0.323 and 0.437): the largest is 1.73x the smallest, and 2 covers
+  that. Why it still catches something: a wrong slot, page or scale moves logprobs by whole nats; where FLOOR_FACTOR
+  x floor reaches WRONG_KERNEL_NATS (1 nat) the comparison can no longer tell, and the verdict says so in a note
+  (the records then judge alone).
 """
 
 from __future__ import annotations
@@ -183,7 +183,8 @@ def v4_verdict(runs: dict[str, dict], gate: dict | None, records: list[dict] | N
         if strict_gate:
             failures += differed
         elif differed:
-            notes += [f"SGLang did not repeat itself (not required without --strict-gate): {differed[0].removeprefix('repeatability gate: ')}. Tokens and "
+            what = differed[0].removeprefix("repeatability gate: ")
+            notes += [f"SGLang did not repeat itself (not required without --strict-gate): {what}. Tokens and "
                       "logprobs off against on are therefore bounded only by that floor (logprob limit per set: the "
                       f"larger of {MAX_LOGPROB_DIFF} and {FLOOR_FACTOR:g} x the floor); the proof is the per-layer "
                       "records, pdserve's kernel against SGLang's on the same inputs inside one server"]
