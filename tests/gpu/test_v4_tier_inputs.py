@@ -817,6 +817,7 @@ def test_v4_driver_goes_on_past_a_gate_that_differs_and_judges_against_the_floor
     assert gate["sets"]["sequential"]["identical"] == 0 and gate["sets"]["sequential"]["first_divergence"] == 0
     assert gate["floor"] == {"sequential": pytest.approx(0.2), "batch": pytest.approx(0.1)}
     assert "STOP" not in done.stdout and (out / "server-pdserve.log").exists() and (out / "diff.json").exists()
+    assert "[sglang] did not repeat itself; noise floor per set: sequential 0.2, batch 0.1; going on" in done.stdout
     note = next(line for line in done.stdout.splitlines() if line.startswith("NOTE: SGLang did not repeat itself"))
     assert ("SGLang's own server (plugin off) served the same requests twice and 2/2 differed (request 0: same "
             "tokens, chosen-token |dlogprob| up to 0.05, top logprobs at token 0 up to 0.1; over the set: tokens "
