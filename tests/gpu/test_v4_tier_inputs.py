@@ -622,7 +622,7 @@ def test_a_gate_that_differs_at_the_first_token_says_so():
 V4_RUN = HERE / "dsa" / "results" / "2026-12-06-h100x1" / "v4-gate-fail"
 
 
-def test_the_first_gpu_runs_gate_is_what_the_comparator_computes_from_its_passes():
+def test_the_first_gpu_runs_gate_is_what_the_comparator_computes_from_its_passes(capsys):
     """The 2026-12-06 H100 record: both passes' tensors (compare-sglang.json) give the recorded gate.json again,
     and the figures the README quotes."""
     run = json.loads((V4_RUN / "compare-sglang.json").read_text())["compare"]
@@ -640,6 +640,9 @@ def test_the_first_gpu_runs_gate_is_what_the_comparator_computes_from_its_passes
         0.446, 0.591)
     (fail,) = verdict.gate_failures(gate)
     assert "no shared prefix); the top logprobs there differ by up to 0.0603;" in fail
+    assert diff.main([str(V4_RUN)]) == 0  # its directory offline: the gate's table (the run has no verdict to redo)
+    assert "| sequential | 1 vs 2 | 0/4 | 0 | 0.36 | 0.484 | request 0: tokens differ from the first generated " \
+           "token on" in _table(capsys.readouterr().out)
 
 
 def _rows(set_name: str, *figures: tuple) -> list[dict]:
