@@ -485,7 +485,7 @@ def test_v4_driver_defaults(tmp_path):
 def test_v4_driver_refuses_what_it_cannot_do(tmp_path, capsys):
     base = ["--model", str(tmp_path), "--out", str(tmp_path)]
     for bad in (["--arch", "v4", "--phase", "bench"], ["--arch", "v4", "--prompt-lens", "2000"],
-                ["--arch", "v4", "--prompt-lens", "8180"], ["--radix-cache"], ["--continue-past-gate"],
+                ["--arch", "v4", "--prompt-lens", "8180"], ["--radix-cache"], ["--strict-gate"], ["--no-warmup"],
                 ["--arch", "v5"]):
         with pytest.raises(SystemExit):
             compare.parse_args(base + bad)
@@ -587,7 +587,8 @@ def test_the_gate_passes_identical_tensors_only():
     off["sequential"][1]["logprobs"][1] = math.nextafter(-0.2, 0.0)
     gate = diff.repeat_check(a, off)
     (fail,) = verdict.gate_failures(gate)
-    assert "1/2 differed (request 1: first token difference None" in fail
+    assert "1/2 differed (request 1: same tokens, chosen-token |dlogprob| up to 2.78e-17" in fail
+    assert "None" not in fail
     # A top logprob alone differs.
     top = json.loads(json.dumps(a))
     top["sequential"][0]["top_logprobs"][0] = [[7, -0.5], [8, -3.0]]
@@ -597,10 +598,131 @@ def test_the_gate_passes_identical_tensors_only():
     batch["batch"][0]["logprobs"][0] = -0.6
     gate = diff.repeat_check(a, batch)
     assert verdict.gate_failures(gate) == [] and gate["sets"]["batch"]["identical"] == 0
-    assert "| batch | 0/1 | 0.1 |" in re.sub(r" +", " ", diff.gate_table(gate))
+    assert "| batch | 1 vs 2 | 0/1 | - | 0.1 | 0 | request 0: same tokens" in re.sub(r" +", " ", diff.gate_table(gate))
     with pytest.raises(ValueError, match="request set 'batch'"):
         diff.repeat_check(a, {"sequential": a["sequential"]})
     assert verdict.gate_failures({"sets": {}})
+
+
+def test_a_gate_that_differs_at_the_first_token_says_so():
+    """Diverging at token 0 leaves no shared prefix: the message gives the first token's top-logprob difference
+    (the first GPU run printed "largest |dlogprob| None" there)."""
+    a = {"sequential": [_result([-0.7, -1.0], ids=(7, 8), top=[[[7, -0.7], [9, -0.75]], [[8, -1.0]]])]}
+    b = {"sequential": [_result([-0.72, -1.0], ids=(9, 8), top=[[[9, -0.72], [7, -0.75]], [[8, -1.0]]])]}
+    gate = diff.repeat_check(a, b)
+    row = gate["sets"]["sequential"]["rows"][0]
+    assert row["first_divergence"] == 0 and row["max_abs_logprob_diff"] is None
+    assert row["first_token_top_logprob_diff"] == pytest.approx(0.05)
+    (fail,) = verdict.gate_failures(gate)
+    assert "request 0: tokens differ from the first generated token on (no shared prefix); the top logprobs " \
+           "there differ by up to 0.05;" in fail
+    assert "largest |dlogprob| on a shared prefix - (none shared)" in fail and "None" not in fail
+
+
+V4_RUN = HERE / "dsa" / "results" / "2026-12-06-h100x1" / "v4-gate-fail"
+
+
+def test_the_first_gpu_runs_gate_is_what_the_comparator_computes_from_its_passes(capsys):
+    """The 2026-12-06 H100 record: both passes' tensors (compare-sglang.json) give the recorded gate.json again,
+    and the figures the README quotes."""
+    run = json.loads((V4_RUN / "compare-sglang.json").read_text())["compare"]
+    gate = diff.repeat_check(run["sets"], run["repeats"])
+    recorded = json.loads((V4_RUN / "gate.json").read_text())
+    for name, st in recorded["sets"].items():
+        assert (gate["sets"][name]["identical"], gate["sets"][name]["max_abs_logprob_diff"]) == (
+            st["identical"], st["max_abs_logprob_diff"])
+        assert [r["first_divergence"] for r in gate["sets"][name]["rows"]] == [
+            r["first_divergence"] for r in st["rows"]]
+    seq, batch = gate["sets"]["sequential"], gate["sets"]["batch"]
+    assert [r["first_divergence"] for r in seq["rows"]] == [0, 6, 9, 0]
+    assert (round(seq["max_abs_logprob_diff"], 3), round(seq["max_first_token_top_logprob_diff"], 3)) == (0.36, 0.484)
+    assert (round(batch["max_abs_logprob_diff"], 3), round(batch["max_first_token_top_logprob_diff"], 3)) == (
+        0.446, 0.591)
+    (fail,) = verdict.gate_failures(gate)
+    assert "no shared prefix); the top logprobs there differ by up to 0.0603;" in fail
+    assert diff.main([str(V4_RUN)]) == 0  # its directory offline: the gate's table (the run has no verdict to redo)
+    assert "| sequential | 1 vs 2 | 0/4 | 0 | 0.36 | 0.484 | request 0: tokens differ from the first generated " \
+           "token on" in _table(capsys.readouterr().out)
+
+
+def _rows(set_name: str, *figures: tuple) -> list[dict]:
+    """compare_runs rows of one set: (first divergence, chosen |dlogprob| on the shared prefix, first-token top)."""
+    return [{"set": set_name, "request": i, "first_divergence": d, "max_abs_logprob_diff": chosen,
+             "first_token_top_logprob_diff": first} for i, (d, chosen, first) in enumerate(figures)]
+
+
+def _gate_set(*figures: tuple) -> dict:
+    rows = [{**r, "identical": False} for r in _rows("x", *figures)]
+    return {"requests": len(rows), "identical": 0, **diff.set_figures(rows), "rows": rows}
+
+
+def test_the_floor_rule_passes_and_fails():
+    # SGLang repeated itself (floor 0): the DSA tier's 0.5 holds.
+    gate = {"sets": {"sequential": _gate_set((None, 0.0, 0.0))}}
+    assert verdict.noise_floors(gate) == {"sequential": 0.0}
+    assert verdict.logprob_floor_failures({"rows": _rows("sequential", (3, 0.49, 0.2))}, gate) == ([], [])
+    (fail,), _ = verdict.logprob_floor_failures({"rows": _rows("sequential", (3, 0.51, 0.2))}, gate)
+    assert "largest logprob difference 0.5100 > 0.5000" in fail
+    # A floor of 0.3 (its first-token top logprobs, the larger figure) allows 0.6, per set.
+    gate = {"sets": {"sequential": _gate_set((0, None, 0.3), (4, 0.2, 0.1)), "batch": _gate_set((None, 0.0, 0.0))}}
+    assert verdict.noise_floors(gate) == {"sequential": 0.3, "batch": 0.0}
+    off_on = {"rows": _rows("sequential", (0, None, 0.59), (5, 0.4, 0.1)) + _rows("batch", (2, 0.45, 0.3))}
+    assert verdict.logprob_floor_failures(off_on, gate) == ([], [])
+    off_on = {"rows": _rows("sequential", (0, None, 0.61)) + _rows("batch", (2, 0.55, 0.3))}
+    fails, notes = verdict.logprob_floor_failures(off_on, gate)
+    assert [f.split(":")[0] for f in fails] == ["plugin off against on, sequential requests",
+                                                "plugin off against on, batch requests"]
+    assert "0.6100 > 0.6000 (the larger of 0.5 and 2 x SGLang's own noise floor 0.3000)" in fails[0] and not notes
+    # A set the gate did not measure has floor 0; a floor of 0.5 or more makes the limit a whole nat: a note.
+    gate = {"sets": {"sequential": _gate_set((0, None, 0.55))}}
+    fails, (note,) = verdict.logprob_floor_failures({"rows": _rows("sequential", (1, 1.05, 0.2))}, gate)
+    assert fails == [] and note.startswith("sequential requests: SGLang's own noise floor 0.5500 makes the logprob "
+                                           "limit 1.1000 nats") and "only the per-layer records judge" in note
+    (fail,), _ = verdict.logprob_floor_failures({"rows": _rows("batch", (1, 0.7, 0.2))}, gate)
+    assert fail.startswith("plugin off against on, batch requests: largest logprob difference 0.7000 > 0.5000")
+
+
+def test_the_first_gpu_runs_floor_and_what_it_would_allow():
+    """The 2026-12-06 run's passes as a floor: what the next run's off-against-on logprobs will be held to."""
+    run = json.loads((V4_RUN / "compare-sglang.json").read_text())["compare"]
+    gate = diff.repeat_check(run["sets"], run["repeats"])
+    floors = verdict.noise_floors(gate)
+    assert (round(floors["sequential"], 3), round(floors["batch"], 3)) == (0.484, 0.591)
+    # pdserve's off-against-on figures equal to SGLang's own noise pass; 2.1x the noise fails both sets.
+    as_noise = {"rows": [{"set": n, **r} for n, st in gate["sets"].items() for r in st["rows"]]}
+    fails, notes = verdict.logprob_floor_failures(as_noise, gate)
+    assert fails == [] and [n.split(":")[0] for n in notes] == ["batch requests"]  # 2 x 0.591 > 1 nat
+    beyond = {"rows": [{**r, "first_token_top_logprob_diff": 2.1 * r["first_token_top_logprob_diff"]}
+                        for r in as_noise["rows"]]}
+    fails, _ = verdict.logprob_floor_failures(beyond, gate)
+    assert [f.split(":")[0] for f in fails] == ["plugin off against on, sequential requests",
+                                                "plugin off against on, batch requests"]
+
+
+def test_the_v4_verdict_strict_or_not():
+    both = {"indexer_topk": "pdserve", "sparse_mla_decode": "pdserve"}
+    off_ops = {"indexer_topk": "sglang", "sparse_mla_decode": "sglang"}
+    runs = {"sglang": {"plugin": {"status": [{"kernels": off_ops, "model": "deepseek_v4"}], "ran": [], "fallback": []},
+                       "tree_cache_impl": "SWAChunkCache", "argv": ["--disable-radix-cache"]},
+            "pdserve": {"plugin": {"status": [{"kernels": both, "model": "deepseek_v4"}], "fallback": [],
+                                   "ran": [{"op": "indexer_topk"}, {"op": "sparse_mla_decode"}]},
+                        "tree_cache_impl": "SWAChunkCache", "argv": ["--disable-radix-cache"]}}
+    gate = {"sets": {"sequential": _gate_set((0, None, 0.1))}}
+    result = {"rows": _rows("sequential", (2, 0.3, 0.1))}
+    fails, (note,) = verdict.v4_verdict(runs, gate, _v4_rows(), result, CONFIG_RATIOS)
+    assert fails == [] and note.startswith("SGLang did not repeat itself (not required without --strict-gate): "
+                                           "SGLang's own server (plugin off) served")
+    (fail,), notes = verdict.v4_verdict(runs, gate, _v4_rows(), result, CONFIG_RATIOS, strict_gate=True)
+    assert fail.startswith("repeatability gate:") and notes == []
+    # The records are judged whatever the gate says.
+    bad = _v4_rows({("sparse_mla_decode", 1): {"rel_l2_max": 0.5}})
+    (fail,), _ = verdict.v4_verdict(runs, gate, bad, result, CONFIG_RATIOS)
+    assert fail.startswith("sparse_mla_decode layer 1: rel L2 0.5")
+    (fail,), _ = verdict.v4_verdict(runs, gate, None, result, CONFIG_RATIOS)
+    assert fail.startswith("no records were written")
+    # One call's files: what it has is judged, and the note says what it lacks.
+    fails, (note,) = verdict.v4_verdict({"pdserve": runs["pdserve"]}, None, _v4_rows(), None, CONFIG_RATIOS)
+    assert fails == [] and note.startswith("only pdserve server in these files: no comparison off against on")
 
 
 def test_prefix_cache_and_plugin_model_checks():
@@ -630,7 +752,7 @@ def _drive(tmp_path, *more, **env) -> tuple[subprocess.CompletedProcess, Path]:
     from tests.fixtures.ports import free_ports
 
     model = tmp_path / "model"
-    model.mkdir(exist_ok=True)
+    model.mkdir(parents=True, exist_ok=True)
     (model / "config.json").write_text(json.dumps(CONFIG))
     out = tmp_path / "out"
     (port,) = free_ports(1)
@@ -642,16 +764,25 @@ def _drive(tmp_path, *more, **env) -> tuple[subprocess.CompletedProcess, Path]:
     return done, out
 
 
+def _table(text: str) -> str:
+    return re.sub(r" +", " ", text)
+
+
 def test_v4_driver_end_to_end_on_a_standin_server(tmp_path):
     done, out = _drive(tmp_path)
-    assert done.returncode == 0 and done.stdout.rstrip().endswith("PASS")
+    assert done.returncode == 0 and done.stdout.rstrip().endswith("PASS") and "NOTE" not in done.stdout
     gate = json.loads((out / "gate.json").read_text())
+    assert gate["gated"] == "2 vs 3" and len(gate["pass_s"]) == 3  # a warm-up, then the two compared passes
     assert {k: (v["identical"], v["requests"]) for k, v in gate["sets"].items()} == {"sequential": (2, 2),
                                                                                       "batch": (2, 2)}
+    assert {k: v["identical"] for k, v in gate["warmup"].items()} == {"sequential": 2, "batch": 2}
+    assert gate["floor"] == {"sequential": 0.0, "batch": 0.0}
     off = json.loads((out / "compare-sglang.json").read_text())
     on = json.loads((out / "compare-pdserve.json").read_text())
     assert set(off["compare"]["repeats"]) == {"sequential", "batch"} and "repeats" not in on["compare"]
-    assert "repeat" not in on["compare"]  # no second pass under the recorder
+    assert "warmup" in on["compare"] and len(on["compare"]["pass_s"]) == 2  # pdserve's server warms up too
+    assert "repeat" not in on["compare"]  # no third pass under the recorder
+    assert off["arch"] == on["arch"] == "v4" and on["model_config"]["compress_ratios"] == CONFIG["compress_ratios"]
     assert off["tree_cache_impl"] == on["tree_cache_impl"] == "SWAChunkCache"
     assert "--disable-radix-cache" in off["argv"] and off["env"]["SGLANG_OPT_FP8_WO_A_GEMM"] == "0"
     assert [s["model"] for s in on["plugin"]["status"]] == ["deepseek_v4"]
@@ -661,26 +792,93 @@ def test_v4_driver_end_to_end_on_a_standin_server(tmp_path):
     assert json.loads((out / "records-summary-sglang.json").read_text())["rows"] == []
     result = json.loads((out / "diff.json").read_text())
     assert result["requests"] == 4 and result["max_abs_logprob_diff"] == pytest.approx(1e-4, rel=0.01)
-    assert "| sequential | 2/2 |" in re.sub(r" +", " ", done.stdout)  # the gate's table, printed
+    assert "| sequential | 2 vs 3 | 2/2 |" in _table(done.stdout)  # the gate's table, printed
+    assert "| sequential | 1 (warm-up) vs 2 | 2/2 |" in _table(done.stdout)
+    assert "passes " in done.stdout and "(the first a warm-up)" in done.stdout
 
 
-def test_v4_driver_stops_when_sglang_does_not_repeat_itself(tmp_path):
-    done, out = _drive(tmp_path, STANDIN_NOT_REPEATABLE="1")
+def test_v4_warmup_pass_absorbs_a_server_that_settles(tmp_path):
+    """A server whose first pass differs (JIT, autotuning) and which then repeats itself: the gate compares passes
+    2 and 3 and shows the warm-up's difference beside them; without the warm-up the same server does not repeat."""
+    done, out = _drive(tmp_path / "warm", STANDIN_SETTLE_AFTER="4")  # 2 prompts one at a time + 2 in one call
+    assert done.returncode == 0 and "NOTE" not in done.stdout
+    gate = json.loads((out / "gate.json").read_text())
+    assert gate["sets"]["sequential"]["identical"] == 2 and gate["warmup"]["sequential"]["identical"] == 0
+    assert gate["warmup"]["sequential"]["max_abs_logprob_diff"] == pytest.approx(0.01)
+    assert "| sequential | 1 (warm-up) vs 2 | 0/2 | - | 0.01 | 0.01 | request 0: same tokens" in _table(done.stdout)
+    done, out = _drive(tmp_path / "cold", "--no-warmup", STANDIN_SETTLE_AFTER="4")
+    gate = json.loads((out / "gate.json").read_text())
+    assert gate["gated"] == "1 vs 2" and "warmup" not in gate and gate["sets"]["sequential"]["identical"] == 0
+    # Not --strict-gate: recorded, said plainly, not a failure; pdserve's server ran and was judged.
+    assert done.returncode == 0 and "NOTE: SGLang did not repeat itself (not required without --strict-gate)" \
+        in done.stdout and (out / "records-summary-pdserve.json").exists()
+
+
+def test_v4_driver_goes_on_past_a_gate_that_differs_and_judges_against_the_floor(tmp_path):
+    done, out = _drive(tmp_path, STANDIN_NOT_REPEATABLE="first-token")
+    gate = json.loads((out / "gate.json").read_text())
+    assert gate["sets"]["sequential"]["identical"] == 0 and gate["sets"]["sequential"]["first_divergence"] == 0
+    assert gate["floor"] == {"sequential": pytest.approx(0.2), "batch": pytest.approx(0.1)}
+    assert "STOP" not in done.stdout and (out / "server-pdserve.log").exists() and (out / "diff.json").exists()
+    assert "[sglang] did not repeat itself; noise floor per set: sequential 0.2, batch 0.1; going on" in done.stdout
+    note = next(line for line in done.stdout.splitlines() if line.startswith("NOTE: SGLang did not repeat itself"))
+    assert ("SGLang's own server (plugin off) served the same requests twice and 2/2 differed (request 0: same "
+            "tokens, chosen-token |dlogprob| up to 0.05, top logprobs at token 0 up to 0.1; over the set: tokens "
+            "first diverge at token 0, largest |dlogprob| on a shared prefix 0.05, top logprobs at token 0 up to 0.2)"
+            ) in note
+    assert "bounded only by that floor" in note and "the proof is the per-layer records" in note
+    assert "FAIL" not in done.stdout and done.stdout.rstrip().endswith("PASS") and done.returncode == 0
+
+
+def test_v4_driver_fails_a_plugin_beyond_the_floor(tmp_path):
+    done, _ = _drive(tmp_path, STANDIN_NOT_REPEATABLE="first-token", STANDIN_PDSERVE_SHIFT="1.5")
     assert done.returncode == 1
-    assert "STOP: SGLang's own server did not repeat itself" in done.stdout
+    fails = [line for line in done.stdout.splitlines() if line.startswith("FAIL: ")]
+    assert fails == [
+        "FAIL: plugin off against on, sequential requests: largest logprob difference 1.5000 > 0.5000 (the larger "
+        "of 0.5 and 2 x SGLang's own noise floor 0.2000)",
+        "FAIL: plugin off against on, batch requests: largest logprob difference 1.5000 > 0.5000 (the larger "
+        "of 0.5 and 2 x SGLang's own noise floor 0.1000)"]
+
+
+def test_v4_strict_gate_stops_when_sglang_does_not_repeat_itself(tmp_path):
+    done, out = _drive(tmp_path, "--strict-gate", STANDIN_NOT_REPEATABLE="1")
+    assert done.returncode == 1
+    assert "STOP: SGLang's own server did not repeat itself on the same inputs and --strict-gate" in done.stdout
     assert ("FAIL: repeatability gate: SGLang's own server (plugin off) served the same requests twice and "
-            "2/2 differed") in done.stdout
+            "2/2 differed (request 0: same tokens") in done.stdout
     assert not (out / "server-pdserve.log").exists() and not (out / "diff.json").exists()
     gate = json.loads((out / "gate.json").read_text())
     assert gate["sets"]["sequential"]["identical"] == 0
     assert gate["sets"]["sequential"]["rows"][0]["tokens_equal"]  # same tokens, other logprobs: tensors differ
 
 
-def test_v4_driver_can_record_past_a_failed_gate_and_still_fails(tmp_path):
-    done, out = _drive(tmp_path, "--continue-past-gate", STANDIN_NOT_REPEATABLE="1")
-    assert done.returncode == 1 and "STOP" not in done.stdout
-    assert (out / "records-summary-pdserve.json").exists() and (out / "diff.json").exists()
-    assert done.stdout.count("FAIL: ") == 1 and "FAIL: repeatability gate" in done.stdout
+def test_v4_two_calls_judged_offline_together(tmp_path):
+    """The documented default on the device: plugin off in one call, plugin on in the next, then diff.py over the
+    two calls' output directories gives compare.py's whole verdict."""
+    off, out1 = _drive(tmp_path / "c1", "--kernels", "sglang", STANDIN_NOT_REPEATABLE="first-token")
+    assert off.returncode == 0 and (out1 / "gate.json").exists() and not (out1 / "diff.json").exists()
+    assert "only sglang server in these files" in off.stdout
+    on, out2 = _drive(tmp_path / "c2", "--kernels", "pdserve", STANDIN_NOT_REPEATABLE="first-token")
+    assert on.returncode == 0 and "no repeatability gate and no plugin-off comparison in this call" in on.stdout
+    bad, out3 = _drive(tmp_path / "c3", "--kernels", "pdserve", STANDIN_NOT_REPEATABLE="first-token",
+                       STANDIN_PDSERVE_SHIFT="1.5")
+    assert bad.returncode == 0  # alone it has nothing to compare its logprobs with
+
+    def offline(*paths: Path, strict: bool = False) -> subprocess.CompletedProcess:
+        # As a script, with no PYTHONPATH: diff.py finds verdict.py itself.
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        argv = [sys.executable, str(Path(diff.__file__)), *map(str, paths), *(["--strict-gate"] if strict else [])]
+        return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+
+    done = offline(out1, out2)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "| sequential | 2 vs 3 | 0/2 |" in _table(done.stdout) and "| indexer_topk | 1 |" in _table(done.stdout)
+    assert "NOTE: SGLang did not repeat itself" in done.stdout and done.stdout.rstrip().endswith("PASS")
+    done = offline(out1, out3)
+    assert done.returncode == 1 and "FAIL: plugin off against on, sequential requests" in done.stdout
+    done = offline(out1, out2, strict=True)
+    assert done.returncode == 1 and "FAIL: repeatability gate" in done.stdout
 
 
 def test_real_safetensors_and_transformers_read_the_directory(small_model, hf_config_alias):

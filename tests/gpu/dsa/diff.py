@@ -3,6 +3,10 @@
     python3 tests/gpu/dsa/diff.py OUT_DIR                 # compare-sglang.json vs compare-pdserve.json (+ bench)
     python3 tests/gpu/dsa/diff.py A.json B.json [--max-logprob-diff 0.05] [--require-equal-tokens]
     python3 tests/gpu/dsa/diff.py OUT_DIR --records OUT_DIR/record/pdserve   # + the plugin's shadow records
+    python3 tests/gpu/dsa/diff.py OUT1 OUT2 [--strict-gate]   # V4 over two calls: OUT1 plugin off, OUT2 on
+
+Given result directories of a V4 run (`compare.py --arch v4`, one call or two), it also prints the gate, the
+records and verdict.py's whole V4 verdict, as compare.py does at the end of a call, and exits 1 on a failure.
 
 Per request: are the greedy tokens equal, and if not where they first diverge; on the shared prefix
 (every position up to and including the first divergence, where both runs had the same context) the
@@ -37,10 +41,14 @@ def compare_request(a: dict, b: dict) -> dict:
     upto = min(shared + 1, len(a["top_logprobs"]), len(b["top_logprobs"]))
     top = []
     top_overlap = []
-    for pa, pb in zip(a["top_logprobs"][:upto], b["top_logprobs"][:upto], strict=False):
+    first_top = None  # the first generated token: the context is the prompt alone, whatever the tokens do later
+    for i, (pa, pb) in enumerate(zip(a["top_logprobs"][:upto], b["top_logprobs"][:upto], strict=False)):
         da, db = dict(pa), dict(pb)
         common = da.keys() & db.keys()
-        top += [abs(da[t] - db[t]) for t in common]
+        diffs = [abs(da[t] - db[t]) for t in common]
+        top += diffs
+        if i == 0 and diffs:
+            first_top = max(diffs)
         if da or db:
             top_overlap.append(len(common) / max(len(da), len(db)))
     return {
@@ -53,6 +61,7 @@ def compare_request(a: dict, b: dict) -> dict:
         "max_abs_logprob_diff": max(chosen) if chosen else None,
         "mean_abs_logprob_diff": sum(chosen) / len(chosen) if chosen else None,
         "max_abs_top_logprob_diff": max(top) if top else None,
+        "first_token_top_logprob_diff": first_top,
         "min_top_overlap": min(top_overlap) if top_overlap else None,
     }
 
@@ -99,22 +108,68 @@ def repeat_check(first: dict[str, list[dict]], again: dict[str, list[dict]]) -> 
         rows = []
         for i, (a, b) in enumerate(zip(results, again[name], strict=True)):
             rows.append({"request": i, "identical": identical(a, b), **compare_request(a, b)})
-        diffs = [r["max_abs_logprob_diff"] for r in rows if r["max_abs_logprob_diff"] is not None]
-        sets[name] = {"requests": len(rows), "identical": sum(r["identical"] for r in rows),
-                      "max_abs_logprob_diff": max(diffs) if diffs else None, "rows": rows}
+        sets[name] = {"requests": len(rows), "identical": sum(r["identical"] for r in rows), **set_figures(rows),
+                      "rows": rows}
     return {"sets": sets}
 
 
+def gate_from_passes(compare: dict) -> dict:
+    """The V4 gate's evidence from SGLang's own compare record: the last two passes ("sets" and "repeats")
+    compared as tensors (repeat_check) and, where a warm-up pass ran, the warm-up against the first compared pass
+    ("warmup"), so the record shows whether the warm-up changed anything; each pass's seconds ("pass_s")."""
+    gate = repeat_check(compare["sets"], compare["repeats"])
+    gate["gated"] = "2 vs 3" if "warmup" in compare else "1 vs 2"
+    if "warmup" in compare:
+        gate["warmup"] = repeat_check(compare["warmup"], compare["sets"])["sets"]
+    gate["pass_s"] = compare.get("pass_s")
+    return gate
+
+
+def set_figures(rows: list[dict]) -> dict:
+    """One request set's differences between two passes (compare_request rows): the earliest token at which
+    any request's tokens diverge (None: all equal), the largest chosen-token |dlogprob| on a shared prefix
+    (None: no request has one, e.g. all diverge at token 0), and the largest top-logprob difference at the first
+    generated token (comparable even then: its context is the prompt alone)."""
+    divergences = [r["first_divergence"] for r in rows if r["first_divergence"] is not None]
+    chosen = [r["max_abs_logprob_diff"] for r in rows if r["max_abs_logprob_diff"] is not None]
+    first = [r["first_token_top_logprob_diff"] for r in rows if r.get("first_token_top_logprob_diff") is not None]
+    return {"first_divergence": min(divergences) if divergences else None,
+            "max_abs_logprob_diff": max(chosen) if chosen else None,
+            "max_first_token_top_logprob_diff": max(first) if first else None}
+
+
 def gate_table(gate: dict) -> str:
-    """One line per request set: how many requests repeated as identical tensors, and the worst difference."""
+    """One line per request set and pair of passes (the gated pair, and the warm-up pass against the first gated
+    one where there was a warm-up): how many requests repeated as identical tensors, and by how much the rest
+    differed (set_figures)."""
+    pairs = [(gate.get("gated", "2 vs 3" if "warmup" in gate else "1 vs 2"), gate["sets"])]
+    if "warmup" in gate:
+        pairs.append(("1 (warm-up) vs 2", gate["warmup"]))
     rows = []
-    for name, st in gate["sets"].items():
-        different = [r for r in st["rows"] if not r["identical"]]
-        first = different[0] if different else None
-        rows.append([name, f"{st['identical']}/{st['requests']}", _fmt(st["max_abs_logprob_diff"]),
-                     "-" if first is None else f"request {first['request']}, " + (
-                         "same tokens" if first["first_divergence"] is None else f"token {first['first_divergence']}")])
-    return render(["set", "identical tensors (served twice)", "max |dlogprob|", "first difference"], rows)
+    for passes, sets in pairs:
+        for name, st in sets.items():
+            different = [r for r in st["rows"] if not r["identical"]]
+            rows.append([name, passes, f"{st['identical']}/{st['requests']}", _fmt(st.get("first_divergence")),
+                         _fmt(st["max_abs_logprob_diff"]), _fmt(st.get("max_first_token_top_logprob_diff")),
+                         "-" if not different else difference_text(different[0])])
+    return render(["set", "passes", "identical tensors", "first divergence", "max |dlogprob| (shared prefix)",
+                   "max top |dlogprob| at token 0", "first differing request"], rows)
+
+
+def difference_text(row: dict) -> str:
+    """How one request differed between two passes (a compare_request row), in words. Diverging at token 0
+    leaves no shared prefix for the chosen-token logprobs: then the first token's top logprobs say how far."""
+    d = row["first_divergence"]
+    where = f"request {row.get('request', '?')}: "
+    first = _fmt(row.get("first_token_top_logprob_diff"))
+    if d is None:
+        return where + (f"same tokens, chosen-token |dlogprob| up to {_fmt(row['max_abs_logprob_diff'])}, "
+                        f"top logprobs at token 0 up to {first}")
+    if d == 0:
+        return where + (f"tokens differ from the first generated token on (no shared prefix); the top logprobs "
+                        f"there differ by up to {first}")
+    return where + (f"tokens diverge at token {d}; largest |dlogprob| on the shared prefix "
+                    f"{_fmt(row['max_abs_logprob_diff'])}, top logprobs at token 0 up to {first}")
 
 
 def _fmt(value, spec: str = ".3g") -> str:
@@ -240,30 +295,38 @@ def _load(path: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("paths", nargs="+", type=Path, help="OUT_DIR, or two compare JSON files (reference first)")
+    p.add_argument("paths", nargs="+", type=Path,
+                   help="OUT_DIR; or OUT1 OUT2, the plugin-off call's and the plugin-on call's; or two compare JSON "
+                        "files (reference first)")
     p.add_argument("--max-logprob-diff", type=float, default=None,
                    help="exit 1 if a chosen-token logprob differs by more than this on a shared prefix")
     p.add_argument("--require-equal-tokens", action="store_true", help="exit 1 unless every request's tokens are equal")
     p.add_argument("--records", type=Path, default=None,
                    help="also summarize the plugin's shadow-comparison records in this directory (records-*.jsonl)")
+    p.add_argument("--strict-gate", action="store_true",
+                   help="V4: fail unless SGLang's own server repeated itself (as compare.py --strict-gate)")
     args = p.parse_args(argv)
     if args.records is not None:
         print(records_table(summarize_records(args.records)))
-    if len(args.paths) == 1 and args.paths[0].is_dir():
-        out = args.paths[0]
-        pair = [out / "compare-sglang.json", out / "compare-pdserve.json"]
-        benches = {k: _load(out / f"bench-{k}.json")["bench"] for k in ("sglang", "pdserve")
-                   if (out / f"bench-{k}.json").exists()}
-    elif len(args.paths) == 2:
+    dirs = [x for x in args.paths if x.is_dir()]
+    if len(args.paths) in (1, 2) and len(dirs) == len(args.paths):
+        off_dir, on_dir = dirs[0], dirs[-1]
+        pair = [off_dir / "compare-sglang.json", on_dir / "compare-pdserve.json"]
+        benches = {k: _load(d / f"bench-{k}.json")["bench"] for k, d in (("sglang", off_dir), ("pdserve", on_dir))
+                   if (d / f"bench-{k}.json").exists()}
+    elif len(args.paths) == 2 and not dirs:
+        off_dir = on_dir = None
         pair, benches = args.paths, {}
     else:
-        p.error("give one results directory or two compare JSON files")
-    missing = [str(x) for x in pair if not x.exists()]
-    if missing and not benches:
-        p.error(f"not found: {', '.join(missing)}")
+        p.error("give one results directory, two (the plugin-off call's, then the plugin-on call's), or two "
+                "compare JSON files")
+    runs = {k: _load(x) for k, x in zip(("sglang", "pdserve"), pair, strict=True) if x.exists()}
+    if not runs and not benches:
+        p.error(f"not found: {', '.join(map(str, pair))}")
     failed = False
-    if not missing:
-        result = compare_runs(_load(pair[0]), _load(pair[1]))
+    result = None
+    if len(runs) == 2:
+        result = compare_runs(runs["sglang"], runs["pdserve"])
         print(compare_table(result))
         if args.require_equal_tokens and result["tokens_equal"] != result["requests"]:
             print(f"FAIL: tokens differ in {result['requests'] - result['tokens_equal']} requests")
@@ -274,7 +337,36 @@ def main(argv: list[str] | None = None) -> int:
             failed = True
     if benches:
         print(bench_table(benches))
+    if off_dir is not None and any(r.get("arch") == "v4" for r in runs.values()):
+        failed |= _v4_verdict(runs, off_dir, on_dir, result, strict_gate=args.strict_gate)
+    elif off_dir is not None and (off_dir / "gate.json").exists():  # a V4 record from before records named arch
+        # Recomputed from the passes where they are here: the figures added since are then in the table too.
+        passes = runs.get("sglang", {}).get("compare", {})
+        print(gate_table(gate_from_passes(passes) if "repeats" in passes else _load(off_dir / "gate.json")))
     return 1 if failed else 0
+
+
+def _v4_verdict(runs: dict[str, dict], off_dir: Path, on_dir: Path, result: dict | None, *, strict_gate: bool) -> bool:
+    """compare.py's V4 verdict again, from the files of one call or of two (the plugin-off call's gate.json, the
+    plugin-on call's records summary); prints it and says whether it failed."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository root, for `tests.gpu.dsa`
+    from tests.gpu.dsa import verdict
+
+    gate = _load(off_dir / "gate.json") if (off_dir / "gate.json").exists() else None
+    if gate is not None:
+        print(gate_table(gate))
+    summary = on_dir / "records-summary-pdserve.json"
+    records = _load(summary)["rows"] if summary.exists() else None
+    if records:
+        print(records_table(records))
+    config = next(r["model_config"] for r in runs.values() if "model_config" in r)
+    failures, notes = verdict.v4_verdict(runs, gate, records, result, config, strict_gate=strict_gate)
+    for note in notes:
+        print(f"NOTE: {note}")
+    for failure in failures:
+        print(f"FAIL: {failure}")
+    print("PASS" if not failures else f"{len(failures)} failure(s)")
+    return bool(failures)
 
 
 if __name__ == "__main__":

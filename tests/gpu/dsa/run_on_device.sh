@@ -8,7 +8,9 @@
 #   bash tests/gpu/dsa/run_on_device.sh [--v4] run [ARGS...]  # install and write the model unless a call on
 #                                                             # this machine did, then run compare.py ARGS
 # <set> is dsa, or v4 with --v4. ARGS go to tests/gpu/dsa/compare.py (default: --phase compare --kernels both;
-# with --v4 "--arch v4" comes first, default --kernels both). Results and server logs go to $OUT (or
+# with --v4 "--arch v4" comes first, default --kernels both; V4's two servers do not fit one call, so its README
+# runs `--kernels sglang` and `--kernels pdserve` in two calls on one warm machine and judges them with
+# `diff.py OUT1 OUT2`). Results and server logs go to $OUT (or
 # ./<set>-out). PDSERVE_COMMIT, if set, is recorded. DSA_TIMEOUT (default: 560 s less the time the steps
 # before took) bounds compare.py. The pdserve-kernels wheel, if carried in .whl/<set>/plugin/, is kept
 # beside the staged wheels (a later call needs not carry it again) and installed into the same --target,

@@ -5,8 +5,12 @@ meta_info.completion_tokens). Tokens are a function of the prompt; with PDSERVE_
 the logprobs move by 1e-4 and the last prompt's tokens diverge at position 2, so a comparison has
 something to find. For a DeepSeek-V4 config (model_type deepseek_v4) its status line names the V4
 backend, its records are V4's (every layer's attention, the C4 layers' top-k) and it logs the prefix cache
-it would have built; STANDIN_NOT_REPEATABLE=1 makes its logprobs move from one request to the next (a
-server that does not repeat itself). Not SGLang: nothing here says anything about SGLang's numbers.
+it would have built. Servers that do not repeat themselves: STANDIN_NOT_REPEATABLE=1 moves the logprobs by 1e-6
+from one prompt served to the next; STANDIN_NOT_REPEATABLE=first-token moves the first position's top-2
+logprobs by up to 0.1 per step of (prompts served mod 3) and lets the runner-up win there, as SGLang's V4 server did
+on the GPU (tokens differ from token 0); STANDIN_SETTLE_AFTER=N makes only the first N prompts served differ
+(a server that repeats itself once warm). STANDIN_PDSERVE_SHIFT moves pdserve's logprobs (default 1e-4).
+Not SGLang: nothing here says anything about SGLang's numbers.
 """
 
 from __future__ import annotations
@@ -47,14 +51,26 @@ _CALLS = itertools.count()
 
 def tokens_for(ids: list[int], n: int, vocab: int, kernels: str) -> list[tuple[int, float, list]]:
     base = sum(ids)
-    drift = 1e-6 * next(_CALLS) if os.environ.get("STANDIN_NOT_REPEATABLE") == "1" else 0.0
+    served = next(_CALLS)
+    mode = os.environ.get("STANDIN_NOT_REPEATABLE", "")
+    drift = 1e-6 * served if mode == "1" else 0.0
+    settle = os.environ.get("STANDIN_SETTLE_AFTER")
+    if settle is not None and served < int(settle):
+        drift = 0.01  # not warm yet
+    step = served % 3
+    shift = float(os.environ.get("STANDIN_PDSERVE_SHIFT", "1e-4")) if kernels == "pdserve" else 0.0
     out = []
     for i in range(n):
         tok = 5 + (base + 31 * i) % (vocab - 5)
         if kernels == "pdserve" and len(ids) % 2 == 1 and i >= 2:  # odd-length prompts diverge at 2
             tok = 5 + (tok + 1 - 5) % (vocab - 5)
-        lp = -0.05 - 0.1 * (i % 5) + (1e-4 if kernels == "pdserve" else 0.0) - drift
-        top = [[lp, tok, None], [lp - 1.0, 5 + (tok + 1 - 5) % (vocab - 5), None]]
+        alt = 5 + (tok + 1 - 5) % (vocab - 5)
+        lp = -0.05 - 0.1 * (i % 5) + shift - drift
+        top = [[lp, tok, None], [lp - 1.0, alt, None]]
+        if i == 0 and mode == "first-token":  # a runner-up 0.1 behind at step 0 wins from step 1 on
+            first, second = lp - 0.1 * step, lp - 0.1 + 0.05 * step
+            top = sorted([[first, tok, None], [second, alt, None]], reverse=True)
+            lp, tok = top[0][0], top[0][1]
         out.append((tok, lp, top))
     return out
 

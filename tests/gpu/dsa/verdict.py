@@ -12,10 +12,15 @@
 
 DeepSeek-V4 (`--arch v4`, README "DeepSeek-V4"), judged per layer against the model's compress ratios:
 
-* First the gate: SGLang's own server, plugin off, served the one-at-a-time requests twice and every logprob
-  tensor repeated value for value (gate_failures). Only then can a difference between off and on be the
-  kernels'. The all-in-one requests are shown, not gated: SGLang may split their prefills differently from
-  one pass to the next (chunked prefill over concurrent arrivals), which changes rounding but no kernel.
+* First the gate: SGLang's own server, plugin off, serves both request sets three times (the first a warm-up: JIT
+  compiles and autotuning fall there), and passes 2 and 3 are compared as tensors (gate_failures). The first GPU run
+  (2026-12-06, no warm-up then) found 0/4 identical, every request's first-token logprobs already different: that
+  token comes from SGLang's prefill, which the plugin does not touch (it hooks decode only). So by default a gate
+  that differs is recorded, not fatal: its differences are the noise floor the logprobs off against on are judged
+  against (below), and the per-layer records, which compare both kernels on the same inputs inside one server, are
+  the proof. `--strict-gate` makes a differing gate a failure (for when SGLang repeats itself). The all-in-one
+  requests are not gated: SGLang may split their prefills differently from one pass to the next, which changes
+  rounding but no kernel.
 * The prefix cache was off as asked (prefix_cache_failures).
 * Records (v4_record_failures): every layer's sparse MLA decode and every C4 layer's indexer recorded, and
   - top-k: a row may differ from SGLang's set in at most V4_MAX_TOPK_DIFF of its index_topk entries. Why any:
@@ -31,17 +36,31 @@ DeepSeek-V4 (`--arch v4`, README "DeepSeek-V4"), judged per layer against the mo
     1.70e-3 from the same reference); 3e-3 is ~1.8x that, and 1e-2 leaves room for FlashMLA's own share
     (probe: 4.8e-5 from pdserve's on window-only layers, 1.0-2.3e-3 through a two-launch merge).
     A wrong slot, page, scale or sink gives errors of order 1.
-* Plugin off against on: the largest chosen-token |dlogprob| on the shared prefix at most MAX_LOGPROB_DIFF,
-  the DSA tier's bound (its measured spread for kernel differences of this size was 0.32-0.44; a wrong kernel
-  moves logprobs by whole nats). The first V4 run measures V4's own spread.
+* Plugin off against on, per request set (logprob_floor_failures), pass 2 of each server (after its warm-up): the
+  figure is the floor's own (noise_floor: the largest chosen-token |dlogprob| on a shared prefix and top logprob
+  difference at the first generated token), and it must be at most max(MAX_LOGPROB_DIFF, FLOOR_FACTOR x SGLang's
+  floor for that set). Why the larger of the two: a server that repeats itself (floor 0) still leaves the two
+  kernels' rounding to differ, which the DSA tier bounds by 0.5. Why 2 x the floor: the floor is the largest of a
+  few requests' differences (4 here), itself a draw of the noise; a second draw of the same noise (off against on,
+  with no kernel difference at all) beats the first draw's maximum about half the time, so the floor alone would
+  fail a correct kernel as often as not. The DSA tier measured six such maxima (over 6 requests each) between runs
+  whose per-layer records showed the kernels within rounding (SGLang against itself 0.314 and 0.34, pdserve's
+  against itself 0.252 and 0.399, off against on 0.323 and 0.437): the largest is 1.73x the smallest, and 2 covers
+  that. Why it still catches something: a wrong slot, page or scale moves logprobs by whole nats; where FLOOR_FACTOR
+  x floor reaches WRONG_KERNEL_NATS (1 nat) the comparison can no longer tell, and the verdict says so in a note
+  (the records then judge alone).
 """
 
 from __future__ import annotations
+
+from tests.gpu.dsa import diff  # pure as well; diff.py imports this module only inside its main()
 
 MIN_OVERLAP = 0.999  # 2 of 2048 entries
 MAX_VS_SGLANG = 1e-2
 MAX_VS_FP32 = 3e-3
 MAX_LOGPROB_DIFF = 0.5
+FLOOR_FACTOR = 2.0
+WRONG_KERNEL_NATS = 1.0
 OPS = ("indexer_topk", "sparse_mla_decode")
 V4_INDEX_TOPK = 512
 V4_MAX_TOPK_DIFF = 2  # entries per row
@@ -88,7 +107,7 @@ def diff_failures(result: dict) -> list[str]:
 
 
 def gate_failures(gate: dict) -> list[str]:
-    """SGLang against itself: the one-at-a-time requests must repeat as identical tensors."""
+    """SGLang against itself: the one-at-a-time requests must repeat as identical tensors (--strict-gate)."""
     st = gate["sets"].get("sequential")
     if st is None or not st["requests"]:
         return ["repeatability gate: no one-at-a-time requests were served twice"]
@@ -96,8 +115,87 @@ def gate_failures(gate: dict) -> list[str]:
         return []
     first = next(r for r in st["rows"] if not r["identical"])
     return [f"repeatability gate: SGLang's own server (plugin off) served the same requests twice and "
-            f"{st['requests'] - st['identical']}/{st['requests']} differed (request {first['request']}: first "
-            f"token difference {first['first_divergence']}, largest |dlogprob| {first['max_abs_logprob_diff']})"]
+            f"{st['requests'] - st['identical']}/{st['requests']} differed ({diff.difference_text(first)}; "
+            f"{floor_text(st)})"]
+
+
+def floor_text(st: dict) -> str:
+    """A gate set's figures (diff.set_figures) in words: what SGLang's own run-to-run noise reached."""
+    d, chosen, first = st.get("first_divergence"), st["max_abs_logprob_diff"], st["max_first_token_top_logprob_diff"]
+    return (f"over the set: tokens {'equal' if d is None else f'first diverge at token {d}'}, largest |dlogprob| on a "
+            f"shared prefix {'- (none shared)' if chosen is None else f'{chosen:.3g}'}, top logprobs at token 0 "
+            f"up to {'-' if first is None else f'{first:.3g}'}")
+
+
+def noise_floor(st: dict) -> float:
+    """One request set's noise floor from the gate (a repeat_check set): the largest logprob difference SGLang's own
+    server showed between the two compared passes where the two are comparable: chosen tokens on a shared prefix,
+    and the top logprobs at the first generated token (comparable even when the tokens differ from the start)."""
+    figures = (st.get("max_abs_logprob_diff"), st.get("max_first_token_top_logprob_diff"))
+    return max((f for f in figures if f is not None), default=0.0)
+
+
+def noise_floors(gate: dict) -> dict[str, float]:
+    return {name: noise_floor(st) for name, st in gate["sets"].items()}
+
+
+def logprob_limit(floor: float) -> float:
+    return max(MAX_LOGPROB_DIFF, FLOOR_FACTOR * floor)
+
+
+def logprob_floor_failures(result: dict, gate: dict | None) -> tuple[list[str], list[str]]:
+    """Plugin off against on (diff.compare_runs), per request set, measured as the floor is (noise_floor of the
+    same figures), against logprob_limit of that set's floor (0 where no gate measured one). Returns failures
+    and notes (a limit too wide to tell a wrong kernel from noise)."""
+    failures, notes = [], []
+    by_set: dict[str, list[dict]] = {}
+    for row in result["rows"]:
+        by_set.setdefault(row["set"], []).append(row)
+    for name, rows in by_set.items():
+        seen = noise_floor(diff.set_figures(rows))
+        floor = noise_floor(gate["sets"][name]) if gate is not None and name in gate["sets"] else 0.0
+        limit = logprob_limit(floor)
+        if seen > limit:
+            failures.append(f"plugin off against on, {name} requests: largest logprob difference {seen:.4f} > "
+                            f"{limit:.4f} (the larger of {MAX_LOGPROB_DIFF} and {FLOOR_FACTOR:g} x SGLang's own "
+                            f"noise floor {floor:.4f})")
+        if limit >= WRONG_KERNEL_NATS:
+            notes.append(f"{name} requests: SGLang's own noise floor {floor:.4f} makes the logprob limit {limit:.4f} "
+                         f"nats, as wide as a wrong kernel's error: only the per-layer records judge the kernels")
+    return failures, notes
+
+
+def v4_verdict(runs: dict[str, dict], gate: dict | None, records: list[dict] | None, result: dict | None,
+               config: dict, *, strict_gate: bool = False) -> tuple[list[str], list[str]]:
+    """The whole V4 verdict from what one call (or two calls, diff.py OUT1 OUT2) collected: `runs` the compare
+    records by kernels (either or both), `gate` SGLang's (diff.gate_from_passes), `records` the pdserve server's
+    per-layer summary, `result` off against on (diff.compare_runs), `config` the model's. Returns failures and
+    notes; notes say what the run could not show (SGLang did not repeat itself) without failing it."""
+    failures: list[str] = []
+    notes: list[str] = []
+    for kernels, run in runs.items():
+        failures += plugin_failures(kernels, run["plugin"], model="deepseek_v4")
+        failures += prefix_cache_failures(run.get("tree_cache_impl"), "--disable-radix-cache" not in run["argv"])
+    if "pdserve" in runs:
+        failures += v4_record_failures(records or [], config)
+    if gate is not None:
+        differed = gate_failures(gate)
+        if strict_gate:
+            failures += differed
+        elif differed:
+            what = differed[0].removeprefix("repeatability gate: ")
+            notes += [f"SGLang did not repeat itself (not required without --strict-gate): {what}. Tokens and "
+                      "logprobs off against on are therefore bounded only by that floor (logprob limit per set: the "
+                      f"larger of {MAX_LOGPROB_DIFF} and {FLOOR_FACTOR:g} x the floor); the proof is the per-layer "
+                      "records, pdserve's kernel against SGLang's on the same inputs inside one server"]
+    if result is not None:
+        more, why = logprob_floor_failures(result, gate)
+        failures += more
+        notes += why
+    elif set(runs) != {"sglang", "pdserve"}:
+        notes.append(f"only {', '.join(runs) or 'no'} server in these files: no comparison off against on "
+                     "(diff.py OUT1 OUT2 combines a plugin-off call's files with a plugin-on call's)")
+    return failures, notes
 
 
 def prefix_cache_failures(impl: str | None, radix_cache: bool) -> list[str]:
