@@ -85,6 +85,17 @@ def test_graceful_stop(units):
         assert unit["Service"]["TimeoutStopSec"] == ["120"]
 
 
+def test_a_sglang_worker_that_ends_its_stop_by_sigkill_stops_cleanly_and_still_restarts_after_a_kill(units):
+    """SGLang 0.5.17 SIGKILLs itself at the end of every stop: that is a clean end for the three SGLang units, and a
+    SIGKILL while one runs still restarts it. The router (smg) exits cleanly and keeps systemd's defaults."""
+    for name in ("sglang-dsv4-prefill", "sglang-dsv4-decode", "sglang-dsv4"):
+        service = units[name]["Service"]
+        assert service["SuccessExitStatus"] == ["SIGKILL"] and service["RestartForceExitStatus"] == ["SIGKILL"]
+        assert service["Restart"] == ["on-failure"]
+    router = units["sglang-dsv4-router"]["Service"]
+    assert "SuccessExitStatus" not in router and "RestartForceExitStatus" not in router
+
+
 def test_exec_start_is_the_rendered_argv(reference, tools, units):
     from pdserve.render.argv import launch
 

@@ -96,11 +96,25 @@ def service_section(dep: Deployment, launch: Launch, tools: Toolchain, *, start_
         # left when it exits (or after TimeoutStopSec) gets SIGKILL.
         ("KillMode", "mixed"),
         ("KillSignal", "SIGTERM"),
+        *sigkill_ends(launch.role),
         ("LimitNOFILE", "1048576"),
         # NIXL/UCX and RDMA register (pin) large host buffers.
         ("LimitMEMLOCK", "infinity"),
     ]
     return entries + sandbox(launch.role)
+
+
+def sigkill_ends(role: Role) -> Section:
+    """SGLang 0.5.17 ends every SIGTERM by SIGKILLing its own process tree, itself included, once it has drained
+    (its tokenizer manager's sigterm_watchdog: kill_process_tree(os.getpid(), include_parent=True)); 0.5.23 kills only
+    its children there, but SGLang's crash paths still end that way. Without these, every planned stop of a worker on
+    0.5.17 leaves its unit "failed" (seen on the GPU tier, 2026-12-06), and `pdserve verify` reports the fallback
+    failed after every cutover back. So a SIGKILL is a clean end, and still restarts the unit while it runs (kill
+    -9, the OOM killer, SGLang ending itself after a crash): RestartForceExitStatus= restarts whatever Restart=
+    says, and systemd never restarts a unit it was asked to stop. The router (smg) exits cleanly on SIGTERM."""
+    if role == "router":
+        return []
+    return [("SuccessExitStatus", "SIGKILL"), ("RestartForceExitStatus", "SIGKILL")]
 
 
 def unit_header(dep: Deployment) -> str:

@@ -75,7 +75,10 @@ def serve_pd(lab) -> None:
 
 def test_compare_measures_both_layouts_and_ends_with_pd_serving(lab, host_side):
     directory, client = host_side
-    data = lab.variant()
+    # The workers end a stop as SGLang 0.5.17 does, by SIGKILLing themselves: on the GPU tier (2026-12-06) that left
+    # every stopped SGLang unit "failed" until the units took a SIGKILL as a clean end (unit_text.sigkill_ends).
+    self_kill = {"PDSERVE_STANDIN_STOP_BY_SELF_SIGKILL": "1"}
+    data = lab.variant(prefill_env=self_kill, decode_env=self_kill, fallback_env=self_kill)
     lab.install(data)
     serve_pd(lab)
     code, report, stderr = compare(lab, directory, client, data)
@@ -94,6 +97,14 @@ def test_compare_measures_both_layouts_and_ends_with_pd_serving(lab, host_side):
     assert "restored pd, the layout that served at the start" in report["notes"]
     assert {lab.unit(r) for r in ("prefill", "decode", "router")} <= lab.active()
     assert lab.unit("fallback") not in lab.running()
+    # Both cutovers stopped SGLang units that ended by SIGKILL: each stopped cleanly (the fallback at the way back,
+    # the PD workers on the way there), none restarted for it, and verify's fallback check is not failed for it.
+    fallback = lab.states()[lab.unit("fallback")]
+    assert (fallback.active_state, fallback.result, fallback.n_restarts) == ("inactive", "success", 0), \
+        lab.diagnostics()
+    assert (fallback.exec_main_code, fallback.exec_main_status) == (2, 9), fallback  # CLD_KILLED by SIGKILL
+    for role in ("fallback", "prefill", "decode"):
+        assert "include_parent=True" in lab.container.journal(lab.unit(role), lines=400), role
 
 
 def test_a_single_server_that_never_gets_ready_ends_the_compare_with_pd_restored(lab, host_side):
