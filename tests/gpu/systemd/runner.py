@@ -545,10 +545,16 @@ BENCH_WORKLOADS_INSIDE = f"{BENCH_DIR_INSIDE}/bench-workloads.toml"
 # `pdserve bench` runs as a transient unit of the container's systemd, its stdout, stderr and exit status in
 # files: it outlives the device call that started it, and a later call on the same machine collects it.
 BENCH_UNIT = "pdserve-gpu-bench.service"
-BENCH_STDOUT_INSIDE = f"{BENCH_DIR_INSIDE}/bench.stdout"
-BENCH_STDERR_INSIDE = f"{BENCH_DIR_INSIDE}/bench.stderr"
-BENCH_EXIT_INSIDE = f"{BENCH_DIR_INSIDE}/bench.exit"
-BENCH_STARTED_INSIDE = f"{BENCH_DIR_INSIDE}/bench.started"
+
+
+def bench_file(name: str, directory: str = BENCH_DIR_INSIDE) -> str:
+    """Where the transient unit's `name` (stdout, stderr, exit, started) lives: one naming for writer and reader."""
+    return f"{directory}/bench.{name}"
+
+
+BENCH_STDOUT_INSIDE, BENCH_STDERR_INSIDE, BENCH_EXIT_INSIDE = (bench_file(n) for n in ("stdout", "stderr", "exit"))
+# When the bench started (epoch seconds) and its argv, for the call that collects it.
+BENCH_STARTED_INSIDE = bench_file("started")
 BENCH_WORKLOADS = Path(__file__).with_name("bench_workloads.toml")
 BENCH_POLL_S = 5.0
 # What a call keeps after the wait for the bench's end: the journals, the files, the report.
@@ -560,7 +566,7 @@ def bench_unit_argv(argv: list[str], directory: str = BENCH_DIR_INSIDE) -> list[
     """`systemd-run` for `argv` as a transient unit whose stdout, stderr and exit status land in `directory`
     (the BENCH_*_INSIDE files). `argv` reaches the shell as positional parameters, never as shell text, and
     the file names through shlex.quote."""
-    stdout, stderr, status = (shlex.quote(f"{directory}/bench.{n}") for n in ("stdout", "stderr", "exit"))
+    stdout, stderr, status = (shlex.quote(bench_file(n, directory)) for n in ("stdout", "stderr", "exit"))
     script = f'"$@" >{stdout} 2>{stderr}; echo $? >{status}'
     return ["systemd-run", f"--unit={BENCH_UNIT}", "--quiet", "--property=KillMode=mixed",
             "/bin/sh", "-c", script, "sh", *argv]
@@ -571,7 +577,9 @@ def bench(args) -> int:
     the tier's workload through smg on the PD pair, then on the single-server fallback after the real cutover,
     then PD restored. The first call starts it; a call whose budget ends before it does says so (exit 3) and
     the next call on the same machine goes on waiting and collects it. The report keeps pdserve's JSON; the
-    plot comes back beside it; its progress (stderr) is copied to OUT/bench-progress.log as it runs."""
+    plot comes back beside it; its progress (stderr) is copied to OUT/bench-progress.log as it runs. A bench that
+    has ended is collected again, not run again: a new one needs a new container (`run`) or BENCH_STARTED_INSIDE
+    removed."""
     out, work = args.out, args.work
     out.mkdir(parents=True, exist_ok=True)
     began = time.monotonic()
@@ -583,7 +591,7 @@ def bench(args) -> int:
         return root / path.lstrip("/")
 
     if inside(BENCH_STARTED_INSIDE).exists():
-        ago = time.time() - float(inside(BENCH_STARTED_INSIDE).read_text())
+        ago = time.time() - json.loads(inside(BENCH_STARTED_INSIDE).read_text())["at"]
         log(f"the bench started {ago:.0f} s ago by an earlier call runs on: waiting for it")
     elif (code := start_bench(box, root, args.workload, report)) != 0:
         return code
@@ -595,7 +603,8 @@ def bench(args) -> int:
         time.sleep(BENCH_POLL_S)
     with contextlib.suppress(OSError):
         shutil.copy(inside(BENCH_STDERR_INSIDE), progress)
-    started_at = float(inside(BENCH_STARTED_INSIDE).read_text())
+    started = json.loads(inside(BENCH_STARTED_INSIDE).read_text())
+    started_at = started["at"]
     units = unit_timestamps(box)
     report["units_after"] = {u: units[u]["active"] for u in UNITS.values() if u in units}
     # Every unit the comparison started or stopped, the fallback's included: a cutover that failed is read
@@ -614,7 +623,7 @@ def bench(args) -> int:
     except ValueError:
         result = {"unreadable_stdout": stdout[-3000:]}
     stderr = inside(BENCH_STDERR_INSIDE).read_text()
-    report["bench"] = {"argv": report.data.get("argv"), "exit": exit_code,
+    report["bench"] = {"argv": started["argv"], "exit": exit_code,
                        "seconds": round(inside(BENCH_EXIT_INSIDE).stat().st_mtime - started_at, 1),
                        "result": result, "stderr": stderr[-6000:]}
     if "sweeps" in result:
@@ -650,8 +659,7 @@ def start_bench(box: Container, root: Path, workload: str, report: Report) -> in
             # The deployment names no SGLang Python (the units get theirs through the drop-in's PYTHONPATH).
             "--sglang-python", python,
             *(["--plot", BENCH_PLOT_INSIDE] if has_plot else [])]
-    report["argv"] = argv
-    (root / BENCH_STARTED_INSIDE.lstrip("/")).write_text(f"{time.time():.1f}\n")
+    (root / BENCH_STARTED_INSIDE.lstrip("/")).write_text(json.dumps({"at": time.time(), "argv": argv}) + "\n")
     try:
         box.run(bench_unit_argv(argv), timeout=60)
     except ContainerError as exc:
