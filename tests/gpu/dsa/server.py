@@ -48,7 +48,6 @@ DSA_FLAGS = [
     "--attention-backend", "dsa", "--kv-cache-dtype", "fp8_e4m3",
     "--dsa-prefill-backend", "flashmla_kv", "--dsa-decode-backend", "flashmla_kv",
     "--page-size", "64", "--sampling-backend", "pytorch", "--cuda-graph-backend-prefill", "disabled",
-    "--disable-radix-cache",
 ]
 # By default short prefills take a dense path (FA3, whose library is not carried); 0 sends every
 # prefill through the sparse path.
@@ -71,11 +70,12 @@ ARCH_ENV = {"dsa": DSA_ENV, "v4": V4_ENV}
 def server_args(model: Path, port: int, *, graph_bs: tuple[int, ...] = DEFAULT_GRAPH_BS,
                 max_running: int = 32, mem_fraction: float = 0.25, extra: list[str] | None = None,
                 arch: str = "dsa", radix_cache: bool = False) -> list[str]:
-    """The arguments after `python -m sglang.launch_server`. `radix_cache` (V4 only) keeps SGLang's prefix
-    cache on, for a machine where --disable-radix-cache would not start (not seen: the probe never tried it)."""
+    """The arguments after `python -m sglang.launch_server`. `radix_cache` keeps SGLang's prefix cache on: for the
+    decode-step measurement (steps.py), where a repeated prompt should not prefill again, and for a V4 machine where
+    --disable-radix-cache would not start (not seen). Comparisons of logprobs keep it off (see V4_FLAGS)."""
     if arch not in ARCHS:
         raise ValueError(f"arch must be one of {', '.join(ARCHS)}, not {arch!r}")
-    flags = DSA_FLAGS if arch == "dsa" else V4_FLAGS + ([] if radix_cache else NO_RADIX_CACHE)
+    flags = (DSA_FLAGS if arch == "dsa" else V4_FLAGS) + ([] if radix_cache else NO_RADIX_CACHE)
     args = [
         "--model-path", str(model), "--load-format", "auto", "--trust-remote-code", "--tp-size", "1",
         "--host", "127.0.0.1", "--port", str(port), "--context-length", str(CONTEXT_LENGTHS[arch]),

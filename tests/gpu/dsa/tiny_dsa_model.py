@@ -151,14 +151,17 @@ def make_tensor(spec: TensorSpec, seed: int, init: Callable[[str], tuple[float, 
     return t.to(getattr(torch, spec.dtype))
 
 
-def dsa_config(vocab_size: int, bos: int, eos: int) -> dict:
-    return {**BASE_CONFIG, "vocab_size": vocab_size, "bos_token_id": bos, "eos_token_id": eos}
+def dsa_config(vocab_size: int, bos: int, eos: int, layers: int | None = None) -> dict:
+    """BASE_CONFIG with the tokenizer's vocabulary; `layers` deepens it (every layer dense, as the base's two)."""
+    depth = {} if layers is None else {"num_hidden_layers": layers, "first_k_dense_replace": layers}
+    return {**BASE_CONFIG, **depth, "vocab_size": vocab_size, "bos_token_id": bos, "eos_token_id": eos}
 
 
-def make_tiny_dsa_model(directory: Path, *, seed: int = 0) -> Path:
-    """config.json, the byte-level tokenizer of tests/gpu/tiny_model.py and model.safetensors in `directory`."""
-    return write_model_directory(directory, dsa_config, checkpoint_spec, seed=seed, init=init_of,
-                                 context_length=CONTEXT_LENGTH)
+def make_tiny_dsa_model(directory: Path, *, seed: int = 0, layers: int | None = None) -> Path:
+    """config.json, the byte-level tokenizer of tests/gpu/tiny_model.py and model.safetensors in `directory`;
+    `layers` for the deeper model of the decode-step measurement (steps.py)."""
+    return write_model_directory(directory, lambda v, b, e: dsa_config(v, b, e, layers), checkpoint_spec,
+                                 seed=seed, init=init_of, context_length=CONTEXT_LENGTH)
 
 
 def write_model_directory(directory: Path, make_config: Callable[[int, int, int], dict],
@@ -217,15 +220,19 @@ def check_directory(directory: Path, spec_of: Callable[[dict], list[TensorSpec]]
 
 def run_cli(doc: str, make: Callable[..., Path], check: Callable[[Path], list[str]],
             argv: list[str] | None = None) -> int:
-    """The command line of a tiny-model writer: DIR [--seed N] [--check]."""
+    """The command line of a tiny-model writer: DIR [--seed N] [--layers N] [--check]."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("directory", type=Path)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--layers", type=int, default=None,
+                        help="this many layers instead of the base config's (the decode-step measurement's deeper model)")
     parser.add_argument("--check", action="store_true",
                         help="read it back with SGLang's config loader and the safetensors package (device)")
     args = parser.parse_args(argv)
+    if args.layers is not None and args.layers < 1:
+        parser.error(f"--layers: need at least 1 layer, got {args.layers}")
     started = time.monotonic()
-    make(args.directory, seed=args.seed)
+    make(args.directory, seed=args.seed, **({} if args.layers is None else {"layers": args.layers}))
     size = (args.directory / "model.safetensors").stat().st_size
     print(f"wrote {args.directory} ({size / 2**20:.0f} MiB of weights, seed {args.seed}) "
           f"in {time.monotonic() - started:.1f} s")

@@ -190,8 +190,18 @@ def v4_config(vocab_size: int, bos: int, eos: int, **overrides) -> dict:
     return {**BASE_CONFIG, **overrides, "vocab_size": vocab_size, "bos_token_id": bos, "eos_token_id": eos}
 
 
-def make_tiny_v4_model(directory: Path, *, seed: int = 0, **overrides) -> Path:
-    """config.json, the byte-level tokenizer of tests/gpu/tiny_model.py and model.safetensors in `directory`."""
+def deeper(layers: int) -> dict:
+    """The config overrides of a `layers`-deep model: the base's four compress ratios repeated (window-only, C4,
+    C128, C4, ...), so every kind of layer keeps its share as the model deepens."""
+    base = BASE_CONFIG["compress_ratios"]
+    return {"num_hidden_layers": layers, "compress_ratios": [base[i % len(base)] for i in range(layers)]}
+
+
+def make_tiny_v4_model(directory: Path, *, seed: int = 0, layers: int | None = None, **overrides) -> Path:
+    """config.json, the byte-level tokenizer of tests/gpu/tiny_model.py and model.safetensors in `directory`;
+    `layers` for the deeper model of the decode-step measurement (steps.py)."""
+    if layers is not None:
+        overrides = {**deeper(layers), **overrides}
     return write_model_directory(directory, lambda v, b, e: v4_config(v, b, e, **overrides), checkpoint_spec,
                                  seed=seed, init=init_of, context_length=CONTEXT_LENGTH)
 

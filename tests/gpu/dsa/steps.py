@@ -1,0 +1,359 @@
+"""Decode step time of a deeper tiny DeepSeek model with SGLang's sparse-attention kernels against pdserve's: two
+real SGLang servers on one GPU, measured in alternated order, in one device call (issue 38, item 5).
+
+    python3 tests/gpu/dsa/steps.py --arch v4|dsa --model DIR --out DIR [--points B:C,...] [--rounds N]
+        [--new-tokens N] [--profile-steps N]
+
+Why two servers side by side: a server's kernel choice is fixed when it starts (the plugin patches SGLang's
+functions in each scheduler process and the decode CUDA graphs capture what ran), and a server takes minutes to
+start. With both up, the rounds alternate (off then on, on then off, ...), so drift over the call (clocks,
+temperature) falls on both alike; only one server works at a time, the other idles.
+
+Memory: the plugin-off server starts first with the arch's fraction. SGLang sizes its KV pool as the free memory
+after its weights less total x (1 - fraction), so the second server's fraction is the first's plus the share of the
+GPU in use once the first is ready (`second_fraction`).
+
+Per point (B concurrent streams of C-token prompts, greedy, ignore_eos, N new tokens): one warm-up round per server
+(JIT for the shapes, and the prefix cache takes the prompts, so later rounds prefill only the uncached tail), then
+`--rounds` rounds measuring both servers in alternated order; ms per decode step over the window in which all B
+streams decode (client.decode_figures). Then, with --profile-steps, one profiled round per server: SGLang's own
+/start_profile by stage (GPU activity only) over that many decode steps; the trace's kernels are summed per name and
+those of the sparse attention (sparse MLA decode, indexer logits, top-k: what the plugin replaces) give their share
+of the step. Written to --out: steps.json (every round, the summaries, the profiles' top kernels) and the table on
+stdout. Every wait has a deadline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import math
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository root, for `tests.gpu.dsa`
+
+from tests.gpu.dsa import client, compare, server
+
+KERNELS = ("sglang", "pdserve")  # the order of the first round; later rounds alternate
+DEFAULT_POINTS = {"v4": "1:32768,8:32768", "dsa": "1:32768,8:32768"}
+DEFAULT_CONTEXT_LENGTH = 65536  # both configs' rope scaling covers it (V4: max_position_embeddings 65536)
+DEFAULT_LAYERS = 16
+MAX_FRACTION = 0.9
+# Kernel names of the sparse attention on either side: SGLang's FlashMLA decode (and its split-KV combine),
+# DeepGEMM's paged MQA logits and SGLang's top-k; pdserve's sparse_mla_* and dsa_* (kernels/python's launcher table).
+ATTENTION_KERNEL = re.compile(r"sparse_mla|dsa_|flash_?mla|mla_combine|splitkv_mla|mqa_logits|topk|top_k", re.I)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", type=Path, required=True, help="tiny_v4_model.py / tiny_dsa_model.py DIR --layers N")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--arch", choices=server.ARCHS, default="v4")
+    p.add_argument("--points", type=points, default=None,
+                   help="B:C pairs, comma-separated: B concurrent streams of C-token prompts (default 1:32768,8:32768)")
+    p.add_argument("--rounds", type=int, default=3, help="measured rounds per point, each both servers (default 3)")
+    p.add_argument("--new-tokens", type=int, default=128, help="tokens generated per stream and round")
+    p.add_argument("--profile-steps", type=int, default=32,
+                   help="decode steps of the profiled round per server and point; 0: no profile")
+    p.add_argument("--context-length", type=int, default=DEFAULT_CONTEXT_LENGTH)
+    p.add_argument("--port", type=int, default=30000, help="the plugin-off server's; the other's is this + 100")
+    p.add_argument("--ready-timeout", type=float, default=420.0, help="seconds for one server start")
+    p.add_argument("--request-timeout", type=float, default=300.0, help="seconds for one round's streams")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dry-run", action="store_true", help="print the two server commands and exit")
+    args = p.parse_args(argv)
+    if args.points is None:
+        args.points = points(DEFAULT_POINTS[args.arch])
+    if args.rounds < 1:
+        p.error(f"--rounds: need at least 1, got {args.rounds}")
+    if args.new_tokens < 8:
+        p.error(f"--new-tokens: need at least 8 for a decode window, got {args.new_tokens}")
+    if args.profile_steps < 0 or args.profile_steps >= args.new_tokens:
+        p.error(f"--profile-steps: 0 to {args.new_tokens - 1} (fewer than --new-tokens), got {args.profile_steps}")
+    longest = max(c for _, c in args.points) + args.new_tokens
+    if longest > args.context_length:
+        p.error(f"a prompt plus its new tokens ({longest}) exceeds --context-length {args.context_length}")
+    return args
+
+
+def points(text: str) -> list[tuple[int, int]]:
+    """'1:32768,8:32768' -> [(1, 32768), (8, 32768)]."""
+    found = []
+    for part in (t.strip() for t in text.split(",")):
+        batch, sep, context = part.partition(":")
+        try:
+            pair = (int(batch), int(context))
+        except ValueError:
+            pair = (0, 0)
+        if not sep or pair[0] < 1 or pair[1] < 1:
+            raise argparse.ArgumentTypeError(f"not a B:C pair of positive integers: {part!r} in {text!r}")
+        found.append(pair)
+    return found
+
+
+def graph_batches(pairs: list[tuple[int, int]]) -> tuple[int, ...]:
+    """Decode CUDA graphs for exactly the measured batch sizes: each is replayed, none padded, and the start
+    compiles no kernel for a batch nobody measures."""
+    return tuple(sorted({b for b, _ in pairs}))
+
+
+def round_orders(rounds: int) -> list[tuple[str, str]]:
+    """Which server goes first in each round: off, on; then on, off; ... (ABBA), so neither always goes first."""
+    return [KERNELS if r % 2 == 0 else KERNELS[::-1] for r in range(rounds)]
+
+
+def second_fraction(first: float, used_bytes: int, total_bytes: int) -> float:
+    """--mem-fraction-static for the server started beside a running one: its own budget stays `first` of the GPU,
+    on top of what the GPU has in use (SGLang subtracts total x (1 - fraction) from the free memory it finds)."""
+    if total_bytes <= 0 or not 0 <= used_bytes <= total_bytes:
+        raise ValueError(f"GPU memory used {used_bytes} of {total_bytes} bytes is not a reading")
+    fraction = math.ceil((first + used_bytes / total_bytes) * 100) / 100
+    if fraction > MAX_FRACTION:
+        raise ValueError(f"the second server would need --mem-fraction-static {fraction:.2f} (the first holds "
+                         f"{used_bytes / 2**30:.1f} of {total_bytes / 2**30:.1f} GiB): more than {MAX_FRACTION}; "
+                         "lower the first's fraction or measure on a larger GPU")
+    return fraction
+
+
+def gpu_memory(timeout: float = 30.0) -> tuple[int, int]:
+    """(used, total) bytes of GPU 0, from nvidia-smi."""
+    text = subprocess.run(["nvidia-smi", "--query-gpu=memory.used,memory.total", "--format=csv,noheader,nounits",
+                           "-i", "0"], capture_output=True, text=True, timeout=timeout, check=True).stdout
+    used, total = (int(v) * 2**20 for v in text.strip().split(","))
+    return used, total
+
+
+def spread(values: list[float]) -> dict:
+    """Median and range of one server's rounds."""
+    return {"n": len(values), "median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def summarize_point(rows: list[dict]) -> dict:
+    """The measured rounds of one point: per server the median and range of ms/step, the ratio of the medians
+    (pdserve / SGLang: below 1 the plugin is faster) and the ratio within each round (adjacent measurements)."""
+    by = {k: [r["ms_per_step"] for r in rows if r["kernels"] == k and "ms_per_step" in r] for k in KERNELS}
+    if not all(by.values()):
+        return {"error": "a server has no measured round", "rounds": len(rows)}
+    per_round: dict[int, dict[str, float]] = {}
+    for r in rows:
+        if "ms_per_step" in r:
+            per_round.setdefault(r["round"], {})[r["kernels"]] = r["ms_per_step"]
+    paired = [v["pdserve"] / v["sglang"] for v in per_round.values() if len(v) == 2]
+    return {**{k: spread(v) for k, v in by.items()},
+            "ratio_of_medians": statistics.median(by["pdserve"]) / statistics.median(by["sglang"]),
+            "paired_ratios": paired}
+
+
+def kernel_totals(trace: dict) -> dict[str, dict]:
+    """Per kernel name, total microseconds and launches, from a torch profiler chrome trace (GPU activity)."""
+    totals: dict[str, dict] = {}
+    for event in trace.get("traceEvents", []):
+        if event.get("cat") != "kernel" or event.get("ph") != "X":
+            continue
+        entry = totals.setdefault(str(event.get("name", "?")), {"us": 0.0, "count": 0})
+        entry["us"] += float(event.get("dur", 0.0))
+        entry["count"] += 1
+    return totals
+
+
+def graph_launches(trace: dict) -> int:
+    """cudaGraphLaunch calls in the trace: one per decode step that replayed a CUDA graph."""
+    return sum(1 for e in trace.get("traceEvents", []) if e.get("ph") == "X" and e.get("name") == "cudaGraphLaunch")
+
+
+def profile_summary(trace: dict, steps_asked: int, top: int = 25) -> dict:
+    """Kernel time per decode step and the sparse attention's share of it. Steps: the trace's graph launches
+    where there are any (one per replayed step), else the steps asked for."""
+    totals = kernel_totals(trace)
+    launches = graph_launches(trace)
+    steps = launches or steps_asked
+    all_us = sum(t["us"] for t in totals.values())
+    attention = {name: t for name, t in totals.items() if ATTENTION_KERNEL.search(name)}
+    attention_us = sum(t["us"] for t in attention.values())
+    ranked = sorted(totals.items(), key=lambda kv: -kv[1]["us"])[:top]
+    return {"steps": steps, "graph_launches": launches, "steps_asked": steps_asked, "kernels": len(totals),
+            "kernel_us_per_step": all_us / steps if steps else None,
+            "attention_us_per_step": attention_us / steps if steps else None,
+            "attention_share_of_kernel_time": attention_us / all_us if all_us else None,
+            "attention_kernels": sorted(attention),
+            "top": [{"name": n[:160], "us": round(t["us"], 1), "count": t["count"],
+                     "attention": bool(ATTENTION_KERNEL.search(n))} for n, t in ranked]}
+
+
+def measure(srv: server.Server, ids: list[list[int]], new_tokens: int, timeout: float) -> dict:
+    """One round on one server: all streams at once; the decode figures of the common window."""
+    sent = time.perf_counter()
+    timelines = client.concurrent_timelines(srv.url, ids, max_new_tokens=new_tokens, timeout=timeout)
+    try:
+        fig = client.decode_figures(timelines, sent)
+    except ValueError as exc:
+        return {"error": str(exc)}
+    return {"ms_per_step": round(fig.ms_per_step, 4), "tokens_per_s": round(fig.tokens_per_s, 1),
+            "steps_in_window": round(fig.steps, 1), "window_s": round(fig.window_s, 3), "ttft_s": round(fig.ttft_s, 3)}
+
+
+def profile_round(srv: server.Server, ids: list[list[int]], args: argparse.Namespace, directory: Path,
+                  profile_id: str) -> dict:
+    """A round under SGLang's profiler: by stage, so the decode steps get their own trace, GPU activity only."""
+    directory.mkdir(parents=True, exist_ok=True)
+    request = {"output_dir": str(directory), "num_steps": args.profile_steps, "activities": ["GPU"],
+               "profile_by_stage": True, "with_stack": False, "record_shapes": False, "profile_id": profile_id}
+    client.post_text(srv.url + "/start_profile", request, timeout=30.0)
+    measure(srv, ids, args.new_tokens, args.request_timeout)
+    deadline = time.monotonic() + 60.0
+    while time.monotonic() < deadline:  # the trace is written after the last profiled step; exporting takes seconds
+        traces = sorted(directory.glob(f"{profile_id}*DECODE*.trace.json.gz"))
+        if traces:
+            time.sleep(2.0)  # let the writer finish the file it has just created
+            with gzip.open(traces[0], "rt", encoding="utf-8") as f:
+                trace = json.load(f)
+            summary = profile_summary(trace, args.profile_steps)
+            traces[0].unlink()  # tens of MB; the summary is what travels back
+            return summary
+        time.sleep(1.0)
+    return {"error": f"no decode trace {profile_id}*DECODE*.trace.json.gz in {directory} within 60 s"}
+
+
+def make_pair(args: argparse.Namespace) -> dict[str, server.Server]:
+    graphs = graph_batches(args.points)
+    extra = ["--context-length", str(args.context_length)]
+    return {kernels: server.make_server(args.model, args.port + 100 * i, kernels,
+                                        args.out / f"server-steps-{kernels}.log", graph_bs=graphs, extra=list(extra),
+                                        arch=args.arch, radix_cache=True)
+            for i, kernels in enumerate(KERNELS)}
+
+
+def set_fraction(srv: server.Server, fraction: float) -> None:
+    srv.argv += ["--mem-fraction-static", f"{fraction:.2f}"]  # argparse keeps the last
+
+
+def start(srv: server.Server, name: str, args: argparse.Namespace, record: dict) -> None:
+    print(f"[{name}] starting: {' '.join(srv.argv)}", flush=True)
+    srv.start()
+    record["ready_after_s"][name] = round(srv.wait_ready(args.ready_timeout), 1)
+    print(f"[{name}] ready after {record['ready_after_s'][name]} s", flush=True)
+    findings = compare.log_findings(srv, args.arch)
+    if findings["unknown_weights"]:
+        raise SystemExit(f"[{name}] SGLang ignored checkpoint tensors or left parameters unloaded: "
+                         f"{findings['unknown_weights'][:3]}")
+
+
+def run_points(pair: dict[str, server.Server], args: argparse.Namespace, record: dict) -> None:
+    vocab = compare.vocab_size(args.model)
+    longest = max(c for _, c in args.points)
+    widest = max(b for b, _ in args.points)
+    # One prompt set for every point: B streams take the first B prompts, truncated to C, so after the warm-ups the
+    # prefix cache holds every point's prompts and a round prefills almost nothing.
+    prompts = client.prompts(args.seed, [longest] * widest, vocab)
+    for batch, context in args.points:
+        ids = [p[:context] for p in prompts[:batch]]
+        point: dict = {"batch": batch, "context": context, "new_tokens": args.new_tokens, "rounds": []}
+        record["points"].append(point)
+        for kernels in KERNELS:
+            t = time.monotonic()
+            point.setdefault("warmup", {})[kernels] = {**measure(pair[kernels], ids, args.new_tokens,
+                                                                 args.request_timeout),
+                                                       "s": round(time.monotonic() - t, 1)}
+        for r, order in enumerate(round_orders(args.rounds)):
+            for kernels in order:
+                row = {"round": r, "kernels": kernels, **measure(pair[kernels], ids, args.new_tokens,
+                                                                 args.request_timeout)}
+                point["rounds"].append(row)
+                print(f"  B={batch} C={context} round {r} {kernels}: "
+                      f"{row.get('ms_per_step', row.get('error'))} ms/step", flush=True)
+        point["summary"] = summarize_point(point["rounds"])
+        if args.profile_steps:
+            for kernels in KERNELS:
+                try:
+                    point.setdefault("profile", {})[kernels] = profile_round(
+                        pair[kernels], ids, args, args.out / "profile", f"steps-{kernels}-b{batch}-c{context}")
+                except Exception as exc:  # noqa: BLE001 - a failed profile leaves the timings standing
+                    point.setdefault("profile", {})[kernels] = {"error": repr(exc)[:300]}
+        _write(args.out / "steps.json", record)
+
+
+def table(record: dict) -> str:
+    """The measurement as a table: per point, both servers' median ms/step and range, the ratio, the profile."""
+    lines = ["| batch | context | SGLang ms/step median (range) | pdserve ms/step median (range) | pdserve / SGLang "
+             "(per round) | attention kernels per step, SGLang / pdserve (share of the step) |",
+             "|---|---|---|---|---|---|"]
+    for point in record.get("points", []):
+        s = point.get("summary", {})
+        if "error" in s or not s:
+            lines.append(f"| {point['batch']} | {point['context']} | {s.get('error', 'not measured')} | | | |")
+            continue
+        cells = [f"{s[k]['median']:.3f} ({s[k]['min']:.3f}-{s[k]['max']:.3f})" for k in KERNELS]
+        paired = ", ".join(f"{v:.3f}" for v in s["paired_ratios"])
+        shares = []
+        for k in KERNELS:
+            prof = point.get("profile", {}).get(k, {})
+            us = prof.get("attention_us_per_step")
+            shares.append(f"{us:.0f} us ({us / 1000 / s[k]['median']:.0%})" if us is not None else
+                          prof.get("error", "-")[:60])
+        lines.append(f"| {point['batch']} | {point['context']} | {cells[0]} | {cells[1]} | "
+                     f"{s['ratio_of_medians']:.3f} ({paired}) | {' / '.join(shares)} |")
+    return "\n".join(lines)
+
+
+def _write(path: Path, data: dict) -> None:
+    path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    pair = make_pair(args)
+    if args.dry_run:
+        for kernels, srv in pair.items():
+            print(f"{kernels}: {' '.join(f'{k}={v}' for k, v in srv.env.items())} {' '.join(srv.argv)} "
+                  "[+ --mem-fraction-static for the second]")
+        return 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))  # through the finally that stops both servers
+    record: dict = {"arch": args.arch, "model_config": compare.model_config(args.model), "versions": compare.versions(),
+                    "plugin_entry_points": compare.plugin_entry_points(), "rounds": args.rounds,
+                    "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "ready_after_s": {},
+                    "argv": {}, "env": {}, "points": []}
+    if not record["plugin_entry_points"]:
+        raise SystemExit(f"no {compare.PLUGIN_GROUP} entry point is installed: the plugin-on server would run "
+                         "SGLang's kernels")
+    first, second = KERNELS
+    try:
+        start(pair[first], first, args, record)
+        used, total = gpu_memory()
+        fraction = float(pair[first].argv[pair[first].argv.index("--mem-fraction-static") + 1])
+        set_fraction(pair[second], second_fraction(fraction, used, total))
+        record["gpu_memory_before_second"] = {"used": used, "total": total}
+        start(pair[second], second, args, record)
+        for kernels, srv in pair.items():
+            record["argv"][kernels], record["env"][kernels] = srv.argv, srv.env
+        run_points(pair, args, record)
+    finally:
+        for srv in pair.values():
+            srv.stop()
+        for kernels, srv in pair.items():
+            record.setdefault("plugin", {})[kernels] = compare.log_findings(srv, args.arch)["plugin"]
+        _write(args.out / "steps.json", record)
+    for kernels in KERNELS:
+        print(f"[{kernels}] {compare.plugin_summary(record['plugin'][kernels])}", flush=True)
+    print(table(record), flush=True)
+    plugin_on = record["plugin"]["pdserve"]
+    problems = ([] if plugin_on["ran"] and not plugin_on["fallback"] else
+                [f"the plugin-on server did not run pdserve's kernels throughout: ran {plugin_on['ran']}, "
+                 f"fallbacks {plugin_on['fallback'][:3]}"])
+    problems += [f"B={p['batch']} C={p['context']}: {p['summary']['error']}" for p in record["points"]
+                 if "error" in p.get("summary", {"error": "not measured"})]
+    for problem in problems:
+        print(f"FAIL: {problem}", flush=True)
+    print("DONE" if not problems else f"{len(problems)} problem(s)", flush=True)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
