@@ -35,6 +35,18 @@ def post_json(url: str, payload: dict, timeout: float):
         return json.loads(reply.read())
 
 
+MAX_TEXT_REPLY = 1 << 16
+
+
+def post_text(url: str, payload: dict, timeout: float) -> str:
+    """POST JSON to an endpoint that answers plain text (SGLang's /start_profile); at most MAX_TEXT_REPLY bytes
+    of the answer are read. An HTTP error status raises (urllib.error.HTTPError)."""
+    request = urllib.request.Request(url, data=json.dumps(payload).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as reply:
+        return reply.read(MAX_TEXT_REPLY).decode("utf-8", errors="replace")
+
+
 def generate(base_url: str, input_ids: list[list[int]], *, max_new_tokens: int, top_logprobs: int,
              timeout: float) -> list[dict]:
     """One /generate call carrying all of `input_ids` (SGLang schedules them together), greedy, with the

@@ -63,6 +63,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--phase", choices=PHASES, default="compare")
     p.add_argument("--kernels", choices=(*server.KERNELS, "both"), default="both")
     p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--second-port", type=int, default=None,
+                   help="--side-by-side: pdserve's server's port (default --port + 100)")
     p.add_argument("--ready-timeout", type=float, default=None,
                    help="seconds for one server start (dsa default 330, v4 default 420)")
     p.add_argument("--request-timeout", type=float, default=120.0, help="seconds for one /generate call")
@@ -91,6 +93,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "off against on against that floor; the per-layer records judge the kernels either way)")
     p.add_argument("--no-warmup", action="store_true",
                    help="v4: no warm-up pass before the compared ones (the gate then compares passes 1 and 2)")
+    p.add_argument("--side-by-side", action="store_true",
+                   help="v4 with --kernels both: both servers up at once on the one GPU (the second starts once the "
+                        "first has its KV pool), so the two fit one device call; each then serves its passes in turn")
     p.add_argument("--server-arg", action="append", default=[], help="one more launch_server argument (repeatable)")
     p.add_argument("--dry-run", action="store_true", help="print the server commands and exit")
     args = p.parse_args(argv)
@@ -103,8 +108,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"--phase {args.phase}: --arch v4 runs the compare phase only (the bench is the DSA tier's)")
         if args.record_dir is None:
             args.record_dir = args.out / "record"
-    elif args.radix_cache or args.strict_gate or args.no_warmup:
-        p.error("--radix-cache, --strict-gate and --no-warmup are --arch v4 options")
+    elif args.radix_cache or args.strict_gate or args.no_warmup or args.side_by_side:
+        p.error("--radix-cache, --strict-gate, --no-warmup and --side-by-side are --arch v4 options")
+    if args.side_by_side and args.kernels != "both":
+        p.error(f"--side-by-side runs both servers: --kernels both, not {args.kernels}")
     shortest = defaults["min_prompt"]
     if any(n <= shortest for n in args.prompt_lens):
         p.error(f"--prompt-lens: every prompt must be longer than {shortest} tokens for --arch {args.arch} "
@@ -139,9 +146,11 @@ def kernel_choices(args: argparse.Namespace) -> list[str]:
 
 def make_servers(args: argparse.Namespace) -> dict[str, server.Server]:
     servers = {}
-    for kernels in kernel_choices(args):
+    for i, kernels in enumerate(kernel_choices(args)):
         record = args.record_dir / kernels if args.record_dir is not None else None
-        servers[kernels] = server.make_server(args.model, args.port, kernels, args.out / f"server-{kernels}.log",
+        # One after another they share a port; side by side the second takes its own.
+        port = args.port if i == 0 or not args.side_by_side else (args.second_port or args.port + 100)
+        servers[kernels] = server.make_server(args.model, port, kernels, args.out / f"server-{kernels}.log",
                                               record_dir=record, graph_bs=tuple(args.graph_bs),
                                               extra=args.server_arg, arch=args.arch, radix_cache=args.radix_cache)
     return servers
@@ -300,7 +309,7 @@ def repeat_mode(arch: str, kernels: str) -> str:
     return "sequential"
 
 
-def run_one(kernels: str, srv: server.Server, args: argparse.Namespace) -> dict:
+def new_record(kernels: str, srv: server.Server, args: argparse.Namespace) -> dict:
     # The arch and the model's config travel with the record: diff.py judges a V4 run offline from the files.
     record = {"kernels": kernels, "arch": args.arch, "argv": srv.argv, "env": srv.env, "versions": versions(),
               "plugin_entry_points": plugin_entry_points(),
@@ -309,44 +318,82 @@ def run_one(kernels: str, srv: server.Server, args: argparse.Namespace) -> dict:
         raise SystemExit(f"no {PLUGIN_GROUP} entry point is installed: a 'pdserve' run would run SGLang's "
                          "kernels; install the pdserve-kernels wheel into the same --target (run_on_device.sh)")
     record["model_config"] = model_config(args.model)
+    return record
+
+
+def run_one(kernels: str, srv: server.Server, args: argparse.Namespace) -> dict:
+    """Start one server, serve the phases, stop it, summarize its records."""
+    record = new_record(kernels, srv, args)
     print(f"[{kernels}] starting: {' '.join(srv.argv)}", flush=True)
     srv.start()
     try:
         record["ready_after_s"] = round(srv.wait_ready(args.ready_timeout), 1)
         print(f"[{kernels}] ready after {record['ready_after_s']} s", flush=True)
-        record.update(log_findings(srv, args.arch))
-        if record["unknown_weights"]:
-            raise SystemExit(f"[{kernels}] SGLang ignored checkpoint tensors or left parameters unloaded: "
-                             f"{record['unknown_weights'][:3]}")
-        if args.phase in ("compare", "all"):
-            t = time.monotonic()
-            record["compare"] = compare_phase(srv, args, repeat=repeat_mode(args.arch, kernels),
-                                              warmup=args.arch == "v4" and not args.no_warmup)
-            record["compare_s"] = round(time.monotonic() - t, 1)
-            _write(args.out / f"compare-{kernels}.json", record)
-            rep = record["compare"].get("repeat")
-            again = (f"; the sequential requests again on the same server: {rep['tokens_equal']}/{rep['requests']} "
-                     f"with equal tokens, largest |dlogprob| {rep['max_abs_logprob_diff']:.3g}") if rep else ""
-            passes = ", ".join(f"{s} s" for s in record["compare"]["pass_s"])
-            warm = " (the first a warm-up)" if "warmup" in record["compare"] else ""
-            print(f"[{kernels}] compare phase: {record['compare_s']} s; passes {passes}{warm}{again}", flush=True)
-        if args.phase in ("bench", "all"):
-            t = time.monotonic()
-            record["bench"] = bench_phase(srv, args)
-            record["bench_s"] = round(time.monotonic() - t, 1)
-            _write(args.out / f"bench-{kernels}.json", {k: v for k, v in record.items() if k != "compare"})
-        record.update(log_findings(srv, args.arch))  # the plugin logs "ran" on first use, after ready
-        print(f"[{kernels}] {plugin_summary(record['plugin'])}", flush=True)
-        if "compare" in record:  # again, with those lines
-            _write(args.out / f"compare-{kernels}.json", record)
+        serve(kernels, srv, args, record)
     finally:
         srv.stop()
-    if args.record_dir is not None:
-        record["records"] = diff.summarize_records(args.record_dir / kernels)
-        _write(args.out / f"records-summary-{kernels}.json", {"kernels": kernels, "rows": record["records"]})
-        print(diff.records_table(record["records"]) if record["records"] else
-              f"[{kernels}] no plugin records (SGLang's own kernels run without the plugin's hooks)", flush=True)
+    summarize_records(kernels, args, record)
     return record
+
+
+def run_side_by_side(servers: dict[str, server.Server], args: argparse.Namespace) -> dict[str, dict]:
+    """Both servers up at once on the one GPU (server.start_side_by_side: the second starts once the first has
+    its KV pool), then each serves its phases in turn while the other idles; both stopped, then the records."""
+    records = {kernels: new_record(kernels, srv, args) for kernels, srv in servers.items()}
+    for kernels, srv in servers.items():
+        print(f"[{kernels}] starting: {' '.join(srv.argv)}", flush=True)
+    try:
+        ready = server.start_side_by_side(list(servers.values()), args.ready_timeout)
+        for kernels, seconds in zip(servers, ready, strict=True):
+            records[kernels]["ready_after_s"] = round(seconds, 1)
+            print(f"[{kernels}] ready after {records[kernels]['ready_after_s']} s (side by side)", flush=True)
+        for kernels, srv in servers.items():
+            serve(kernels, srv, args, records[kernels])
+    finally:
+        for srv in servers.values():
+            srv.stop()
+    for kernels in servers:
+        summarize_records(kernels, args, records[kernels])
+    return records
+
+
+def serve(kernels: str, srv: server.Server, args: argparse.Namespace, record: dict) -> None:
+    """The phases on a ready server; the results go into `record` and the out directory."""
+    record.update(log_findings(srv, args.arch))
+    if record["unknown_weights"]:
+        raise SystemExit(f"[{kernels}] SGLang ignored checkpoint tensors or left parameters unloaded: "
+                         f"{record['unknown_weights'][:3]}")
+    if args.phase in ("compare", "all"):
+        t = time.monotonic()
+        record["compare"] = compare_phase(srv, args, repeat=repeat_mode(args.arch, kernels),
+                                          warmup=args.arch == "v4" and not args.no_warmup)
+        record["compare_s"] = round(time.monotonic() - t, 1)
+        _write(args.out / f"compare-{kernels}.json", record)
+        rep = record["compare"].get("repeat")
+        again = (f"; the sequential requests again on the same server: {rep['tokens_equal']}/{rep['requests']} "
+                 f"with equal tokens, largest |dlogprob| {rep['max_abs_logprob_diff']:.3g}") if rep else ""
+        passes = ", ".join(f"{s} s" for s in record["compare"]["pass_s"])
+        warm = " (the first a warm-up)" if "warmup" in record["compare"] else ""
+        print(f"[{kernels}] compare phase: {record['compare_s']} s; passes {passes}{warm}{again}", flush=True)
+    if args.phase in ("bench", "all"):
+        t = time.monotonic()
+        record["bench"] = bench_phase(srv, args)
+        record["bench_s"] = round(time.monotonic() - t, 1)
+        _write(args.out / f"bench-{kernels}.json", {k: v for k, v in record.items() if k != "compare"})
+    record.update(log_findings(srv, args.arch))  # the plugin logs "ran" on first use, after ready
+    print(f"[{kernels}] {plugin_summary(record['plugin'])}", flush=True)
+    if "compare" in record:  # again, with those lines
+        _write(args.out / f"compare-{kernels}.json", record)
+
+
+def summarize_records(kernels: str, args: argparse.Namespace, record: dict) -> None:
+    """The plugin's per-call records folded per op and layer, once the server is stopped (its files complete)."""
+    if args.record_dir is None:
+        return
+    record["records"] = diff.summarize_records(args.record_dir / kernels)
+    _write(args.out / f"records-summary-{kernels}.json", {"kernels": kernels, "rows": record["records"]})
+    print(diff.records_table(record["records"]) if record["records"] else
+          f"[{kernels}] no plugin records (SGLang's own kernels run without the plugin's hooks)", flush=True)
 
 
 def _write(path: Path, data: dict) -> None:
@@ -372,14 +419,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.arch == "v4" and "sglang" not in servers:
         print("note: no repeatability gate and no plugin-off comparison in this call (SGLang's own server is not "
               "run); `diff.py OUT1 OUT2` judges it with a plugin-off call's files", flush=True)
+    together = run_side_by_side(servers, args) if args.side_by_side else {}
     for kernels, srv in servers.items():
-        records[kernels] = run_one(kernels, srv, args)
+        records[kernels] = together[kernels] if args.side_by_side else run_one(kernels, srv, args)
         if args.arch == "v4" and kernels == "sglang":
             gate = diff.gate_from_passes(records[kernels]["compare"])
             gate["floor"] = verdict.noise_floors(gate)
             _write(args.out / "gate.json", gate)
             print(diff.gate_table(gate), flush=True)
-            if args.strict_gate and verdict.gate_failures(gate) and len(servers) > 1:
+            if args.strict_gate and verdict.gate_failures(gate) and len(servers) > 1 and not args.side_by_side:
                 print("STOP: SGLang's own server did not repeat itself on the same inputs and --strict-gate asks it "
                       "to; pdserve's server was not started", flush=True)
                 break

@@ -7,6 +7,11 @@
 #                                                             # carried: install, write the model, stop there
 #   bash tests/gpu/dsa/run_on_device.sh [--v4] run [ARGS...]  # install and write the model unless a call on
 #                                                             # this machine did, then run compare.py ARGS
+#   bash tests/gpu/dsa/run_on_device.sh [--v4] steps [ARGS...] # the same with the deeper model (STEPS_LAYERS,
+#                                                             # default 16; STEPS_ARCH v4 or dsa, default the
+#                                                             # set's), then steps.py ARGS: decode step time
+# The V4 set holds everything the V3.2 model needs too, so `--v4 steps` with STEPS_ARCH=dsa measures V3.2 on the
+# staged V4 set.
 # <set> is dsa, or v4 with --v4. ARGS go to tests/gpu/dsa/compare.py (default: --phase compare --kernels both;
 # with --v4 "--arch v4" comes first, default --kernels both; V4's two servers do not fit one call, so its README
 # runs `--kernels sglang` and `--kernels pdserve` in two calls on one warm machine and judges them with
@@ -44,8 +49,8 @@ echo "staged: $(ls "$staged" | wc -l) wheels, $(du -sh "$staged" | cut -f1); plu
 mode=${1:-run}
 case $mode in
   stage) exit 0 ;;
-  prepare|run) [ $# -gt 0 ] && shift ;;
-  *) echo "usage: run_on_device.sh [--v4] stage|prepare|run [compare.py ARGS...], not '$mode'"; exit 2 ;;
+  prepare|run|steps) [ $# -gt 0 ] && shift ;;
+  *) echo "usage: run_on_device.sh [--v4] stage|prepare|run|steps [ARGS...], not '$mode'"; exit 2 ;;
 esac
 # A fresh machine has lost what earlier calls staged: say so before installing half a set. (wheelhouse.py
 # reads the pins: comment lines in wheelhouse.txt are no distributions.)
@@ -105,18 +110,34 @@ if [ -f ".whl/$tier/jit-cache.tgz" ]; then
   tar -xPzf ".whl/$tier/jit-cache.tgz" && echo "restored JIT caches ($(du -h ".whl/$tier/jit-cache.tgz" | cut -f1))"
 fi
 
+arch=$tier
+[ "$tier" = v4 ] || arch=dsa
 model=/tmp/pdserve-$tier-model
+depth=()
+if [ "$mode" = steps ]; then
+  arch=${STEPS_ARCH:-$arch}
+  case $arch in v4|dsa) ;; *) echo "STEPS_ARCH must be v4 or dsa, not '$arch'"; exit 2 ;; esac
+  layers=${STEPS_LAYERS:-16}
+  case $layers in ''|*[!0-9]*) echo "STEPS_LAYERS must be a whole number, not '$layers'"; exit 2 ;; esac
+  model=/tmp/pdserve-$arch-model-l$layers
+  depth=(--layers "$layers")
+fi
 writer=tests/gpu/dsa/tiny_dsa_model.py
-[ "$tier" = v4 ] && writer=tests/gpu/dsa/tiny_v4_model.py
+[ "$arch" = v4 ] && writer=tests/gpu/dsa/tiny_v4_model.py
 if [ ! -f "$model/model.safetensors" ]; then
   # Written beside and renamed when checked, so an interrupted call leaves no half-written model behind.
   rm -rf "$model.tmp"
-  python3 "$writer" "$model.tmp" --check 2>&1 | tee "$out/model.log"
+  python3 "$writer" "$model.tmp" "${depth[@]}" --check 2>&1 | tee "$out/model.log"
   [ "${PIPESTATUS[0]}" = 0 ] || { echo "model writing or its check failed"; exit 1; }
   rm -rf "$model" && mv "$model.tmp" "$model"
 fi
 if [ "$mode" = prepare ]; then
   echo "prepared in ${SECONDS} s: wheels installed in $site, model in $model"; exit 0
+fi
+if [ "$mode" = steps ]; then
+  timeout "${DSA_TIMEOUT:-$((560 - SECONDS))}" python3 tests/gpu/dsa/steps.py --arch "$arch" --model "$model" \
+    --out "$out" "$@" 2>&1 | tee "$out/steps.log"
+  exit "${PIPESTATUS[0]}"
 fi
 if [ "$tier" = v4 ]; then
   set -- --arch v4 "$@"

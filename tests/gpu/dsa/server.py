@@ -22,12 +22,14 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 KERNELS = ("sglang", "pdserve")
 ARCHS = ("dsa", "v4")
 READY_LINE = "The server is fired up and ready to roll"
+POOL_LINE = "Memory pool end"  # logged once the KV pool is allocated (0.5.17's kv_cache_configurator)
 # A checkpoint name the model does not have is only warned about by SGLang's DeepSeek loaders; V4's also
 # warns about parameters no checkpoint tensor filled (they keep torch.empty's garbage).
 UNKNOWN_WEIGHT_LINE = "not found in params_dict"
@@ -69,7 +71,7 @@ ARCH_ENV = {"dsa": DSA_ENV, "v4": V4_ENV}
 
 def server_args(model: Path, port: int, *, graph_bs: tuple[int, ...] = DEFAULT_GRAPH_BS,
                 max_running: int = 32, mem_fraction: float = 0.25, extra: list[str] | None = None,
-                arch: str = "dsa", radix_cache: bool = False) -> list[str]:
+                arch: str = "dsa", radix_cache: bool = False, context_length: int | None = None) -> list[str]:
     """The arguments after `python -m sglang.launch_server`. `radix_cache` keeps SGLang's prefix cache on: for the
     decode-step measurement (steps.py), where a repeated prompt should not prefill again, and for a V4 machine where
     --disable-radix-cache would not start (not seen). Comparisons of logprobs keep it off (see V4_FLAGS)."""
@@ -78,7 +80,7 @@ def server_args(model: Path, port: int, *, graph_bs: tuple[int, ...] = DEFAULT_G
     flags = (DSA_FLAGS if arch == "dsa" else V4_FLAGS) + ([] if radix_cache else NO_RADIX_CACHE)
     args = [
         "--model-path", str(model), "--load-format", "auto", "--trust-remote-code", "--tp-size", "1",
-        "--host", "127.0.0.1", "--port", str(port), "--context-length", str(CONTEXT_LENGTHS[arch]),
+        "--host", "127.0.0.1", "--port", str(port), "--context-length", str(context_length or CONTEXT_LENGTHS[arch]),
         "--mem-fraction-static", str(mem_fraction), "--max-running-requests", str(max_running),
         *flags, "--log-level", "info",
     ]
@@ -135,17 +137,22 @@ class Server:
 
     def wait_ready(self, timeout: float) -> float:
         """Until the server logs its ready line and answers /model_info; fails at once if it exits."""
+        self.wait_for(lambda: READY_LINE in self.log_text() and _answers(self.url + "/model_info"), timeout, "ready")
+        self.ready_after = time.monotonic() - self.started
+        return self.ready_after
+
+    def wait_for(self, condition: Callable[[], bool], timeout: float, what: str) -> None:
+        """Until `condition()` holds, polled once a second; fails at once if the server exits."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc is None or self.proc.poll() is not None:
                 code = None if self.proc is None else self.proc.returncode
-                raise ServerFailed(f"server exited with {code} before it was ready; log: {self.log}\n"
+                raise ServerFailed(f"server exited with {code} before it was {what}; log: {self.log}\n"
                                    + tail(self.log_text(), 30))
-            if READY_LINE in self.log_text() and _answers(self.url + "/model_info"):
-                self.ready_after = time.monotonic() - self.started
-                return self.ready_after
+            if condition():
+                return
             time.sleep(1.0)
-        raise ServerFailed(f"server not ready after {timeout:.0f} s; log: {self.log}\n" + tail(self.log_text(), 30))
+        raise ServerFailed(f"server not {what} after {timeout:.0f} s; log: {self.log}\n" + tail(self.log_text(), 30))
 
     def stop(self, timeout: float = STOP_TIMEOUT) -> None:
         """SIGTERM to the server's process group, then SIGKILL to what is left of it (as pd_run.py does):
@@ -158,6 +165,22 @@ class Server:
                 self.proc.wait(timeout)
         _signal_group(self.proc.pid, signal.SIGKILL)
         self.proc.wait(timeout)
+
+
+def start_side_by_side(servers: list[Server], timeout: float) -> list[float]:
+    """Start `servers` on one GPU, each once the one before has allocated its KV pool, then wait until all are ready;
+    each one's seconds from its own start to ready. Why staggered: SGLang 0.5.17 budgets its pool as the memory free
+    at its start times --mem-fraction-static, less its weights (kv_cache_configurator, pre_model_load_memory), so a
+    server that started before the other's pool existed would count that memory as its own and the later of the
+    two would find none. Why side by side: a V4 server takes minutes to start, mostly one-time work that the second
+    does while the first does its own. Every server started is left to the caller to stop, also on a failure."""
+    deadline = time.monotonic() + timeout
+    for before, srv in zip([None, *servers], servers, strict=False):
+        if before is not None:
+            before.wait_for(lambda b=before: POOL_LINE in b.log_text() or READY_LINE in b.log_text(),
+                            deadline - time.monotonic(), "done allocating its KV pool")
+        srv.start()
+    return [srv.wait_ready(max(deadline - time.monotonic(), 1.0)) for srv in servers]
 
 
 def _signal_group(pgid: int, sig: int) -> None:
@@ -205,8 +228,10 @@ ARCH_SIZES = {"dsa": {"max_running": 32, "mem_fraction": 0.25}, "v4": {"max_runn
 
 def make_server(model: Path, port: int, kernels: str, log: Path, *, record_dir: Path | None = None,
                 graph_bs: tuple[int, ...] = DEFAULT_GRAPH_BS, extra: list[str] | None = None,
-                python: str = sys.executable, arch: str = "dsa", radix_cache: bool = False) -> Server:
+                python: str = sys.executable, arch: str = "dsa", radix_cache: bool = False,
+                context_length: int | None = None) -> Server:
     argv = [python, "-m", "sglang.launch_server",
             *server_args(model, port, graph_bs=graph_bs, extra=extra, arch=arch, radix_cache=radix_cache,
+                         context_length=context_length,
                          **ARCH_SIZES.get(arch, {}))]
     return Server(argv=argv, env=server_env(kernels, record_dir, arch), log=log, port=port)

@@ -10,16 +10,22 @@ from one prompt served to the next; STANDIN_NOT_REPEATABLE=first-token moves the
 logprobs by up to 0.1 per step of (prompts served mod 3) and lets the runner-up win there, as SGLang's V4 server did
 on the GPU (tokens differ from token 0); STANDIN_SETTLE_AFTER=N makes only the first N prompts served differ
 (a server that repeats itself once warm). STANDIN_PDSERVE_SHIFT moves pdserve's logprobs (default 1e-4).
+Before the ready line it logs SGLang's "Memory pool end" line (STANDIN_POOL_AFTER_S and STANDIN_READY_AFTER_S delay
+it and the ready line: a second server started beside it waits for that line). /start_profile takes SGLang's
+ProfileReq; by stage with num_steps it writes a decode trace in the torch profiler's chrome format after that many
+streamed steps (steps.py reads it).
 Not SGLang: nothing here says anything about SGLang's numbers.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import itertools
 import json
 import os
 import sys
+import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -44,6 +50,7 @@ def launch_env(directory) -> dict[str, str]:
     root = Path(__file__).resolve().parents[3]
     return {**os.environ, "PYTHONPATH": f"{fake}:{root}"}
 STEP_S = 0.002
+LAYERS_IN_TRACE = 4  # layers per step in the decode trace /start_profile writes
 
 
 _CALLS = itertools.count()
@@ -115,8 +122,20 @@ def main() -> int:
             else:
                 self.send_error(404)
 
+        def _text(self, text: str) -> None:
+            body = text.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
         def do_POST(self) -> None:
-            req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            req = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+            if self.path == "/start_profile":  # SGLang's ProfileReq, by stage: the next stream's decode steps
+                profile.update(req, steps_seen=0)
+                self._text("Start profiling.\n")
+                return
             ids, params = req["input_ids"], req.get("sampling_params", {})
             if not req.get("stream"):
                 batch = ids if ids and isinstance(ids[0], list) else None
@@ -132,7 +151,35 @@ def main() -> int:
                 self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
                 self.wfile.flush()
                 time.sleep(STEP_S)
+                profiled_step()
             self.wfile.write(b"data: [DONE]\n\n")
+
+    profile: dict = {}
+    lock = threading.Lock()
+
+    def profiled_step() -> None:
+        """Count a decode step of a profile started by stage; after num_steps write the decode trace where SGLang's
+        profiler manager would ({output_dir}/{profile_id}-TP-0-DECODE.trace.json.gz), in the torch profiler's
+        chrome format: per step one cudaGraphLaunch and, per layer, an attention kernel named as this server's
+        kernel choice would launch it (FlashMLA's, or pdserve's sparse_mla_*) beside a GEMM."""
+        with lock:
+            if not profile.get("profile_by_stage") or profile["steps_seen"] >= profile["num_steps"]:
+                return
+            profile["steps_seen"] += 1
+            if profile["steps_seen"] < profile["num_steps"]:
+                return
+            attention = "sparse_mla_decode_v4_h64" if kernels == "pdserve" else "void flash_fwd_splitkv_mla_kernel<>"
+            events = []
+            for step in range(profile["num_steps"]):
+                events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": step * 100,
+                               "dur": 5})
+                for layer in range(LAYERS_IN_TRACE):
+                    events += [{"ph": "X", "cat": "kernel", "name": attention, "ts": step * 100 + layer, "dur": 20},
+                               {"ph": "X", "cat": "kernel", "name": "nvjet_gemm", "ts": step * 100 + layer, "dur": 60}]
+            name = f"{profile['profile_id']}-TP-0-DECODE.trace.json.gz"
+            os.makedirs(profile["output_dir"], exist_ok=True)
+            with gzip.open(os.path.join(profile["output_dir"], name), "wt") as f:
+                json.dump({"traceEvents": events}, f)
 
     server = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
     # Lines in the shape of the plugin's (kernels/python/pdserve_kernels/sglang_plugin/status.py).
@@ -169,6 +216,10 @@ def main() -> int:
                                 "exact_rows": 2, "rel_l2_ours_vs_fp32": 0.0017,
                                 "rel_l2_sglang_vs_fp32": 0.0055}) + "\n")
     print(f"stand-in server: kernels={kernels}", flush=True)
+    # A server started beside this one waits for this line (tests/gpu/dsa/server.py start_side_by_side).
+    time.sleep(float(os.environ.get("STANDIN_POOL_AFTER_S", "0")))
+    print("[stand-in] Memory pool end. avail mem=1.00 GB", flush=True)
+    time.sleep(float(os.environ.get("STANDIN_READY_AFTER_S", "0")))
     print(READY, flush=True)
     server.serve_forever()
     return 0

@@ -9,9 +9,9 @@ functions in each scheduler process and the decode CUDA graphs capture what ran)
 start. With both up, the rounds alternate (off then on, on then off, ...), so drift over the call (clocks,
 temperature) falls on both alike; only one server works at a time, the other idles.
 
-Memory: the plugin-off server starts first with the arch's fraction. SGLang sizes its KV pool as the free memory
-after its weights less total x (1 - fraction), so the second server's fraction is the first's plus the share of the
-GPU in use once the first is ready (`second_fraction`).
+Memory: both take the arch's --mem-fraction-static; SGLang 0.5.17 sizes its KV pool from the memory free when it
+starts, so the second starts once the first has its pool (server.start_side_by_side) and takes that fraction of
+what is left.
 
 Per point (B concurrent streams of C-token prompts, greedy, ignore_eos, N new tokens): one warm-up round per server
 (JIT for the shapes, and the prefix cache takes the prompts, so later rounds prefill only the uncached tail), then
@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import math
 import re
 import signal
 import statistics
@@ -62,8 +61,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--new-tokens", type=int, default=128, help="tokens generated per stream and round")
     p.add_argument("--profile-steps", type=int, default=32,
                    help="decode steps of the profiled round per server and point; 0: no profile")
+    p.add_argument("--profile-dir", type=Path, default=Path("/tmp/pdserve-steps-profile"),
+                   help="where SGLang writes its traces (read, summarized into steps.json, and removed)")
     p.add_argument("--context-length", type=int, default=DEFAULT_CONTEXT_LENGTH)
-    p.add_argument("--port", type=int, default=30000, help="the plugin-off server's; the other's is this + 100")
+    p.add_argument("--port", type=int, default=30000, help="the plugin-off server's port")
+    p.add_argument("--second-port", type=int, default=None, help="the plugin-on server's port (default --port + 100)")
     p.add_argument("--ready-timeout", type=float, default=420.0, help="seconds for one server start")
     p.add_argument("--request-timeout", type=float, default=300.0, help="seconds for one round's streams")
     p.add_argument("--seed", type=int, default=0)
@@ -109,25 +111,15 @@ def round_orders(rounds: int) -> list[tuple[str, str]]:
     return [KERNELS if r % 2 == 0 else KERNELS[::-1] for r in range(rounds)]
 
 
-def second_fraction(first: float, used_bytes: int, total_bytes: int) -> float:
-    """--mem-fraction-static for the server started beside a running one: its own budget stays `first` of the GPU,
-    on top of what the GPU has in use (SGLang subtracts total x (1 - fraction) from the free memory it finds)."""
-    if total_bytes <= 0 or not 0 <= used_bytes <= total_bytes:
-        raise ValueError(f"GPU memory used {used_bytes} of {total_bytes} bytes is not a reading")
-    fraction = math.ceil((first + used_bytes / total_bytes) * 100) / 100
-    if fraction > MAX_FRACTION:
-        raise ValueError(f"the second server would need --mem-fraction-static {fraction:.2f} (the first holds "
-                         f"{used_bytes / 2**30:.1f} of {total_bytes / 2**30:.1f} GiB): more than {MAX_FRACTION}; "
-                         "lower the first's fraction or measure on a larger GPU")
-    return fraction
-
-
-def gpu_memory(timeout: float = 30.0) -> tuple[int, int]:
-    """(used, total) bytes of GPU 0, from nvidia-smi."""
-    text = subprocess.run(["nvidia-smi", "--query-gpu=memory.used,memory.total", "--format=csv,noheader,nounits",
-                           "-i", "0"], capture_output=True, text=True, timeout=timeout, check=True).stdout
-    used, total = (int(v) * 2**20 for v in text.strip().split(","))
-    return used, total
+def gpu_memory(timeout: float = 30.0) -> dict:
+    """Used and total bytes of GPU 0 from nvidia-smi, for the record (the reason where it could not be read)."""
+    try:
+        text = subprocess.run(["nvidia-smi", "--query-gpu=memory.used,memory.total", "--format=csv,noheader,nounits",
+                               "-i", "0"], capture_output=True, text=True, timeout=timeout, check=True).stdout
+        used, total = (int(v) * 2**20 for v in text.strip().split(","))
+    except (OSError, subprocess.SubprocessError, ValueError) as exc:
+        return {"error": repr(exc)[:200]}
+    return {"used": used, "total": total}
 
 
 def spread(values: list[float]) -> dict:
@@ -214,35 +206,20 @@ def profile_round(srv: server.Server, ids: list[list[int]], args: argparse.Names
             time.sleep(2.0)  # let the writer finish the file it has just created
             with gzip.open(traces[0], "rt", encoding="utf-8") as f:
                 trace = json.load(f)
-            summary = profile_summary(trace, args.profile_steps)
-            traces[0].unlink()  # tens of MB; the summary is what travels back
-            return summary
+            for written in directory.glob(f"{profile_id}*.trace.json.gz"):  # tens of MB; the summary travels back
+                written.unlink()
+            return profile_summary(trace, args.profile_steps)
         time.sleep(1.0)
     return {"error": f"no decode trace {profile_id}*DECODE*.trace.json.gz in {directory} within 60 s"}
 
 
 def make_pair(args: argparse.Namespace) -> dict[str, server.Server]:
     graphs = graph_batches(args.points)
-    extra = ["--context-length", str(args.context_length)]
-    return {kernels: server.make_server(args.model, args.port + 100 * i, kernels,
-                                        args.out / f"server-steps-{kernels}.log", graph_bs=graphs, extra=list(extra),
-                                        arch=args.arch, radix_cache=True)
+    ports = (args.port, args.second_port or args.port + 100)
+    return {kernels: server.make_server(args.model, ports[i], kernels,
+                                        args.out / f"server-steps-{kernels}.log", graph_bs=graphs, arch=args.arch,
+                                        radix_cache=True, context_length=args.context_length)
             for i, kernels in enumerate(KERNELS)}
-
-
-def set_fraction(srv: server.Server, fraction: float) -> None:
-    srv.argv += ["--mem-fraction-static", f"{fraction:.2f}"]  # argparse keeps the last
-
-
-def start(srv: server.Server, name: str, args: argparse.Namespace, record: dict) -> None:
-    print(f"[{name}] starting: {' '.join(srv.argv)}", flush=True)
-    srv.start()
-    record["ready_after_s"][name] = round(srv.wait_ready(args.ready_timeout), 1)
-    print(f"[{name}] ready after {record['ready_after_s'][name]} s", flush=True)
-    findings = compare.log_findings(srv, args.arch)
-    if findings["unknown_weights"]:
-        raise SystemExit(f"[{name}] SGLang ignored checkpoint tensors or left parameters unloaded: "
-                         f"{findings['unknown_weights'][:3]}")
 
 
 def run_points(pair: dict[str, server.Server], args: argparse.Namespace, record: dict) -> None:
@@ -273,7 +250,7 @@ def run_points(pair: dict[str, server.Server], args: argparse.Namespace, record:
             for kernels in KERNELS:
                 try:
                     point.setdefault("profile", {})[kernels] = profile_round(
-                        pair[kernels], ids, args, args.out / "profile", f"steps-{kernels}-b{batch}-c{context}")
+                        pair[kernels], ids, args, args.profile_dir, f"steps-{kernels}-b{batch}-c{context}")
                 except Exception as exc:  # noqa: BLE001 - a failed profile leaves the timings standing
                     point.setdefault("profile", {})[kernels] = {"error": repr(exc)[:300]}
         _write(args.out / "steps.json", record)
@@ -323,16 +300,19 @@ def main(argv: list[str] | None = None) -> int:
     if not record["plugin_entry_points"]:
         raise SystemExit(f"no {compare.PLUGIN_GROUP} entry point is installed: the plugin-on server would run "
                          "SGLang's kernels")
-    first, second = KERNELS
+    for kernels, srv in pair.items():
+        record["argv"][kernels], record["env"][kernels] = srv.argv, srv.env
+        print(f"[{kernels}] starting: {' '.join(srv.argv)}", flush=True)
     try:
-        start(pair[first], first, args, record)
-        used, total = gpu_memory()
-        fraction = float(pair[first].argv[pair[first].argv.index("--mem-fraction-static") + 1])
-        set_fraction(pair[second], second_fraction(fraction, used, total))
-        record["gpu_memory_before_second"] = {"used": used, "total": total}
-        start(pair[second], second, args, record)
-        for kernels, srv in pair.items():
-            record["argv"][kernels], record["env"][kernels] = srv.argv, srv.env
+        ready = server.start_side_by_side(list(pair.values()), args.ready_timeout)
+        for kernels, seconds in zip(pair, ready, strict=True):
+            record["ready_after_s"][kernels] = round(seconds, 1)
+            print(f"[{kernels}] ready after {seconds:.1f} s", flush=True)
+            findings = compare.log_findings(pair[kernels], args.arch)
+            if findings["unknown_weights"]:
+                raise SystemExit(f"[{kernels}] SGLang ignored checkpoint tensors or left parameters unloaded: "
+                                 f"{findings['unknown_weights'][:3]}")
+        record["gpu_memory_both_ready"] = gpu_memory()
         run_points(pair, args, record)
     finally:
         for srv in pair.values():

@@ -225,7 +225,7 @@ def run_cli(doc: str, make: Callable[..., Path], check: Callable[[Path], list[st
     parser.add_argument("directory", type=Path)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--layers", type=int, default=None,
-                        help="this many layers instead of the base config's (the decode-step measurement's deeper model)")
+                        help="this many layers, not the base config's (the decode-step measurement's deeper model)")
     parser.add_argument("--check", action="store_true",
                         help="read it back with SGLang's config loader and the safetensors package (device)")
     args = parser.parse_args(argv)
