@@ -147,6 +147,7 @@ def test_steps_server_commands_through_the_real_sglang_parser(tmp_path):
             sglang_args.ServerArgs.add_cli_args(parser)
             parsed = parser.parse_args(srv.argv[3:])
             assert parsed.context_length == 65536 and parsed.disable_radix_cache is False
+            assert parsed.chunked_prefill_size == 16384
             assert parsed.cuda_graph_bs_decode == [1, 8]
         assert pair["sglang"].port != pair["pdserve"].port
         assert (pair["sglang"].env["PDSERVE_DSA_KERNELS"], pair["pdserve"].env["PDSERVE_DSA_KERNELS"]) == \
