@@ -563,6 +563,28 @@ def test_indexer_logits_outside_a_v4_decode_indexer_call_are_deepgemms():
     assert not rt.fallbacks.seen()
 
 
+def test_the_indexer_is_served_when_the_backend_device_has_no_index(monkeypatch):
+    # SGLang's V4 backend keeps torch.device(model_runner.device): plain "cuda", no index, while on_backend keyed the
+    # kernel table by the current device's index. The GPU tier's first V4 comparison (2026-12-06) found the indexer
+    # never served for exactly that: the lookup used index None.
+    rt = _runtime()
+    rt.v4.kernels[0] = rt.v4.kernels.pop(None)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    marked = []
+
+    def forward_c4_indexer(backend, x, q_lora, c4_indexer, forward_batch, **more):
+        marked.append(rt.v4._local.indexer)
+
+    batch = types.SimpleNamespace(forward_mode=_Mode(True))
+    rt.v4.c4_indexer(forward_c4_indexer, types.SimpleNamespace(device=torch.device("cuda")), x=None, q_lora=None,
+                     c4_indexer=None, forward_batch=batch)
+    assert marked[0] is not None  # the call is pdserve's (before the fix: None, SGLang's logits and top-k ran)
+    # The input's device decides when there is one: a CPU input is looked up under CPU's index (None), not served.
+    rt.v4.c4_indexer(forward_c4_indexer, types.SimpleNamespace(device=torch.device("cuda")), x=torch.zeros(1),
+                     q_lora=None, c4_indexer=None, forward_batch=batch)
+    assert marked[1] is None
+
+
 @pytest.mark.parametrize("change, words", [
     (dict(q=torch.zeros(2, 1, 64, 128, dtype=torch.bfloat16)), "not FP8"),
     (dict(q=torch.zeros(2, 2, 64, 128, dtype=torch.float8_e4m3fn)), "[B, 1, 64, 128]"),

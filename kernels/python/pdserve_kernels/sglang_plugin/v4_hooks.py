@@ -122,9 +122,7 @@ class V4Hooks:
 
         from .hooks import OFF_REASON, _load_modules, _tp_rank, _version
 
-        device = torch.device(getattr(backend, "device", None) or "cuda")
-        if device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
+        device = _with_index(torch.device(getattr(backend, "device", None) or "cuda"))
         major, minor = torch.cuda.get_device_capability(device)
         where = {"tp_rank": _tp_rank(model_runner), "device": str(device), "sm": f"{major}.{minor}",
                  "sglang": _version("sglang"), "pdserve_kernels": _version("pdserve-kernels"), "model": "deepseek_v4"}
@@ -218,9 +216,9 @@ class V4Hooks:
 
     def c4_indexer(self, original, backend, *args, **kwargs):
         forward_batch = kwargs.get("forward_batch", args[3] if len(args) > 3 else None)
-        device = getattr(backend, "device", None)
+        device = _call_device(backend, kwargs.get("x", args[0] if args else None))
         if (forward_batch is None or device is None or not _is_plain_decode(forward_batch)
-                or not self.serves("indexer_topk", _device(device))):
+                or not self.serves("indexer_topk", device)):
             return original(backend, *args, **kwargs)
         previous = getattr(self._local, "indexer", None)
         c4 = kwargs.get("c4_indexer", args[2] if len(args) > 2 else None)
@@ -324,10 +322,27 @@ def _index_topk(model_runner) -> int:
     return int(getattr(config, "index_topk", 0) or 0)
 
 
-def _device(device):
+def _with_index(device):
+    """`device` with its index: a CUDA device without one is the current device (the kernel table is keyed by
+    index, and SGLang's V4 backend keeps torch.device(model_runner.device), which is plain "cuda")."""
     import torch
 
-    return device if isinstance(device, torch.device) else torch.device(device)
+    device = device if isinstance(device, torch.device) else torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def _call_device(backend, x):
+    """Where a forward_c4_indexer call runs: its input's device, else the backend's (with its index); None if
+    neither says. (The GPU tier's first V4 run found the indexer never served: the backend's device had no index,
+    so the lookup missed the table on_backend had filled under index 0.)"""
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        return x.device
+    device = getattr(backend, "device", None)
+    return None if device is None else _with_index(device)
 
 
 def _is_plain_decode(forward_batch) -> bool:
