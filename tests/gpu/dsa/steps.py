@@ -49,9 +49,23 @@ PREFILL_CHUNK = ["--chunked-prefill-size", "16384"]
 DEFAULT_CONTEXT_LENGTH = 65536  # both configs' rope scaling covers it (V4: max_position_embeddings 65536)
 DEFAULT_LAYERS = 16
 MAX_FRACTION = 0.9
-# Kernel names of the sparse attention on either side: SGLang's FlashMLA decode (and its split-KV combine),
-# DeepGEMM's paged MQA logits and SGLang's top-k; pdserve's sparse_mla_* and dsa_* (kernels/python's launcher table).
-ATTENTION_KERNEL = re.compile(r"sparse_mla|dsa_|flash_?mla|mla_combine|splitkv_mla|mqa_logits|topk|top_k", re.I)
+# The kernels the plugin replaces, by op, named as either side launches them (the first GPU run's profiles, 2026-12-06):
+# sparse MLA decode: FlashMLA's split-KV decode, its combine and its schedule metadata, or pdserve's sparse_mla_*;
+# indexer: DeepGEMM's paged MQA logits and their metadata, or pdserve's dsa_*; top-k: SGLang's top-k kernels. Names
+# with "rope" are the fused norm + RoPE kernels that write the FlashMLA cache layout: not attention, not replaced.
+ATTENTION_GROUPS = {
+    "mla": re.compile(r"sparse_mla|splitkv_mla|mla_combine|get_mla_metadata", re.I),
+    "indexer": re.compile(r"mqa_logits|dsa_indexer|dsa_score|dsa_fused", re.I),
+    "topk": re.compile(r"topk|top_k|dsa_select", re.I),
+}
+NOT_ATTENTION = re.compile(r"rope", re.I)
+
+
+def attention_group(name: str) -> str | None:
+    """Which replaced op a kernel belongs to (None: not one the plugin replaces)."""
+    if NOT_ATTENTION.search(name):
+        return None
+    return next((group for group, pattern in ATTENTION_GROUPS.items() if pattern.search(name)), None)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -164,23 +178,29 @@ def graph_launches(trace: dict) -> int:
     return sum(1 for e in trace.get("traceEvents", []) if e.get("ph") == "X" and e.get("name") == "cudaGraphLaunch")
 
 
-def profile_summary(trace: dict, steps_asked: int, top: int = 25) -> dict:
-    """Kernel time per decode step and the sparse attention's share of it. Steps: the trace's graph launches
-    where there are any (one per replayed step), else the steps asked for."""
+def profile_summary(trace: dict, steps_asked: int) -> dict:
+    """Kernel time per decode step, per replaced op and in all. Steps: the trace's graph launches where there are any
+    (one per replayed step), else the steps asked for. Kernels of several streams overlap, so their sum can exceed
+    the step's wall time: shares are of kernel time. Every kernel is kept (a few dozen names), so a reader can
+    regroup them."""
     totals = kernel_totals(trace)
     launches = graph_launches(trace)
     steps = launches or steps_asked
     all_us = sum(t["us"] for t in totals.values())
-    attention = {name: t for name, t in totals.items() if ATTENTION_KERNEL.search(name)}
-    attention_us = sum(t["us"] for t in attention.values())
-    ranked = sorted(totals.items(), key=lambda kv: -kv[1]["us"])[:top]
+    groups = dict.fromkeys(ATTENTION_GROUPS, 0.0)
+    for name, t in totals.items():
+        group = attention_group(name)
+        if group:
+            groups[group] += t["us"]
+    attention_us = sum(groups.values())
+    ranked = sorted(totals.items(), key=lambda kv: -kv[1]["us"])
     return {"steps": steps, "graph_launches": launches, "steps_asked": steps_asked, "kernels": len(totals),
             "kernel_us_per_step": all_us / steps if steps else None,
             "attention_us_per_step": attention_us / steps if steps else None,
+            "group_us_per_step": {g: (us / steps if steps else None) for g, us in groups.items()},
             "attention_share_of_kernel_time": attention_us / all_us if all_us else None,
-            "attention_kernels": sorted(attention),
-            "top": [{"name": n[:160], "us": round(t["us"], 1), "count": t["count"],
-                     "attention": bool(ATTENTION_KERNEL.search(n))} for n, t in ranked]}
+            "all": [{"name": n[:200], "us": round(t["us"], 1), "count": t["count"], "group": attention_group(n)}
+                    for n, t in ranked]}
 
 
 def measure(srv: server.Server, ids: list[list[int]], new_tokens: int, timeout: float) -> dict:
@@ -263,7 +283,7 @@ def run_points(pair: dict[str, server.Server], args: argparse.Namespace, record:
 def table(record: dict) -> str:
     """The measurement as a table: per point, both servers' median ms/step and range, the ratio, the profile."""
     lines = ["| batch | context | SGLang ms/step median (range) | pdserve ms/step median (range) | pdserve / SGLang "
-             "(per round) | attention kernels per step, SGLang / pdserve (share of the step) |",
+             "(per round) | replaced kernels per step, SGLang / pdserve (share of kernel time) |",
              "|---|---|---|---|---|---|"]
     for point in record.get("points", []):
         s = point.get("summary", {})
@@ -275,12 +295,27 @@ def table(record: dict) -> str:
         shares = []
         for k in KERNELS:
             prof = point.get("profile", {}).get(k, {})
-            us = prof.get("attention_us_per_step")
-            shares.append(f"{us:.0f} us ({us / 1000 / s[k]['median']:.0%})" if us is not None else
+            us, share = prof.get("attention_us_per_step"), prof.get("attention_share_of_kernel_time")
+            shares.append(f"{us:.0f} us ({share:.0%})" if us is not None and share is not None else
                           prof.get("error", "-")[:60])
         lines.append(f"| {point['batch']} | {point['context']} | {cells[0]} | {cells[1]} | "
                      f"{s['ratio_of_medians']:.3f} ({paired}) | {' / '.join(shares)} |")
     return "\n".join(lines)
+
+
+def plugin_problems(plugin: dict[str, list]) -> list[str]:
+    """What keeps the plugin-on server from measuring pdserve's kernels: no status line, an op its status gave to
+    pdserve that never ran, a fallback."""
+    if not plugin["status"]:
+        return ["the plugin-on server logged no plugin status line"]
+    asked = {op for status in plugin["status"] for op, kernels in (status.get("kernels") or {}).items()
+             if kernels == "pdserve"}
+    ran = {r.get("op") for r in plugin["ran"]}
+    problems = [f"{op}: the status gave it to pdserve, but pdserve's kernel never ran" for op in sorted(asked - ran)]
+    problems += [f"fallback: {f}" for f in plugin["fallback"][:3]]
+    if not asked:
+        problems.append(f"the plugin-on server's status gave no op to pdserve: {plugin['status'][0]}")
+    return problems
 
 
 def _write(path: Path, data: dict) -> None:
@@ -327,10 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     for kernels in KERNELS:
         print(f"[{kernels}] {compare.plugin_summary(record['plugin'][kernels])}", flush=True)
     print(table(record), flush=True)
-    plugin_on = record["plugin"]["pdserve"]
-    problems = ([] if plugin_on["ran"] and not plugin_on["fallback"] else
-                [f"the plugin-on server did not run pdserve's kernels throughout: ran {plugin_on['ran']}, "
-                 f"fallbacks {plugin_on['fallback'][:3]}"])
+    problems = plugin_problems(record["plugin"]["pdserve"])
     problems += [f"B={p['batch']} C={p['context']}: {p['summary']['error']}" for p in record["points"]
                  if "error" in p.get("summary", {"error": "not measured"})]
     for problem in problems:
