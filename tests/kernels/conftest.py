@@ -35,10 +35,11 @@ def nvcc() -> str:
 
 @pytest.fixture()
 def gen():
-    """A CUDA generator with a fresh seed per test, printed so a failing case can be replayed."""
+    """A CUDA generator with a fresh seed per test, printed so a failing case can be replayed
+    (PDSERVE_TEST_SEED=<seed> replays it)."""
     import torch  # only the GPU tests ask for it; the CPU build tests run without a GPU
 
-    seed = time.time_ns() % (1 << 31)
+    seed = int(os.environ.get("PDSERVE_TEST_SEED") or time.time_ns() % (1 << 31))
     g = torch.Generator(device="cuda")
     g.manual_seed(seed)
     print(f"seed {seed}")
