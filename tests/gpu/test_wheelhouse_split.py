@@ -192,8 +192,9 @@ V4_MEASURED = {
 
 def test_the_measured_v4_set_packs_into_the_readmes_four_chunks(tmp_path):
     """tests/gpu/dsa/README.md's V4 chunk table is what chunk() makes of the measured sizes (sparse files of
-    those sizes here): four chunks of at most 56 MiB (58 left no room once the tree passed 6 MiB), TileLang whole in the first, room left for the working
-    tree in a 64 MiB call; and the sizes are those of exactly the --v4 pins."""
+    those sizes here): four chunks of at most 56 MiB (58 left no room once the tree passed 6 MiB), TileLang whole
+    in the first, room left for the working tree in a 64 MiB call; and the sizes are those of exactly the --v4
+    pins."""
     pins = wheelhouse.v4_pins(wheelhouse.PINS.read_text(encoding="utf-8"))
     assert sorted(V4_MEASURED) == sorted(wheelhouse.pin_names(pins))
     files = []
