@@ -327,8 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     pair = make_pair(args)
     if args.dry_run:
         for kernels, srv in pair.items():
-            print(f"{kernels}: {' '.join(f'{k}={v}' for k, v in srv.env.items())} {' '.join(srv.argv)} "
-                  "[+ --mem-fraction-static for the second]")
+            print(f"{kernels}: {' '.join(f'{k}={v}' for k, v in srv.env.items())} {' '.join(srv.argv)}")
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))  # through the finally that stops both servers
