@@ -285,3 +285,76 @@ def test_compare_side_by_side_end_to_end_on_two_standins(tmp_path):
     assert json.loads((out / "gate.json").read_text())["gated"] == "2 vs 3"
     assert len(json.loads((out / "records-summary-pdserve.json").read_text())["rows"]) == 6
     assert json.loads((out / "diff.json").read_text())["requests"] == 4
+
+
+# --- the profiler call against misbehaving servers --------------------------------------------------------------
+
+
+def _serve(handler_body):
+    """A local HTTP server whose POST handler is `handler_body(handler)`; returns (server, url)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.0"
+
+        def log_message(self, *a):
+            pass
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            handler_body(self)
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd, f"http://127.0.0.1:{httpd.server_address[1]}/start_profile"
+
+
+def _answer(status: int, body: bytes, drip_s: float = 0.0, headers: dict | None = None):
+    import time as _time
+
+    def handle(h):
+        h.send_response(status)
+        for k, v in (headers or {}).items():
+            h.send_header(k, v)
+        h.end_headers()
+        if not drip_s:
+            h.wfile.write(body)
+            return
+        for byte in body:
+            h.wfile.write(bytes([byte]))
+            h.wfile.flush()
+            _time.sleep(drip_s)
+    return handle
+
+
+def test_post_text_reads_a_plain_answer_within_its_bounds():
+    from tests.gpu.dsa import client
+
+    httpd, url = _serve(_answer(200, b"Start profiling.\n"))
+    try:
+        assert client.post_text(url, {"num_steps": 4}, timeout=5) == "Start profiling.\n"
+    finally:
+        httpd.shutdown()
+
+
+@pytest.mark.parametrize("status, body, drip_s, headers, error", [
+    (200, b"x" * 40, 0.2, None, TimeoutError),                     # drips past the whole deadline
+    (200, b"x" * (1 << 17), 0.0, None, ValueError),                # longer than the bound
+    (500, b"Profiling is already in progress", 0.0, None, Exception),  # SGLang's error answer
+    (302, b"", 0.0, {"Location": "http://127.0.0.1:9/elsewhere"}, Exception),  # a redirect to nowhere
+])
+def test_post_text_refuses_misbehaving_servers(status, body, drip_s, headers, error):
+    import time as _time
+
+    from tests.gpu.dsa import client
+
+    httpd, url = _serve(_answer(status, body, drip_s, headers))
+    try:
+        started = _time.monotonic()
+        with pytest.raises(error):
+            client.post_text(url, {}, timeout=1.5)
+        assert _time.monotonic() - started < 3.0  # the deadline holds for the whole exchange
+    finally:
+        httpd.shutdown()

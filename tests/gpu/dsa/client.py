@@ -39,12 +39,31 @@ MAX_TEXT_REPLY = 1 << 16
 
 
 def post_text(url: str, payload: dict, timeout: float) -> str:
-    """POST JSON to an endpoint that answers plain text (SGLang's /start_profile); at most MAX_TEXT_REPLY bytes
-    of the answer are read. An HTTP error status raises (urllib.error.HTTPError)."""
-    request = urllib.request.Request(url, data=json.dumps(payload).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=timeout) as reply:
-        return reply.read(MAX_TEXT_REPLY).decode("utf-8", errors="replace")
+    """POST JSON to an endpoint that answers plain text (SGLang's /start_profile). `timeout` bounds the whole
+    exchange, a server that drips its answer included (the exchange runs in a daemon thread; the caller stops
+    waiting at the deadline); an answer over MAX_TEXT_REPLY bytes or an HTTP error status raises."""
+    outcome: dict = {}
+
+    def exchange() -> None:
+        request = urllib.request.Request(url, data=json.dumps(payload).encode(), method="POST",
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as reply:
+                body = reply.read(MAX_TEXT_REPLY + 1)
+            if len(body) > MAX_TEXT_REPLY:
+                raise ValueError(f"{url} answered more than {MAX_TEXT_REPLY} bytes")
+            outcome["text"] = body.decode("utf-8", errors="replace")
+        except Exception as exc:  # noqa: BLE001 - raised again in the caller's thread
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=exchange, daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        raise TimeoutError(f"{url} did not answer in full within {timeout:.0f} s")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["text"]
 
 
 def generate(base_url: str, input_ids: list[list[int]], *, max_new_tokens: int, top_logprobs: int,
