@@ -47,8 +47,6 @@ DEFAULT_POINTS = {"v4": "1:16384,8:16384", "dsa": "1:16384,8:16384"}
 # Larger prefill chunks than the compare runs' 4096: the warm-up rounds prefill 128K tokens per server.
 PREFILL_CHUNK = ["--chunked-prefill-size", "16384"]
 DEFAULT_CONTEXT_LENGTH = 65536  # both configs' rope scaling covers it (V4: max_position_embeddings 65536)
-DEFAULT_LAYERS = 16
-MAX_FRACTION = 0.9
 # The kernels the plugin replaces, by op, named as either side launches them (the first GPU run's profiles, 2026-12-06):
 # sparse MLA decode: FlashMLA's split-KV decode, its combine and its schedule metadata, or pdserve's sparse_mla_*;
 # indexer: DeepGEMM's paged MQA logits and their metadata, or pdserve's dsa_*; top-k: SGLang's top-k kernels. Names
