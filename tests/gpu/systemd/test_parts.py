@@ -79,7 +79,8 @@ def test_split_then_reassemble_gives_the_stream_back_and_a_bad_part_is_named(tmp
     payload.reassemble(manifest, parts_dir, joined)
     assert joined.read_bytes() == data
     broken = parts_dir / parts[1].name
-    broken.write_bytes(b"y" + broken.read_bytes()[1:])
+    data = broken.read_bytes()
+    broken.write_bytes(bytes([data[0] ^ 0xFF]) + data[1:])  # a constant byte would match one run in 256
     (parts_dir / parts[3].name).unlink()
     problems = payload.missing_or_bad(manifest, parts_dir)
     assert problems == [f"{parts[1].name}: SHA-256 differs from the manifest's (a broken transfer)",
