@@ -197,7 +197,6 @@ def test_cuda_graph_of_layer_calls_replays_with_new_inputs(ops, gen, variant):
                 assert torch.equal(g, e), f"MLA output {i} differs after replay"
 
 
-
 # ---- streams ----
 
 def test_launch_on_a_side_stream_is_ordered_there(ops, gen):
