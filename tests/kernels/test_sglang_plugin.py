@@ -50,6 +50,7 @@ def test_bf16_cache_with_flashmla_sparse_is_served():
     (dict(decode_impl="fa3"), {"sparse_mla_decode"}, "'fa3' is not replaced"),
     (dict(kv_store_fp8=False), {"sparse_mla_decode"}, "bf16 cache"),
     (dict(kv_cache_dim=584), {"sparse_mla_decode"}, "584"),
+    (dict(index_kpool=4), {"indexer_topk", "sparse_mla_decode"}, "index_kpool 4"),
 ])
 def test_what_the_kernels_do_not_cover_stays_with_sglang_and_says_why(change, ops, words):
     kernels, reasons = decision.decide(facts(**change))

@@ -267,14 +267,45 @@ def test_the_backend_attributes_the_status_reads_are_set_by_sglang(sglang, attri
     sets = set()  # self.<name> = ... in a method, or <name> = ... in the class body (a class default)
     for module, cls in (V4_BACKEND, (v4_hooks.V4_INDEXER, "C4IndexerBackendMixin")):
         scope = _class(sglang.tree(module), cls)
-        for node in ast.walk(scope):
+        sets |= _self_attributes(scope)
+        for node in scope.body:
             targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
-                node, (ast.AnnAssign, ast.AugAssign)) else []
-            sets |= {t.attr for t in targets if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name)
-                     and t.value.id == "self"}
-            if node in scope.body:
-                sets |= {t.id for t in targets if isinstance(t, ast.Name)}
+                node, ast.AnnAssign) else []
+            sets |= {t.id for t in targets if isinstance(t, ast.Name)}
     assert attribute in sets
+
+
+V32_BACKEND = ("sglang.srt.layers.attention.dsa_backend", "DeepseekSparseAttnBackend")
+
+
+def _self_attributes(scope) -> set[str]:
+    """Every `self.<name>` a class's methods assign."""
+    found = set()
+    for node in ast.walk(scope):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, (ast.AnnAssign, ast.AugAssign)) else []
+        found |= {t.attr for t in targets if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name)
+                  and t.value.id == "self"}
+    return found
+
+
+# What hooks.Runtime.on_backend and mla_fp8 read from V3.2's backend. The page size moved: 0.5.23 renamed
+# real_page_size to physical_page_size (page_size // dsa_index_kpool); reading the old name there once turned
+# every V3.2 op over to SGLang ("page size 0").
+@pytest.mark.parametrize("attribute, versions", [
+    ("real_page_size", ("0.5.17",)), ("physical_page_size", ("0.5.23",)), ("dsa_index_kpool", ("0.5.23",)),
+    ("dsa_decode_impl", ("0.5.17", "0.5.23")), ("dsa_kv_cache_store_fp8", ("0.5.17", "0.5.23")),
+    ("kv_cache_dim", ("0.5.17", "0.5.23")), ("use_fused_topk", ("0.5.17", "0.5.23")),
+    ("dsa_index_topk", ("0.5.17", "0.5.23")), ("device", ("0.5.17", "0.5.23")),
+])
+def test_the_v32_backend_attributes_the_status_reads_are_set_by_sglang(sglang, attribute, versions):
+    from pdserve_kernels.sglang_plugin.hooks import page_size
+
+    attributes = _self_attributes(_class(sglang.tree(V32_BACKEND[0]), V32_BACKEND[1]))
+    assert (attribute in attributes) == (_generation(sglang) in versions), (attribute, _generation(sglang))
+    if attribute.endswith("page_size") and _generation(sglang) in versions:
+        # the plugin's accessor finds this version's name
+        assert page_size(types.SimpleNamespace(**{attribute: 64})) == 64
 
 
 def test_the_c4_indexer_takes_its_top_k_from_the_config_the_status_reads(sglang):

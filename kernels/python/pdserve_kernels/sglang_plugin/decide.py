@@ -29,6 +29,7 @@ class BackendFacts:
     fused_topk: bool  # SGLang's fused top-k: attention reads physical slots straight from the top-k
     index_topk: int
     modules_error: str | None = None  # why the fatbins could not be loaded on this device, if they could not
+    index_kpool: int = 1  # SGLang 0.5.23: index keys pooled over this many tokens (the model's index_kpool)
 
 
 def decide(facts: BackendFacts) -> tuple[dict[str, str], dict[str, str]]:
@@ -50,6 +51,9 @@ def decide(facts: BackendFacts) -> tuple[dict[str, str], dict[str, str]]:
 
 
 def _common_reason(facts: BackendFacts) -> str | None:
+    if facts.index_kpool != 1:
+        return (f"index_kpool {facts.index_kpool}: SGLang pools the index keys over tokens, the kernels score one "
+                "key per token")
     return _gpu_page_modules_reason(facts.capability, facts.page_size, PAGE, "the kernels read 64-token pages",
                                     facts.modules_error)
 

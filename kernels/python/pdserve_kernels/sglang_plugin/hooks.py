@@ -1,7 +1,8 @@
 """The functions the plugin wraps around SGLang's (HookType.AROUND: each gets SGLang's original first and
 calls it whenever the plugin does not serve the call, so SGLang's behaviour is the fallback everywhere).
 
-Where (SGLang 0.5.17 and 0.5.23 agree on these signatures; CPU tests check them against the installed one):
+Where (SGLang 0.5.17 and 0.5.23 agree on these signatures; CPU tests check them against the installed one, and
+the backend attributes the status reads against both versions' sources: the page size is the one that moved):
 * DeepseekSparseAttnBackend.__init__: decide once per backend which ops to serve (decide.py), log the status.
 * DeepseekSparseAttnBackend.forward_decode: mark the call as a decode step, so the MLA hooks below leave
   prefill (which SGLang also runs through _forward_flashmla_kv / _forward_flashmla_sparse) alone.
@@ -83,7 +84,8 @@ class Runtime:
             status = all_sglang(self.requested, OFF_REASON, **where)
         else:
             facts = decision.BackendFacts(
-                capability=(major, minor), page_size=int(getattr(backend, "real_page_size", 0)),
+                capability=(major, minor), page_size=page_size(backend),
+                index_kpool=int(getattr(backend, "dsa_index_kpool", 1) or 1),
                 decode_impl=str(getattr(backend, "dsa_decode_impl", "")),
                 kv_store_fp8=bool(getattr(backend, "dsa_kv_cache_store_fp8", False)),
                 kv_cache_dim=int(getattr(backend, "kv_cache_dim", 0)),
@@ -160,9 +162,10 @@ class Runtime:
         if not self.in_decode() or not self.serves("sparse_mla_decode", q_all.device):
             return original(backend, **kwargs)
         q = q_all.view(-1, 1, layer.tp_q_head_num, layer.head_dim)
-        cache = kv_cache.view(-1, backend.real_page_size, 1, backend.kv_cache_dim)
+        page = page_size(backend)
+        cache = kv_cache.view(-1, page, 1, backend.kv_cache_dim)
         return self._mla(original, backend, kwargs, "fp8", q, cache, page_table_1, v_head_dim, sm_scale,
-                        bf16_kv=False, page=backend.real_page_size)
+                        bf16_kv=False, page=page)
 
     def mla_bf16(self, original, backend, q_all, kv_cache, v_head_dim, page_table_1, sm_scale, topk_length=None,
                  **more):
@@ -216,6 +219,16 @@ def _exact_attention(q, cache, indices, sm_scale, *, bf16_kv: bool, page: int):
     blocks = cache.reshape(cache.shape[0], -1).view(torch.uint8).reshape(-1, page * layout.entry_bytes)
     o, _ = reference_decode(layout, rows, blocks, page, indices.reshape(-1, indices.shape[-1])[:n], float(sm_scale))
     return o
+
+
+def page_size(backend) -> int:
+    """The DSA backend's KV page size in tokens, 0 if it names none: SGLang 0.5.17 keeps it as `real_page_size`,
+    0.5.23 as `physical_page_size` (the server's page size over the index key pool, dsa_index_kpool)."""
+    for name in ("physical_page_size", "real_page_size"):
+        value = getattr(backend, name, None)
+        if isinstance(value, int):
+            return value
+    return 0
 
 
 def _tp_rank(model_runner):
