@@ -1,7 +1,8 @@
 """Talking to SGLang's native /generate with the standard library only (the device carries no HTTP
 client library for this), and the arithmetic that turns streamed token timelines into decode figures.
 
-Every call has a deadline. The pure parts (prompts, parse_result, decode_figures) are tested on the CPU.
+Every exchange has a deadline on the whole of it and a bound on the bytes it reads (within, MAX_*); they are tested
+against misbehaving servers, the pure parts (prompts, parse_result, decode_figures) on their own, on the CPU.
 """
 
 from __future__ import annotations
@@ -28,42 +29,59 @@ def greedy(max_new_tokens: int) -> dict:
     return {"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": True}
 
 
-def post_json(url: str, payload: dict, timeout: float):
-    request = urllib.request.Request(url, data=json.dumps(payload).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=timeout) as reply:
-        return json.loads(reply.read())
-
-
+MAX_JSON_REPLY = 1 << 24  # /generate with logprobs for a few prompts: well under a MiB
 MAX_TEXT_REPLY = 1 << 16
+MAX_STREAM_LINE = 1 << 20  # one server-sent event of a stream
 
 
-def post_text(url: str, payload: dict, timeout: float) -> str:
-    """POST JSON to an endpoint that answers plain text (SGLang's /start_profile). `timeout` bounds the whole
-    exchange, a server that drips its answer included (the exchange runs in a daemon thread; the caller stops
-    waiting at the deadline); an answer over MAX_TEXT_REPLY bytes or an HTTP error status raises."""
+def within(timeout: float, what: str, exchange, on_timeout=None):
+    """`exchange()` with `timeout` on the whole of it, a server that drips its answer included: the exchange runs in
+    a daemon thread and the caller stops waiting at the deadline (`on_timeout`, e.g. closing the connection, then
+    ends the thread's reads). An exception of the exchange is raised again here."""
     outcome: dict = {}
 
-    def exchange() -> None:
-        request = urllib.request.Request(url, data=json.dumps(payload).encode(), method="POST",
-                                         headers={"Content-Type": "application/json"})
+    def run() -> None:
         try:
-            with urllib.request.urlopen(request, timeout=timeout) as reply:
-                body = reply.read(MAX_TEXT_REPLY + 1)
-            if len(body) > MAX_TEXT_REPLY:
-                raise ValueError(f"{url} answered more than {MAX_TEXT_REPLY} bytes")
-            outcome["text"] = body.decode("utf-8", errors="replace")
+            outcome["value"] = exchange()
         except Exception as exc:  # noqa: BLE001 - raised again in the caller's thread
             outcome["error"] = exc
 
-    worker = threading.Thread(target=exchange, daemon=True)
+    worker = threading.Thread(target=run, daemon=True)
     worker.start()
     worker.join(timeout)
     if worker.is_alive():
-        raise TimeoutError(f"{url} did not answer in full within {timeout:.0f} s")
+        if on_timeout is not None:
+            on_timeout()
+        raise TimeoutError(f"{what} did not answer in full within {timeout:.0f} s")
     if "error" in outcome:
         raise outcome["error"]
-    return outcome["text"]
+    return outcome["value"]
+
+
+def _post(url: str, payload: dict, timeout: float, limit: int) -> bytes:
+    """POST JSON; the body of a 2xx answer, at most `limit` bytes (more raises), the whole exchange within
+    `timeout`. An HTTP error status or a redirect raises (urllib follows a redirect only to fail at its target)."""
+    def exchange() -> bytes:
+        request = urllib.request.Request(url, data=json.dumps(payload).encode(), method="POST",
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=timeout) as reply:
+            body = reply.read(limit + 1)
+        if len(body) > limit:
+            raise ValueError(f"{url} answered more than {limit} bytes")
+        return body
+
+    return within(timeout, url, exchange)
+
+
+def post_json(url: str, payload: dict, timeout: float):
+    """POST JSON, parse the JSON answer (at most MAX_JSON_REPLY bytes; `timeout` bounds the whole exchange)."""
+    return json.loads(_post(url, payload, timeout, MAX_JSON_REPLY))
+
+
+def post_text(url: str, payload: dict, timeout: float) -> str:
+    """POST JSON to an endpoint that answers plain text (SGLang's /start_profile): at most MAX_TEXT_REPLY bytes,
+    `timeout` on the whole exchange."""
+    return _post(url, payload, timeout, MAX_TEXT_REPLY).decode("utf-8", errors="replace")
 
 
 def generate(base_url: str, input_ids: list[list[int]], *, max_new_tokens: int, top_logprobs: int,
@@ -101,36 +119,41 @@ def parse_result(out: dict) -> dict:
 
 def stream_timeline(base_url: str, input_ids: list[int], *, max_new_tokens: int, timeout: float,
                     start: threading.Event | None = None) -> list[tuple[float, int]]:
-    """Stream one greedy request; (time.perf_counter(), completion tokens so far) per chunk received."""
+    """Stream one greedy request; (time.perf_counter(), completion tokens so far) per chunk received. `timeout`
+    bounds the whole stream (waiting for `start` included), each event line at most MAX_STREAM_LINE bytes."""
     parts = urlsplit(base_url)
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
     body = json.dumps({"input_ids": input_ids, "sampling_params": greedy(max_new_tokens), "stream": True})
-    deadline = time.monotonic() + timeout
-    timeline: list[tuple[float, int]] = []
-    try:
+
+    def exchange() -> list[tuple[float, int]]:
+        timeline: list[tuple[float, int]] = []
         if start is not None:
             start.wait(timeout)
         conn.request("POST", "/generate", body=body, headers={"Content-Type": "application/json"})
         reply = conn.getresponse()
         if reply.status != 200:
             raise RuntimeError(f"/generate stream answered HTTP {reply.status}: {reply.read(500)!r}")
-        while time.monotonic() < deadline:
-            line = reply.readline()
+        while True:
+            line = reply.readline(MAX_STREAM_LINE + 1)
+            if len(line) > MAX_STREAM_LINE:
+                raise ValueError(f"/generate stream sent a line over {MAX_STREAM_LINE} bytes")
             if not line:
-                break
+                raise RuntimeError("/generate stream ended without [DONE]")
             line = line.strip()
             if not line.startswith(b"data:"):
                 continue
             data = line[5:].strip()
             if data == b"[DONE]":
-                break
+                return timeline
             chunk = json.loads(data)
+            if "error" in chunk:  # SGLang reports an error inside the stream, then [DONE]
+                raise RuntimeError(f"/generate stream reported an error: {str(chunk['error'])[:500]}")
             timeline.append((time.perf_counter(), int(chunk["meta_info"]["completion_tokens"])))
-        else:
-            raise TimeoutError(f"stream not finished after {timeout:.0f} s")
+
+    try:
+        return within(timeout, f"{base_url}/generate stream", exchange, on_timeout=conn.close)
     finally:
         conn.close()
-    return timeline
 
 
 def concurrent_timelines(base_url: str, batch: list[list[int]], *, max_new_tokens: int,
