@@ -8,6 +8,7 @@ and /start_profile by stage from SGLang 0.5.17's source; it says nothing about S
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import require_or_skip
 from tests.fixtures.ports import free_ports
 from tests.gpu.dsa import server, steps
 from tests.gpu.dsa.tiny_dsa_model import BASE_CONFIG as DSA_BASE
@@ -117,6 +119,24 @@ def test_the_plugin_on_server_must_run_every_op_its_status_gave_pdserve():
         "the plugin-on server logged no plugin status line"]
 
 
+def test_failed_rounds_and_a_plugin_off_server_on_pdserve_are_problems():
+    rounds = [{"round": 0, "kernels": "sglang", "ms_per_step": 2.4}, {"round": 0, "kernels": "pdserve",
+                                                                       "ms_per_step": 2.5},
+              {"round": 1, "kernels": "pdserve", "error": "TimeoutError('stream')"},
+              {"round": 1, "kernels": "sglang", "ms_per_step": 2.4}]
+    point = {"batch": 8, "context": 16384, "rounds": rounds, "summary": steps.summarize_point(rounds)}
+    assert "error" not in point["summary"]  # the medians stand on the rounds left ...
+    assert steps.point_problems([point]) == [  # ... and the run says so
+        "B=8 C=16384: 1 of 4 rounds failed (first: round 1 pdserve: TimeoutError('stream'))"]
+    assert steps.point_problems([{**point, "rounds": rounds[:2]}]) == []
+    assert steps.point_problems([{"batch": 1, "context": 16384}]) == ["B=1 C=16384: not measured"]
+    from tests.gpu.dsa import verdict
+
+    on = {"status": [{"kernels": {"indexer_topk": "pdserve", "sparse_mla_decode": "pdserve"}}], "ran": [],
+          "fallback": []}
+    assert verdict.plugin_failures("sglang", on)  # what main() adds for the plugin-off server
+
+
 def test_the_table_states_medians_ranges_ratios_and_shares():
     record = {"points": [{"batch": 8, "context": 32768,
                           "summary": steps.summarize_point([_row(0, "sglang", 10.0), _row(0, "pdserve", 9.0)]),
@@ -162,7 +182,9 @@ def test_deeper_dsa_keeps_every_layer_dense():
 
 
 def test_steps_server_commands_through_the_real_sglang_parser(tmp_path):
-    sglang_args = pytest.importorskip("sglang.srt.server_args")
+    require_or_skip(importlib.util.find_spec("sglang") is not None, "sglang is not installed",
+                    "PDSERVE_REQUIRE_PARSERS")
+    from sglang.srt import server_args as sglang_args
     (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 300}))
     for arch in ("v4", "dsa"):
         args = steps.parse_args(["--arch", arch, "--model", str(tmp_path), "--out", str(tmp_path)])

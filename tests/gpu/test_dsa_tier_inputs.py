@@ -699,6 +699,32 @@ def test_the_recorded_h200_runs_meet_the_criteria():
         assert verdict.diff_failures(json.loads((results / run / "diff.json").read_text())) == [], run
 
 
+def test_v32_records_need_both_ops_a_top_k_that_chose_and_finite_figures():
+    verdict = _verdict()
+    topk = {"op": "indexer_topk", "layer": 0, "overlap_min": 1.0, "longest": 6032}
+    mla = {"op": "sparse_mla_decode", "layer": 0, "rel_l2_max": 2e-4, "nonfinite": 0, "ours_vs_fp32_max": 1.7e-3}
+    assert verdict.record_failures([topk, mla]) == []
+    assert verdict.record_failures([topk]) == ["sparse_mla_decode: no record"]
+    assert verdict.record_failures([mla]) == ["indexer_topk: no record"]
+    assert verdict.record_failures([{**topk, "longest": 2048}, mla]) == [
+        "indexer_topk: no recorded row is longer than 2048: the top-k never chose"]
+    nan = float("nan")
+    for bad in ({**mla, "rel_l2_max": nan}, {**mla, "ours_vs_fp32_max": nan}):
+        (fail,) = verdict.record_failures([topk, bad])
+        assert fail.startswith("sparse_mla_decode layer 0") and "nan" in fail
+    (fail,) = verdict.record_failures([{**topk, "overlap_min": nan}, mla])
+    assert fail.startswith("indexer_topk layer 0")
+
+
+def test_v32_off_against_on_fails_nan_logprobs():
+    verdict = _verdict()
+    ref = _record("sglang", [_req([1, 2], [-0.1, -0.2])])
+    for other in (_record("pdserve", [_req([1, 2], [-0.1, float("nan")])]),
+                  _record("pdserve", [_req([1, 2], [-0.1, -0.2], top=[[[1, -0.1]], [[2, float("inf")]]])])):
+        (fail,) = verdict.diff_failures(diff.compare_runs(ref, other))
+        assert "logprobs are NaN or infinite (1 requests; first: sequential request 0)" in fail
+
+
 def test_a_server_that_did_not_run_what_it_asked_for_fails():
     verdict = _verdict()
     both = {"indexer_topk": "pdserve", "sparse_mla_decode": "pdserve"}
@@ -716,12 +742,15 @@ def test_a_server_that_did_not_run_what_it_asked_for_fails():
 
 def test_records_outside_the_bounds_fail():
     verdict = _verdict()
-    topk = {"op": "indexer_topk", "layer": 0, "overlap_min": 1.0}
+    topk = {"op": "indexer_topk", "layer": 0, "overlap_min": 1.0, "longest": 6032}
     mla = {"op": "sparse_mla_decode", "layer": 0, "nonfinite": 0, "rel_l2_max": 5e-3, "ours_vs_fp32_max": 1.7e-3}
     assert verdict.record_failures([topk, mla]) == []
     assert verdict.record_failures([])
-    assert verdict.record_failures([{**topk, "overlap_min": 0.99}])
-    assert verdict.record_failures([{**mla, "ours_vs_fp32_max": 6e-3}])
-    assert verdict.record_failures([{**mla, "rel_l2_max": 2e-2}])
-    assert verdict.record_failures([{**mla, "nonfinite": 1}])
-    assert verdict.diff_failures({"max_abs_logprob_diff": 0.9})
+    for bad_topk, bad_mla, words in (({**topk, "overlap_min": 0.99}, mla, "shares only 0.9900"),
+                                     (topk, {**mla, "ours_vs_fp32_max": 6e-3}, "from the fp32 reference"),
+                                     (topk, {**mla, "rel_l2_max": 2e-2}, "from SGLang's kernel"),
+                                     (topk, {**mla, "nonfinite": 1}, "1 non-finite outputs")):
+        (fail,) = verdict.record_failures([bad_topk, bad_mla])
+        assert words in fail
+    (fail,) = verdict.diff_failures({"max_abs_logprob_diff": 0.9, "rows": []})
+    assert "0.9000 > 0.5" in fail

@@ -572,6 +572,39 @@ def test_v4_records_pass_and_fail_per_layer():
     assert verdict.v4_record_failures([], CONFIG_RATIOS)
 
 
+def test_v4_records_with_a_nan_figure_fail():
+    """A NaN in SGLang's output or the reference makes a figure NaN, which no `>` comparison catches."""
+    nan = float("nan")
+    for fields in ({"rel_l2_max": nan}, {"ours_vs_fp32_max": nan}):
+        (fail,) = verdict.v4_record_failures(_v4_rows({("sparse_mla_decode", 2): fields}), CONFIG_RATIOS)
+        assert fail.startswith("sparse_mla_decode layer 2") and "nan" in fail
+    (fail,) = verdict.v4_record_failures(_v4_rows({("indexer_topk", 1): {"overlap_min": nan}}), CONFIG_RATIOS)
+    assert fail.startswith("indexer_topk layer 1")
+
+
+def test_the_records_summary_keeps_a_nan_wherever_it_falls(tmp_path):
+    lines = [{"op": "sparse_mla_decode", "layer": 0, "rows": 4, "rel_l2": v, "rel_l2_worst_row": v, "max_abs": 0.1,
+              "nonfinite": 0} for v in (1e-4, float("nan"), 2e-4)]
+    (tmp_path / "records-1.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    (row,) = diff.summarize_records(tmp_path)
+    assert math.isnan(row["rel_l2_max"]) and math.isnan(row["rel_l2_worst_row"]) and row["max_abs"] == 0.1
+    assert diff.worst([0.1, 0.3]) == 0.3 and diff.worst([]) is None
+
+
+def test_v4_verdict_fails_nan_logprobs_off_against_on():
+    ok = _result([-0.1, -0.2])
+    nan_top = _result([-0.1, -0.2], top=[[[7, -0.1]], [[8, float("nan")]]])
+    for other in (_result([-0.1, float("nan")]), nan_top, _result([-0.1, float("-inf")])):
+        result = diff.compare_runs(_run([ok]), _run([other]))
+        failures, _ = verdict.v4_verdict({}, None, None, result, CONFIG_RATIOS)
+        assert any("NaN or infinite" in f for f in failures), other
+
+
+def _run(results: list[dict]) -> dict:
+    return {"compare": {"seed": 0, "prompt_lens": [10] * len(results), "max_new_tokens": 2,
+                        "sets": {"sequential": results}}}
+
+
 def _result(lps, ids=(7, 8), top=None):
     return {"output_ids": list(ids), "logprobs": list(lps),
             "top_logprobs": top or [[[t, lp]] for t, lp in zip(ids, lps, strict=True)]}
@@ -879,6 +912,11 @@ def test_v4_two_calls_judged_offline_together(tmp_path):
     assert done.returncode == 1 and "FAIL: plugin off against on, sequential requests" in done.stdout
     done = offline(out1, out2, strict=True)
     assert done.returncode == 1 and "FAIL: repeatability gate" in done.stdout
+    # The plugin-off call's directory twice (a plugin-on call that left nothing): no pass.
+    done = offline(out1, out1)
+    assert done.returncode == 1 and "FAIL: no pdserve server's compare record: the plugin-on run" in done.stdout
+    done = offline(out2, out2)
+    assert done.returncode == 1 and "FAIL: no sglang server's compare record: the plugin-off run" in done.stdout
 
 
 def test_real_safetensors_and_transformers_read_the_directory(small_model, hf_config_alias):

@@ -55,7 +55,7 @@ def compare_request(a: dict, b: dict) -> dict:
         "tokens": len(ids_a),
         # Dummy-like weights fall into 2-cycles; many distinct tokens say the outputs depend on the context.
         "distinct_tokens": len(set(ids_a)),
-        "nonfinite_logprobs": sum(not math.isfinite(x) for x in a["logprobs"] + b["logprobs"]),
+        "nonfinite_logprobs": sum(not math.isfinite(x) for r in (a, b) for x in _logprob_values(r)),
         "tokens_equal": d is None,
         "first_divergence": d,
         "max_abs_logprob_diff": max(chosen) if chosen else None,
@@ -64,6 +64,19 @@ def compare_request(a: dict, b: dict) -> dict:
         "first_token_top_logprob_diff": first_top,
         "min_top_overlap": min(top_overlap) if top_overlap else None,
     }
+
+
+def _logprob_values(result: dict) -> list[float]:
+    """Every logprob of one result: the chosen tokens' and the top ones'."""
+    return [*result["logprobs"], *(lp for position in result["top_logprobs"] for _, lp in position)]
+
+
+def worst(values) -> float | None:
+    """The largest of `values`; NaN if any is NaN (max() would keep or drop a NaN by its position); None if none."""
+    values = list(values)
+    if any(math.isnan(v) for v in values):
+        return math.nan
+    return max(values, default=None)
 
 
 def compare_runs(ref: dict, other: dict) -> dict:
@@ -250,19 +263,20 @@ def summarize_records(directory: Path) -> list[dict]:
     for (op, variant, layer), recs in sorted(groups.items()):
         row = {"op": op, "variant": variant, "layer": layer, "calls": len(recs), "rows": sum(r["rows"] for r in recs)}
         if op == "indexer_topk":
-            row.update(overlap_min=min(r["overlap_min"] for r in recs),
+            overlaps = [r["overlap_min"] for r in recs]
+            row.update(overlap_min=math.nan if any(math.isnan(v) for v in overlaps) else min(overlaps),
                        overlap_mean=sum(r["overlap_mean"] for r in recs) / len(recs),
                        rows_identical_sets=sum(r["rows_identical_sets"] for r in recs),
                        longest=max((max(r["lengths"]) for r in recs if r["lengths"]), default=0))
         else:
-            row.update(rel_l2_max=max(r["rel_l2"] for r in recs),
-                       rel_l2_worst_row=max(r["rel_l2_worst_row"] for r in recs),
-                       max_abs=max(r["max_abs"] for r in recs), nonfinite=sum(r["nonfinite"] for r in recs))
+            row.update(rel_l2_max=worst(r["rel_l2"] for r in recs),
+                       rel_l2_worst_row=worst(r["rel_l2_worst_row"] for r in recs),
+                       max_abs=worst(r["max_abs"] for r in recs), nonfinite=sum(r["nonfinite"] for r in recs))
             exact = [r for r in recs if "rel_l2_ours_vs_fp32" in r]  # the fp32 reference of the first rows
             if exact:
                 row.update(exact_rows=sum(r["exact_rows"] for r in exact),
-                           ours_vs_fp32_max=max(r["rel_l2_ours_vs_fp32"] for r in exact),
-                           sglang_vs_fp32_max=max(r["rel_l2_sglang_vs_fp32"] for r in exact))
+                           ours_vs_fp32_max=worst(r["rel_l2_ours_vs_fp32"] for r in exact),
+                           sglang_vs_fp32_max=worst(r["rel_l2_sglang_vs_fp32"] for r in exact))
         rows.append(row)
     return rows
 
@@ -338,7 +352,8 @@ def main(argv: list[str] | None = None) -> int:
     if benches:
         print(bench_table(benches))
     if off_dir is not None and any(r.get("arch") == "v4" for r in runs.values()):
-        failed |= _v4_verdict(runs, off_dir, on_dir, result, strict_gate=args.strict_gate)
+        failed |= _v4_verdict(runs, off_dir, on_dir, result, strict_gate=args.strict_gate,
+                              both=len(args.paths) == 2)
     elif off_dir is not None and (off_dir / "gate.json").exists():  # a V4 record from before records named arch
         # Recomputed from the passes where they are here: the figures added since are then in the table too.
         passes = runs.get("sglang", {}).get("compare", {})
@@ -346,9 +361,11 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failed else 0
 
 
-def _v4_verdict(runs: dict[str, dict], off_dir: Path, on_dir: Path, result: dict | None, *, strict_gate: bool) -> bool:
+def _v4_verdict(runs: dict[str, dict], off_dir: Path, on_dir: Path, result: dict | None, *, strict_gate: bool,
+                both: bool) -> bool:
     """compare.py's V4 verdict again, from the files of one call or of two (the plugin-off call's gate.json, the
-    plugin-on call's records summary); prints it and says whether it failed."""
+    plugin-on call's records summary; `both`: two were named, and each must have left its compare record); prints
+    it and says whether it failed."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository root, for `tests.gpu.dsa`
     from tests.gpu.dsa import verdict
 
@@ -360,7 +377,7 @@ def _v4_verdict(runs: dict[str, dict], off_dir: Path, on_dir: Path, result: dict
     if records:
         print(records_table(records))
     config = next(r["model_config"] for r in runs.values() if "model_config" in r)
-    failures, notes = verdict.v4_verdict(runs, gate, records, result, config, strict_gate=strict_gate)
+    failures, notes = verdict.v4_verdict(runs, gate, records, result, config, strict_gate=strict_gate, both=both)
     for note in notes:
         print(f"NOTE: {note}")
     for failure in failures:

@@ -134,8 +134,14 @@ fi
 if [ "$mode" = prepare ]; then
   echo "prepared in ${SECONDS} s: wheels installed in $site, model in $model"; exit 0
 fi
+# What is left of the call for the driver: `timeout 0` would mean no limit at all.
+budget=${DSA_TIMEOUT:-$((560 - SECONDS))}
+if [ "$budget" -lt 60 ]; then
+  echo "only ${budget} s of this call's 560 s are left after ${SECONDS} s of setup: call again (a warm machine keeps the wheels and model)"
+  exit 1
+fi
 if [ "$mode" = steps ]; then
-  timeout "${DSA_TIMEOUT:-$((560 - SECONDS))}" python3 tests/gpu/dsa/steps.py --arch "$arch" --model "$model" \
+  timeout "$budget" python3 tests/gpu/dsa/steps.py --arch "$arch" --model "$model" \
     --out "$out" "$@" 2>&1 | tee "$out/steps.log"
   exit "${PIPESTATUS[0]}"
 fi
@@ -147,7 +153,7 @@ else
 fi
 # A device call ends at 600 s: what is left of 560 s after the steps above (about 35 s on a fresh
 # machine) goes to compare.py, which then has ~40 s to stop its server on SIGTERM.
-timeout "${DSA_TIMEOUT:-$((560 - SECONDS))}" python3 tests/gpu/dsa/compare.py --model "$model" --out "$out" "$@" 2>&1 \
+timeout "$budget" python3 tests/gpu/dsa/compare.py --model "$model" --out "$out" "$@" 2>&1 \
   | tee "$out/compare.log"
 rc=${PIPESTATUS[0]}
 if [ "${DSA_JIT_CACHE:-}" = save ]; then

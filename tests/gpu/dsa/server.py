@@ -124,7 +124,8 @@ class Server:
 
     def start(self) -> None:
         self.log.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log, "ab") as log:
+        # A fresh log: its findings (ready, plugin status, "ran" lines) must be this start's alone.
+        with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
                                          env={**os.environ, **self.env}, start_new_session=True)
         self.started = time.monotonic()

@@ -38,7 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository root, for `tests.gpu.dsa`
 
-from tests.gpu.dsa import client, compare, server
+from tests.gpu.dsa import client, compare, server, verdict
 
 KERNELS = ("sglang", "pdserve")  # the order of the first round; later rounds alternate
 # 16K-token prompts: the DSA tier's bench went to 12K; V4's C4 top-512 selects from 2048 tokens on, V3.2's top-2048
@@ -316,6 +316,21 @@ def plugin_problems(plugin: dict[str, list]) -> list[str]:
     return problems
 
 
+def point_problems(points: list[dict]) -> list[str]:
+    """A point not measured, or a round that failed (its medians would stand on the rounds left)."""
+    problems = []
+    for p in points:
+        where = f"B={p['batch']} C={p['context']}"
+        summary = p.get("summary", {"error": "not measured"})
+        if "error" in summary:
+            problems.append(f"{where}: {summary['error']}")
+        failed = [r for r in p.get("rounds", []) if "ms_per_step" not in r]
+        if failed:
+            problems.append(f"{where}: {len(failed)} of {len(p['rounds'])} rounds failed (first: round "
+                            f"{failed[0]['round']} {failed[0]['kernels']}: {failed[0].get('error', 'no figure')})")
+    return problems
+
+
 def _write(path: Path, data: dict) -> None:
     path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
 
@@ -360,8 +375,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{kernels}] {compare.plugin_summary(record['plugin'][kernels])}", flush=True)
     print(table(record), flush=True)
     problems = plugin_problems(record["plugin"]["pdserve"])
-    problems += [f"B={p['batch']} C={p['context']}: {p['summary']['error']}" for p in record["points"]
-                 if "error" in p.get("summary", {"error": "not measured"})]
+    # The plugin-off server must have run SGLang's kernels, or the comparison is of pdserve against itself.
+    problems += verdict.plugin_failures("sglang", record["plugin"]["sglang"])
+    problems += point_problems(record["points"])
     for problem in problems:
         print(f"FAIL: {problem}", flush=True)
     print("DONE" if not problems else f"{len(problems)} problem(s)", flush=True)

@@ -6,9 +6,14 @@
   entries tied at the k-th score: MIN_OVERLAP), sparse MLA within MAX_VS_SGLANG of FlashMLA and within
   MAX_VS_FP32 of the fp32 reference on the same cache bytes (measured 1.7e-3; FlashMLA 5.1-5.6e-3), no
   non-finite value.
-* Plugin off against on: the largest chosen-token |dlogprob| on the shared prefix at most MAX_LOGPROB_DIFF.
-  Token equality is not required: the tiny model amplifies bit-level differences, and SGLang's own repeats
-  differ (README "Measured").
+* With records, both ops recorded and some indexer row longer than its top-k.
+* Plugin off against on: no NaN or infinite logprob, and the largest chosen-token |dlogprob| on the shared prefix
+  at most MAX_LOGPROB_DIFF. Token equality is not required: the tiny model amplifies bit-level differences, and
+  SGLang's own repeats differ (README "Measured"). What this cannot see: anything after a request's first
+  divergence, where the two contexts differ. The tiny models diverge early (V3.2 at token 0-31, V4 at 0-15 in the
+  recorded runs), so a decode kernel that is wrong but finite can pass it; the top logprobs up to the divergence do
+  not separate either (correct kernels differed there by up to 0.76 nats on V3.2 and 1.37 on V4, over 2x SGLang's
+  own floor once). The per-layer records are the proof; a run without them shows that the kernels ran, finite.
 
 DeepSeek-V4 (`--arch v4`, README "DeepSeek-V4"), judged per layer against the model's compress ratios:
 
@@ -63,6 +68,7 @@ FLOOR_FACTOR = 2.0
 WRONG_KERNEL_NATS = 1.0
 OPS = ("indexer_topk", "sparse_mla_decode")
 V4_INDEX_TOPK = 512
+V32_INDEX_TOPK = 2048
 V4_MAX_TOPK_DIFF = 2  # entries per row
 
 
@@ -85,14 +91,20 @@ def plugin_failures(kernels: str, plugin: dict[str, list], model: str | None = N
     return out
 
 
-def record_failures(rows: list[dict]) -> list[str]:
+def record_failures(rows: list[dict], index_topk: int = V32_INDEX_TOPK) -> list[str]:
+    """V3.2's records (diff.summarize_records rows): both ops recorded, some indexer row longer than `index_topk`
+    (else the top-k never chose), and every record within its bounds. (Which layers: V3.2's bf16 MLA hook has no
+    layer id to record, so coverage per layer is V4's check only.)"""
     if not rows:
         return ["no records were written (PDSERVE_DSA_RECORD_DIR set, but no eager decode call recorded)"]
-    out = []
+    out = [f"{op}: no record" for op in OPS if op not in {r["op"] for r in rows}]
+    topk_rows = [r for r in rows if r["op"] == "indexer_topk"]
+    if topk_rows and max(r.get("longest", 0) for r in topk_rows) <= index_topk:
+        out.append(f"indexer_topk: no recorded row is longer than {index_topk}: the top-k never chose")
     for r in rows:
         where = f"{r['op']} layer {r['layer']}"
         if r["op"] == "indexer_topk":
-            if r["overlap_min"] < MIN_OVERLAP:
+            if not r["overlap_min"] >= MIN_OVERLAP:  # NaN fails too
                 out.append(f"{where}: a top-k row shares only {r['overlap_min']:.4f} of SGLang's set")
             continue
         out += _mla_failures(where, r)
@@ -100,10 +112,24 @@ def record_failures(rows: list[dict]) -> list[str]:
 
 
 def diff_failures(result: dict) -> list[str]:
+    """V3.2, plugin off against on: no non-finite logprob, and the chosen-token |dlogprob| on the shared prefix
+    within MAX_LOGPROB_DIFF. This sees nothing past a request's first divergence (the contexts differ there), and
+    the tiny model diverges early, so it cannot convict a wrong decode kernel alone: the records can."""
+    out = nonfinite_failures(result)
     worst = result.get("max_abs_logprob_diff")
-    if worst is not None and worst > MAX_LOGPROB_DIFF:
-        return [f"plugin off against on: largest |dlogprob| {worst:.4f} > {MAX_LOGPROB_DIFF}"]
-    return []
+    if worst is not None and not worst <= MAX_LOGPROB_DIFF:
+        out.append(f"plugin off against on: largest |dlogprob| {worst:.4f} > {MAX_LOGPROB_DIFF}")
+    return out
+
+
+def nonfinite_failures(result: dict) -> list[str]:
+    """Any NaN or infinite logprob (chosen or top, either server) in an off-against-on comparison."""
+    bad = [r for r in result["rows"] if r.get("nonfinite_logprobs")]
+    if not bad:
+        return []
+    first = bad[0]
+    return [f"plugin off against on: {sum(r['nonfinite_logprobs'] for r in bad)} logprobs are NaN or infinite "
+            f"({len(bad)} requests; first: {first['set']} request {first['request']})"]
 
 
 def gate_failures(gate: dict) -> list[str]:
@@ -155,7 +181,7 @@ def logprob_floor_failures(result: dict, gate: dict | None) -> tuple[list[str], 
         seen = noise_floor(diff.set_figures(rows))
         floor = noise_floor(gate["sets"][name]) if gate is not None and name in gate["sets"] else 0.0
         limit = logprob_limit(floor)
-        if seen > limit:
+        if not seen <= limit:  # NaN fails too
             failures.append(f"plugin off against on, {name} requests: largest logprob difference {seen:.4f} > "
                             f"{limit:.4f} (the larger of {MAX_LOGPROB_DIFF} and {FLOOR_FACTOR:g} x SGLang's own "
                             f"noise floor {floor:.4f})")
@@ -166,13 +192,17 @@ def logprob_floor_failures(result: dict, gate: dict | None) -> tuple[list[str], 
 
 
 def v4_verdict(runs: dict[str, dict], gate: dict | None, records: list[dict] | None, result: dict | None,
-               config: dict, *, strict_gate: bool = False) -> tuple[list[str], list[str]]:
+               config: dict, *, strict_gate: bool = False, both: bool = False) -> tuple[list[str], list[str]]:
     """The whole V4 verdict from what one call (or two calls, diff.py OUT1 OUT2) collected: `runs` the compare
-    records by kernels (either or both), `gate` SGLang's (diff.gate_from_passes), `records` the pdserve server's
-    per-layer summary, `result` off against on (diff.compare_runs), `config` the model's. Returns failures and
-    notes; notes say what the run could not show (SGLang did not repeat itself) without failing it."""
+    records by kernels (either, or both; `both`: a missing one fails), `gate` SGLang's (diff.gate_from_passes),
+    `records` the pdserve server's per-layer summary, `result` off against on (diff.compare_runs), `config` the
+    model's. Returns failures and notes; notes say what the run could not show (SGLang did not repeat itself)
+    without failing it."""
     failures: list[str] = []
     notes: list[str] = []
+    if both:
+        failures += [f"no {kernels} server's compare record: the {what} run is missing (did its call time out?)"
+                     for kernels, what in (("sglang", "plugin-off"), ("pdserve", "plugin-on")) if kernels not in runs]
     for kernels, run in runs.items():
         failures += plugin_failures(kernels, run["plugin"], model="deepseek_v4")
         failures += prefix_cache_failures(run.get("tree_cache_impl"), "--disable-radix-cache" not in run["argv"])
@@ -190,7 +220,7 @@ def v4_verdict(runs: dict[str, dict], gate: dict | None, records: list[dict] | N
                       "records, pdserve's kernel against SGLang's on the same inputs inside one server"]
     if result is not None:
         more, why = logprob_floor_failures(result, gate)
-        failures += more
+        failures += nonfinite_failures(result) + more
         notes += why
     elif set(runs) != {"sglang", "pdserve"}:
         notes.append(f"only {', '.join(runs) or 'no'} server in these files: no comparison off against on "
@@ -228,7 +258,7 @@ def v4_record_failures(rows: list[dict], config: dict) -> list[str]:
         if r["op"] == "indexer_topk":
             if ratios[r["layer"]] != 4:
                 out.append(f"{where}: an indexer record on a layer of compress ratio {ratios[r['layer']]}")
-            elif r["overlap_min"] < min_overlap:
+            elif not r["overlap_min"] >= min_overlap:  # NaN fails too
                 missed = (1 - r["overlap_min"]) * topk
                 out.append(f"{where}: a top-k row shares only {r['overlap_min']:.4f} of SGLang's set "
                            f"(up to {missed:.0f} of {topk} entries differ; at most {V4_MAX_TOPK_DIFF} may)")
@@ -238,13 +268,14 @@ def v4_record_failures(rows: list[dict], config: dict) -> list[str]:
 
 
 def _mla_failures(where: str, r: dict) -> list[str]:
+    """A NaN figure (SGLang's output or the reference non-finite, which pdserve's count does not see) fails."""
     out = []
     if r["nonfinite"]:
         out.append(f"{where}: {r['nonfinite']} non-finite outputs")
-    if r["rel_l2_max"] > MAX_VS_SGLANG:
+    if not r["rel_l2_max"] <= MAX_VS_SGLANG:
         out.append(f"{where}: rel L2 {r['rel_l2_max']:.3g} from SGLang's kernel > {MAX_VS_SGLANG}")
     if "ours_vs_fp32_max" not in r:
         out.append(f"{where}: no fp32 reference rows recorded")
-    elif r["ours_vs_fp32_max"] > MAX_VS_FP32:
+    elif not r["ours_vs_fp32_max"] <= MAX_VS_FP32:
         out.append(f"{where}: rel L2 {r['ours_vs_fp32_max']:.3g} from the fp32 reference > {MAX_VS_FP32}")
     return out
