@@ -582,6 +582,27 @@ def test_v4_records_with_a_nan_figure_fail():
     assert fail.startswith("indexer_topk layer 1")
 
 
+def test_top_k_rows_with_a_repeated_slot_or_another_count_fail_however_large_the_overlap(tmp_path):
+    for field, words in (("rows_with_repeats", "rows hold a slot twice"),
+                         ("rows_selecting_another_count", "another number of slots")):
+        (fail,) = verdict.v4_record_failures(_v4_rows({("indexer_topk", 1): {field: 2}}), CONFIG_RATIOS)
+        assert fail.startswith("indexer_topk layer 1: 2 rows ") and words in fail
+        topk = {"op": "indexer_topk", "layer": 0, "overlap_min": 1.0, "longest": 6032, field: 1}
+        mla = {"op": "sparse_mla_decode", "layer": 0, "rel_l2_max": 2e-4, "nonfinite": 0, "ours_vs_fp32_max": 1e-3}
+        (fail,) = verdict.record_failures([topk, mla])
+        assert words in fail
+    # The summary sums them where every record has them, and leaves them out of a summary of older records.
+    base = {"op": "indexer_topk", "layer": 0, "rows": 2, "lengths": [600, 700], "overlap_min": 1.0,
+            "overlap_mean": 1.0, "rows_identical_sets": 2}
+    new = {**base, "rows_with_repeats": 1, "rows_selecting_another_count": 0}
+    (tmp_path / "records-1.jsonl").write_text(json.dumps(new) + "\n" + json.dumps(new) + "\n")
+    (row,) = diff.summarize_records(tmp_path)
+    assert (row["rows_with_repeats"], row["rows_selecting_another_count"]) == (2, 0)
+    (tmp_path / "records-2.jsonl").write_text(json.dumps(base) + "\n")
+    (row,) = diff.summarize_records(tmp_path)
+    assert "rows_with_repeats" not in row
+
+
 def test_the_records_summary_keeps_a_nan_wherever_it_falls(tmp_path):
     lines = [{"op": "sparse_mla_decode", "layer": 0, "rows": 4, "rel_l2": v, "rel_l2_worst_row": v, "max_abs": 0.1,
               "nonfinite": 0} for v in (1e-4, float("nan"), 2e-4)]

@@ -6,6 +6,7 @@ takes, the fallback paths of the hooks, and the slot mapping. The kernels themse
 import ast
 import importlib.util
 import json
+import math
 import logging
 import pathlib
 import tomllib
@@ -322,14 +323,36 @@ def test_the_recorder_compares_rows_as_sets(tmp_path):
     ref = torch.tensor([[5, 9, 2, -1], [1, 2, 3, 4]], dtype=torch.int32)
     ours = torch.tensor([[2, 5, 9, -1], [4, 3, 2, 7]], dtype=torch.int32)
     rec.topk(0, ours, ref, torch.tensor([3, 9], dtype=torch.int32))
+    # A slot held twice matches once; a row with more picks than SGLang's is counted.
+    twice = torch.tensor([[5, 5, 9, -1], [1, 2, 3, 4]], dtype=torch.int32)
+    more = torch.tensor([[5, 9, 2, 7], [1, 2, 3, 4]], dtype=torch.int32)
+    rec.topk(0, twice, ref, torch.tensor([3, 9], dtype=torch.int32))
+    rec.topk(0, more, ref, torch.tensor([3, 9], dtype=torch.int32))
     o = torch.ones(2, 1, 4, 512, dtype=torch.bfloat16)
     rec.attention(0, "fp8", o, o.clone())
+    off = o.clone()
+    off[1] *= 1.5  # row 1 off by 50%: rel L2 over both rows sqrt(0.25 / 2)
+    rec.attention(0, "fp8", off, o, exact=o.float().reshape(2, 4, 512)[:1] * 2)
+    off[0, 0, 0, 0] = float("nan")
+    rec.attention(0, "fp8", off, o, exact=o.float().reshape(2, 4, 512)[:1])
     assert rec.path
     with open(rec.path) as records:
-        topk, mla = [json.loads(line) for line in records]
+        topk, dup, extra, same, differ, nan = [json.loads(line) for line in records]
     assert topk["rows_identical_sets"] == 1 and topk["overlap_min"] == pytest.approx(0.75)
     assert topk["overlap_mean"] == pytest.approx(0.875) and topk["selected_ours"] == [3, 4]
-    assert mla["rel_l2"] == 0.0 and mla["nonfinite"] == 0 and mla["call"] == 0
+    assert (topk["rows_with_repeats"], topk["rows_selecting_another_count"]) == (0, 0)
+    assert dup["overlap_min"] == pytest.approx(2 / 3) and dup["rows_identical_sets"] == 1
+    assert (dup["rows_with_repeats"], dup["rows_selecting_another_count"]) == (1, 0)
+    assert extra["overlap_min"] == 1.0 and extra["rows_identical_sets"] == 1
+    assert (extra["rows_with_repeats"], extra["rows_selecting_another_count"]) == (0, 1)
+    assert same["rel_l2"] == 0.0 and same["nonfinite"] == 0 and same["call"] == 0
+    assert differ["call"] == 1 and differ["nonfinite"] == 0 and differ["rel_l2"] == pytest.approx((0.25 / 2) ** 0.5)
+    assert differ["max_abs"] == pytest.approx(0.5) and differ["rel_l2_worst_row"] == pytest.approx(0.5)
+    # against the exact result of row 0 (2x the outputs): both are half of it, so 0.5 away
+    assert differ["exact_rows"] == 1
+    assert differ["rel_l2_sglang_vs_fp32"] == pytest.approx(0.5) and differ["rel_l2_ours_vs_fp32"] == pytest.approx(0.5)
+    assert nan["nonfinite"] == 1 and math.isnan(nan["rel_l2"]) and math.isnan(nan["rel_l2_ours_vs_fp32"])
+    assert nan["rel_l2_sglang_vs_fp32"] == 0.0
 
 
 def test_the_recorders_fp32_reference_reads_sglangs_packed_bf16_pool():

@@ -267,6 +267,9 @@ def summarize_records(directory: Path) -> list[dict]:
             row.update(overlap_min=math.nan if any(math.isnan(v) for v in overlaps) else min(overlaps),
                        overlap_mean=sum(r["overlap_mean"] for r in recs) / len(recs),
                        rows_identical_sets=sum(r["rows_identical_sets"] for r in recs),
+                       # Recorded since 2026-12-07; a summary of older records leaves them out (not judged).
+                       **{k: sum(r[k] for r in recs) for k in ("rows_with_repeats", "rows_selecting_another_count")
+                          if all(k in r for r in recs)},
                        longest=max((max(r["lengths"]) for r in recs if r["lengths"]), default=0))
         else:
             row.update(rel_l2_max=worst(r["rel_l2"] for r in recs),

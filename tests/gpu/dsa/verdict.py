@@ -106,8 +106,20 @@ def record_failures(rows: list[dict], index_topk: int = V32_INDEX_TOPK) -> list[
         if r["op"] == "indexer_topk":
             if not r["overlap_min"] >= MIN_OVERLAP:  # NaN fails too
                 out.append(f"{where}: a top-k row shares only {r['overlap_min']:.4f} of SGLang's set")
+            out += _topk_shape_failures(where, r)
             continue
         out += _mla_failures(where, r)
+    return out
+
+
+def _topk_shape_failures(where: str, r: dict) -> list[str]:
+    """A slot picked twice, or another number of picks than SGLang's: wrong however large the overlap (records from
+    before 2026-12-07 lack these counts and are not judged on them)."""
+    out = []
+    if r.get("rows_with_repeats"):
+        out.append(f"{where}: {r['rows_with_repeats']} rows hold a slot twice")
+    if r.get("rows_selecting_another_count"):
+        out.append(f"{where}: {r['rows_selecting_another_count']} rows select another number of slots than SGLang")
     return out
 
 
@@ -258,10 +270,12 @@ def v4_record_failures(rows: list[dict], config: dict) -> list[str]:
         if r["op"] == "indexer_topk":
             if ratios[r["layer"]] != 4:
                 out.append(f"{where}: an indexer record on a layer of compress ratio {ratios[r['layer']]}")
-            elif not r["overlap_min"] >= min_overlap:  # NaN fails too
+                continue
+            if not r["overlap_min"] >= min_overlap:  # NaN fails too
                 missed = (1 - r["overlap_min"]) * topk
                 out.append(f"{where}: a top-k row shares only {r['overlap_min']:.4f} of SGLang's set "
                            f"(up to {missed:.0f} of {topk} entries differ; at most {V4_MAX_TOPK_DIFF} may)")
+            out += _topk_shape_failures(where, r)
             continue
         out += _mla_failures(where, r)
     return out

@@ -47,11 +47,14 @@ class Recorder:
         import torch
 
         rows = min(ours.shape[0], reference.shape[0], lengths.shape[0])
-        a, b = ours[:rows].long(), reference[:rows].long()
-        b_sorted = b.sort(dim=1).values
-        pos = torch.searchsorted(b_sorted, a).clamp_max(b.shape[1] - 1)
-        hit = (b_sorted.gather(1, pos) == a) & (a >= 0)
-        valid_a, valid_b = (a >= 0).sum(1), (b >= 0).sum(1)
+        a = ours[:rows].long().sort(dim=1).values
+        b_sorted = reference[:rows].long().sort(dim=1).values
+        # A slot ours holds twice counts once: duplicates can neither fill SGLang's set nor hide as a match.
+        repeat = torch.zeros_like(a, dtype=torch.bool)
+        repeat[:, 1:] = (a[:, 1:] == a[:, :-1]) & (a[:, 1:] >= 0)
+        pos = torch.searchsorted(b_sorted, a).clamp_max(b_sorted.shape[1] - 1)
+        hit = (b_sorted.gather(1, pos) == a) & (a >= 0) & ~repeat
+        valid_a, valid_b = (a >= 0).sum(1), (b_sorted >= 0).sum(1)
         overlap = hit.sum(1).double() / valid_b.clamp_min(1).double()
         same = (hit.sum(1) == valid_b) & (valid_a == valid_b)
         self._write({
@@ -61,6 +64,8 @@ class Recorder:
             "overlap_min": float(overlap.min()) if rows else 1.0,
             "overlap_mean": float(overlap.mean()) if rows else 1.0,
             "rows_identical_sets": int(same.sum()),
+            "rows_with_repeats": int(repeat.any(1).sum()),
+            "rows_selecting_another_count": int((valid_a != valid_b).sum()),
         })
 
     def attention(self, layer: int, variant: str, ours, reference, exact=None) -> None:
