@@ -6,8 +6,8 @@ takes, the fallback paths of the hooks, and the slot mapping. The kernels themse
 import ast
 import importlib.util
 import json
-import math
 import logging
+import math
 import pathlib
 import tomllib
 import types
