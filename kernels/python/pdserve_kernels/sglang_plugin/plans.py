@@ -6,14 +6,21 @@ first call of a batch size is an eager warm-up in SGLang's graph runner, so plan
 normally made outside any capture; one made during a capture is allocated from the graph's pool, which
 stays valid as long as the plan holds it (it is never freed).
 
+The indexer's plan also depends on a bound of the lengths, which eager decode steps (batches above the largest
+captured size, or no CUDA graphs) raise by a token a step. So that bound is rounded up to a bucket (len_bucket: a
+quarter of its power of two) and the op clamps it to each call's block table: a server whose contexts grow makes
+four plans per doubling, not one per step.
+
 Workspaces are shared by all plans of one stream whose needs they cover: calls on one stream run one after
-another, and the indexer's histograms are left zeroed by every call. A plan that needs more gets a new,
-larger workspace; the older ones stay alive because graphs captured earlier point into them.
+another, and the indexer's histograms are left zeroed by every call. A plan that needs more gets a new, larger
+workspace. A workspace a CUDA graph was captured with stays alive for good (the graph points into it); one only
+eager calls used is dropped, with its plans, when a larger one replaces it, so eager growth holds one workspace.
 """
 
 from __future__ import annotations
 
 from pdserve_kernels import ops
+from pdserve_kernels.dsa_indexer import PAGE, SELECT_CHUNK
 
 
 def _stream_key(device) -> int:
@@ -22,35 +29,67 @@ def _stream_key(device) -> int:
     return torch.cuda.current_stream(device).cuda_stream
 
 
+def _capturing() -> bool:
+    import torch
+
+    return torch.cuda.is_current_stream_capturing()
+
+
+def len_bucket(n: int) -> int:
+    """`n` rounded up to a multiple of a quarter of its power of two, or of the indexer's 4096-position chunk where
+    that is larger (its workspace rounds to a chunk anyway): four buckets per doubling, at most 25% over from 16K."""
+    n = max(int(n), 1)
+    step = max(SELECT_CHUNK, 1 << max(0, n.bit_length() - 3))
+    return -(-n // step) * step
+
+
 class PlanCache:
     def __init__(self) -> None:
         self._plans: dict[tuple, object] = {}
-        self._dsa_workspaces: dict[int, list[ops.DsaWorkspace]] = {}
-        self._mla_workspaces: dict[int, list[ops.MlaWorkspace]] = {}
+        self._dsa_workspaces: dict[tuple, list[ops.DsaWorkspace]] = {}
+        self._mla_workspaces: dict[tuple, list[ops.MlaWorkspace]] = {}
+        self._captured: set[int] = set()  # id() of the workspaces a CUDA graph was captured with
 
     def indexer(self, device, batch: int, topk: int, max_len: int, max_blocks: int) -> ops.DsaIndexerPlan:
-        stream = _stream_key(device)
-        key = ("dsa", device.index, stream, batch, topk, max_len, max_blocks)
+        """The plan for `batch` rows whose lengths are at most min(max_len, max_blocks * 64), made for that bound's
+        len_bucket (the op clamps it to each call's block table)."""
+        stream = (device.index, _stream_key(device))
+        bound = len_bucket(min(max_len, max_blocks * PAGE))
+        key = ("dsa", *stream, batch, topk, bound)
         plan = self._plans.get(key)
         if plan is None:
-            shape = ops.indexer_for(device).plan(batch, 1, topk, max_len, max_blocks=max_blocks)
+            shape = ops.indexer_for(device).plan(batch, 1, topk, bound)
             pool = self._dsa_workspaces.setdefault(stream, [])
             workspace = next((w for w in pool if w.fits(shape)), None)
             if workspace is None:
                 workspace = ops.DsaWorkspace(shape.rows, shape.max_len, device)
+                self._drop_eager_workspaces(pool, workspace)
                 pool.append(workspace)
-            plan = ops.DsaIndexerPlan(batch, 1, topk, max_len, device=device, max_blocks=max_blocks,
-                                      workspace=workspace)
+            plan = ops.DsaIndexerPlan(batch, 1, topk, bound, device=device, workspace=workspace)
             self._plans[key] = plan
+        if _capturing():
+            self._captured.add(id(plan.workspace))
         return plan
+
+    def _drop_eager_workspaces(self, pool: list, larger) -> None:
+        """Drop from `pool` each workspace `larger` covers that no graph was captured with, and the plans that
+        hold it (they are made again, on `larger`, at their next call)."""
+        dropped = [w for w in pool if id(w) not in self._captured
+                   and w.max_rows <= larger.max_rows and w.max_len <= larger.max_len]
+        if not dropped:
+            return
+        gone = {id(w) for w in dropped}
+        pool[:] = [w for w in pool if id(w) not in gone]
+        for key in [k for k, p in self._plans.items() if k[0] == "dsa" and id(p.workspace) in gone]:
+            del self._plans[key]
 
     def mla(self, device, layout: str, batch: int, h: int, topk: int, *, bf16_kv: bool, page: int,
             lossy_bf16_dequant: bool = False, topk_extra: int = 0) -> ops.SparseMlaPlan:
         """The plan of one shape. The kernel is the launcher's choice (SparseMlaDecode.make_plan: one table for the
         plugin and every other caller), exact on SGLang's amax/448 scales unless the lossy opt-in is on. V4: `topk`
         window entries plus `topk_extra` compressed ones, `page` the smaller of the two sources' pages."""
-        stream = _stream_key(device)
-        key = ("mla", device.index, stream, layout, bf16_kv, batch, h, topk, topk_extra, page, lossy_bf16_dequant)
+        stream = (device.index, _stream_key(device))
+        key = ("mla", *stream, layout, bf16_kv, batch, h, topk, topk_extra, page, lossy_bf16_dequant)
         plan = self._plans.get(key)
         if plan is None:
             name = layout + ("_bf16" if bf16_kv else "")
