@@ -140,13 +140,57 @@ def test_the_runtime_carries_the_lossy_opt_in_from_the_environment(monkeypatch, 
 
 
 @pytest.mark.parametrize("value", [None, "sglang", "PDSERVE", "yes", ""])
-def test_anything_but_pdserve_only_reports_status(monkeypatch, registry, value):
+def test_anything_but_pdserve_only_reports_status(monkeypatch, registry, value, caplog):
     reg, _ = registry
     plugin = _fresh_plugin(monkeypatch, value)
-    runtime = plugin.load(reg)
+    with caplog.at_level(logging.WARNING, logger="pdserve_kernels"):
+        runtime = plugin.load(reg)
     assert [t for t, _, _ in reg.calls] == list(plugin.all_targets("sglang")) and runtime.requested == "sglang"
     # the status hooks only: V3.2's backend and, for an SGLang with V4, V4's
     assert [t.rpartition(".")[2] for t, _, _ in reg.calls] == ["__init__"] * len(reg.calls)
+    # a value that is neither switch (a typo) is named, with the fix
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    if value in ("PDSERVE", "yes"):
+        assert warned == [f"pdserve-kernels: PDSERVE_DSA_KERNELS={value!r} is neither 'pdserve' nor 'sglang': "
+                          "SGLang's kernels serve (set it to 'pdserve' for pdserve's)"]
+    else:
+        assert warned == []
+
+
+@pytest.mark.parametrize("value, lossy, warns", [("1", True, False), ("0", False, False), ("", False, False),
+                                                 ("true", False, True), ("yes", False, True)])
+def test_the_lossy_switch_is_exactly_1_and_a_typo_is_named(monkeypatch, caplog, value, lossy, warns):
+    import pdserve_kernels.sglang_plugin as plugin
+
+    monkeypatch.setenv(plugin.ENV_LOSSY, value)
+    with caplog.at_level(logging.WARNING, logger="pdserve_kernels"):
+        assert plugin.lossy_requested() is lossy
+    assert bool([r for r in caplog.records if "PDSERVE_DSA_LOSSY_BF16_DEQUANT" in r.getMessage()]) is warns
+
+
+def test_a_record_directory_that_cannot_be_made_names_the_variable(tmp_path):
+    from pdserve_kernels.sglang_plugin.record import Recorder
+
+    (tmp_path / "file").write_text("")
+    with pytest.raises(RuntimeError, match=r"PDSERVE_DSA_RECORD_DIR=.*cannot be made .*writable directory"):
+        Recorder(str(tmp_path / "file" / "records"))
+
+
+@pytest.mark.parametrize("model", ["v32", "v4"])
+def test_a_backend_the_plugin_cannot_read_keeps_sglangs_kernels_and_says_so(caplog, model):
+    """The status hook runs after SGLang built the backend; whatever fails there must not stop SGLang's server."""
+    from pdserve_kernels.sglang_plugin.hooks import Runtime
+
+    rt = Runtime("pdserve")
+    built = []
+    backend = types.SimpleNamespace(device="no-such-device")  # torch.device() refuses it
+    hooks = rt if model == "v32" else rt.v4
+    with caplog.at_level(logging.ERROR, logger="pdserve_kernels"):
+        hooks.backend_init(lambda b, mr: built.append(b), backend, types.SimpleNamespace())
+    assert built == [backend] and rt.kernels == {} and rt.v4.kernels == {}
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert line.startswith("pdserve-kernels: could not decide the kernels of SimpleNamespace (RuntimeError")
+    assert line.endswith("SGLang's kernels serve")
 
 
 def test_the_real_registry_wraps_a_target_and_the_original_still_runs(monkeypatch):
@@ -370,3 +414,88 @@ def test_the_recorders_fp32_reference_reads_sglangs_packed_bf16_pool():
         k = kv[sel, 0].float()
         p = torch.softmax(q[r].float() @ k.T * 0.1, dim=-1)
         assert torch.allclose(o[r], p @ k[:, :512], atol=1e-5)
+
+
+# ---- plans and workspaces (stand-ins for the GPU's launcher and buffers) ----
+
+class _Workspace:
+    """ops.DsaWorkspace's sizes and fits(), without device memory."""
+
+    def __init__(self, max_rows, max_len, device=None):
+        from pdserve_kernels.dsa_indexer import SELECT_CHUNK, STATE_INTS_PER_ROW
+
+        self.max_rows, self.max_len = max_rows, max(1, max_len)
+        self.state_ints = max_rows * STATE_INTS_PER_ROW
+        self.scratch_ints = max_rows * -(-self.max_len // SELECT_CHUNK) * SELECT_CHUNK * 3
+
+    def fits(self, plan):
+        return plan.state_ints <= self.state_ints and plan.scratch_ints <= self.scratch_ints
+
+
+class _IndexerPlan:
+    def __init__(self, batch, next_n, topk, max_len, *, device=None, workspace=None, max_blocks=None):
+        assert max_blocks is None  # the op clamps to each call's table
+        self.batch, self.max_len, self.workspace = batch, max_len, workspace
+
+
+@pytest.fixture
+def plan_cache(monkeypatch):
+    from pdserve_kernels import ops
+    from pdserve_kernels.dsa_indexer import plan_dsa
+    from pdserve_kernels.sglang_plugin import plans
+
+    launcher = types.SimpleNamespace(plan=lambda b, n, k, m, **kw: plan_dsa(b, n, k, m, 132, **kw))
+    monkeypatch.setattr(ops, "indexer_for", lambda device=None: launcher)
+    monkeypatch.setattr(ops, "DsaWorkspace", _Workspace)
+    monkeypatch.setattr(ops, "DsaIndexerPlan", _IndexerPlan)
+    monkeypatch.setattr(plans, "_stream_key", lambda device: 7)
+    capturing = {"now": False}
+    monkeypatch.setattr(plans, "_capturing", lambda: capturing["now"])
+    return plans.PlanCache(), capturing
+
+
+def test_length_buckets_are_at_most_a_quarter_over_and_few():
+    from pdserve_kernels.sglang_plugin.plans import len_bucket
+
+    buckets = {len_bucket(n) for n in range(1, 200_001)}
+    assert len(buckets) <= 4 * 6 + 4  # 4096 .. 262144: four per doubling
+    for n in (1, 4096, 4097, 16384, 16385, 65537, 163840, 163841):
+        b = len_bucket(n)
+        assert n <= b <= max(-(-n // 4096) * 4096, 1.25 * n) and b % 4096 == 0, (n, b)
+
+
+def test_eager_decode_with_growing_contexts_makes_few_plans_and_keeps_one_workspace(plan_cache):
+    cache, _ = plan_cache
+    device = torch.device("cuda", 0)
+    for length in range(2000, 70_000, 7):  # one token a step for ~10 000 steps, batch 200 (past any graph)
+        plan = cache.indexer(device, 200, 2048, length, -(-length // 64))
+        assert plan.max_len >= length
+    assert len(cache) <= 20
+    (pool,) = cache._dsa_workspaces.values()
+    assert len(pool) == 1 and pool[0].max_len >= 70_000
+    # every plan left holds the one live workspace
+    assert all(p.workspace is pool[0] for p in cache._plans.values())
+
+
+def test_a_workspace_a_graph_was_captured_with_stays(plan_cache):
+    cache, capturing = plan_cache
+    device = torch.device("cuda", 0)
+    capturing["now"] = True
+    captured = cache.indexer(device, 8, 2048, 65536, 1024)  # the graph of batch 8, the context bound
+    capturing["now"] = False
+    grown = cache.indexer(device, 512, 2048, 100_000, 1563)  # a larger eager batch: a larger workspace
+    assert grown.workspace is not captured.workspace
+    assert cache.indexer(device, 8, 2048, 65536, 1024) is captured  # the captured plan and its workspace stay
+    (pool,) = cache._dsa_workspaces.values()
+    assert captured.workspace in pool and grown.workspace in pool
+    # a third, larger eager workspace replaces the eager one only
+    larger = cache.indexer(device, 1024, 2048, 131072, 2048)
+    assert pool == [captured.workspace, larger.workspace]
+    assert cache.indexer(device, 512, 2048, 100_000, 1563).workspace is larger.workspace  # made again on it
+
+
+def test_workspaces_are_per_device_and_stream(plan_cache):
+    cache, _ = plan_cache
+    a = cache.indexer(torch.device("cuda", 0), 8, 2048, 8192, 128)
+    b = cache.indexer(torch.device("cuda", 1), 8, 2048, 8192, 128)  # the legacy stream is handle 0 on each GPU
+    assert a.workspace is not b.workspace and len(cache._dsa_workspaces) == 2

@@ -23,7 +23,7 @@ import importlib.util
 import operator
 import os
 
-from .status import PDSERVE, SGLANG
+from .status import PDSERVE, SGLANG, _ensure_handler, logger
 from .v4_hooks import sglang_generation
 from .v4_hooks import targets as v4_targets
 
@@ -47,13 +47,25 @@ _runtime = None
 
 
 def requested() -> str:
+    """pdserve's kernels only for exactly "pdserve"; any other value keeps SGLang's, and one that is neither
+    "pdserve" nor "sglang" (a typo) says so in the log."""
     value = os.environ.get(ENV_SWITCH, SGLANG).strip()
+    if value not in (PDSERVE, SGLANG, ""):
+        _ensure_handler()
+        logger.warning("pdserve-kernels: %s=%r is neither %r nor %r: SGLang's kernels serve (set it to %r for "
+                       "pdserve's)", ENV_SWITCH, value, PDSERVE, SGLANG, PDSERVE)
     return PDSERVE if value == PDSERVE else SGLANG
 
 
 def lossy_requested() -> bool:
-    """Whether the environment opts into the lossy sparse MLA kernels: exactly "1" (anything else keeps them off)."""
-    return os.environ.get(ENV_LOSSY, "").strip() == "1"
+    """Whether the environment opts into the lossy sparse MLA kernels: exactly "1"; "0" or unset keeps them off, and
+    any other value keeps them off and says so in the log."""
+    value = os.environ.get(ENV_LOSSY, "").strip()
+    if value not in ("", "0", "1"):
+        _ensure_handler()
+        logger.warning("pdserve-kernels: %s=%r is neither '1' nor '0': the exact kernels serve (set it to '1' for "
+                       "the lossy ones)", ENV_LOSSY, value)
+    return value == "1"
 
 
 def load(registry=None):

@@ -28,7 +28,7 @@ from importlib import metadata as importlib_metadata
 from . import decide as decision
 from .plans import PlanCache
 from .record import Recorder
-from .status import PDSERVE, FallbackLog, RanLog, Status, all_sglang, log_status
+from .status import PDSERVE, FallbackLog, RanLog, Status, all_sglang, guarded_on_backend, log_status
 from .v4_hooks import V4Hooks
 
 PAGE = decision.PAGE
@@ -111,7 +111,7 @@ class Runtime:
     # ---- the hooks (installed by sglang_plugin.load) ----
     def backend_init(self, original, backend, model_runner, *args, **kwargs):
         original(backend, model_runner, *args, **kwargs)
-        self.on_backend(backend, model_runner)
+        guarded_on_backend(self.on_backend, backend, model_runner)
 
     def forward_decode(self, original, *args, **kwargs):
         self._decode.depth = getattr(self._decode, "depth", 0) + 1

@@ -23,7 +23,11 @@ EXACT_ROWS = 4  # rows per call checked against the fp32 reference (it gathers t
 
 class Recorder:
     def __init__(self, directory: str) -> None:
-        os.makedirs(directory, exist_ok=True)
+        try:
+            os.makedirs(directory, exist_ok=True)
+        except OSError as e:
+            raise RuntimeError(f"PDSERVE_DSA_RECORD_DIR={directory!r} cannot be made ({e.strerror}): point it at a "
+                               "writable directory, or unset it (it is for the GPU tier's tests)") from e
         self.path = os.path.join(directory, f"records-{os.getpid()}.jsonl")
         self._lock = threading.Lock()
         self._calls: dict[tuple[str, int], int] = {}

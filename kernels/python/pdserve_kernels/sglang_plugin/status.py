@@ -113,3 +113,15 @@ class RanLog:
         _ensure_handler()
         logger.info("%s%s", RAN_PREFIX, json.dumps({"op": op, "shape": shape}, sort_keys=True))
         return True
+
+
+def guarded_on_backend(on_backend, backend, model_runner) -> None:
+    """`on_backend(backend, model_runner)` (decide and log the status) after SGLang built the backend; a failure there
+    must not stop SGLang's server: it is logged, the backend keeps SGLang's kernels (nothing was decided for it),
+    and `pdserve verify` then finds no status line for it."""
+    try:
+        on_backend(backend, model_runner)
+    except Exception as e:  # noqa: BLE001 - any failure leaves SGLang's own kernels serving
+        _ensure_handler()
+        logger.error("pdserve-kernels: could not decide the kernels of %s (%s: %s); SGLang's kernels serve",
+                     type(backend).__name__, type(e).__name__, e)

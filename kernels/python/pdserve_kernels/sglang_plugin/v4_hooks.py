@@ -35,7 +35,7 @@ import threading
 from dataclasses import dataclass
 
 from . import decide as decision
-from .status import PDSERVE, Status, all_sglang, log_status
+from .status import PDSERVE, Status, all_sglang, guarded_on_backend, log_status
 
 V4_BACKEND = "sglang.srt.layers.attention.deepseek_v4_backend.DeepseekV4AttnBackend"
 V4_INDEXER = "sglang.srt.layers.attention.dsv4.indexer"
@@ -149,7 +149,7 @@ class V4Hooks:
     # ---- the hooks ----
     def backend_init(self, original, backend, model_runner, *args, **kwargs):
         original(backend, model_runner, *args, **kwargs)
-        self.on_backend(backend, model_runner)
+        guarded_on_backend(self.on_backend, backend, model_runner)
 
     def forward(self, original, backend, q, k, v, layer, forward_batch, *args, **kwargs):
         previous = getattr(self._local, "forward", None)
