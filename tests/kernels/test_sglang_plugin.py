@@ -9,6 +9,7 @@ import json
 import logging
 import math
 import pathlib
+import sys
 import tomllib
 import types
 from typing import ClassVar
@@ -342,6 +343,93 @@ def test_bf16_mla_with_an_attention_sink_falls_back():
                                                 v_head_dim=512, page_table_1=None, sm_scale=0.1,
                                                 attn_sink=torch.zeros(64)))
     assert out == "sglang" and any("attn_sink" in reason for _, reason in rt.fallbacks.seen())
+
+
+# ---- the serving paths, with the plans stood in (no GPU: what the hooks hand the ops, and what SGLang gets back) ----
+
+class _Plans:
+    """Stands in for PlanCache.indexer / .mla: records what was asked and each call's inputs."""
+
+    def __init__(self, picks=None):
+        self.asked, self.calls, self.picks = [], [], picks
+
+    def indexer(self, device, batch, topk, max_len, max_blocks):
+        self.asked.append(dict(batch=batch, topk=topk, max_len=max_len, max_blocks=max_blocks))
+        return lambda *inputs: self.calls.append(inputs) or self.picks
+
+    def mla(self, device, layout, rows, h, topk, **kw):
+        self.asked.append(dict(layout=layout, rows=rows, h=h, topk=topk, **kw))
+
+        def run(q, cache, indices, sm_scale):
+            self.calls.append(dict(q=q, cache=cache, indices=indices, sm_scale=sm_scale))
+            return torch.full((*q.shape[:-1], 512), 0.5), None
+        return run
+
+
+@pytest.mark.parametrize("weights_3d", [False, True])
+def test_a_served_indexer_call_maps_the_picks_to_slots_and_pads_sglangs_extra_rows(monkeypatch, weights_3d):
+    rt = _runtime()
+    picks = torch.tensor([[0, 70, -1], [5, -1, -1]], dtype=torch.int32)  # positions within each request
+    plans = _Plans(picks)
+    monkeypatch.setattr(rt, "plans", plans)
+    table = torch.tensor([[3, 9], [4, 1]], dtype=torch.int32)
+    cache = torch.zeros(10, 64 * 132, dtype=torch.uint8)  # SGLang's index buffer: a page per row
+    module = types.ModuleType("fake_sglang_indexer")
+    module.get_token_to_kv_pool = lambda: "pool"
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    indexer = type("Indexer", (), {"__module__": module.__name__, "num_init_tokens": 0, "num_local_tokens": 0,
+                                   "index_topk": 3, "_get_index_k_read_buffer": lambda self, pool, layer: cache})()
+    lengths = torch.tensor([100, 6], dtype=torch.int32)
+    metadata = types.SimpleNamespace(force_unfused_topk=False, get_seqlens_int32=lambda: lengths,
+                                     get_page_table_64=lambda: table)
+    q = torch.zeros(3, 64, 128, dtype=torch.float8_e4m3fn)  # 3 rows: SGLang padded one (graph padding)
+    weights = torch.arange(3 * 64, dtype=torch.float32).view(3, 64, *((1,) if weights_3d else ()))
+    out = rt.indexer_topk(lambda *a: pytest.fail("SGLang's top-k ran"), indexer,
+                          types.SimpleNamespace(forward_mode=_Mode(True)), 5, q, weights, metadata)
+    assert plans.asked == [dict(batch=2, topk=3, max_len=128, max_blocks=2)]
+    (call,) = plans.calls
+    q_in, gates, cache_in, lengths_in, table_in = call
+    assert q_in.shape == (2, 1, 64, 128) and torch.equal(gates, weights.view(3, 64)[:2])
+    assert cache_in.shape == (10, 64, 1, 132) and cache_in.data_ptr() == cache.data_ptr()
+    assert lengths_in is lengths and table_in is table
+    # block_table[b][p // 64] * 64 + p % 64; -1 stays -1; the padded row selects nothing
+    assert out.tolist() == [[3 * 64, 9 * 64 + 6, -1], [4 * 64 + 5, -1, -1], [-1, -1, -1]]
+    assert not rt.fallbacks.seen() and "indexer_topk" in rt.ran._ran
+
+
+@pytest.mark.parametrize("page_attribute", ["real_page_size", "physical_page_size"])  # SGLang 0.5.17, 0.5.23
+def test_a_served_fp8_mla_call_views_sglangs_cache_by_its_page_size(monkeypatch, page_attribute):
+    rt = _runtime()
+    plans = _Plans()
+    monkeypatch.setattr(rt, "plans", plans)
+    backend = types.SimpleNamespace(kv_cache_dim=656, **{page_attribute: 64})
+    layer = types.SimpleNamespace(tp_q_head_num=16, head_dim=576, layer_id=0)
+    kv = torch.zeros(3 * 64, 1, 656, dtype=torch.uint8)   # SGLang's pool: a token per row
+    table = torch.zeros(2, 2048, dtype=torch.int32)
+    out = rt.forward_decode(lambda: rt.mla_fp8(lambda backend, **kw: pytest.fail("FlashMLA ran"), backend,
+                                               q_all=torch.zeros(2, 16 * 576, dtype=torch.bfloat16), kv_cache=kv,
+                                               v_head_dim=512, sm_scale=0.1, layer=layer, metadata=None,
+                                               page_table_1=table))
+    assert plans.asked == [dict(layout="v32", rows=2, h=16, topk=2048, bf16_kv=False, page=64,
+                                lossy_bf16_dequant=False)]
+    (call,) = plans.calls
+    assert call["q"].shape == (2, 1, 16, 576) and call["cache"].shape == (3, 64, 1, 656)
+    assert call["indices"].shape == (2, 1, 2048) and call["sm_scale"] == 0.1
+    assert out.shape == (2, 1, 16, 512) and not rt.fallbacks.seen()
+
+
+def test_a_served_bf16_mla_call_takes_sglangs_flat_pool(monkeypatch):
+    rt = _runtime()
+    plans = _Plans()
+    monkeypatch.setattr(rt, "plans", plans)
+    kv = torch.zeros(500, 1, 576, dtype=torch.bfloat16)
+    out = rt.forward_decode(lambda: rt.mla_bf16(lambda backend, **kw: pytest.fail("FlashMLA ran"), object(),
+                                                q_all=torch.zeros(4, 32, 576, dtype=torch.bfloat16), kv_cache=kv,
+                                                v_head_dim=512, page_table_1=torch.zeros(4, 2048, dtype=torch.int32),
+                                                sm_scale=0.2))
+    assert plans.asked == [dict(layout="v32", rows=4, h=32, topk=2048, bf16_kv=True, page=1,
+                                lossy_bf16_dequant=False)]
+    assert plans.calls[0]["cache"] is kv and out.shape == (4, 32, 512)
 
 
 # ---- the slot mapping and the recorder's arithmetic ----
