@@ -49,6 +49,7 @@ def test_bf16_cache_with_flashmla_sparse_is_served():
     (dict(page_size=256), {"indexer_topk", "sparse_mla_decode"}, "page size 256"),
     (dict(modules_error="RuntimeError: no fatbin"), {"indexer_topk", "sparse_mla_decode"}, "no fatbin"),
     (dict(fused_topk=False), {"indexer_topk"}, "fused top-k is off"),
+    (dict(fused_topk=False, index_topk=0), {"indexer_topk"}, "does not produce; index_topk 0 is not"),  # both said
     (dict(decode_impl="fa3"), {"sparse_mla_decode"}, "'fa3' is not replaced"),
     (dict(kv_store_fp8=False), {"sparse_mla_decode"}, "bf16 cache"),
     (dict(kv_cache_dim=584), {"sparse_mla_decode"}, "584"),

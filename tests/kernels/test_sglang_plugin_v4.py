@@ -657,7 +657,7 @@ def test_the_v2_top_k_given_pdserves_scores_writes_slots_in_place_and_skips_sgla
     table = torch.randperm(400, generator=g)[:2 * 33].view(2, 33).to(torch.int32)
     positions = torch.randint(0, 33 * 64, (2, 512), generator=g, dtype=torch.int32)
     positions[1, 200:] = -1
-    call = _Indexer(backend=None)
+    call = _Indexer()
     call.positions, call.scores = positions, v4_hooks.placeholder_scores(positions, 33 * 64)
     rt.v4._local.indexer = call
     out = torch.full((2, 512), 7, dtype=torch.int32)
@@ -679,7 +679,7 @@ def test_raw_indices_asked_for_leave_the_top_k_to_sglang_on_pdserves_scores():
 
     rt = _runtime()
     positions = torch.tensor([[3, 1, -1, -1]], dtype=torch.int32)
-    call = _Indexer(backend=None)
+    call = _Indexer()
     call.positions, call.scores = positions, v4_hooks.placeholder_scores(positions, 8)
     rt.v4._local.indexer = call
     ran = []
@@ -733,7 +733,7 @@ def test_with_a_recorder_each_eager_decode_call_is_compared_with_sglangs(monkeyp
     # the indexer: SGLang's logits + top-k on the same inputs, compared as sets
     table = torch.arange(8, dtype=torch.int32).view(2, 4)
     positions = torch.tensor([[0, 5, 9, -1], [3, 1, -1, -1]], dtype=torch.int32)
-    call = _Indexer(backend=None, layer_id=3)
+    call = _Indexer(layer_id=3)
     call.positions, call.scores = positions, v4_hooks.placeholder_scores(positions, 256)
     call.sglang_logits = lambda: "sglang logits"
     rt.v4._local.indexer = call

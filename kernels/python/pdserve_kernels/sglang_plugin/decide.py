@@ -39,11 +39,14 @@ def decide(facts: BackendFacts) -> tuple[dict[str, str], dict[str, str]]:
     if common:
         reasons = dict.fromkeys(OPS, common)
     else:
+        indexer = []
         if not facts.fused_topk:
-            reasons["indexer_topk"] = ("SGLang's fused top-k is off (SGLANG_DSA_FUSE_TOPK=0, or IndexShare under PD): "
-                                       "attention then expects raw positions, which this plugin does not produce")
+            indexer.append("SGLang's fused top-k is off (SGLANG_DSA_FUSE_TOPK=0, or IndexShare under PD): attention "
+                           "then expects raw positions, which this plugin does not produce")
         if facts.index_topk < 1:
-            reasons["indexer_topk"] = f"index_topk {facts.index_topk} is not a positive top-k"
+            indexer.append(f"index_topk {facts.index_topk} is not a positive top-k")
+        if indexer:
+            reasons["indexer_topk"] = "; ".join(indexer)
         mla = _mla_reason(facts)
         if mla:
             reasons["sparse_mla_decode"] = mla

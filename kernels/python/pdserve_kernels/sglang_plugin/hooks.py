@@ -15,8 +15,9 @@ the backend attributes the status reads against both versions' sources: the page
   opted into the lossy path ($PDSERVE_DSA_LOSSY_BF16_DEQUANT=1, Runtime.lossy_bf16_dequant).
 * DeepSeek V4 (DeepseekV4AttnBackend, SGLang's dsv4 backend): v4_hooks.py, as Runtime.v4.
 
-Nothing here syncs the host or allocates but the ops' outputs (and a plan's workspace, once per shape), so
-the hooks run inside SGLang's decode CUDA graphs.
+Nothing here syncs the host, and what is allocated per call (the ops' outputs, the slot mapping's intermediates,
+the padding rows) comes from the stream's allocator, or the graph's pool under capture; a plan's workspace is
+made once per shape. So the hooks run inside SGLang's decode CUDA graphs.
 """
 
 from __future__ import annotations

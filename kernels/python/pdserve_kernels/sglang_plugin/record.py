@@ -75,6 +75,8 @@ class Recorder:
     def attention(self, layer: int, variant: str, ours, reference, exact=None) -> None:
         """ours / reference: bf16 outputs of the same shape [rows, (1,) h, 512]; exact: the fp32 reference of
         the first rows ([n, h, 512]), or None."""
+        import torch
+
         o, r = ours.float().flatten(1), reference.float().flatten(1)
         diff = (o - r)
         rows_live = r.abs().amax(1) > 0
@@ -91,11 +93,6 @@ class Recorder:
             "rel_l2": float(diff.norm() / r.norm().clamp_min(1e-30)),
             "rel_l2_worst_row": float(row_err[rows_live].max()) if bool(rows_live.any()) else 0.0,
             "max_abs": float(diff.abs().max()) if o.numel() else 0.0,
-            "nonfinite": int((~torch_isfinite(o)).sum()),
+            "nonfinite": int((~torch.isfinite(o)).sum()),
         })
 
-
-def torch_isfinite(t):
-    import torch
-
-    return torch.isfinite(t)

@@ -1,6 +1,7 @@
-"""What the plugin says about itself: one status line per SGLang scheduler process, and one line per distinct
-run-time fallback. Both are one line of text, a fixed prefix and a JSON object, so that `pdserve verify`
-can read them back from the server's journal (pdserve parses them; this module is their only writer).
+"""What the plugin says about itself: one status line per attention backend SGLang builds (one per scheduler
+process, more where speculative decoding builds draft backends), and one line per distinct run-time fallback.
+Both are one line of text, a fixed prefix and a JSON object, so that `pdserve verify` can read them back from
+the server's journal (pdserve parses them; this module is their only writer).
 
     pdserve-kernels status: {"requested": "pdserve", "kernels": {"indexer_topk": "pdserve", ...}, ...}
     pdserve-kernels fallback: {"op": "sparse_mla_decode", "reason": "...", "shape": "..."}

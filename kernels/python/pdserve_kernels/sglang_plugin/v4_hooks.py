@@ -100,7 +100,6 @@ class _Forward:
 class _Indexer:
     """The forward_c4_indexer call in progress on this thread, and the picks of its last logits call."""
 
-    backend: object
     layer_id: int = -1
     scores: object = None     # the placeholder scores handed to SGLang
     positions: object = None  # pdserve's picks for them: int32 [rows, topk], positions in the compressed sequence
@@ -222,7 +221,7 @@ class V4Hooks:
             return original(backend, *args, **kwargs)
         previous = getattr(self._local, "indexer", None)
         c4 = kwargs.get("c4_indexer", args[2] if len(args) > 2 else None)
-        self._local.indexer = _Indexer(backend, layer_id=int(getattr(c4, "layer_id", -1)))
+        self._local.indexer = _Indexer(layer_id=int(getattr(c4, "layer_id", -1)))
         try:
             return original(backend, *args, **kwargs)
         finally:
