@@ -6,6 +6,7 @@ error (SGLang 0.5.17's http_server.py sends `data: {"error": ...}` then `data: [
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -15,11 +16,11 @@ import pytest
 from tests.gpu.dsa import client
 
 
-def _serve(handler_body):
+def _serve(handler_body, protocol: str = "HTTP/1.0"):
     """A local HTTP server whose POST handler is `handler_body(handler)`; returns (server, base url)."""
 
     class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.0"
+        protocol_version = protocol
 
         def log_message(self, *a):
             pass
@@ -54,8 +55,8 @@ def _answer(status: int, body: bytes, drip_s: float = 0.0, headers: dict | None 
 def serve():
     servers = []
 
-    def start(handler_body):
-        httpd, url = _serve(handler_body)
+    def start(handler_body, protocol: str = "HTTP/1.0"):
+        httpd, url = _serve(handler_body, protocol)
         servers.append(httpd)
         return url
 
@@ -159,3 +160,61 @@ def test_concurrent_streams_name_the_one_that_failed(serve):
     caught = _bounded(lambda: client.concurrent_timelines(url, [[5], [6]], max_new_tokens=2, timeout=2), 15.0,
                       RuntimeError)
     assert "1 of 2 streams failed" in str(caught) and "without [DONE]" in str(caught)
+
+
+# --- a server that stops answering mid-way: the exchange's thread must end too -------------------------
+
+
+def _exchange_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "pdserve-exchange"]
+
+
+def _hangs_after_one_chunk(chunked: bool):
+    """HTTP/1.1 (the connection stays open): a first piece of the answer, then silence for longer than any test."""
+    def handle(h):
+        h.send_response(200)
+        h.send_header("Transfer-Encoding", "chunked") if chunked else h.send_header("Content-Length", "100000")
+        h.end_headers()
+        piece = _chunk(1)
+        h.wfile.write((b"%x\r\n" % len(piece) + piece + b"\r\n") if chunked else piece)
+        h.wfile.flush()
+        time.sleep(20)
+    return handle
+
+
+@pytest.mark.parametrize("call", ["stream", "post_json"])
+def test_the_exchange_is_hung_up_at_the_deadline(serve, call):
+    url = serve(_hangs_after_one_chunk(chunked=call == "stream"), protocol="HTTP/1.1")
+    if call == "stream":
+        exchange = lambda: client.stream_timeline(url, [5], max_new_tokens=2, timeout=1.5)  # noqa: E731
+    else:
+        exchange = lambda: client.post_json(url + "/generate", {}, timeout=1.5)  # noqa: E731
+    _bounded(exchange, 3.0, TimeoutError)
+    # The connection was closed, so the thread reading it ends now, not when the server gives up (20 s).
+    deadline = time.monotonic() + 3.0
+    while _exchange_threads() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _exchange_threads()
+
+
+# --- logprobs SGLang could not write as numbers ---------------------------------------------------------
+
+
+def test_null_logprobs_from_sglangs_json_are_nan_and_fail_the_verdict():
+    """SGLang serializes with orjson, which writes NaN and +-inf as null."""
+    from tests.gpu.dsa import diff, verdict
+
+    def result(lp: str) -> dict:
+        raw = ('{"output_ids": [7, 8], "meta_info": {"output_token_logprobs": [[-0.1, 7, null], [LP, 8, null]], '
+               '"output_top_logprobs": [[[-0.1, 7, null]], [[LP, 8, null]]]}}').replace("LP", lp)
+        return client.parse_result(json.loads(raw))
+
+    ok, bad = result("-0.2"), result("null")
+    assert ok["logprobs"] == [-0.1, -0.2]
+    assert math.isnan(bad["logprobs"][1]) and math.isnan(bad["top_logprobs"][1][0][1])
+    run = lambda r: {"compare": {"seed": 0, "prompt_lens": [9], "max_new_tokens": 2,  # noqa: E731
+                                 "sets": {"sequential": [r]}}}
+    compared = diff.compare_runs(run(ok), run(bad))
+    assert compared["rows"][0]["nonfinite_logprobs"] == 2
+    (fail,) = verdict.diff_failures(compared)
+    assert "2 logprobs are NaN or infinite" in fail

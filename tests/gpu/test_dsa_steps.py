@@ -122,12 +122,12 @@ def test_the_plugin_on_server_must_run_every_op_its_status_gave_pdserve():
 def test_failed_rounds_and_a_plugin_off_server_on_pdserve_are_problems():
     rounds = [{"round": 0, "kernels": "sglang", "ms_per_step": 2.4}, {"round": 0, "kernels": "pdserve",
                                                                        "ms_per_step": 2.5},
-              {"round": 1, "kernels": "pdserve", "error": "TimeoutError('stream')"},
+              {"round": 1, "kernels": "pdserve", "error": "every stream needs at least two chunks"},
               {"round": 1, "kernels": "sglang", "ms_per_step": 2.4}]
     point = {"batch": 8, "context": 16384, "rounds": rounds, "summary": steps.summarize_point(rounds)}
     assert "error" not in point["summary"]  # the medians stand on the rounds left ...
     assert steps.point_problems([point]) == [  # ... and the run says so
-        "B=8 C=16384: 1 of 4 rounds failed (first: round 1 pdserve: TimeoutError('stream'))"]
+        "B=8 C=16384: 1 of 4 rounds failed (first: round 1 pdserve: every stream needs at least two chunks)"]
     assert steps.point_problems([{**point, "rounds": rounds[:2]}]) == []
     assert steps.point_problems([{"batch": 1, "context": 16384}]) == ["B=1 C=16384: not measured"]
     from tests.gpu.dsa import verdict

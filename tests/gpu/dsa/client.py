@@ -7,12 +7,14 @@ against misbehaving servers, the pure parts (prompts, parse_result, decode_figur
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
+import math
 import random
+import socket
 import threading
 import time
-import urllib.request
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -46,7 +48,7 @@ def within(timeout: float, what: str, exchange, on_timeout=None):
         except Exception as exc:  # noqa: BLE001 - raised again in the caller's thread
             outcome["error"] = exc
 
-    worker = threading.Thread(target=run, daemon=True)
+    worker = threading.Thread(target=run, name="pdserve-exchange", daemon=True)
     worker.start()
     worker.join(timeout)
     if worker.is_alive():
@@ -58,19 +60,45 @@ def within(timeout: float, what: str, exchange, on_timeout=None):
     return outcome["value"]
 
 
+def _hang_up(sockets: dict) -> None:
+    """Shut the exchange's socket down from the caller's thread: the worker's blocked read returns at once (closing
+    the connection would not do it while a response still holds the socket, nor while a read holds its buffer)."""
+    sock = sockets.get("sock")
+    if sock is not None:
+        with contextlib.suppress(OSError):  # already closed: nothing left to hang up
+            sock.shutdown(socket.SHUT_RDWR)
+
+
+def _connection(url: str, timeout: float) -> tuple[http.client.HTTPConnection, str]:
+    parts = urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise ValueError(f"{url!r}: the tier's servers answer plain http://host:port URLs")
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout), path
+
+
 def _post(url: str, payload: dict, timeout: float, limit: int) -> bytes:
     """POST JSON; the body of a 2xx answer, at most `limit` bytes (more raises), the whole exchange within
-    `timeout`. An HTTP error status or a redirect raises (urllib follows a redirect only to fail at its target)."""
+    `timeout`, after which the connection is shut down (SGLang aborts a request whose client went away). Any other
+    status, a redirect included, raises."""
+    conn, path = _connection(url, timeout)
+    sockets: dict = {}
+
     def exchange() -> bytes:
-        request = urllib.request.Request(url, data=json.dumps(payload).encode(), method="POST",
-                                         headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=timeout) as reply:
-            body = reply.read(limit + 1)
+        conn.request("POST", path, body=json.dumps(payload).encode(), headers={"Content-Type": "application/json"})
+        sockets["sock"] = conn.sock
+        reply = conn.getresponse()
+        if not 200 <= reply.status < 300:
+            raise RuntimeError(f"{url} answered HTTP {reply.status}: {reply.read(500)!r}")
+        body = reply.read(limit + 1)
         if len(body) > limit:
             raise ValueError(f"{url} answered more than {limit} bytes")
         return body
 
-    return within(timeout, url, exchange)
+    try:
+        return within(timeout, url, exchange, on_timeout=lambda: _hang_up(sockets))
+    finally:
+        conn.close()
 
 
 def post_json(url: str, payload: dict, timeout: float):
@@ -106,10 +134,10 @@ def parse_result(out: dict) -> dict:
     ids = list(out.get("output_ids") or [t[1] for t in chosen])
     if [t[1] for t in chosen] != ids:
         raise ValueError("output_ids and output_token_logprobs disagree on the tokens")
-    top = [[[t[1], t[0]] for t in (position or [])] for position in (meta.get("output_top_logprobs") or [])]
+    top = [[[t[1], _logprob(t[0])] for t in (position or [])] for position in (meta.get("output_top_logprobs") or [])]
     return {
         "output_ids": ids,
-        "logprobs": [t[0] for t in chosen],
+        "logprobs": [_logprob(t[0]) for t in chosen],
         "top_logprobs": top,  # per position: [[token_id, logprob], ...]
         "prompt_tokens": meta.get("prompt_tokens"),
         "completion_tokens": meta.get("completion_tokens"),
@@ -117,19 +145,26 @@ def parse_result(out: dict) -> dict:
     }
 
 
+def _logprob(value) -> float:
+    """A logprob as SGLang's JSON carries it: orjson writes NaN and +-inf as null, which comes back as NaN here so
+    that the verdict's non-finite check sees it (diff.py counts them)."""
+    return math.nan if value is None else float(value)
+
+
 def stream_timeline(base_url: str, input_ids: list[int], *, max_new_tokens: int, timeout: float,
                     start: threading.Event | None = None) -> list[tuple[float, int]]:
     """Stream one greedy request; (time.perf_counter(), completion tokens so far) per chunk received. `timeout`
     bounds the whole stream (waiting for `start` included), each event line at most MAX_STREAM_LINE bytes."""
-    parts = urlsplit(base_url)
-    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
+    conn, _ = _connection(base_url, timeout)
     body = json.dumps({"input_ids": input_ids, "sampling_params": greedy(max_new_tokens), "stream": True})
+    sockets: dict = {}
 
     def exchange() -> list[tuple[float, int]]:
         timeline: list[tuple[float, int]] = []
         if start is not None:
             start.wait(timeout)
         conn.request("POST", "/generate", body=body, headers={"Content-Type": "application/json"})
+        sockets["sock"] = conn.sock
         reply = conn.getresponse()
         if reply.status != 200:
             raise RuntimeError(f"/generate stream answered HTTP {reply.status}: {reply.read(500)!r}")
@@ -151,7 +186,7 @@ def stream_timeline(base_url: str, input_ids: list[int], *, max_new_tokens: int,
             timeline.append((time.perf_counter(), int(chunk["meta_info"]["completion_tokens"])))
 
     try:
-        return within(timeout, f"{base_url}/generate stream", exchange, on_timeout=conn.close)
+        return within(timeout, f"{base_url}/generate stream", exchange, on_timeout=lambda: _hang_up(sockets))
     finally:
         conn.close()
 

@@ -62,8 +62,9 @@ class PlanCache:
             pool = self._dsa_workspaces.setdefault(stream, [])
             workspace = next((w for w in pool if w.fits(shape)), None)
             if workspace is None:
+                # Dropped first, so that the allocator can give their memory to the new one.
+                self._drop_eager_workspaces(pool, shape.rows, shape.max_len)
                 workspace = ops.DsaWorkspace(shape.rows, shape.max_len, device)
-                self._drop_eager_workspaces(pool, workspace)
                 pool.append(workspace)
             plan = ops.DsaIndexerPlan(batch, 1, topk, bound, device=device, workspace=workspace)
             self._plans[key] = plan
@@ -71,11 +72,10 @@ class PlanCache:
             self._captured.add(id(plan.workspace))
         return plan
 
-    def _drop_eager_workspaces(self, pool: list, larger) -> None:
-        """Drop from `pool` each workspace `larger` covers that no graph was captured with, and the plans that
-        hold it (they are made again, on `larger`, at their next call)."""
-        dropped = [w for w in pool if id(w) not in self._captured
-                   and w.max_rows <= larger.max_rows and w.max_len <= larger.max_len]
+    def _drop_eager_workspaces(self, pool: list, rows: int, max_len: int) -> None:
+        """Drop from `pool` each workspace that a new one of `rows` x `max_len` covers and no graph was captured
+        with, and the plans that hold it (they are made again, on the new one, at their next call)."""
+        dropped = [w for w in pool if id(w) not in self._captured and w.max_rows <= rows and w.max_len <= max_len]
         if not dropped:
             return
         gone = {id(w) for w in dropped}
