@@ -110,9 +110,13 @@ def test_bench_sends_the_clients_requests_through_the_keyed_router_and_reports_e
 def test_an_interrupted_run_keeps_what_it_measured_and_leaves_no_client(bench_cluster):
     _, directory, client = bench_cluster
     history = directory / "interrupted.jsonl"
+    # Ctrl-C as a terminal sends it: SIGINT at its default, which a test run started in the background of a
+    # non-interactive shell (`cmd &`) would otherwise pass down ignored, and then Python never raises
+    # KeyboardInterrupt (seen 2026-12-07: the run went on to its end and exited 0).
     proc = subprocess.Popen(bench_argv(directory, client, "--workload", "long", "--json", "--history", str(history)),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": PKG})
+                            env={**os.environ, "PYTHONPATH": PKG},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + RUN_TIMEOUT
         for line in proc.stderr:  # wait until the second point runs (its 40 prompts at 2 req/s take 20 s)
