@@ -68,7 +68,7 @@ class PlanCache:
                 pool.append(workspace)
             plan = ops.DsaIndexerPlan(batch, 1, topk, bound, device=device, workspace=workspace)
             self._plans[key] = plan
-        if _capturing():
+        if id(plan.workspace) not in self._captured and _capturing():  # asked once per workspace once captured
             self._captured.add(id(plan.workspace))
         return plan
 
