@@ -84,6 +84,26 @@ def test_a_fallback_is_logged_once_per_reason(caplog):
                                                                "shape": "(1, 7, 576)"}
 
 
+def test_fallback_lines_per_op_are_capped_and_the_cap_is_said(caplog):
+    log = st.FallbackLog()
+    cap = st.FallbackLog.MAX_REASONS_PER_OP
+    with caplog.at_level(logging.INFO, logger="pdserve_kernels"):
+        logged = [log.note("indexer_topk", f"length {n} past the plan", "(1, 64, 128)") for n in range(cap + 40)]
+        assert log.note("sparse_mla_decode", "h=7", "(1, 7, 576)")  # another op has its own count
+    lines = [json.loads(r.getMessage()[len(st.FALLBACK_PREFIX):]) for r in caplog.records
+             if r.getMessage().startswith(st.FALLBACK_PREFIX)]
+    assert logged == [True] * (cap + 1) + [False] * 39
+    assert len(lines) == cap + 2
+    assert f"more than {cap} distinct fallback reasons" in lines[cap]["reason"]
+    assert f"length {cap} past the plan" in lines[cap]["reason"]
+    assert len(log.seen()) == cap + 41  # every reason is still counted
+
+
+def test_a_reason_names_no_batch_size():
+    assert st.batchless((7, 1, 64, 512)) == "[B, 1, 64, 512]"
+    assert st.batchless((3,)) == "[B]"
+
+
 def test_ran_is_logged_on_the_first_call_only(caplog):
     ran = st.RanLog()
     with caplog.at_level(logging.INFO, logger="pdserve_kernels"):

@@ -487,6 +487,15 @@ def test_flash_mla_calls_the_kernel_does_not_take_fall_back_with_their_reason(kw
     assert op == "sparse_mla_decode" and words in reason, reason
 
 
+def test_a_q_the_hook_refuses_at_every_batch_size_is_one_fallback_line(caplog):
+    rt = _runtime()
+    with caplog.at_level(logging.INFO, logger="pdserve_kernels"):
+        for B in (1, 2, 3, 8):
+            _decode_step(rt, **flash_mla_kwargs(B=B, q=torch.zeros(B, 1, 64, 512, dtype=torch.float16)))
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith(st.FALLBACK_PREFIX)]
+    assert len(lines) == 1 and "[B, 1, 64, 512]" in lines[0], lines
+
+
 def test_a_fallback_reason_is_logged_once_however_often_it_recurs(caplog):
     rt = _runtime()
     with caplog.at_level(logging.INFO, logger="pdserve_kernels"):

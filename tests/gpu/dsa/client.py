@@ -31,15 +31,15 @@ def greedy(max_new_tokens: int) -> dict:
     return {"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": True}
 
 
-MAX_JSON_REPLY = 1 << 24  # /generate with logprobs for a few prompts: well under a MiB
+MAX_JSON_REPLY = 1 << 24  # /generate with top-5 logprobs: a recorded run's every answer together is 160 KB
 MAX_TEXT_REPLY = 1 << 16
 MAX_STREAM_LINE = 1 << 20  # one server-sent event of a stream
 
 
 def within(timeout: float, what: str, exchange, on_timeout=None):
     """`exchange()` with `timeout` on the whole of it, a server that drips its answer included: the exchange runs in
-    a daemon thread and the caller stops waiting at the deadline (`on_timeout`, e.g. closing the connection, then
-    ends the thread's reads). An exception of the exchange is raised again here."""
+    a daemon thread and the caller stops waiting at the deadline (`on_timeout`, e.g. shutting the connection's socket
+    down, then ends the thread's reads). An exception of the exchange is raised again here."""
     outcome: dict = {}
 
     def run() -> None:

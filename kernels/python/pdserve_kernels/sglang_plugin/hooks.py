@@ -29,7 +29,7 @@ from importlib import metadata as importlib_metadata
 from . import decide as decision
 from .plans import PlanCache
 from .record import Recorder
-from .status import PDSERVE, FallbackLog, RanLog, Status, all_sglang, guarded_on_backend, log_status
+from .status import PDSERVE, FallbackLog, RanLog, Status, all_sglang, batchless, guarded_on_backend, log_status
 from .v4_hooks import V4Hooks
 
 PAGE = decision.PAGE
@@ -263,7 +263,7 @@ def _indexer_refusal(indexer, metadata, q_fp8, weights) -> str | None:
     if method != "PAGED":
         return f"top-k transform {method} (only PAGED, physical slots, is replaced)"
     if q_fp8.dim() != 3 or tuple(q_fp8.shape[1:]) != (decision.INDEX_HEADS, decision.INDEX_DIM):
-        return f"indexer q of shape {tuple(q_fp8.shape)} (the kernel takes 64 heads x 128)"
+        return f"indexer q of shape {batchless(q_fp8.shape)} (the kernel takes 64 heads x 128)"
     if metadata.get_seqlens_int32().dim() != 1:
         return "per-token lengths (speculative decoding)"
     return None

@@ -75,10 +75,15 @@ def log_status(status: Status) -> None:
 
 class FallbackLog:
     """Logs a run-time fallback once per (op, reason): a shape that keeps falling back would otherwise log
-    on every layer of every step."""
+    on every layer of every step. Reasons name no batch size (the shape field does), and at most
+    MAX_REASONS_PER_OP distinct reasons per op are logged, then one line saying the rest are not: a reason that
+    still varied per call (an op's message with a length in it, say) cannot fill the server's log."""
+
+    MAX_REASONS_PER_OP = 16
 
     def __init__(self) -> None:
         self._seen: set[tuple[str, str]] = set()
+        self._per_op: dict[str, int] = {}
         self._lock = threading.Lock()
 
     def note(self, op: str, reason: str, shape: str) -> bool:
@@ -87,6 +92,12 @@ class FallbackLog:
             if (op, reason) in self._seen:
                 return False
             self._seen.add((op, reason))
+            count = self._per_op[op] = self._per_op.get(op, 0) + 1
+        if count > self.MAX_REASONS_PER_OP + 1:
+            return False
+        if count == self.MAX_REASONS_PER_OP + 1:
+            reason = (f"more than {self.MAX_REASONS_PER_OP} distinct fallback reasons for this op: no further one "
+                      f"is logged (this one: {reason})")
         _ensure_handler()
         fallback = json.dumps({"op": op, "reason": reason, "shape": shape}, sort_keys=True)
         logger.warning("%s%s", FALLBACK_PREFIX, fallback)
@@ -95,6 +106,13 @@ class FallbackLog:
     def seen(self) -> set[tuple[str, str]]:
         with self._lock:
             return set(self._seen)
+
+
+def batchless(shape) -> str:
+    """A tensor shape for a fallback reason, its leading (batch) dimension written B: the reason of a call that
+    falls back at every batch size is one reason, logged once."""
+    dims = [str(int(d)) for d in tuple(shape)[1:]]
+    return "[" + ", ".join(["B", *dims]) + "]"
 
 
 class RanLog:

@@ -35,7 +35,7 @@ import threading
 from dataclasses import dataclass
 
 from . import decide as decision
-from .status import PDSERVE, Status, all_sglang, guarded_on_backend, log_status
+from .status import PDSERVE, Status, all_sglang, batchless, guarded_on_backend, log_status
 
 V4_BACKEND = "sglang.srt.layers.attention.deepseek_v4_backend.DeepseekV4AttnBackend"
 V4_INDEXER = "sglang.srt.layers.attention.dsv4.indexer"
@@ -365,7 +365,7 @@ def _mla_refusal(args, kw, heads: int | None) -> str | None:
     if kw.get("descale_q") is not None or kw.get("descale_k") is not None or kw.get("causal", False):
         return "descale or causal arguments"
     if q.dtype != torch.bfloat16 or q.dim() != 4 or q.shape[1] != 1 or q.shape[-1] != V4_DQK:
-        return f"q {q.dtype} {tuple(q.shape)} (the hook serves bf16 [B, 1, h, 512])"
+        return f"q {q.dtype} {batchless(q.shape)} (the hook serves bf16 [B, 1, h, 512])"
     if heads is not None and not 0 < heads <= q.shape[2]:
         return f"the layer's {heads} heads do not fit q's {q.shape[2]}"
     if int(kw.get("head_dim_v", DV)) != DV:
@@ -391,7 +391,7 @@ def _indexer_refusal(q, kv_cache, weights, context_lens, block_table) -> str | N
     if isinstance(q, tuple) or q.dtype != torch.float8_e4m3fn:
         return "q is not FP8 (the FP4 indexer): the kernel reads FP8 q and keys"
     if q.dim() != 4 or q.shape[1] != 1 or tuple(q.shape[2:]) != (decision.INDEX_HEADS, decision.INDEX_DIM):
-        return f"indexer q of shape {tuple(q.shape)} (the kernel takes [B, 1, 64, 128])"
+        return f"indexer q of shape {batchless(q.shape)} (the kernel takes [B, 1, 64, 128])"
     if kv_cache.dim() != 4 or tuple(kv_cache.shape[1:]) != (decision.PAGE, 1, INDEX_ENTRY_BYTES):
         return f"index cache of shape {tuple(kv_cache.shape)} (the kernel reads [pages, 64, 1, 132])"
     if context_lens.dim() == 2 and context_lens.shape[1] != 1:
