@@ -374,8 +374,8 @@ class _Plans:
     def __init__(self, picks=None):
         self.asked, self.calls, self.picks = [], [], picks
 
-    def indexer(self, device, batch, topk, max_len, max_blocks):
-        self.asked.append(dict(batch=batch, topk=topk, max_len=max_len, max_blocks=max_blocks))
+    def indexer(self, device, batch, topk, max_len, max_blocks, ceiling=None):
+        self.asked.append(dict(batch=batch, topk=topk, max_len=max_len, max_blocks=max_blocks, ceiling=ceiling))
         return lambda *inputs: self.calls.append(inputs) or self.picks
 
     def mla(self, device, layout, rows, h, topk, **kw):
@@ -390,6 +390,7 @@ class _Plans:
 @pytest.mark.parametrize("weights_3d", [False, True])
 def test_a_served_indexer_call_maps_the_picks_to_slots_and_pads_sglangs_extra_rows(monkeypatch, weights_3d):
     rt = _runtime()
+    rt.index_ceiling[None] = 65600  # what on_backend found for this device (a CPU tensor's device has no index)
     picks = torch.tensor([[0, 70, -1], [5, -1, -1]], dtype=torch.int32)  # positions within each request
     plans = _Plans(picks)
     monkeypatch.setattr(rt, "plans", plans)
@@ -407,7 +408,7 @@ def test_a_served_indexer_call_maps_the_picks_to_slots_and_pads_sglangs_extra_ro
     weights = torch.arange(3 * 64, dtype=torch.float32).view(3, 64, *((1,) if weights_3d else ()))
     out = rt.indexer_topk(lambda *a: pytest.fail("SGLang's top-k ran"), indexer,
                           types.SimpleNamespace(forward_mode=_Mode(True)), 5, q, weights, metadata)
-    assert plans.asked == [dict(batch=2, topk=3, max_len=128, max_blocks=2)]
+    assert plans.asked == [dict(batch=2, topk=3, max_len=128, max_blocks=2, ceiling=65600)]
     (call,) = plans.calls
     q_in, gates, cache_in, lengths_in, table_in = call
     assert q_in.shape == (2, 1, 64, 128) and torch.equal(gates, weights.view(3, 64)[:2])
@@ -571,6 +572,46 @@ def test_length_buckets_are_at_most_a_quarter_over_and_few():
     for n in (1, 4096, 4097, 16384, 16385, 65537, 163840, 163841):
         b = len_bucket(n)
         assert n <= b <= max(-(-n // 4096) * 4096, 1.25 * n) and b % 4096 == 0, (n, b)
+
+
+# SGLang's request table is its context length plus 4 spare tokens wide (0.5.17 and 0.5.23: kv_cache_configurator's
+# extra_max_context_len), and its decode graphs are captured at that width: 65540 tokens at a 64K context.
+GRAPH_TOKENS = 65536 + 4
+
+
+def test_a_bucket_never_passes_the_servers_longest_row():
+    from pdserve_kernels.sglang_plugin.plans import len_bucket, plan_bound
+
+    v32_graph = -(-GRAPH_TOKENS // 64) * 64  # 1025 pages of 64 tokens
+    assert len_bucket(v32_graph) == 81920 and plan_bound(v32_graph, v32_graph) == v32_graph
+    for n in (1, 5000, 16385, 40000, v32_graph):
+        assert n <= plan_bound(n, v32_graph) == min(len_bucket(n), v32_graph)
+    assert plan_bound(70000, v32_graph) == len_bucket(70000)  # past the ceiling: never below the call's own bound
+    assert plan_bound(16385, None) == len_bucket(16385)
+
+
+def test_the_ceiling_is_sglangs_request_table_in_index_pages():
+    from pdserve_kernels.sglang_plugin.hooks import index_ceiling
+
+    backend = types.SimpleNamespace(req_to_token=torch.zeros(3, GRAPH_TOKENS, dtype=torch.int32))
+    assert index_ceiling(backend, 64) == 1025 * 64  # V3.2: pages of 64 tokens
+    assert index_ceiling(backend, 256) == 257 * 64  # V4's C4 indexer: 64 compressed positions per 256 tokens
+    assert index_ceiling(types.SimpleNamespace(), 64) is None
+    assert index_ceiling(backend, 0) is None
+
+
+def test_a_graph_captured_at_sglangs_table_width_gets_the_plan_of_exactly_that_width(plan_cache):
+    from pdserve_kernels.dsa_indexer import plan_dsa
+
+    cache, capturing = plan_cache
+    device, width = torch.device("cuda", 0), -(-GRAPH_TOKENS // 64)
+    capturing["now"] = True
+    captured = cache.indexer(device, 8, 2048, width * 64, width, ceiling=width * 64)
+    capturing["now"] = False
+    assert captured.max_len == width * 64
+    exact, bucketed = plan_dsa(8, 1, 2048, width * 64, 132), plan_dsa(8, 1, 2048, 81920, 132)
+    # what the bucket alone cost on one H100: 26 pages per scoring CTA instead of 21 on every captured step
+    assert (exact.chunk_pages, bucketed.chunk_pages) == (21, 26)
 
 
 def test_eager_decode_with_growing_contexts_makes_few_plans_and_keeps_one_workspace(plan_cache):

@@ -260,6 +260,7 @@ def test_the_indexer_calls_deepgemm_and_the_v2_top_k_the_way_the_hooks_take_them
     ("page_size", ("0.5.17", "0.5.23")),
     ("enable_deepseek_v4_fp4_indexer", ("0.5.17", "0.5.23")), ("dsa_topk_backend", ("0.5.17", "0.5.23")),
     ("is_dsv41", ("0.5.23",)), ("trtllm_attn", ("0.5.23",)), ("device", ("0.5.17", "0.5.23")),
+    ("req_to_token", ("0.5.17", "0.5.23")),
 ])
 def test_the_backend_attributes_the_status_reads_are_set_by_sglang(sglang, attribute, versions):
     if _generation(sglang) not in versions:
@@ -297,6 +298,7 @@ def _self_attributes(scope) -> set[str]:
     ("dsa_decode_impl", ("0.5.17", "0.5.23")), ("dsa_kv_cache_store_fp8", ("0.5.17", "0.5.23")),
     ("kv_cache_dim", ("0.5.17", "0.5.23")), ("use_fused_topk", ("0.5.17", "0.5.23")),
     ("dsa_index_topk", ("0.5.17", "0.5.23")), ("device", ("0.5.17", "0.5.23")),
+    ("req_to_token", ("0.5.17", "0.5.23")),
 ])
 def test_the_v32_backend_attributes_the_status_reads_are_set_by_sglang(sglang, attribute, versions):
     from pdserve_kernels.sglang_plugin.hooks import page_size

@@ -64,6 +64,7 @@ class Runtime:
         # The faster lossy sparse MLA path (V3.2 FP8: e4m3 x scale rounded to bf16), an explicit opt-in.
         self.lossy_bf16_dequant = lossy_bf16_dequant
         self.kernels: dict[int, dict[str, str]] = {}  # device index -> op -> kernel
+        self.index_ceiling: dict[int, int | None] = {}  # device index -> the longest indexer row (plans.py)
         self.plans = PlanCache()
         self.fallbacks = FallbackLog()
         self.ran = RanLog()
@@ -94,6 +95,7 @@ class Runtime:
                 index_topk=int(getattr(backend, "dsa_index_topk", 0) or 0),
                 modules_error=_load_modules(device) if (major, minor) in decision.SUPPORTED_SM else None)
             kernels, reasons = decision.decide(facts)
+            self.index_ceiling[device.index] = index_ceiling(backend, facts.page_size)
             status = Status(requested=self.requested, kernels=kernels, reasons=reasons,
                             lossy_bf16_dequant=self.lossy_bf16_dequant, **where)
             self.kernels[device.index] = kernels
@@ -148,7 +150,8 @@ class Runtime:
         pool = sys.modules[type(indexer).__module__].get_token_to_kv_pool()
         cache = indexer._get_index_k_read_buffer(pool, layer_id)
         cache = cache.view(cache.shape[0], PAGE, 1, cache.shape[-1] // PAGE)
-        plan = self.plans.indexer(q_fp8.device, batch, int(indexer.index_topk), table.shape[1] * PAGE, table.shape[1])
+        plan = self.plans.indexer(q_fp8.device, batch, int(indexer.index_topk), table.shape[1] * PAGE, table.shape[1],
+                                  ceiling=self.index_ceiling.get(q_fp8.device.index))
         gates = weights[:batch, :, 0] if weights.dim() == 3 else weights[:batch]
         positions = plan(q_fp8[:batch].unsqueeze(1), gates, cache, lengths, table)
         slots = physical_slots(positions, table)
@@ -230,6 +233,17 @@ def page_size(backend) -> int:
         if isinstance(value, int):
             return value
     return 0
+
+
+def index_ceiling(backend, tokens_per_page: int) -> int | None:
+    """The longest row an indexer call of this backend can have, in index positions (64 per page of the index
+    cache, which holds `tokens_per_page` tokens: 64 on V3.2, 256 on V4's C4 layers): SGLang's request table's width
+    (its context length plus a few spare tokens) in pages. Its decode CUDA graphs are captured at that width. None
+    where the backend does not say."""
+    shape = tuple(getattr(getattr(backend, "req_to_token", None), "shape", ()))
+    if len(shape) != 2 or shape[1] < 1 or not isinstance(tokens_per_page, int) or tokens_per_page < 1:
+        return None
+    return -(-int(shape[1]) // tokens_per_page) * PAGE
 
 
 def _tp_rank(model_runner):

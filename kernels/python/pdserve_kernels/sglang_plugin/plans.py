@@ -9,7 +9,11 @@ stays valid as long as the plan holds it (it is never freed).
 The indexer's plan also depends on a bound of the lengths, which eager decode steps (batches above the largest
 captured size, or no CUDA graphs) raise by a token a step. So that bound is rounded up to a bucket (len_bucket: a
 quarter of its power of two) and the op clamps it to each call's block table: a server whose contexts grow makes
-four plans per doubling, not one per step.
+four plans per doubling, not one per step. A bucket never passes the server's ceiling, the longest row its tables can
+hold: SGLang captures its decode graphs with tables of exactly that width (its context length plus 4 spare tokens,
+so 65540 tokens at a 64K context: 1025 pages of 64), and a plan for the next bucket up (81920) would run every
+captured step with 25% more positions per scoring CTA than the rows can have (measured on one H100, 2026-12-07: the
+V3.2 indexer and top-k of a batch of 8 took 18% longer so; tests/gpu/dsa/results/2026-12-07-h100x1-a2cfefc).
 
 Workspaces are shared by all plans of one stream whose needs they cover: calls on one stream run one after
 another, and the indexer's histograms are left zeroed by every call. A plan that needs more gets a new, larger
@@ -35,6 +39,13 @@ def _capturing() -> bool:
     return torch.cuda.is_current_stream_capturing()
 
 
+def plan_bound(exact: int, ceiling: int | None) -> int:
+    """The length bound an indexer plan is made for: `exact`'s len_bucket, but not past `ceiling` (the server's
+    longest row; None: unknown) unless `exact` itself is."""
+    bucket = len_bucket(exact)
+    return bucket if ceiling is None or exact > ceiling else min(bucket, ceiling)
+
+
 def len_bucket(n: int) -> int:
     """`n` rounded up to a multiple of a quarter of its power of two, or of the indexer's 4096-position chunk where
     that is larger (its workspace rounds to a chunk anyway): four buckets per doubling, at most 25% over from 16K."""
@@ -50,11 +61,13 @@ class PlanCache:
         self._mla_workspaces: dict[tuple, list[ops.MlaWorkspace]] = {}
         self._captured: set[int] = set()  # id() of the workspaces a CUDA graph was captured with
 
-    def indexer(self, device, batch: int, topk: int, max_len: int, max_blocks: int) -> ops.DsaIndexerPlan:
+    def indexer(self, device, batch: int, topk: int, max_len: int, max_blocks: int,
+                ceiling: int | None = None) -> ops.DsaIndexerPlan:
         """The plan for `batch` rows whose lengths are at most min(max_len, max_blocks * 64), made for that bound's
-        len_bucket (the op clamps it to each call's block table)."""
+        len_bucket, capped at `ceiling`, the server's longest row (plan_bound; the op clamps it to each call's block
+        table)."""
         stream = (device.index, _stream_key(device))
-        bound = len_bucket(min(max_len, max_blocks * PAGE))
+        bound = plan_bound(min(max_len, max_blocks * PAGE), ceiling)
         key = ("dsa", *stream, batch, topk, bound)
         plan = self._plans.get(key)
         if plan is None:

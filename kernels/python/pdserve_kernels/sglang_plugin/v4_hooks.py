@@ -113,13 +113,14 @@ class V4Hooks:
         self.runtime = runtime
         self.kernels: dict[int, dict[str, str]] = {}  # device index -> op -> kernel
         self.index_topk: dict[int, int] = {}  # device index -> the model's index_topk (the C4 indexer's picks)
+        self.index_ceiling: dict[int, int | None] = {}  # device index -> the longest C4 row (plans.py)
         self._local = threading.local()
 
     # ---- once per backend ----
     def on_backend(self, backend, model_runner) -> Status:
         import torch
 
-        from .hooks import OFF_REASON, _load_modules, _tp_rank, _version
+        from .hooks import OFF_REASON, _load_modules, _tp_rank, _version, index_ceiling
 
         device = _with_index(torch.device(getattr(backend, "device", None) or "cuda"))
         major, minor = torch.cuda.get_device_capability(device)
@@ -136,6 +137,7 @@ class V4Hooks:
                 v41=bool(getattr(backend, "is_dsv41", False)), trtllm=bool(getattr(backend, "trtllm_attn", False)),
                 modules_error=_load_modules(device) if (major, minor) in decision.SUPPORTED_SM else None)
             kernels, reasons = decision.decide_v4(facts)
+            self.index_ceiling[device.index] = index_ceiling(backend, facts.page_size)
             status = Status(requested=self.runtime.requested, kernels=kernels, reasons=reasons,
                             lossy_bf16_dequant=self.runtime.lossy_bf16_dequant, **where)
             self.kernels[device.index] = kernels
@@ -240,7 +242,8 @@ class V4Hooks:
             return original(q, kv_cache, weights, context_lens, block_table, schedule, max_context_len, clean_logits)
         topk = self.index_topk.get(q.device.index, decision.V4_INDEX_TOPK[0])
         try:
-            plan = self.runtime.plans.indexer(q.device, q.shape[0], topk, int(max_context_len), block_table.shape[1])
+            plan = self.runtime.plans.indexer(q.device, q.shape[0], topk, int(max_context_len), block_table.shape[1],
+                                              ceiling=self.index_ceiling.get(q.device.index))
             positions = plan(q, weights, kv_cache, context_lens, block_table)
         except ValueError as e:
             self.runtime.fallback("indexer_topk", str(e), shape)
