@@ -126,14 +126,14 @@ UNIT_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,40}")
 IB_DEVICE = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 
 
-# Which DSA decode kernels an SGLang server runs: SGLang's own, or pdserve's (kernels/, through the
+# Which sparse attention decode kernels (DeepSeek V3.2's DSA, V4) an SGLang server runs: SGLang's own, or pdserve's (kernels/, through the
 # pdserve-kernels SGLang plugin, which reads DSA_KERNELS_ENV in every scheduler process).
 AttentionKernels = Annotated[Literal["sglang", "pdserve"], Field(
-    description="DeepSeek V3.2 DSA decode kernels: sglang (SGLang's own) or pdserve (the fused indexer + exact "
-    "top-k and the sparse MLA decode of pdserve's kernels/, through the pdserve-kernels SGLang plugin, which the "
-    "SGLang environment must contain). A shape pdserve's kernels do not support falls back to SGLang's kernel and "
-    "says so once in the server's log; `pdserve verify` reports what each server runs. Rendered as "
-    "PDSERVE_DSA_KERNELS in the unit's environment")]
+    description="DeepSeek V3.2 (DSA) and V4 sparse attention decode kernels: sglang (SGLang's own) or pdserve (the "
+    "fused indexer + exact top-k and the sparse MLA decode of pdserve's kernels/, through the pdserve-kernels SGLang "
+    "plugin, which the SGLang environment must contain; measure the decode step before switching it on). A shape "
+    "pdserve's kernels do not support falls back to SGLang's kernel and says so once in the server's log; "
+    "`pdserve verify` reports what each server runs. Rendered as PDSERVE_DSA_KERNELS in the unit's environment")]
 DSA_KERNELS_ENV = "PDSERVE_DSA_KERNELS"
 # Environment variables pdserve renders from a schema field (variable -> field): one source of truth,
 # so a value here can neither override the field nor be silently overridden by it.
