@@ -126,8 +126,8 @@ UNIT_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,40}")
 IB_DEVICE = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 
 
-# Which sparse attention decode kernels (DeepSeek V3.2's DSA, V4) an SGLang server runs: SGLang's own, or pdserve's (kernels/, through the
-# pdserve-kernels SGLang plugin, which reads DSA_KERNELS_ENV in every scheduler process).
+# Which sparse attention decode kernels (DeepSeek V3.2's DSA, V4) an SGLang server runs: SGLang's own, or pdserve's
+# (kernels/, through the pdserve-kernels SGLang plugin, which reads DSA_KERNELS_ENV in every scheduler process).
 AttentionKernels = Annotated[Literal["sglang", "pdserve"], Field(
     description="DeepSeek V3.2 (DSA) and V4 sparse attention decode kernels: sglang (SGLang's own) or pdserve (the "
     "fused indexer + exact top-k and the sparse MLA decode of pdserve's kernels/, through the pdserve-kernels SGLang "
