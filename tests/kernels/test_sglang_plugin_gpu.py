@@ -30,11 +30,15 @@ def _runtime_on_this_gpu():
 @pytest.fixture(scope="module")
 def runtime():
     rt, device = _runtime_on_this_gpu()
+    # SGLang's request table (context + 4 tokens) as wide as the tests' 160-page tables and 4 tokens: the plans'
+    # length bucket (12288) is capped at 161 pages, so the kernels run on plans made for the ceiling
     backend = types.SimpleNamespace(device=device, real_page_size=64,
                                     dsa_decode_impl="flashmla_kv", dsa_kv_cache_store_fp8=True, kv_cache_dim=656,
-                                    use_fused_topk=True, dsa_index_topk=2048)
+                                    use_fused_topk=True, dsa_index_topk=2048,
+                                    req_to_token=torch.empty(1, 160 * 64 + 4, dtype=torch.int32))
     status = rt.on_backend(backend, types.SimpleNamespace(tp_rank=0))
     assert status.kernels == {"indexer_topk": "pdserve", "sparse_mla_decode": "pdserve"}, status.reasons
+    assert rt.index_ceiling[device.index] == 161 * 64
     return rt
 
 
@@ -239,13 +243,13 @@ V4_SCALE = 512 ** -0.5
 @pytest.fixture(scope="module")
 def v4_runtime():
     rt, device = _runtime_on_this_gpu()
-    backend = types.SimpleNamespace(device=device, page_size=256,
-                                    enable_deepseek_v4_fp4_indexer=False)
+    backend = types.SimpleNamespace(device=device, page_size=256, enable_deepseek_v4_fp4_indexer=False,
+                                    req_to_token=torch.empty(1, 65536 + 4, dtype=torch.int32))
     runner = types.SimpleNamespace(tp_rank=0, model_config=types.SimpleNamespace(
         hf_text_config=types.SimpleNamespace(index_topk=512)))
     status = rt.v4.on_backend(backend, runner)
     assert status.kernels == {"indexer_topk": "pdserve", "sparse_mla_decode": "pdserve"}, status.reasons
-    assert status.model == "deepseek_v4"
+    assert status.model == "deepseek_v4" and rt.v4.index_ceiling[device.index] == 257 * 64
     return rt
 
 
