@@ -13,7 +13,7 @@ four plans per doubling, not one per step. A bucket never passes the server's ce
 hold: SGLang captures its decode graphs with tables of exactly that width (its context length plus 4 spare tokens,
 so 65540 tokens at a 64K context: 1025 pages of 64), and a plan for the next bucket up (81920) would run every
 captured step with 25% more positions per scoring CTA than the rows can have (measured on one H100, 2026-12-07: the
-V3.2 indexer and top-k of a batch of 8 took 18% longer so; tests/gpu/dsa/results/2026-12-07-h100x1-a2cfefc).
+V3.2 indexer and top-k of a batch of 8 took 17% longer so; tests/gpu/dsa/results/2026-12-07-h100x1-a2cfefc).
 
 Workspaces are shared by all plans of one stream whose needs they cover: calls on one stream run one after
 another, and the indexer's histograms are left zeroed by every call. A plan that needs more gets a new, larger
