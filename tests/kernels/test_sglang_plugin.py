@@ -644,6 +644,30 @@ def test_a_workspace_a_graph_was_captured_with_stays(plan_cache):
     assert cache.indexer(device, 512, 2048, 100_000, 1563).workspace is larger.workspace  # made again on it
 
 
+def test_a_shape_the_launcher_refuses_is_refused_from_the_cache_after_its_first_call(plan_cache, monkeypatch):
+    from pdserve_kernels import ops
+
+    cache, _ = plan_cache
+    launcher, asked = ops.indexer_for(), []
+    planned = launcher.plan
+    monkeypatch.setattr(launcher, "plan", lambda *a, **kw: asked.append(a) or planned(*a, **kw))
+    device = torch.device("cuda", 0)
+    errors = []
+    for _ in range(3):  # one call per layer of a step: planned once, refused from the cache twice
+        with pytest.raises(ValueError) as refused:
+            cache.indexer(device, 8, 0, 8192, 128)  # top-0: plan_dsa refuses it
+        errors.append(str(refused.value))
+    assert len(asked) == 1 and len(set(errors)) == 1 and "topk" in errors[0]
+    assert len(cache) == 0 and cache.indexer(device, 8, 2048, 8192, 128) is not None and len(asked) == 2
+    # the MLA side goes through the same cache
+    monkeypatch.setattr(ops, "mla_for", lambda device=None: types.SimpleNamespace(
+        make_plan=lambda *a, **kw: asked.append(a) or (_ for _ in ()).throw(ValueError("h=7 has no kernel"))))
+    for _ in range(2):
+        with pytest.raises(ValueError, match="h=7"):
+            cache.mla(device, "v32", 8, 7, 2048, bf16_kv=False, page=64)
+    assert len(asked) == 3
+
+
 def test_workspaces_are_per_device_and_stream(plan_cache):
     cache, _ = plan_cache
     a = cache.indexer(torch.device("cuda", 0), 8, 2048, 8192, 128)

@@ -60,6 +60,7 @@ class PlanCache:
         self._dsa_workspaces: dict[tuple, list[ops.DsaWorkspace]] = {}
         self._mla_workspaces: dict[tuple, list[ops.MlaWorkspace]] = {}
         self._captured: set[int] = set()  # id() of the workspaces a CUDA graph was captured with
+        self._refused: dict[tuple, str] = {}  # plan key -> why the launcher refused that shape
 
     def indexer(self, device, batch: int, topk: int, max_len: int, max_blocks: int,
                 ceiling: int | None = None) -> ops.DsaIndexerPlan:
@@ -68,21 +69,39 @@ class PlanCache:
         table)."""
         stream = (device.index, _stream_key(device))
         bound = plan_bound(min(max_len, max_blocks * PAGE), ceiling)
-        key = ("dsa", *stream, batch, topk, bound)
-        plan = self._plans.get(key)
-        if plan is None:
-            shape = ops.indexer_for(device).plan(batch, 1, topk, bound)
-            pool = self._dsa_workspaces.setdefault(stream, [])
-            workspace = next((w for w in pool if w.fits(shape)), None)
-            if workspace is None:
-                # Dropped first, so that the allocator can give their memory to the new one.
-                self._drop_eager_workspaces(pool, shape.rows, shape.max_len)
-                workspace = ops.DsaWorkspace(shape.rows, shape.max_len, device)
-                pool.append(workspace)
-            plan = ops.DsaIndexerPlan(batch, 1, topk, bound, device=device, workspace=workspace)
-            self._plans[key] = plan
+        plan = self._cached(("dsa", *stream, batch, topk, bound),
+                            lambda: self._new_indexer(device, stream, batch, topk, bound))
         if id(plan.workspace) not in self._captured and _capturing():  # asked once per workspace once captured
             self._captured.add(id(plan.workspace))
+        return plan
+
+    def _new_indexer(self, device, stream: tuple, batch: int, topk: int, bound: int) -> ops.DsaIndexerPlan:
+        shape = ops.indexer_for(device).plan(batch, 1, topk, bound)
+        pool = self._dsa_workspaces.setdefault(stream, [])
+        workspace = next((w for w in pool if w.fits(shape)), None)
+        if workspace is None:
+            # Dropped first, so that the allocator can give their memory to the new one.
+            self._drop_eager_workspaces(pool, shape.rows, shape.max_len)
+            workspace = ops.DsaWorkspace(shape.rows, shape.max_len, device)
+            pool.append(workspace)
+        return ops.DsaIndexerPlan(batch, 1, topk, bound, device=device, workspace=workspace)
+
+    def _cached(self, key: tuple, make):
+        """The plan under `key`, made by `make()` on the key's first call. A shape the launcher refuses (ValueError,
+        before anything is allocated) is refused again from the cache on every later call instead of being planned
+        again: the hooks fall back per call, on every layer of every step."""
+        plan = self._plans.get(key)
+        if plan is not None:
+            return plan
+        why = self._refused.get(key)
+        if why is not None:
+            raise ValueError(why)
+        try:
+            plan = make()
+        except ValueError as e:
+            self._refused[key] = str(e)
+            raise
+        self._plans[key] = plan
         return plan
 
     def _drop_eager_workspaces(self, pool: list, rows: int, max_len: int) -> None:
@@ -103,8 +122,8 @@ class PlanCache:
         window entries plus `topk_extra` compressed ones, `page` the smaller of the two sources' pages."""
         stream = (device.index, _stream_key(device))
         key = ("mla", *stream, layout, bf16_kv, batch, h, topk, topk_extra, page, lossy_bf16_dequant)
-        plan = self._plans.get(key)
-        if plan is None:
+
+        def make() -> ops.SparseMlaPlan:
             name = layout + ("_bf16" if bf16_kv else "")
             shape = ops.mla_for(device).make_plan(name, batch, h, topk, topk_extra, page=page,
                                                   lossy_bf16_dequant=lossy_bf16_dequant)
@@ -113,10 +132,9 @@ class PlanCache:
             if workspace is None:
                 workspace = ops.MlaWorkspace.for_plan(shape, device)
                 pool.append(workspace)
-            plan = ops.SparseMlaPlan(layout, batch, 1, h, topk, topk_extra=topk_extra, bf16_kv=bf16_kv, page=page,
+            return ops.SparseMlaPlan(layout, batch, 1, h, topk, topk_extra=topk_extra, bf16_kv=bf16_kv, page=page,
                                      device=device, workspace=workspace, lossy_bf16_dequant=lossy_bf16_dequant)
-            self._plans[key] = plan
-        return plan
+        return self._cached(key, make)
 
     def mla_kernels(self) -> set[str]:
         """The sparse MLA kernels this process's plans launch (each the launcher's choice for its shape)."""
