@@ -59,14 +59,37 @@ def test_comment_lines_are_no_pins(tmp_path, monkeypatch):
     assert wheelhouse.unstaged("as-is", staged, pins) == ["bar_baz"]
 
 
-def _stage_run(tmp_path: Path, staged: Path, mode: str = "run",
-               chunks: Path | None = None) -> subprocess.CompletedProcess:
-    """run_on_device.sh --v4 MODE with `chunks` carried (default nothing) and `staged` as what earlier calls left."""
+def _stage_run(tmp_path: Path, staged: Path, mode: str = "run", chunks: Path | None = None, tier: str = "--v4",
+               **env_vars: str) -> subprocess.CompletedProcess:
+    """run_on_device.sh [--v4] MODE with `chunks` carried (default nothing) and `staged` as what earlier calls left."""
     env = dict(os.environ, PDSERVE_WHEEL_CHUNKS=str(chunks or tmp_path / "no-chunks"),
                PDSERVE_WHEEL_STAGE=str(staged), OUT=str(tmp_path / "out"),
-               PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
-    return subprocess.run(["bash", str(HERE / "dsa" / "run_on_device.sh"), "--v4", mode], capture_output=True,
-                          text=True, timeout=120, env=env, check=False)
+               PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", **env_vars)
+    for name in ("RUN_ARCH", "STEPS_ARCH", "STEPS_LAYERS"):
+        if name not in env_vars:
+            env.pop(name, None)
+    argv = ["bash", str(HERE / "dsa" / "run_on_device.sh"), *([tier] if tier else []), mode]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env, check=False)
+
+
+@pytest.mark.parametrize("tier, mode, env_vars, words", [
+    ("--v4", "run", {"RUN_ARCH": "v5"}, "RUN_ARCH must be v4 or dsa, not 'v5'"),
+    ("--v4", "steps", {"STEPS_ARCH": "dsa; rm -rf /"}, "STEPS_ARCH must be v4 or dsa, not 'dsa; rm -rf /'"),
+    ("--v4", "steps", {"STEPS_LAYERS": "0"}, "STEPS_LAYERS must be a whole number of layers (1 or more), not '0'"),
+    ("--v4", "steps", {"STEPS_LAYERS": "16 --x"}, "not '16 --x'"),
+    ("", "run", {"RUN_ARCH": "v4"}, "RUN_ARCH=v4 needs the V4 wheel set"),
+])
+def test_a_bad_choice_of_model_is_refused_before_anything_is_installed(tmp_path, tier, mode, env_vars, words):
+    staged = tmp_path / "staged"  # nothing staged: the check must come before the staging check
+    done = _stage_run(tmp_path, staged, mode, tier=tier, **env_vars)
+    assert done.returncode == 2 and words in done.stdout, done.stdout + done.stderr
+    assert "not staged" not in done.stdout
+
+
+def test_run_arch_dsa_on_the_v4_set_gets_past_the_checks(tmp_path):
+    staged = tmp_path / "staged"
+    done = _stage_run(tmp_path, staged, "run", RUN_ARCH="dsa")
+    assert done.returncode == 1 and "not staged:" in done.stdout, done.stdout + done.stderr
 
 
 def test_staging_keeps_the_carried_plugin_wheel_for_later_calls(tmp_path):
@@ -601,6 +624,18 @@ def test_top_k_rows_with_a_repeated_slot_or_another_count_fail_however_large_the
     (tmp_path / "records-2.jsonl").write_text(json.dumps(base) + "\n")
     (row,) = diff.summarize_records(tmp_path)
     assert "rows_with_repeats" not in row
+
+
+@pytest.mark.parametrize("run", ["2026-12-06-h200x1", "2026-12-07-h100x1", "2026-12-07-h100x1-a2cfefc"])
+def test_the_committed_gzipped_records_summarize_to_the_runs_own_summary(run):
+    """The raw records of the committed V4 runs are kept gzipped (the working tree travels with every device call
+    beside a wheel chunk); read back, they fold into exactly the summary the run wrote on the device."""
+    on = HERE / "dsa" / "results" / run / "v4-on"
+    (raw,) = sorted((on / "record" / "pdserve").glob("records-*.jsonl.gz"))
+    assert not list((on / "record" / "pdserve").glob("records-*.jsonl"))
+    summary = json.loads((on / "records-summary-pdserve.json").read_text(encoding="utf-8"))
+    rows = summary["rows"] if isinstance(summary, dict) else summary
+    assert diff.summarize_records(raw.parent) == rows
 
 
 def test_the_records_summary_keeps_a_nan_wherever_it_falls(tmp_path):

@@ -11,10 +11,11 @@
 #                                                             # default 16; STEPS_ARCH v4 or dsa, default the
 #                                                             # set's), then steps.py ARGS: decode step time
 # The V4 set holds everything the V3.2 model needs too, so `--v4 steps` with STEPS_ARCH=dsa measures V3.2 on the
-# staged V4 set.
+# staged V4 set, and `--v4 run` with RUN_ARCH=dsa runs V3.2's comparison (its own model, compare.py's V3.2
+# defaults) on it.
 # <set> is dsa, or v4 with --v4. ARGS go to tests/gpu/dsa/compare.py (default: --phase compare --kernels both;
-# with --v4 "--arch v4" comes first, default --kernels both; V4's two servers do not fit one call, so its README
-# runs `--kernels sglang` and `--kernels pdserve` in two calls on one warm machine and judges them with
+# for the V4 model "--arch v4" comes first, default --kernels both; V4's two servers do not fit one call, so its
+# README runs `--kernels sglang` and `--kernels pdserve` in two calls on one warm machine and judges them with
 # `diff.py OUT1 OUT2`). Results and server logs go to $OUT (or
 # ./<set>-out). PDSERVE_COMMIT, if set, is recorded. DSA_TIMEOUT (default: 560 s less the time the steps
 # before took) bounds compare.py. The pdserve-kernels wheel, if carried in .whl/<set>/plugin/, is kept
@@ -51,6 +52,25 @@ case $mode in
   stage) exit 0 ;;
   prepare|run|steps) [ $# -gt 0 ] && shift ;;
   *) echo "usage: run_on_device.sh [--v4] stage|prepare|run|steps [ARGS...], not '$mode'"; exit 2 ;;
+esac
+# The model: the set's own, or (V4 set only) the one RUN_ARCH / STEPS_ARCH names; checked before anything is
+# installed, so a typo costs no device time.
+arch=$tier
+[ "$tier" = v4 ] || arch=dsa
+if [ "$mode" = steps ]; then
+  arch=${STEPS_ARCH:-$arch}
+  choice=STEPS_ARCH
+else
+  arch=${RUN_ARCH:-$arch}
+  choice=RUN_ARCH
+fi
+case $arch in v4|dsa) ;; *) echo "$choice must be v4 or dsa, not '$arch'"; exit 2 ;; esac
+if [ "$tier" = dsa ] && [ "$arch" = v4 ]; then
+  echo "$choice=v4 needs the V4 wheel set (TileLang, z3): run_on_device.sh --v4 ..."; exit 2
+fi
+layers=${STEPS_LAYERS:-16}
+case $layers in
+  ''|*[!0-9]*|0) echo "STEPS_LAYERS must be a whole number of layers (1 or more), not '$layers'"; exit 2 ;;
 esac
 # A fresh machine has lost what earlier calls staged: say so before installing half a set. (wheelhouse.py
 # reads the pins: comment lines in wheelhouse.txt are no distributions.)
@@ -110,15 +130,9 @@ if [ -f ".whl/$tier/jit-cache.tgz" ]; then
   tar -xPzf ".whl/$tier/jit-cache.tgz" && echo "restored JIT caches ($(du -h ".whl/$tier/jit-cache.tgz" | cut -f1))"
 fi
 
-arch=$tier
-[ "$tier" = v4 ] || arch=dsa
-model=/tmp/pdserve-$tier-model
+model=/tmp/pdserve-$arch-model
 depth=()
 if [ "$mode" = steps ]; then
-  arch=${STEPS_ARCH:-$arch}
-  case $arch in v4|dsa) ;; *) echo "STEPS_ARCH must be v4 or dsa, not '$arch'"; exit 2 ;; esac
-  layers=${STEPS_LAYERS:-16}
-  case $layers in ''|*[!0-9]*) echo "STEPS_LAYERS must be a whole number, not '$layers'"; exit 2 ;; esac
   model=/tmp/pdserve-$arch-model-l$layers
   depth=(--layers "$layers")
 fi
@@ -145,7 +159,7 @@ if [ "$mode" = steps ]; then
     --out "$out" "$@" 2>&1 | tee "$out/steps.log"
   exit "${PIPESTATUS[0]}"
 fi
-if [ "$tier" = v4 ]; then
+if [ "$arch" = v4 ]; then
   set -- --arch v4 "$@"
   [ $# -gt 2 ] || set -- "$@" --kernels both
 else
