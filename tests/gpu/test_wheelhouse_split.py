@@ -195,9 +195,9 @@ V4_MEASURED = {
 
 def test_the_measured_v4_set_packs_into_the_readmes_four_chunks(tmp_path):
     """tests/gpu/dsa/README.md's V4 chunk table is what chunk() makes of the measured sizes (sparse files of
-    those sizes here): four chunks of at most 56 MiB (58 left no room once the tree passed 6 MiB), TileLang whole
-    in the first, room left for the working tree in a 64 MiB call; and the sizes are those of exactly the --v4
-    pins."""
+    those sizes here): four chunks of at most 50 MiB, TileLang whole in the first, room left in a 64 MiB call for the
+    working tree and, beside the last chunk, the plugin wheel; and the sizes are those of exactly the --v4 pins. (56
+    MiB chunks stopped fitting on 2026-12-07, when the committed GPU records took the tree past 8 MiB.)"""
     pins = wheelhouse.v4_pins(wheelhouse.PINS.read_text(encoding="utf-8"))
     assert sorted(V4_MEASURED) == sorted(wheelhouse.pin_names(pins))
     files = []
@@ -206,15 +206,17 @@ def test_the_measured_v4_set_packs_into_the_readmes_four_chunks(tmp_path):
         with path.open("wb") as f:
             f.truncate(size)
         files.append(path)
-    limit = 56 * MIB
+    limit = 50 * MIB
     items = [item for f in files for item in wheelhouse.split(f, limit, tmp_path / "parts")]
     assert items == files  # no wheel of the set needs parts
     bins = wheelhouse.chunk(items, limit)
     totals = [sum(f.stat().st_size for f in b) for b in bins]
-    assert totals == [58_714_406, 58_718_830, 58_718_135, 33_092_915]
-    assert [len(b) for b in bins] == [4, 4, 7, 56]
+    assert totals == [52_425_243, 52_423_182, 52_425_923, 51_969_938]
+    assert [len(b) for b in bins] == [3, 3, 6, 59]
     assert bins[0][0].name.startswith("tilelang-")
     tree = sum(Path(p).stat().st_size for p in subprocess.run(
         ["git", "ls-files", "-z"], cwd=HERE.parents[1], capture_output=True, check=True).stdout.decode().split("\0")
         if p and (HERE.parents[1] / p).is_file())
+    plugin = 1_019_896  # the pdserve-kernels wheel built 2026-12-07, carried with the last chunk
     assert max(totals) + tree <= 64 * MIB, f"a chunk ({max(totals)} B) and the working tree ({tree} B) exceed 64 MiB"
+    assert totals[-1] + plugin + tree <= 64 * MIB, f"the last chunk, the plugin and the tree ({tree} B) exceed 64 MiB"
